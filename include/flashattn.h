@@ -1,0 +1,146 @@
+/*
+ * flashattn — exact attention, built the FlashAttention way.
+ *
+ * The semantics (score pipeline, masks, dropout stream, gradients, dtypes) are those of
+ * DESIGN.md §1; this header is its API (§2). Every function returns FA_OK or a specific
+ * fa_status, and a failed call writes nothing to any output; fa_last_error() then says which
+ * argument was wrong and why.
+ */
+#ifndef FLASHATTN_H
+#define FLASHATTN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__) && !defined(FA_NO_VISIBILITY)
+#define FA_API __attribute__((visibility("default")))
+#else
+#define FA_API
+#endif
+
+#define FA_VERSION_MAJOR 0
+#define FA_VERSION_MINOR 1
+#define FA_VERSION_PATCH 0
+
+typedef enum {
+    FA_OK = 0,
+    FA_ERR_NULL_POINTER,        /* a required pointer (context, params, tensor, data) is NULL   */
+    FA_ERR_INVALID_ARGUMENT,    /* a parameter value is out of its domain (scale, p, window...) */
+    FA_ERR_SHAPE,               /* negative or mismatched dims, Hq % Hk != 0, headdim < 1       */
+    FA_ERR_STRIDE,              /* negative stride, non-contiguous headdim, overlapping output  */
+    FA_ERR_DTYPE,               /* unknown dtype, or tensors whose dtypes do not go together    */
+    FA_ERR_UNSUPPORTED,         /* valid request that the chosen backend does not implement     */
+    FA_ERR_OVERFLOW,            /* size arithmetic overflows int64 / size_t                     */
+    FA_ERR_NO_MEMORY,           /* an allocation failed; nothing was written                    */
+    FA_ERR_BACKEND_UNAVAILABLE, /* the backend or ISA asked for is not built or not supported   */
+    FA_ERR_DEVICE               /* the accelerator reported an error                            */
+} fa_status;
+
+typedef enum { FA_F32, FA_F64, FA_F16, FA_BF16 } fa_dtype;
+
+/*
+ * A strided 4-D tensor, logical shape batch x seqlen x heads x headdim (BSHD). Strides are in
+ * elements; BHSD storage is expressed by choosing head_stride > seq_stride. headdim must be
+ * contiguous: headdim_stride is 0 (meaning 1) or 1, anything else is refused with FA_ERR_STRIDE.
+ * An LSE tensor is batch x heads x seqlen with headdim 1 (dtype FA_F32 or FA_F64).
+ */
+typedef struct {
+    void    *data;
+    fa_dtype dtype;
+    int64_t  batch, seqlen, heads, headdim;
+    int64_t  batch_stride, seq_stride, head_stride;
+    int64_t  headdim_stride; /* 0 or 1 */
+} fa_tensor;
+
+typedef enum { FA_ALIGN_BOTTOM_RIGHT, FA_ALIGN_TOP_LEFT } fa_align;
+
+typedef struct {
+    double       scale;                     /* 0: 1/sqrt(Dqk); else finite and > 0            */
+    int          causal;                    /* nonzero: window_right = 0                      */
+    int64_t      window_left, window_right; /* -1: unbounded; inclusive key offsets           */
+    fa_align     align;                     /* where query row i sits among the keys          */
+    double       softcap;                   /* 0: off; > 0: cap; < 0, inf or NaN: invalid     */
+    const float *alibi_slopes;              /* Hq finite slopes, or NULL                      */
+    double       dropout_p;                 /* [0, 1)                                         */
+    uint64_t     dropout_seed, dropout_offset;
+} fa_params; /* new fields are only ever appended */
+
+typedef enum {
+    FA_BACKEND_AUTO,
+    FA_BACKEND_REFERENCE,    /* float64 two-pass oracle, every feature                        */
+    FA_BACKEND_CONVENTIONAL, /* S and P materialized through GEMMs, rounded to the storage type */
+    FA_BACKEND_TILED,        /* tiles + online softmax, backward by recomputation             */
+    FA_BACKEND_CUDA
+} fa_backend;
+
+typedef enum { FA_ISA_AUTO, FA_ISA_SCALAR, FA_ISA_AVX2, FA_ISA_AVX512, FA_ISA_NEON } fa_isa;
+
+typedef struct {
+    fa_backend backend;
+    fa_isa     isa;
+    int        num_threads; /* 0: OpenMP's default; results do not depend on it            */
+    void      *cuda_stream;
+} fa_options;
+
+typedef struct fa_context fa_context;
+
+FA_API void      fa_params_init(fa_params *p);
+FA_API void      fa_options_init(fa_options *o);
+/* Fills every field: strides of a contiguous tensor in BSHD (bhsd = 0) or BHSD order. */
+FA_API void      fa_tensor_init(fa_tensor *t, void *data, fa_dtype dtype, int64_t batch,
+                                int64_t seqlen, int64_t heads, int64_t headdim, int bhsd);
+
+/* `o` may be NULL (all defaults). FA_BACKEND / FA_ISA in the environment override AUTO. */
+FA_API fa_status fa_context_create(const fa_options *o, fa_context **ctx);
+FA_API void      fa_context_destroy(fa_context *ctx);
+
+/*
+ * out = attention(q, k, v) per DESIGN.md §1; lse (may be NULL) receives the natural-log
+ * log-sum-exp of each row (pre-dropout), -inf for rows with no allowed key. Outputs must not
+ * overlap inputs.
+ */
+FA_API fa_status fa_forward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
+                            const fa_tensor *k, const fa_tensor *v, fa_tensor *out,
+                            fa_tensor *lse);
+
+/*
+ * Gradients of attention with respect to q, k, v for the cotangent dout. out and lse are the
+ * forward's results (the reference backend recomputes both in float64 and uses them only for
+ * validation). dk/dv of a GQA group sum over the group's query heads.
+ */
+FA_API fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
+                             const fa_tensor *k, const fa_tensor *v, const fa_tensor *out,
+                             const fa_tensor *lse, const fa_tensor *dout, fa_tensor *dq,
+                             fa_tensor *dk, fa_tensor *dv);
+
+/*
+ * Merges n partial attention states over disjoint key sets (split-KV, ring attention):
+ * LSE = ln sum_k exp(LSE_k), O = sum_k exp(LSE_k - LSE) O_k. The empty state (O = 0,
+ * LSE = -inf) is neutral. out/lse may be the same tensors as outs[0]/lses[0].
+ */
+FA_API fa_status fa_merge_states(int n, const fa_tensor *outs, const fa_tensor *lses,
+                                 fa_tensor *out, fa_tensor *lse);
+
+FA_API const char *fa_status_string(fa_status s);
+FA_API const char *fa_last_error(void); /* this thread's detail for its last failed call */
+
+/* Bytes the library allocated for this context: now, and the most at once since reset. */
+FA_API fa_status fa_memory_stats(const fa_context *ctx, size_t *current, size_t *peak);
+FA_API fa_status fa_memory_stats_reset(fa_context *ctx);
+/* One line: backend, ISA, threads, detected L1d/L2, tile sizes. Returns FA_OK even when
+ * truncated (like snprintf, the line is always terminated when n > 0). */
+FA_API fa_status fa_context_describe(const fa_context *ctx, char *buf, size_t n);
+
+FA_API const char *fa_version_string(void);
+FA_API const char *fa_dtype_name(fa_dtype d);
+FA_API const char *fa_backend_name(fa_backend b);
+FA_API const char *fa_isa_name(fa_isa i);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FLASHATTN_H */

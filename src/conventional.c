@@ -1,0 +1,441 @@
+/*
+ * The conventional path, kept to be measured against: S = scale Q K^T and P = softmax(S) are
+ * materialized for every (batch, head) at once, through OpenBLAS GEMMs, and every intermediate
+ * is rounded to the storage dtype T after each step, as a framework's unfused path does
+ * (GEMMs accumulate in f32, or f64 for f64 storage; softmax reduces in the same type).
+ *
+ * Its memory grows as B H Sq Sk; its error is the yardstick of the tolerance rule (DESIGN.md
+ * §4). One deliberate difference from the fused paths, inherited from the GEMM formulation:
+ * masked and dropped probabilities are exact zeros that are *multiplied* with V (and K, Q in
+ * the backward), so a NaN or inf in a masked-out row of K or V can reach the output here.
+ */
+#include "config.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "internal.h"
+
+#define CONV_ROWS 64 /* query rows per GEMM block: bounds the f32 staging of f16/bf16 tiles */
+
+typedef struct {
+    const fai_problem *pr;
+    fa_dtype t;   /* storage dtype of S, P, dP */
+    int wide;     /* compute in double (f64 storage) rather than float */
+    size_t cs;    /* compute element size */
+    size_t ts;    /* storage element size */
+    int nt;
+} conv;
+
+static double round_t(const conv *cv, double x)
+{
+    switch (cv->t) {
+    case FA_F64: return x;
+    case FA_F32: return (float)x;
+    case FA_F16: return fai_f16_to_f64(fai_f64_to_f16(x));
+    case FA_BF16: return fai_bf16_to_f64(fai_f64_to_bf16(x));
+    }
+    return x;
+}
+
+/* C = alpha op(A) op(B) + beta C, row-major, in the compute type. */
+static void gemm(const conv *cv, int ta, int tb, int64_t m, int64_t n, int64_t k, double alpha,
+                 const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c,
+                 int64_t ldc)
+{
+    if (m == 0 || n == 0)
+        return;
+    const enum CBLAS_TRANSPOSE A = ta ? CblasTrans : CblasNoTrans, B = tb ? CblasTrans : CblasNoTrans;
+    if (cv->wide)
+        cblas_dgemm(CblasRowMajor, A, B, (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb,
+                    beta, c, (int)ldc);
+    else
+        cblas_sgemm(CblasRowMajor, A, B, (int)m, (int)n, (int)k, (float)alpha, a, (int)lda, b,
+                    (int)ldb, (float)beta, c, (int)ldc);
+}
+
+/* Packs rows [0, n) of head h of batch b of tensor x (dim columns) into dst, compute type. */
+static void pack(const conv *cv, const fa_tensor *x, int64_t b, int64_t h, int64_t n, int64_t dim,
+                 void *dst)
+{
+    for (int64_t r = 0; r < n; r++) {
+        void *row = (char *)dst + (size_t)(r * dim) * cv->cs;
+        if (cv->wide)
+            fai_load_f64(fai_row(x, b, r, h), x->dtype, dim, row);
+        else
+            fai_load_f32(fai_row(x, b, r, h), x->dtype, dim, row);
+    }
+}
+
+/* Stores n compute-type rows (dim columns) from src as rows [r0, r0 + n) of head h. */
+static void unpack(const conv *cv, const fa_tensor *x, int64_t b, int64_t h, int64_t r0,
+                   int64_t n, int64_t dim, const void *src)
+{
+    for (int64_t r = 0; r < n; r++) {
+        const void *row = (const char *)src + (size_t)(r * dim) * cv->cs;
+        if (cv->wide)
+            fai_store_f64(fai_row(x, b, r0 + r, h), x->dtype, dim, row);
+        else
+            fai_store_f32(fai_row(x, b, r0 + r, h), x->dtype, dim, row);
+    }
+}
+
+/* Rows [r0, r0 + n) of a T matrix with `cols` columns as a compute-type matrix: the storage
+ * itself when T is the compute type, else converted into `stage`. */
+static const void *as_compute(const conv *cv, const void *mat, int64_t r0, int64_t n,
+                              int64_t cols, void *stage)
+{
+    const char *src = (const char *)mat + (size_t)(r0 * cols) * cv->ts;
+    if (cv->ts == cv->cs)
+        return src;
+    fai_load_f32(src, cv->t, n * cols, stage);
+    return stage;
+}
+
+/* Where a GEMM writes rows [r0, r0 + n) of a T matrix: in place, or `stage` then commit(). */
+static void *gemm_target(const conv *cv, void *mat, int64_t r0, int64_t cols, void *stage)
+{
+    return cv->ts == cv->cs ? (char *)mat + (size_t)(r0 * cols) * cv->ts : stage;
+}
+
+static void commit(const conv *cv, void *mat, int64_t r0, int64_t n, int64_t cols,
+                   const void *stage)
+{
+    if (cv->ts != cv->cs)
+        fai_store_f32((char *)mat + (size_t)(r0 * cols) * cv->ts, cv->t, n * cols, stage);
+}
+
+/* Element (r, c) of a T matrix as double, and its store with rounding. */
+static double get(const conv *cv, const void *mat, size_t idx)
+{
+    double x;
+    fai_load_f64((const char *)mat + idx * cv->ts, cv->t, 1, &x);
+    return x;
+}
+
+static void put(const conv *cv, void *mat, size_t idx, double x)
+{
+    fai_store_f64((char *)mat + idx * cv->ts, cv->t, 1, &x);
+}
+
+/*
+ * S for head (b, h) = scale Q K^T into `s` (Sq x Sk, T), then the elementwise steps 2-4 of §1,
+ * each rounded to T: softcap (its tanh saved in `tc` when not NULL, for the backward), ALiBi,
+ * and the mask written as -inf.
+ */
+static void scores(const conv *cv, int64_t b, int64_t h, const void *qp, const void *kp,
+                   void *stage, void *s, void *tc)
+{
+    const fai_problem *pr = cv->pr;
+    for (int64_t r0 = 0; r0 < pr->sq; r0 += CONV_ROWS) {
+        int64_t n = pr->sq - r0 < CONV_ROWS ? pr->sq - r0 : CONV_ROWS;
+        void *c = gemm_target(cv, s, r0, pr->sk, stage);
+        gemm(cv, 0, 1, n, pr->sk, pr->dqk, pr->score.scale, (const char *)qp + r0 * pr->dqk * cv->cs,
+             pr->dqk, kp, pr->dqk, 0.0, c, pr->sk);
+        commit(cv, s, r0, n, pr->sk, c);
+    }
+    const double cap = pr->score.softcap, slope = fai_slope(pr, h);
+    for (int64_t i = 0; i < pr->sq; i++) {
+        int64_t lo, hi;
+        fai_mask_row(&pr->mask, i, &lo, &hi);
+        for (int64_t j = 0; j < pr->sk; j++) {
+            size_t idx = (size_t)(i * pr->sk + j);
+            if (j < lo || j >= hi) {
+                put(cv, s, idx, -INFINITY);
+                if (tc)
+                    put(cv, tc, idx, 0);
+                continue;
+            }
+            double x = get(cv, s, idx);
+            if (cap > 0) {
+                double t = round_t(cv, tanh(x / cap));
+                if (tc)
+                    put(cv, tc, idx, t);
+                x = round_t(cv, cap * t);
+            }
+            if (slope != 0) {
+                int64_t d = i + pr->mask.off - j;
+                x = round_t(cv, x - slope * (double)(d < 0 ? -d : d));
+            }
+            put(cv, s, idx, x);
+        }
+    }
+    (void)b;
+}
+
+/*
+ * P = softmax(S) row by row (reductions in the compute type) and, if lse is not NULL, the LSE. Writes P to `p` and, when
+ * dropout is on, P~ = keep P / (1 - p) to `pd`, which may be `p` itself (then P~ replaces P).
+ * s and p may be the same buffer.
+ */
+static void softmax(const conv *cv, int64_t b, int64_t h, const void *s, void *p, void *pd,
+                    const fa_tensor *lse)
+{
+    const fai_problem *pr = cv->pr;
+    const double inv_keep = 1.0 / (1.0 - pr->dropout_p);
+    const fai_dropout drop = fai_dropout_for(pr, b, h);
+    for (int64_t i = 0; i < pr->sq; i++) {
+        const size_t row = (size_t)(i * pr->sk);
+        double mx = -INFINITY, sum = 0;
+        float sumf = 0;
+        for (int64_t j = 0; j < pr->sk; j++) {
+            double x = get(cv, s, row + j);
+            mx = x > mx || isnan(x) ? x : mx;
+        }
+        for (int64_t j = 0; j < pr->sk; j++) {
+            double e = mx == -INFINITY ? 0 : exp(get(cv, s, row + j) - mx);
+            if (cv->wide)
+                sum += e;
+            else
+                sumf += (float)e;
+        }
+        if (!cv->wide)
+            sum = sumf;
+        if (lse)
+            fai_lse_store(lse, b, h, i, sum == 0 ? -INFINITY : mx + log(sum));
+        unsigned char keep[256];
+        for (int64_t j0 = 0; j0 < pr->sk; j0 += 256) {
+            int64_t n = pr->sk - j0 < 256 ? pr->sk - j0 : 256;
+            if (drop.threshold)
+                fai_dropout_keep_row(&drop, i, j0, n, keep);
+            for (int64_t j = j0; j < j0 + n; j++) {
+                double x = sum == 0 ? 0 : round_t(cv, exp(get(cv, s, row + j) - mx) / sum);
+                put(cv, p, row + j, x);
+                if (drop.threshold)
+                    put(cv, pd, row + j, keep[j - j0] ? round_t(cv, x * inv_keep) : 0);
+            }
+        }
+    }
+}
+
+typedef struct {
+    void *qp, *kp, *vp, *dop; /* packed Q, K, V, and dO (backward only)                  */
+    void *stage, *stage2;     /* CONV_ROWS x max(Sk, D) and CONV_ROWS x D staging blocks */
+    void *dk, *dv;            /* backward: a kv head's dK, dV accumulators               */
+} conv_pack;
+
+/*
+ * Each thread's packed operands and staging blocks, compute type, in one counted allocation
+ * (*block, *bytes); pk[t] is thread t's share.
+ */
+static fa_status pack_alloc(fa_context *ctx, const conv *cv, conv_pack *pk, int backward,
+                            void **block, size_t *bytes)
+{
+    const fai_problem *pr = cv->pr;
+    const int64_t d = pr->dqk > pr->dv ? pr->dqk : pr->dv, w = pr->sk > d ? pr->sk : d;
+    const int64_t sizes[8] = {pr->sq * pr->dqk, pr->sk * pr->dqk, pr->sk * pr->dv,
+                              backward ? pr->sq * pr->dv : 0, CONV_ROWS * w, CONV_ROWS * d,
+                              backward ? pr->sk * pr->dqk : 0, backward ? pr->sk * pr->dv : 0};
+    size_t n = 0, per;
+    for (int i = 0; i < 8; i++)
+        n += ((size_t)sizes[i] * cv->cs + 63) & ~(size_t)63;
+    if (!fai_mul_size(n, 1, &per) || !fai_mul_size(per, (size_t)cv->nt, bytes))
+        return fai_fail(FA_ERR_OVERFLOW, "conventional: packed operand size overflows");
+    *block = fai_alloc(ctx, *bytes);
+    if (!*block)
+        return fai_fail(FA_ERR_NO_MEMORY, "conventional: %zu bytes for packed operands", *bytes);
+    for (int t = 0; t < cv->nt; t++) {
+        void **dst[8] = {&pk[t].qp, &pk[t].kp, &pk[t].vp, &pk[t].dop,
+                         &pk[t].stage, &pk[t].stage2, &pk[t].dk, &pk[t].dv};
+        char *at = (char *)*block + (size_t)t * per;
+        for (int i = 0; i < 8; i++) {
+            *dst[i] = at;
+            at += ((size_t)sizes[i] * cv->cs + 63) & ~(size_t)63;
+        }
+    }
+    return FA_OK;
+}
+
+/* Bytes of `count` B x Hq x Sq x Sk matrices in T; FA_ERR_OVERFLOW if that does not fit. */
+static fa_status quadratic_bytes(const conv *cv, int count, size_t *bytes)
+{
+    const fai_problem *pr = cv->pr;
+    size_t n;
+    if (!fai_mul_size((size_t)(pr->b * pr->hq), (size_t)pr->sq, &n) ||
+        !fai_mul_size(n, (size_t)pr->sk, &n) || !fai_mul_size(n, cv->ts * (size_t)count, bytes))
+        return fai_fail(FA_ERR_OVERFLOW,
+                        "conventional: %d x B x Hq x Sq x Sk intermediates overflow size_t",
+                        count);
+    return FA_OK;
+}
+
+static conv conv_make(fa_context *ctx, const fai_problem *pr)
+{
+    conv cv;
+    cv.pr = pr;
+    cv.t = pr->dtype;
+    cv.wide = pr->dtype == FA_F64;
+    cv.cs = cv.wide ? sizeof(double) : sizeof(float);
+    cv.ts = fai_dtype_size(pr->dtype);
+    cv.nt = ctx->num_threads;
+#ifdef HAVE_OPENBLAS_SET_NUM_THREADS
+    /* Threads go over heads, each GEMM runs on its caller's thread: a GEMM's summation order
+     * then never depends on how many threads OpenBLAS would have split it over. */
+    openblas_set_num_threads(1);
+#endif
+    return cv;
+}
+
+static fa_status conv_forward(fa_context *ctx, const fai_problem *pr)
+{
+    conv cv = conv_make(ctx, pr);
+    size_t qbytes, pbytes;
+    void *packs;
+    conv_pack pk[cv.nt];
+    fa_status st = quadratic_bytes(&cv, 2, &qbytes);
+    if (st != FA_OK)
+        return st;
+    char *sp = fai_alloc(ctx, qbytes); /* S and P, for every (b, h) */
+    if (!sp)
+        return fai_fail(FA_ERR_NO_MEMORY, "conventional: %zu bytes for S and P", qbytes);
+    if ((st = pack_alloc(ctx, &cv, pk, 0, &packs, &pbytes)) != FA_OK) {
+        fai_free(ctx, sp, qbytes);
+        return st;
+    }
+    const size_t head = (size_t)(pr->sq * pr->sk) * cv.ts;
+    char *S = sp, *P = sp + qbytes / 2;
+#pragma omp parallel for num_threads(cv.nt) schedule(dynamic, 1)
+    for (int64_t bh = 0; bh < pr->b * pr->hq; bh++) {
+        const int64_t b = bh / pr->hq, h = bh % pr->hq, hk = h / pr->group;
+        const conv_pack *w = &pk[omp_get_thread_num()];
+        const size_t at = (size_t)bh * head;
+        pack(&cv, pr->io.q, b, h, pr->sq, pr->dqk, w->qp);
+        pack(&cv, pr->io.k, b, hk, pr->sk, pr->dqk, w->kp);
+        pack(&cv, pr->io.v, b, hk, pr->sk, pr->dv, w->vp);
+        scores(&cv, b, h, w->qp, w->kp, w->stage, S + at, NULL);
+        softmax(&cv, b, h, S + at, P + at, P + at, pr->io.lse);
+        for (int64_t r0 = 0; r0 < pr->sq; r0 += CONV_ROWS) { /* O = P~ V, rounded to T */
+            const int64_t n = pr->sq - r0 < CONV_ROWS ? pr->sq - r0 : CONV_ROWS;
+            const void *pb = as_compute(&cv, P + at, r0, n, pr->sk, w->stage);
+            gemm(&cv, 0, 0, n, pr->dv, pr->sk, 1.0, pb, pr->sk, w->vp, pr->dv, 0.0, w->stage2,
+                 pr->dv);
+            unpack(&cv, pr->io.out, b, h, r0, n, pr->dv, w->stage2);
+        }
+    }
+    fai_free(ctx, packs, pbytes);
+    fai_free(ctx, sp, qbytes);
+    return FA_OK;
+}
+
+/*
+ * dS = P (g - D) row by row, with g = dP keep / (1 - p) (dropout's backward) and
+ * D_i = sum_j g_ij P_ij (softmax's backward, as frameworks compute it), then the softcap chain
+ * (1 - tanh^2); each step rounded to T. dp holds dP on entry and dS on return.
+ */
+static void softmax_backward(const conv *cv, int64_t b, int64_t h, const void *p, void *dp,
+                             const void *tc)
+{
+    const fai_problem *pr = cv->pr;
+    const double inv_keep = 1.0 / (1.0 - pr->dropout_p);
+    const fai_dropout drop = fai_dropout_for(pr, b, h);
+    for (int64_t i = 0; i < pr->sq; i++) {
+        const size_t row = (size_t)(i * pr->sk);
+        unsigned char keep[256];
+        for (int64_t j0 = 0; j0 < pr->sk; j0 += 256) { /* dP -> g, in place */
+            int64_t n = pr->sk - j0 < 256 ? pr->sk - j0 : 256;
+            if (!drop.threshold)
+                break;
+            fai_dropout_keep_row(&drop, i, j0, n, keep);
+            for (int64_t j = j0; j < j0 + n; j++)
+                put(cv, dp, row + j, keep[j - j0] ? round_t(cv, get(cv, dp, row + j) * inv_keep) : 0);
+        }
+        double D = 0;
+        float Df = 0;
+        for (int64_t j = 0; j < pr->sk; j++) {
+            double gp = get(cv, dp, row + j) * get(cv, p, row + j);
+            if (cv->wide)
+                D += gp;
+            else
+                Df += (float)gp;
+        }
+        if (!cv->wide)
+            D = Df;
+        for (int64_t j = 0; j < pr->sk; j++) {
+            double ds = round_t(cv, get(cv, p, row + j) * (get(cv, dp, row + j) - D));
+            if (tc) {
+                double t = get(cv, tc, row + j);
+                ds = round_t(cv, ds * (1 - t * t));
+            }
+            put(cv, dp, row + j, ds);
+        }
+    }
+}
+
+static fa_status conv_backward(fa_context *ctx, const fai_problem *pr)
+{
+    conv cv = conv_make(ctx, pr);
+    const int nbuf = 2 + (pr->drop_threshold != 0) + (pr->score.softcap > 0);
+    size_t qbytes, pbytes;
+    void *packs;
+    conv_pack pk[cv.nt];
+    fa_status st = quadratic_bytes(&cv, nbuf, &qbytes);
+    if (st != FA_OK)
+        return st;
+    /* per (b, h): X (S, then dP, then dS), P, and P~ and tanh when needed: what autograd keeps */
+    char *big = fai_alloc(ctx, qbytes);
+    if (!big)
+        return fai_fail(FA_ERR_NO_MEMORY, "conventional: %zu bytes for S, P, dP", qbytes);
+    if ((st = pack_alloc(ctx, &cv, pk, 1, &packs, &pbytes)) != FA_OK) {
+        fai_free(ctx, big, qbytes);
+        return st;
+    }
+    const size_t head = (size_t)(pr->sq * pr->sk) * cv.ts, all = qbytes / (size_t)nbuf;
+    char *X = big, *P = big + all, *rest = big + 2 * all, *Pd = P, *Tc = NULL;
+    if (pr->drop_threshold) {
+        Pd = rest;
+        rest += all;
+    }
+    if (pr->score.softcap > 0)
+        Tc = rest;
+    /* one task per (b, kv head): the group's dK, dV sum in one thread, in head order */
+#pragma omp parallel for num_threads(cv.nt) schedule(dynamic, 1)
+    for (int64_t bk = 0; bk < pr->b * pr->hk; bk++) {
+        const int64_t b = bk / pr->hk, hk = bk % pr->hk;
+        const conv_pack *w = &pk[omp_get_thread_num()];
+        memset(w->dk, 0, (size_t)(pr->sk * pr->dqk) * cv.cs);
+        memset(w->dv, 0, (size_t)(pr->sk * pr->dv) * cv.cs);
+        pack(&cv, pr->io.k, b, hk, pr->sk, pr->dqk, w->kp);
+        pack(&cv, pr->io.v, b, hk, pr->sk, pr->dv, w->vp);
+        for (int64_t h = hk * pr->group; h < (hk + 1) * pr->group; h++) {
+            const size_t at = (size_t)(b * pr->hq + h) * head;
+            char *x = X + at, *p = P + at, *pd = Pd + at, *tc = Tc ? Tc + at : NULL;
+            pack(&cv, pr->io.q, b, h, pr->sq, pr->dqk, w->qp);
+            pack(&cv, pr->io.dout, b, h, pr->sq, pr->dv, w->dop);
+            scores(&cv, b, h, w->qp, w->kp, w->stage, x, tc);
+            softmax(&cv, b, h, x, p, pd, NULL); /* lse is an input here */
+            for (int64_t r0 = 0; r0 < pr->sq; r0 += CONV_ROWS) {
+                const int64_t n = pr->sq - r0 < CONV_ROWS ? pr->sq - r0 : CONV_ROWS;
+                const void *dob = (const char *)w->dop + (size_t)(r0 * pr->dv) * cv.cs;
+                /* dV += P~^T dO */
+                gemm(&cv, 1, 0, pr->sk, pr->dv, n, 1.0,
+                     as_compute(&cv, pd, r0, n, pr->sk, w->stage), pr->sk, dob, pr->dv, 1.0,
+                     w->dv, pr->dv);
+                /* dP = dO V^T */
+                void *c = gemm_target(&cv, x, r0, pr->sk, w->stage);
+                gemm(&cv, 0, 1, n, pr->sk, pr->dv, 1.0, dob, pr->dv, w->vp, pr->dv, 0.0, c, pr->sk);
+                commit(&cv, x, r0, n, pr->sk, c);
+            }
+            softmax_backward(&cv, b, h, p, x, tc);
+            for (int64_t r0 = 0; r0 < pr->sq; r0 += CONV_ROWS) {
+                const int64_t n = pr->sq - r0 < CONV_ROWS ? pr->sq - r0 : CONV_ROWS;
+                const void *dsb = as_compute(&cv, x, r0, n, pr->sk, w->stage);
+                const void *qb = (const char *)w->qp + (size_t)(r0 * pr->dqk) * cv.cs;
+                /* dQ = scale dS K ; dK += scale dS^T Q */
+                gemm(&cv, 0, 0, n, pr->dqk, pr->sk, pr->score.scale, dsb, pr->sk, w->kp, pr->dqk,
+                     0.0, w->stage2, pr->dqk);
+                unpack(&cv, pr->io.dq, b, h, r0, n, pr->dqk, w->stage2);
+                gemm(&cv, 1, 0, pr->sk, pr->dqk, n, pr->score.scale, dsb, pr->sk, qb, pr->dqk, 1.0,
+                     w->dk, pr->dqk);
+            }
+        }
+        unpack(&cv, pr->io.dk, b, hk, 0, pr->sk, pr->dqk, w->dk);
+        unpack(&cv, pr->io.dv, b, hk, 0, pr->sk, pr->dv, w->dv);
+    }
+    fai_free(ctx, packs, pbytes);
+    fai_free(ctx, big, qbytes);
+    return FA_OK;
+}
+
+const fai_backend fai_backend_conventional = {"conventional", conv_forward, conv_backward};

@@ -1,0 +1,71 @@
+/*
+ * The dropout stream of DESIGN.md §1: Philox4x32-10 (Salmon et al., SC'11, "Parallel random
+ * numbers: as easy as 1, 2, 3"), counter = {j / 4, i, b * Hq + h, offset}, key = seed, output
+ * word j % 4 compared with floor(p * 2^32). Every backend draws its keep decisions from here,
+ * so the same (seed, offset) drops the same elements everywhere.
+ */
+#ifndef FAI_CORE_PHILOX_H
+#define FAI_CORE_PHILOX_H
+
+#include <stdint.h>
+#include "fmath.h"
+
+#define FAI_PHILOX_M0 0xD2511F53u /* round multipliers (Random123 philox.h)      */
+#define FAI_PHILOX_M1 0xCD9E8D57u
+#define FAI_PHILOX_W0 0x9E3779B9u /* key schedule: golden ratio, sqrt(3) - 1     */
+#define FAI_PHILOX_W1 0xBB67AE85u
+
+typedef struct {
+    uint32_t v[4];
+} fai_u32x4;
+
+FA_HOST_DEVICE static inline fai_u32x4 fai_philox4x32_10(fai_u32x4 ctr, uint32_t k0, uint32_t k1)
+{
+    for (int round = 0; round < 10; round++) {
+        if (round > 0) {
+            k0 += FAI_PHILOX_W0;
+            k1 += FAI_PHILOX_W1;
+        }
+        uint64_t p0 = (uint64_t)FAI_PHILOX_M0 * ctr.v[0];
+        uint64_t p1 = (uint64_t)FAI_PHILOX_M1 * ctr.v[2];
+        fai_u32x4 n;
+        n.v[0] = (uint32_t)(p1 >> 32) ^ ctr.v[1] ^ k0;
+        n.v[1] = (uint32_t)p1;
+        n.v[2] = (uint32_t)(p0 >> 32) ^ ctr.v[3] ^ k1;
+        n.v[3] = (uint32_t)p0;
+        ctr = n;
+    }
+    return ctr;
+}
+
+/* Where one attention row's dropout decisions come from. */
+typedef struct {
+    uint32_t k0, k1;      /* seed, low and high words                   */
+    uint32_t head;        /* b * Hq + h                                 */
+    uint32_t offset;      /* low 32 bits of dropout_offset              */
+    uint32_t threshold;   /* keep iff u >= threshold = floor(p * 2^32)  */
+} fai_dropout;
+
+/* threshold 0 keeps everything: callers test `threshold != 0` to know dropout is on. */
+static inline uint32_t fai_dropout_threshold(double p)
+{
+    return (uint32_t)(p * 4294967296.0); /* p in [0, 1): exact floor, < 2^32 */
+}
+
+/*
+ * keep[c] = 1 if key j0 + c of query row i is kept, for c in [0, n). One Philox call serves
+ * four consecutive keys (j / 4 is the first counter word).
+ */
+FA_HOST_DEVICE static inline void fai_dropout_keep_row(const fai_dropout *d, int64_t i,
+                                                       int64_t j0, int64_t n, unsigned char *keep)
+{
+    int64_t j = j0, end = j0 + n;
+    while (j < end) {
+        fai_u32x4 ctr = {{(uint32_t)(j >> 2), (uint32_t)i, d->head, d->offset}};
+        fai_u32x4 u = fai_philox4x32_10(ctr, d->k0, d->k1);
+        for (int w = (int)(j & 3); w < 4 && j < end; w++, j++)
+            keep[j - j0] = u.v[w] >= d->threshold;
+    }
+}
+
+#endif

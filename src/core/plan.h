@@ -1,0 +1,21 @@
+/* The tile plan: cache sizes in, tile sizes out. ALL tile-size policy lives in plan.c. */
+#ifndef FAI_CORE_PLAN_H
+#define FAI_CORE_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+typedef struct {
+    int64_t l1d, l2;      /* bytes, per core */
+    const char *source;   /* where the sizes came from: "sysconf", "sysfs", "default" */
+} fai_cache_info;
+
+typedef struct {
+    int64_t bq; /* query rows per tile */
+    int64_t bk; /* keys per tile       */
+} fai_tiles;
+
+void fai_cache_detect(fai_cache_info *ci);
+fai_tiles fai_plan_tiles(const fai_cache_info *ci, int64_t dqk, int64_t dv, size_t elem_size);
+
+#endif

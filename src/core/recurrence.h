@@ -1,0 +1,125 @@
+/*
+ * The online-softmax recurrence (the article's §4.2), written once for every backend.
+ *
+ * State of one query row after absorbing some key blocks B_1 .. B_t (allowed keys only):
+ *
+ *     m   = max_{j seen} s_j                     (-inf while nothing has been seen)
+ *     l   = sum_{j seen} exp(s_j - m)
+ *     acc = sum_{j seen} keep_j exp(s_j - m) v_j  (keep_j in {0, 1}: the dropout decision)
+ *
+ * Invariant (I): l and acc are the exact row sums *relative to the reference m*.
+ *
+ * Absorbing a block B whose allowed scores have maximum b:
+ *
+ *     m'  = max(m, b)
+ *     a   = exp(m - m')                    -- 0 < a <= 1, and a == 1 iff m' == m
+ *     l'  = a l   + sum_{j in B} exp(s_j - m')
+ *     acc'= a acc + sum_{j in B} keep_j exp(s_j - m') v_j
+ *
+ * (I) holds again, since exp(s_j - m) * exp(m - m') = exp(s_j - m') for every old j: the rescale
+ * changes the reference, not the function. Every term exp(s - m') is <= 1 because m' bounds all
+ * seen scores, so nothing overflows however large the logits are. Finally
+ *
+ *     LSE = m + ln l,      O = acc / (l (1 - p))
+ *
+ * which is ln sum exp(s_j) and sum_j keep_j P_j v_j / (1 - p): §1's steps 5-7.
+ *
+ * Edge cases, each stated so no backend has to rediscover it:
+ *  - A block with no allowed key, or whose allowed scores are all -inf, has b = -inf. If m is
+ *    also -inf, m' - m would be -inf - (-inf) = NaN: the block is skipped instead
+ *    (fai_online_rescale returns 0 and leaves the state alone). Skipping is exact: such a block
+ *    contributes exp(-inf) = 0 to every sum.
+ *  - A row that never absorbs a finite score ends with l = 0: it is an empty row, O = 0,
+ *    LSE = -inf (fai_online_finalize).
+ *  - NaN scores are not filtered: the caller's block max b is NaN if any allowed score is, a
+ *    NaN b becomes m' here, and l, acc, LSE and O of the row are NaN, as §1 requires.
+ *  - +inf scores give m' = +inf and exp(inf - inf) = NaN: the row is NaN, as in the reference.
+ */
+#ifndef FAI_CORE_RECURRENCE_H
+#define FAI_CORE_RECURRENCE_H
+
+#include <math.h>
+#include "fmath.h"
+
+/*
+ * Moves the reference of a row from *m to max(*m, b). Returns 0 if the block is to be skipped
+ * (no finite score in it nor before it); otherwise returns 1 and sets *a to the factor the old
+ * l and acc must be multiplied by.
+ */
+FA_HOST_DEVICE static inline int fai_online_rescale_f32(float *m, float b, float *a)
+{
+    float m_new = b > *m || b != b ? b : *m;
+    if (m_new == -INFINITY)
+        return 0;
+    *a = fai_expf(*m - m_new); /* exp(-inf) = 0 when the row had seen nothing yet */
+    *m = m_new;
+    return 1;
+}
+
+FA_HOST_DEVICE static inline int fai_online_rescale_f64(double *m, double b, double *a)
+{
+    double m_new = b > *m || b != b ? b : *m;
+    if (m_new == -INFINITY)
+        return 0;
+    *a = fai_exp(*m - m_new);
+    *m = m_new;
+    return 1;
+}
+
+/*
+ * End of the row: returns the factor that turns acc into O (0 for an empty row, so O = 0
+ * exactly) and sets *lse. keep_scale is 1 / (1 - p), or 1 without dropout.
+ */
+FA_HOST_DEVICE static inline float fai_online_finalize_f32(float m, float l, float keep_scale,
+                                                           float *lse)
+{
+    if (!(l != 0)) { /* l == 0: nothing absorbed. (NaN l is != 0 and falls through.) */
+        *lse = -INFINITY;
+        return 0;
+    }
+    *lse = m + fai_logf(l);
+    return keep_scale / l;
+}
+
+FA_HOST_DEVICE static inline double fai_online_finalize_f64(double m, double l, double keep_scale,
+                                                            double *lse)
+{
+    if (!(l != 0)) {
+        *lse = -INFINITY;
+        return 0;
+    }
+    *lse = m + fai_log(l);
+    return keep_scale / l;
+}
+
+/*
+ * Merge of finished states over disjoint key sets, in LSE form (split-KV, ring attention).
+ * With M = max_k LSE_k: LSE = M + ln sum_k exp(LSE_k - M), and state k's weight is
+ * exp(LSE_k - LSE). The same argument as above: every exponent is <= 0. The empty state
+ * (LSE = -inf) gets weight exp(-inf) = 0 and is neutral; if every state is empty, M = -inf and
+ * the merge is empty too (weights 0, LSE -inf), never -inf - (-inf).
+ *
+ * Usage: lse_out = fai_merge_lse_f64(lse, n); then state k enters with weight
+ * fai_merge_weight_f64(lse[k], lse_out). A NaN LSE makes the merge NaN.
+ */
+FA_HOST_DEVICE static inline double fai_merge_lse_f64(const double *lse, int n)
+{
+    double M = -INFINITY;
+    for (int k = 0; k < n; k++)
+        if (lse[k] > M || lse[k] != lse[k])
+            M = lse[k];
+    if (M == -INFINITY)
+        return -INFINITY;
+    double sum = 0;
+    for (int k = 0; k < n; k++)
+        sum += fai_exp(lse[k] - M);
+    return M + fai_log(sum);
+}
+
+/* Weight of a state with log-sum-exp lse_k in the merge whose log-sum-exp is lse. */
+FA_HOST_DEVICE static inline double fai_merge_weight_f64(double lse_k, double lse)
+{
+    return lse == -INFINITY ? 0.0 : fai_exp(lse_k - lse);
+}
+
+#endif

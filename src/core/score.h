@@ -1,0 +1,142 @@
+/*
+ * The score pipeline and the mask of DESIGN.md §1, and the classification of a
+ * (query tile x key tile) against the mask. Every backend — the float64 reference, the
+ * conventional GEMM path, the tiled kernels and CUDA — takes its mask and score transforms
+ * from here; none re-derives them.
+ *
+ * Mask. Key j is allowed for query row i iff
+ *     j >= i + off - L   (when L >= 0)   and   j <= i + off + R   (when R >= 0),
+ * off = Sk - Sq (bottom-right) or 0 (top-left). For each row the allowed keys are therefore one
+ * interval, and the interval's ends move right by exactly one per row. Two consequences are
+ * used throughout:
+ *   (a) a row's allowed keys are [lo_i, hi_i), computed in O(1) (fai_mask_row);
+ *   (b) the union of the intervals of rows [i0, i1) is the single interval
+ *       [lo_{i0}, hi_{i1-1}) when every row's interval is non-empty in the unclipped sense
+ *       (L, R >= 0 or unbounded: the band has width L + R + 1 >= 1), so a tile is empty iff it
+ *       misses that union, and full iff it lies inside every row's interval, i.e. inside
+ *       [lo_{i1-1}, hi_{i0}).
+ */
+#ifndef FAI_CORE_SCORE_H
+#define FAI_CORE_SCORE_H
+
+#include <stdint.h>
+#include "fmath.h"
+
+typedef struct {
+    int64_t off;         /* Sk - Sq or 0                                     */
+    int64_t left, right; /* window bounds, -1 unbounded, clamped to Sq + Sk  */
+    int64_t sk;          /* number of keys                                   */
+} fai_mask;
+
+typedef enum { FAI_TILE_EMPTY, FAI_TILE_PARTIAL, FAI_TILE_FULL } fai_tile_class;
+
+/* causal forces right = 0. Bounds beyond Sq + Sk cannot bind and are clamped so that the
+ * arithmetic below stays far from int64 overflow (the API limits Sq, Sk to < 2^40). */
+FA_HOST_DEVICE static inline fai_mask fai_mask_make(int64_t sq, int64_t sk, int causal,
+                                                    int64_t left, int64_t right, int top_left)
+{
+    fai_mask m;
+    int64_t reach = sq + sk;
+    m.off = top_left ? 0 : sk - sq;
+    m.left = left > reach ? reach : left;
+    m.right = causal ? 0 : (right > reach ? reach : right);
+    m.sk = sk;
+    return m;
+}
+
+/* Allowed keys of row i: [*lo, *hi), clipped to [0, Sk); empty when *lo >= *hi. */
+FA_HOST_DEVICE static inline void fai_mask_row(const fai_mask *m, int64_t i, int64_t *lo,
+                                               int64_t *hi)
+{
+    int64_t a = m->left >= 0 ? i + m->off - m->left : 0;
+    int64_t b = m->right >= 0 ? i + m->off + m->right + 1 : m->sk;
+    *lo = a < 0 ? 0 : a;
+    *hi = b > m->sk ? m->sk : b;
+}
+
+FA_HOST_DEVICE static inline int fai_mask_allowed(const fai_mask *m, int64_t i, int64_t j)
+{
+    int64_t lo, hi;
+    fai_mask_row(m, i, &lo, &hi);
+    return j >= lo && j < hi;
+}
+
+/* Keys that any row of [i0, i1) may see (consequence (b)); empty when *lo >= *hi. */
+FA_HOST_DEVICE static inline void fai_mask_key_span(const fai_mask *m, int64_t i0, int64_t i1,
+                                                    int64_t *lo, int64_t *hi)
+{
+    int64_t unused;
+    fai_mask_row(m, i0, lo, &unused);
+    fai_mask_row(m, i1 - 1, &unused, hi);
+}
+
+/* Query rows of [0, sq) that may see any key of [j0, j1): the mirror image of the above. */
+FA_HOST_DEVICE static inline void fai_mask_query_span(const fai_mask *m, int64_t sq, int64_t j0,
+                                                      int64_t j1, int64_t *lo, int64_t *hi)
+{
+    /* j <= i + off + R  <=>  i >= j - off - R ;   j >= i + off - L  <=>  i <= j + L - off */
+    int64_t a = m->right >= 0 ? j0 - m->off - m->right : 0;
+    int64_t b = m->left >= 0 ? (j1 - 1) + m->left - m->off + 1 : sq;
+    *lo = a < 0 ? 0 : a;
+    *hi = b > sq ? sq : b;
+}
+
+FA_HOST_DEVICE static inline fai_tile_class fai_mask_classify(const fai_mask *m, int64_t i0,
+                                                              int64_t i1, int64_t j0, int64_t j1)
+{
+    int64_t ulo, uhi, flo, fhi, unused;
+    fai_mask_key_span(m, i0, i1, &ulo, &uhi);
+    if (j1 <= ulo || j0 >= uhi)
+        return FAI_TILE_EMPTY;
+    fai_mask_row(m, i1 - 1, &flo, &unused); /* the latest left edge  */
+    fai_mask_row(m, i0, &unused, &fhi);     /* the earliest right edge */
+    return (j0 >= flo && j1 <= fhi) ? FAI_TILE_FULL : FAI_TILE_PARTIAL;
+}
+
+/*
+ * Score pipeline, steps 1-3 of §1: s = scale * dot; softcap c > 0: s = c * tanh(s / c);
+ * ALiBi: s -= slope * |i + off - j|. `t` (may be NULL) receives tanh(s / c) for the backward's
+ * chain rule d(c tanh(x/c))/dx = 1 - tanh^2(x/c); it is 0 when softcap is off.
+ */
+typedef struct {
+    double scale, softcap; /* softcap 0: off */
+    int64_t off;           /* the mask's alignment offset, shared with ALiBi */
+} fai_score;
+
+FA_HOST_DEVICE static inline double fai_score_f64(const fai_score *sc, double dot, double slope,
+                                                  int64_t i, int64_t j, double *t)
+{
+    double s = sc->scale * dot, th = 0.0;
+    if (sc->softcap > 0) {
+        th = fai_tanh(s / sc->softcap);
+        s = sc->softcap * th;
+    }
+    if (slope != 0) {
+        int64_t d = i + sc->off - j;
+        s -= slope * (double)(d < 0 ? -d : d);
+    }
+    if (t)
+        *t = th;
+    return s;
+}
+
+/* The same in float: what the f32-accumulating paths compute. */
+FA_HOST_DEVICE static inline float fai_score_f32(const fai_score *sc, float dot, float slope,
+                                                 int64_t i, int64_t j, float *t)
+{
+    float s = (float)sc->scale * dot, th = 0.0f;
+    if (sc->softcap > 0) {
+        float cap = (float)sc->softcap;
+        th = fai_tanhf(s / cap);
+        s = cap * th;
+    }
+    if (slope != 0) {
+        int64_t d = i + sc->off - j;
+        s -= slope * (float)(d < 0 ? -d : d);
+    }
+    if (t)
+        *t = th;
+    return s;
+}
+
+#endif

@@ -1,0 +1,91 @@
+/*
+ * The tiled backend: the article's algorithm (query tiles, a running (m, l, acc) per row, score
+ * and probability tiles that never leave the thread's working set) in portable C. The loop
+ * nest is in tiled_tpl.h, instantiated here for float (f32, f16, bf16 storage: f32
+ * accumulation) and double (f64 storage). Tile sizes come from core/plan.c.
+ *
+ * Extra memory: one workspace per thread, O(Bq x D + Bk x D), independent of sequence length.
+ */
+#include "config.h"
+
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "core/recurrence.h"
+#include "internal.h"
+
+/* Carves 64-byte-aligned pieces from one block; with base NULL it only measures. */
+typedef struct {
+    char *base;
+    size_t used;
+} fai_arena;
+
+static void *fai_carve(fai_arena *a, size_t bytes)
+{
+    size_t off = (a->used + 63) & ~(size_t)63;
+    a->used = off + bytes;
+    return a->base ? a->base + off : NULL;
+}
+
+/* One workspace of `per` bytes for each of nt threads, allocated before any output is
+ * written, so running out of memory fails the call cleanly. */
+static fa_status fai_thread_scratch(fa_context *ctx, size_t per, int nt, char **base,
+                                    size_t *bytes)
+{
+    per = (per + 63) & ~(size_t)63;
+    if (!fai_mul_size(per, (size_t)nt, bytes))
+        return fai_fail(FA_ERR_OVERFLOW, "tiled: workspace size overflows");
+    *base = fai_alloc(ctx, *bytes);
+    if (!*base)
+        return fai_fail(FA_ERR_NO_MEMORY, "tiled: %zu bytes of workspace for %d threads", *bytes,
+                        nt);
+    return FA_OK;
+}
+
+#define FT float
+#define FAI_T(name) name##_f32
+#define FT_LOAD fai_load_f32
+#define FT_STORE fai_store_f32
+#define FT_EXP fai_expf
+#define FT_SCORE fai_score_f32
+#define FT_RESCALE fai_online_rescale_f32
+#define FT_FINALIZE fai_online_finalize_f32
+#include "tiled_tpl.h"
+#undef FT
+#undef FAI_T
+#undef FT_LOAD
+#undef FT_STORE
+#undef FT_EXP
+#undef FT_SCORE
+#undef FT_RESCALE
+#undef FT_FINALIZE
+
+#define FT double
+#define FAI_T(name) name##_f64
+#define FT_LOAD fai_load_f64
+#define FT_STORE fai_store_f64
+#define FT_EXP fai_exp
+#define FT_SCORE fai_score_f64
+#define FT_RESCALE fai_online_rescale_f64
+#define FT_FINALIZE fai_online_finalize_f64
+#include "tiled_tpl.h"
+
+fai_tiles fai_tiled_tiles(const fa_context *ctx, int64_t dqk, int64_t dv, fa_dtype d)
+{
+    return fai_plan_tiles(&ctx->cache, dqk, dv, d == FA_F64 ? sizeof(double) : sizeof(float));
+}
+
+static fa_status tiled_forward(fa_context *ctx, const fai_problem *pr)
+{
+    fai_tiles tl = fai_tiled_tiles(ctx, pr->dqk, pr->dv, pr->dtype);
+    return pr->dtype == FA_F64 ? forward_f64(ctx, pr, tl) : forward_f32(ctx, pr, tl);
+}
+
+static fa_status tiled_backward(fa_context *ctx, const fai_problem *pr)
+{
+    fai_tiles tl = fai_tiled_tiles(ctx, pr->dqk, pr->dv, pr->dtype);
+    return pr->dtype == FA_F64 ? backward_f64(ctx, pr, tl) : backward_f32(ctx, pr, tl);
+}
+
+const fai_backend fai_backend_tiled = {"tiled", tiled_forward, tiled_backward};

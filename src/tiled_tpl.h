@@ -1,0 +1,391 @@
+/*
+ * The tiled algorithm in portable C, written once for a compute type FT and included by
+ * tiled.c once per type (float for f32/f16/bf16 storage, double for f64). The includer defines:
+ *   FT, FAI_T(name)             the type and the suffix appended to every function name
+ *   FT_LOAD, FT_STORE           row conversions from/to the storage dtype
+ *   FT_EXP, FT_SCORE            exp and the score pipeline (core/fmath.h, core/score.h)
+ *   FT_RESCALE, FT_FINALIZE     the recurrence (core/recurrence.h)
+ *
+ * Every inner loop runs along a contiguous row with a fixed summation order (over d for
+ * scores, over keys for accumulators), so the compiler may vectorize it without reassociating
+ * any sum and results are the same at every thread count.
+ */
+
+/* One query row's scores against a key tile held transposed (kt: dqk x bk, row stride bk):
+ * s[c] = sum_d q[d] kt[d][c] for c in [c0, c1), then the score pipeline. */
+static void FAI_T(score_row)(const fai_problem *pr, const FT *q, const FT *kt, int64_t bk,
+                             int64_t c0, int64_t c1, FT slope, int64_t i, int64_t j0, FT *s,
+                             FT *t)
+{
+    for (int64_t c = c0; c < c1; c++)
+        s[c] = 0;
+    for (int64_t d = 0; d < pr->dqk; d++) {
+        const FT qd = q[d], *kd = kt + d * bk;
+        for (int64_t c = c0; c < c1; c++)
+            s[c] += qd * kd[c];
+    }
+    for (int64_t c = c0; c < c1; c++)
+        s[c] = FT_SCORE(&pr->score, s[c], slope, i, j0 + c, t ? &t[c] : NULL);
+}
+
+/* The keys of tile [j0, j0 + n) that row i may see, as tile columns [*c0, *c1). */
+static void FAI_T(row_cols)(const fai_problem *pr, fai_tile_class cls, int64_t i, int64_t j0,
+                            int64_t n, int64_t *c0, int64_t *c1)
+{
+    if (cls == FAI_TILE_FULL) {
+        *c0 = 0;
+        *c1 = n;
+        return;
+    }
+    int64_t lo, hi;
+    fai_mask_row(&pr->mask, i, &lo, &hi);
+    *c0 = lo > j0 ? lo - j0 : 0;
+    *c1 = hi < j0 + n ? hi - j0 : n;
+}
+
+/* Loads n rows of (b, hk) from t, starting at row j0, into dst (n x dim, row-major) and, if
+ * dst_t is not NULL, transposed into dst_t (dim x ld). */
+static void FAI_T(load_rows)(const fa_tensor *t, fa_dtype dt, int64_t b, int64_t hk, int64_t j0,
+                             int64_t n, int64_t dim, FT *dst, FT *dst_t, int64_t ld)
+{
+    for (int64_t c = 0; c < n; c++) {
+        FT *row = dst + c * dim;
+        FT_LOAD(fai_row(t, b, j0 + c, hk), dt, dim, row);
+        if (dst_t)
+            for (int64_t d = 0; d < dim; d++)
+                dst_t[d * ld + c] = row[d];
+    }
+}
+
+/* ------------------------------------------------------------------ forward */
+
+typedef struct {
+    FT *q, *k, *kt, *v, *acc, *m, *l, *s;
+    unsigned char *keep;
+} FAI_T(fwd_ws);
+
+static size_t FAI_T(fwd_carve)(const fai_problem *pr, fai_tiles tl, char *base,
+                               FAI_T(fwd_ws) *w)
+{
+    fai_arena a = {base, 0};
+    w->q = fai_carve(&a, (size_t)(tl.bq * pr->dqk) * sizeof(FT));
+    w->k = fai_carve(&a, (size_t)(tl.bk * pr->dqk) * sizeof(FT));
+    w->kt = fai_carve(&a, (size_t)(tl.bk * pr->dqk) * sizeof(FT));
+    w->v = fai_carve(&a, (size_t)(tl.bk * pr->dv) * sizeof(FT));
+    w->acc = fai_carve(&a, (size_t)(tl.bq * pr->dv) * sizeof(FT));
+    w->m = fai_carve(&a, (size_t)tl.bq * sizeof(FT));
+    w->l = fai_carve(&a, (size_t)tl.bq * sizeof(FT));
+    w->s = fai_carve(&a, (size_t)tl.bk * sizeof(FT));
+    w->keep = fai_carve(&a, (size_t)tl.bk);
+    return a.used;
+}
+
+/*
+ * One query tile [i0, i1) of head h of batch b: the article's loop. The tile's state (m, l, acc)
+ * lives in w; key tiles outside the mask's key span are never visited, FULL tiles are consumed
+ * without a per-element test, PARTIAL ones through each row's allowed interval.
+ */
+static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int64_t h,
+                             int64_t i0, int64_t i1, FAI_T(fwd_ws) *w)
+{
+    const int64_t hk = h / pr->group, nq = i1 - i0, dv = pr->dv;
+    const FT slope = (FT)fai_slope(pr, h);
+    const fai_dropout drop = fai_dropout_for(pr, b, h);
+
+    FAI_T(load_rows)(pr->io.q, pr->dtype, b, h, i0, nq, pr->dqk, w->q, NULL, 0);
+    for (int64_t r = 0; r < nq; r++) {
+        w->m[r] = -INFINITY;
+        w->l[r] = 0;
+    }
+    memset(w->acc, 0, (size_t)(nq * dv) * sizeof(FT));
+
+    int64_t jlo, jhi;
+    fai_mask_key_span(&pr->mask, i0, i1, &jlo, &jhi);
+    for (int64_t j0 = jlo; j0 < jhi; j0 += tl.bk) {
+        const int64_t n = jhi - j0 < tl.bk ? jhi - j0 : tl.bk;
+        const fai_tile_class cls = fai_mask_classify(&pr->mask, i0, i1, j0, j0 + n);
+        if (cls == FAI_TILE_EMPTY)
+            continue;
+        FAI_T(load_rows)(pr->io.k, pr->dtype, b, hk, j0, n, pr->dqk, w->k, w->kt, tl.bk);
+        FAI_T(load_rows)(pr->io.v, pr->dtype, b, hk, j0, n, dv, w->v, NULL, 0);
+
+        for (int64_t r = 0; r < nq; r++) {
+            const int64_t i = i0 + r;
+            int64_t c0, c1;
+            FAI_T(row_cols)(pr, cls, i, j0, n, &c0, &c1);
+            if (c0 >= c1) /* this row sees nothing here: a masked tile inside a live row */
+                continue;
+            FT *s = w->s, *acc = w->acc + r * dv, a;
+            FAI_T(score_row)(pr, w->q + r * pr->dqk, w->kt, tl.bk, c0, c1, slope, i, j0, s, NULL);
+            FT bmax = -INFINITY;
+            for (int64_t c = c0; c < c1; c++)
+                bmax = s[c] > bmax || s[c] != s[c] ? s[c] : bmax; /* a NaN sticks */
+            if (!FT_RESCALE(&w->m[r], bmax, &a))
+                continue;
+            if (a != 1) {
+                w->l[r] *= a;
+                for (int64_t d = 0; d < dv; d++)
+                    acc[d] *= a;
+            }
+            if (drop.threshold)
+                fai_dropout_keep_row(&drop, i, j0 + c0, c1 - c0, w->keep + c0);
+            const FT m = w->m[r];
+            FT l = w->l[r];
+            for (int64_t c = c0; c < c1; c++) {
+                const FT p = FT_EXP(s[c] - m);
+                l += p;
+                if (drop.threshold && !w->keep[c]) /* dropped by selection */
+                    continue;
+                const FT *vc = w->v + c * dv;
+                for (int64_t d = 0; d < dv; d++)
+                    acc[d] += p * vc[d];
+            }
+            w->l[r] = l;
+        }
+    }
+
+    const FT keep_scale = (FT)(1.0 / (1.0 - pr->dropout_p));
+    for (int64_t r = 0; r < nq; r++) {
+        FT lse, *acc = w->acc + r * dv;
+        const FT f = FT_FINALIZE(w->m[r], w->l[r], keep_scale, &lse);
+        for (int64_t d = 0; d < dv; d++)
+            acc[d] = f == 0 ? 0 : acc[d] * f; /* empty row: exactly 0, whatever acc holds */
+        FT_STORE(fai_row(pr->io.out, b, i0 + r, h), pr->dtype, dv, acc);
+        if (pr->io.lse)
+            fai_lse_store(pr->io.lse, b, h, i0 + r, lse);
+    }
+}
+
+static fa_status FAI_T(forward)(fa_context *ctx, const fai_problem *pr, fai_tiles tl)
+{
+    FAI_T(fwd_ws) w;
+    const size_t per = FAI_T(fwd_carve)(pr, tl, NULL, &w);
+    const int nt = ctx->num_threads;
+    char *base;
+    size_t bytes;
+    fa_status st = fai_thread_scratch(ctx, per, nt, &base, &bytes);
+    if (st != FA_OK)
+        return st;
+    const int64_t nqt = (pr->sq + tl.bq - 1) / tl.bq, tasks = pr->b * pr->hq * nqt;
+#pragma omp parallel num_threads(nt)
+    {
+        FAI_T(fwd_ws) mine;
+        FAI_T(fwd_carve)(pr, tl, base + (size_t)omp_get_thread_num() * per, &mine);
+        /* dynamic: causal and windowed tiles differ in cost; each task's result is fixed */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < tasks; task++) {
+            const int64_t qt = task % nqt, h = (task / nqt) % pr->hq, b = task / (nqt * pr->hq);
+            const int64_t i0 = qt * tl.bq, i1 = i0 + tl.bq < pr->sq ? i0 + tl.bq : pr->sq;
+            FAI_T(fwd_qtile)(pr, tl, b, h, i0, i1, &mine);
+        }
+    }
+    fai_free(ctx, base, bytes);
+    return FA_OK;
+}
+
+/* ------------------------------------------------------------------ backward */
+
+/*
+ * Backward by recomputation, in two passes so that every gradient element has one owner:
+ *   pass 1, per (b, kv head, key tile): dK and dV of the tile, summed over the group's query
+ *           heads and all query rows in a fixed order;
+ *   pass 2, per (b, head, query tile): dQ of the tile, summed over key tiles in order.
+ * Both recompute S and P = exp(S - LSE) per (row, key tile) from q, k and the forward's LSE,
+ * and dS = P (dP~ - D) with D_i = dO_i . O_i (§1). No atomics, no reduction across threads.
+ */
+typedef struct {
+    FT *k, *kt, *vt, *vrow, *dk, *dv, *q, *dout, *o, *dq, *di, *lse, *s, *t, *p, *ds;
+    unsigned char *keep;
+} FAI_T(bwd_ws);
+
+static size_t FAI_T(bwd_carve)(const fai_problem *pr, fai_tiles tl, char *base,
+                               FAI_T(bwd_ws) *w)
+{
+    fai_arena a = {base, 0};
+    const size_t bk = (size_t)tl.bk, bq = (size_t)tl.bq;
+    w->k = fai_carve(&a, bk * (size_t)pr->dqk * sizeof(FT));
+    w->kt = fai_carve(&a, bk * (size_t)pr->dqk * sizeof(FT));
+    w->vt = fai_carve(&a, bk * (size_t)pr->dv * sizeof(FT));
+    w->vrow = fai_carve(&a, bk * (size_t)pr->dv * sizeof(FT)); /* V row-major: load staging */
+    w->dk = fai_carve(&a, bk * (size_t)pr->dqk * sizeof(FT));
+    w->dv = fai_carve(&a, bk * (size_t)pr->dv * sizeof(FT));
+    /* query rows: bq of them in pass 2, one at a time (row 0) in pass 1 */
+    w->q = fai_carve(&a, bq * (size_t)pr->dqk * sizeof(FT));
+    w->dout = fai_carve(&a, bq * (size_t)pr->dv * sizeof(FT));
+    w->o = fai_carve(&a, (size_t)pr->dv * sizeof(FT));
+    w->dq = fai_carve(&a, bq * (size_t)pr->dqk * sizeof(FT));
+    w->di = fai_carve(&a, bq * sizeof(FT));
+    w->lse = fai_carve(&a, bq * sizeof(FT));
+    w->s = fai_carve(&a, bk * sizeof(FT));
+    w->t = fai_carve(&a, bk * sizeof(FT));
+    w->p = fai_carve(&a, bk * sizeof(FT));
+    w->ds = fai_carve(&a, bk * sizeof(FT));
+    w->keep = fai_carve(&a, bk);
+    return a.used;
+}
+
+/* Loads row i of (b, h) into slot r: q, dO, LSE and D_i = dO_i . O_i (O as stored, as FA). */
+static void FAI_T(load_query_row)(const fai_problem *pr, int64_t b, int64_t h, int64_t i,
+                                  int64_t r, FAI_T(bwd_ws) *w)
+{
+    FT *dout = w->dout + r * pr->dv, di = 0;
+    FT_LOAD(fai_row(pr->io.q, b, i, h), pr->dtype, pr->dqk, w->q + r * pr->dqk);
+    FT_LOAD(fai_row(pr->io.dout, b, i, h), pr->dtype, pr->dv, dout);
+    FT_LOAD(fai_row(pr->io.out, b, i, h), pr->dtype, pr->dv, w->o);
+    for (int64_t d = 0; d < pr->dv; d++)
+        di += dout[d] * w->o[d];
+    w->di[r] = di;
+    w->lse[r] = (FT)fai_lse_load(pr->io.lse, b, h, i);
+}
+
+/*
+ * For query row r (loaded in w) against the key tile [j0, j0 + n) (w->kt, w->vt), over the
+ * row's allowed columns [c0, c1): p[c] = P~ (dropout applied, 0 where dropped) and
+ * ds[c] = dS, the gradient at the pre-softcap score (chain rule included).
+ * Returns 0 if the row has nothing to contribute (empty row, or no allowed key here).
+ */
+static int FAI_T(ds_row)(const fai_problem *pr, fai_tiles tl, int64_t b, int64_t h, int64_t i,
+                         int64_t r, int64_t j0, int64_t c0, int64_t c1, FAI_T(bwd_ws) *w)
+{
+    const FT lse = w->lse[r], di = w->di[r];
+    if (c0 >= c1 || lse == -INFINITY) /* -inf: empty row, every gradient through it is 0 */
+        return 0;
+    const FT keep_scale = (FT)(1.0 / (1.0 - pr->dropout_p));
+    const int softcap = pr->score.softcap > 0;
+    FT *s = w->s, *t = w->t, *p = w->p, *ds = w->ds;
+    FAI_T(score_row)(pr, w->q + r * pr->dqk, w->kt, tl.bk, c0, c1, (FT)fai_slope(pr, h), i, j0,
+                     s, softcap ? t : NULL);
+    /* dP[c] = dO_r . v_c, over the transposed value tile like the scores */
+    FT *dp = ds;
+    for (int64_t c = c0; c < c1; c++)
+        dp[c] = 0;
+    const FT *dout = w->dout + r * pr->dv;
+    for (int64_t d = 0; d < pr->dv; d++) {
+        const FT g = dout[d], *vd = w->vt + d * tl.bk;
+        for (int64_t c = c0; c < c1; c++)
+            dp[c] += g * vd[c];
+    }
+    if (pr->drop_threshold) {
+        fai_dropout d = fai_dropout_for(pr, b, h);
+        fai_dropout_keep_row(&d, i, j0 + c0, c1 - c0, w->keep + c0);
+    }
+    for (int64_t c = c0; c < c1; c++) {
+        const FT P = FT_EXP(s[c] - lse);
+        const FT z = (pr->drop_threshold && !w->keep[c]) ? 0 : keep_scale;
+        p[c] = P * z;
+        FT g = P * (dp[c] * z - di);
+        if (softcap)
+            g *= 1 - t[c] * t[c];
+        ds[c] = g;
+    }
+    return 1;
+}
+
+/* Pass 1: dK and dV of key tile [j0, j0 + n) of (b, hk). */
+static void FAI_T(bwd_ktile)(const fai_problem *pr, fai_tiles tl, int64_t b, int64_t hk,
+                             int64_t j0, int64_t n, FAI_T(bwd_ws) *w)
+{
+    const int64_t dqk = pr->dqk, dv = pr->dv;
+    const FT scale = (FT)pr->score.scale;
+    FAI_T(load_rows)(pr->io.k, pr->dtype, b, hk, j0, n, dqk, w->k, w->kt, tl.bk);
+    FAI_T(load_rows)(pr->io.v, pr->dtype, b, hk, j0, n, dv, w->vrow, w->vt, tl.bk);
+    memset(w->dk, 0, (size_t)(n * dqk) * sizeof(FT));
+    memset(w->dv, 0, (size_t)(n * dv) * sizeof(FT));
+
+    int64_t ilo, ihi;
+    fai_mask_query_span(&pr->mask, pr->sq, j0, j0 + n, &ilo, &ihi);
+    for (int64_t h = hk * pr->group; h < (hk + 1) * pr->group; h++) {
+        for (int64_t i = ilo; i < ihi; i++) {
+            int64_t c0, c1;
+            FAI_T(row_cols)(pr, FAI_TILE_PARTIAL, i, j0, n, &c0, &c1);
+            if (c0 >= c1)
+                continue;
+            FAI_T(load_query_row)(pr, b, h, i, 0, w);
+            if (!FAI_T(ds_row)(pr, tl, b, h, i, 0, j0, c0, c1, w))
+                continue;
+            const FT *q = w->q, *dout = w->dout;
+            for (int64_t c = c0; c < c1; c++) {
+                const FT pc = w->p[c], gc = scale * w->ds[c];
+                FT *dvc = w->dv + c * dv, *dkc = w->dk + c * dqk;
+                if (pc != 0)
+                    for (int64_t d = 0; d < dv; d++)
+                        dvc[d] += pc * dout[d];
+                for (int64_t d = 0; d < dqk; d++)
+                    dkc[d] += gc * q[d];
+            }
+        }
+    }
+    for (int64_t c = 0; c < n; c++) {
+        FT_STORE(fai_row(pr->io.dk, b, j0 + c, hk), pr->dtype, dqk, w->dk + c * dqk);
+        FT_STORE(fai_row(pr->io.dv, b, j0 + c, hk), pr->dtype, dv, w->dv + c * dv);
+    }
+}
+
+/* Pass 2: dQ of query tile [i0, i1) of (b, h). */
+static void FAI_T(bwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int64_t h,
+                             int64_t i0, int64_t i1, FAI_T(bwd_ws) *w)
+{
+    const int64_t hk = h / pr->group, nq = i1 - i0, dqk = pr->dqk;
+    const FT scale = (FT)pr->score.scale;
+    for (int64_t r = 0; r < nq; r++)
+        FAI_T(load_query_row)(pr, b, h, i0 + r, r, w);
+    memset(w->dq, 0, (size_t)(nq * dqk) * sizeof(FT));
+
+    int64_t jlo, jhi;
+    fai_mask_key_span(&pr->mask, i0, i1, &jlo, &jhi);
+    for (int64_t j0 = jlo; j0 < jhi; j0 += tl.bk) {
+        const int64_t n = jhi - j0 < tl.bk ? jhi - j0 : tl.bk;
+        const fai_tile_class cls = fai_mask_classify(&pr->mask, i0, i1, j0, j0 + n);
+        if (cls == FAI_TILE_EMPTY)
+            continue;
+        FAI_T(load_rows)(pr->io.k, pr->dtype, b, hk, j0, n, dqk, w->k, w->kt, tl.bk);
+        FAI_T(load_rows)(pr->io.v, pr->dtype, b, hk, j0, n, pr->dv, w->vrow, w->vt, tl.bk);
+        for (int64_t r = 0; r < nq; r++) {
+            int64_t c0, c1;
+            FAI_T(row_cols)(pr, cls, i0 + r, j0, n, &c0, &c1);
+            if (!FAI_T(ds_row)(pr, tl, b, h, i0 + r, r, j0, c0, c1, w))
+                continue;
+            FT *dq = w->dq + r * dqk;
+            for (int64_t c = c0; c < c1; c++) {
+                const FT gc = scale * w->ds[c], *kc = w->k + c * dqk;
+                for (int64_t d = 0; d < dqk; d++)
+                    dq[d] += gc * kc[d];
+            }
+        }
+    }
+    for (int64_t r = 0; r < nq; r++)
+        FT_STORE(fai_row(pr->io.dq, b, i0 + r, h), pr->dtype, dqk, w->dq + r * dqk);
+}
+
+static fa_status FAI_T(backward)(fa_context *ctx, const fai_problem *pr, fai_tiles tl)
+{
+    FAI_T(bwd_ws) w;
+    const size_t per = FAI_T(bwd_carve)(pr, tl, NULL, &w);
+    const int nt = ctx->num_threads;
+    char *base;
+    size_t bytes;
+    fa_status st = fai_thread_scratch(ctx, per, nt, &base, &bytes);
+    if (st != FA_OK)
+        return st;
+    const int64_t nkt = (pr->sk + tl.bk - 1) / tl.bk, ktasks = pr->b * pr->hk * nkt;
+    const int64_t nqt = (pr->sq + tl.bq - 1) / tl.bq, qtasks = pr->b * pr->hq * nqt;
+#pragma omp parallel num_threads(nt)
+    {
+        FAI_T(bwd_ws) mine;
+        FAI_T(bwd_carve)(pr, tl, base + (size_t)omp_get_thread_num() * per, &mine);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < ktasks; task++) {
+            const int64_t kt = task % nkt, hk = (task / nkt) % pr->hk, b = task / (nkt * pr->hk);
+            const int64_t j0 = kt * tl.bk, n = pr->sk - j0 < tl.bk ? pr->sk - j0 : tl.bk;
+            FAI_T(bwd_ktile)(pr, tl, b, hk, j0, n, &mine);
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < qtasks; task++) {
+            const int64_t qt = task % nqt, h = (task / nqt) % pr->hq, b = task / (nqt * pr->hq);
+            const int64_t i0 = qt * tl.bq, i1 = i0 + tl.bq < pr->sq ? i0 + tl.bq : pr->sq;
+            FAI_T(bwd_qtile)(pr, tl, b, h, i0, i1, &mine);
+        }
+    }
+    fai_free(ctx, base, bytes);
+    return FA_OK;
+}

@@ -1,0 +1,330 @@
+/*
+ * The API contract: every bad input returns its own status, names the offending argument in
+ * fa_last_error(), and leaves every output byte untouched; contexts, environment overrides,
+ * status strings.
+ */
+#include "config.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <omp.h>
+
+#include "harness.h"
+
+typedef struct {
+    ht_tensor q, k, v, o, l, dout, dq, dk, dv;
+    fa_tensor tq, tk, tv, to, tl, tdout, tdq, tdk, tdv; /* what the calls see (mutable) */
+    fa_params p;
+    float slopes[4];
+} setup;
+
+static void setup_make(setup *s)
+{
+    ht_alloc(&s->q, FA_F32, 2, 9, 4, 8, HT_BSHD);
+    ht_alloc(&s->k, FA_F32, 2, 11, 2, 8, HT_BSHD);
+    ht_alloc(&s->v, FA_F32, 2, 11, 2, 6, HT_BSHD);
+    ht_alloc(&s->dout, FA_F32, 2, 9, 4, 6, HT_BSHD);
+    ht_alloc(&s->o, FA_F32, 2, 9, 4, 6, HT_BSHD);
+    ht_alloc(&s->dq, FA_F32, 2, 9, 4, 8, HT_BSHD);
+    ht_alloc(&s->dk, FA_F32, 2, 11, 2, 8, HT_BSHD);
+    ht_alloc(&s->dv, FA_F32, 2, 11, 2, 6, HT_BSHD);
+    ht_alloc_lse(&s->l, FA_F32, 2, 9, 4);
+    ht_fill(&s->q, 1, 1, -1), ht_fill(&s->k, 2, 1, -1), ht_fill(&s->v, 3, 1, -1);
+    ht_fill(&s->dout, 4, 1, -1);
+    ht_fill(&s->l, 5, 0, 1); /* a plausible LSE for the backward's input */
+    ht_fill(&s->o, 6, 1, -1);
+    s->tq = s->q.t, s->tk = s->k.t, s->tv = s->v.t, s->to = s->o.t, s->tl = s->l.t;
+    s->tdout = s->dout.t, s->tdq = s->dq.t, s->tdk = s->dk.t, s->tdv = s->dv.t;
+    fa_params_init(&s->p);
+    for (int h = 0; h < 4; h++)
+        s->slopes[h] = 0.5f;
+}
+
+static void setup_free(setup *s)
+{
+    ht_free(&s->q), ht_free(&s->k), ht_free(&s->v), ht_free(&s->o), ht_free(&s->l);
+    ht_free(&s->dout), ht_free(&s->dq), ht_free(&s->dk), ht_free(&s->dv);
+}
+
+typedef struct {
+    const char *name;
+    void (*mutate)(setup *s);
+    fa_status want;
+    const char *detail; /* must appear in fa_last_error() */
+    int only; /* 0: forward and backward, 1: backward only, 2: forward only */
+} bad_case;
+
+#define MUT(fn, body) static void fn(setup *s) { body; }
+MUT(m_q_null_data, s->tq.data = NULL)
+MUT(m_k_null_data, s->tk.data = NULL)
+MUT(m_q_bad_dtype, s->tq.dtype = (fa_dtype)99)
+MUT(m_k_dtype_mismatch, s->tk.dtype = FA_F64)
+MUT(m_out_dtype_mismatch, s->to.dtype = FA_BF16)
+MUT(m_lse_f16, s->tl.dtype = FA_F16)
+MUT(m_q_neg_seqlen, s->tq.seqlen = -1)
+MUT(m_k_headdim, s->tk.headdim = 7)
+MUT(m_v_seqlen, s->tv.seqlen = 10)
+MUT(m_out_headdim, s->to.headdim = 5)
+MUT(m_out_seqlen, s->to.seqlen = 8)
+MUT(m_gqa_indivisible, s->tq.heads = 3)
+MUT(m_k_zero_heads, s->tk.heads = 0; s->tv.heads = 0)
+MUT(m_q_zero_headdim, s->tq.headdim = 0; s->tk.headdim = 0)
+MUT(m_k_batch, s->tk.batch = 1)
+MUT(m_lse_seqlen, s->tl.seqlen = 5)
+MUT(m_lse_headdim, s->tl.headdim = 2)
+MUT(m_q_headdim_stride, s->tq.headdim_stride = 2)
+MUT(m_k_neg_stride, s->tk.seq_stride = -8)
+MUT(m_out_overlap, s->to.seq_stride = 0)
+MUT(m_out_overlap_heads, s->to.head_stride = 3)
+MUT(m_scale_nan, s->p.scale = NAN)
+MUT(m_scale_neg, s->p.scale = -0.5)
+MUT(m_scale_inf, s->p.scale = INFINITY)
+MUT(m_p_one, s->p.dropout_p = 1.0)
+MUT(m_p_neg, s->p.dropout_p = -0.1)
+MUT(m_p_nan, s->p.dropout_p = NAN)
+MUT(m_wl, s->p.window_left = -2)
+MUT(m_wr, s->p.window_right = -5)
+MUT(m_causal_wr, s->p.causal = 1; s->p.window_right = 3)
+MUT(m_softcap_neg, s->p.softcap = -1)
+MUT(m_softcap_nan, s->p.softcap = NAN)
+MUT(m_softcap_inf, s->p.softcap = INFINITY)
+MUT(m_align, s->p.align = (fa_align)7)
+MUT(m_slope_nan, s->slopes[1] = NAN; s->p.alibi_slopes = s->slopes)
+MUT(m_seqlen_huge, s->tq.seqlen = (int64_t)1 << 41)
+MUT(m_stride_huge, s->tk.batch_stride = (int64_t)1 << 62)
+MUT(m_extent_overflow, s->tv.seq_stride = INT64_MAX / 4)
+MUT(m_dq_shape, s->tdq.headdim = 6)
+MUT(m_dk_dtype, s->tdk.dtype = FA_F16)
+MUT(m_dv_overlap, s->tdv.seq_stride = 1)
+MUT(m_dout_shape, s->tdout.seqlen = 3)
+
+static const bad_case bad[] = {
+    {"q->data NULL", m_q_null_data, FA_ERR_NULL_POINTER, "q->data", 0},
+    {"k->data NULL", m_k_null_data, FA_ERR_NULL_POINTER, "k->data", 0},
+    {"q dtype 99", m_q_bad_dtype, FA_ERR_DTYPE, "q->dtype", 0},
+    {"k dtype f64 vs f32", m_k_dtype_mismatch, FA_ERR_DTYPE, "k->dtype", 0},
+    {"out dtype bf16 vs f32", m_out_dtype_mismatch, FA_ERR_DTYPE, "out->dtype", 0},
+    {"lse dtype f16", m_lse_f16, FA_ERR_DTYPE, "lse->dtype", 0},
+    {"q seqlen -1", m_q_neg_seqlen, FA_ERR_SHAPE, "q->seqlen", 0},
+    {"k headdim != q headdim", m_k_headdim, FA_ERR_SHAPE, "k->headdim", 0},
+    {"v seqlen != k seqlen", m_v_seqlen, FA_ERR_SHAPE, "v->seqlen", 0},
+    {"out headdim != v headdim", m_out_headdim, FA_ERR_SHAPE, "out->headdim", 0},
+    {"out seqlen != q seqlen", m_out_seqlen, FA_ERR_SHAPE, "out->seqlen", 0},
+    {"Hq % Hk != 0", m_gqa_indivisible, FA_ERR_SHAPE, "q->heads", 0},
+    {"k heads 0", m_k_zero_heads, FA_ERR_SHAPE, "k->heads", 0},
+    {"headdim 0", m_q_zero_headdim, FA_ERR_SHAPE, "q->headdim", 0},
+    {"k batch != q batch", m_k_batch, FA_ERR_SHAPE, "k->batch", 0},
+    {"lse seqlen", m_lse_seqlen, FA_ERR_SHAPE, "lse->seqlen", 0},
+    {"lse headdim 2", m_lse_headdim, FA_ERR_SHAPE, "lse->headdim", 0},
+    {"headdim stride 2", m_q_headdim_stride, FA_ERR_STRIDE, "q->headdim_stride", 0},
+    {"negative stride", m_k_neg_stride, FA_ERR_STRIDE, "k->seq_stride", 0},
+    {"out rows overlap", m_out_overlap, FA_ERR_STRIDE, "out", 2}, /* an input of the backward */
+    {"out heads overlap", m_out_overlap_heads, FA_ERR_STRIDE, "out", 2},
+    {"scale NaN", m_scale_nan, FA_ERR_INVALID_ARGUMENT, "params->scale", 0},
+    {"scale negative", m_scale_neg, FA_ERR_INVALID_ARGUMENT, "params->scale", 0},
+    {"scale inf", m_scale_inf, FA_ERR_INVALID_ARGUMENT, "params->scale", 0},
+    {"dropout 1", m_p_one, FA_ERR_INVALID_ARGUMENT, "params->dropout_p", 0},
+    {"dropout -0.1", m_p_neg, FA_ERR_INVALID_ARGUMENT, "params->dropout_p", 0},
+    {"dropout NaN", m_p_nan, FA_ERR_INVALID_ARGUMENT, "params->dropout_p", 0},
+    {"window_left -2", m_wl, FA_ERR_INVALID_ARGUMENT, "params->window_left", 0},
+    {"window_right -5", m_wr, FA_ERR_INVALID_ARGUMENT, "params->window_right", 0},
+    {"causal with window_right 3", m_causal_wr, FA_ERR_INVALID_ARGUMENT, "params->window_right", 0},
+    {"softcap -1", m_softcap_neg, FA_ERR_INVALID_ARGUMENT, "params->softcap", 0},
+    {"softcap NaN", m_softcap_nan, FA_ERR_INVALID_ARGUMENT, "params->softcap", 0},
+    {"softcap inf", m_softcap_inf, FA_ERR_INVALID_ARGUMENT, "params->softcap", 0},
+    {"align 7", m_align, FA_ERR_INVALID_ARGUMENT, "params->align", 0},
+    {"ALiBi slope NaN", m_slope_nan, FA_ERR_INVALID_ARGUMENT, "params->alibi_slopes[1]", 0},
+    {"seqlen 2^41", m_seqlen_huge, FA_ERR_OVERFLOW, "q->seqlen", 0},
+    {"batch stride 2^62", m_stride_huge, FA_ERR_OVERFLOW, "k", 0},
+    {"extent overflow", m_extent_overflow, FA_ERR_OVERFLOW, "v", 0},
+    {"dq headdim", m_dq_shape, FA_ERR_SHAPE, "dq->headdim", 1},
+    {"dk dtype", m_dk_dtype, FA_ERR_DTYPE, "dk->dtype", 1},
+    {"dv rows overlap", m_dv_overlap, FA_ERR_STRIDE, "dv", 1},
+    {"dout seqlen", m_dout_shape, FA_ERR_SHAPE, "dout->seqlen", 1},
+};
+#define NBAD ((int)(sizeof bad / sizeof *bad))
+
+/* Each bad input, on each backend, forward and backward: its code, its argument named, no
+ * byte of any output changed. */
+START_TEST(bad_inputs_rejected_untouched)
+{
+    const bad_case *c = &bad[_i % NBAD];
+    const fa_backend be = (fa_backend)(FA_BACKEND_REFERENCE + _i / NBAD);
+    for (int backward = c->only == 1; backward < (c->only == 2 ? 1 : 2); backward++) {
+        setup s;
+        setup_make(&s);
+        c->mutate(&s);
+        fa_context *ctx = ht_context(be, 2);
+        fa_status got;
+        if (backward) {
+            ht_poison(&s.dq), ht_poison(&s.dk), ht_poison(&s.dv);
+            got = fa_backward(ctx, &s.p, &s.tq, &s.tk, &s.tv, &s.to, &s.tl, &s.tdout, &s.tdq,
+                              &s.tdk, &s.tdv);
+            ck_assert_msg(ht_is_poisoned(&s.dq) && ht_is_poisoned(&s.dk) && ht_is_poisoned(&s.dv),
+                          "%s: a gradient was written", c->name);
+        } else {
+            ht_poison(&s.o), ht_poison(&s.l);
+            got = fa_forward(ctx, &s.p, &s.tq, &s.tk, &s.tv, &s.to, &s.tl);
+            ck_assert_msg(ht_is_poisoned(&s.o) && ht_is_poisoned(&s.l),
+                          "%s: out or lse was written", c->name);
+        }
+        fa_context_destroy(ctx);
+        ck_assert_msg(got == c->want, "%s (%s, %s): status %d (%s), want %d; detail: %s",
+                      c->name, fa_backend_name(be), backward ? "backward" : "forward", got,
+                      fa_status_string(got), c->want, fa_last_error());
+        ck_assert_msg(strstr(fa_last_error(), c->detail), "%s: detail '%s' does not name '%s'",
+                      c->name, fa_last_error(), c->detail);
+        setup_free(&s);
+    }
+}
+END_TEST
+
+START_TEST(null_pointers_rejected)
+{
+    setup s;
+    setup_make(&s);
+    fa_context *ctx = ht_context(FA_BACKEND_TILED, 1);
+    ht_poison(&s.o);
+    ck_assert_int_eq(fa_forward(NULL, &s.p, &s.tq, &s.tk, &s.tv, &s.to, NULL), FA_ERR_NULL_POINTER);
+    ck_assert(strstr(fa_last_error(), "ctx"));
+    ck_assert_int_eq(fa_forward(ctx, NULL, &s.tq, &s.tk, &s.tv, &s.to, NULL), FA_ERR_NULL_POINTER);
+    ck_assert(strstr(fa_last_error(), "params"));
+    ck_assert_int_eq(fa_forward(ctx, &s.p, NULL, &s.tk, &s.tv, &s.to, NULL), FA_ERR_NULL_POINTER);
+    ck_assert(strstr(fa_last_error(), "q is NULL"));
+    ck_assert_int_eq(fa_forward(ctx, &s.p, &s.tq, &s.tk, &s.tv, NULL, NULL), FA_ERR_NULL_POINTER);
+    ck_assert(strstr(fa_last_error(), "out is NULL"));
+    ck_assert(ht_is_poisoned(&s.o));
+    ck_assert_int_eq(fa_backward(ctx, &s.p, &s.tq, &s.tk, &s.tv, &s.to, NULL, &s.tdout, &s.tdq,
+                                 &s.tdk, &s.tdv), FA_ERR_NULL_POINTER);
+    ck_assert(strstr(fa_last_error(), "lse is NULL"));
+    ck_assert_int_eq(fa_context_create(NULL, NULL), FA_ERR_NULL_POINTER);
+    ck_assert_int_eq(fa_memory_stats(NULL, NULL, NULL), FA_ERR_NULL_POINTER);
+    ck_assert_int_eq(fa_merge_states(0, NULL, NULL, &s.to, &s.tl), FA_ERR_INVALID_ARGUMENT);
+    ck_assert_int_eq(fa_merge_states(1, NULL, &s.tl, &s.to, &s.tl), FA_ERR_NULL_POINTER);
+    fa_tensor bad_lse = s.tl;
+    bad_lse.seqlen = 4;
+    ck_assert_int_eq(fa_merge_states(1, &s.to, &bad_lse, &s.to, &s.tl), FA_ERR_SHAPE);
+    ck_assert(strstr(fa_last_error(), "lses[0]->seqlen"));
+    fa_context_destroy(ctx);
+    fa_context_destroy(NULL); /* harmless, like free(NULL) */
+    setup_free(&s);
+}
+END_TEST
+
+/* Zero-size problems are valid: nothing to do, or (no keys) every row empty. */
+START_TEST(zero_sizes)
+{
+    setup s;
+    setup_make(&s);
+    fa_context *ctx = ht_context(FA_BACKEND_TILED, 2);
+    s.tq.seqlen = 0, s.to.seqlen = 0, s.tl.seqlen = 0;
+    ck_assert_int_eq(fa_forward(ctx, &s.p, &s.tq, &s.tk, &s.tv, &s.to, &s.tl), FA_OK);
+    s.tq = s.q.t, s.to = s.o.t, s.tl = s.l.t;
+    s.tk.seqlen = 0, s.tv.seqlen = 0;
+    ht_poison(&s.o);
+    ck_assert_int_eq(fa_forward(ctx, &s.p, &s.tq, &s.tk, &s.tv, &s.to, &s.tl), FA_OK);
+    for (int64_t i = 0; i < 9; i++) {
+        ck_assert(ht_get(&s.o, 1, i, 3, 5) == 0);
+        ck_assert(ht_get(&s.l, 1, i, 3, 0) == -INFINITY);
+    }
+    fa_context_destroy(ctx);
+    setup_free(&s);
+}
+END_TEST
+
+START_TEST(context_options_and_environment)
+{
+    fa_context *ctx;
+    fa_options o;
+    fa_options_init(&o);
+    o.num_threads = -1;
+    ck_assert_int_eq(fa_context_create(&o, &ctx), FA_ERR_INVALID_ARGUMENT);
+    ck_assert(strstr(fa_last_error(), "num_threads"));
+    fa_options_init(&o);
+    o.backend = FA_BACKEND_CUDA;
+    ck_assert_int_eq(fa_context_create(&o, &ctx), FA_ERR_BACKEND_UNAVAILABLE);
+    fa_options_init(&o);
+    o.isa = FA_ISA_NEON;
+    ck_assert_int_eq(fa_context_create(&o, &ctx), FA_ERR_BACKEND_UNAVAILABLE);
+    ck_assert(strstr(fa_last_error(), "neon"));
+
+    char line[512];
+    setenv("FA_BACKEND", "reference", 1);
+    ck_assert_int_eq(fa_context_create(NULL, &ctx), FA_OK);
+    fa_context_describe(ctx, line, sizeof line);
+    ck_assert_msg(strstr(line, "backend=reference"), "%s", line);
+    fa_context_destroy(ctx);
+    fa_options_init(&o);
+    o.backend = FA_BACKEND_CONVENTIONAL; /* an explicit choice wins over the variable */
+    ck_assert_int_eq(fa_context_create(&o, &ctx), FA_OK);
+    fa_context_describe(ctx, line, sizeof line);
+    ck_assert_msg(strstr(line, "backend=conventional"), "%s", line);
+    fa_context_destroy(ctx);
+    setenv("FA_BACKEND", "bogus", 1);
+    ck_assert_int_eq(fa_context_create(NULL, &ctx), FA_ERR_INVALID_ARGUMENT);
+    ck_assert(strstr(fa_last_error(), "FA_BACKEND=bogus"));
+    unsetenv("FA_BACKEND");
+    setenv("FA_ISA", "avx512", 1);
+    ck_assert_int_eq(fa_context_create(NULL, &ctx), FA_ERR_BACKEND_UNAVAILABLE);
+    setenv("FA_ISA", "scalar", 1);
+    ck_assert_int_eq(fa_context_create(NULL, &ctx), FA_OK);
+    fa_context_describe(ctx, line, sizeof line);
+    ck_assert_msg(strstr(line, "backend=tiled isa=scalar") && strstr(line, "L1d="), "%s", line);
+    /* truncation is safe and terminated */
+    ck_assert_int_eq(fa_context_describe(ctx, line, 10), FA_OK);
+    ck_assert_uint_eq(strlen(line), 9);
+    fa_context_destroy(ctx);
+    unsetenv("FA_ISA");
+}
+END_TEST
+
+START_TEST(status_strings_distinct)
+{
+    for (int a = FA_OK; a <= FA_ERR_DEVICE; a++) {
+        ck_assert(strlen(fa_status_string((fa_status)a)) > 0);
+        for (int b = a + 1; b <= FA_ERR_DEVICE; b++)
+            ck_assert_str_ne(fa_status_string((fa_status)a), fa_status_string((fa_status)b));
+    }
+    ck_assert_str_eq(fa_status_string((fa_status)1000), "unknown status");
+    ck_assert_str_eq(fa_dtype_name(FA_BF16), "bf16");
+    ck_assert_str_eq(fa_backend_name(FA_BACKEND_TILED), "tiled");
+    ck_assert_str_eq(fa_isa_name(FA_ISA_AVX512), "avx512");
+}
+END_TEST
+
+/* fa_last_error is per thread: a failure on one thread does not overwrite another's detail. */
+START_TEST(last_error_thread_local)
+{
+    fa_context *ctx;
+    fa_options o;
+    fa_options_init(&o);
+    o.num_threads = -3;
+    ck_assert_int_eq(fa_context_create(&o, &ctx), FA_ERR_INVALID_ARGUMENT);
+    int other_ok = 0;
+#pragma omp parallel num_threads(2)
+    {
+        if (omp_get_thread_num() == 1) {
+            ck_assert_int_eq(fa_merge_states(0, NULL, NULL, NULL, NULL), FA_ERR_INVALID_ARGUMENT);
+            other_ok = strstr(fa_last_error(), "n = 0") != NULL;
+        }
+    }
+    ck_assert(other_ok);
+    ck_assert_msg(strstr(fa_last_error(), "num_threads: -3"), "%s", fa_last_error());
+}
+END_TEST
+
+Suite *make_api_suite(void)
+{
+    Suite *s = suite_create("api");
+    TCase *tc = tcase_create("api");
+    tcase_add_loop_test(tc, bad_inputs_rejected_untouched, 0, 3 * NBAD);
+    tcase_add_test(tc, null_pointers_rejected);
+    tcase_add_test(tc, zero_sizes);
+    tcase_add_test(tc, context_options_and_environment);
+    tcase_add_test(tc, status_strings_distinct);
+    tcase_add_test(tc, last_error_thread_local);
+    suite_add_tcase(s, tc);
+    return s;
+}

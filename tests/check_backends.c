@@ -1,0 +1,201 @@
+/*
+ * Every backend against the float64 reference over the shape/feature sweep of DESIGN.md §4,
+ * forward (out, LSE) and backward (dq, dk, dv), in every storage dtype, under the tolerance
+ * rule: the tiled path's max error is at most 2x (3x for gradients) the conventional path's
+ * error in the same dtype on the same inputs, plus eps(dtype) x max(1, |ref|). The
+ * conventional path itself is held to fixed bounds in f64 and f32, where rounding is small
+ * enough that any semantic slip (a mask off by one, a wrong scale) stands out.
+ */
+#include "config.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "harness.h"
+
+/* Sizes relative to the tiled backend's tiles for the case's head dims. */
+#define BQ(x) (100000 + (x))
+#define BK(x) (200000 + (x))
+
+typedef struct {
+    int64_t b, sq, sk, hq, hk, dqk, dv;
+    int causal;
+    int64_t wl, wr;
+    int top_left;
+    double softcap;
+    int alibi;
+    double dropout;
+    ht_layout layout;
+} sweep_case;
+
+static const sweep_case cases[] = {
+    /* b  sq       sk       hq hk dqk  dv  causal wl  wr  TL softcap alibi p    layout */
+    {1, 1, 1, 1, 1, 16, 16, 0, -1, -1, 0, 0, 0, 0, HT_BSHD},
+    {2, 2, 3, 2, 1, 8, 8, 1, -1, -1, 0, 0, 0, 0, HT_BHSD},
+    {1, 3, 2, 1, 1, 5, 7, 1, -1, -1, 0, 0, 0, 0, HT_BSHD}, /* row 0 sees no key */
+    {1, BK(-1), BK(-1), 1, 1, 64, 64, 1, -1, -1, 0, 0, 0, 0, HT_BSHD},
+    {1, BK(0), BK(0), 2, 2, 64, 64, 1, -1, -1, 0, 0, 0, 0.2, HT_BSHD},
+    {1, BK(1), BK(1), 1, 1, 64, 64, 0, 5, 3, 0, 0, 0, 0, HT_PADDED},
+    {1, BQ(-1), 97, 1, 1, 32, 32, 0, -1, -1, 0, 0, 0, 0, HT_PADDED},
+    {1, BQ(0), 113, 2, 1, 32, 32, 1, -1, -1, 1, 0, 1, 0, HT_BSHD},
+    {1, BQ(1), 127, 1, 1, 32, 48, 1, -1, -1, 0, 5, 0, 0, HT_BHSD},
+    {1, 97, 113, 4, 2, 59, 111, 0, 16, 8, 0, 10, 1, 0, HT_BSHD},
+    {1, 127, 1025, 2, 1, 16, 16, 1, -1, -1, 1, 0, 0, 0.3, HT_BSHD},
+    {1, 1025, 127, 1, 1, 16, 16, 1, -1, -1, 0, 0, 1, 0, HT_BHSD}, /* 898 empty rows */
+    {2, 113, 97, 4, 1, 59, 59, 0, 0, 0, 0, 0, 0, 0.5, HT_BSHD},  /* MQA, one key per row */
+    {1, 129, 129, 2, 2, 111, 59, 0, -1, 0, 0, 0, 0, 0, HT_PADDED},
+    {1, 65, 200, 1, 1, 128, 128, 0, 20, -1, 0, 3, 1, 0.1, HT_BHSD}, /* everything at once */
+    {1, 200, 65, 2, 1, 24, 40, 1, -1, -1, 1, 0, 0, 0, HT_BSHD},
+    {1, 5, 1, 1, 1, 4, 4, 1, -1, -1, 0, 0, 0, 0, HT_BSHD}, /* only the last row sees the key */
+    {1, 257, 257, 2, 2, 64, 64, 0, -1, -1, 0, 0, 0, 0, HT_PADDED},
+    {3, 61, 67, 6, 3, 19, 23, 1, 7, -1, 0, 2, 1, 0.15, HT_BHSD},
+};
+#define NCASES ((int)(sizeof cases / sizeof *cases))
+
+static const fa_dtype dtypes[4] = {FA_F64, FA_F32, FA_F16, FA_BF16};
+
+static int64_t resolve(int64_t x, int64_t bq, int64_t bk)
+{
+    return x >= 200000 - 1000 ? bk + (x - 200000) : x >= 100000 - 1000 ? bq + (x - 100000) : x;
+}
+
+typedef struct {
+    ht_tensor q, k, v, dout, out, lse, dq, dk, dv; /* storage dtype */
+} bundle;
+
+static void bundle_alloc(bundle *x, fa_dtype dt, const sweep_case *c, int64_t sq, int64_t sk,
+                         ht_layout lay)
+{
+    ht_alloc(&x->q, dt, c->b, sq, c->hq, c->dqk, lay);
+    ht_alloc(&x->k, dt, c->b, sk, c->hk, c->dqk, lay);
+    ht_alloc(&x->v, dt, c->b, sk, c->hk, c->dv, lay);
+    ht_alloc(&x->dout, dt, c->b, sq, c->hq, c->dv, lay);
+    ht_alloc(&x->out, dt, c->b, sq, c->hq, c->dv, lay);
+    ht_alloc(&x->dq, dt, c->b, sq, c->hq, c->dqk, lay);
+    ht_alloc(&x->dk, dt, c->b, sk, c->hk, c->dqk, lay);
+    ht_alloc(&x->dv, dt, c->b, sk, c->hk, c->dv, lay);
+    ht_alloc_lse(&x->lse, dt == FA_F64 ? FA_F64 : FA_F32, c->b, sq, c->hq);
+}
+
+static void bundle_free(bundle *x)
+{
+    ht_free(&x->q), ht_free(&x->k), ht_free(&x->v), ht_free(&x->dout), ht_free(&x->out);
+    ht_free(&x->lse), ht_free(&x->dq), ht_free(&x->dk), ht_free(&x->dv);
+}
+
+/* Runs forward and backward of `be` on the bundle's inputs into its outputs. */
+static void run(fa_backend be, const fa_params *p, bundle *x)
+{
+    fa_status s = ht_forward(be, 2, p, &x->q.t, &x->k.t, &x->v.t, &x->out.t, &x->lse.t);
+    ck_assert_msg(s == FA_OK, "%s forward: %s", fa_backend_name(be), fa_last_error());
+    s = ht_backward(be, 2, p, &x->q.t, &x->k.t, &x->v.t, &x->out.t, &x->lse.t, &x->dout.t,
+                    &x->dq.t, &x->dk.t, &x->dv.t);
+    ck_assert_msg(s == FA_OK, "%s backward: %s", fa_backend_name(be), fa_last_error());
+}
+
+/* The reference on the exact float64 twins of the bundle's inputs. */
+static void run_reference(const fa_params *p, bundle *in, bundle *ref)
+{
+    fa_status s = ht_forward(FA_BACKEND_REFERENCE, 2, p, &in->q.t64, &in->k.t64, &in->v.t64,
+                             &ref->out.t, &ref->lse.t);
+    ck_assert_msg(s == FA_OK, "reference forward: %s", fa_last_error());
+    s = ht_backward(FA_BACKEND_REFERENCE, 2, p, &in->q.t64, &in->k.t64, &in->v.t64, &ref->out.t,
+                    &ref->lse.t, &in->dout.t64, &ref->dq.t, &ref->dk.t, &ref->dv.t);
+    ck_assert_msg(s == FA_OK, "reference backward: %s", fa_last_error());
+}
+
+static void compare(const char *what, const char *label, const ht_tensor *conv,
+                    const ht_tensor *tiled, const ht_tensor *ref, fa_dtype dt, int grad)
+{
+    double ec = ht_max_err(conv, ref), et = ht_max_err(tiled, ref), mx = ht_max_abs(ref);
+    double tol = ht_tolerance(ec, dt, mx, grad);
+    ck_assert_msg(isfinite(ec), "%s %s: conventional error %g", label, what, ec);
+    /* fixed bounds for the yardstick itself where its rounding is small */
+    if (dt == FA_F64)
+        ck_assert_msg(ec <= 1e-10 * (1 + mx), "%s %s: conventional f64 error %g", label, what, ec);
+    if (dt == FA_F32)
+        ck_assert_msg(ec <= 1e-4 * (1 + mx), "%s %s: conventional f32 error %g", label, what, ec);
+    ck_assert_msg(et <= tol, "%s %s: tiled error %.3g > tolerance %.3g (conventional %.3g)",
+                  label, what, et, tol, ec);
+}
+
+/* Inputs drawn N(0, 1) (or uniform [lo, hi) for the large-logit case) and rounded to dt. */
+static void sweep_one(const sweep_case *c, fa_dtype dt, int idx, double lo, double hi,
+                      double kscale)
+{
+    int64_t bq, bk;
+    ht_tiles(c->dqk, c->dv, dt, &bq, &bk);
+    const int64_t sq = resolve(c->sq, bq, bk), sk = resolve(c->sk, bq, bk);
+    const float slopes[8] = {0.5f, 0.25f, 0.125f, 0.0625f, 0.03125f, 0.015625f, 0.0078125f, 0.004f};
+    fa_params p;
+    fa_params_init(&p);
+    p.causal = c->causal;
+    p.window_left = c->wl;
+    p.window_right = c->wr;
+    p.align = c->top_left ? FA_ALIGN_TOP_LEFT : FA_ALIGN_BOTTOM_RIGHT;
+    p.softcap = c->softcap;
+    p.alibi_slopes = c->alibi ? slopes : NULL;
+    p.dropout_p = c->dropout;
+    p.dropout_seed = 0xfeedface12345678ull + (uint64_t)idx;
+    p.dropout_offset = 3;
+
+    bundle conv, tiled, ref;
+    bundle_alloc(&conv, dt, c, sq, sk, c->layout);
+    bundle_alloc(&tiled, dt, c, sq, sk, HT_BSHD);
+    bundle_alloc(&ref, FA_F64, c, sq, sk, HT_BSHD);
+    ht_fill(&conv.q, 1000 + idx, lo, hi);
+    ht_fill(&conv.k, 2000 + idx, lo * kscale, hi * kscale);
+    ht_fill(&conv.v, 3000 + idx, -1, 1);
+    ht_fill(&conv.dout, 4000 + idx, -1, 1);
+    /* the tiled run reads the same values through the conventional bundle's inputs */
+    run(FA_BACKEND_CONVENTIONAL, &p, &conv);
+    bundle in = conv;
+    in.out = tiled.out, in.lse = tiled.lse, in.dq = tiled.dq, in.dk = tiled.dk, in.dv = tiled.dv;
+    run(FA_BACKEND_TILED, &p, &in);
+    run_reference(&p, &conv, &ref);
+
+    char label[160];
+    snprintf(label, sizeof label, "case %d %s (B%ld Sq%ld Sk%ld H%ld/%ld D%ld/%ld)", idx,
+             fa_dtype_name(dt), (long)c->b, (long)sq, (long)sk, (long)c->hq, (long)c->hk,
+             (long)c->dqk, (long)c->dv);
+    compare("out", label, &conv.out, &tiled.out, &ref.out, dt, 0);
+    compare("lse", label, &conv.lse, &tiled.lse, &ref.lse, dt, 0);
+    compare("dq", label, &conv.dq, &tiled.dq, &ref.dq, dt, 1);
+    compare("dk", label, &conv.dk, &tiled.dk, &ref.dk, dt, 1);
+    compare("dv", label, &conv.dv, &tiled.dv, &ref.dv, dt, 1);
+    bundle_free(&conv), bundle_free(&tiled), bundle_free(&ref);
+}
+
+START_TEST(backends_match_reference)
+{
+    sweep_one(&cases[_i / 4], dtypes[_i % 4], _i / 4, 1, -1, 1); /* lo > hi: N(0, 1) */
+}
+END_TEST
+
+/*
+ * Logits in [90, 100] (XNNPACK's range): exp(90) overflows f32, so a path that skipped the max
+ * subtraction would return inf/NaN. q, k entries in [a, b] with a^2 sqrt(D) = 90 and
+ * b^2 sqrt(D) = 100 make every scaled score s = q.k / sqrt(D) fall in [90, 100].
+ */
+START_TEST(backends_large_logits)
+{
+    static const sweep_case big[2] = {
+        {1, 70, 90, 2, 1, 64, 64, 0, -1, -1, 0, 0, 0, 0, HT_BSHD},
+        {1, 90, 70, 1, 1, 64, 32, 1, -1, -1, 0, 0, 0, 0.2, HT_BHSD},
+    };
+    const double a = sqrt(90 / 8.0), b = sqrt(100 / 8.0); /* sqrt(D) = 8 */
+    sweep_one(&big[_i / 4], dtypes[_i % 4], 100 + _i / 4, a, b, 1);
+}
+END_TEST
+
+Suite *make_backends_suite(void)
+{
+    Suite *s = suite_create("backends");
+    TCase *tc = tcase_create("sweep");
+    tcase_set_timeout(tc, 600);
+    tcase_add_loop_test(tc, backends_match_reference, 0, 4 * NCASES);
+    tcase_add_loop_test(tc, backends_large_logits, 0, 8);
+    suite_add_tcase(s, tc);
+    return s;
+}

@@ -1,0 +1,266 @@
+/* src/core and the dtype conversions: Philox known answers, mask geometry against brute
+ * force, the recurrence on the article's worked example, rounding to f16/bf16. */
+#include "config.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/recurrence.h"
+#include "harness.h"
+#include "internal.h"
+
+/* Random123's known-answer vectors for Philox4x32-10 (kat_vectors), as DESIGN.md §1 lists. */
+START_TEST(philox_known_answers)
+{
+    static const struct {
+        uint32_t ctr[4], key[2], out[4];
+    } kat[3] = {
+        {{0, 0, 0, 0}, {0, 0}, {0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}},
+        {{0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff},
+         {0xffffffff, 0xffffffff},
+         {0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}},
+        {{0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344},
+         {0xa4093822, 0x299f31d0},
+         {0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}},
+    };
+    for (int t = 0; t < 3; t++) {
+        fai_u32x4 c = {{kat[t].ctr[0], kat[t].ctr[1], kat[t].ctr[2], kat[t].ctr[3]}};
+        fai_u32x4 r = fai_philox4x32_10(c, kat[t].key[0], kat[t].key[1]);
+        for (int w = 0; w < 4; w++)
+            ck_assert_msg(r.v[w] == kat[t].out[w], "vector %d word %d: %08x, want %08x", t, w,
+                          r.v[w], kat[t].out[w]);
+    }
+}
+END_TEST
+
+/* The row helper must give, for any start and length, the decision the contract defines per
+ * element: counter {j / 4, i, head, offset}, word j % 4, keep iff u >= floor(p 2^32). */
+START_TEST(dropout_row_matches_definition)
+{
+    const uint64_t seed = 0x0123456789abcdefull;
+    fai_dropout d = {(uint32_t)seed, (uint32_t)(seed >> 32), 5, 77,
+                     fai_dropout_threshold(0.3)};
+    ck_assert_uint_eq(d.threshold, (uint32_t)floor(0.3 * 4294967296.0));
+    unsigned char keep[64];
+    for (int64_t j0 = 0; j0 < 9; j0++)
+        for (int64_t n = 1; n < 20; n++) {
+            fai_dropout_keep_row(&d, 11, j0, n, keep);
+            for (int64_t c = 0; c < n; c++) {
+                int64_t j = j0 + c;
+                fai_u32x4 ctr = {{(uint32_t)(j / 4), 11, 5, 77}};
+                fai_u32x4 u = fai_philox4x32_10(ctr, d.k0, d.k1);
+                ck_assert_int_eq(keep[c], u.v[j % 4] >= d.threshold);
+            }
+        }
+}
+END_TEST
+
+static fai_mask random_mask(uint64_t *s, int64_t *sq, int64_t *sk)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    uint64_t r = *s >> 16;
+    *sq = 1 + (int64_t)(r % 23);
+    *sk = 1 + (int64_t)((r >> 8) % 23);
+    int causal = (r >> 16) & 1;
+    int64_t left = (int64_t)((r >> 17) % 9) - 1, right = (int64_t)((r >> 21) % 9) - 1;
+    return fai_mask_make(*sq, *sk, causal, left, right, (r >> 25) & 1);
+}
+
+/* Classification, key span and query span against the definition evaluated per element. */
+START_TEST(mask_geometry_matches_brute_force)
+{
+    uint64_t s = 42;
+    for (int trial = 0; trial < 3000; trial++) {
+        int64_t sq, sk;
+        fai_mask m = random_mask(&s, &sq, &sk);
+        int64_t i0 = (int64_t)((s >> 30) % (uint64_t)sq), j0 = (int64_t)((s >> 40) % (uint64_t)sk);
+        int64_t i1 = i0 + 1 + (int64_t)((s >> 35) % (uint64_t)(sq - i0));
+        int64_t j1 = j0 + 1 + (int64_t)((s >> 45) % (uint64_t)(sk - j0));
+        int any = 0, all = 1;
+        for (int64_t i = i0; i < i1; i++)
+            for (int64_t j = j0; j < j1; j++) {
+                /* the definition, written out again: off, L, R as in §1 */
+                int ok = (m.left < 0 || j >= i + m.off - m.left) &&
+                         (m.right < 0 || j <= i + m.off + m.right);
+                ck_assert_int_eq(ok, fai_mask_allowed(&m, i, j));
+                any |= ok;
+                all &= ok;
+            }
+        fai_tile_class want = !any ? FAI_TILE_EMPTY : all ? FAI_TILE_FULL : FAI_TILE_PARTIAL;
+        ck_assert_int_eq(fai_mask_classify(&m, i0, i1, j0, j1), want);
+
+        int64_t lo, hi;
+        fai_mask_key_span(&m, i0, i1, &lo, &hi);
+        for (int64_t j = 0; j < sk; j++) {
+            int seen = 0;
+            for (int64_t i = i0; i < i1; i++)
+                seen |= fai_mask_allowed(&m, i, j);
+            ck_assert_msg(seen == (j >= lo && j < hi), "key span [%ld,%ld) vs key %ld", (long)lo,
+                          (long)hi, (long)j);
+        }
+        fai_mask_query_span(&m, sq, j0, j1, &lo, &hi);
+        for (int64_t i = 0; i < sq; i++) {
+            int seen = 0;
+            for (int64_t j = j0; j < j1; j++)
+                seen |= fai_mask_allowed(&m, i, j);
+            ck_assert_msg(seen == (i >= lo && i < hi), "query span [%ld,%ld) vs row %ld",
+                          (long)lo, (long)hi, (long)i);
+        }
+    }
+}
+END_TEST
+
+/* The article's §4.3: scores [1, 2] then [0, 3]. After the first block m = 2 and the weights
+ * are [e^-1, 1]; the second block moves m to 3, rescales by e^-1 and adds [e^-3, 1]. */
+START_TEST(recurrence_worked_example)
+{
+    const double blocks[2][2] = {{1, 2}, {0, 3}}, v[4] = {10, 20, 30, 40};
+    double m = -INFINITY, l = 0, acc = 0, a;
+    for (int blk = 0; blk < 2; blk++) {
+        double bmax = fmax(blocks[blk][0], blocks[blk][1]);
+        ck_assert(fai_online_rescale_f64(&m, bmax, &a));
+        if (blk == 0) {
+            ck_assert(m == 2 && a == 0);
+        } else {
+            ck_assert(m == 3);
+            ck_assert_double_eq_tol(a, exp(-1.0), 1e-16);
+        }
+        l *= a;
+        acc *= a;
+        for (int c = 0; c < 2; c++) {
+            l += exp(blocks[blk][c] - m);
+            acc += exp(blocks[blk][c] - m) * v[2 * blk + c];
+        }
+        if (blk == 0)
+            ck_assert_double_eq_tol(l, exp(-1.0) + 1, 1e-15);
+    }
+    double lse, f = fai_online_finalize_f64(m, l, 1.0, &lse);
+    const double w[4] = {exp(-2.0), exp(-1.0), exp(-3.0), 1.0};
+    double sum = w[0] + w[1] + w[2] + w[3], want = 0;
+    for (int j = 0; j < 4; j++)
+        want += w[j] / sum * v[j];
+    ck_assert_double_eq_tol(acc * f, want, 1e-13);
+    ck_assert_double_eq_tol(lse, 3 + log(sum), 1e-15);
+
+    /* a block with nothing allowed before anything was seen is skipped, never NaN */
+    double m2 = -INFINITY, a2 = 7;
+    ck_assert(!fai_online_rescale_f64(&m2, -INFINITY, &a2));
+    ck_assert(m2 == -INFINITY && a2 == 7);
+    ck_assert(fai_online_finalize_f64(m2, 0, 1.0, &lse) == 0 && lse == -INFINITY);
+}
+END_TEST
+
+START_TEST(merge_lse_neutral_empty_state)
+{
+    const double l1[3] = {-INFINITY, 0.5, -INFINITY};
+    ck_assert_double_eq_tol(fai_merge_lse_f64(l1, 3), 0.5, 1e-16);
+    ck_assert(fai_merge_weight_f64(-INFINITY, 0.5) == 0);
+    const double l2[2] = {-INFINITY, -INFINITY};
+    ck_assert(fai_merge_lse_f64(l2, 2) == -INFINITY);
+    ck_assert(fai_merge_weight_f64(-INFINITY, -INFINITY) == 0);
+    const double l3[2] = {1000, 1000}; /* no overflow: ln(2 e^1000) */
+    ck_assert_double_eq_tol(fai_merge_lse_f64(l3, 2), 1000 + log(2.0), 1e-12);
+}
+END_TEST
+
+/* Every f16 and bf16 value survives the round trip through double exactly. */
+START_TEST(half_round_trip_exact)
+{
+    for (uint32_t h = 0; h < 65536; h++) {
+        double f = fai_f16_to_f64((uint16_t)h), b = fai_bf16_to_f64((uint16_t)h);
+        if (!isnan(f))
+            ck_assert_uint_eq(fai_f64_to_f16(f), h);
+        else
+            ck_assert(isnan(fai_f16_to_f64(fai_f64_to_f16(f))));
+        if (!isnan(b))
+            ck_assert_uint_eq(fai_f64_to_bf16(b), h);
+        else
+            ck_assert(isnan(fai_bf16_to_f64(fai_f64_to_bf16(b))));
+    }
+}
+END_TEST
+
+/* Rounding is to the nearest representable value, ties to the even encoding: checked against
+ * the two neighbours of the result, for random doubles and for exact midpoints. */
+static void check_nearest(double x, uint16_t (*enc)(double), double (*dec)(uint16_t))
+{
+    uint16_t r = enc(x);
+    double y = dec(r);
+    if (isinf(y)) { /* overflow: x must be at least halfway past the largest finite value */
+        uint16_t big = (uint16_t)((r & 0x8000u) | ((r & 0x7fffu) - 1));
+        double max = dec(big), below = dec((uint16_t)(big - 1));
+        ck_assert(fabs(x) >= fabs(max) + (fabs(max) - fabs(below)) / 2);
+        return;
+    }
+    for (int step = -1; step <= 1; step += 2) {
+        uint16_t nb = (uint16_t)(r + step);
+        if (((r & 0x7fffu) == 0 && step < 0) || isnan(dec(nb)) || isinf(dec(nb)))
+            continue;
+        double z = dec(nb), dy = fabs(x - y), dz = fabs(x - z);
+        ck_assert_msg(dy < dz || (dy == dz && (r & 1) == 0), "x=%a -> %a, neighbour %a", x, y, z);
+    }
+}
+
+START_TEST(half_rounding_nearest_even)
+{
+    uint64_t s = 7;
+    for (int t = 0; t < 200000; t++) {
+        s = s * 6364136223846793005ull + 1442695040888963407ull;
+        double mant = 1 + (double)(s >> 12) * 0x1p-52;
+        int e = (int)((s >> 3) % 90) - 45;
+        double x = ldexp(mant, e) * ((s & 1) ? -1 : 1);
+        check_nearest(x, fai_f64_to_f16, fai_f16_to_f64);
+        check_nearest(ldexp(x, (int)((s >> 20) % 200) - 100), fai_f64_to_bf16, fai_bf16_to_f64);
+    }
+    for (uint32_t h = 1; h < 0x7bff; h++) { /* midpoints between consecutive f16 values */
+        double mid = (fai_f16_to_f64((uint16_t)h) + fai_f16_to_f64((uint16_t)(h + 1))) / 2;
+        check_nearest(mid, fai_f64_to_f16, fai_f16_to_f64);
+        ck_assert_uint_eq(fai_f64_to_f16(mid), (h & 1) ? h + 1 : h);
+    }
+    ck_assert_uint_eq(fai_f64_to_f16(65519.99), 0x7bff);
+    ck_assert_uint_eq(fai_f64_to_f16(65520.0), 0x7c00);
+    ck_assert_uint_eq(fai_f64_to_f16(0x1p-25), 0);          /* tie with 0: even */
+    ck_assert_uint_eq(fai_f64_to_f16(0x1.0000001p-25), 1);  /* just above: min subnormal */
+    ck_assert_uint_eq(fai_f64_to_bf16(1 + 0x1p-8), 0x3f80); /* tie: even */
+    ck_assert_uint_eq(fai_f64_to_bf16(1 + 0x1p-8 + 0x1p-40), 0x3f81);
+}
+END_TEST
+
+/* The plan keeps a key tile (both layouts) within half of L1d and the query side within L2. */
+START_TEST(plan_fits_caches)
+{
+    const int64_t l1s[3] = {32 << 10, 48 << 10, 64 << 10}, l2s[3] = {256 << 10, 1 << 20, 2 << 20};
+    const int64_t dims[5] = {16, 59, 64, 128, 256};
+    for (int c = 0; c < 3; c++)
+        for (int d = 0; d < 5; d++)
+            for (size_t es = 4; es <= 8; es += 4) {
+                fai_cache_info ci = {l1s[c], l2s[c], "test"};
+                fai_tiles t = fai_plan_tiles(&ci, dims[d], dims[d], es);
+                ck_assert(t.bk >= 8 && t.bk <= 256 && t.bq >= 16 && t.bq <= 128);
+                if (t.bk > 8)
+                    ck_assert(t.bk * dims[d] * (int64_t)es <= l1s[c] / 2);
+                if (t.bq > 16)
+                    ck_assert(t.bq * (2 * dims[d] + t.bk) * (int64_t)es <= l2s[c] / 2);
+            }
+    fai_cache_info ci;
+    fai_cache_detect(&ci);
+    ck_assert(ci.l1d >= 4096 && ci.l2 >= ci.l1d);
+}
+END_TEST
+
+Suite *make_core_suite(void)
+{
+    Suite *s = suite_create("core");
+    TCase *tc = tcase_create("core");
+    tcase_add_test(tc, philox_known_answers);
+    tcase_add_test(tc, dropout_row_matches_definition);
+    tcase_add_test(tc, mask_geometry_matches_brute_force);
+    tcase_add_test(tc, recurrence_worked_example);
+    tcase_add_test(tc, merge_lse_neutral_empty_state);
+    tcase_add_test(tc, half_round_trip_exact);
+    tcase_add_test(tc, half_rounding_nearest_even);
+    tcase_add_test(tc, plan_fits_caches);
+    suite_add_tcase(s, tc);
+    return s;
+}

@@ -1,0 +1,340 @@
+/*
+ * The semantic rules of DESIGN.md §1 that a tolerance cannot see: empty rows exactly 0 with
+ * LSE -inf and zero gradients; masked-out NaN/inf never reaching the output; NaN in an allowed
+ * score propagating; the dropout mask replayed exactly from the Philox stream, and its keep
+ * rate; bitwise determinism across calls and thread counts; merging of partial states.
+ */
+#include "config.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/philox.h"
+#include "harness.h"
+
+static const fa_backend cpu_backends[3] = {FA_BACKEND_REFERENCE, FA_BACKEND_CONVENTIONAL,
+                                           FA_BACKEND_TILED};
+static const fa_dtype dtypes[4] = {FA_F64, FA_F32, FA_F16, FA_BF16};
+
+typedef struct {
+    ht_tensor q, k, v, o, l, dout, dq, dk, dv;
+} set;
+
+static void set_alloc(set *x, fa_dtype dt, int64_t B, int64_t sq, int64_t sk, int64_t hq,
+                      int64_t hk, int64_t d, int64_t dv)
+{
+    ht_alloc(&x->q, dt, B, sq, hq, d, HT_BSHD);
+    ht_alloc(&x->k, dt, B, sk, hk, d, HT_BSHD);
+    ht_alloc(&x->v, dt, B, sk, hk, dv, HT_BSHD);
+    ht_alloc(&x->o, dt, B, sq, hq, dv, HT_BSHD);
+    ht_alloc(&x->dout, dt, B, sq, hq, dv, HT_BSHD);
+    ht_alloc(&x->dq, dt, B, sq, hq, d, HT_BSHD);
+    ht_alloc(&x->dk, dt, B, sk, hk, d, HT_BSHD);
+    ht_alloc(&x->dv, dt, B, sk, hk, dv, HT_BSHD);
+    ht_alloc_lse(&x->l, FA_F32, B, sq, hq);
+    ht_fill(&x->q, 1, 1, -1);
+    ht_fill(&x->k, 2, 1, -1);
+    ht_fill(&x->v, 3, 1, -1);
+    ht_fill(&x->dout, 4, 1, -1);
+}
+
+static void set_free(set *x)
+{
+    ht_free(&x->q), ht_free(&x->k), ht_free(&x->v), ht_free(&x->o), ht_free(&x->l);
+    ht_free(&x->dout), ht_free(&x->dq), ht_free(&x->dk), ht_free(&x->dv);
+}
+
+static void set_run(fa_backend be, int threads, const fa_params *p, set *x)
+{
+    ck_assert_msg(ht_forward(be, threads, p, &x->q.t, &x->k.t, &x->v.t, &x->o.t, &x->l.t) == FA_OK,
+                  "%s forward: %s", fa_backend_name(be), fa_last_error());
+    ck_assert_msg(ht_backward(be, threads, p, &x->q.t, &x->k.t, &x->v.t, &x->o.t, &x->l.t,
+                              &x->dout.t, &x->dq.t, &x->dk.t, &x->dv.t) == FA_OK,
+                  "%s backward: %s", fa_backend_name(be), fa_last_error());
+}
+
+/* Bottom-right causal with Sq > Sk leaves rows i < Sq - Sk without keys; top-left causal with
+ * Sk > Sq leaves keys j >= Sq without rows. Both must come out exactly 0 (LSE -inf). */
+START_TEST(empty_rows_exact_zero)
+{
+    const fa_backend be = cpu_backends[_i / 4];
+    const fa_dtype dt = dtypes[_i % 4];
+    for (int top_left = 0; top_left < 2; top_left++) {
+        const int64_t sq = top_left ? 70 : 150, sk = top_left ? 150 : 70;
+        set x;
+        set_alloc(&x, dt, 2, sq, sk, 2, 1, 24, 16);
+        fa_params p;
+        fa_params_init(&p);
+        p.causal = 1;
+        p.align = top_left ? FA_ALIGN_TOP_LEFT : FA_ALIGN_BOTTOM_RIGHT;
+        ht_poison(&x.o), ht_poison(&x.dq), ht_poison(&x.dk), ht_poison(&x.dv);
+        set_run(be, 2, &p, &x);
+        for (int64_t b = 0; b < 2; b++)
+            for (int64_t h = 0; h < 2; h++) {
+                for (int64_t i = 0; i < sq; i++) {
+                    int empty = !top_left && i < sq - sk;
+                    double lse = ht_get(&x.l, b, i, h, 0);
+                    ck_assert_msg(empty ? lse == -INFINITY : isfinite(lse), "lse[%ld] = %g",
+                                  (long)i, lse);
+                    for (int64_t d = 0; d < 16; d++)
+                        if (empty)
+                            ck_assert(ht_get(&x.o, b, i, h, d) == 0.0);
+                        else
+                            ck_assert(isfinite(ht_get(&x.o, b, i, h, d)));
+                    for (int64_t d = 0; d < 24 && empty; d++)
+                        ck_assert(ht_get(&x.dq, b, i, h, d) == 0.0);
+                }
+                for (int64_t j = sq; top_left && j < sk; j++)
+                    for (int64_t d = 0; d < 16; d++) {
+                        ck_assert(ht_get(&x.dv, b, j, h / 2, d) == 0.0);
+                        ck_assert(ht_get(&x.dk, b, j, h / 2, d) == 0.0);
+                    }
+            }
+        set_free(&x);
+    }
+}
+END_TEST
+
+static int same_bits(const ht_tensor *a, const ht_tensor *b)
+{
+    return a->nbytes == b->nbytes && memcmp(a->buf, b->buf, a->nbytes) == 0;
+}
+
+/* NaN and inf in K/V rows that no query may see leave every output bit unchanged (the fused
+ * paths drop masked terms by selection). The conventional path multiplies them by 0, as any
+ * GEMM formulation does, and is documented not to promise this. */
+START_TEST(masked_nonfinite_never_reaches_output)
+{
+    const fa_backend be = _i < 4 ? FA_BACKEND_REFERENCE : FA_BACKEND_TILED;
+    const fa_dtype dt = dtypes[_i % 4];
+    set clean, dirty;
+    set_alloc(&clean, dt, 1, 40, 100, 2, 2, 16, 16);
+    set_alloc(&dirty, dt, 1, 40, 100, 2, 2, 16, 16);
+    for (int64_t j = 40; j < 100; j++) /* top-left causal: keys >= 40 are never allowed */
+        for (int64_t h = 0; h < 2; h++)
+            for (int64_t d = 0; d < 16; d++) {
+                ht_set(&dirty.k, 0, j, h, d, (j & 1) ? NAN : INFINITY);
+                ht_set(&dirty.v, 0, j, h, d, (j & 1) ? -INFINITY : NAN);
+            }
+    fa_params p;
+    fa_params_init(&p);
+    p.causal = 1;
+    p.align = FA_ALIGN_TOP_LEFT;
+    set_run(be, 2, &p, &clean);
+    set_run(be, 2, &p, &dirty);
+    ck_assert(same_bits(&clean.o, &dirty.o));
+    ck_assert(same_bits(&clean.l, &dirty.l));
+    ck_assert(same_bits(&clean.dq, &dirty.dq));
+    for (int64_t j = 0; j < 40; j++) /* gradient rows of the poisoned keys are not compared */
+        for (int64_t h = 0; h < 2; h++)
+            for (int64_t d = 0; d < 16; d++) {
+                ck_assert(ht_get(&clean.dk, 0, j, h, d) == ht_get(&dirty.dk, 0, j, h, d));
+                ck_assert(ht_get(&clean.dv, 0, j, h, d) == ht_get(&dirty.dv, 0, j, h, d));
+            }
+    set_free(&clean), set_free(&dirty);
+}
+END_TEST
+
+/* A NaN in q row 5 reaches row 5's output and no other row's: no silent zeros. */
+START_TEST(nan_in_allowed_score_propagates)
+{
+    const fa_backend be = cpu_backends[_i / 4];
+    const fa_dtype dt = dtypes[_i % 4];
+    set x;
+    set_alloc(&x, dt, 1, 30, 30, 1, 1, 8, 8);
+    ht_set(&x.q, 0, 5, 0, 3, NAN);
+    fa_params p;
+    fa_params_init(&p);
+    ck_assert_int_eq(ht_forward(be, 2, &p, &x.q.t, &x.k.t, &x.v.t, &x.o.t, &x.l.t), FA_OK);
+    for (int64_t i = 0; i < 30; i++)
+        for (int64_t d = 0; d < 8; d++)
+            ck_assert(isnan(ht_get(&x.o, 0, i, 0, d)) == (i == 5));
+    set_free(&x);
+}
+END_TEST
+
+/*
+ * V = identity (Dv = Sk) makes O_ij = keep_ij P_ij / (1 - p): the zero pattern of O is the
+ * drop pattern. It must equal the contract's Philox stream, evaluated here from its
+ * definition: key = seed, counter {j / 4, i, b Hq + h, low 32 bits of offset}, word j % 4,
+ * keep iff u >= floor(p 2^32). q = 0 keeps every P_ij > 0, so a zero can only be a drop.
+ */
+START_TEST(dropout_mask_replayed_exactly)
+{
+    const fa_backend be = cpu_backends[_i / 4];
+    const fa_dtype dt = dtypes[_i % 4];
+    const int64_t B = 2, H = 3, sq = 21, sk = 37;
+    const double pdrop = 0.35;
+    const uint64_t seed = 0xa1b2c3d4e5f60718ull, offset = 0x500000007ull;
+    ht_tensor q, k, v, o;
+    ht_alloc(&q, dt, B, sq, H, 4, HT_BSHD);
+    ht_alloc(&k, dt, B, sk, H, 4, HT_BSHD);
+    ht_alloc(&v, dt, B, sk, H, sk, HT_BSHD);
+    ht_alloc(&o, dt, B, sq, H, sk, HT_BSHD);
+    ht_fill(&k, 9, 1, -1);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t j = 0; j < sk; j++)
+            for (int64_t h = 0; h < H; h++)
+                ht_set(&v, b, j, h, j, 1.0);
+    fa_params p;
+    fa_params_init(&p);
+    p.dropout_p = pdrop;
+    p.dropout_seed = seed;
+    p.dropout_offset = offset;
+    ck_assert_int_eq(ht_forward(be, 2, &p, &q.t, &k.t, &v.t, &o.t, NULL), FA_OK);
+    const uint32_t thr = (uint32_t)floor(pdrop * 4294967296.0);
+    int64_t kept = 0;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t i = 0; i < sq; i++)
+                for (int64_t j = 0; j < sk; j++) {
+                    fai_u32x4 ctr = {{(uint32_t)(j / 4), (uint32_t)i, (uint32_t)(b * H + h),
+                                      (uint32_t)offset}};
+                    fai_u32x4 u = fai_philox4x32_10(ctr, (uint32_t)seed, (uint32_t)(seed >> 32));
+                    int keep = u.v[j % 4] >= thr;
+                    double x = ht_get(&o, b, i, h, j);
+                    ck_assert_msg(keep == (x != 0), "b%ld h%ld i%ld j%ld: keep %d, out %g",
+                                  (long)b, (long)h, (long)i, (long)j, keep, x);
+                    /* kept: P = 1/sk (all scores 0), scaled by 1/(1-p) */
+                    if (keep && dt == FA_F64)
+                        ck_assert_double_eq_tol(x, 1.0 / (sk * (1 - pdrop)), 1e-15);
+                    kept += keep;
+                }
+    ck_assert(kept > 0 && kept < B * H * sq * sk);
+    ht_free(&q), ht_free(&k), ht_free(&v), ht_free(&o);
+}
+END_TEST
+
+/* Measured keep rate over 65536 decisions within 0.01 of 1 - p (its std. dev. is <= 0.002). */
+START_TEST(dropout_keep_rate)
+{
+    const double ps[3] = {0.1, 0.5, 0.8};
+    const int64_t n = 256;
+    ht_tensor q, k, v, o;
+    ht_alloc(&q, FA_F32, 1, n, 1, 4, HT_BSHD);
+    ht_alloc(&k, FA_F32, 1, n, 1, 4, HT_BSHD);
+    ht_alloc(&v, FA_F32, 1, n, 1, n, HT_BSHD);
+    ht_alloc(&o, FA_F32, 1, n, 1, n, HT_BSHD);
+    for (int64_t j = 0; j < n; j++)
+        ht_set(&v, 0, j, 0, j, 1.0);
+    for (int t = 0; t < 3; t++) {
+        fa_params p;
+        fa_params_init(&p);
+        p.dropout_p = ps[t];
+        p.dropout_seed = 12345 + (uint64_t)t;
+        ck_assert_int_eq(ht_forward(FA_BACKEND_TILED, 2, &p, &q.t, &k.t, &v.t, &o.t, NULL), FA_OK);
+        int64_t kept = 0;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < n; j++)
+                kept += ht_get(&o, 0, i, 0, j) != 0;
+        double rate = (double)kept / (double)(n * n);
+        ck_assert_msg(fabs(rate - (1 - ps[t])) <= 0.01, "p=%g: keep rate %g", ps[t], rate);
+    }
+    ht_free(&q), ht_free(&k), ht_free(&v), ht_free(&o);
+}
+END_TEST
+
+/* Bitwise equal results across repeated calls and num_threads 1, 2, 3. */
+START_TEST(deterministic_across_threads)
+{
+    const fa_backend be = cpu_backends[_i / 2];
+    const fa_dtype dt = _i % 2 ? FA_BF16 : FA_F32;
+    set first;
+    set_alloc(&first, dt, 2, 150, 170, 4, 2, 40, 24);
+    fa_params p;
+    fa_params_init(&p);
+    p.causal = 1;
+    p.dropout_p = 0.1;
+    p.dropout_seed = 5;
+    p.softcap = 4;
+    set_run(be, 1, &p, &first);
+    const int threads[4] = {1, 2, 3, 2};
+    for (int t = 0; t < 4; t++) {
+        set again;
+        set_alloc(&again, dt, 2, 150, 170, 4, 2, 40, 24);
+        set_run(be, threads[t], &p, &again);
+        ck_assert_msg(same_bits(&first.o, &again.o), "%s out differs at %d threads",
+                      fa_backend_name(be), threads[t]);
+        ck_assert(same_bits(&first.l, &again.l));
+        ck_assert_msg(same_bits(&first.dq, &again.dq), "%s dq differs at %d threads",
+                      fa_backend_name(be), threads[t]);
+        ck_assert_msg(same_bits(&first.dk, &again.dk), "%s dk differs at %d threads",
+                      fa_backend_name(be), threads[t]);
+        ck_assert_msg(same_bits(&first.dv, &again.dv), "%s dv differs at %d threads",
+                      fa_backend_name(be), threads[t]);
+        set_free(&again);
+    }
+    set_free(&first);
+}
+END_TEST
+
+/* A view of keys [j0, j0 + n) of t: same strides, shifted data, shorter seqlen. */
+static fa_tensor key_slice(const ht_tensor *x, int64_t j0, int64_t n)
+{
+    fa_tensor t = x->t64;
+    t.data = (double *)t.data + j0 * t.seq_stride;
+    t.seqlen = n;
+    return t;
+}
+
+/* Attention over keys split in two, merged, equals attention over all keys; an empty state is
+ * neutral even when its O holds garbage; out may be outs[0]. */
+START_TEST(merge_states_matches_full_attention)
+{
+    const int64_t sq = 13, sk = 29, split = 11, H = 2, D = 6;
+    ht_tensor q, k, v, full, lfull, o[3], l[3];
+    ht_alloc(&q, FA_F64, 1, sq, H, D, HT_BSHD);
+    ht_alloc(&k, FA_F64, 1, sk, H, D, HT_BSHD);
+    ht_alloc(&v, FA_F64, 1, sk, H, D, HT_BSHD);
+    ht_alloc(&full, FA_F64, 1, sq, H, D, HT_BSHD);
+    ht_alloc_lse(&lfull, FA_F64, 1, sq, H);
+    ht_fill(&q, 1, 1, -1), ht_fill(&k, 2, 1, -1), ht_fill(&v, 3, 1, -1);
+    for (int s = 0; s < 3; s++) {
+        ht_alloc(&o[s], FA_F64, 1, sq, H, D, HT_BSHD);
+        ht_alloc_lse(&l[s], FA_F64, 1, sq, H);
+    }
+    fa_params p;
+    fa_params_init(&p);
+    p.align = FA_ALIGN_TOP_LEFT;
+    ck_assert_int_eq(ht_forward(FA_BACKEND_REFERENCE, 1, &p, &q.t64, &k.t64, &v.t64, &full.t,
+                                &lfull.t), FA_OK);
+    fa_tensor k0 = key_slice(&k, 0, split), v0 = key_slice(&v, 0, split);
+    fa_tensor k1 = key_slice(&k, split, sk - split), v1 = key_slice(&v, split, sk - split);
+    ck_assert_int_eq(ht_forward(FA_BACKEND_TILED, 1, &p, &q.t64, &k0, &v0, &o[0].t, &l[0].t), FA_OK);
+    ck_assert_int_eq(ht_forward(FA_BACKEND_TILED, 1, &p, &q.t64, &k1, &v1, &o[1].t, &l[1].t), FA_OK);
+    /* the empty state: LSE -inf, O garbage that must never be read */
+    for (int64_t i = 0; i < sq; i++)
+        for (int64_t h = 0; h < H; h++) {
+            ht_set(&l[2], 0, i, h, 0, -INFINITY);
+            for (int64_t d = 0; d < D; d++)
+                ht_set(&o[2], 0, i, h, d, NAN);
+        }
+    fa_tensor outs[3] = {o[0].t, o[1].t, o[2].t}, lses[3] = {l[0].t, l[1].t, l[2].t};
+    ck_assert_int_eq(fa_merge_states(3, outs, lses, &o[0].t, &l[0].t), FA_OK); /* in place */
+    ck_assert(ht_max_err(&o[0], &full) <= 1e-14);
+    ck_assert(ht_max_err(&l[0], &lfull) <= 1e-14);
+    /* merging only empty states is empty: O = 0, LSE = -inf */
+    ck_assert_int_eq(fa_merge_states(1, &outs[2], &lses[2], &o[1].t, &l[1].t), FA_OK);
+    ck_assert(ht_get(&o[1], 0, 3, 1, 2) == 0 && ht_get(&l[1], 0, 3, 1, 0) == -INFINITY);
+    ht_free(&q), ht_free(&k), ht_free(&v), ht_free(&full), ht_free(&lfull);
+    for (int s = 0; s < 3; s++)
+        ht_free(&o[s]), ht_free(&l[s]);
+}
+END_TEST
+
+Suite *make_semantics_suite(void)
+{
+    Suite *s = suite_create("semantics");
+    TCase *tc = tcase_create("semantics");
+    tcase_set_timeout(tc, 300);
+    tcase_add_loop_test(tc, empty_rows_exact_zero, 0, 12);
+    tcase_add_loop_test(tc, masked_nonfinite_never_reaches_output, 0, 8);
+    tcase_add_loop_test(tc, nan_in_allowed_score_propagates, 0, 12);
+    tcase_add_loop_test(tc, dropout_mask_replayed_exactly, 0, 12);
+    tcase_add_test(tc, dropout_keep_rate);
+    tcase_add_loop_test(tc, deterministic_across_threads, 0, 6);
+    tcase_add_test(tc, merge_states_matches_full_attention);
+    suite_add_tcase(s, tc);
+    return s;
+}

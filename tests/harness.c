@@ -1,0 +1,201 @@
+#include "config.h"
+
+#include "harness.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h" /* fai_tiled_tiles, conversions */
+
+static uint64_t splitmix(uint64_t *s)
+{
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+
+static double unif(uint64_t *s) { return ((double)(splitmix(s) >> 11) + 0.5) * 0x1p-53; }
+
+void ht_alloc(ht_tensor *x, fa_dtype dt, int64_t B, int64_t S, int64_t H, int64_t D,
+              ht_layout layout)
+{
+    memset(x, 0, sizeof *x);
+    size_t es = fai_dtype_size(dt);
+    fa_tensor_init(&x->t, NULL, dt, B, S, H, D, layout == HT_BHSD);
+    if (layout == HT_PADDED) { /* rows 3 elements apart beyond D, heads 1 more, batches 7 */
+        x->t.head_stride = D + 3;
+        x->t.seq_stride = H * (D + 3) + 1;
+        x->t.batch_stride = S * x->t.seq_stride + 7;
+    }
+    int64_t n = B > 0 ? (B - 1) * x->t.batch_stride + S * x->t.seq_stride + H * x->t.head_stride
+                      : 0;
+    x->nbytes = (size_t)(n + D) * es + 8;
+    x->buf = calloc(1, x->nbytes);
+    x->t.data = x->buf;
+    x->buf64 = calloc((size_t)(B * S * H * D) + 1, sizeof(double));
+    fa_tensor_init(&x->t64, x->buf64, FA_F64, B, S, H, D, 0);
+}
+
+void ht_alloc_lse(ht_tensor *x, fa_dtype dt, int64_t B, int64_t S, int64_t H)
+{
+    memset(x, 0, sizeof *x);
+    size_t es = fai_dtype_size(dt);
+    /* stored B x H x S, as FlashAttention returns it */
+    x->t = (fa_tensor){NULL, dt, B, S, H, 1, H * S, 1, S, 1};
+    x->nbytes = (size_t)(B * H * S) * es + 8;
+    x->buf = calloc(1, x->nbytes);
+    x->t.data = x->buf;
+    x->buf64 = calloc((size_t)(B * H * S) + 1, sizeof(double));
+    x->t64 = (fa_tensor){x->buf64, FA_F64, B, S, H, 1, H * S, 1, S, 1};
+}
+
+void ht_free(ht_tensor *x)
+{
+    free(x->buf);
+    free(x->buf64);
+    memset(x, 0, sizeof *x);
+}
+
+static double round_to(fa_dtype dt, double v)
+{
+    switch (dt) {
+    case FA_F32: return (float)v;
+    case FA_F16: return fai_f16_to_f64(fai_f64_to_f16(v));
+    case FA_BF16: return fai_bf16_to_f64(fai_f64_to_bf16(v));
+    default: return v;
+    }
+}
+
+void ht_set(ht_tensor *x, int64_t b, int64_t s, int64_t h, int64_t d, double v)
+{
+    v = round_to(x->t.dtype, v);
+    fai_store_f64((char *)fai_row(&x->t, b, s, h) + d * (int64_t)fai_dtype_size(x->t.dtype),
+                  x->t.dtype, 1, &v);
+    *((double *)fai_row(&x->t64, b, s, h) + d) = v;
+}
+
+double ht_get(const ht_tensor *x, int64_t b, int64_t s, int64_t h, int64_t d)
+{
+    double v;
+    fai_load_f64((const char *)fai_row(&x->t, b, s, h) + d * (int64_t)fai_dtype_size(x->t.dtype),
+                 x->t.dtype, 1, &v);
+    return v;
+}
+
+void ht_fill(ht_tensor *x, uint64_t seed, double lo, double hi)
+{
+    uint64_t st = seed * 0x2545F4914F6CDD1Dull + 1;
+    for (int64_t b = 0; b < x->t.batch; b++)
+        for (int64_t s = 0; s < x->t.seqlen; s++)
+            for (int64_t h = 0; h < x->t.heads; h++)
+                for (int64_t d = 0; d < x->t.headdim; d++) {
+                    double v = lo <= hi ? lo + (hi - lo) * unif(&st)
+                                        : sqrt(-2 * log(unif(&st))) * cos(6.283185307179586 * unif(&st));
+                    ht_set(x, b, s, h, d, v);
+                }
+}
+
+void ht_poison(ht_tensor *x) { memset(x->buf, 0xA5, x->nbytes); }
+
+int ht_is_poisoned(const ht_tensor *x)
+{
+    const unsigned char *p = x->buf;
+    for (size_t i = 0; i < x->nbytes; i++)
+        if (p[i] != 0xA5)
+            return 0;
+    return 1;
+}
+
+fa_context *ht_context(fa_backend be, int threads)
+{
+    fa_options o;
+    fa_options_init(&o);
+    o.backend = be;
+    o.num_threads = threads;
+    fa_context *ctx = NULL;
+    fa_status s = fa_context_create(&o, &ctx);
+    ck_assert_msg(s == FA_OK, "context %s: %s", fa_backend_name(be), fa_last_error());
+    return ctx;
+}
+
+fa_status ht_forward(fa_backend be, int threads, const fa_params *p, const fa_tensor *q,
+                     const fa_tensor *k, const fa_tensor *v, fa_tensor *out, fa_tensor *lse)
+{
+    fa_context *ctx = ht_context(be, threads);
+    fa_status s = fa_forward(ctx, p, q, k, v, out, lse);
+    fa_context_destroy(ctx);
+    return s;
+}
+
+fa_status ht_backward(fa_backend be, int threads, const fa_params *p, const fa_tensor *q,
+                      const fa_tensor *k, const fa_tensor *v, const fa_tensor *out,
+                      const fa_tensor *lse, const fa_tensor *dout, fa_tensor *dq,
+                      fa_tensor *dk, fa_tensor *dv)
+{
+    fa_context *ctx = ht_context(be, threads);
+    fa_status s = fa_backward(ctx, p, q, k, v, out, lse, dout, dq, dk, dv);
+    fa_context_destroy(ctx);
+    return s;
+}
+
+double ht_max_err(const ht_tensor *got, const ht_tensor *ref)
+{
+    double m = 0;
+    for (int64_t b = 0; b < got->t.batch; b++)
+        for (int64_t s = 0; s < got->t.seqlen; s++)
+            for (int64_t h = 0; h < got->t.heads; h++)
+                for (int64_t d = 0; d < got->t.headdim; d++) {
+                    double g = ht_get(got, b, s, h, d), r = ht_get(ref, b, s, h, d);
+                    double e;
+                    if (isnan(g) || isnan(r))
+                        e = isnan(g) && isnan(r) ? 0 : INFINITY;
+                    else if (g == r) /* also equal infinities */
+                        e = 0;
+                    else
+                        e = fabs(g - r);
+                    if (e > m)
+                        m = e;
+                }
+    return m;
+}
+
+double ht_max_abs(const ht_tensor *x)
+{
+    double m = 0;
+    for (int64_t b = 0; b < x->t.batch; b++)
+        for (int64_t s = 0; s < x->t.seqlen; s++)
+            for (int64_t h = 0; h < x->t.heads; h++)
+                for (int64_t d = 0; d < x->t.headdim; d++) {
+                    double a = fabs(ht_get(x, b, s, h, d));
+                    if (a > m && isfinite(a))
+                        m = a;
+                }
+    return m;
+}
+
+double ht_eps(fa_dtype dt)
+{
+    switch (dt) {
+    case FA_F64: return 0x1p-52;
+    case FA_F32: return 0x1p-23;
+    case FA_F16: return 0x1p-10;
+    case FA_BF16: return 0x1p-7;
+    }
+    return 1;
+}
+
+double ht_tolerance(double conv_err, fa_dtype dt, double ref_maxabs, int grad)
+{
+    return (grad ? 3 : 2) * conv_err + ht_eps(dt) * (ref_maxabs > 1 ? ref_maxabs : 1);
+}
+
+void ht_tiles(int64_t dqk, int64_t dv, fa_dtype dt, int64_t *bq, int64_t *bk)
+{
+    fa_context *ctx = ht_context(FA_BACKEND_TILED, 1);
+    fai_tiles t = fai_tiled_tiles(ctx, dqk, dv, dt);
+    fa_context_destroy(ctx);
+    *bq = t.bq;
+    *bk = t.bk;
+}

@@ -1,0 +1,67 @@
+/* Test harness: tensors in any dtype and layout with an exact float64 twin, backend runners,
+ * error measures and the tolerance rule of DESIGN.md §4. */
+#ifndef FA_TEST_HARNESS_H
+#define FA_TEST_HARNESS_H
+
+#include <check.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "flashattn.h"
+
+typedef enum { HT_BSHD, HT_BHSD, HT_PADDED } ht_layout; /* PADDED: BSHD with gaps */
+
+typedef struct {
+    fa_tensor t;   /* the tensor in its storage dtype and layout                   */
+    fa_tensor t64; /* the same values, float64, contiguous BSHD (the oracle's input) */
+    void *buf;
+    double *buf64;
+    size_t nbytes; /* of buf */
+} ht_tensor;
+
+void ht_alloc(ht_tensor *x, fa_dtype dt, int64_t B, int64_t S, int64_t H, int64_t D,
+              ht_layout layout);
+void ht_free(ht_tensor *x);
+/* Values drawn uniformly in [lo, hi) (or N(0,1) when lo > hi), rounded to the dtype; the
+ * float64 twin holds exactly the stored values. */
+void ht_fill(ht_tensor *x, uint64_t seed, double lo, double hi);
+void ht_set(ht_tensor *x, int64_t b, int64_t s, int64_t h, int64_t d, double v); /* both copies */
+double ht_get(const ht_tensor *x, int64_t b, int64_t s, int64_t h, int64_t d);  /* from t */
+/* Sets every byte of the storage (and the twin) to a recognizable pattern. */
+void ht_poison(ht_tensor *x);
+/* Whether the storage still holds ht_poison's pattern everywhere. */
+int ht_is_poisoned(const ht_tensor *x);
+
+/* LSE tensors: B x H x S (the fa_tensor is batch x seqlen x heads x 1), f32 or f64 storage. */
+void ht_alloc_lse(ht_tensor *x, fa_dtype dt, int64_t B, int64_t S, int64_t H);
+
+fa_context *ht_context(fa_backend be, int threads);
+fa_status ht_forward(fa_backend be, int threads, const fa_params *p, const fa_tensor *q,
+                     const fa_tensor *k, const fa_tensor *v, fa_tensor *out, fa_tensor *lse);
+fa_status ht_backward(fa_backend be, int threads, const fa_params *p, const fa_tensor *q,
+                      const fa_tensor *k, const fa_tensor *v, const fa_tensor *out,
+                      const fa_tensor *lse, const fa_tensor *dout, fa_tensor *dq,
+                      fa_tensor *dk, fa_tensor *dv);
+
+/* max |got - ref| over all elements (got from its storage, ref from its storage); a NaN on one
+ * side only counts as +inf, NaN on both as 0. */
+double ht_max_err(const ht_tensor *got, const ht_tensor *ref);
+double ht_max_abs(const ht_tensor *x);
+
+/* The machine epsilon of a storage dtype (2^-52, 2^-23, 2^-10, 2^-7). */
+double ht_eps(fa_dtype dt);
+/* The tolerance rule: (grad ? 3 : 2) x conv_err + eps(dt) x max(1, ref_maxabs). */
+double ht_tolerance(double conv_err, fa_dtype dt, double ref_maxabs, int grad);
+
+/* Tiles the tiled backend will use (internal; the tests link the static library). */
+void ht_tiles(int64_t dqk, int64_t dv, fa_dtype dt, int64_t *bq, int64_t *bk);
+
+/* Suites. */
+Suite *make_core_suite(void);
+Suite *make_api_suite(void);
+Suite *make_reference_suite(void);
+Suite *make_backends_suite(void);
+Suite *make_semantics_suite(void);
+Suite *make_memory_suite(void);
+
+#endif
