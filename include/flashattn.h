@@ -135,6 +135,10 @@ FA_API fa_status fa_memory_stats_reset(fa_context *ctx);
  * truncated (like snprintf, the line is always terminated when n > 0). */
 FA_API fa_status fa_context_describe(const fa_context *ctx, char *buf, size_t n);
 
+/* Converts n elements from src (dtype sd) to dst (dtype dd): widening is exact, narrowing
+ * rounds to nearest even once, straight from the source precision. */
+FA_API fa_status fa_convert(const void *src, fa_dtype sd, void *dst, fa_dtype dd, size_t n);
+
 FA_API const char *fa_version_string(void);
 FA_API const char *fa_dtype_name(fa_dtype d);
 FA_API const char *fa_backend_name(fa_backend b);

@@ -234,6 +234,19 @@ fa_status fa_context_create(const fa_options *o, fa_context **out)
         return fai_fail(FA_ERR_BACKEND_UNAVAILABLE,
                         "ISA %s: this build carries only the scalar kernels", fa_isa_name(opt.isa));
 
+    fai_tiles forced = {0, 0};
+    env = getenv("FA_TILES");
+    if (env && *env) {
+        long long bq, bk;
+        char end;
+        if (sscanf(env, "%lldx%lld%c", &bq, &bk, &end) != 2 || bq < 1 || bq > 4096 || bk < 1 ||
+            bk > 4096)
+            return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                            "FA_TILES=%s: expected BQxBK, e.g. 64x32, each in [1, 4096]", env);
+        forced.bq = bq;
+        forced.bk = bk;
+    }
+
     fa_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx)
         return fai_fail(FA_ERR_NO_MEMORY, "fa_context_create: out of memory");
@@ -241,6 +254,7 @@ fa_status fa_context_create(const fa_options *o, fa_context **out)
     ctx->isa = opt.isa;
     ctx->num_threads = opt.num_threads > 0 ? opt.num_threads : omp_get_max_threads();
     fai_cache_detect(&ctx->cache);
+    ctx->forced_tiles = forced;
     atomic_init(&ctx->mem_current, 0);
     atomic_init(&ctx->mem_peak, 0);
     *out = ctx;

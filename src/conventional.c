@@ -107,17 +107,24 @@ static void commit(const conv *cv, void *mat, int64_t r0, int64_t n, int64_t col
         fai_store_f32((char *)mat + (size_t)(r0 * cols) * cv->ts, cv->t, n * cols, stage);
 }
 
-/* Element (r, c) of a T matrix as double, and its store with rounding. */
-static double get(const conv *cv, const void *mat, size_t idx)
+typedef struct {
+    void *qp, *kp, *vp, *dop; /* packed Q, K, V, and dO (backward only)                  */
+    void *stage, *stage2;     /* CONV_ROWS x max(Sk, D) and CONV_ROWS x D staging blocks */
+    void *dk, *dv;            /* backward: a kv head's dK, dV accumulators               */
+    double *row[3];           /* one row of S, P, dP (or tanh) widened to double         */
+    unsigned char *keep;      /* one row of dropout decisions                            */
+} conv_pack;
+
+/* Row i of a T matrix with Sk columns, widened to double, and its store (values already
+ * rounded to T by round_t, so the store is exact). */
+static void row_load(const conv *cv, const void *mat, int64_t i, double *dst)
 {
-    double x;
-    fai_load_f64((const char *)mat + idx * cv->ts, cv->t, 1, &x);
-    return x;
+    fai_load_f64((const char *)mat + (size_t)(i * cv->pr->sk) * cv->ts, cv->t, cv->pr->sk, dst);
 }
 
-static void put(const conv *cv, void *mat, size_t idx, double x)
+static void row_store(const conv *cv, void *mat, int64_t i, const double *src)
 {
-    fai_store_f64((char *)mat + idx * cv->ts, cv->t, 1, &x);
+    fai_store_f64((char *)mat + (size_t)(i * cv->pr->sk) * cv->ts, cv->t, cv->pr->sk, src);
 }
 
 /*
@@ -125,96 +132,85 @@ static void put(const conv *cv, void *mat, size_t idx, double x)
  * each rounded to T: softcap (its tanh saved in `tc` when not NULL, for the backward), ALiBi,
  * and the mask written as -inf.
  */
-static void scores(const conv *cv, int64_t b, int64_t h, const void *qp, const void *kp,
-                   void *stage, void *s, void *tc)
+static void scores(const conv *cv, const conv_pack *w, int64_t h, void *s, void *tc)
 {
     const fai_problem *pr = cv->pr;
     for (int64_t r0 = 0; r0 < pr->sq; r0 += CONV_ROWS) {
         int64_t n = pr->sq - r0 < CONV_ROWS ? pr->sq - r0 : CONV_ROWS;
-        void *c = gemm_target(cv, s, r0, pr->sk, stage);
-        gemm(cv, 0, 1, n, pr->sk, pr->dqk, pr->score.scale, (const char *)qp + r0 * pr->dqk * cv->cs,
-             pr->dqk, kp, pr->dqk, 0.0, c, pr->sk);
+        void *c = gemm_target(cv, s, r0, pr->sk, w->stage);
+        gemm(cv, 0, 1, n, pr->sk, pr->dqk, pr->score.scale,
+             (const char *)w->qp + (size_t)(r0 * pr->dqk) * cv->cs, pr->dqk, w->kp, pr->dqk, 0.0,
+             c, pr->sk);
         commit(cv, s, r0, n, pr->sk, c);
     }
     const double cap = pr->score.softcap, slope = fai_slope(pr, h);
+    double *x = w->row[0], *t = w->row[1];
     for (int64_t i = 0; i < pr->sq; i++) {
         int64_t lo, hi;
         fai_mask_row(&pr->mask, i, &lo, &hi);
+        row_load(cv, s, i, x);
         for (int64_t j = 0; j < pr->sk; j++) {
-            size_t idx = (size_t)(i * pr->sk + j);
+            t[j] = 0;
             if (j < lo || j >= hi) {
-                put(cv, s, idx, -INFINITY);
-                if (tc)
-                    put(cv, tc, idx, 0);
+                x[j] = -INFINITY;
                 continue;
             }
-            double x = get(cv, s, idx);
             if (cap > 0) {
-                double t = round_t(cv, tanh(x / cap));
-                if (tc)
-                    put(cv, tc, idx, t);
-                x = round_t(cv, cap * t);
+                t[j] = round_t(cv, tanh(x[j] / cap));
+                x[j] = round_t(cv, cap * t[j]);
             }
             if (slope != 0) {
                 int64_t d = i + pr->mask.off - j;
-                x = round_t(cv, x - slope * (double)(d < 0 ? -d : d));
+                x[j] = round_t(cv, x[j] - slope * (double)(d < 0 ? -d : d));
             }
-            put(cv, s, idx, x);
         }
+        row_store(cv, s, i, x);
+        if (tc)
+            row_store(cv, tc, i, t);
     }
-    (void)b;
 }
 
 /*
- * P = softmax(S) row by row (reductions in the compute type) and, if lse is not NULL, the LSE. Writes P to `p` and, when
- * dropout is on, P~ = keep P / (1 - p) to `pd`, which may be `p` itself (then P~ replaces P).
- * s and p may be the same buffer.
+ * P = softmax(S) row by row (reductions in the compute type) and, if lse is not NULL, the LSE.
+ * Writes P to `p` and, when dropout is on, P~ = keep P / (1 - p) to `pd`, which may be `p`
+ * itself (then P~ replaces P). s and p may be the same buffer.
  */
-static void softmax(const conv *cv, int64_t b, int64_t h, const void *s, void *p, void *pd,
-                    const fa_tensor *lse)
+static void softmax(const conv *cv, const conv_pack *w, int64_t b, int64_t h, const void *s,
+                    void *p, void *pd, const fa_tensor *lse)
 {
     const fai_problem *pr = cv->pr;
     const double inv_keep = 1.0 / (1.0 - pr->dropout_p);
     const fai_dropout drop = fai_dropout_for(pr, b, h);
+    double *x = w->row[0], *xd = w->row[1];
     for (int64_t i = 0; i < pr->sq; i++) {
-        const size_t row = (size_t)(i * pr->sk);
         double mx = -INFINITY, sum = 0;
         float sumf = 0;
+        row_load(cv, s, i, x);
+        for (int64_t j = 0; j < pr->sk; j++)
+            mx = x[j] > mx || isnan(x[j]) ? x[j] : mx;
         for (int64_t j = 0; j < pr->sk; j++) {
-            double x = get(cv, s, row + j);
-            mx = x > mx || isnan(x) ? x : mx;
-        }
-        for (int64_t j = 0; j < pr->sk; j++) {
-            double e = mx == -INFINITY ? 0 : exp(get(cv, s, row + j) - mx);
+            x[j] = mx == -INFINITY ? 0 : exp(x[j] - mx);
             if (cv->wide)
-                sum += e;
+                sum += x[j];
             else
-                sumf += (float)e;
+                sumf += (float)x[j];
         }
         if (!cv->wide)
             sum = sumf;
         if (lse)
             fai_lse_store(lse, b, h, i, sum == 0 ? -INFINITY : mx + log(sum));
-        unsigned char keep[256];
-        for (int64_t j0 = 0; j0 < pr->sk; j0 += 256) {
-            int64_t n = pr->sk - j0 < 256 ? pr->sk - j0 : 256;
+        if (drop.threshold)
+            fai_dropout_keep_row(&drop, i, 0, pr->sk, w->keep);
+        for (int64_t j = 0; j < pr->sk; j++) {
+            x[j] = sum == 0 ? 0 : round_t(cv, x[j] / sum);
             if (drop.threshold)
-                fai_dropout_keep_row(&drop, i, j0, n, keep);
-            for (int64_t j = j0; j < j0 + n; j++) {
-                double x = sum == 0 ? 0 : round_t(cv, exp(get(cv, s, row + j) - mx) / sum);
-                put(cv, p, row + j, x);
-                if (drop.threshold)
-                    put(cv, pd, row + j, keep[j - j0] ? round_t(cv, x * inv_keep) : 0);
-            }
+                xd[j] = w->keep[j] ? round_t(cv, x[j] * inv_keep) : 0;
         }
+        row_store(cv, p, i, x);
+        if (drop.threshold)
+            row_store(cv, pd, i, xd);
     }
 }
-
-typedef struct {
-    void *qp, *kp, *vp, *dop; /* packed Q, K, V, and dO (backward only)                  */
-    void *stage, *stage2;     /* CONV_ROWS x max(Sk, D) and CONV_ROWS x D staging blocks */
-    void *dk, *dv;            /* backward: a kv head's dK, dV accumulators               */
-} conv_pack;
 
 /*
  * Each thread's packed operands and staging blocks, compute type, in one counted allocation
@@ -225,25 +221,35 @@ static fa_status pack_alloc(fa_context *ctx, const conv *cv, conv_pack *pk, int 
 {
     const fai_problem *pr = cv->pr;
     const int64_t d = pr->dqk > pr->dv ? pr->dqk : pr->dv, w = pr->sk > d ? pr->sk : d;
-    const int64_t sizes[8] = {pr->sq * pr->dqk, pr->sk * pr->dqk, pr->sk * pr->dv,
-                              backward ? pr->sq * pr->dv : 0, CONV_ROWS * w, CONV_ROWS * d,
-                              backward ? pr->sk * pr->dqk : 0, backward ? pr->sk * pr->dv : 0};
+    /* element counts (compute type), then the rows (double) and the keep flags (bytes) */
+    const size_t cs = cv->cs, sk = (size_t)pr->sk;
+    const size_t bytes_of[11] = {
+        (size_t)(pr->sq * pr->dqk) * cs, (size_t)(pr->sk * pr->dqk) * cs,
+        (size_t)(pr->sk * pr->dv) * cs, backward ? (size_t)(pr->sq * pr->dv) * cs : 0,
+        (size_t)(CONV_ROWS * w) * cs, (size_t)(CONV_ROWS * d) * cs,
+        backward ? (size_t)(pr->sk * pr->dqk) * cs : 0, backward ? (size_t)(pr->sk * pr->dv) * cs : 0,
+        sk * sizeof(double), sk * sizeof(double) * 2, sk};
     size_t n = 0, per;
-    for (int i = 0; i < 8; i++)
-        n += ((size_t)sizes[i] * cv->cs + 63) & ~(size_t)63;
+    for (int i = 0; i < 11; i++)
+        n += (bytes_of[i] + 63) & ~(size_t)63;
     if (!fai_mul_size(n, 1, &per) || !fai_mul_size(per, (size_t)cv->nt, bytes))
         return fai_fail(FA_ERR_OVERFLOW, "conventional: packed operand size overflows");
     *block = fai_alloc(ctx, *bytes);
     if (!*block)
         return fai_fail(FA_ERR_NO_MEMORY, "conventional: %zu bytes for packed operands", *bytes);
     for (int t = 0; t < cv->nt; t++) {
-        void **dst[8] = {&pk[t].qp, &pk[t].kp, &pk[t].vp, &pk[t].dop,
-                         &pk[t].stage, &pk[t].stage2, &pk[t].dk, &pk[t].dv};
+        void *rows0, *rows12, *keep;
+        void **dst[11] = {&pk[t].qp, &pk[t].kp, &pk[t].vp, &pk[t].dop, &pk[t].stage,
+                          &pk[t].stage2, &pk[t].dk, &pk[t].dv, &rows0, &rows12, &keep};
         char *at = (char *)*block + (size_t)t * per;
-        for (int i = 0; i < 8; i++) {
+        for (int i = 0; i < 11; i++) {
             *dst[i] = at;
-            at += ((size_t)sizes[i] * cv->cs + 63) & ~(size_t)63;
+            at += (bytes_of[i] + 63) & ~(size_t)63;
         }
+        pk[t].row[0] = rows0;
+        pk[t].row[1] = rows12;
+        pk[t].row[2] = pk[t].row[1] + sk;
+        pk[t].keep = keep;
     }
     return FA_OK;
 }
@@ -304,8 +310,8 @@ static fa_status conv_forward(fa_context *ctx, const fai_problem *pr)
         pack(&cv, pr->io.q, b, h, pr->sq, pr->dqk, w->qp);
         pack(&cv, pr->io.k, b, hk, pr->sk, pr->dqk, w->kp);
         pack(&cv, pr->io.v, b, hk, pr->sk, pr->dv, w->vp);
-        scores(&cv, b, h, w->qp, w->kp, w->stage, S + at, NULL);
-        softmax(&cv, b, h, S + at, P + at, P + at, pr->io.lse);
+        scores(&cv, w, h, S + at, NULL);
+        softmax(&cv, w, b, h, S + at, P + at, P + at, pr->io.lse);
         for (int64_t r0 = 0; r0 < pr->sq; r0 += CONV_ROWS) { /* O = P~ V, rounded to T */
             const int64_t n = pr->sq - r0 < CONV_ROWS ? pr->sq - r0 : CONV_ROWS;
             const void *pb = as_compute(&cv, P + at, r0, n, pr->sk, w->stage);
@@ -324,42 +330,39 @@ static fa_status conv_forward(fa_context *ctx, const fai_problem *pr)
  * D_i = sum_j g_ij P_ij (softmax's backward, as frameworks compute it), then the softcap chain
  * (1 - tanh^2); each step rounded to T. dp holds dP on entry and dS on return.
  */
-static void softmax_backward(const conv *cv, int64_t b, int64_t h, const void *p, void *dp,
-                             const void *tc)
+static void softmax_backward(const conv *cv, const conv_pack *w, int64_t b, int64_t h,
+                             const void *p, void *dp, const void *tc)
 {
     const fai_problem *pr = cv->pr;
     const double inv_keep = 1.0 / (1.0 - pr->dropout_p);
     const fai_dropout drop = fai_dropout_for(pr, b, h);
+    double *g = w->row[0], *pp = w->row[1], *t = w->row[2];
     for (int64_t i = 0; i < pr->sq; i++) {
-        const size_t row = (size_t)(i * pr->sk);
-        unsigned char keep[256];
-        for (int64_t j0 = 0; j0 < pr->sk; j0 += 256) { /* dP -> g, in place */
-            int64_t n = pr->sk - j0 < 256 ? pr->sk - j0 : 256;
-            if (!drop.threshold)
-                break;
-            fai_dropout_keep_row(&drop, i, j0, n, keep);
-            for (int64_t j = j0; j < j0 + n; j++)
-                put(cv, dp, row + j, keep[j - j0] ? round_t(cv, get(cv, dp, row + j) * inv_keep) : 0);
+        row_load(cv, dp, i, g);
+        row_load(cv, p, i, pp);
+        if (drop.threshold) {
+            fai_dropout_keep_row(&drop, i, 0, pr->sk, w->keep);
+            for (int64_t j = 0; j < pr->sk; j++)
+                g[j] = w->keep[j] ? round_t(cv, g[j] * inv_keep) : 0;
         }
         double D = 0;
         float Df = 0;
         for (int64_t j = 0; j < pr->sk; j++) {
-            double gp = get(cv, dp, row + j) * get(cv, p, row + j);
             if (cv->wide)
-                D += gp;
+                D += g[j] * pp[j];
             else
-                Df += (float)gp;
+                Df += (float)(g[j] * pp[j]);
         }
         if (!cv->wide)
             D = Df;
+        if (tc)
+            row_load(cv, tc, i, t);
         for (int64_t j = 0; j < pr->sk; j++) {
-            double ds = round_t(cv, get(cv, p, row + j) * (get(cv, dp, row + j) - D));
-            if (tc) {
-                double t = get(cv, tc, row + j);
-                ds = round_t(cv, ds * (1 - t * t));
-            }
-            put(cv, dp, row + j, ds);
+            g[j] = round_t(cv, pp[j] * (g[j] - D));
+            if (tc)
+                g[j] = round_t(cv, g[j] * (1 - t[j] * t[j]));
         }
+        row_store(cv, dp, i, g);
     }
 }
 
@@ -403,8 +406,8 @@ static fa_status conv_backward(fa_context *ctx, const fai_problem *pr)
             char *x = X + at, *p = P + at, *pd = Pd + at, *tc = Tc ? Tc + at : NULL;
             pack(&cv, pr->io.q, b, h, pr->sq, pr->dqk, w->qp);
             pack(&cv, pr->io.dout, b, h, pr->sq, pr->dv, w->dop);
-            scores(&cv, b, h, w->qp, w->kp, w->stage, x, tc);
-            softmax(&cv, b, h, x, p, pd, NULL); /* lse is an input here */
+            scores(&cv, w, h, x, tc);
+            softmax(&cv, w, b, h, x, p, pd, NULL); /* lse is an input here */
             for (int64_t r0 = 0; r0 < pr->sq; r0 += CONV_ROWS) {
                 const int64_t n = pr->sq - r0 < CONV_ROWS ? pr->sq - r0 : CONV_ROWS;
                 const void *dob = (const char *)w->dop + (size_t)(r0 * pr->dv) * cv.cs;
@@ -417,7 +420,7 @@ static fa_status conv_backward(fa_context *ctx, const fai_problem *pr)
                 gemm(&cv, 0, 1, n, pr->sk, pr->dv, 1.0, dob, pr->dv, w->vp, pr->dv, 0.0, c, pr->sk);
                 commit(&cv, x, r0, n, pr->sk, c);
             }
-            softmax_backward(&cv, b, h, p, x, tc);
+            softmax_backward(&cv, w, b, h, p, x, tc);
             for (int64_t r0 = 0; r0 < pr->sq; r0 += CONV_ROWS) {
                 const int64_t n = pr->sq - r0 < CONV_ROWS ? pr->sq - r0 : CONV_ROWS;
                 const void *dsb = as_compute(&cv, x, r0, n, pr->sk, w->stage);

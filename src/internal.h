@@ -23,6 +23,7 @@ struct fa_context {
     fa_isa isa;         /* resolved: never AUTO */
     int num_threads;    /* > 0 */
     fai_cache_info cache;
+    fai_tiles forced_tiles; /* FA_TILES=BQxBK (tile sweeps); 0 x 0 when not set */
     _Atomic size_t mem_current, mem_peak;
 };
 

@@ -73,6 +73,8 @@ static fa_status fai_thread_scratch(fa_context *ctx, size_t per, int nt, char **
 
 fai_tiles fai_tiled_tiles(const fa_context *ctx, int64_t dqk, int64_t dv, fa_dtype d)
 {
+    if (ctx->forced_tiles.bq > 0)
+        return ctx->forced_tiles;
     return fai_plan_tiles(&ctx->cache, dqk, dv, d == FA_F64 ? sizeof(double) : sizeof(float));
 }
 

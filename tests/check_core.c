@@ -227,6 +227,26 @@ START_TEST(half_rounding_nearest_even)
 }
 END_TEST
 
+/* fa_convert: the public face of the same conversions, with its own argument checks. */
+START_TEST(convert_public)
+{
+    const double in[4] = {1 + 0x1p-8, 1 + 0x1p-8 + 0x1p-40, -65520.0, 0x1p-25};
+    uint16_t bf[4], hf[4];
+    ck_assert_int_eq(fa_convert(in, FA_F64, bf, FA_BF16, 4), FA_OK);
+    ck_assert_int_eq(fa_convert(in, FA_F64, hf, FA_F16, 4), FA_OK);
+    ck_assert_uint_eq(bf[0], 0x3f80); /* tie to even */
+    ck_assert_uint_eq(bf[1], 0x3f81);
+    ck_assert_uint_eq(hf[2], 0xfc00); /* -inf */
+    ck_assert_uint_eq(hf[3], 0);
+    float f[4];
+    ck_assert_int_eq(fa_convert(bf, FA_BF16, f, FA_F32, 4), FA_OK);
+    ck_assert(f[0] == 1.0f && f[1] == 1.0f + 0x1p-7f);
+    ck_assert_int_eq(fa_convert(in, (fa_dtype)9, f, FA_F32, 4), FA_ERR_DTYPE);
+    ck_assert_int_eq(fa_convert(NULL, FA_F64, f, FA_F32, 4), FA_ERR_NULL_POINTER);
+    ck_assert_int_eq(fa_convert(NULL, FA_F64, NULL, FA_F32, 0), FA_OK);
+}
+END_TEST
+
 /* The plan keeps a key tile (both layouts) within half of L1d and the query side within L2. */
 START_TEST(plan_fits_caches)
 {
@@ -260,6 +280,7 @@ Suite *make_core_suite(void)
     tcase_add_test(tc, merge_lse_neutral_empty_state);
     tcase_add_test(tc, half_round_trip_exact);
     tcase_add_test(tc, half_rounding_nearest_even);
+    tcase_add_test(tc, convert_public);
     tcase_add_test(tc, plan_fits_caches);
     suite_add_tcase(s, tc);
     return s;

@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "flashattn.h"
 
@@ -50,6 +51,13 @@ static double normal(void) /* Box-Muller */
     return sqrt(-2.0 * log(uniform01())) * cos(6.283185307179586 * uniform01());
 }
 
+/* Progress on stderr, only when a person is watching it. */
+static void progress(long long n, const char *what)
+{
+    if (isatty(2))
+        fprintf(stderr, "\rN=%lld: %-24s", n, what);
+}
+
 static int usage(FILE *f, int code)
 {
     fprintf(f,
@@ -57,7 +65,7 @@ static int usage(FILE *f, int code)
             "commands:\n"
             "  demo   conventional vs tiled attention: time, peak memory, max error vs float64\n"
             "         --seqlens N1,N2,..  (default 512,1024,2048)  --heads H (8)  --headdim D (64)\n"
-            "         --causal  --threads T (0: all)\n"
+            "         --dtype f32|f64|f16|bf16 (f32)  --causal  --threads T (0: all)\n"
             "  info   version, backend, ISA, caches and tile sizes, OpenBLAS core\n"
             "  help   this text\n");
     return code;
@@ -88,7 +96,7 @@ typedef struct {
     size_t peak;
 } run_result;
 
-/* One backend's forward on f32 tensors: wall time, the context's peak bytes, max |out - ref|. */
+/* One backend's forward: wall time, the context's peak bytes, max |out - ref|. */
 static int run_backend(fa_backend be, int threads, const fa_params *p, const fa_tensor *q,
                        const fa_tensor *k, const fa_tensor *v, fa_tensor *out,
                        const double *ref, run_result *r)
@@ -108,11 +116,15 @@ static int run_backend(fa_backend be, int threads, const fa_params *p, const fa_
     if (check(st, fa_backend_name(be)))
         return 1;
     size_t n = (size_t)(out->batch * out->seqlen * out->heads * out->headdim);
+    double *got = malloc(n * sizeof(double));
+    if (!got || check(fa_convert(out->data, out->dtype, got, FA_F64, n), "convert"))
+        return free(got), 1;
     r->err = 0;
     for (size_t i = 0; i < n; i++) {
-        double e = fabs((double)((const float *)out->data)[i] - ref[i]);
+        double e = fabs(got[i] - ref[i]);
         r->err = e > r->err || isnan(e) ? e : r->err;
     }
+    free(got);
     return 0;
 }
 
@@ -120,6 +132,7 @@ static int demo(int argc, char **argv)
 {
     long heads = 8, dim = 64, threads = 0, seqlens[16] = {512, 1024, 2048};
     int nlens = 3, causal = 0;
+    fa_dtype dt = FA_F32;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i], *val = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help") || !strcmp(a, "-h"))
@@ -133,7 +146,17 @@ static int demo(int argc, char **argv)
             return 2;
         }
         i++;
-        if (!strcmp(a, "--heads")) {
+        if (!strcmp(a, "--dtype")) {
+            const char *names[4] = {"f32", "f64", "f16", "bf16"};
+            int k = 0;
+            while (k < 4 && strcmp(val, names[k]))
+                k++;
+            if (k == 4) {
+                fprintf(stderr, "flashattn demo: --dtype: '%s' is not f32, f64, f16 or bf16\n", val);
+                return 2;
+            }
+            dt = (fa_dtype)k;
+        } else if (!strcmp(a, "--heads")) {
             if (parse_int(a, val, 1, 256, &heads))
                 return 2;
         } else if (!strcmp(a, "--headdim")) {
@@ -166,31 +189,37 @@ static int demo(int argc, char **argv)
     fa_context_describe(info, line, sizeof line);
     fa_context_destroy(info);
     printf("%s\nOpenBLAS core: %s\n", line, blas_core());
-    printf("forward, f32, B=1 H=%ld D=%ld%s; error = max |out - float64 reference|\n\n", heads, dim,
-           causal ? " causal" : "");
+    printf("forward, %s, B=1 H=%ld D=%ld%s; error = max |out - float64 reference|, inputs N(0,1)"
+           " rounded to %s\n\n", fa_dtype_name(dt), heads, dim, causal ? " causal" : "",
+           fa_dtype_name(dt));
     printf("%7s | %12s %12s %10s | %12s %12s %10s | %7s %7s\n", "N", "conv ms", "conv peak",
            "conv err", "tiled ms", "tiled peak", "tiled err", "speedup", "mem x");
 
     for (int s = 0; s < nlens; s++) {
         const int64_t N = seqlens[s], H = heads, D = dim, n = N * H * D;
-        float *q = malloc((size_t)n * 4), *k = malloc((size_t)n * 4), *v = malloc((size_t)n * 4),
-              *out = malloc((size_t)n * 4);
+        const size_t es = dt == FA_F64 ? 8 : dt == FA_F32 ? 4 : 2;
+        void *q = malloc((size_t)n * es), *k = malloc((size_t)n * es), *v = malloc((size_t)n * es),
+             *out = malloc((size_t)n * es);
         double *q64 = malloc((size_t)n * 8), *k64 = malloc((size_t)n * 8),
                *v64 = malloc((size_t)n * 8), *ref = malloc((size_t)n * 8);
         if (!q || !k || !v || !out || !q64 || !k64 || !v64 || !ref) {
             fprintf(stderr, "flashattn demo: out of memory at N=%lld\n", (long long)N);
             return 1;
         }
-        for (int64_t i = 0; i < n; i++) {
-            q64[i] = q[i] = (float)normal();
-            k64[i] = k[i] = (float)normal();
-            v64[i] = v[i] = (float)normal();
+        /* draw in f64, round to the storage dtype, and give the reference exactly those values */
+        double *in64[3] = {q64, k64, v64};
+        void *in[3] = {q, k, v};
+        for (int t = 0; t < 3; t++) {
+            for (int64_t i = 0; i < n; i++)
+                in64[t][i] = normal();
+            fa_convert(in64[t], FA_F64, in[t], dt, (size_t)n);
+            fa_convert(in[t], dt, in64[t], FA_F64, (size_t)n);
         }
         fa_tensor tq, tk, tv, to, rq, rk, rv, ro;
-        fa_tensor_init(&tq, q, FA_F32, 1, N, H, D, 0);
-        fa_tensor_init(&tk, k, FA_F32, 1, N, H, D, 0);
-        fa_tensor_init(&tv, v, FA_F32, 1, N, H, D, 0);
-        fa_tensor_init(&to, out, FA_F32, 1, N, H, D, 0);
+        fa_tensor_init(&tq, q, dt, 1, N, H, D, 0);
+        fa_tensor_init(&tk, k, dt, 1, N, H, D, 0);
+        fa_tensor_init(&tv, v, dt, 1, N, H, D, 0);
+        fa_tensor_init(&to, out, dt, 1, N, H, D, 0);
         fa_tensor_init(&rq, q64, FA_F64, 1, N, H, D, 0);
         fa_tensor_init(&rk, k64, FA_F64, 1, N, H, D, 0);
         fa_tensor_init(&rv, v64, FA_F64, 1, N, H, D, 0);
@@ -199,7 +228,7 @@ static int demo(int argc, char **argv)
         fa_params_init(&p);
         p.causal = causal;
 
-        fprintf(stderr, "N=%lld: float64 reference...\r", (long long)N);
+        progress((long long)N, "float64 reference...");
         o.backend = FA_BACKEND_REFERENCE;
         fa_context *rc;
         if (check(fa_context_create(&o, &rc), "reference") ||
@@ -207,13 +236,14 @@ static int demo(int argc, char **argv)
             return 1;
         fa_context_destroy(rc);
         run_result conv, tiled;
-        fprintf(stderr, "N=%lld: conventional...      \r", (long long)N);
+        progress((long long)N, "conventional...");
         if (run_backend(FA_BACKEND_CONVENTIONAL, (int)threads, &p, &tq, &tk, &tv, &to, ref, &conv))
             return 1;
-        fprintf(stderr, "N=%lld: tiled...             \r", (long long)N);
+        progress((long long)N, "tiled...");
         if (run_backend(FA_BACKEND_TILED, (int)threads, &p, &tq, &tk, &tv, &to, ref, &tiled))
             return 1;
-        fprintf(stderr, "%40s\r", "");
+        if (isatty(2))
+            fprintf(stderr, "\r%40s\r", "");
         printf("%7lld | %12.2f %10.2fMB %10.2e | %12.2f %10.2fMB %10.2e | %7.2f %7.1f\n",
                (long long)N, conv.ms, conv.peak / 1048576.0, conv.err, tiled.ms,
                tiled.peak / 1048576.0, tiled.err, conv.ms / tiled.ms,

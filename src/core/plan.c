@@ -101,9 +101,11 @@ static int64_t clamp64(int64_t x, int64_t lo, int64_t hi)
  * key-tile layouts, fill at most half of L2; clamped to [16, 128]. Larger Bq converts and packs
  * each key tile fewer times; 128 rows already amortize that to < 1% of the tile's flops.
  *
- * Measured on an AMD EPYC (Zen 5, 48 KiB L1d, 1 MiB L2), portable kernels, f32, B=1 H=8 N=2048
- * non-causal, 1 thread (NOTES.md, "portable tile sweep"): see the numbers recorded there; the
- * rule's choice is within the noise of the best tile tried at D = 64 and D = 128.
+ * Measured (bench_attention --tile-sweep, B=1 H=4 N=2048 f32 non-causal, 1 thread, best of 3,
+ * AMD EPYC with 48 KiB L1d / 1 MiB L2, portable kernels; NOTES.md keeps the whole sweep):
+ *   D=64:  rule 128x64 -> 884 ms; best tried 128x128 866 ms (2%); Bk = 16 costs 11-15%.
+ *   D=128: rule 128x32 -> 1434 ms; best tried 128x64 1426 ms (0.6%); Bk = 16 costs 11-18%.
+ * The SIMD kernels (issue 3) will need their own rule and their own measurement.
  */
 fai_tiles fai_plan_tiles(const fai_cache_info *ci, int64_t dqk, int64_t dv, size_t es)
 {

@@ -1,0 +1,301 @@
+/*
+ * Benchmark (DESIGN.md §5): the tiled and conventional paths on the same inputs in one run.
+ * Reports, per sequence length: time, GFLOP/s as a fraction of OpenBLAS SGEMM measured in the
+ * same run on the same threads, fused vs conventional time, and each path's peak allocation
+ * (fa_memory_stats). --tile-sweep times the tiled forward over a list of forced tiles
+ * (FA_TILES) beside the plan's own choice. Table on stdout, CSV with --csv FILE.
+ *
+ * Run it through `make bench`, which clears OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE so that
+ * OpenBLAS picks its kernels for this CPU; the core it chose is printed beside every figure.
+ */
+#include "config.h"
+
+#include <cblas.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "flashattn.h"
+
+#ifdef HAVE_OPENBLAS_GET_CORENAME
+char *openblas_get_corename(void);
+#endif
+#ifdef HAVE_OPENBLAS_SET_NUM_THREADS
+void openblas_set_num_threads(int n);
+#endif
+
+static double now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static const char *core_name(void)
+{
+#ifdef HAVE_OPENBLAS_GET_CORENAME
+    return openblas_get_corename();
+#else
+    return "unknown";
+#endif
+}
+
+/* SGEMM GFLOP/s on `threads` threads: best of 3 at 2048^3 (the attention GEMMs' scale). */
+static double sgemm_gflops(int threads)
+{
+    const int n = 2048;
+    float *a = malloc(sizeof(float) * n * n), *b = malloc(sizeof(float) * n * n),
+          *c = malloc(sizeof(float) * n * n);
+    for (int i = 0; i < n * n; i++)
+        a[i] = b[i] = (float)(i % 7) * 0.1f;
+#ifdef HAVE_OPENBLAS_SET_NUM_THREADS
+    openblas_set_num_threads(threads);
+#else
+    (void)threads;
+#endif
+    double best = 1e30;
+    for (int r = 0; r < 3; r++) {
+        double t = now();
+        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, n, n, n, 1, a, n, b, n, 0, c, n);
+        t = now() - t;
+        best = t < best ? t : best;
+    }
+    free(a), free(b), free(c);
+    return 2.0 * n * n * (double)n / best * 1e-9;
+}
+
+typedef struct {
+    long heads, dim, threads, reps;
+    int causal, backward, conventional, sweep;
+    fa_dtype dtype;
+    long seqlens[32];
+    int nlens;
+    FILE *csv;
+} opts;
+
+typedef struct {
+    double fwd_ms, bwd_ms;
+    size_t fwd_peak, bwd_peak;
+} timing;
+
+static int fail(fa_status s, const char *what)
+{
+    fprintf(stderr, "bench: %s: %s (%s)\n", what, fa_status_string(s), fa_last_error());
+    return 1;
+}
+
+/* Best-of-reps forward (and backward) time and peak bytes of one backend. */
+static int time_backend(const opts *o, fa_backend be, fa_tensor *t, timing *r)
+{
+    fa_options fo;
+    fa_options_init(&fo);
+    fo.backend = be;
+    fo.num_threads = (int)o->threads;
+    fa_context *ctx;
+    fa_status s = fa_context_create(&fo, &ctx);
+    if (s != FA_OK)
+        return fail(s, "context");
+    fa_params p;
+    fa_params_init(&p);
+    p.causal = o->causal;
+    r->fwd_ms = r->bwd_ms = 1e30;
+    for (long rep = 0; rep < o->reps; rep++) {
+        fa_memory_stats_reset(ctx);
+        double t0 = now();
+        if ((s = fa_forward(ctx, &p, &t[0], &t[1], &t[2], &t[3], &t[4])) != FA_OK)
+            return fail(s, "forward");
+        double ms = 1e3 * (now() - t0);
+        r->fwd_ms = ms < r->fwd_ms ? ms : r->fwd_ms;
+        fa_memory_stats(ctx, NULL, &r->fwd_peak);
+        if (!o->backward)
+            continue;
+        fa_memory_stats_reset(ctx);
+        t0 = now();
+        if ((s = fa_backward(ctx, &p, &t[0], &t[1], &t[2], &t[3], &t[4], &t[5], &t[6], &t[7],
+                             &t[8])) != FA_OK)
+            return fail(s, "backward");
+        ms = 1e3 * (now() - t0);
+        r->bwd_ms = ms < r->bwd_ms ? ms : r->bwd_ms;
+        fa_memory_stats(ctx, NULL, &r->bwd_peak);
+    }
+    fa_context_destroy(ctx);
+    return 0;
+}
+
+static int parse_long(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (*s == '\0' || *end != '\0' || v < lo || v > hi)
+        return 1;
+    *out = v;
+    return 0;
+}
+
+static int usage(void)
+{
+    fprintf(stderr,
+            "usage: bench_attention [--seqlens N1,N2,...] [--heads H] [--headdim D]\n"
+            "       [--dtype f32|bf16|f16|f64] [--causal] [--threads T] [--reps R] [--backward]\n"
+            "       [--no-conventional] [--tile-sweep] [--csv FILE]\n");
+    return 2;
+}
+
+int main(int argc, char **argv)
+{
+    opts o = {8, 128, 0, 2, 0, 0, 1, 0, FA_F32, {512, 1024, 2048}, 3, NULL};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
+        if (!strcmp(a, "--causal"))
+            o.causal = 1;
+        else if (!strcmp(a, "--backward"))
+            o.backward = 1;
+        else if (!strcmp(a, "--no-conventional"))
+            o.conventional = 0;
+        else if (!strcmp(a, "--tile-sweep"))
+            o.sweep = 1;
+        else if (!strcmp(a, "--heads") && !parse_long(v, 1, 1024, &o.heads))
+            i++;
+        else if (!strcmp(a, "--headdim") && !parse_long(v, 1, 4096, &o.dim))
+            i++;
+        else if (!strcmp(a, "--threads") && !parse_long(v, 0, 4096, &o.threads))
+            i++;
+        else if (!strcmp(a, "--reps") && !parse_long(v, 1, 1000, &o.reps))
+            i++;
+        else if (!strcmp(a, "--dtype")) {
+            const char *names[4] = {"f32", "f64", "f16", "bf16"};
+            int k = 0;
+            while (k < 4 && strcmp(v, names[k]))
+                k++;
+            if (k == 4)
+                return usage();
+            o.dtype = (fa_dtype)k;
+            i++;
+        } else if (!strcmp(a, "--csv")) {
+            if (!(o.csv = fopen(v, "w"))) {
+                fprintf(stderr, "bench: cannot write %s\n", v);
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(a, "--seqlens")) {
+            char buf[512];
+            snprintf(buf, sizeof buf, "%s", v);
+            o.nlens = 0;
+            for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ","))
+                if (o.nlens == 32 || parse_long(tok, 1, 1 << 22, &o.seqlens[o.nlens++]))
+                    return usage();
+            i++;
+        } else
+            return usage();
+    }
+
+    fa_options fo;
+    fa_options_init(&fo);
+    fo.num_threads = (int)o.threads;
+    fa_context *ctx;
+    char line[512];
+    fa_status s = fa_context_create(&fo, &ctx);
+    if (s != FA_OK)
+        return fail(s, "context");
+    fa_context_describe(ctx, line, sizeof line);
+    int threads = 0;
+    sscanf(strstr(line, "threads=") + 8, "%d", &threads);
+    fa_context_destroy(ctx);
+    const double gemm = sgemm_gflops(threads);
+    printf("%s\nOpenBLAS core %s: SGEMM %.1f GFLOP/s on %d threads (2048^3, same run)\n", line,
+           core_name(), gemm, threads);
+    printf("B=1 H=%ld D=%ld %s%s; FLOPs per DESIGN.md §5; best of %ld\n\n", o.heads, o.dim,
+           fa_dtype_name(o.dtype), o.causal ? " causal" : "", o.reps);
+    printf("%7s %10s %8s %8s %12s %12s %12s %9s %9s %9s\n", "N", "tiled ms", "GFLOP/s", "/SGEMM",
+           "tiled peak", "conv ms", "conv peak", "conv/til", "mem x", "bwd ms");
+    if (o.csv)
+        fprintf(o.csv, "N,heads,headdim,dtype,causal,threads,openblas_core,sgemm_gflops,"
+                       "tiled_fwd_ms,tiled_fwd_gflops,tiled_fwd_peak_bytes,conv_fwd_ms,"
+                       "conv_fwd_peak_bytes,tiled_bwd_ms,tiled_bwd_peak_bytes,conv_bwd_ms,"
+                       "conv_bwd_peak_bytes\n");
+
+    const size_t es = o.dtype == FA_F64 ? 8 : o.dtype == FA_F32 ? 4 : 2;
+    for (int si = 0; si < o.nlens; si++) {
+        const long N = o.seqlens[si];
+        const size_t n = (size_t)N * (size_t)o.heads * (size_t)o.dim;
+        void *buf[9];
+        fa_tensor t[9];
+        for (int k = 0; k < 9; k++) {
+            buf[k] = calloc(k == 4 ? (size_t)N * (size_t)o.heads : n, k == 4 ? 4 : es);
+            if (!buf[k]) {
+                fprintf(stderr, "bench: out of memory at N=%ld\n", N);
+                return 1;
+            }
+            fa_tensor_init(&t[k], buf[k], k == 4 ? FA_F32 : o.dtype, 1, N, o.heads,
+                           k == 4 ? 1 : o.dim, 0);
+        }
+        /* inputs: N(0,1)-like values; bf16/f16 get their bit patterns from a small range */
+        unsigned seed = 1;
+        for (int k = 0; k < 9; k++) {
+            if (k == 3 || k == 4)
+                continue;
+            for (size_t i = 0; i < n; i++) {
+                seed = seed * 1103515245u + 12345u;
+                double x = ((seed >> 8) & 0xffff) / 32768.0 - 1.0;
+                if (o.dtype == FA_F32)
+                    ((float *)buf[k])[i] = (float)x;
+                else if (o.dtype == FA_F64)
+                    ((double *)buf[k])[i] = x;
+                else if (o.dtype == FA_BF16) {
+                    float f = (float)x;
+                    uint32_t u;
+                    memcpy(&u, &f, 4);
+                    ((uint16_t *)buf[k])[i] = (uint16_t)(u >> 16);
+                } else /* f16: sign, exponent 14 or 15, random mantissa: values in +-[0.5, 2) */
+                    ((uint16_t *)buf[k])[i] = (uint16_t)(((seed >> 3) & 0x8000u) |
+                                                         (((seed >> 5) & 1u) ? 0x3800u : 0x3c00u) |
+                                                         ((seed >> 9) & 0x3ffu));
+            }
+        }
+        double flops = 4.0 * (double)o.heads * (double)N * (double)N * (double)o.dim;
+        if (o.causal)
+            flops /= 2;
+        timing tl, cv = {0, 0, 0, 0};
+        if (time_backend(&o, FA_BACKEND_TILED, t, &tl))
+            return 1;
+        if (o.conventional && time_backend(&o, FA_BACKEND_CONVENTIONAL, t, &cv))
+            return 1;
+        const double gf = flops / (tl.fwd_ms * 1e-3) * 1e-9;
+        printf("%7ld %10.1f %8.2f %8.3f %10.2fMB %10.1f %10.2fMB %9.2f %9.1f %9.1f\n", N, tl.fwd_ms,
+               gf, gf / gemm, tl.fwd_peak / 1048576.0, cv.fwd_ms, cv.fwd_peak / 1048576.0,
+               o.conventional ? cv.fwd_ms / tl.fwd_ms : 0.0,
+               o.conventional ? (double)cv.fwd_peak / (double)tl.fwd_peak : 0.0,
+               o.backward ? tl.bwd_ms : 0.0);
+        fflush(stdout);
+        if (o.csv)
+            fprintf(o.csv, "%ld,%ld,%ld,%s,%d,%d,%s,%.3f,%.3f,%.3f,%zu,%.3f,%zu,%.3f,%zu,%.3f,%zu\n",
+                    N, o.heads, o.dim, fa_dtype_name(o.dtype), o.causal, threads, core_name(),
+                    gemm, tl.fwd_ms, gf, tl.fwd_peak, cv.fwd_ms, cv.fwd_peak,
+                    o.backward ? tl.bwd_ms : 0.0, tl.bwd_peak, o.backward ? cv.bwd_ms : 0.0,
+                    cv.bwd_peak);
+        if (o.sweep) {
+            static const char *tiles[] = {"16x16", "32x16", "32x32", "32x64", "64x16", "64x32",
+                                          "64x64", "64x128", "128x16", "128x32", "128x64",
+                                          "128x128", NULL};
+            opts so = o;
+            so.backward = 0;
+            printf("  tile sweep (forward ms, best of %ld):", o.reps);
+            for (int k = 0; tiles[k]; k++) {
+                timing ts;
+                setenv("FA_TILES", tiles[k], 1);
+                if (time_backend(&so, FA_BACKEND_TILED, t, &ts))
+                    return 1;
+                printf(" %s=%.1f", tiles[k], ts.fwd_ms);
+            }
+            unsetenv("FA_TILES");
+            printf("  (plan's choice above: %.1f)\n", tl.fwd_ms);
+        }
+        for (int k = 0; k < 9; k++)
+            free(buf[k]);
+    }
+    if (o.csv)
+        fclose(o.csv);
+    return 0;
+}
