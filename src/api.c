@@ -432,7 +432,7 @@ static fa_status same_dtype(const fa_tensor *t, const char *name, fa_dtype want)
                     name, fa_dtype_name(t->dtype), fa_dtype_name(want));
 }
 
-static fa_status check_params(const fa_params *p, int64_t hq, int64_t dqk)
+static fa_status check_params(const fa_params *p, int64_t hq)
 {
     if (!p)
         return fai_fail(FA_ERR_NULL_POINTER, "params is NULL");
@@ -468,7 +468,6 @@ static fa_status check_params(const fa_params *p, int64_t hq, int64_t dqk)
                 return fai_fail(FA_ERR_INVALID_ARGUMENT,
                                 "params->alibi_slopes[%lld] = %g is not finite", (long long)h,
                                 (double)p->alibi_slopes[h]);
-    (void)dqk;
     return FA_OK;
 }
 
@@ -498,7 +497,7 @@ static fa_status prepare(fai_problem *pr, const fa_params *p, const fa_tensor *q
         return fai_fail(FA_ERR_SHAPE,
                         "q->heads = %lld is not a multiple of k->heads = %lld (GQA groups must "
                         "be whole)", (long long)q->heads, (long long)k->heads);
-    TRY(check_params(p, q->heads, q->headdim));
+    TRY(check_params(p, q->heads));
 
     memset(pr, 0, sizeof *pr);
     pr->b = q->batch;

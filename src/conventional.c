@@ -12,6 +12,7 @@
 #include "config.h"
 
 #include <cblas.h>
+#include <limits.h>
 #include <math.h>
 #include <omp.h>
 #include <string.h>
@@ -214,42 +215,45 @@ static void softmax(const conv *cv, const conv_pack *w, int64_t b, int64_t h, co
 
 /*
  * Each thread's packed operands and staging blocks, compute type, in one counted allocation
- * (*block, *bytes); pk[t] is thread t's share.
+ * (*block, *bytes) that starts with the array of their descriptions, *pk (thread t: (*pk)[t]).
  */
-static fa_status pack_alloc(fa_context *ctx, const conv *cv, conv_pack *pk, int backward,
+static fa_status pack_alloc(fa_context *ctx, const conv *cv, conv_pack **pk, int backward,
                             void **block, size_t *bytes)
 {
     const fai_problem *pr = cv->pr;
-    const int64_t d = pr->dqk > pr->dv ? pr->dqk : pr->dv, w = pr->sk > d ? pr->sk : d;
-    /* element counts (compute type), then the rows (double) and the keep flags (bytes) */
+    const int64_t d = pr->dqk > pr->dv ? pr->dqk : pr->dv, wide = pr->sk > d ? pr->sk : d;
+    /* packed operands and staging (compute type), then the rows (double) and keep flags */
     const size_t cs = cv->cs, sk = (size_t)pr->sk;
     const size_t bytes_of[11] = {
         (size_t)(pr->sq * pr->dqk) * cs, (size_t)(pr->sk * pr->dqk) * cs,
         (size_t)(pr->sk * pr->dv) * cs, backward ? (size_t)(pr->sq * pr->dv) * cs : 0,
-        (size_t)(CONV_ROWS * w) * cs, (size_t)(CONV_ROWS * d) * cs,
+        (size_t)(CONV_ROWS * wide) * cs, (size_t)(CONV_ROWS * d) * cs,
         backward ? (size_t)(pr->sk * pr->dqk) * cs : 0, backward ? (size_t)(pr->sk * pr->dv) * cs : 0,
         sk * sizeof(double), sk * sizeof(double) * 2, sk};
-    size_t n = 0, per;
+    size_t per = 0, head = ((size_t)cv->nt * sizeof(conv_pack) + 63) & ~(size_t)63;
     for (int i = 0; i < 11; i++)
-        n += (bytes_of[i] + 63) & ~(size_t)63;
-    if (!fai_mul_size(n, 1, &per) || !fai_mul_size(per, (size_t)cv->nt, bytes))
+        per += (bytes_of[i] + 63) & ~(size_t)63;
+    if (!fai_mul_size(per, (size_t)cv->nt, bytes) || *bytes + head < *bytes)
         return fai_fail(FA_ERR_OVERFLOW, "conventional: packed operand size overflows");
+    *bytes += head;
     *block = fai_alloc(ctx, *bytes);
     if (!*block)
         return fai_fail(FA_ERR_NO_MEMORY, "conventional: %zu bytes for packed operands", *bytes);
+    *pk = *block;
     for (int t = 0; t < cv->nt; t++) {
+        conv_pack *w = &(*pk)[t];
         void *rows0, *rows12, *keep;
-        void **dst[11] = {&pk[t].qp, &pk[t].kp, &pk[t].vp, &pk[t].dop, &pk[t].stage,
-                          &pk[t].stage2, &pk[t].dk, &pk[t].dv, &rows0, &rows12, &keep};
-        char *at = (char *)*block + (size_t)t * per;
+        void **dst[11] = {&w->qp, &w->kp, &w->vp, &w->dop, &w->stage,
+                          &w->stage2, &w->dk, &w->dv, &rows0, &rows12, &keep};
+        char *at = (char *)*block + head + (size_t)t * per;
         for (int i = 0; i < 11; i++) {
             *dst[i] = at;
             at += (bytes_of[i] + 63) & ~(size_t)63;
         }
-        pk[t].row[0] = rows0;
-        pk[t].row[1] = rows12;
-        pk[t].row[2] = pk[t].row[1] + sk;
-        pk[t].keep = keep;
+        w->row[0] = rows0;
+        w->row[1] = rows12;
+        w->row[2] = w->row[1] + sk;
+        w->keep = keep;
     }
     return FA_OK;
 }
@@ -264,6 +268,19 @@ static fa_status quadratic_bytes(const conv *cv, int count, size_t *bytes)
         return fai_fail(FA_ERR_OVERFLOW,
                         "conventional: %d x B x Hq x Sq x Sk intermediates overflow size_t",
                         count);
+    return FA_OK;
+}
+
+/* CBLAS takes int dimensions and leading dimensions. */
+static fa_status blas_sizes(const conv *cv)
+{
+    const fai_problem *pr = cv->pr;
+    const int64_t dims[4] = {pr->sq, pr->sk, pr->dqk, pr->dv};
+    for (int i = 0; i < 4; i++)
+        if (dims[i] > INT_MAX)
+            return fai_fail(FA_ERR_UNSUPPORTED,
+                            "conventional: a dimension of %lld exceeds the BLAS int range",
+                            (long long)dims[i]);
     return FA_OK;
 }
 
@@ -289,14 +306,16 @@ static fa_status conv_forward(fa_context *ctx, const fai_problem *pr)
     conv cv = conv_make(ctx, pr);
     size_t qbytes, pbytes;
     void *packs;
-    conv_pack pk[cv.nt];
-    fa_status st = quadratic_bytes(&cv, 2, &qbytes);
+    conv_pack *pk;
+    fa_status st = blas_sizes(&cv);
+    if (st == FA_OK)
+        st = quadratic_bytes(&cv, 2, &qbytes);
     if (st != FA_OK)
         return st;
     char *sp = fai_alloc(ctx, qbytes); /* S and P, for every (b, h) */
     if (!sp)
         return fai_fail(FA_ERR_NO_MEMORY, "conventional: %zu bytes for S and P", qbytes);
-    if ((st = pack_alloc(ctx, &cv, pk, 0, &packs, &pbytes)) != FA_OK) {
+    if ((st = pack_alloc(ctx, &cv, &pk, 0, &packs, &pbytes)) != FA_OK) {
         fai_free(ctx, sp, qbytes);
         return st;
     }
@@ -372,15 +391,17 @@ static fa_status conv_backward(fa_context *ctx, const fai_problem *pr)
     const int nbuf = 2 + (pr->drop_threshold != 0) + (pr->score.softcap > 0);
     size_t qbytes, pbytes;
     void *packs;
-    conv_pack pk[cv.nt];
-    fa_status st = quadratic_bytes(&cv, nbuf, &qbytes);
+    conv_pack *pk;
+    fa_status st = blas_sizes(&cv);
+    if (st == FA_OK)
+        st = quadratic_bytes(&cv, nbuf, &qbytes);
     if (st != FA_OK)
         return st;
     /* per (b, h): X (S, then dP, then dS), P, and P~ and tanh when needed: what autograd keeps */
     char *big = fai_alloc(ctx, qbytes);
     if (!big)
         return fai_fail(FA_ERR_NO_MEMORY, "conventional: %zu bytes for S, P, dP", qbytes);
-    if ((st = pack_alloc(ctx, &cv, pk, 1, &packs, &pbytes)) != FA_OK) {
+    if ((st = pack_alloc(ctx, &cv, &pk, 1, &packs, &pbytes)) != FA_OK) {
         fai_free(ctx, big, qbytes);
         return st;
     }

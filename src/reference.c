@@ -29,7 +29,7 @@ typedef struct {
 
 static size_t scratch_doubles(const fai_problem *pr)
 {
-    return (size_t)(2 * pr->sk + 2 * pr->dqk + 3 * pr->dv + (pr->dqk > pr->dv ? pr->dqk : pr->dv));
+    return (size_t)(2 * pr->sk + 2 * pr->dqk + 2 * pr->dv + (pr->dqk > pr->dv ? pr->dqk : pr->dv));
 }
 
 static void scratch_carve(const fai_problem *pr, double *base, unsigned char *keep,

@@ -115,7 +115,8 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
             FAI_T(row_cols)(pr, cls, i, j0, n, &c0, &c1);
             if (c0 >= c1) /* this row sees nothing here: a masked tile inside a live row */
                 continue;
-            FT *s = w->s, *acc = w->acc + r * dv, a;
+            FT *s = w->s, *acc = w->acc + r * dv;
+            FT a;
             FAI_T(score_row)(pr, w->q + r * pr->dqk, w->kt, tl.bk, c0, c1, slope, i, j0, s, NULL);
             FT bmax = -INFINITY;
             for (int64_t c = c0; c < c1; c++)
