@@ -7,6 +7,7 @@
 #include "config.h"
 
 #include <math.h>
+#include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -269,6 +270,38 @@ START_TEST(deterministic_across_threads)
 }
 END_TEST
 
+/* One context used from two threads at once (§2): each call's result equals a lone call's. */
+START_TEST(shared_context_concurrent_calls)
+{
+    set lone, conc[2];
+    set_alloc(&lone, FA_F32, 1, 90, 110, 2, 1, 32, 32);
+    fa_params p;
+    fa_params_init(&p);
+    p.causal = 1;
+    set_run(FA_BACKEND_TILED, 1, &p, &lone);
+    for (int t = 0; t < 2; t++)
+        set_alloc(&conc[t], FA_F32, 1, 90, 110, 2, 1, 32, 32);
+    fa_context *ctx = ht_context(FA_BACKEND_TILED, 1);
+    fa_status st[2];
+#pragma omp parallel num_threads(2)
+    {
+        set *x = &conc[omp_get_thread_num()];
+        st[omp_get_thread_num()] =
+            fa_forward(ctx, &p, &x->q.t, &x->k.t, &x->v.t, &x->o.t, &x->l.t);
+    }
+    size_t cur = 1;
+    fa_memory_stats(ctx, &cur, NULL);
+    ck_assert_uint_eq(cur, 0);
+    fa_context_destroy(ctx);
+    for (int t = 0; t < 2; t++) {
+        ck_assert_int_eq(st[t], FA_OK);
+        ck_assert(same_bits(&lone.o, &conc[t].o) && same_bits(&lone.l, &conc[t].l));
+        set_free(&conc[t]);
+    }
+    set_free(&lone);
+}
+END_TEST
+
 /* A view of keys [j0, j0 + n) of t: same strides, shifted data, shorter seqlen. */
 static fa_tensor key_slice(const ht_tensor *x, int64_t j0, int64_t n)
 {
@@ -334,6 +367,7 @@ Suite *make_semantics_suite(void)
     tcase_add_loop_test(tc, dropout_mask_replayed_exactly, 0, 12);
     tcase_add_test(tc, dropout_keep_rate);
     tcase_add_loop_test(tc, deterministic_across_threads, 0, 6);
+    tcase_add_test(tc, shared_context_concurrent_calls);
     tcase_add_test(tc, merge_states_matches_full_attention);
     suite_add_tcase(s, tc);
     return s;
