@@ -208,13 +208,14 @@ int main(int argc, char **argv)
            core_name(), gemm, threads);
     printf("B=1 H=%ld D=%ld %s%s; FLOPs per DESIGN.md §5; best of %ld\n\n", o.heads, o.dim,
            fa_dtype_name(o.dtype), o.causal ? " causal" : "", o.reps);
-    printf("%7s %10s %8s %8s %12s %12s %12s %9s %9s %9s\n", "N", "tiled ms", "GFLOP/s", "/SGEMM",
-           "tiled peak", "conv ms", "conv peak", "conv/til", "mem x", "bwd ms");
+    printf("%7s %10s %8s %8s %12s %12s %12s %9s %9s %9s %8s\n", "N", "tiled ms", "GFLOP/s",
+           "/SGEMM", "tiled peak", "conv ms", "conv peak", "conv/til", "mem x", "bwd ms",
+           "bwd GF/s");
     if (o.csv)
         fprintf(o.csv, "N,heads,headdim,dtype,causal,threads,openblas_core,sgemm_gflops,"
                        "tiled_fwd_ms,tiled_fwd_gflops,tiled_fwd_peak_bytes,conv_fwd_ms,"
-                       "conv_fwd_peak_bytes,tiled_bwd_ms,tiled_bwd_peak_bytes,conv_bwd_ms,"
-                       "conv_bwd_peak_bytes\n");
+                       "conv_fwd_peak_bytes,tiled_bwd_ms,tiled_bwd_gflops,tiled_bwd_peak_bytes,"
+                       "conv_bwd_ms,conv_bwd_peak_bytes\n");
 
     const size_t es = o.dtype == FA_F64 ? 8 : o.dtype == FA_F32 ? 4 : 2;
     for (int si = 0; si < o.nlens; si++) {
@@ -263,17 +264,19 @@ int main(int argc, char **argv)
         if (o.conventional && time_backend(&o, FA_BACKEND_CONVENTIONAL, t, &cv))
             return 1;
         const double gf = flops / (tl.fwd_ms * 1e-3) * 1e-9;
-        printf("%7ld %10.1f %8.2f %8.3f %10.2fMB %10.1f %10.2fMB %9.2f %9.1f %9.1f\n", N, tl.fwd_ms,
-               gf, gf / gemm, tl.fwd_peak / 1048576.0, cv.fwd_ms, cv.fwd_peak / 1048576.0,
-               o.conventional ? cv.fwd_ms / tl.fwd_ms : 0.0,
+        const double bgf = o.backward ? 2.5 * flops / (tl.bwd_ms * 1e-3) * 1e-9 : 0.0;
+        printf("%7ld %10.1f %8.2f %8.3f %10.2fMB %10.1f %10.2fMB %9.2f %9.1f %9.1f %8.2f\n", N,
+               tl.fwd_ms, gf, gf / gemm, tl.fwd_peak / 1048576.0, cv.fwd_ms,
+               cv.fwd_peak / 1048576.0, o.conventional ? cv.fwd_ms / tl.fwd_ms : 0.0,
                o.conventional ? (double)cv.fwd_peak / (double)tl.fwd_peak : 0.0,
-               o.backward ? tl.bwd_ms : 0.0);
+               o.backward ? tl.bwd_ms : 0.0, bgf);
         fflush(stdout);
         if (o.csv)
-            fprintf(o.csv, "%ld,%ld,%ld,%s,%d,%d,%s,%.3f,%.3f,%.3f,%zu,%.3f,%zu,%.3f,%zu,%.3f,%zu\n",
+            fprintf(o.csv,
+                    "%ld,%ld,%ld,%s,%d,%d,%s,%.3f,%.3f,%.3f,%zu,%.3f,%zu,%.3f,%.3f,%zu,%.3f,%zu\n",
                     N, o.heads, o.dim, fa_dtype_name(o.dtype), o.causal, threads, core_name(),
                     gemm, tl.fwd_ms, gf, tl.fwd_peak, cv.fwd_ms, cv.fwd_peak,
-                    o.backward ? tl.bwd_ms : 0.0, tl.bwd_peak, o.backward ? cv.bwd_ms : 0.0,
+                    o.backward ? tl.bwd_ms : 0.0, bgf, tl.bwd_peak, o.backward ? cv.bwd_ms : 0.0,
                     cv.bwd_peak);
         if (o.sweep) {
             static const char *tiles[] = {"16x16", "32x16", "32x32", "32x64", "64x16", "64x32",

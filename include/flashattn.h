@@ -109,8 +109,10 @@ FA_API fa_status fa_forward(fa_context *ctx, const fa_params *p, const fa_tensor
 
 /*
  * Gradients of attention with respect to q, k, v for the cotangent dout. out and lse are the
- * forward's results (the reference backend recomputes both in float64 and uses them only for
- * validation). dk/dv of a GQA group sum over the group's query heads.
+ * forward's results: the tiled backend recomputes P from lse and reads out for
+ * D_i = dout_i . out_i; the reference (in float64) and the conventional path recompute both
+ * and only check their shapes and dtypes. With f64 storage, lse must be f64. dk/dv of a GQA
+ * group sum over the group's query heads.
  */
 FA_API fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
                              const fa_tensor *k, const fa_tensor *v, const fa_tensor *out,

@@ -579,6 +579,9 @@ fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
     TRY(check_shape(out, "out", pr.b, pr.sq, pr.hq, pr.dv, "q (headdim: v)"));
     TRY(check_tensor(lse, "lse", T_INPUT, 1));
     TRY(check_shape(lse, "lse", pr.b, pr.sq, pr.hq, 1, "q"));
+    if (q->dtype == FA_F64 && lse->dtype != FA_F64) /* P = exp(s - LSE) is only as exact as LSE */
+        return fai_fail(FA_ERR_DTYPE, "lse->dtype = %s with f64 storage; the backward needs an "
+                                      "f64 LSE to keep f64 accuracy", fa_dtype_name(lse->dtype));
     TRY(check_tensor(dout, "dout", T_INPUT, 0));
     TRY(same_dtype(dout, "dout", q->dtype));
     TRY(check_shape(dout, "dout", pr.b, pr.sq, pr.hq, pr.dv, "out"));

@@ -15,6 +15,7 @@
 #include <limits.h>
 #include <math.h>
 #include <omp.h>
+#include <pthread.h>
 #include <string.h>
 
 #include "internal.h"
@@ -293,11 +294,6 @@ static conv conv_make(fa_context *ctx, const fai_problem *pr)
     cv.cs = cv.wide ? sizeof(double) : sizeof(float);
     cv.ts = fai_dtype_size(pr->dtype);
     cv.nt = ctx->num_threads;
-#ifdef HAVE_OPENBLAS_SET_NUM_THREADS
-    /* Threads go over heads, each GEMM runs on its caller's thread: a GEMM's summation order
-     * then never depends on how many threads OpenBLAS would have split it over. */
-    openblas_set_num_threads(1);
-#endif
     return cv;
 }
 
@@ -462,4 +458,39 @@ static fa_status conv_backward(fa_context *ctx, const fai_problem *pr)
     return FA_OK;
 }
 
-const fai_backend fai_backend_conventional = {"conventional", conv_forward, conv_backward};
+/*
+ * Threads go over heads and each GEMM runs on its caller's thread, so that no GEMM's summation
+ * order depends on how many threads OpenBLAS would split it over (multi-threaded SGEMM results
+ * differ with the thread count). OpenBLAS's thread count is process-wide: it is set to 1 for the
+ * duration of a call and then restored, and conventional calls are serialized so that one call
+ * cannot restore it while another still runs.
+ */
+static pthread_mutex_t blas_threads_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static fa_status with_serial_blas(fa_status (*run)(fa_context *, const fai_problem *),
+                                  fa_context *ctx, const fai_problem *pr)
+{
+    pthread_mutex_lock(&blas_threads_lock);
+#if defined(HAVE_OPENBLAS_SET_NUM_THREADS) && defined(HAVE_OPENBLAS_GET_NUM_THREADS)
+    const int saved = openblas_get_num_threads();
+    openblas_set_num_threads(1);
+#endif
+    fa_status s = run(ctx, pr);
+#if defined(HAVE_OPENBLAS_SET_NUM_THREADS) && defined(HAVE_OPENBLAS_GET_NUM_THREADS)
+    openblas_set_num_threads(saved);
+#endif
+    pthread_mutex_unlock(&blas_threads_lock);
+    return s;
+}
+
+static fa_status conventional_forward(fa_context *ctx, const fai_problem *pr)
+{
+    return with_serial_blas(conv_forward, ctx, pr);
+}
+
+static fa_status conventional_backward(fa_context *ctx, const fai_problem *pr)
+{
+    return with_serial_blas(conv_backward, ctx, pr);
+}
+
+const fai_backend fai_backend_conventional = {conventional_forward, conventional_backward};

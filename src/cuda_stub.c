@@ -12,4 +12,4 @@ static fa_status unavailable(fa_context *ctx, const fai_problem *pr)
                     "backend cuda: this build has no CUDA backend (configure --enable-cuda)");
 }
 
-const fai_backend fai_backend_cuda = {"cuda", unavailable, unavailable};
+const fai_backend fai_backend_cuda = {unavailable, unavailable};

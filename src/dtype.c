@@ -122,8 +122,8 @@ void fai_load_f32(const void *src, fa_dtype d, int64_t n, float *dst)
     switch (d) {
     case FA_F32: memcpy(dst, src, (size_t)n * sizeof(float)); break;
     case FA_F64:
-        /* Only the f64 -> f32 narrowing of a caller who asked for it; the library's f64 paths
-         * load with fai_load_f64. */
+        /* A narrowing load; no path of the library takes it (f64 storage computes in f64),
+         * but the function stays total over fa_dtype. */
         for (int64_t i = 0; i < n; i++) dst[i] = (float)((const double *)src)[i];
         break;
     case FA_F16:

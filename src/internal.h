@@ -113,7 +113,6 @@ static inline fai_dropout fai_dropout_for(const fai_problem *pr, int64_t b, int6
 /* ------------------------------------------------------------------ backends */
 
 typedef struct {
-    const char *name;
     /* Called only with a validated problem; may fail only with FA_ERR_NO_MEMORY (checked
      * before any output is written) or FA_ERR_UNSUPPORTED. */
     fa_status (*forward)(fa_context *ctx, const fai_problem *pr);

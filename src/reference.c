@@ -219,4 +219,4 @@ static fa_status ref_backward(fa_context *ctx, const fai_problem *pr)
     return FA_OK;
 }
 
-const fai_backend fai_backend_reference = {"reference", ref_forward, ref_backward};
+const fai_backend fai_backend_reference = {ref_forward, ref_backward};

@@ -90,4 +90,4 @@ static fa_status tiled_backward(fa_context *ctx, const fai_problem *pr)
     return pr->dtype == FA_F64 ? backward_f64(ctx, pr, tl) : backward_f32(ctx, pr, tl);
 }
 
-const fai_backend fai_backend_tiled = {"tiled", tiled_forward, tiled_backward};
+const fai_backend fai_backend_tiled = {tiled_forward, tiled_backward};

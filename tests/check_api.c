@@ -213,6 +213,48 @@ START_TEST(null_pointers_rejected)
 }
 END_TEST
 
+/* With f64 storage the backward refuses an f32 LSE: P = exp(s - LSE) would lose f64 accuracy. */
+START_TEST(f64_backward_needs_f64_lse)
+{
+    ht_tensor q, o, l;
+    ht_alloc(&q, FA_F64, 1, 4, 1, 8, HT_BSHD);
+    ht_alloc(&o, FA_F64, 1, 4, 1, 8, HT_BSHD);
+    ht_alloc_lse(&l, FA_F32, 1, 4, 1);
+    fa_params p;
+    fa_params_init(&p);
+    for (int be = FA_BACKEND_REFERENCE; be <= FA_BACKEND_TILED; be++) {
+        fa_context *ctx = ht_context((fa_backend)be, 1);
+        ht_poison(&o);
+        ck_assert_int_eq(fa_backward(ctx, &p, &q.t, &q.t, &q.t, &q.t, &l.t, &q.t, &o.t, &o.t,
+                                     &o.t), FA_ERR_DTYPE);
+        ck_assert(strstr(fa_last_error(), "lse->dtype"));
+        ck_assert(ht_is_poisoned(&o));
+        fa_context_destroy(ctx);
+    }
+    ht_free(&q), ht_free(&o), ht_free(&l);
+}
+END_TEST
+
+/* A failure found inside a backend (here: the conventional path's BLAS int range) also leaves
+ * the outputs untouched. The tensors claim 2^31 keys over a small buffer: the call must refuse
+ * before reading them. */
+START_TEST(backend_refusal_untouched)
+{
+    setup s;
+    setup_make(&s);
+    s.tk.seqlen = s.tv.seqlen = (int64_t)1 << 31;
+    s.tk.batch_stride = s.tv.batch_stride = 0;
+    s.tk.seq_stride = s.tv.seq_stride = 0; /* every key row aliases row 0: a valid input view */
+    fa_context *ctx = ht_context(FA_BACKEND_CONVENTIONAL, 2);
+    ht_poison(&s.o), ht_poison(&s.l);
+    ck_assert_int_eq(fa_forward(ctx, &s.p, &s.tq, &s.tk, &s.tv, &s.to, &s.tl), FA_ERR_UNSUPPORTED);
+    ck_assert(strstr(fa_last_error(), "BLAS int"));
+    ck_assert(ht_is_poisoned(&s.o) && ht_is_poisoned(&s.l));
+    fa_context_destroy(ctx);
+    setup_free(&s);
+}
+END_TEST
+
 /* Zero-size problems are valid: nothing to do, or (no keys) every row empty. */
 START_TEST(zero_sizes)
 {
@@ -229,6 +271,13 @@ START_TEST(zero_sizes)
         ck_assert(ht_get(&s.o, 1, i, 3, 5) == 0);
         ck_assert(ht_get(&s.l, 1, i, 3, 0) == -INFINITY);
     }
+    /* backward with no query rows: no (query, key) pair, so dk and dv are 0 */
+    s.tk = s.k.t, s.tv = s.v.t;
+    s.tq.seqlen = s.to.seqlen = s.tl.seqlen = s.tdout.seqlen = s.tdq.seqlen = 0;
+    ht_poison(&s.dk), ht_poison(&s.dv);
+    ck_assert_int_eq(fa_backward(ctx, &s.p, &s.tq, &s.tk, &s.tv, &s.to, &s.tl, &s.tdout, &s.tdq,
+                                 &s.tdk, &s.tdv), FA_OK);
+    ck_assert(ht_get(&s.dk, 1, 10, 1, 7) == 0 && ht_get(&s.dv, 0, 3, 0, 5) == 0);
     fa_context_destroy(ctx);
     setup_free(&s);
 }
@@ -322,6 +371,8 @@ Suite *make_api_suite(void)
     tcase_add_loop_test(tc, bad_inputs_rejected_untouched, 0, 3 * NBAD);
     tcase_add_test(tc, null_pointers_rejected);
     tcase_add_test(tc, zero_sizes);
+    tcase_add_test(tc, f64_backward_needs_f64_lse);
+    tcase_add_test(tc, backend_refusal_untouched);
     tcase_add_test(tc, context_options_and_environment);
     tcase_add_test(tc, status_strings_distinct);
     tcase_add_test(tc, last_error_thread_local);

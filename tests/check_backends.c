@@ -142,7 +142,7 @@ static void sweep_one(const sweep_case *c, fa_dtype dt, int idx, double lo, doub
 
     bundle conv, tiled, ref;
     bundle_alloc(&conv, dt, c, sq, sk, c->layout);
-    bundle_alloc(&tiled, dt, c, sq, sk, HT_BSHD);
+    bundle_alloc(&tiled, dt, c, sq, sk, c->layout); /* outputs strided like the inputs */
     bundle_alloc(&ref, FA_F64, c, sq, sk, HT_BSHD);
     ht_fill(&conv.q, 1000 + idx, lo, hi);
     ht_fill(&conv.k, 2000 + idx, lo * kscale, hi * kscale);

@@ -12,7 +12,8 @@
  * Absorbing a block B whose allowed scores have maximum b:
  *
  *     m'  = max(m, b)
- *     a   = exp(m - m')                    -- 0 < a <= 1, and a == 1 iff m' == m
+ *     a   = exp(m - m')                    -- 0 <= a <= 1: 0 on a row's first block (m = -inf),
+ *                                              1 iff m' == m
  *     l'  = a l   + sum_{j in B} exp(s_j - m')
  *     acc'= a acc + sum_{j in B} keep_j exp(s_j - m') v_j
  *
