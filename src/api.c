@@ -175,12 +175,22 @@ void fa_tensor_init(fa_tensor *t, void *data, fa_dtype dtype, int64_t batch, int
     }
 }
 
-static int parse_name(const char *s, const char *const *names, int n)
+/*
+ * The environment's override of an AUTO choice: `var` unset or empty leaves *choice alone;
+ * otherwise it must be one of names[1..4] (names[0] is "auto", which it may not say).
+ */
+static fa_status env_choice(const char *var, const char *const names[5], int *choice)
 {
-    for (int i = 1; i < n; i++) /* 0 is "auto", which the variables do not accept */
-        if (strcmp(s, names[i]) == 0)
-            return i;
-    return -1;
+    const char *v = getenv(var);
+    if (!v || !*v)
+        return FA_OK;
+    for (int i = 1; i < 5; i++)
+        if (strcmp(v, names[i]) == 0) {
+            *choice = i;
+            return FA_OK;
+        }
+    return fai_fail(FA_ERR_INVALID_ARGUMENT, "%s=%s: expected %s, %s, %s or %s", var, v, names[1],
+                    names[2], names[3], names[4]);
 }
 
 /* The only ISA whose kernels this build carries; the SIMD sets join the list as they land. */
@@ -206,28 +216,21 @@ fa_status fa_context_create(const fa_options *o, fa_context **out)
                         "options->num_threads: %d is negative (0 means OpenMP's default)",
                         opt.num_threads);
 
-    const char *env = getenv("FA_BACKEND");
-    if (opt.backend == FA_BACKEND_AUTO && env && *env) {
-        int b = parse_name(env, backend_names, 5);
-        if (b < 0)
-            return fai_fail(FA_ERR_INVALID_ARGUMENT,
-                            "FA_BACKEND=%s: expected reference, conventional, tiled or cuda", env);
-        opt.backend = (fa_backend)b;
-    }
+    fa_status st;
+    int choice = (int)opt.backend;
+    if (opt.backend == FA_BACKEND_AUTO &&
+        (st = env_choice("FA_BACKEND", backend_names, &choice)) != FA_OK)
+        return st;
+    opt.backend = (fa_backend)choice;
     if (opt.backend == FA_BACKEND_AUTO)
         opt.backend = FA_BACKEND_TILED;
     if (opt.backend == FA_BACKEND_CUDA)
         return fai_fail(FA_ERR_BACKEND_UNAVAILABLE,
                         "backend cuda: this build has no CUDA backend (configure --enable-cuda)");
-
-    env = getenv("FA_ISA");
-    if (opt.isa == FA_ISA_AUTO && env && *env) {
-        int i = parse_name(env, isa_names, 5);
-        if (i < 0)
-            return fai_fail(FA_ERR_INVALID_ARGUMENT,
-                            "FA_ISA=%s: expected scalar, avx2, avx512 or neon", env);
-        opt.isa = (fa_isa)i;
-    }
+    choice = (int)opt.isa;
+    if (opt.isa == FA_ISA_AUTO && (st = env_choice("FA_ISA", isa_names, &choice)) != FA_OK)
+        return st;
+    opt.isa = (fa_isa)choice;
     if (opt.isa == FA_ISA_AUTO)
         opt.isa = FA_ISA_SCALAR;
     if (!isa_built(opt.isa))
@@ -235,7 +238,7 @@ fa_status fa_context_create(const fa_options *o, fa_context **out)
                         "ISA %s: this build carries only the scalar kernels", fa_isa_name(opt.isa));
 
     fai_tiles forced = {0, 0};
-    env = getenv("FA_TILES");
+    const char *env = getenv("FA_TILES");
     if (env && *env) {
         long long bq, bk;
         char end;
