@@ -112,6 +112,19 @@ void fai_free(fa_context *ctx, void *p, size_t bytes)
     free(p);
 }
 
+fa_status fai_thread_scratch(fa_context *ctx, const char *who, size_t *per, int nt, char **base,
+                             size_t *bytes)
+{
+    *per = (*per + 63) & ~(size_t)63;
+    if (!fai_mul_size(*per, (size_t)nt, bytes))
+        return fai_fail(FA_ERR_OVERFLOW, "%s: workspace size overflows", who);
+    *base = fai_alloc(ctx, *bytes);
+    if (!*base)
+        return fai_fail(FA_ERR_NO_MEMORY, "%s: %zu bytes of workspace for %d threads", who,
+                        *bytes, nt);
+    return FA_OK;
+}
+
 fa_status fa_memory_stats(const fa_context *ctx, size_t *current, size_t *peak)
 {
     if (!ctx)

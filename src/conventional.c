@@ -11,11 +11,8 @@
  */
 #include "config.h"
 
-#include <cblas.h>
-#include <limits.h>
 #include <math.h>
 #include <omp.h>
-#include <pthread.h>
 #include <string.h>
 
 #include "internal.h"
@@ -42,20 +39,11 @@ static double round_t(const conv *cv, double x)
     return x;
 }
 
-/* C = alpha op(A) op(B) + beta C, row-major, in the compute type. */
 static void gemm(const conv *cv, int ta, int tb, int64_t m, int64_t n, int64_t k, double alpha,
                  const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c,
                  int64_t ldc)
 {
-    if (m == 0 || n == 0)
-        return;
-    const enum CBLAS_TRANSPOSE A = ta ? CblasTrans : CblasNoTrans, B = tb ? CblasTrans : CblasNoTrans;
-    if (cv->wide)
-        cblas_dgemm(CblasRowMajor, A, B, (int)m, (int)n, (int)k, alpha, a, (int)lda, b, (int)ldb,
-                    beta, c, (int)ldc);
-    else
-        cblas_sgemm(CblasRowMajor, A, B, (int)m, (int)n, (int)k, (float)alpha, a, (int)lda, b,
-                    (int)ldb, (float)beta, c, (int)ldc);
+    fai_gemm(cv->wide, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 /* Packs rows [0, n) of head h of batch b of tensor x (dim columns) into dst, compute type. */
@@ -275,14 +263,11 @@ static fa_status quadratic_bytes(const conv *cv, int count, size_t *bytes)
 /* CBLAS takes int dimensions and leading dimensions. */
 static fa_status blas_sizes(const conv *cv)
 {
-    const fai_problem *pr = cv->pr;
-    const int64_t dims[4] = {pr->sq, pr->sk, pr->dqk, pr->dv};
-    for (int i = 0; i < 4; i++)
-        if (dims[i] > INT_MAX)
-            return fai_fail(FA_ERR_UNSUPPORTED,
-                            "conventional: a dimension of %lld exceeds the BLAS int range",
-                            (long long)dims[i]);
-    return FA_OK;
+    if (fai_blas_dims_fit(cv->pr))
+        return FA_OK;
+    return fai_fail(FA_ERR_UNSUPPORTED,
+                    "conventional: a dimension exceeds the BLAS int range (Sq %lld, Sk %lld)",
+                    (long long)cv->pr->sq, (long long)cv->pr->sk);
 }
 
 static conv conv_make(fa_context *ctx, const fai_problem *pr)
@@ -458,39 +443,14 @@ static fa_status conv_backward(fa_context *ctx, const fai_problem *pr)
     return FA_OK;
 }
 
-/*
- * Threads go over heads and each GEMM runs on its caller's thread, so that no GEMM's summation
- * order depends on how many threads OpenBLAS would split it over (multi-threaded SGEMM results
- * differ with the thread count). OpenBLAS's thread count is process-wide: it is set to 1 for the
- * duration of a call and then restored, and conventional calls are serialized so that one call
- * cannot restore it while another still runs.
- */
-static pthread_mutex_t blas_threads_lock = PTHREAD_MUTEX_INITIALIZER;
-
-static fa_status with_serial_blas(fa_status (*run)(fa_context *, const fai_problem *),
-                                  fa_context *ctx, const fai_problem *pr)
-{
-    pthread_mutex_lock(&blas_threads_lock);
-#if defined(HAVE_OPENBLAS_SET_NUM_THREADS) && defined(HAVE_OPENBLAS_GET_NUM_THREADS)
-    const int saved = openblas_get_num_threads();
-    openblas_set_num_threads(1);
-#endif
-    fa_status s = run(ctx, pr);
-#if defined(HAVE_OPENBLAS_SET_NUM_THREADS) && defined(HAVE_OPENBLAS_GET_NUM_THREADS)
-    openblas_set_num_threads(saved);
-#endif
-    pthread_mutex_unlock(&blas_threads_lock);
-    return s;
-}
-
 static fa_status conventional_forward(fa_context *ctx, const fai_problem *pr)
 {
-    return with_serial_blas(conv_forward, ctx, pr);
+    return fai_with_serial_blas(conv_forward, ctx, pr);
 }
 
 static fa_status conventional_backward(fa_context *ctx, const fai_problem *pr)
 {
-    return with_serial_blas(conv_backward, ctx, pr);
+    return fai_with_serial_blas(conv_backward, ctx, pr);
 }
 
 const fai_backend fai_backend_conventional = {conventional_forward, conventional_backward};

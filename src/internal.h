@@ -32,8 +32,27 @@ struct fa_context {
 void *fai_alloc(fa_context *ctx, size_t bytes);
 void fai_free(fa_context *ctx, void *p, size_t bytes);
 
-/* a * b and a + b for non-negative sizes; 0 on overflow, with *out untouched. */
+/* a * b for sizes; 0 on overflow, with *out untouched. */
 int fai_mul_size(size_t a, size_t b, size_t *out);
+
+/* Carves 64-byte-aligned pieces from one block; with base NULL it only measures (a.used). */
+typedef struct {
+    char *base;
+    size_t used;
+} fai_arena;
+
+static inline void *fai_carve(fai_arena *a, size_t bytes)
+{
+    size_t off = (a->used + 63) & ~(size_t)63;
+    a->used = off + bytes;
+    return a->base ? a->base + off : NULL;
+}
+
+/* One workspace of `per` bytes (rounded up to 64) for each of nt threads in one counted block,
+ * allocated before any output is written so that running out of memory fails the call
+ * cleanly. Thread t's workspace starts at *base + t * *per. `who` names the caller. */
+fa_status fai_thread_scratch(fa_context *ctx, const char *who, size_t *per, int nt, char **base,
+                             size_t *bytes);
 
 /* ------------------------------------------------------------------ dtypes */
 
@@ -123,6 +142,15 @@ extern const fai_backend fai_backend_reference;
 extern const fai_backend fai_backend_conventional;
 extern const fai_backend fai_backend_tiled;
 extern const fai_backend fai_backend_cuda; /* the stub when CUDA is not built */
+
+/* BLAS (src/blas.c). C = alpha op(A) op(B) + beta C, row-major; f64 if wide, else f32. Call
+ * only inside fai_with_serial_blas, and only when fai_blas_dims_fit. */
+void fai_gemm(int wide, int ta, int tb, int64_t m, int64_t n, int64_t k, double alpha,
+              const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c,
+              int64_t ldc);
+int fai_blas_dims_fit(const fai_problem *pr);
+fa_status fai_with_serial_blas(fa_status (*run)(fa_context *, const fai_problem *),
+                               fa_context *ctx, const fai_problem *pr);
 
 /* The tiled backend's tiles for a problem's head dims and compute type. */
 fai_tiles fai_tiled_tiles(const fa_context *ctx, int64_t dqk, int64_t dv, fa_dtype d);

@@ -15,34 +15,6 @@
 #include "core/recurrence.h"
 #include "internal.h"
 
-/* Carves 64-byte-aligned pieces from one block; with base NULL it only measures. */
-typedef struct {
-    char *base;
-    size_t used;
-} fai_arena;
-
-static void *fai_carve(fai_arena *a, size_t bytes)
-{
-    size_t off = (a->used + 63) & ~(size_t)63;
-    a->used = off + bytes;
-    return a->base ? a->base + off : NULL;
-}
-
-/* One workspace of `per` bytes for each of nt threads, allocated before any output is
- * written, so running out of memory fails the call cleanly. */
-static fa_status fai_thread_scratch(fa_context *ctx, size_t per, int nt, char **base,
-                                    size_t *bytes)
-{
-    per = (per + 63) & ~(size_t)63;
-    if (!fai_mul_size(per, (size_t)nt, bytes))
-        return fai_fail(FA_ERR_OVERFLOW, "tiled: workspace size overflows");
-    *base = fai_alloc(ctx, *bytes);
-    if (!*base)
-        return fai_fail(FA_ERR_NO_MEMORY, "tiled: %zu bytes of workspace for %d threads", *bytes,
-                        nt);
-    return FA_OK;
-}
-
 #define FT float
 #define FAI_T(name) name##_f32
 #define FT_LOAD fai_load_f32

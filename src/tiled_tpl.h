@@ -160,11 +160,10 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
 static fa_status FAI_T(forward)(fa_context *ctx, const fai_problem *pr, fai_tiles tl)
 {
     FAI_T(fwd_ws) w;
-    const size_t per = FAI_T(fwd_carve)(pr, tl, NULL, &w);
+    size_t per = FAI_T(fwd_carve)(pr, tl, NULL, &w), bytes;
     const int nt = ctx->num_threads;
     char *base;
-    size_t bytes;
-    fa_status st = fai_thread_scratch(ctx, per, nt, &base, &bytes);
+    fa_status st = fai_thread_scratch(ctx, "tiled", &per, nt, &base, &bytes);
     if (st != FA_OK)
         return st;
     const int64_t nqt = (pr->sq + tl.bq - 1) / tl.bq, tasks = pr->b * pr->hq * nqt;
@@ -361,11 +360,10 @@ static void FAI_T(bwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
 static fa_status FAI_T(backward)(fa_context *ctx, const fai_problem *pr, fai_tiles tl)
 {
     FAI_T(bwd_ws) w;
-    const size_t per = FAI_T(bwd_carve)(pr, tl, NULL, &w);
+    size_t per = FAI_T(bwd_carve)(pr, tl, NULL, &w), bytes;
     const int nt = ctx->num_threads;
     char *base;
-    size_t bytes;
-    fa_status st = fai_thread_scratch(ctx, per, nt, &base, &bytes);
+    fa_status st = fai_thread_scratch(ctx, "tiled", &per, nt, &base, &bytes);
     if (st != FA_OK)
         return st;
     const int64_t nkt = (pr->sk + tl.bk - 1) / tl.bk, ktasks = pr->b * pr->hk * nkt;

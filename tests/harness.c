@@ -186,9 +186,16 @@ double ht_eps(fa_dtype dt)
     return 1;
 }
 
+/*
+ * The floor: eps(dt) x max(1, |ref|) — except for f64 storage, where the reference works in the
+ * storage precision itself and the conventional path's float64 GEMMs can coincide with the
+ * reference's to the bit (error 0). There the floor is 64 eps(f64) x max(1, |ref|) ~ 1.4e-14:
+ * the reassociation error of a few dozen float64 operations, far below any semantic slip.
+ */
 double ht_tolerance(double conv_err, fa_dtype dt, double ref_maxabs, int grad)
 {
-    return (grad ? 3 : 2) * conv_err + ht_eps(dt) * (ref_maxabs > 1 ? ref_maxabs : 1);
+    const double floor_eps = dt == FA_F64 ? 64 * ht_eps(dt) : ht_eps(dt);
+    return (grad ? 3 : 2) * conv_err + floor_eps * (ref_maxabs > 1 ? ref_maxabs : 1);
 }
 
 void ht_tiles(int64_t dqk, int64_t dv, fa_dtype dt, int64_t *bq, int64_t *bk)

@@ -50,7 +50,7 @@ double ht_max_abs(const ht_tensor *x);
 
 /* The machine epsilon of a storage dtype (2^-52, 2^-23, 2^-10, 2^-7). */
 double ht_eps(fa_dtype dt);
-/* The tolerance rule: (grad ? 3 : 2) x conv_err + eps(dt) x max(1, ref_maxabs). */
+/* The tolerance rule: (grad ? 3 : 2) x conv_err + floor(dt) x max(1, ref_maxabs). */
 double ht_tolerance(double conv_err, fa_dtype dt, double ref_maxabs, int grad);
 
 /* Tiles the tiled backend will use (internal; the tests link the static library). */
