@@ -58,6 +58,10 @@ typedef struct {
 
 typedef enum { FA_ALIGN_BOTTOM_RIGHT, FA_ALIGN_TOP_LEFT } fa_align;
 
+/* Where ALiBi sits in the score pipeline (§1 steps 2-3). The default is the order of
+ * FlashAttention-2 and ggml; FlashInfer adds the bias before the cap. */
+typedef enum { FA_SOFTCAP_THEN_ALIBI, FA_ALIBI_THEN_SOFTCAP } fa_score_order;
+
 typedef struct {
     double       scale;                     /* 0: 1/sqrt(Dqk); else finite and > 0            */
     int          causal;                    /* nonzero: window_right = 0                      */
@@ -67,6 +71,7 @@ typedef struct {
     const float *alibi_slopes;              /* Hq finite slopes, or NULL                      */
     double       dropout_p;                 /* [0, 1)                                         */
     uint64_t     dropout_seed, dropout_offset;
+    fa_score_order score_order;             /* default FA_SOFTCAP_THEN_ALIBI                  */
 } fa_params; /* new fields are only ever appended */
 
 typedef enum {
@@ -136,6 +141,40 @@ FA_API fa_status fa_memory_stats_reset(fa_context *ctx);
 /* One line: backend, ISA, threads, detected L1d/L2, tile sizes. Returns FA_OK even when
  * truncated (like snprintf, the line is always terminated when n > 0). */
 FA_API fa_status fa_context_describe(const fa_context *ctx, char *buf, size_t n);
+
+/*
+ * Comparing a candidate against a reference: the tolerance rule of DESIGN.md §4 as a function.
+ *
+ * Default rule (FlashAttention's): the candidate's max |cand - ref| must be at most
+ * `factor` x max |baseline - ref| + floor, where baseline is the conventional path computed in
+ * the candidate's storage dtype on the same inputs (factor 2 for outputs, 3 for gradients) and
+ * floor = eps(dtype) x max(1, max |ref|) (64 eps for f64, whose reference has no headroom).
+ * Explicit rule (atol or rtol > 0): every element must satisfy |cand - ref| <= atol + rtol |ref|.
+ * Under both, NaN and inf must match exactly: NaN where the reference has NaN, the same infinity
+ * where it has one; any other disagreement fails.
+ */
+typedef struct {
+    double factor;     /* FlashAttention rule: 2 (outputs) or 3 (gradients); 0 means 2 */
+    double atol, rtol; /* > 0: the explicit rule instead                                  */
+} fa_tolerance;
+
+typedef struct {
+    double max_abs;         /* max |cand - ref| over elements where both are finite          */
+    double max_rel;         /* max |cand - ref| / |ref| over finite, nonzero ref             */
+    double nmse;            /* sum (cand - ref)^2 / sum ref^2 over finite elements (0 if 0/0) */
+    int64_t worst[4];       /* batch, seq, head, dim of the max |cand - ref| (or first mismatch) */
+    double worst_cand, worst_ref;
+    int64_t nonfinite_mismatches; /* elements where NaN/inf do not match                     */
+    double baseline_err;    /* default rule: max |baseline - ref|; else 0                    */
+    double bound;           /* default rule: the bound max_abs is held to; else atol          */
+    int pass;
+    char rule[200];         /* the rule applied, with its numbers, in words                  */
+} fa_comparison;
+
+/* ref may be any dtype (f64 usually); baseline may be NULL only under the explicit rule. All
+ * three tensors must have the same shape. tol may be NULL (default rule, factor 2). */
+FA_API fa_status fa_compare(const fa_tensor *cand, const fa_tensor *ref, const fa_tensor *baseline,
+                            const fa_tolerance *tol, fa_comparison *result);
 
 /* Converts n elements from src (dtype sd) to dst (dtype dd): widening is exact, narrowing
  * rounds to nearest even once, straight from the source precision. */

@@ -472,6 +472,9 @@ static fa_status check_params(const fa_params *p, int64_t hq)
     if (p->align != FA_ALIGN_BOTTOM_RIGHT && p->align != FA_ALIGN_TOP_LEFT)
         return fai_fail(FA_ERR_INVALID_ARGUMENT, "params->align = %d is not a fa_align",
                         (int)p->align);
+    if (p->score_order != FA_SOFTCAP_THEN_ALIBI && p->score_order != FA_ALIBI_THEN_SOFTCAP)
+        return fai_fail(FA_ERR_INVALID_ARGUMENT, "params->score_order = %d is not a fa_score_order",
+                        (int)p->score_order);
     if (!(p->softcap >= 0) || isinf(p->softcap))
         return fai_fail(FA_ERR_INVALID_ARGUMENT,
                         "params->softcap = %g; it must be finite and >= 0 (0: off)", p->softcap);
@@ -530,6 +533,7 @@ static fa_status prepare(fai_problem *pr, const fa_params *p, const fa_tensor *q
     pr->score.scale = p->scale > 0 ? p->scale : 1.0 / sqrt((double)pr->dqk);
     pr->score.softcap = p->softcap;
     pr->score.off = pr->mask.off;
+    pr->score.alibi_first = p->score_order == FA_ALIBI_THEN_SOFTCAP;
     pr->slopes = p->alibi_slopes;
     pr->dropout_p = p->dropout_p;
     pr->seed = p->dropout_seed;

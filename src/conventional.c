@@ -119,8 +119,8 @@ static void row_store(const conv *cv, void *mat, int64_t i, const double *src)
 
 /*
  * S for head (b, h) = scale Q K^T into `s` (Sq x Sk, T), then the elementwise steps 2-4 of §1,
- * each rounded to T: softcap (its tanh saved in `tc` when not NULL, for the backward), ALiBi,
- * and the mask written as -inf.
+ * each rounded to T: softcap (its tanh saved in `tc` when not NULL, for the backward) and ALiBi
+ * in the problem's order, and the mask written as -inf.
  */
 static void scores(const conv *cv, const conv_pack *w, int64_t h, void *s, void *tc)
 {
@@ -145,14 +145,14 @@ static void scores(const conv *cv, const conv_pack *w, int64_t h, void *s, void 
                 x[j] = -INFINITY;
                 continue;
             }
+            if (slope != 0 && pr->score.alibi_first)
+                x[j] = round_t(cv, x[j] - slope * fai_alibi_distance(&pr->score, i, j));
             if (cap > 0) {
                 t[j] = round_t(cv, tanh(x[j] / cap));
                 x[j] = round_t(cv, cap * t[j]);
             }
-            if (slope != 0) {
-                int64_t d = i + pr->mask.off - j;
-                x[j] = round_t(cv, x[j] - slope * (double)(d < 0 ? -d : d));
-            }
+            if (slope != 0 && !pr->score.alibi_first)
+                x[j] = round_t(cv, x[j] - slope * fai_alibi_distance(&pr->score, i, j));
         }
         row_store(cv, s, i, x);
         if (tc)

@@ -91,6 +91,7 @@ MUT(m_softcap_neg, s->p.softcap = -1)
 MUT(m_softcap_nan, s->p.softcap = NAN)
 MUT(m_softcap_inf, s->p.softcap = INFINITY)
 MUT(m_align, s->p.align = (fa_align)7)
+MUT(m_order, s->p.score_order = (fa_score_order)2)
 MUT(m_slope_nan, s->slopes[1] = NAN; s->p.alibi_slopes = s->slopes)
 MUT(m_seqlen_huge, s->tq.seqlen = (int64_t)1 << 41)
 MUT(m_stride_huge, s->tk.batch_stride = (int64_t)1 << 62)
@@ -135,6 +136,7 @@ static const bad_case bad[] = {
     {"softcap NaN", m_softcap_nan, FA_ERR_INVALID_ARGUMENT, "params->softcap", 0},
     {"softcap inf", m_softcap_inf, FA_ERR_INVALID_ARGUMENT, "params->softcap", 0},
     {"align 7", m_align, FA_ERR_INVALID_ARGUMENT, "params->align", 0},
+    {"score order 2", m_order, FA_ERR_INVALID_ARGUMENT, "params->score_order", 0},
     {"ALiBi slope NaN", m_slope_nan, FA_ERR_INVALID_ARGUMENT, "params->alibi_slopes[1]", 0},
     {"seqlen 2^41", m_seqlen_huge, FA_ERR_OVERFLOW, "q->seqlen", 0},
     {"batch stride 2^62", m_stride_huge, FA_ERR_OVERFLOW, "k", 0},

@@ -43,6 +43,33 @@ START_TEST(reference_worked_example)
 }
 END_TEST
 
+/* Softcap and ALiBi in both orders, against the formulas written out: one query, keys at
+ * distance j (top-left alignment), scale 1, cap 2, slope 0.5. */
+START_TEST(reference_score_order_exact)
+{
+    const double s[5] = {1.5, -0.5, 3, 0.25, 2};
+    const float slope[1] = {0.5f};
+    for (int order = 0; order < 2; order++) {
+        double o[5], lse, x[5], sum = 0;
+        fa_params p;
+        fa_params_init(&p);
+        p.scale = 1;
+        p.softcap = 2;
+        p.alibi_slopes = slope;
+        p.align = FA_ALIGN_TOP_LEFT;
+        p.score_order = order ? FA_ALIBI_THEN_SOFTCAP : FA_SOFTCAP_THEN_ALIBI;
+        softmax_probe(s, 5, &p, o, &lse);
+        for (int j = 0; j < 5; j++) {
+            x[j] = order ? 2 * tanh((s[j] - 0.5 * j) / 2) : 2 * tanh(s[j] / 2) - 0.5 * j;
+            sum += exp(x[j]);
+        }
+        for (int j = 0; j < 5; j++)
+            ck_assert_double_eq_tol(o[j], exp(x[j]) / sum, 1e-15);
+        ck_assert_double_eq_tol(lse, log(sum), 1e-15);
+    }
+}
+END_TEST
+
 /* One logit 1000 above the rest: P is one-hot and exp never overflows. */
 START_TEST(reference_one_hot)
 {
@@ -130,12 +157,14 @@ static const struct fd_case {
     double softcap, dropout;
     int alibi;
     fa_align align;
+    fa_score_order order;
 } fd_cases[] = {
-    {0, -1, -1, 0, 0, 0, FA_ALIGN_BOTTOM_RIGHT},
-    {1, -1, -1, 0, 0, 0, FA_ALIGN_BOTTOM_RIGHT},
-    {0, 2, 1, 1.5, 0, 1, FA_ALIGN_TOP_LEFT},
-    {1, 3, -1, 0, 0.4, 1, FA_ALIGN_TOP_LEFT},
-    {0, -1, 0, 2.0, 0.25, 0, FA_ALIGN_BOTTOM_RIGHT},
+    {0, -1, -1, 0, 0, 0, FA_ALIGN_BOTTOM_RIGHT, FA_SOFTCAP_THEN_ALIBI},
+    {1, -1, -1, 0, 0, 0, FA_ALIGN_BOTTOM_RIGHT, FA_SOFTCAP_THEN_ALIBI},
+    {0, 2, 1, 1.5, 0, 1, FA_ALIGN_TOP_LEFT, FA_SOFTCAP_THEN_ALIBI},
+    {1, 3, -1, 0, 0.4, 1, FA_ALIGN_TOP_LEFT, FA_SOFTCAP_THEN_ALIBI},
+    {0, -1, 0, 2.0, 0.25, 0, FA_ALIGN_BOTTOM_RIGHT, FA_SOFTCAP_THEN_ALIBI},
+    {1, 4, -1, 1.25, 0.1, 1, FA_ALIGN_BOTTOM_RIGHT, FA_ALIBI_THEN_SOFTCAP},
 };
 
 START_TEST(reference_backward_finite_differences)
@@ -167,6 +196,7 @@ START_TEST(reference_backward_finite_differences)
     p.dropout_seed = 99;
     p.alibi_slopes = c->alibi ? slopes : NULL;
     p.align = c->align;
+    p.score_order = c->order;
     ck_assert_int_eq(ht_forward(FA_BACKEND_REFERENCE, 1, &p, &q.t, &k.t, &v.t, &o.t, &l.t), FA_OK);
     ck_assert_int_eq(ht_backward(FA_BACKEND_REFERENCE, 2, &p, &q.t, &k.t, &v.t, &o.t, &l.t,
                                  &dout.t, &dq.t, &dk.t, &dv.t),
@@ -238,6 +268,7 @@ Suite *make_reference_suite(void)
     TCase *tc = tcase_create("exact");
     tcase_add_test(tc, reference_worked_example);
     tcase_add_test(tc, reference_one_hot);
+    tcase_add_test(tc, reference_score_order_exact);
     tcase_add_test(tc, reference_uniform_scores_mean);
     tcase_add_test(tc, reference_blocked_matches_rows);
     tcase_add_loop_test(tc, reference_backward_finite_differences, 0,

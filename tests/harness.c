@@ -175,29 +175,6 @@ double ht_max_abs(const ht_tensor *x)
     return m;
 }
 
-double ht_eps(fa_dtype dt)
-{
-    switch (dt) {
-    case FA_F64: return 0x1p-52;
-    case FA_F32: return 0x1p-23;
-    case FA_F16: return 0x1p-10;
-    case FA_BF16: return 0x1p-7;
-    }
-    return 1;
-}
-
-/*
- * The floor: eps(dt) x max(1, |ref|) — except for f64 storage, where the reference works in the
- * storage precision itself and the conventional path's float64 GEMMs can coincide with the
- * reference's to the bit (error 0). There the floor is 64 eps(f64) x max(1, |ref|) ~ 1.4e-14:
- * the reassociation error of a few dozen float64 operations, far below any semantic slip.
- */
-double ht_tolerance(double conv_err, fa_dtype dt, double ref_maxabs, int grad)
-{
-    const double floor_eps = dt == FA_F64 ? 64 * ht_eps(dt) : ht_eps(dt);
-    return (grad ? 3 : 2) * conv_err + floor_eps * (ref_maxabs > 1 ? ref_maxabs : 1);
-}
-
 void ht_tiles(int64_t dqk, int64_t dv, fa_dtype dt, int64_t *bq, int64_t *bk)
 {
     fa_context *ctx = ht_context(FA_BACKEND_TILED, 1);

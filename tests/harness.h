@@ -48,10 +48,6 @@ fa_status ht_backward(fa_backend be, int threads, const fa_params *p, const fa_t
 double ht_max_err(const ht_tensor *got, const ht_tensor *ref);
 double ht_max_abs(const ht_tensor *x);
 
-/* The machine epsilon of a storage dtype (2^-52, 2^-23, 2^-10, 2^-7). */
-double ht_eps(fa_dtype dt);
-/* The tolerance rule: (grad ? 3 : 2) x conv_err + floor(dt) x max(1, ref_maxabs). */
-double ht_tolerance(double conv_err, fa_dtype dt, double ref_maxabs, int grad);
 
 /* Tiles the tiled backend will use (internal; the tests link the static library). */
 void ht_tiles(int64_t dqk, int64_t dv, fa_dtype dt, int64_t *bq, int64_t *bk);

@@ -95,26 +95,35 @@ FA_HOST_DEVICE static inline fai_tile_class fai_mask_classify(const fai_mask *m,
 
 /*
  * Score pipeline, steps 1-3 of §1: s = scale * dot; softcap c > 0: s = c * tanh(s / c);
- * ALiBi: s -= slope * |i + off - j|. `t` (may be NULL) receives tanh(s / c) for the backward's
- * chain rule d(c tanh(x/c))/dx = 1 - tanh^2(x/c); it is 0 when softcap is off.
+ * ALiBi: s -= slope * |i + off - j| — or, with alibi_first, the bias before the cap.
+ * `t` (may be NULL) receives tanh(x / c), x the cap's argument, for the backward's chain rule
+ * d(c tanh(x/c))/dx = 1 - tanh^2(x/c) (the bias is additive, so the rule is the same in both
+ * orders); it is 0 when softcap is off.
  */
 typedef struct {
     double scale, softcap; /* softcap 0: off */
     int64_t off;           /* the mask's alignment offset, shared with ALiBi */
+    int alibi_first;       /* FA_ALIBI_THEN_SOFTCAP */
 } fai_score;
+
+FA_HOST_DEVICE static inline double fai_alibi_distance(const fai_score *sc, int64_t i, int64_t j)
+{
+    int64_t d = i + sc->off - j;
+    return (double)(d < 0 ? -d : d);
+}
 
 FA_HOST_DEVICE static inline double fai_score_f64(const fai_score *sc, double dot, double slope,
                                                   int64_t i, int64_t j, double *t)
 {
     double s = sc->scale * dot, th = 0.0;
+    if (slope != 0 && sc->alibi_first)
+        s -= slope * fai_alibi_distance(sc, i, j);
     if (sc->softcap > 0) {
         th = fai_tanh(s / sc->softcap);
         s = sc->softcap * th;
     }
-    if (slope != 0) {
-        int64_t d = i + sc->off - j;
-        s -= slope * (double)(d < 0 ? -d : d);
-    }
+    if (slope != 0 && !sc->alibi_first)
+        s -= slope * fai_alibi_distance(sc, i, j);
     if (t)
         *t = th;
     return s;
@@ -125,15 +134,15 @@ FA_HOST_DEVICE static inline float fai_score_f32(const fai_score *sc, float dot,
                                                  int64_t i, int64_t j, float *t)
 {
     float s = (float)sc->scale * dot, th = 0.0f;
+    if (slope != 0 && sc->alibi_first)
+        s -= slope * (float)fai_alibi_distance(sc, i, j);
     if (sc->softcap > 0) {
         float cap = (float)sc->softcap;
         th = fai_tanhf(s / cap);
         s = cap * th;
     }
-    if (slope != 0) {
-        int64_t d = i + sc->off - j;
-        s -= slope * (float)(d < 0 ? -d : d);
-    }
+    if (slope != 0 && !sc->alibi_first)
+        s -= slope * (float)fai_alibi_distance(sc, i, j);
     if (t)
         *t = th;
     return s;
