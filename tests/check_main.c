@@ -13,6 +13,8 @@ int main(void)
     srunner_add_suite(sr, make_backends_suite());
     srunner_add_suite(sr, make_semantics_suite());
     srunner_add_suite(sr, make_memory_suite());
+    srunner_add_suite(sr, make_compare_suite());
+    srunner_add_suite(sr, make_npy_suite());
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);

@@ -1,7 +1,6 @@
 /*
- * flashattn — the command. `demo` runs the article's comparison (conventional vs tiled: time,
- * peak memory, max error against the float64 reference); `info` says what the library found.
- * Uses only the public API.
+ * `flashattn demo`: the article's comparison on this machine — the conventional path against
+ * the tiled one, same inputs: wall time, peak allocation, max error against float64.
  */
 #include "config.h"
 
@@ -13,20 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "flashattn.h"
-
-#ifdef HAVE_OPENBLAS_GET_CORENAME
-char *openblas_get_corename(void);
-#endif
-
-static const char *blas_core(void)
-{
-#ifdef HAVE_OPENBLAS_GET_CORENAME
-    return openblas_get_corename();
-#else
-    return "unknown";
-#endif
-}
+#include "cli.h"
 
 static double now(void)
 {
@@ -60,23 +46,17 @@ static void progress(long long n, const char *what)
 
 static int usage(FILE *f, int code)
 {
-    fprintf(f,
-            "usage: flashattn <command> [options]\n"
-            "commands:\n"
-            "  demo   conventional vs tiled attention: time, peak memory, max error vs float64\n"
-            "         --seqlens N1,N2,..  (default 512,1024,2048)  --heads H (8)  --headdim D (64)\n"
-            "         --dtype f32|f64|f16|bf16 (f32)  --causal  --threads T (0: all)\n"
-            "  info   version, backend, ISA, caches and tile sizes, OpenBLAS core\n"
-            "  help   this text\n");
+    fprintf(f, "usage: flashattn demo [--seqlens N1,N2,..] [--heads H] [--headdim D]\n"
+               "       [--dtype f32|f64|f16|bf16] [--causal] [--threads T]\n"
+               "Conventional vs tiled attention on the same N(0,1) inputs: wall time, peak\n"
+               "allocation (fa_memory_stats), max |out - float64 reference|. Defaults: seqlens\n"
+               "512,1024,2048, 8 heads, head dim 64, f32, all threads.\n");
     return code;
 }
 
 static int check(fa_status s, const char *what)
 {
-    if (s == FA_OK)
-        return 0;
-    fprintf(stderr, "flashattn: %s: %s (%s)\n", what, fa_status_string(s), fa_last_error());
-    return 1;
+    return s == FA_OK ? 0 : cli_fail(s, what);
 }
 
 static int parse_int(const char *opt, const char *s, long lo, long hi, long *out)
@@ -128,7 +108,7 @@ static int run_backend(fa_backend be, int threads, const fa_params *p, const fa_
     return 0;
 }
 
-static int demo(int argc, char **argv)
+int cmd_demo(int argc, char **argv)
 {
     long heads = 8, dim = 64, threads = 0, seqlens[16] = {512, 1024, 2048};
     int nlens = 3, causal = 0;
@@ -188,7 +168,7 @@ static int demo(int argc, char **argv)
         return 1;
     fa_context_describe(info, line, sizeof line);
     fa_context_destroy(info);
-    printf("%s\nOpenBLAS core: %s\n", line, blas_core());
+    printf("%s\nOpenBLAS core: %s\n", line, cli_blas_core());
     printf("forward, %s, B=1 H=%ld D=%ld%s; error = max |out - float64 reference|, inputs N(0,1)"
            " rounded to %s\n\n", fa_dtype_name(dt), heads, dim, causal ? " causal" : "",
            fa_dtype_name(dt));
@@ -256,28 +236,3 @@ static int demo(int argc, char **argv)
     return 0;
 }
 
-static int info(void)
-{
-    fa_context *ctx;
-    char line[512];
-    if (check(fa_context_create(NULL, &ctx), "context"))
-        return 1;
-    fa_context_describe(ctx, line, sizeof line);
-    fa_context_destroy(ctx);
-    printf("%s\nOpenBLAS core: %s\nCUDA: not built\n", line, blas_core());
-    return 0;
-}
-
-int main(int argc, char **argv)
-{
-    if (argc < 2)
-        return usage(stderr, 2);
-    if (!strcmp(argv[1], "demo"))
-        return demo(argc - 2, argv + 2);
-    if (!strcmp(argv[1], "info"))
-        return info();
-    if (!strcmp(argv[1], "help") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h"))
-        return usage(stdout, 0);
-    fprintf(stderr, "flashattn: unknown command '%s'\n", argv[1]);
-    return usage(stderr, 2);
-}

@@ -1,0 +1,153 @@
+/* .npy files <-> fa_tensor views, in the layout the options name. */
+#include "config.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+/* The most a single input may declare: the machine's memory. */
+static size_t max_input_bytes(void)
+{
+    long pages = sysconf(_SC_PHYS_PAGES), size = sysconf(_SC_PAGESIZE);
+    return pages > 0 && size > 0 ? (size_t)pages * (size_t)size : (size_t)1 << 34;
+}
+
+static int kind_to_dtype(const cli_opts *o, const char *path, npy_kind k, fa_dtype *dt)
+{
+    switch (k) {
+    case NPY_F16: *dt = FA_F16; return 0;
+    case NPY_F32: *dt = FA_F32; return 0;
+    case NPY_F64: *dt = FA_F64; return 0;
+    case NPY_U2:
+        if (o->bf16) {
+            *dt = FA_BF16;
+            return 0;
+        }
+        fprintf(stderr, "flashattn: %s: a uint16 array; pass --bf16 if it holds bfloat16 bits\n",
+                path);
+        return EXIT_USAGE;
+    }
+    return EXIT_USAGE;
+}
+
+static npy_kind dtype_to_kind(fa_dtype d)
+{
+    switch (d) {
+    case FA_F16: return NPY_F16;
+    case FA_F64: return NPY_F64;
+    case FA_BF16: return NPY_U2;
+    default: return NPY_F32;
+    }
+}
+
+/* Logical (B, S, H, D) as the file's shape: (B, S, H, D), (B, H, S, D) or, for an LSE, (B, H, S). */
+static int file_shape(const cli_opts *o, cli_role role, int64_t b, int64_t s, int64_t h,
+                      int64_t d, int64_t shape[4])
+{
+    shape[0] = b;
+    if (role == ROLE_LSE) {
+        shape[1] = h, shape[2] = s;
+        return 3;
+    }
+    if (o->bhsd)
+        shape[1] = h, shape[2] = s;
+    else
+        shape[1] = s, shape[2] = h;
+    shape[3] = d;
+    return 4;
+}
+
+static void view(const cli_opts *o, cli_role role, void *data, fa_dtype dt, int64_t b, int64_t s,
+                 int64_t h, int64_t d, fa_tensor *t)
+{
+    if (role == ROLE_LSE)
+        fa_tensor_init(t, data, dt, b, s, h, 1, 1); /* B x H x S storage */
+    else
+        fa_tensor_init(t, data, dt, b, s, h, d, o->bhsd);
+}
+
+int cli_load(const cli_opts *o, const char *path, cli_role role, cli_tensor *x)
+{
+    char err[512];
+    memset(x, 0, sizeof *x);
+    if (npy_read(path, max_input_bytes(), &x->a, err, sizeof err)) {
+        fprintf(stderr, "flashattn: %s\n", err);
+        return EXIT_USAGE;
+    }
+    fa_dtype dt;
+    int rc = kind_to_dtype(o, path, x->a.kind, &dt);
+    const int want = role == ROLE_LSE ? 3 : 4;
+    if (!rc && x->a.ndim != want) {
+        fprintf(stderr, "flashattn: %s: %d-D array; expected %s\n", path, x->a.ndim,
+                role == ROLE_LSE ? "3-D (batch, heads, seqlen)"
+                : o->bhsd        ? "4-D (batch, heads, seqlen, headdim) for --layout bhsd"
+                                 : "4-D (batch, seqlen, heads, headdim) for --layout bshd");
+        rc = EXIT_USAGE;
+    }
+    if (rc) {
+        npy_free(&x->a);
+        return rc;
+    }
+    const int64_t *sh = x->a.shape;
+    if (role == ROLE_LSE)
+        view(o, role, x->a.data, dt, sh[0], sh[2], sh[1], 1, &x->t);
+    else if (o->bhsd)
+        view(o, role, x->a.data, dt, sh[0], sh[2], sh[1], sh[3], &x->t);
+    else
+        view(o, role, x->a.data, dt, sh[0], sh[1], sh[2], sh[3], &x->t);
+    return 0;
+}
+
+int cli_alloc(const cli_opts *o, fa_dtype dt, int64_t b, int64_t s, int64_t h, int64_t d,
+              cli_role role, cli_tensor *x)
+{
+    memset(x, 0, sizeof *x);
+    x->a.kind = dtype_to_kind(dt);
+    x->a.ndim = file_shape(o, role, b, s, h, d, x->a.shape);
+    size_t n = npy_kind_size(x->a.kind);
+    for (int i = 0; i < x->a.ndim; i++)
+        n *= (size_t)x->a.shape[i];
+    x->a.nbytes = n;
+    x->a.data = calloc(1, n ? n : 1);
+    if (!x->a.data) {
+        fprintf(stderr, "flashattn: out of memory (%zu bytes)\n", n);
+        return EXIT_FAILED;
+    }
+    view(o, role, x->a.data, dt, b, s, h, d, &x->t);
+    return 0;
+}
+
+int cli_save(const cli_opts *o, const char *path, const cli_tensor *x, cli_role role)
+{
+    char err[512];
+    (void)o;
+    (void)role;
+    if (npy_write(path, x->a.kind, x->a.ndim, x->a.shape, x->a.data, err, sizeof err)) {
+        fprintf(stderr, "flashattn: %s\n", err);
+        return EXIT_FAILED;
+    }
+    return 0;
+}
+
+int cli_convert(const cli_opts *o, const cli_tensor *x, fa_dtype dt, cli_role role, cli_tensor *y)
+{
+    const fa_tensor *t = &x->t;
+    int rc = cli_alloc(o, dt, t->batch, t->seqlen, t->heads, t->headdim, role, y);
+    if (rc)
+        return rc;
+    size_t n = y->a.nbytes / npy_kind_size(y->a.kind); /* same element order as x's file */
+    fa_status s = fa_convert(x->a.data, t->dtype, y->a.data, dt, n);
+    if (s != FA_OK) {
+        cli_free(y);
+        return cli_fail(s, "convert");
+    }
+    return 0;
+}
+
+void cli_free(cli_tensor *x)
+{
+    npy_free(&x->a);
+    memset(x, 0, sizeof *x);
+}

@@ -1,0 +1,233 @@
+/*
+ * `flashattn check`: the float64 reference on the given inputs, the conventional path in the
+ * candidate's storage dtype as the yardstick, and fa_compare's verdict per candidate tensor.
+ */
+#include "config.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static const char *const cand_names[5] = {"out", "lse", "dq", "dk", "dv"};
+
+/* JSON has no NaN or infinity: those travel as strings. */
+static void json_num(double x)
+{
+    if (isnan(x))
+        printf("\"NaN\"");
+    else if (isinf(x))
+        printf(x > 0 ? "\"Infinity\"" : "\"-Infinity\"");
+    else
+        printf("%.17g", x);
+}
+
+/* The reference's and the yardstick's LSE as the profile writes it: log2-based for FlashInfer,
+ * and the profile's value for rows with no allowed key (EMPTY_ANY: whatever the candidate says,
+ * so those rows are not compared). */
+static void lse_to_profile(const cli_profile *pf, cli_tensor *x, const cli_tensor *cand)
+{
+    const fa_tensor *t = &x->t;
+    const size_t n = (size_t)(t->batch * t->heads * t->seqlen);
+    double *v = malloc(n * sizeof(double) + 1), *c = malloc(n * sizeof(double) + 1);
+    if (!v || !c) {
+        free(v), free(c);
+        return;
+    }
+    fa_convert(x->a.data, t->dtype, v, FA_F64, n);
+    fa_convert(cand->a.data, cand->t.dtype, c, FA_F64, n);
+    for (size_t i = 0; i < n; i++) {
+        if (v[i] == -INFINITY)
+            v[i] = pf->empty == EMPTY_POS_INF ? INFINITY
+                   : pf->empty == EMPTY_ZERO  ? 0
+                   : pf->empty == EMPTY_ANY   ? c[i]
+                                              : -INFINITY;
+        else if (pf->lse_base2)
+            v[i] *= 1.4426950408889634; /* log2(e): log2 sum 2^x = ln sum e^s / ln 2 */
+    }
+    fa_convert(v, FA_F64, x->a.data, t->dtype, n);
+    free(v), free(c);
+}
+
+typedef struct {
+    cli_tensor in[4];            /* q, k, v, dout as given                          */
+    cli_tensor ref[5];           /* float64 reference: out, lse, dq, dk, dv          */
+    cli_tensor base[5];          /* conventional in the candidate dtype              */
+    fa_dtype base_dtype;
+    int have_base, grads;
+} check_state;
+
+/* Runs forward (and backward if grads) of `be` on inputs converted to dt, into r[5]. */
+static int run_all(const cli_opts *o, check_state *st, fa_backend be, fa_dtype dt, cli_tensor r[5])
+{
+    cli_tensor x[4];
+    memset(x, 0, sizeof x);
+    int rc = 0, n = st->grads ? 4 : 3;
+    for (int i = 0; i < n && !rc; i++)
+        rc = cli_convert(o, &st->in[i], dt, ROLE_QKV, &x[i]);
+    const fa_tensor *q = &x[0].t, *k = &x[1].t, *v = &x[2].t;
+    if (!rc)
+        rc = cli_alloc(o, dt, q->batch, q->seqlen, q->heads, v->headdim, ROLE_QKV, &r[0]);
+    if (!rc)
+        rc = cli_alloc(o, dt == FA_F64 ? FA_F64 : FA_F32, q->batch, q->seqlen, q->heads, 1,
+                       ROLE_LSE, &r[1]);
+    for (int i = 0; i < 3 && st->grads && !rc; i++)
+        rc = cli_alloc(o, dt, x[i].t.batch, x[i].t.seqlen, x[i].t.heads, x[i].t.headdim,
+                       ROLE_QKV, &r[2 + i]);
+    fa_context *ctx = rc ? NULL : cli_context(o, be);
+    if (!rc && !ctx)
+        rc = EXIT_FAILED;
+    if (!rc) {
+        fa_status s = fa_forward(ctx, &o->p, q, k, v, &r[0].t, &r[1].t);
+        if (s == FA_OK && st->grads)
+            s = fa_backward(ctx, &o->p, q, k, v, &r[0].t, &r[1].t, &x[3].t, &r[2].t, &r[3].t,
+                            &r[4].t);
+        if (s != FA_OK)
+            rc = cli_fail(s, be == FA_BACKEND_REFERENCE ? "reference" : "conventional baseline");
+    }
+    fa_context_destroy(ctx);
+    for (int i = 0; i < 4; i++)
+        cli_free(&x[i]);
+    return rc;
+}
+
+static int same_dims(const fa_tensor *a, const fa_tensor *b)
+{
+    return a->batch == b->batch && a->seqlen == b->seqlen && a->heads == b->heads &&
+           a->headdim == b->headdim;
+}
+
+int cmd_check(int argc, char **argv)
+{
+    cli_opts o;
+    int rc = cli_parse("check", argc, argv, "check", &o);
+    if (rc >= 0)
+        return rc;
+    int any = 0, grads = 0;
+    for (int c = 0; c < 5; c++) {
+        any |= o.cand[c] != NULL;
+        grads |= c >= CAND_DQ && o.cand[c];
+    }
+    if (!any) {
+        fprintf(stderr, "flashattn check: give at least one --candidate-out/-lse/-dq/-dk/-dv\n");
+        return EXIT_USAGE;
+    }
+    if (grads && !o.dout) {
+        fprintf(stderr, "flashattn check: gradient candidates need --dout (the cotangent)\n");
+        return EXIT_USAGE;
+    }
+    if (o.cand[CAND_LSE] && !o.profile->has_lse) {
+        fprintf(stderr, "flashattn check: profile %s: these kernels return no LSE\n",
+                o.profile->name);
+        return EXIT_USAGE;
+    }
+    check_state st;
+    memset(&st, 0, sizeof st);
+    st.grads = grads;
+    cli_tensor cand[5];
+    memset(cand, 0, sizeof cand);
+    const char *inputs[4] = {o.q, o.k, o.v, o.dout};
+    for (int i = 0; i < (grads ? 4 : 3) && !rc; i++)
+        rc = cli_load(&o, inputs[i], ROLE_QKV, &st.in[i]);
+    for (int c = 0; c < 5 && !rc; c++)
+        if (o.cand[c])
+            rc = cli_load(&o, o.cand[c], c == CAND_LSE ? ROLE_LSE : ROLE_QKV, &cand[c]);
+    if (!rc)
+        rc = cli_load_slopes(&o, st.in[0].t.heads);
+    /* the candidate's storage dtype: that of its outputs, else of its inputs */
+    fa_dtype dt = st.in[0].t.dtype;
+    for (int c = 0; c < 5 && !rc; c++)
+        if (o.cand[c] && c != CAND_LSE) {
+            dt = cand[c].t.dtype;
+            break;
+        }
+    if (!rc)
+        rc = run_all(&o, &st, FA_BACKEND_REFERENCE, FA_F64, st.ref);
+    if (!rc)
+        rc = run_all(&o, &st, FA_BACKEND_CONVENTIONAL, dt, st.base);
+    for (int c = 0; c < 5 && !rc; c++)
+        if (o.cand[c] && !same_dims(&cand[c].t, &st.ref[c].t)) {
+            const fa_tensor *a = &cand[c].t, *b = &st.ref[c].t;
+            fprintf(stderr,
+                    "flashattn check: %s: logical shape (B=%lld, S=%lld, H=%lld, D=%lld) does "
+                    "not match the %s the inputs give (B=%lld, S=%lld, H=%lld, D=%lld)\n",
+                    o.cand[c], (long long)a->batch, (long long)a->seqlen, (long long)a->heads,
+                    (long long)a->headdim, cand_names[c], (long long)b->batch,
+                    (long long)b->seqlen, (long long)b->heads, (long long)b->headdim);
+            rc = EXIT_USAGE;
+        }
+    if (!rc && o.cand[CAND_LSE]) {
+        lse_to_profile(o.profile, &st.ref[CAND_LSE], &cand[CAND_LSE]);
+        lse_to_profile(o.profile, &st.base[CAND_LSE], &cand[CAND_LSE]);
+    }
+
+    fa_comparison res[5];
+    int pass = 1;
+    for (int c = 0; c < 5 && !rc; c++) {
+        if (!o.cand[c])
+            continue;
+        fa_tolerance tol = {c >= CAND_DQ ? 3 : 2, o.atol, o.rtol};
+        fa_status s = fa_compare(&cand[c].t, &st.ref[c].t, &st.base[c].t, &tol, &res[c]);
+        if (s != FA_OK)
+            rc = cli_fail(s, "compare");
+        else
+            pass &= res[c].pass;
+    }
+    if (!rc && o.json) {
+        printf("{\"verdict\": \"%s\", \"profile\": \"%s\", \"storage_dtype\": \"%s\", "
+               "\"tensors\": [",
+               pass ? "PASS" : "FAIL", o.profile->name, fa_dtype_name(dt));
+        const char *sep = "";
+        for (int c = 0; c < 5; c++) {
+            if (!o.cand[c])
+                continue;
+            const fa_comparison *r = &res[c];
+            printf("%s\n  {\"name\": \"%s\", \"file\": \"%s\", \"verdict\": \"%s\", \"max_abs\": ",
+                   sep, cand_names[c], o.cand[c], r->pass ? "PASS" : "FAIL");
+            json_num(r->max_abs);
+            printf(", \"max_rel\": ");
+            json_num(r->max_rel);
+            printf(", \"nmse\": ");
+            json_num(r->nmse);
+            printf(", \"worst_index\": {\"batch\": %lld, \"seq\": %lld, \"head\": %lld, "
+                   "\"dim\": %lld}, \"worst_candidate\": ",
+                   (long long)r->worst[0], (long long)r->worst[1], (long long)r->worst[2],
+                   (long long)r->worst[3]);
+            json_num(r->worst_cand);
+            printf(", \"worst_reference\": ");
+            json_num(r->worst_ref);
+            printf(", \"nonfinite_mismatches\": %lld, \"bound\": ", (long long)r->nonfinite_mismatches);
+            json_num(r->bound);
+            printf(", \"baseline_error\": ");
+            json_num(r->baseline_err);
+            printf(", \"rule\": \"%s\"}", r->rule);
+            sep = ",";
+        }
+        printf("\n]}\n");
+    } else if (!rc) {
+        printf("flashattn check: reference float64; yardstick conventional %s; profile %s\n",
+               fa_dtype_name(dt), o.profile->name);
+        printf("%-4s %-7s %10s %10s %10s %-22s %13s %13s %9s\n", "", "verdict", "max abs",
+               "max rel", "nmse", "worst [b,s,h,d]", "candidate", "reference", "nan/inf");
+        for (int c = 0; c < 5; c++) {
+            if (!o.cand[c])
+                continue;
+            const fa_comparison *r = &res[c];
+            char at[64];
+            snprintf(at, sizeof at, "[%lld,%lld,%lld,%lld]", (long long)r->worst[0],
+                     (long long)r->worst[1], (long long)r->worst[2], (long long)r->worst[3]);
+            printf("%-4s %-7s %10.3g %10.3g %10.3g %-22s %13.6g %13.6g %9lld\n", cand_names[c],
+                   r->pass ? "PASS" : "FAIL", r->max_abs, r->max_rel, r->nmse, at, r->worst_cand,
+                   r->worst_ref, (long long)r->nonfinite_mismatches);
+            printf("     rule: %s\n", r->rule);
+        }
+        printf("verdict: %s\n", pass ? "PASS" : "FAIL");
+    }
+    for (int i = 0; i < 4; i++)
+        cli_free(&st.in[i]);
+    for (int c = 0; c < 5; c++)
+        cli_free(&st.ref[c]), cli_free(&st.base[c]), cli_free(&cand[c]);
+    cli_opts_free(&o);
+    return rc ? rc : pass ? EXIT_PASS : EXIT_FAILED;
+}

@@ -1,0 +1,86 @@
+/* The `flashattn` command: shared declarations of its subcommands (src/cli/). */
+#ifndef FA_CLI_H
+#define FA_CLI_H
+
+#include <stdio.h>
+
+#include "flashattn.h"
+#include "npy.h"
+
+/* What a profile fixes: the conventions the popular kernels disagree on (README, "Profiles"). */
+typedef enum { EMPTY_NEG_INF, EMPTY_POS_INF, EMPTY_ZERO, EMPTY_ANY } cli_empty_lse;
+
+typedef struct {
+    const char *name;
+    fa_align align;        /* what --causal means when Sq != Sk                         */
+    int lse_base2;         /* the candidate's LSE is log2-sum-exp2 (FlashInfer)          */
+    cli_empty_lse empty;   /* the LSE a fully masked row carries                         */
+    int window_is_count;   /* a bare --window W counts keys incl. the query: (W - 1, 0)  */
+    fa_score_order order;  /* ALiBi before or after softcap                              */
+    int has_lse;           /* the kernel returns an LSE at all                           */
+} cli_profile;
+
+/* Everything the options of forward, backward and check say. */
+typedef struct {
+    const char *q, *k, *v, *out, *lse, *dout, *dq, *dk, *dv;
+    const char *cand[5]; /* check: --candidate-out, -lse, -dq, -dk, -dv */
+    const char *alibi;
+    fa_params p;
+    float *slopes; /* from --alibi */
+    int64_t nslopes;
+    int bhsd, bf16, json, threads;
+    fa_backend backend;
+    fa_isa isa;
+    double atol, rtol;
+    const cli_profile *profile;
+} cli_opts;
+
+enum { CAND_OUT, CAND_LSE, CAND_DQ, CAND_DK, CAND_DV };
+
+/* Exit codes of every subcommand: 0 success (check: PASS), 1 failure (check: FAIL; else the
+ * library refused or failed), 2 bad usage or unreadable input. */
+enum { EXIT_PASS = 0, EXIT_FAILED = 1, EXIT_USAGE = 2 };
+
+/* Parses argv (after the subcommand) into o; `allowed` is a string of option groups the
+ * subcommand takes ("io", "grad", "check"). Returns -1 to go on, or an exit code (help printed,
+ * or a usage error reported on stderr). */
+int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_opts *o);
+void cli_opts_free(cli_opts *o);
+void cli_usage(FILE *f, const char *cmd);
+const cli_profile *cli_profile_find(const char *name);
+extern const cli_profile cli_profiles[];
+
+/* .npy <-> fa_tensor. A loaded tensor owns its npy_array. */
+typedef struct {
+    fa_tensor t;
+    npy_array a;
+} cli_tensor;
+
+typedef enum { ROLE_QKV, ROLE_LSE } cli_role;
+/* Loads `path` as a 4-D tensor in o's layout (ROLE_QKV) or a (B, H, S) LSE (ROLE_LSE). Returns
+ * 0, or EXIT_USAGE after printing a message that names the file and the problem. */
+int cli_load(const cli_opts *o, const char *path, cli_role role, cli_tensor *x);
+/* A new zeroed tensor of the given logical shape, laid out as o's layout says (ROLE_LSE:
+ * B x H x S storage). */
+int cli_alloc(const cli_opts *o, fa_dtype dt, int64_t b, int64_t s, int64_t h, int64_t d,
+              cli_role role, cli_tensor *x);
+int cli_save(const cli_opts *o, const char *path, const cli_tensor *x, cli_role role);
+void cli_free(cli_tensor *x);
+/* A copy of x converted to dtype dt, same logical shape and layout. */
+int cli_convert(const cli_opts *o, const cli_tensor *x, fa_dtype dt, cli_role role, cli_tensor *y);
+
+fa_context *cli_context(const cli_opts *o, fa_backend backend);
+/* Prints the library's detail; returns EXIT_USAGE for argument errors, else EXIT_FAILED. */
+int cli_fail(fa_status s, const char *what);
+/* --alibi: loads one slope per query head into o->slopes and o->p.alibi_slopes. */
+int cli_load_slopes(cli_opts *o, int64_t heads);
+
+const char *cli_blas_core(void); /* OpenBLAS's core name, "unknown" without OpenBLAS */
+
+int cmd_forward(int argc, char **argv);
+int cmd_backward(int argc, char **argv);
+int cmd_check(int argc, char **argv);
+int cmd_info(int argc, char **argv);
+int cmd_demo(int argc, char **argv);
+
+#endif

@@ -1,0 +1,311 @@
+/* Options of the `flashattn` subcommands, and the convention profiles. */
+#include "config.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+/*
+ * The profiles (README.md, "Convention profiles", gives each fact's source):
+ *   align      causal alignment when Sq != Sk
+ *   base2      LSE returned as log2-sum-exp2 (FlashInfer)
+ *   empty      the LSE written for a row with no allowed key
+ *   count      a bare --window W counts keys including the query's own: (W - 1, 0)
+ *   order      where ALiBi is added relative to softcap
+ *   lse        the kernel returns an LSE
+ */
+const cli_profile cli_profiles[] = {
+    /* name        align                  base2 empty          count order                  lse */
+    {"flashattn", FA_ALIGN_BOTTOM_RIGHT, 0, EMPTY_NEG_INF, 0, FA_SOFTCAP_THEN_ALIBI, 1},
+    {"fa2", FA_ALIGN_BOTTOM_RIGHT, 0, EMPTY_POS_INF, 0, FA_SOFTCAP_THEN_ALIBI, 1},
+    {"fa3", FA_ALIGN_BOTTOM_RIGHT, 0, EMPTY_NEG_INF, 0, FA_SOFTCAP_THEN_ALIBI, 1},
+    {"pytorch", FA_ALIGN_TOP_LEFT, 0, EMPTY_ANY, 0, FA_SOFTCAP_THEN_ALIBI, 1},
+    {"flashinfer", FA_ALIGN_BOTTOM_RIGHT, 1, EMPTY_ANY, 0, FA_ALIBI_THEN_SOFTCAP, 1},
+    {"xformers", FA_ALIGN_TOP_LEFT, 0, EMPTY_ANY, 1, FA_SOFTCAP_THEN_ALIBI, 1},
+    {"ggml", FA_ALIGN_BOTTOM_RIGHT, 0, EMPTY_ANY, 1, FA_SOFTCAP_THEN_ALIBI, 0},
+    {NULL, 0, 0, 0, 0, 0, 0},
+};
+
+const cli_profile *cli_profile_find(const char *name)
+{
+    for (const cli_profile *p = cli_profiles; p->name; p++)
+        if (!strcmp(p->name, name))
+            return p;
+    return NULL;
+}
+
+void cli_usage(FILE *f, const char *cmd)
+{
+    if (!strcmp(cmd, "forward"))
+        fprintf(f, "usage: flashattn forward --q Q.npy --k K.npy --v V.npy --out OUT.npy\n"
+                   "       [--lse LSE.npy] [attention options] [run options]\n"
+                   "Runs a backend on Q, K, V and writes O (the inputs' dtype) and LSE (B, H, S;\n"
+                   "f32, or f64 for f64 inputs).\n");
+    else if (!strcmp(cmd, "backward"))
+        fprintf(f, "usage: flashattn backward --q Q.npy --k K.npy --v V.npy --out O.npy --lse LSE.npy\n"
+                   "       --dout DO.npy --dq DQ.npy --dk DK.npy --dv DV.npy [attention options]\n"
+                   "       [run options]\n"
+                   "Writes the gradients of attention for the cotangent dO.\n");
+    else if (!strcmp(cmd, "check"))
+        fprintf(f,
+                "usage: flashattn check --q Q.npy --k K.npy --v V.npy [--dout DO.npy]\n"
+                "       [--candidate-out O.npy] [--candidate-lse LSE.npy] [--candidate-dq DQ.npy]\n"
+                "       [--candidate-dk DK.npy] [--candidate-dv DV.npy] [--profile NAME]\n"
+                "       [--atol A] [--rtol R] [--json] [attention options] [--threads T]\n"
+                "Compares a kernel's results with the float64 reference on the same inputs.\n"
+                "Default rule (FlashAttention's): max |cand - ref| <= 2x (3x for gradients) the\n"
+                "error of the conventional path run in the candidate's dtype, plus\n"
+                "eps(dtype) x max(1, |ref|); --atol/--rtol give an explicit elementwise bound.\n"
+                "Exit status: 0 PASS, 1 FAIL, 2 bad usage or unreadable input.\n"
+                "Profiles: flashattn (default), fa2, fa3, pytorch, flashinfer, xformers, ggml.\n");
+    else
+        return;
+    fprintf(f,
+            "attention options:\n"
+            "  --causal                  causal mask (window_right = 0)\n"
+            "  --align bottom-right|top-left   causal/window alignment when Sq != Sk\n"
+            "  --window L,R              inclusive key offsets left/right of the query, -1 unbounded\n"
+            "  --window W                one number: the profile's convention (a left bound, or\n"
+            "                            a key count W including the query's own = (W-1, 0))\n"
+            "  --softcap C               s = C tanh(s / C)\n"
+            "  --alibi SLOPES.npy        one slope per query head (1-D)\n"
+            "  --scale S                 0 or absent: 1/sqrt(head dim)\n"
+            "  --dropout P --seed S --offset O   dropout with the Philox stream of DESIGN.md\n"
+            "  --layout bshd|bhsd        how Q, K, V, O files are laid out (default bshd)\n"
+            "  --bf16                    read uint16 ('<u2', '|V2') arrays as bfloat16\n"
+            "  --profile NAME            conventions of a kernel family (see README)\n"
+            "run options:\n"
+            "  --backend reference|conventional|tiled   --isa scalar|avx2|avx512|neon\n"
+            "  --threads T               0: all\n"
+            "  --help\n");
+}
+
+static int bad(const char *cmd, const char *opt, const char *val, const char *why)
+{
+    fprintf(stderr, "flashattn %s: %s %s: %s\n", cmd, opt, val ? val : "", why);
+    return EXIT_USAGE;
+}
+
+static int parse_double(const char *s, double *out)
+{
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (*s == '\0' || *end != '\0' || errno == ERANGE)
+        return 1;
+    *out = v;
+    return 0;
+}
+
+static int parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out)
+{
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (*s == '\0' || *end != '\0' || errno == ERANGE || v < lo || v > hi)
+        return 1;
+    *out = (int64_t)v;
+    return 0;
+}
+
+static int parse_u64(const char *s, uint64_t *out)
+{
+    char *end;
+    errno = 0;
+    if (*s == '-')
+        return 1;
+    unsigned long long v = strtoull(s, &end, 0);
+    if (*s == '\0' || *end != '\0' || errno == ERANGE)
+        return 1;
+    *out = (uint64_t)v;
+    return 0;
+}
+
+/* Options and the subcommand groups that accept them. */
+typedef struct {
+    const char *name;
+    const char *groups; /* "io" forward/backward, "grad" backward, "check", "attn" all three */
+} opt_def;
+
+static const opt_def defs[] = {
+    {"--q", "attn"}, {"--k", "attn"}, {"--v", "attn"}, {"--out", "io"}, {"--lse", "io"},
+    {"--dout", "grad check"}, {"--dq", "grad"}, {"--dk", "grad"}, {"--dv", "grad"},
+    {"--candidate-out", "check"}, {"--candidate-lse", "check"}, {"--candidate-dq", "check"},
+    {"--candidate-dk", "check"}, {"--candidate-dv", "check"}, {"--atol", "check"},
+    {"--rtol", "check"}, {"--json", "check"}, {"--causal", "attn"}, {"--align", "attn"},
+    {"--window", "attn"}, {"--softcap", "attn"}, {"--alibi", "attn"}, {"--scale", "attn"},
+    {"--dropout", "attn"}, {"--seed", "attn"}, {"--offset", "attn"}, {"--layout", "attn"},
+    {"--bf16", "attn"}, {"--profile", "attn"}, {"--backend", "io"}, {"--isa", "io"},
+    {"--threads", "attn"}, {NULL, NULL},
+};
+
+static const opt_def *find_def(const char *name)
+{
+    for (const opt_def *d = defs; d->name; d++)
+        if (!strcmp(d->name, name))
+            return d;
+    return NULL;
+}
+
+static int accepted(const opt_def *d, const char *allowed)
+{
+    char groups[64];
+    snprintf(groups, sizeof groups, "%s", d->groups);
+    for (char *g = strtok(groups, " "); g; g = strtok(NULL, " "))
+        if (!strcmp(g, "attn") || strstr(allowed, g))
+            return 1;
+    return 0;
+}
+
+static int is_flag(const char *name)
+{
+    return !strcmp(name, "--causal") || !strcmp(name, "--json") || !strcmp(name, "--bf16");
+}
+
+int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_opts *o)
+{
+    memset(o, 0, sizeof *o);
+    fa_params_init(&o->p);
+    o->profile = &cli_profiles[0];
+    o->backend = FA_BACKEND_AUTO;
+    o->isa = FA_ISA_AUTO;
+    const char *window = NULL, *align = NULL;
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            cli_usage(stdout, cmd);
+            return EXIT_PASS;
+        }
+        const opt_def *d = find_def(a);
+        if (!d || !accepted(d, allowed)) {
+            fprintf(stderr, "flashattn %s: unknown option '%s' (see flashattn %s --help)\n", cmd,
+                    a, cmd);
+            return EXIT_USAGE;
+        }
+        const char *v = NULL;
+        if (!is_flag(a)) {
+            if (i + 1 >= argc)
+                return bad(cmd, a, NULL, "needs a value");
+            v = argv[++i];
+        }
+        if (!strcmp(a, "--q")) o->q = v;
+        else if (!strcmp(a, "--k")) o->k = v;
+        else if (!strcmp(a, "--v")) o->v = v;
+        else if (!strcmp(a, "--out")) o->out = v;
+        else if (!strcmp(a, "--lse")) o->lse = v;
+        else if (!strcmp(a, "--dout")) o->dout = v;
+        else if (!strcmp(a, "--dq")) o->dq = v;
+        else if (!strcmp(a, "--dk")) o->dk = v;
+        else if (!strcmp(a, "--dv")) o->dv = v;
+        else if (!strcmp(a, "--candidate-out")) o->cand[CAND_OUT] = v;
+        else if (!strcmp(a, "--candidate-lse")) o->cand[CAND_LSE] = v;
+        else if (!strcmp(a, "--candidate-dq")) o->cand[CAND_DQ] = v;
+        else if (!strcmp(a, "--candidate-dk")) o->cand[CAND_DK] = v;
+        else if (!strcmp(a, "--candidate-dv")) o->cand[CAND_DV] = v;
+        else if (!strcmp(a, "--alibi")) o->alibi = v;
+        else if (!strcmp(a, "--causal")) o->p.causal = 1;
+        else if (!strcmp(a, "--json")) o->json = 1;
+        else if (!strcmp(a, "--bf16")) o->bf16 = 1;
+        else if (!strcmp(a, "--align")) align = v;
+        else if (!strcmp(a, "--window")) window = v;
+        else if (!strcmp(a, "--atol")) {
+            if (parse_double(v, &o->atol) || !(o->atol >= 0) || isinf(o->atol))
+                return bad(cmd, a, v, "expected a finite number >= 0");
+        } else if (!strcmp(a, "--rtol")) {
+            if (parse_double(v, &o->rtol) || !(o->rtol >= 0) || isinf(o->rtol))
+                return bad(cmd, a, v, "expected a finite number >= 0");
+        } else if (!strcmp(a, "--softcap")) {
+            if (parse_double(v, &o->p.softcap))
+                return bad(cmd, a, v, "expected a number");
+        } else if (!strcmp(a, "--scale")) {
+            if (parse_double(v, &o->p.scale))
+                return bad(cmd, a, v, "expected a number");
+        } else if (!strcmp(a, "--dropout")) {
+            if (parse_double(v, &o->p.dropout_p))
+                return bad(cmd, a, v, "expected a probability in [0, 1)");
+        } else if (!strcmp(a, "--seed")) {
+            if (parse_u64(v, &o->p.dropout_seed))
+                return bad(cmd, a, v, "expected an unsigned 64-bit integer");
+        } else if (!strcmp(a, "--offset")) {
+            if (parse_u64(v, &o->p.dropout_offset))
+                return bad(cmd, a, v, "expected an unsigned 64-bit integer");
+        } else if (!strcmp(a, "--threads")) {
+            int64_t t;
+            if (parse_i64(v, 0, 4096, &t))
+                return bad(cmd, a, v, "expected an integer in [0, 4096]");
+            o->threads = (int)t;
+        } else if (!strcmp(a, "--layout")) {
+            if (strcmp(v, "bshd") && strcmp(v, "bhsd"))
+                return bad(cmd, a, v, "expected bshd or bhsd");
+            o->bhsd = !strcmp(v, "bhsd");
+        } else if (!strcmp(a, "--profile")) {
+            if (!(o->profile = cli_profile_find(v)))
+                return bad(cmd, a, v,
+                           "expected flashattn, fa2, fa3, pytorch, flashinfer, xformers or ggml");
+        } else if (!strcmp(a, "--backend")) {
+            const char *names[] = {"reference", "conventional", "tiled", "cuda"};
+            int k = 0;
+            while (k < 4 && strcmp(v, names[k]))
+                k++;
+            if (k == 4)
+                return bad(cmd, a, v, "expected reference, conventional, tiled or cuda");
+            o->backend = (fa_backend)(FA_BACKEND_REFERENCE + k);
+        } else if (!strcmp(a, "--isa")) {
+            const char *names[] = {"scalar", "avx2", "avx512", "neon"};
+            int k = 0;
+            while (k < 4 && strcmp(v, names[k]))
+                k++;
+            if (k == 4)
+                return bad(cmd, a, v, "expected scalar, avx2, avx512 or neon");
+            o->isa = (fa_isa)(FA_ISA_SCALAR + k);
+        }
+    }
+
+    /* what the profile decides, unless an option said otherwise */
+    o->p.align = o->profile->align;
+    o->p.score_order = o->profile->order;
+    if (align) {
+        if (strcmp(align, "bottom-right") && strcmp(align, "top-left"))
+            return bad(cmd, "--align", align, "expected bottom-right or top-left");
+        o->p.align = !strcmp(align, "top-left") ? FA_ALIGN_TOP_LEFT : FA_ALIGN_BOTTOM_RIGHT;
+    }
+    if (window) {
+        const char *comma = strchr(window, ',');
+        int64_t l, r;
+        if (comma) {
+            char left[32];
+            size_t n = (size_t)(comma - window);
+            if (n >= sizeof left)
+                return bad(cmd, "--window", window, "expected L,R or W");
+            memcpy(left, window, n);
+            left[n] = '\0';
+            if (parse_i64(left, -1, INT64_MAX, &l) || parse_i64(comma + 1, -1, INT64_MAX, &r))
+                return bad(cmd, "--window", window, "expected L,R with L, R >= -1");
+        } else if (o->profile->window_is_count) {
+            int64_t w;
+            if (parse_i64(window, 1, INT64_MAX, &w))
+                return bad(cmd, "--window", window,
+                           "expected a key count W >= 1 (this profile counts the query's own key)");
+            l = w - 1;
+            r = 0;
+        } else {
+            if (parse_i64(window, -1, INT64_MAX, &l))
+                return bad(cmd, "--window", window, "expected a left bound >= -1, or L,R");
+            r = o->p.causal ? 0 : -1;
+        }
+        o->p.window_left = l;
+        o->p.window_right = r;
+    }
+    if (!o->q || !o->k || !o->v)
+        return bad(cmd, !o->q ? "--q" : !o->k ? "--k" : "--v", NULL, "is required");
+    return -1;
+}
+
+void cli_opts_free(cli_opts *o)
+{
+    free(o->slopes);
+    o->slopes = NULL;
+}

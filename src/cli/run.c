@@ -1,0 +1,165 @@
+/* `flashattn forward` and `flashattn backward`: run a backend on .npy files. */
+#include "config.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+int cli_fail(fa_status s, const char *what)
+{
+    fprintf(stderr, "flashattn: %s: %s (%s)\n", what, fa_status_string(s), fa_last_error());
+    switch (s) { /* the library's argument checks are about the user's input */
+    case FA_ERR_NULL_POINTER:
+    case FA_ERR_INVALID_ARGUMENT:
+    case FA_ERR_SHAPE:
+    case FA_ERR_STRIDE:
+    case FA_ERR_DTYPE:
+    case FA_ERR_OVERFLOW: return EXIT_USAGE;
+    default: return EXIT_FAILED;
+    }
+}
+
+fa_context *cli_context(const cli_opts *o, fa_backend backend)
+{
+    fa_options fo;
+    fa_options_init(&fo);
+    fo.backend = backend;
+    fo.isa = o->isa;
+    fo.num_threads = o->threads;
+    fa_context *ctx = NULL;
+    fa_status s = fa_context_create(&fo, &ctx);
+    if (s != FA_OK) {
+        cli_fail(s, "context");
+        return NULL;
+    }
+    return ctx;
+}
+
+/* --alibi: a 1-D array of one slope per query head, any float dtype. */
+int cli_load_slopes(cli_opts *o, int64_t heads)
+{
+    if (!o->alibi)
+        return 0;
+    cli_tensor s;
+    char err[512];
+    memset(&s, 0, sizeof s);
+    if (npy_read(o->alibi, (size_t)1 << 30, &s.a, err, sizeof err)) {
+        fprintf(stderr, "flashattn: %s\n", err);
+        return EXIT_USAGE;
+    }
+    if (s.a.ndim != 1 || s.a.shape[0] != heads) {
+        fprintf(stderr, "flashattn: %s: expected a 1-D array of %lld slopes (one per query head)\n",
+                o->alibi, (long long)heads);
+        npy_free(&s.a);
+        return EXIT_USAGE;
+    }
+    const fa_dtype dt = s.a.kind == NPY_F16   ? FA_F16
+                        : s.a.kind == NPY_F64 ? FA_F64
+                        : s.a.kind == NPY_U2  ? FA_BF16 /* bf16 bits, with or without --bf16 */
+                                              : FA_F32;
+    o->slopes = malloc((size_t)heads * sizeof(float) + 1);
+    if (!o->slopes) {
+        npy_free(&s.a);
+        return EXIT_FAILED;
+    }
+    fa_convert(s.a.data, dt, o->slopes, FA_F32, (size_t)heads);
+    npy_free(&s.a);
+    o->p.alibi_slopes = o->slopes;
+    o->nslopes = heads;
+    return 0;
+}
+
+static int need(const char *cmd, const char *opt, const char *val)
+{
+    if (val)
+        return 0;
+    fprintf(stderr, "flashattn %s: %s is required\n", cmd, opt);
+    return EXIT_USAGE;
+}
+
+int cmd_forward(int argc, char **argv)
+{
+    cli_opts o;
+    int rc = cli_parse("forward", argc, argv, "io", &o);
+    if (rc >= 0)
+        return rc;
+    if ((rc = need("forward", "--out", o.out)))
+        return rc;
+    cli_tensor q, k, v, out, lse;
+    memset(&lse, 0, sizeof lse);
+    if ((rc = cli_load(&o, o.q, ROLE_QKV, &q)))
+        return rc;
+    if ((rc = cli_load(&o, o.k, ROLE_QKV, &k))) {
+        cli_free(&q);
+        return rc;
+    }
+    if ((rc = cli_load(&o, o.v, ROLE_QKV, &v))) {
+        cli_free(&q), cli_free(&k);
+        return rc;
+    }
+    rc = cli_load_slopes(&o, q.t.heads);
+    if (!rc)
+        rc = cli_alloc(&o, q.t.dtype, q.t.batch, q.t.seqlen, q.t.heads, v.t.headdim, ROLE_QKV,
+                       &out);
+    if (!rc && o.lse)
+        rc = cli_alloc(&o, q.t.dtype == FA_F64 ? FA_F64 : FA_F32, q.t.batch, q.t.seqlen,
+                       q.t.heads, 1, ROLE_LSE, &lse);
+    fa_context *ctx = rc ? NULL : cli_context(&o, o.backend);
+    if (!rc && !ctx)
+        rc = EXIT_FAILED;
+    if (!rc) {
+        fa_status s = fa_forward(ctx, &o.p, &q.t, &k.t, &v.t, &out.t, o.lse ? &lse.t : NULL);
+        rc = s == FA_OK ? 0 : cli_fail(s, "forward");
+    }
+    if (!rc)
+        rc = cli_save(&o, o.out, &out, ROLE_QKV);
+    if (!rc && o.lse)
+        rc = cli_save(&o, o.lse, &lse, ROLE_LSE);
+    fa_context_destroy(ctx);
+    cli_free(&q), cli_free(&k), cli_free(&v), cli_free(&out), cli_free(&lse);
+    cli_opts_free(&o);
+    return rc;
+}
+
+int cmd_backward(int argc, char **argv)
+{
+    cli_opts o;
+    int rc = cli_parse("backward", argc, argv, "io grad", &o);
+    if (rc >= 0)
+        return rc;
+    const char *req[6][2] = {{"--out", o.out}, {"--lse", o.lse}, {"--dout", o.dout},
+                             {"--dq", o.dq},   {"--dk", o.dk},   {"--dv", o.dv}};
+    for (int i = 0; i < 6; i++)
+        if ((rc = need("backward", req[i][0], req[i][1])))
+            return rc;
+    cli_tensor in[6], g[3];
+    memset(in, 0, sizeof in);
+    memset(g, 0, sizeof g);
+    const char *paths[6] = {o.q, o.k, o.v, o.out, o.lse, o.dout};
+    for (int i = 0; i < 6 && !rc; i++)
+        rc = cli_load(&o, paths[i], i == 4 ? ROLE_LSE : ROLE_QKV, &in[i]);
+    if (!rc)
+        rc = cli_load_slopes(&o, in[0].t.heads);
+    for (int i = 0; i < 3 && !rc; i++) /* dq, dk, dv shaped like q, k, v */
+        rc = cli_alloc(&o, in[i].t.dtype, in[i].t.batch, in[i].t.seqlen, in[i].t.heads,
+                       in[i].t.headdim, ROLE_QKV, &g[i]);
+    fa_context *ctx = rc ? NULL : cli_context(&o, o.backend);
+    if (!rc && !ctx)
+        rc = EXIT_FAILED;
+    if (!rc) {
+        fa_status s = fa_backward(ctx, &o.p, &in[0].t, &in[1].t, &in[2].t, &in[3].t, &in[4].t,
+                                  &in[5].t, &g[0].t, &g[1].t, &g[2].t);
+        rc = s == FA_OK ? 0 : cli_fail(s, "backward");
+    }
+    const char *outs[3] = {o.dq, o.dk, o.dv};
+    for (int i = 0; i < 3 && !rc; i++)
+        rc = cli_save(&o, outs[i], &g[i], ROLE_QKV);
+    fa_context_destroy(ctx);
+    for (int i = 0; i < 6; i++)
+        cli_free(&in[i]);
+    for (int i = 0; i < 3; i++)
+        cli_free(&g[i]);
+    cli_opts_free(&o);
+    return rc;
+}
