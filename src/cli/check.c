@@ -54,8 +54,7 @@ typedef struct {
     cli_tensor in[4];            /* q, k, v, dout as given                          */
     cli_tensor ref[5];           /* float64 reference: out, lse, dq, dk, dv          */
     cli_tensor base[5];          /* conventional in the candidate dtype              */
-    fa_dtype base_dtype;
-    int have_base, grads;
+    int grads;
 } check_state;
 
 /* Runs forward (and backward if grads) of `be` on inputs converted to dt, into r[5]. */
@@ -104,6 +103,7 @@ int cmd_check(int argc, char **argv)
     int rc = cli_parse("check", argc, argv, "check", &o);
     if (rc >= 0)
         return rc;
+    rc = 0;
     int any = 0, grads = 0;
     for (int c = 0; c < 5; c++) {
         any |= o.cand[c] != NULL;

@@ -1,0 +1,396 @@
+#!/usr/bin/env python3
+"""`flashattn` subcommands and options, end to end, through .npy files written and read by numpy.
+
+Most option tests follow one pattern: `forward --opt` writes O and LSE; `check --opt` on them
+must PASS, and `check` without the option (or with another value) must FAIL. That shows the
+option is parsed and applied the same way in both commands, and that it changes the result.
+Run: python3 tests/test_cli.py path/to/flashattn
+"""
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+EXE = os.path.abspath(sys.argv[1] if len(sys.argv) > 1 else "./flashattn")
+TMP = tempfile.mkdtemp(prefix="flashattn-cli-")
+RNG = np.random.default_rng(7)
+results = []
+TESTS = []
+
+
+def path(name):
+    return os.path.join(TMP, name)
+
+
+def run(*args, code=None):
+    p = subprocess.run([EXE, *map(str, args)], capture_output=True, text=True)
+    if code is not None:
+        assert p.returncode == code, f"{args}: exit {p.returncode}, want {code}\n{p.stdout}{p.stderr}"
+    return p
+
+
+def save(name, a):
+    np.save(path(name), a)
+    return path(name)
+
+
+def inputs(sq=40, sk=56, hq=4, hk=2, d=16, dtype=np.float32, prefix=""):
+    q = RNG.standard_normal((2, sq, hq, d)).astype(dtype)
+    k = RNG.standard_normal((2, sk, hk, d)).astype(dtype)
+    v = RNG.standard_normal((2, sk, hk, d)).astype(dtype)
+    return [save(prefix + "q.npy", q), save(prefix + "k.npy", k), save(prefix + "v.npy", v)]
+
+
+QKV = []
+
+
+def qkv_args(files=None):
+    q, k, v = files or QKV
+    return ["--q", q, "--k", k, "--v", v]
+
+
+def forward(*opts, files=None, out="o.npy", lse="l.npy", code=0):
+    run("forward", *qkv_args(files), "--out", path(out), "--lse", path(lse), *opts, code=code)
+    return path(out), path(lse)
+
+
+def check(o, l, *opts, files=None, code=None):
+    p = run("check", *qkv_args(files), "--candidate-out", o, "--candidate-lse", l, *opts)
+    assert p.returncode in (0, 1), f"check {opts}: exit {p.returncode}\n{p.stderr}"
+    if code is not None:
+        assert p.returncode == code, f"check {opts}: exit {p.returncode}, want {code}\n{p.stdout}"
+    return p
+
+
+def test(fn):
+    TESTS.append(fn)
+    return fn
+
+
+# ------------------------------------------------------------------ option pairs
+
+def pair(forward_opts, check_same, check_other):
+    o, l = forward(*forward_opts)
+    check(o, l, *check_same, code=0)
+    check(o, l, *check_other, code=1)
+
+
+@test
+def plain_forward_passes_check():
+    o, l = forward()
+    check(o, l, code=0)
+    out, lse = np.load(o), np.load(l)  # numpy reads what we write
+    assert out.shape == (2, 40, 4, 16) and out.dtype == np.float32
+    assert lse.shape == (2, 4, 40) and lse.dtype == np.float32
+
+
+@test
+def causal():
+    pair(["--causal"], ["--causal"], [])
+
+
+@test
+def align_top_left():
+    pair(["--causal", "--align", "top-left"], ["--causal", "--align", "top-left"], ["--causal"])
+
+
+@test
+def window_pair():
+    pair(["--window", "5,2"], ["--window", "5,2"], ["--window", "5,3"])
+
+
+@test
+def window_single_is_left_bound():
+    pair(["--window", "6,-1"], ["--window", "6"], ["--window", "7"])
+
+
+@test
+def softcap():
+    pair(["--softcap", "1.5"], ["--softcap", "1.5"], ["--softcap", "3"])
+
+
+@test
+def scale():
+    pair(["--scale", "0.5"], ["--scale", "0.5"], [])
+
+
+@test
+def alibi():
+    slopes = save("slopes.npy", np.array([0.5, 0.25, 0.125, 0.0625], np.float32))
+    pair(["--alibi", slopes, "--causal"], ["--alibi", slopes, "--causal"], ["--causal"])
+    wrong = save("slopes3.npy", np.array([0.5, 0.25, 0.125], np.float64))
+    p = run("forward", *qkv_args(), "--out", path("x.npy"), "--alibi", wrong, code=2)
+    assert "slopes" in p.stderr
+
+
+@test
+def dropout_seed_offset():
+    opts = ["--dropout", "0.3", "--seed", "77", "--offset", "5"]
+    pair(opts, opts, ["--dropout", "0.3", "--seed", "78", "--offset", "5"])
+    o, l = forward(*opts)
+    check(o, l, "--dropout", "0.3", "--seed", "77", "--offset", "6", code=1)
+
+
+@test
+def layout_bhsd():
+    o1, l1 = forward(out="o1.npy", lse="l1.npy")
+    q, k, v = (np.load(f) for f in QKV)
+    files = [save("qt.npy", q.transpose(0, 2, 1, 3).copy()), save("kt.npy", k.transpose(0, 2, 1, 3).copy()),
+             save("vt.npy", v.transpose(0, 2, 1, 3).copy())]
+    o2, l2 = forward("--layout", "bhsd", files=files, out="o2.npy", lse="l2.npy")
+    assert np.array_equal(np.load(o1), np.load(o2).transpose(0, 2, 1, 3))
+    assert np.array_equal(np.load(l1), np.load(l2))
+    check(o2, l2, "--layout", "bhsd", files=files, code=0)
+    p = run("check", *qkv_args(files), "--candidate-out", o2, code=2)  # read as bshd: shapes clash
+    assert "q->heads = 40 is not a multiple of k->heads = 56" in p.stderr, p.stderr
+
+
+@test
+def threads_bitwise_equal():
+    o1, _ = forward("--threads", "1", out="t1.npy", lse="tl1.npy")
+    o3, _ = forward("--threads", "3", out="t3.npy", lse="tl3.npy")
+    with open(o1, "rb") as a, open(o3, "rb") as b:
+        assert a.read() == b.read()
+
+
+@test
+def backends_all_pass():
+    for be in ["reference", "conventional", "tiled"]:
+        o, l = forward("--backend", be, "--causal")
+        check(o, l, "--causal", code=0)
+    p = run("forward", *qkv_args(), "--out", path("x.npy"), "--backend", "cuda", code=1)
+    assert "cuda" in p.stderr.lower()
+
+
+@test
+def isa():
+    o, l = forward("--isa", "scalar")
+    check(o, l, code=0)
+    run("forward", *qkv_args(), "--out", path("x.npy"), "--isa", "neon", code=1)
+    run("forward", *qkv_args(), "--out", path("x.npy"), "--isa", "sse", code=2)
+
+
+@test
+def every_dtype_numpy_wrote():
+    for dt in [np.float16, np.float32, np.float64]:
+        files = inputs(dtype=dt, prefix=np.dtype(dt).name)
+        o, l = forward(files=files, out="od.npy", lse="ld.npy")
+        assert np.load(o).dtype == dt
+        assert np.load(l).dtype == (np.float64 if dt == np.float64 else np.float32)
+        check(o, l, files=files, code=0)
+
+
+@test
+def bf16_as_uint16():
+    def to_bf16(a):  # round to nearest even, as uint16 bit patterns
+        u = a.astype(np.float32).view(np.uint32)
+        return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    files = [save(n, to_bf16(np.load(f))) for n, f in zip(["qb.npy", "kb.npy", "vb.npy"], QKV)]
+    p = run("forward", *qkv_args(files), "--out", path("ob.npy"), code=2)
+    assert "--bf16" in p.stderr
+    o, l = forward("--bf16", files=files, out="ob.npy", lse="lb.npy")
+    assert np.load(o).dtype == np.uint16
+    out = (np.load(o).astype(np.uint32) << 16).view(np.float32)
+    assert np.all(np.isfinite(out)) and np.abs(out).max() < 10
+    check(o, l, "--bf16", files=files, code=0)
+
+
+@test
+def backward_and_gradient_check():
+    o, l = forward("--causal")
+    dout = save("do.npy", RNG.standard_normal((2, 40, 4, 16)).astype(np.float32))
+    grads = [path("dq.npy"), path("dk.npy"), path("dv.npy")]
+    run("backward", *qkv_args(), "--out", o, "--lse", l, "--dout", dout, "--dq", grads[0],
+        "--dk", grads[1], "--dv", grads[2], "--causal", code=0)
+    cands = ["--candidate-dq", grads[0], "--candidate-dk", grads[1], "--candidate-dv", grads[2]]
+    run("check", *qkv_args(), "--dout", dout, *cands, "--causal", code=0)
+    dq = np.load(grads[0])
+    dq[1, 7, 2, 3] += 1e-3 * np.abs(dq).max()  # one element off
+    bad = save("dq_bad.npy", dq)
+    p = run("check", *qkv_args(), "--dout", dout, "--candidate-dq", bad, "--causal", "--json", code=1)
+    rep = json.loads(p.stdout)
+    w = rep["tensors"][0]["worst_index"]
+    assert rep["verdict"] == "FAIL" and (w["batch"], w["seq"], w["head"], w["dim"]) == (1, 7, 2, 3)
+    p = run("check", *qkv_args(), "--candidate-dq", grads[0], code=2)
+    assert "--dout" in p.stderr
+    run("backward", *qkv_args(), "--out", o, "--lse", l, "--dout", dout, "--dq", grads[0], code=2)
+
+
+@test
+def tolerance_options_and_json():
+    o, l = forward("--backend", "tiled")
+    p = check(o, l, "--json", code=0)
+    rep = json.loads(p.stdout)
+    assert rep["verdict"] == "PASS" and rep["profile"] == "flashattn"
+    t = {x["name"]: x for x in rep["tensors"]}
+    assert set(t) == {"out", "lse"} and t["out"]["rule"].startswith("flash:")
+    for key in ["max_abs", "max_rel", "nmse", "worst_index", "worst_candidate", "worst_reference",
+                "nonfinite_mismatches", "bound", "baseline_error"]:
+        assert key in t["out"], key
+    p = check(o, l, "--atol", "1e-12", "--json", code=1)
+    assert json.loads(p.stdout)["tensors"][0]["rule"].startswith("explicit")
+    check(o, l, "--atol", "1e-4", "--rtol", "1e-4", code=0)
+    run("check", *qkv_args(), "--candidate-out", o, "--atol", "-1", code=2)
+
+
+@test
+def text_report():
+    o, l = forward()
+    p = check(o, l, code=0)
+    assert "verdict: PASS" in p.stdout and "rule: flash" in p.stdout and "worst" in p.stdout
+
+
+# ------------------------------------------------------------------ profiles
+
+@test
+def profile_fa2_empty_row_lse_plus_inf():
+    files = inputs(sq=60, sk=30, prefix="e")  # bottom-right causal: rows 0..29 see no key
+    o, l = forward("--causal", files=files)
+    lse = np.load(l)
+    assert np.all(np.isneginf(lse[:, :, :30])) and np.all(np.load(o)[:, :30] == 0)
+    check(o, l, "--causal", files=files, code=0)
+    check(o, l, "--causal", "--profile", "fa3", files=files, code=0)
+    lse[np.isneginf(lse)] = np.inf  # what FlashAttention-2 writes
+    l2 = save("l_fa2.npy", lse)
+    check(o, l2, "--causal", "--profile", "fa2", files=files, code=0)
+    check(o, l2, "--causal", files=files, code=1)
+
+
+@test
+def profile_flashinfer_lse_base2():
+    o, l = forward("--causal")
+    l2 = save("l_b2.npy", (np.load(l).astype(np.float64) / np.log(2)).astype(np.float32))
+    check(o, l2, "--causal", "--profile", "flashinfer", code=0)
+    check(o, l2, "--causal", code=1)
+
+
+@test
+def profile_flashinfer_alibi_before_softcap():
+    slopes = save("slopes.npy", np.array([0.5, 0.25, 0.125, 0.0625], np.float32))
+    o, l = forward("--alibi", slopes, "--softcap", "2", "--profile", "flashinfer")
+    l2 = save("l_b2.npy", (np.load(l).astype(np.float64) / np.log(2)).astype(np.float32))
+    check(o, l2, "--alibi", slopes, "--softcap", "2", "--profile", "flashinfer", code=0)
+    p = run("check", *qkv_args(), "--candidate-out", o, "--alibi", slopes, "--softcap", "2")
+    assert p.returncode == 1  # the default order (softcap, then ALiBi) differs
+
+
+@test
+def profile_pytorch_top_left():
+    o, l = forward("--causal", "--align", "top-left")
+    check(o, l, "--causal", "--profile", "pytorch", code=0)
+    check(o, l, "--causal", "--profile", "fa2", code=1)
+
+
+@test
+def profile_window_as_key_count():
+    for prof, align in [("xformers", "top-left"), ("ggml", "bottom-right")]:
+        o, l = forward("--window", "4,0", "--align", align)
+        p = run("check", *qkv_args(), "--candidate-out", o, "--window", "5", "--profile", prof)
+        assert p.returncode == 0, prof
+        p = run("check", *qkv_args(), "--candidate-out", o, "--window", "5", "--align", align)
+        assert p.returncode == 1, prof  # the default profile reads 5 as a left bound
+    p = run("check", *qkv_args(), "--candidate-out", o, "--candidate-lse", l, "--profile", "ggml", code=2)
+    assert "no LSE" in p.stderr
+    run("check", *qkv_args(), "--candidate-out", o, "--profile", "nope", code=2)
+
+
+# ------------------------------------------------------------------ other subcommands, usage, bad input
+
+@test
+def info_and_help():
+    p = run("info", code=0)
+    assert "cpu features:" in p.stdout and "backend=" in p.stdout and "CUDA:" in p.stdout
+    assert "flashattn 0." in p.stdout
+    for cmd in ["check", "forward", "backward", "info", "demo"]:
+        p = run(cmd, "--help", code=0)
+        assert "usage: flashattn " + cmd in p.stdout, cmd
+    run("--help", code=0)
+    run(code=2)
+    run("frobnicate", code=2)
+    run("info", "extra", code=2)
+
+
+@test
+def demo_runs():
+    p = run("demo", "--seqlens", "64,96", "--heads", "1", "--headdim", "16", "--dtype", "bf16",
+            "--causal", "--threads", "1", code=0)
+    assert "conv err" in p.stdout and "\n     64 |" in p.stdout and "\n     96 |" in p.stdout
+    run("demo", "--dtype", "f8", code=2)
+
+
+@test
+def usage_errors():
+    run("forward", "--k", QKV[1], "--v", QKV[2], "--out", path("x.npy"), code=2)  # no --q
+    run("forward", *qkv_args(), code=2)                                          # no --out
+    run("forward", *qkv_args(), "--out", path("x.npy"), "--frob", code=2)
+    run("forward", *qkv_args(), "--out", path("x.npy"), "--candidate-out", "x", code=2)
+    run("forward", *qkv_args(), "--out", path("x.npy"), "--dropout", "1.5", code=2)
+    run("forward", *qkv_args(), "--out", path("x.npy"), "--window", "a,b", code=2)
+    run("forward", *qkv_args(), "--out", path("x.npy"), "--layout", "sbhd", code=2)
+    run("forward", *qkv_args(), "--out", path("x.npy"), "--threads", code=2)
+    run("check", *qkv_args(), code=2)  # no candidate
+    p = run("forward", *qkv_args(), "--out", path("x.npy"), "--causal", "--window", "3,2", code=2)
+    assert "window_right" in p.stderr
+
+
+@test
+def bad_files():
+    p = run("forward", "--q", path("missing.npy"), "--k", QKV[1], "--v", QKV[2], "--out", path("x.npy"), code=2)
+    assert "missing.npy" in p.stderr
+    raw = open(QKV[0], "rb").read()
+    cases = {
+        "trunc.npy": raw[: len(raw) - 10],
+        "magic.npy": b"\x93NUMPX" + raw[6:],
+        "dict.npy": raw.replace(b"'shape'", b"'shope'"),
+        "huge.npy": raw.replace(b"(2, 40, 4, 16)", b"(999999999999, 999, 4, 16)"[: len(b"(2, 40, 4, 16)")].ljust(len(b"(2, 40, 4, 16)"))),
+    }
+    for name, data in cases.items():
+        with open(path(name), "wb") as f:
+            f.write(data)
+        p = run("forward", "--q", path(name), "--k", QKV[1], "--v", QKV[2], "--out", path("x.npy"), code=2)
+        assert name in p.stderr, (name, p.stderr)
+    np.save(path("fortran.npy"), np.asfortranarray(np.load(QKV[0])))
+    p = run("forward", "--q", path("fortran.npy"), "--k", QKV[1], "--v", QKV[2], "--out", path("x.npy"), code=2)
+    assert "Fortran" in p.stderr
+    np.save(path("int.npy"), np.zeros((2, 40, 4, 16), np.int32))
+    run("forward", "--q", path("int.npy"), "--k", QKV[1], "--v", QKV[2], "--out", path("x.npy"), code=2)
+    np.save(path("3d.npy"), np.zeros((2, 40, 64), np.float32))
+    p = run("forward", "--q", path("3d.npy"), "--k", QKV[1], "--v", QKV[2], "--out", path("x.npy"), code=2)
+    assert "4-D" in p.stderr
+    # shapes that disagree: k with another head dim
+    np.save(path("k8.npy"), np.zeros((2, 56, 2, 8), np.float32))
+    p = run("forward", "--q", QKV[0], "--k", path("k8.npy"), "--v", QKV[2], "--out", path("x.npy"), code=2)
+    assert "headdim" in p.stderr
+    o, _ = forward()
+    np.save(path("o_short.npy"), np.load(o)[:, :10])
+    p = run("check", *qkv_args(), "--candidate-out", path("o_short.npy"), code=2)
+    assert "o_short.npy" in p.stderr
+
+
+@test
+def huge_declared_shape_refused_quickly():
+    import time
+    hdr = "{'descr': '<f4', 'fortran_order': False, 'shape': (1099511627776, 1048576, 1, 1), }"
+    hdr = hdr + " " * (63 - (10 + len(hdr)) % 64) + "\n"
+    with open(path("big.npy"), "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + len(hdr).to_bytes(2, "little") + hdr.encode())
+    t = time.time()
+    p = run("forward", "--q", path("big.npy"), "--k", QKV[1], "--v", QKV[2], "--out", path("x.npy"), code=2)
+    assert time.time() - t < 5 and "big.npy" in p.stderr
+
+
+QKV[:] = inputs()
+for fn in TESTS:
+    try:
+        fn()
+        results.append((fn.__name__, None))
+    except AssertionError as e:
+        results.append((fn.__name__, str(e) or "assertion failed"))
+for name, err in results:
+    print(("ok   " if err is None else "FAIL ") + name + ("" if err is None else ": " + err))
+failed = sum(err is not None for _, err in results)
+print(f"{len(results) - failed} passed, {failed} failed")
+sys.exit(1 if failed else 0)
