@@ -166,7 +166,8 @@ typedef struct {
     double worst_cand, worst_ref;
     int64_t nonfinite_mismatches; /* elements where NaN/inf do not match                     */
     double baseline_err;    /* default rule: max |baseline - ref|; else 0                    */
-    double bound;           /* default rule: the bound max_abs is held to; else atol          */
+    double bound;           /* default rule: the bound max_abs is held to; explicit rule: the
+                             * bound at the worst element, atol + rtol |worst_ref|            */
     int pass;
     char rule[200];         /* the rule applied, with its numbers, in words                  */
 } fa_comparison;

@@ -135,7 +135,7 @@ fa_status fa_compare(const fa_tensor *cand, const fa_tensor *ref, const fa_tenso
     }
     r->nmse = sum_r2 > 0 ? sum_e2 / sum_r2 : sum_e2 > 0 ? INFINITY : 0;
     if (explicit_rule) {
-        r->bound = tol->atol;
+        r->bound = tol->atol + tol->rtol * fabs(r->worst_ref); /* at the worst element */
         r->pass = explicit_ok && r->nonfinite_mismatches == 0;
         snprintf(r->rule, sizeof r->rule,
                  "explicit: |cand - ref| <= %g + %g |ref| for every element; NaN/inf must match",

@@ -127,9 +127,9 @@ START_TEST(masked_nonfinite_never_reaches_output)
     for (int middle = 0; middle < 2; middle++) {
         const int64_t sq = middle ? 100 : 40, sk = 100, bad_lo = middle ? 50 : 40,
                       bad_hi = middle ? 51 : 100;
-        set clean, dirty;
-        set_alloc(&clean, dt, 1, sq, sk, 2, 2, 16, 16);
-        set_alloc(&dirty, dt, 1, sq, sk, 2, 2, 16, 16);
+        set clean, dirty; /* GQA 4/2 and dropout: the reference's row path meets the blocked */
+        set_alloc(&clean, dt, 1, sq, sk, 4, 2, 16, 16);
+        set_alloc(&dirty, dt, 1, sq, sk, 4, 2, 16, 16);
         for (int64_t j = bad_lo; j < bad_hi; j++)
             for (int64_t h = 0; h < 2; h++)
                 for (int64_t d = 0; d < 16; d++) {
@@ -140,11 +140,13 @@ START_TEST(masked_nonfinite_never_reaches_output)
         fa_params_init(&p);
         p.causal = 1;
         p.align = FA_ALIGN_TOP_LEFT;
+        p.dropout_p = 0.2;
+        p.dropout_seed = 31;
         set_run(be, 2, &p, &clean);
         set_run(be, 2, &p, &dirty);
         /* rows i < bad_lo may not see the poisoned keys: their out, LSE and dq are unchanged */
         for (int64_t i = 0; i < bad_lo && i < sq; i++)
-            for (int64_t h = 0; h < 2; h++) {
+            for (int64_t h = 0; h < 4; h++) {
                 ck_assert(same_value(be, ht_get(&clean.l, 0, i, h, 0), ht_get(&dirty.l, 0, i, h, 0)));
                 for (int64_t d = 0; d < 16; d++) {
                     ck_assert_msg(

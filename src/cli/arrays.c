@@ -1,6 +1,7 @@
 /* .npy files <-> fa_tensor views, in the layout the options name. */
 #include "config.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -113,23 +114,52 @@ int cli_alloc(const cli_opts *o, fa_dtype dt, int64_t b, int64_t s, int64_t h, i
     x->a.data = calloc(1, n ? n : 1);
     if (!x->a.data) {
         fprintf(stderr, "flashattn: out of memory (%zu bytes)\n", n);
-        return EXIT_FAILED;
+        return EXIT_ERROR;
     }
     view(o, role, x->a.data, dt, b, s, h, d, &x->t);
     return 0;
 }
 
-int cli_save(const cli_opts *o, const char *path, const cli_tensor *x, cli_role role)
+int cli_save(const char *path, const cli_tensor *x)
 {
     char err[512];
-    (void)o;
-    (void)role;
     if (npy_write(path, x->a.kind, x->a.ndim, x->a.shape, x->a.data, err, sizeof err)) {
         fprintf(stderr, "flashattn: %s\n", err);
-        return EXIT_FAILED;
+        return EXIT_ERROR;
     }
     return 0;
 }
+
+#define LOG2E 1.4426950408889634 /* log2 sum 2^(s log2 e) = ln sum e^s / ln 2 */
+
+/* Applies f elementwise to an LSE held as f32 or f64. */
+static void lse_map(cli_tensor *x, const cli_profile *pf, double (*f)(const cli_profile *, double))
+{
+    const size_t n = x->a.nbytes / npy_kind_size(x->a.kind);
+    for (size_t i = 0; i < n; i++) {
+        if (x->t.dtype == FA_F64)
+            ((double *)x->a.data)[i] = f(pf, ((double *)x->a.data)[i]);
+        else
+            ((float *)x->a.data)[i] = (float)f(pf, ((float *)x->a.data)[i]);
+    }
+}
+
+static double to_profile(const cli_profile *pf, double v)
+{
+    if (v == -INFINITY)
+        return pf->empty == EMPTY_POS_INF ? INFINITY : -INFINITY;
+    return pf->lse_base2 ? v * LOG2E : v;
+}
+
+static double from_profile(const cli_profile *pf, double v)
+{
+    if (v == INFINITY && pf->empty == EMPTY_POS_INF)
+        return -INFINITY;
+    return pf->lse_base2 ? v / LOG2E : v;
+}
+
+void cli_lse_to_profile(const cli_profile *pf, cli_tensor *lse) { lse_map(lse, pf, to_profile); }
+void cli_lse_from_profile(const cli_profile *pf, cli_tensor *lse) { lse_map(lse, pf, from_profile); }
 
 int cli_convert(const cli_opts *o, const cli_tensor *x, fa_dtype dt, cli_role role, cli_tensor *y)
 {

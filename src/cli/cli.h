@@ -8,7 +8,7 @@
 #include "npy.h"
 
 /* What a profile fixes: the conventions the popular kernels disagree on (README, "Profiles"). */
-typedef enum { EMPTY_NEG_INF, EMPTY_POS_INF, EMPTY_ZERO, EMPTY_ANY } cli_empty_lse;
+typedef enum { EMPTY_NEG_INF, EMPTY_POS_INF, EMPTY_ANY } cli_empty_lse;
 
 typedef struct {
     const char *name;
@@ -27,8 +27,9 @@ typedef struct {
     const char *alibi;
     fa_params p;
     float *slopes; /* from --alibi */
-    int64_t nslopes;
     int bhsd, bf16, json, threads;
+    int has_dtype;   /* check --dtype: the candidate kernel's storage dtype */
+    fa_dtype dtype;
     fa_backend backend;
     fa_isa isa;
     double atol, rtol;
@@ -37,9 +38,10 @@ typedef struct {
 
 enum { CAND_OUT, CAND_LSE, CAND_DQ, CAND_DK, CAND_DV };
 
-/* Exit codes of every subcommand: 0 success (check: PASS), 1 failure (check: FAIL; else the
- * library refused or failed), 2 bad usage or unreadable input. */
-enum { EXIT_PASS = 0, EXIT_FAILED = 1, EXIT_USAGE = 2 };
+/* Exit codes of every subcommand: 0 success (check: PASS), 1 check's FAIL verdict, 2 bad usage
+ * or unreadable input, 3 the work could not be completed (out of memory, a backend or ISA that
+ * is unavailable, an output file that cannot be written). */
+enum { EXIT_PASS = 0, EXIT_FAILED = 1, EXIT_USAGE = 2, EXIT_ERROR = 3 };
 
 /* Parses argv (after the subcommand) into o; `allowed` is a string of option groups the
  * subcommand takes ("io", "grad", "check"). Returns -1 to go on, or an exit code (help printed,
@@ -64,13 +66,17 @@ int cli_load(const cli_opts *o, const char *path, cli_role role, cli_tensor *x);
  * B x H x S storage). */
 int cli_alloc(const cli_opts *o, fa_dtype dt, int64_t b, int64_t s, int64_t h, int64_t d,
               cli_role role, cli_tensor *x);
-int cli_save(const cli_opts *o, const char *path, const cli_tensor *x, cli_role role);
+int cli_save(const char *path, const cli_tensor *x);
+/* An LSE between the library's convention (natural log, -inf for an empty row) and the
+ * profile's (log2 for FlashInfer, +inf for FA2's empty rows), in place. */
+void cli_lse_to_profile(const cli_profile *pf, cli_tensor *lse);
+void cli_lse_from_profile(const cli_profile *pf, cli_tensor *lse);
 void cli_free(cli_tensor *x);
 /* A copy of x converted to dtype dt, same logical shape and layout. */
 int cli_convert(const cli_opts *o, const cli_tensor *x, fa_dtype dt, cli_role role, cli_tensor *y);
 
 fa_context *cli_context(const cli_opts *o, fa_backend backend);
-/* Prints the library's detail; returns EXIT_USAGE for argument errors, else EXIT_FAILED. */
+/* Prints the library's detail; returns EXIT_USAGE for argument errors, else EXIT_ERROR. */
 int cli_fail(fa_status s, const char *what);
 /* --alibi: loads one slope per query head into o->slopes and o->p.alibi_slopes. */
 int cli_load_slopes(cli_opts *o, int64_t heads);

@@ -54,12 +54,15 @@ void cli_usage(FILE *f, const char *cmd)
                 "usage: flashattn check --q Q.npy --k K.npy --v V.npy [--dout DO.npy]\n"
                 "       [--candidate-out O.npy] [--candidate-lse LSE.npy] [--candidate-dq DQ.npy]\n"
                 "       [--candidate-dk DK.npy] [--candidate-dv DV.npy] [--profile NAME]\n"
-                "       [--atol A] [--rtol R] [--json] [attention options] [--threads T]\n"
+                "       [--atol A] [--rtol R] [--dtype f32|f64|f16|bf16] [--json]\n"
+                "       [attention options] [--threads T]\n"
                 "Compares a kernel's results with the float64 reference on the same inputs.\n"
                 "Default rule (FlashAttention's): max |cand - ref| <= 2x (3x for gradients) the\n"
-                "error of the conventional path run in the candidate's dtype, plus\n"
-                "eps(dtype) x max(1, |ref|); --atol/--rtol give an explicit elementwise bound.\n"
-                "Exit status: 0 PASS, 1 FAIL, 2 bad usage or unreadable input.\n"
+                "error of the conventional path run in the candidate's storage dtype (--dtype;\n"
+                "default: the candidate files' dtype — give --dtype bf16 for a bf16 kernel whose\n"
+                "outputs were saved as f32), plus eps(dtype) x max(1, |ref|); --atol/--rtol give\n"
+                "an explicit elementwise bound |cand - ref| <= atol + rtol |ref| instead.\n"
+                "Exit status: 0 PASS, 1 FAIL, 2 bad usage or unreadable input, 3 could not run.\n"
                 "Profiles: flashattn (default), fa2, fa3, pytorch, flashinfer, xformers, ggml.\n");
     else
         return;
@@ -76,11 +79,12 @@ void cli_usage(FILE *f, const char *cmd)
             "  --dropout P --seed S --offset O   dropout with the Philox stream of DESIGN.md\n"
             "  --layout bshd|bhsd        how Q, K, V, O files are laid out (default bshd)\n"
             "  --bf16                    read uint16 ('<u2', '|V2') arrays as bfloat16\n"
-            "  --profile NAME            conventions of a kernel family (see README)\n"
-            "run options:\n"
-            "  --backend reference|conventional|tiled   --isa scalar|avx2|avx512|neon\n"
-            "  --threads T               0: all\n"
-            "  --help\n");
+            "  --profile NAME            conventions of a kernel family (see README); forward\n"
+            "                            writes and backward reads the LSE in its convention\n"
+            "  --threads T               0: all\n");
+    if (strcmp(cmd, "check"))
+        fprintf(f, "  --backend reference|conventional|tiled   --isa scalar|avx2|avx512|neon\n");
+    fprintf(f, "  --help\n");
 }
 
 static int bad(const char *cmd, const char *opt, const char *val, const char *why)
@@ -115,9 +119,9 @@ static int parse_u64(const char *s, uint64_t *out)
 {
     char *end;
     errno = 0;
-    if (*s == '-')
+    if (*s < '0' || *s > '9') /* strtoull would skip blanks and accept a sign */
         return 1;
-    unsigned long long v = strtoull(s, &end, 0);
+    unsigned long long v = strtoull(s, &end, 10);
     if (*s == '\0' || *end != '\0' || errno == ERANGE)
         return 1;
     *out = (uint64_t)v;
@@ -135,7 +139,7 @@ static const opt_def defs[] = {
     {"--dout", "grad check"}, {"--dq", "grad"}, {"--dk", "grad"}, {"--dv", "grad"},
     {"--candidate-out", "check"}, {"--candidate-lse", "check"}, {"--candidate-dq", "check"},
     {"--candidate-dk", "check"}, {"--candidate-dv", "check"}, {"--atol", "check"},
-    {"--rtol", "check"}, {"--json", "check"}, {"--causal", "attn"}, {"--align", "attn"},
+    {"--rtol", "check"}, {"--json", "check"}, {"--dtype", "check"}, {"--causal", "attn"}, {"--align", "attn"},
     {"--window", "attn"}, {"--softcap", "attn"}, {"--alibi", "attn"}, {"--scale", "attn"},
     {"--dropout", "attn"}, {"--seed", "attn"}, {"--offset", "attn"}, {"--layout", "attn"},
     {"--bf16", "attn"}, {"--profile", "attn"}, {"--backend", "io"}, {"--isa", "io"},
@@ -211,6 +215,16 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
         else if (!strcmp(a, "--bf16")) o->bf16 = 1;
         else if (!strcmp(a, "--align")) align = v;
         else if (!strcmp(a, "--window")) window = v;
+        else if (!strcmp(a, "--dtype")) {
+            const char *names[4] = {"f32", "f64", "f16", "bf16"};
+            int k = 0;
+            while (k < 4 && strcmp(v, names[k]))
+                k++;
+            if (k == 4)
+                return bad(cmd, a, v, "expected f32, f64, f16 or bf16");
+            o->dtype = (fa_dtype)k;
+            o->has_dtype = 1;
+        }
         else if (!strcmp(a, "--atol")) {
             if (parse_double(v, &o->atol) || !(o->atol >= 0) || isinf(o->atol))
                 return bad(cmd, a, v, "expected a finite number >= 0");

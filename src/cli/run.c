@@ -16,7 +16,7 @@ int cli_fail(fa_status s, const char *what)
     case FA_ERR_STRIDE:
     case FA_ERR_DTYPE:
     case FA_ERR_OVERFLOW: return EXIT_USAGE;
-    default: return EXIT_FAILED;
+    default: return EXIT_ERROR;
     }
 }
 
@@ -61,12 +61,11 @@ int cli_load_slopes(cli_opts *o, int64_t heads)
     o->slopes = malloc((size_t)heads * sizeof(float) + 1);
     if (!o->slopes) {
         npy_free(&s.a);
-        return EXIT_FAILED;
+        return EXIT_ERROR;
     }
     fa_convert(s.a.data, dt, o->slopes, FA_F32, (size_t)heads);
     npy_free(&s.a);
     o->p.alibi_slopes = o->slopes;
-    o->nslopes = heads;
     return 0;
 }
 
@@ -87,6 +86,7 @@ int cmd_forward(int argc, char **argv)
     if ((rc = need("forward", "--out", o.out)))
         return rc;
     cli_tensor q, k, v, out, lse;
+    memset(&out, 0, sizeof out);
     memset(&lse, 0, sizeof lse);
     if ((rc = cli_load(&o, o.q, ROLE_QKV, &q)))
         return rc;
@@ -107,15 +107,17 @@ int cmd_forward(int argc, char **argv)
                        q.t.heads, 1, ROLE_LSE, &lse);
     fa_context *ctx = rc ? NULL : cli_context(&o, o.backend);
     if (!rc && !ctx)
-        rc = EXIT_FAILED;
+        rc = EXIT_ERROR;
     if (!rc) {
         fa_status s = fa_forward(ctx, &o.p, &q.t, &k.t, &v.t, &out.t, o.lse ? &lse.t : NULL);
         rc = s == FA_OK ? 0 : cli_fail(s, "forward");
     }
     if (!rc)
-        rc = cli_save(&o, o.out, &out, ROLE_QKV);
-    if (!rc && o.lse)
-        rc = cli_save(&o, o.lse, &lse, ROLE_LSE);
+        rc = cli_save(o.out, &out);
+    if (!rc && o.lse) {
+        cli_lse_to_profile(o.profile, &lse); /* written as the profile's kernels write it */
+        rc = cli_save(o.lse, &lse);
+    }
     fa_context_destroy(ctx);
     cli_free(&q), cli_free(&k), cli_free(&v), cli_free(&out), cli_free(&lse);
     cli_opts_free(&o);
@@ -141,12 +143,14 @@ int cmd_backward(int argc, char **argv)
         rc = cli_load(&o, paths[i], i == 4 ? ROLE_LSE : ROLE_QKV, &in[i]);
     if (!rc)
         rc = cli_load_slopes(&o, in[0].t.heads);
+    if (!rc) /* read as the profile's kernels write it */
+        cli_lse_from_profile(o.profile, &in[4]);
     for (int i = 0; i < 3 && !rc; i++) /* dq, dk, dv shaped like q, k, v */
         rc = cli_alloc(&o, in[i].t.dtype, in[i].t.batch, in[i].t.seqlen, in[i].t.heads,
                        in[i].t.headdim, ROLE_QKV, &g[i]);
     fa_context *ctx = rc ? NULL : cli_context(&o, o.backend);
     if (!rc && !ctx)
-        rc = EXIT_FAILED;
+        rc = EXIT_ERROR;
     if (!rc) {
         fa_status s = fa_backward(ctx, &o.p, &in[0].t, &in[1].t, &in[2].t, &in[3].t, &in[4].t,
                                   &in[5].t, &g[0].t, &g[1].t, &g[2].t);
@@ -154,7 +158,7 @@ int cmd_backward(int argc, char **argv)
     }
     const char *outs[3] = {o.dq, o.dk, o.dv};
     for (int i = 0; i < 3 && !rc; i++)
-        rc = cli_save(&o, outs[i], &g[i], ROLE_QKV);
+        rc = cli_save(outs[i], &g[i]);
     fa_context_destroy(ctx);
     for (int i = 0; i < 6; i++)
         cli_free(&in[i]);
