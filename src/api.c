@@ -14,6 +14,7 @@
 
 #include "core/recurrence.h"
 #include "internal.h"
+#include "simd/kernels.h"
 
 /* Largest accepted dimension. It keeps every index expression of the kernels (i + off + R,
  * products of two dims) far from int64 overflow; no real tensor comes near it. */
@@ -206,9 +207,6 @@ static fa_status env_choice(const char *var, const char *const names[5], int *ch
                     names[2], names[3], names[4]);
 }
 
-/* The only ISA whose kernels this build carries; the SIMD sets join the list as they land. */
-static int isa_built(fa_isa isa) { return isa == FA_ISA_SCALAR; }
-
 fa_status fa_context_create(const fa_options *o, fa_context **out)
 {
     if (!out)
@@ -245,10 +243,13 @@ fa_status fa_context_create(const fa_options *o, fa_context **out)
         return st;
     opt.isa = (fa_isa)choice;
     if (opt.isa == FA_ISA_AUTO)
-        opt.isa = FA_ISA_SCALAR;
-    if (!isa_built(opt.isa))
+        opt.isa = fai_isa_best();
+    const fai_kernels_f32 *kernels = fai_kernels_f32_for(opt.isa);
+    if (!kernels)
         return fai_fail(FA_ERR_BACKEND_UNAVAILABLE,
-                        "ISA %s: this build carries only the scalar kernels", fa_isa_name(opt.isa));
+                        "ISA %s: %s", fa_isa_name(opt.isa),
+                        fai_cpu_supports(opt.isa) ? "this build carries no kernels for it"
+                                                  : "this CPU (or its OS) does not support it");
 
     fai_tiles forced = {0, 0};
     const char *env = getenv("FA_TILES");
@@ -268,6 +269,7 @@ fa_status fa_context_create(const fa_options *o, fa_context **out)
         return fai_fail(FA_ERR_NO_MEMORY, "fa_context_create: out of memory");
     ctx->backend = opt.backend;
     ctx->isa = opt.isa;
+    ctx->kernels = kernels;
     ctx->num_threads = opt.num_threads > 0 ? opt.num_threads : omp_get_max_threads();
     fai_cache_detect(&ctx->cache);
     ctx->forced_tiles = forced;
@@ -289,10 +291,10 @@ fa_status fa_context_describe(const fa_context *ctx, char *buf, size_t n)
     fai_tiles t64 = fai_tiled_tiles(ctx, 64, 64, FA_F32);
     fai_tiles t128 = fai_tiled_tiles(ctx, 128, 128, FA_F32);
     snprintf(buf, n,
-             "flashattn %s: backend=%s isa=%s threads=%d L1d=%lldKiB L2=%lldKiB (%s) "
+             "flashattn %s: backend=%s isa=%s kernels=%s,%s threads=%d L1d=%lldKiB L2=%lldKiB (%s) "
              "tiles f32 BqxBk: D=64 %lldx%lld, D=128 %lldx%lld",
              PACKAGE_VERSION, fa_backend_name(ctx->backend), fa_isa_name(ctx->isa),
-             ctx->num_threads, (long long)(ctx->cache.l1d / 1024),
+             ctx->kernels->gemm_name, ctx->kernels->exp_name, ctx->num_threads, (long long)(ctx->cache.l1d / 1024),
              (long long)(ctx->cache.l2 / 1024), ctx->cache.source, (long long)t64.bq,
              (long long)t64.bk, (long long)t128.bq, (long long)t128.bk);
     return FA_OK;

@@ -18,9 +18,12 @@ fa_status fai_fail(fa_status s, const char *fmt, ...) __attribute__((format(prin
 
 /* ------------------------------------------------------------------ context */
 
+struct fai_kernels_f32_s;
+
 struct fa_context {
     fa_backend backend; /* resolved: never AUTO */
     fa_isa isa;         /* resolved: never AUTO */
+    const struct fai_kernels_f32_s *kernels; /* the ISA's kernel set (simd/kernels.h) */
     int num_threads;    /* > 0 */
     fai_cache_info cache;
     fai_tiles forced_tiles; /* FA_TILES=BQxBK (tile sweeps); 0 x 0 when not set */

@@ -14,9 +14,28 @@
 
 #include "core/recurrence.h"
 #include "internal.h"
+#include "simd/kernels.h"
+
+/* The block operations: the context's kernel set for float, portable code for double. */
+#define FT_GEMM_F32(kern, m, n, k, a, lda, b, ldb, c, ldc, acc)                                 \
+    fai_gemm_f32(kern, m, n, k, a, lda, b, ldb, c, ldc, acc)
+#define FT_EXPSUM_F32(kern, n, x, m, y) (kern)->expsum(n, x, m, y)
+#define FT_GEMM_F64(kern, m, n, k, a, lda, b, ldb, c, ldc, acc)                                 \
+    fai_gemm_f64(m, n, k, a, lda, b, ldb, c, ldc, acc)
+
+static double expsum_f64(int64_t n, const double *x, double m, double *y)
+{
+    double sum = 0;
+    for (int64_t i = 0; i < n; i++)
+        sum += y[i] = fai_exp(x[i] - m);
+    return sum;
+}
+#define FT_EXPSUM_F64(kern, n, x, m, y) expsum_f64(n, x, m, y)
 
 #define FT float
 #define FAI_T(name) name##_f32
+#define FT_GEMM FT_GEMM_F32
+#define FT_EXPSUM FT_EXPSUM_F32
 #define FT_LOAD fai_load_f32
 #define FT_STORE fai_store_f32
 #define FT_EXP fai_expf
@@ -32,9 +51,13 @@
 #undef FT_SCORE
 #undef FT_RESCALE
 #undef FT_FINALIZE
+#undef FT_GEMM
+#undef FT_EXPSUM
 
 #define FT double
 #define FAI_T(name) name##_f64
+#define FT_GEMM FT_GEMM_F64
+#define FT_EXPSUM FT_EXPSUM_F64
 #define FT_LOAD fai_load_f64
 #define FT_STORE fai_store_f64
 #define FT_EXP fai_exp

@@ -4,26 +4,26 @@
  *   FT, FAI_T(name)             the type and the suffix appended to every function name
  *   FT_LOAD, FT_STORE           row conversions from/to the storage dtype
  *   FT_EXP, FT_SCORE            exp and the score pipeline (core/fmath.h, core/score.h)
+ *   FT_GEMM, FT_EXPSUM          the block operations: C (+)= A B and y = exp(x - m) with its
+ *                               sum (simd/kernels.h for float, portable code for double)
  *   FT_RESCALE, FT_FINALIZE     the recurrence (core/recurrence.h)
  *
- * Every inner loop runs along a contiguous row with a fixed summation order (over d for
- * scores, over keys for accumulators), so the compiler may vectorize it without reassociating
- * any sum and results are the same at every thread count.
+ * Every sum runs in a fixed order (over d for scores, over keys for accumulators; the kernels
+ * keep that order, simd/kernels.h), so results are the same at every thread count.
  */
 
-/* One query row's scores against a key tile held transposed (kt: dqk x bk, row stride bk):
- * s[c] = sum_d q[d] kt[d][c] for c in [c0, c1), then the score pipeline. */
-static void FAI_T(score_row)(const fai_problem *pr, const FT *q, const FT *kt, int64_t bk,
-                             int64_t c0, int64_t c1, FT slope, int64_t i, int64_t j0, FT *s,
-                             FT *t)
+/*
+ * One query row's scores against a key tile held transposed (kt: dqk x bk, row stride bk):
+ * s[c] = sum_d q[d] kt[d][c] for c in [c0, c1), then the score pipeline. The dot products go
+ * through the same GEMM kernel as the forward's score tile, so the backward recomputes every
+ * score to the bit: at logits near 100 one f32 ulp is 8e-6, and a P = exp(s - LSE) whose s
+ * differed from the forward's in the last bit would be off by that much relative.
+ */
+static void FAI_T(score_row)(const fai_problem *pr, const fai_kernels_f32 *kern, const FT *q,
+                             const FT *kt, int64_t bk, int64_t c0, int64_t c1, FT slope,
+                             int64_t i, int64_t j0, FT *s, FT *t)
 {
-    for (int64_t c = c0; c < c1; c++)
-        s[c] = 0;
-    for (int64_t d = 0; d < pr->dqk; d++) {
-        const FT qd = q[d], *kd = kt + d * bk;
-        for (int64_t c = c0; c < c1; c++)
-            s[c] += qd * kd[c];
-    }
+    FT_GEMM(kern, 1, c1 - c0, pr->dqk, q, pr->dqk, kt + c0, bk, s + c0, bk, 0);
     for (int64_t c = c0; c < c1; c++)
         s[c] = FT_SCORE(&pr->score, s[c], slope, i, j0 + c, t ? &t[c] : NULL);
 }
@@ -60,8 +60,9 @@ static void FAI_T(load_rows)(const fa_tensor *t, fa_dtype dt, int64_t b, int64_t
 /* ------------------------------------------------------------------ forward */
 
 typedef struct {
-    FT *q, *k, *kt, *v, *acc, *m, *l, *s;
+    FT *q, *k, *kt, *v, *acc, *m, *l, *s, *p;
     unsigned char *keep;
+    const fai_kernels_f32 *kern; /* the f32 path's kernel set (unused by f64) */
 } FAI_T(fwd_ws);
 
 static size_t FAI_T(fwd_carve)(const fai_problem *pr, fai_tiles tl, char *base,
@@ -75,20 +76,36 @@ static size_t FAI_T(fwd_carve)(const fai_problem *pr, fai_tiles tl, char *base,
     w->acc = fai_carve(&a, (size_t)(tl.bq * pr->dv) * sizeof(FT));
     w->m = fai_carve(&a, (size_t)tl.bq * sizeof(FT));
     w->l = fai_carve(&a, (size_t)tl.bq * sizeof(FT));
-    w->s = fai_carve(&a, (size_t)tl.bk * sizeof(FT));
+    w->s = fai_carve(&a, (size_t)(tl.bq * tl.bk) * sizeof(FT));
+    w->p = fai_carve(&a, (size_t)(tl.bq * tl.bk) * sizeof(FT));
     w->keep = fai_carve(&a, (size_t)tl.bk);
     return a.used;
 }
 
+static int FAI_T(all_finite)(const FT *x, int64_t n)
+{
+    FT acc = 0;
+    for (int64_t i = 0; i < n; i++)
+        acc *= x[i]; /* stays 0 unless some x[i] is inf or NaN: 0 * inf = NaN, and NaN sticks */
+    return acc == 0;
+}
+
 /*
- * One query tile [i0, i1) of head h of batch b: the article's loop. The tile's state (m, l, acc)
- * lives in w; key tiles outside the mask's key span are never visited, FULL tiles are consumed
- * without a per-element test, PARTIAL ones through each row's allowed interval.
+ * One query tile [i0, i1) of head h of batch b: the article's loop, on tiles. Per key tile:
+ * S = Q K^T by the GEMM kernel; per row the score pipeline, the row max over the row's allowed
+ * keys and the rescale of (l, acc) (core/recurrence.h), P = exp(S - m) by the exp kernel,
+ * exactly 0 outside the allowed keys and where dropout drops; then acc += P V by the GEMM
+ * kernel. Key tiles outside the mask's key span are never visited; FULL tiles need no
+ * per-element test, PARTIAL ones use each row's allowed interval.
+ *
+ * The GEMM multiplies the zeros of P with V. That is exact while V is finite; for a tile whose
+ * V holds inf or NaN and that has masked or dropped entries, the rows accumulate P V by
+ * selection instead, so that §1's "masked NaN never reaches the output" holds to the bit.
  */
 static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int64_t h,
                              int64_t i0, int64_t i1, FAI_T(fwd_ws) *w)
 {
-    const int64_t hk = h / pr->group, nq = i1 - i0, dv = pr->dv;
+    const int64_t hk = h / pr->group, nq = i1 - i0, dv = pr->dv, ld = tl.bk;
     const FT slope = (FT)fai_slope(pr, h);
     const fai_dropout drop = fai_dropout_for(pr, b, h);
 
@@ -106,21 +123,25 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
         const fai_tile_class cls = fai_mask_classify(&pr->mask, i0, i1, j0, j0 + n);
         if (cls == FAI_TILE_EMPTY)
             continue;
-        FAI_T(load_rows)(pr->io.k, pr->dtype, b, hk, j0, n, pr->dqk, w->k, w->kt, tl.bk);
+        FAI_T(load_rows)(pr->io.k, pr->dtype, b, hk, j0, n, pr->dqk, w->k, w->kt, ld);
         FAI_T(load_rows)(pr->io.v, pr->dtype, b, hk, j0, n, dv, w->v, NULL, 0);
+        const int selective = (cls != FAI_TILE_FULL || drop.threshold) &&
+                              !FAI_T(all_finite)(w->v, n * dv);
+        FT_GEMM(w->kern, nq, n, pr->dqk, w->q, pr->dqk, w->kt, ld, w->s, ld, 0); /* S = Q K^T */
 
         for (int64_t r = 0; r < nq; r++) {
             const int64_t i = i0 + r;
+            FT *s = w->s + r * ld, *p = w->p + r * ld, *acc = w->acc + r * dv, a;
             int64_t c0, c1;
             FAI_T(row_cols)(pr, cls, i, j0, n, &c0, &c1);
+            memset(p, 0, (size_t)n * sizeof(FT));
             if (c0 >= c1) /* this row sees nothing here: a masked tile inside a live row */
                 continue;
-            FT *s = w->s, *acc = w->acc + r * dv;
-            FT a;
-            FAI_T(score_row)(pr, w->q + r * pr->dqk, w->kt, tl.bk, c0, c1, slope, i, j0, s, NULL);
             FT bmax = -INFINITY;
-            for (int64_t c = c0; c < c1; c++)
+            for (int64_t c = c0; c < c1; c++) {
+                s[c] = FT_SCORE(&pr->score, s[c], slope, i, j0 + c, NULL);
                 bmax = s[c] > bmax || s[c] != s[c] ? s[c] : bmax; /* a NaN sticks */
+            }
             if (!FT_RESCALE(&w->m[r], bmax, &a))
                 continue;
             if (a != 1) {
@@ -128,26 +149,37 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
                 for (int64_t d = 0; d < dv; d++)
                     acc[d] *= a;
             }
-            if (drop.threshold)
+            w->l[r] += FT_EXPSUM(w->kern, c1 - c0, s + c0, w->m[r], p + c0);
+            if (drop.threshold) { /* l keeps the dropped terms: LSE is pre-dropout */
                 fai_dropout_keep_row(&drop, i, j0 + c0, c1 - c0, w->keep + c0);
-            const FT m = w->m[r];
-            FT l = w->l[r];
-            for (int64_t c = c0; c < c1; c++) {
-                const FT p = FT_EXP(s[c] - m);
-                l += p;
-                if (drop.threshold && !w->keep[c]) /* dropped by selection */
-                    continue;
-                const FT *vc = w->v + c * dv;
-                for (int64_t d = 0; d < dv; d++)
-                    acc[d] += p * vc[d];
+                for (int64_t c = c0; c < c1; c++)
+                    if (!w->keep[c])
+                        p[c] = 0;
             }
-            w->l[r] = l;
+            if (!selective)
+                continue;
+            /* by selection: the GEMM kernel over each run of allowed, kept keys. The terms and
+             * their order are those of the tile's GEMM less its exact zeros, so the bits are
+             * the same as without the non-finite rows */
+            for (int64_t ca = c0; ca < c1;) {
+                while (ca < c1 && drop.threshold && !w->keep[ca])
+                    ca++;
+                int64_t cb = ca;
+                while (cb < c1 && !(drop.threshold && !w->keep[cb]))
+                    cb++;
+                if (cb > ca)
+                    FT_GEMM(w->kern, 1, dv, cb - ca, p + ca, ld, w->v + ca * dv, dv, acc, dv, 1);
+                ca = cb;
+            }
         }
+        if (!selective)
+            FT_GEMM(w->kern, nq, dv, n, w->p, ld, w->v, dv, w->acc, dv, 1); /* acc += P V */
     }
 
     const FT keep_scale = (FT)(1.0 / (1.0 - pr->dropout_p));
     for (int64_t r = 0; r < nq; r++) {
-        FT lse, *acc = w->acc + r * dv;
+        FT *acc = w->acc + r * dv;
+        double lse;
         const FT f = FT_FINALIZE(w->m[r], w->l[r], keep_scale, &lse);
         for (int64_t d = 0; d < dv; d++)
             acc[d] = f == 0 ? 0 : acc[d] * f; /* empty row: exactly 0, whatever acc holds */
@@ -171,6 +203,7 @@ static fa_status FAI_T(forward)(fa_context *ctx, const fai_problem *pr, fai_tile
     {
         FAI_T(fwd_ws) mine;
         FAI_T(fwd_carve)(pr, tl, base + (size_t)omp_get_thread_num() * per, &mine);
+        mine.kern = ctx->kernels;
         /* dynamic: causal and windowed tiles differ in cost; each task's result is fixed */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; task++) {
@@ -194,7 +227,9 @@ static fa_status FAI_T(forward)(fa_context *ctx, const fai_problem *pr, fai_tile
  * and dS = P (dP~ - D) with D_i = dO_i . O_i (§1). No atomics, no reduction across threads.
  */
 typedef struct {
-    FT *k, *kt, *vt, *vrow, *dk, *dv, *q, *dout, *o, *dq, *di, *lse, *s, *t, *p, *ds;
+    FT *k, *kt, *vt, *vrow, *dk, *dv, *q, *dout, *o, *dq, *di, *s, *t, *p, *ds;
+    double *lse;
+    const fai_kernels_f32 *kern;
     unsigned char *keep;
 } FAI_T(bwd_ws);
 
@@ -215,7 +250,7 @@ static size_t FAI_T(bwd_carve)(const fai_problem *pr, fai_tiles tl, char *base,
     w->o = fai_carve(&a, (size_t)pr->dv * sizeof(FT));
     w->dq = fai_carve(&a, bq * (size_t)pr->dqk * sizeof(FT));
     w->di = fai_carve(&a, bq * sizeof(FT));
-    w->lse = fai_carve(&a, bq * sizeof(FT));
+    w->lse = fai_carve(&a, bq * sizeof(double));
     w->s = fai_carve(&a, bk * sizeof(FT));
     w->t = fai_carve(&a, bk * sizeof(FT));
     w->p = fai_carve(&a, bk * sizeof(FT));
@@ -228,14 +263,14 @@ static size_t FAI_T(bwd_carve)(const fai_problem *pr, fai_tiles tl, char *base,
 static void FAI_T(load_query_row)(const fai_problem *pr, int64_t b, int64_t h, int64_t i,
                                   int64_t r, FAI_T(bwd_ws) *w)
 {
-    FT *dout = w->dout + r * pr->dv, di = 0;
+    FT *dout = w->dout + r * pr->dv;
     FT_LOAD(fai_row(pr->io.q, b, i, h), pr->dtype, pr->dqk, w->q + r * pr->dqk);
     FT_LOAD(fai_row(pr->io.dout, b, i, h), pr->dtype, pr->dv, dout);
     FT_LOAD(fai_row(pr->io.out, b, i, h), pr->dtype, pr->dv, w->o);
-    for (int64_t d = 0; d < pr->dv; d++)
-        di += dout[d] * w->o[d];
-    w->di[r] = di;
-    w->lse[r] = (FT)fai_lse_load(pr->io.lse, b, h, i);
+    /* D_i through the kernel that forms dP = dO V^T: where dP z - D_i is 0 in exact arithmetic
+     * (a row with one key), the two sums round alike and the difference stays 0 */
+    FT_GEMM(w->kern, 1, 1, pr->dv, dout, pr->dv, w->o, 1, &w->di[r], 1, 0);
+    w->lse[r] = fai_lse_load(pr->io.lse, b, h, i);
 }
 
 /*
@@ -247,30 +282,25 @@ static void FAI_T(load_query_row)(const fai_problem *pr, int64_t b, int64_t h, i
 static int FAI_T(ds_row)(const fai_problem *pr, fai_tiles tl, int64_t b, int64_t h, int64_t i,
                          int64_t r, int64_t j0, int64_t c0, int64_t c1, FAI_T(bwd_ws) *w)
 {
-    const FT lse = w->lse[r], di = w->di[r];
+    const double lse = w->lse[r]; /* P = exp(s - LSE) with the subtraction in double */
+    const FT di = w->di[r];
     if (c0 >= c1 || lse == -INFINITY) /* -inf: empty row, every gradient through it is 0 */
         return 0;
     const FT keep_scale = (FT)(1.0 / (1.0 - pr->dropout_p));
     const int softcap = pr->score.softcap > 0;
     FT *s = w->s, *t = w->t, *p = w->p, *ds = w->ds;
-    FAI_T(score_row)(pr, w->q + r * pr->dqk, w->kt, tl.bk, c0, c1, (FT)fai_slope(pr, h), i, j0,
+    FAI_T(score_row)(pr, w->kern, w->q + r * pr->dqk, w->kt, tl.bk, c0, c1, (FT)fai_slope(pr, h), i, j0,
                      s, softcap ? t : NULL);
     /* dP[c] = dO_r . v_c, over the transposed value tile like the scores */
     FT *dp = ds;
-    for (int64_t c = c0; c < c1; c++)
-        dp[c] = 0;
-    const FT *dout = w->dout + r * pr->dv;
-    for (int64_t d = 0; d < pr->dv; d++) {
-        const FT g = dout[d], *vd = w->vt + d * tl.bk;
-        for (int64_t c = c0; c < c1; c++)
-            dp[c] += g * vd[c];
-    }
+    FT_GEMM(w->kern, 1, c1 - c0, pr->dv, w->dout + r * pr->dv, pr->dv, w->vt + c0, tl.bk,
+            dp + c0, tl.bk, 0);
     if (pr->drop_threshold) {
         fai_dropout d = fai_dropout_for(pr, b, h);
         fai_dropout_keep_row(&d, i, j0 + c0, c1 - c0, w->keep + c0);
     }
     for (int64_t c = c0; c < c1; c++) {
-        const FT P = FT_EXP(s[c] - lse);
+        const FT P = FT_EXP((FT)((double)s[c] - lse));
         const FT z = (pr->drop_threshold && !w->keep[c]) ? 0 : keep_scale;
         p[c] = P * z;
         FT g = P * (dp[c] * z - di);
@@ -372,6 +402,7 @@ static fa_status FAI_T(backward)(fa_context *ctx, const fai_problem *pr, fai_til
     {
         FAI_T(bwd_ws) mine;
         FAI_T(bwd_carve)(pr, tl, base + (size_t)omp_get_thread_num() * per, &mine);
+        mine.kern = ctx->kernels;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < ktasks; task++) {
             const int64_t kt = task % nkt, hk = (task / nkt) % pr->hk, b = task / (nkt * pr->hk);

@@ -108,12 +108,27 @@ int ht_is_poisoned(const ht_tensor *x)
     return 1;
 }
 
+fa_isa ht_isa = FA_ISA_AUTO;
+
+int ht_isa_runs(fa_isa isa)
+{
+    fa_options o;
+    fa_options_init(&o);
+    o.isa = isa;
+    fa_context *ctx = NULL;
+    if (fa_context_create(&o, &ctx) != FA_OK)
+        return 0;
+    fa_context_destroy(ctx);
+    return 1;
+}
+
 fa_context *ht_context(fa_backend be, int threads)
 {
     fa_options o;
     fa_options_init(&o);
     o.backend = be;
     o.num_threads = threads;
+    o.isa = ht_isa;
     fa_context *ctx = NULL;
     fa_status s = fa_context_create(&o, &ctx);
     ck_assert_msg(s == FA_OK, "context %s: %s", fa_backend_name(be), fa_last_error());

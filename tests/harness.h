@@ -35,6 +35,10 @@ int ht_is_poisoned(const ht_tensor *x);
 /* LSE tensors: B x H x S (the fa_tensor is batch x seqlen x heads x 1), f32 or f64 storage. */
 void ht_alloc_lse(ht_tensor *x, fa_dtype dt, int64_t B, int64_t S, int64_t H);
 
+/* The ISA the contexts of ht_context / ht_forward / ht_backward use (default AUTO), and
+ * whether an ISA's kernels run here. */
+extern fa_isa ht_isa;
+int ht_isa_runs(fa_isa isa);
 fa_context *ht_context(fa_backend be, int threads);
 fa_status ht_forward(fa_backend be, int threads, const fa_params *p, const fa_tensor *q,
                      const fa_tensor *k, const fa_tensor *v, fa_tensor *out, fa_tensor *lse);
@@ -61,5 +65,6 @@ Suite *make_semantics_suite(void);
 Suite *make_memory_suite(void);
 Suite *make_compare_suite(void);
 Suite *make_npy_suite(void);
+Suite *make_simd_suite(void);
 
 #endif

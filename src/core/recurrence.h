@@ -70,15 +70,19 @@ FA_HOST_DEVICE static inline int fai_online_rescale_f64(double *m, double b, dou
 /*
  * End of the row: returns the factor that turns acc into O (0 for an empty row, so O = 0
  * exactly) and sets *lse. keep_scale is 1 / (1 - p), or 1 without dropout.
+ *
+ * LSE is formed in double even on the f32 path: m is often large (logits ~ 100) where one f32
+ * ulp is 8e-6, and the backward's P = exp(s - LSE) inherits any rounding of LSE as a relative
+ * error of the whole row. In double, storing to an f32 LSE rounds once; an f64 LSE keeps it.
  */
 FA_HOST_DEVICE static inline float fai_online_finalize_f32(float m, float l, float keep_scale,
-                                                           float *lse)
+                                                           double *lse)
 {
     if (!(l != 0)) { /* l == 0: nothing absorbed. (NaN l is != 0 and falls through.) */
         *lse = -INFINITY;
         return 0;
     }
-    *lse = m + fai_logf(l);
+    *lse = (double)m + fai_log((double)l);
     return keep_scale / l;
 }
 

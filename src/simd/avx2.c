@@ -1,0 +1,87 @@
+/* AVX2 + FMA kernels. Built with -mavx2 -mfma -mf16c; called only when the CPU and OS support
+ * them (src/simd/cpu.c). */
+#include "config.h"
+
+#include <immintrin.h>
+#include <sleef.h>
+
+#include "simd/kernels.h"
+
+#define MR 6
+#define NR 16 /* two ymm of f32 */
+
+/* Lane i of the mask is on iff i < n (n in [0, 8]). */
+static __m256i lanes_below(int64_t n)
+{
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n < 0 ? 0 : n > 8 ? 8 : n)), idx);
+}
+
+/*
+ * 6 x 16: 12 ymm accumulators, two B loads and six A broadcasts per k step (16 registers).
+ * Columns beyond nr are masked on load and store.
+ */
+static void fa_f32_gemm_ukernel_6x16__avx2(int64_t mr, int64_t nr, int64_t k, const float *a,
+                                           int64_t lda, const float *b, int64_t ldb, float *c,
+                                           int64_t ldc, int accumulate)
+{
+    const __m256i m0 = lanes_below(nr), m1 = lanes_below(nr - 8);
+    __m256 c0[MR], c1[MR];
+    for (int i = 0; i < MR; i++) {
+        c0[i] = _mm256_setzero_ps();
+        c1[i] = _mm256_setzero_ps();
+        if (accumulate && i < mr) {
+            c0[i] = _mm256_maskload_ps(c + i * ldc, m0);
+            c1[i] = _mm256_maskload_ps(c + i * ldc + 8, m1);
+        }
+    }
+    if (mr == MR && nr == NR) {
+        for (int64_t p = 0; p < k; p++) {
+            const __m256 b0 = _mm256_loadu_ps(b + p * ldb), b1 = _mm256_loadu_ps(b + p * ldb + 8);
+            for (int i = 0; i < MR; i++) {
+                const __m256 ai = _mm256_broadcast_ss(a + i * lda + p);
+                c0[i] = _mm256_fmadd_ps(ai, b0, c0[i]);
+                c1[i] = _mm256_fmadd_ps(ai, b1, c1[i]);
+            }
+        }
+    } else {
+        for (int64_t p = 0; p < k; p++) {
+            const __m256 b0 = _mm256_maskload_ps(b + p * ldb, m0);
+            const __m256 b1 = _mm256_maskload_ps(b + p * ldb + 8, m1);
+            for (int i = 0; i < mr; i++) {
+                const __m256 ai = _mm256_broadcast_ss(a + i * lda + p);
+                c0[i] = _mm256_fmadd_ps(ai, b0, c0[i]);
+                c1[i] = _mm256_fmadd_ps(ai, b1, c1[i]);
+            }
+        }
+    }
+    for (int64_t i = 0; i < mr; i++) {
+        _mm256_maskstore_ps(c + i * ldc, m0, c0[i]);
+        _mm256_maskstore_ps(c + i * ldc + 8, m1, c1[i]);
+    }
+}
+
+/* SLEEF's Sleef_expf8_u10avx2: max error 1.0 ULP (measured by tests/check_simd.c). */
+static float fa_f32_expsum__avx2_sleef(int64_t n, const float *x, float m, float *y)
+{
+    const __m256 vm = _mm256_set1_ps(m);
+    __m256 vsum = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256i mk = lanes_below(n - i);
+        const __m256 e = Sleef_expf8_u10avx2(_mm256_sub_ps(_mm256_maskload_ps(x + i, mk), vm));
+        _mm256_maskstore_ps(y + i, mk, e);
+        vsum = _mm256_add_ps(vsum, _mm256_and_ps(e, _mm256_castsi256_ps(mk)));
+    }
+    float lanes[8], sum = 0;
+    _mm256_storeu_ps(lanes, vsum);
+    for (int l = 0; l < 8; l++)
+        sum += lanes[l];
+    return sum;
+}
+
+static const fai_kernels_f32 avx2 = {
+    FA_ISA_AVX2, "fa_f32_gemm_ukernel_6x16__avx2", "fa_f32_expsum__avx2_sleef", MR, NR,
+    fa_f32_gemm_ukernel_6x16__avx2, fa_f32_expsum__avx2_sleef,
+};
+
+const fai_kernels_f32 *fai_kernels_f32_avx2(void) { return &avx2; }

@@ -1,0 +1,84 @@
+/*
+ * Which kernel sets this CPU can run: CPUID for the instructions, XGETBV for the OS's promise
+ * to save the registers (an AVX instruction on an OS that does not save YMM/ZMM state would
+ * corrupt other threads' registers). Detected once; every thread then reads the same answer.
+ */
+#include "config.h"
+
+#include <pthread.h>
+
+#include "simd/kernels.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+
+static int cpu_avx2, cpu_avx512;
+
+static uint64_t xgetbv0(void)
+{
+    uint32_t lo, hi;
+    __asm__ volatile("xgetbv" : "=a"(lo), "=d"(hi) : "c"(0));
+    return ((uint64_t)hi << 32) | lo;
+}
+
+static void detect(void)
+{
+    unsigned a, b, c, d;
+    if (!__get_cpuid(1, &a, &b, &c, &d))
+        return;
+    const int osxsave = (c >> 27) & 1, fma = (c >> 12) & 1, f16c = (c >> 29) & 1;
+    if (!osxsave)
+        return; /* the OS does not expose XGETBV: no AVX state is saved */
+    const uint64_t xcr0 = xgetbv0();
+    const int os_ymm = (xcr0 & 0x6) == 0x6;     /* SSE and AVX (YMM) state */
+    const int os_zmm = (xcr0 & 0xe6) == 0xe6;   /* plus opmask, ZMM_Hi256, Hi16_ZMM */
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d))
+        return;
+    const int avx2 = (b >> 5) & 1, avx512f = (b >> 16) & 1, avx512dq = (b >> 17) & 1,
+              avx512bw = (b >> 30) & 1, avx512vl = (b >> 31) & 1;
+    cpu_avx2 = os_ymm && avx2 && fma && f16c;
+    cpu_avx512 = os_zmm && cpu_avx2 && avx512f && avx512dq && avx512bw && avx512vl;
+}
+#else
+static void detect(void) {}
+#endif
+
+static pthread_once_t detected = PTHREAD_ONCE_INIT;
+
+int fai_cpu_supports(fa_isa isa)
+{
+    pthread_once(&detected, detect);
+    switch (isa) {
+    case FA_ISA_SCALAR: return 1;
+#if defined(__x86_64__) || defined(__i386__)
+    case FA_ISA_AVX2: return cpu_avx2;
+    case FA_ISA_AVX512: return cpu_avx512;
+#endif
+    default: return 0;
+    }
+}
+
+const fai_kernels_f32 *fai_kernels_f32_for(fa_isa isa)
+{
+    if (!fai_cpu_supports(isa))
+        return NULL;
+    switch (isa) {
+    case FA_ISA_SCALAR: return &fai_kernels_f32_scalar;
+#ifdef FA_HAVE_AVX2_KERNELS
+    case FA_ISA_AVX2: return fai_kernels_f32_avx2();
+#endif
+#ifdef FA_HAVE_AVX512_KERNELS
+    case FA_ISA_AVX512: return fai_kernels_f32_avx512();
+#endif
+    default: return NULL;
+    }
+}
+
+fa_isa fai_isa_best(void)
+{
+    static const fa_isa newest_first[] = {FA_ISA_AVX512, FA_ISA_AVX2, FA_ISA_NEON};
+    for (size_t i = 0; i < sizeof newest_first / sizeof *newest_first; i++)
+        if (fai_kernels_f32_for(newest_first[i]))
+            return newest_first[i];
+    return FA_ISA_SCALAR;
+}

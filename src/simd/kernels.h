@@ -1,0 +1,57 @@
+/*
+ * The kernel-table interface: what an ISA supplies to the tiled backend. The framework
+ * (src/simd/gemm.c, src/tiled_tpl.h) owns the loops, tiling and edges; an ISA supplies a
+ * register-blocked GEMM micro-kernel of MR x NR and a vector exp-and-sum, nothing else.
+ *
+ * Naming follows XNNPACK's order (dtype, op, tile, ISA): fa_f32_gemm_ukernel_8x32__avx512.
+ * Summation order is part of each kernel's contract: C[i][j] accumulates A[i][p] B[p][j] for
+ * p = 0, 1, ..., k-1 in that order (one fused or unfused multiply-add each), and expsum's sum
+ * is a fixed function of n. Results therefore never depend on the thread count.
+ */
+#ifndef FAI_SIMD_KERNELS_H
+#define FAI_SIMD_KERNELS_H
+
+#include <stdint.h>
+
+#include "flashattn.h"
+
+/*
+ * C[mr x nr] (+)= A[mr x k] B[k x nr], all row-major with leading dimensions lda, ldb, ldc;
+ * 1 <= mr <= MR, 1 <= nr <= NR. accumulate = 0 overwrites C.
+ */
+typedef void (*fai_gemm_ukernel_f32)(int64_t mr, int64_t nr, int64_t k, const float *a,
+                                     int64_t lda, const float *b, int64_t ldb, float *c,
+                                     int64_t ldc, int accumulate);
+
+/* y[i] = exp(x[i] - m) for i < n; returns the sum of the y[i] in a fixed order. */
+typedef float (*fai_expsum_f32)(int64_t n, const float *x, float m, float *y);
+
+typedef struct fai_kernels_f32_s {
+    fa_isa isa;
+    const char *gemm_name, *exp_name;
+    int64_t mr, nr;
+    fai_gemm_ukernel_f32 gemm;
+    fai_expsum_f32 expsum;
+} fai_kernels_f32;
+
+/* The kernel sets this build carries (NULL where not built). */
+extern const fai_kernels_f32 fai_kernels_f32_scalar;
+const fai_kernels_f32 *fai_kernels_f32_avx2(void);
+const fai_kernels_f32 *fai_kernels_f32_avx512(void);
+
+/* Whether this CPU (and OS) can run an ISA's kernels; detected once, thread-safely. */
+int fai_cpu_supports(fa_isa isa);
+/* The kernel set for isa (never AUTO), or NULL if it is not built or not supported here. */
+const fai_kernels_f32 *fai_kernels_f32_for(fa_isa isa);
+/* Newest supported ISA first: avx512, avx2, neon, scalar. */
+fa_isa fai_isa_best(void);
+
+/* C[m x n] (+)= A[m x k] B[k x n] with any m, n: the framework's loop over MR x NR tiles. */
+void fai_gemm_f32(const fai_kernels_f32 *kt, int64_t m, int64_t n, int64_t k, const float *a,
+                  int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc,
+                  int accumulate);
+/* The same in double, portable (the f64 storage path). */
+void fai_gemm_f64(int64_t m, int64_t n, int64_t k, const double *a, int64_t lda, const double *b,
+                  int64_t ldb, double *c, int64_t ldc, int accumulate);
+
+#endif

@@ -1,0 +1,62 @@
+/* The portable kernels: plain C, compiled without ISA flags. The reference point of every
+ * other kernel set, and the f64 GEMM of the f64 storage path. */
+#include "config.h"
+
+#include "simd/kernels.h"
+#include "core/fmath.h"
+
+#define SCALAR_MR 4
+#define SCALAR_NR 16
+
+static void fa_f32_gemm_ukernel_4x16__scalar(int64_t mr, int64_t nr, int64_t k, const float *a,
+                                             int64_t lda, const float *b, int64_t ldb, float *c,
+                                             int64_t ldc, int accumulate)
+{
+    float acc[SCALAR_MR][SCALAR_NR];
+    for (int64_t i = 0; i < mr; i++)
+        for (int64_t j = 0; j < nr; j++)
+            acc[i][j] = accumulate ? c[i * ldc + j] : 0.0f;
+    for (int64_t p = 0; p < k; p++) {
+        const float *bp = b + p * ldb;
+        for (int64_t i = 0; i < mr; i++) {
+            const float ai = a[i * lda + p];
+            for (int64_t j = 0; j < nr; j++)
+                acc[i][j] += ai * bp[j];
+        }
+    }
+    for (int64_t i = 0; i < mr; i++)
+        for (int64_t j = 0; j < nr; j++)
+            c[i * ldc + j] = acc[i][j];
+}
+
+static float fa_f32_expsum__scalar_sleef(int64_t n, const float *x, float m, float *y)
+{
+    float sum = 0;
+    for (int64_t i = 0; i < n; i++) {
+        y[i] = fai_expf(x[i] - m);
+        sum += y[i];
+    }
+    return sum;
+}
+
+const fai_kernels_f32 fai_kernels_f32_scalar = {
+    FA_ISA_SCALAR,        "fa_f32_gemm_ukernel_4x16__scalar", "fa_f32_expsum__scalar_sleef",
+    SCALAR_MR,            SCALAR_NR,
+    fa_f32_gemm_ukernel_4x16__scalar, fa_f32_expsum__scalar_sleef,
+};
+
+void fai_gemm_f64(int64_t m, int64_t n, int64_t k, const double *a, int64_t lda, const double *b,
+                  int64_t ldb, double *c, int64_t ldc, int accumulate)
+{
+    for (int64_t i = 0; i < m; i++) {
+        double *ci = c + i * ldc;
+        if (!accumulate)
+            for (int64_t j = 0; j < n; j++)
+                ci[j] = 0;
+        for (int64_t p = 0; p < k; p++) { /* p in order for every C element */
+            const double aip = a[i * lda + p], *bp = b + p * ldb;
+            for (int64_t j = 0; j < n; j++)
+                ci[j] += aip * bp[j];
+        }
+    }
+}

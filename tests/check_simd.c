@@ -1,0 +1,192 @@
+/*
+ * The kernel sets of src/simd/, each ISA this CPU runs (others are skipped, and say so):
+ * the GEMM micro-kernels against float64 on sizes below, at and above their MR x NR tile;
+ * the summation-order contract the backward relies on (a C element's bits do not depend on
+ * which other rows and columns are computed with it); and the vector exp over every float
+ * <= 0 against float64 exp, with the bound it is documented to keep.
+ */
+#include "config.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+#include "simd/kernels.h"
+
+static const fa_isa isas[] = {FA_ISA_SCALAR, FA_ISA_AVX2, FA_ISA_AVX512, FA_ISA_NEON};
+#define NISA 4
+
+static const fai_kernels_f32 *kernels_or_skip(int i)
+{
+    const fai_kernels_f32 *k = fai_kernels_f32_for(isas[i]);
+    if (!k)
+        fprintf(stderr, "check_simd: %s kernels not runnable here: skipped\n", fa_isa_name(isas[i]));
+    return k;
+}
+
+static float rnd(uint64_t *s)
+{
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return (float)((double)(*s >> 40) / (double)(1ull << 24) * 2 - 1);
+}
+
+START_TEST(gemm_matches_float64)
+{
+    const fai_kernels_f32 *kt = kernels_or_skip(_i);
+    if (!kt)
+        return;
+    const int64_t ms[] = {1, 2, kt->mr - 1, kt->mr, kt->mr + 1, 2 * kt->mr + 3};
+    const int64_t ns[] = {1, 3, kt->nr - 1, kt->nr, kt->nr + 1, 2 * kt->nr + 5};
+    const int64_t ks[] = {0, 1, 7, 64, 129};
+    uint64_t seed = 11;
+    for (size_t a = 0; a < 6; a++)
+        for (size_t b = 0; b < 6; b++)
+            for (size_t c = 0; c < 5; c++)
+                for (int acc = 0; acc < 2; acc++) {
+                    const int64_t m = ms[a] > 0 ? ms[a] : 1, n = ns[b] > 0 ? ns[b] : 1, k = ks[c];
+                    const int64_t lda = k + 3, ldb = n + 5, ldc = n + 2;
+                    float *A = malloc(sizeof(float) * (size_t)(m * lda + 1));
+                    float *B = malloc(sizeof(float) * (size_t)(k * ldb + 1));
+                    float *C = malloc(sizeof(float) * (size_t)(m * ldc + 1));
+                    for (int64_t x = 0; x < m * lda; x++)
+                        A[x] = rnd(&seed);
+                    for (int64_t x = 0; x < k * ldb; x++)
+                        B[x] = rnd(&seed);
+                    for (int64_t x = 0; x < m * ldc; x++)
+                        C[x] = rnd(&seed);
+                    float *C0 = malloc(sizeof(float) * (size_t)(m * ldc + 1));
+                    memcpy(C0, C, sizeof(float) * (size_t)(m * ldc));
+                    fai_gemm_f32(kt, m, n, k, A, lda, B, ldb, C, ldc, acc);
+                    for (int64_t i = 0; i < m; i++)
+                        for (int64_t j = 0; j < ldc; j++) {
+                            if (j >= n) { /* padding between rows is never written */
+                                ck_assert(C[i * ldc + j] == C0[i * ldc + j]);
+                                continue;
+                            }
+                            double want = acc ? C0[i * ldc + j] : 0, mag = fabs(want);
+                            for (int64_t p = 0; p < k; p++) {
+                                want += (double)A[i * lda + p] * B[p * ldb + j];
+                                mag += fabs((double)A[i * lda + p] * B[p * ldb + j]);
+                            }
+                            /* k + 1 roundings, each at most eps/2 of the running magnitude */
+                            ck_assert_msg(fabs(C[i * ldc + j] - want) <= (k + 1) * 0x1p-24 * mag + 1e-30,
+                                          "%s m%ld n%ld k%ld acc%d C[%ld][%ld] = %.9g, want %.9g",
+                                          kt->gemm_name, (long)m, (long)n, (long)k, acc, (long)i,
+                                          (long)j, C[i * ldc + j], want);
+                        }
+                    free(A), free(B), free(C), free(C0);
+                }
+}
+END_TEST
+
+/* C[i][j]'s bits do not depend on the block it is computed in: the whole product, one row at
+ * a time, and column windows agree bit for bit. The tiled backward recomputes single score
+ * rows and relies on this to reproduce the forward's score tile exactly. */
+START_TEST(gemm_element_independent_of_blocking)
+{
+    const fai_kernels_f32 *kt = kernels_or_skip(_i);
+    if (!kt)
+        return;
+    const int64_t m = 2 * kt->mr + 1, n = 3 * kt->nr + 7, k = 77;
+    float *A = malloc(sizeof(float) * m * k), *B = malloc(sizeof(float) * k * n);
+    float *C = malloc(sizeof(float) * m * n), *R = malloc(sizeof(float) * n);
+    uint64_t seed = 5;
+    for (int64_t x = 0; x < m * k; x++)
+        A[x] = rnd(&seed) * 40;
+    for (int64_t x = 0; x < k * n; x++)
+        B[x] = rnd(&seed);
+    fai_gemm_f32(kt, m, n, k, A, k, B, n, C, n, 0);
+    for (int64_t i = 0; i < m; i++) {
+        fai_gemm_f32(kt, 1, n, k, A + i * k, k, B, n, R, n, 0);
+        ck_assert(memcmp(R, C + i * n, sizeof(float) * n) == 0);
+        for (int64_t c0 = 0; c0 < n; c0 += 13) { /* a window [c0, c0 + w) on its own */
+            const int64_t w = n - c0 < 9 ? n - c0 : 9;
+            fai_gemm_f32(kt, 1, w, k, A + i * k, k, B + c0, n, R, n, 0);
+            ck_assert(memcmp(R, C + i * n + c0, sizeof(float) * w) == 0);
+        }
+    }
+    free(A), free(B), free(C), free(R);
+}
+END_TEST
+
+/* Distance from y to the exact e in units of the last place of e's binade (subnormals: 2^-149). */
+static double ulp_error(float y, double e)
+{
+    if (e == 0)
+        return y == 0 ? 0 : fabs(y) / 0x1p-149;
+    int ex;
+    frexp(e, &ex);
+    double ulp = ldexp(1.0, (ex - 1 < -126 ? -126 : ex - 1) - 23);
+    return fabs((double)y - e) / ulp;
+}
+
+/*
+ * Every float x <= 0 (2^31 of them, -0 and -inf included): expsum's y = exp(x - 0) against
+ * float64 exp. SLEEF documents its u10 functions as within 1.0 ULP; the measured maximum over
+ * the whole domain must stay within that, and the sum must be the sum of the y in a fixed order.
+ */
+START_TEST(expsum_exhaustive_nonpositive)
+{
+    const fai_kernels_f32 *kt = kernels_or_skip(_i);
+    if (!kt)
+        return;
+    const uint32_t first = 0x80000000u, last = 0xff800000u; /* -0 ... -inf */
+    const int64_t chunk = 1 << 16;
+    double worst = 0;
+    float worst_x = 0;
+    int bad_sum = 0;
+#pragma omp parallel
+    {
+        float *x = malloc(sizeof(float) * chunk), *y = malloc(sizeof(float) * chunk);
+        double my_worst = 0;
+        float my_x = 0;
+#pragma omp for schedule(dynamic, 16)
+        for (int64_t base = first; base <= (int64_t)last; base += chunk) {
+            const int64_t n = (int64_t)last - base + 1 < chunk ? (int64_t)last - base + 1 : chunk;
+            for (int64_t t = 0; t < n; t++) {
+                uint32_t u = (uint32_t)(base + t);
+                memcpy(&x[t], &u, 4);
+            }
+            float s = kt->expsum(n, x, 0.0f, y);
+            for (int64_t t = 0; t < n; t++) {
+                double e = ulp_error(y[t], exp((double)x[t]));
+                if (e > my_worst) {
+                    my_worst = e;
+                    my_x = x[t];
+                }
+            }
+            if (!(s >= 0) || (n > 0 && !(s >= y[0])))
+#pragma omp atomic write
+                bad_sum = 1;
+        }
+#pragma omp critical
+        if (my_worst > worst) {
+            worst = my_worst;
+            worst_x = my_x;
+        }
+        free(x), free(y);
+    }
+    fprintf(stderr, "check_simd: %s: max error over all floats <= 0: %.3f ULP (at x = %a)\n",
+            kt->exp_name, worst, (double)worst_x);
+    ck_assert_msg(worst <= 1.0, "%s: %.3f ULP at x = %a", kt->exp_name, worst, (double)worst_x);
+    ck_assert(!bad_sum);
+    /* the sum of a short vector, exactly as the kernel defines it: here all terms are 1 */
+    float ones[37], z[37];
+    memset(ones, 0, sizeof ones);
+    ck_assert(kt->expsum(37, ones, 0.0f, z) == 37.0f);
+}
+END_TEST
+
+Suite *make_simd_suite(void)
+{
+    Suite *s = suite_create("simd");
+    TCase *tc = tcase_create("simd");
+    tcase_set_timeout(tc, 900);
+    tcase_add_loop_test(tc, gemm_matches_float64, 0, NISA);
+    tcase_add_loop_test(tc, gemm_element_independent_of_blocking, 0, NISA);
+    tcase_add_loop_test(tc, expsum_exhaustive_nonpositive, 0, NISA);
+    suite_add_tcase(s, tc);
+    return s;
+}
