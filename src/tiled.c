@@ -31,11 +31,24 @@ static double expsum_f64(int64_t n, const double *x, double m, double *y)
     return sum;
 }
 #define FT_EXPSUM_F64(kern, n, x, m, y) expsum_f64(n, x, m, y)
+#define FT_SCALEMAX_F32(kern, n, x, scale) (kern)->scalemax(n, x, scale)
+
+static double scalemax_f64(int64_t n, double *x, double scale)
+{
+    double m = -INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] *= scale;
+        m = x[i] > m || x[i] != x[i] ? x[i] : m;
+    }
+    return m;
+}
+#define FT_SCALEMAX_F64(kern, n, x, scale) scalemax_f64(n, x, scale)
 
 #define FT float
 #define FAI_T(name) name##_f32
 #define FT_GEMM FT_GEMM_F32
 #define FT_EXPSUM FT_EXPSUM_F32
+#define FT_SCALEMAX FT_SCALEMAX_F32
 #define FT_LOAD fai_load_f32
 #define FT_STORE fai_store_f32
 #define FT_EXP fai_expf
@@ -53,11 +66,13 @@ static double expsum_f64(int64_t n, const double *x, double m, double *y)
 #undef FT_FINALIZE
 #undef FT_GEMM
 #undef FT_EXPSUM
+#undef FT_SCALEMAX
 
 #define FT double
 #define FAI_T(name) name##_f64
 #define FT_GEMM FT_GEMM_F64
 #define FT_EXPSUM FT_EXPSUM_F64
+#define FT_SCALEMAX FT_SCALEMAX_F64
 #define FT_LOAD fai_load_f64
 #define FT_STORE fai_store_f64
 #define FT_EXP fai_exp

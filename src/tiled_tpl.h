@@ -4,8 +4,9 @@
  *   FT, FAI_T(name)             the type and the suffix appended to every function name
  *   FT_LOAD, FT_STORE           row conversions from/to the storage dtype
  *   FT_EXP, FT_SCORE            exp and the score pipeline (core/fmath.h, core/score.h)
- *   FT_GEMM, FT_EXPSUM          the block operations: C (+)= A B and y = exp(x - m) with its
- *                               sum (simd/kernels.h for float, portable code for double)
+ *   FT_GEMM, FT_EXPSUM,         the block operations: C (+)= A B, y = exp(x - m) with its
+ *   FT_SCALEMAX                 sum, x *= scale with its max (simd/kernels.h for float,
+ *                               portable code for double)
  *   FT_RESCALE, FT_FINALIZE     the recurrence (core/recurrence.h)
  *
  * Every sum runs in a fixed order (over d for scores, over keys for accumulators; the kernels
@@ -138,10 +139,13 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
             if (c0 >= c1) /* this row sees nothing here: a masked tile inside a live row */
                 continue;
             FT bmax = -INFINITY;
-            for (int64_t c = c0; c < c1; c++) {
-                s[c] = FT_SCORE(&pr->score, s[c], slope, i, j0 + c, NULL);
-                bmax = s[c] > bmax || s[c] != s[c] ? s[c] : bmax; /* a NaN sticks */
-            }
+            if (pr->score.softcap == 0 && slope == 0) /* the pipeline is the scale alone */
+                bmax = FT_SCALEMAX(w->kern, c1 - c0, s + c0, (FT)pr->score.scale);
+            else
+                for (int64_t c = c0; c < c1; c++) {
+                    s[c] = FT_SCORE(&pr->score, s[c], slope, i, j0 + c, NULL);
+                    bmax = s[c] > bmax || s[c] != s[c] ? s[c] : bmax; /* a NaN sticks */
+                }
             if (!FT_RESCALE(&w->m[r], bmax, &a))
                 continue;
             if (a != 1) {

@@ -179,6 +179,36 @@ START_TEST(expsum_exhaustive_nonpositive)
 }
 END_TEST
 
+/* scalemax: the same products as the scalar pipeline's scale multiply, and a max that keeps
+ * NaN, for every length around the vector widths. */
+START_TEST(scalemax_matches_definition)
+{
+    const fai_kernels_f32 *kt = kernels_or_skip(_i);
+    if (!kt)
+        return;
+    uint64_t seed = 3;
+    float x[70], y[70];
+    for (int64_t n = 0; n <= 66; n++)
+        for (int nan_at = -1; nan_at < (n < 3 ? (int)n : 3); nan_at++) {
+            for (int64_t i = 0; i < 70; i++)
+                x[i] = rnd(&seed) * 1000;
+            if (nan_at >= 0)
+                x[n - 1 - nan_at] = NAN;
+            memcpy(y, x, sizeof x);
+            const float scale = 0.0883883476f;
+            float m = kt->scalemax(n, y, scale), want = -INFINITY;
+            for (int64_t i = 0; i < n; i++) {
+                const float p = x[i] * scale;
+                ck_assert(memcmp(&p, &y[i], 4) == 0 || (isnan(p) && isnan(y[i])));
+                want = p > want || p != p ? p : want;
+            }
+            ck_assert(memcmp(&x[n], &y[n], sizeof(float) * (size_t)(70 - n)) == 0); /* untouched */
+            ck_assert_msg(m == want || (isnan(m) && isnan(want)), "%s n=%ld: %g vs %g",
+                          kt->gemm_name, (long)n, m, want);
+        }
+}
+END_TEST
+
 Suite *make_simd_suite(void)
 {
     Suite *s = suite_create("simd");
@@ -186,6 +216,7 @@ Suite *make_simd_suite(void)
     tcase_set_timeout(tc, 900);
     tcase_add_loop_test(tc, gemm_matches_float64, 0, NISA);
     tcase_add_loop_test(tc, gemm_element_independent_of_blocking, 0, NISA);
+    tcase_add_loop_test(tc, scalemax_matches_definition, 0, NISA);
     tcase_add_loop_test(tc, expsum_exhaustive_nonpositive, 0, NISA);
     suite_add_tcase(s, tc);
     return s;

@@ -1,11 +1,12 @@
 /*
  * Tile-size policy for the CPU backends, in one place.
  *
- * The portable tiled kernels (src/tiled.c) stream a key tile through every row of a query
- * tile twice: once as K^T (Dqk x Bk) to form S = Q K^T row by row, once as V (Bk x Dv) to form
- * acc += P V. Each row's pass touches the whole key tile, so the key tile is what must stay in
- * L1; the query tile, its accumulators and the score tile are touched once per key tile and can
- * live in L2.
+ * The tiled backend works on a query tile of Bq rows against a key tile of Bk keys: the score
+ * tile S = Q K^T and its probabilities P (Bq x Bk each) and the product P V are formed by the
+ * ISA's GEMM micro-kernel (src/simd/), which streams the packed K^T panel (Dqk x Bk) and V
+ * panel (Bk x Dv) once per MR rows of the query tile. Per key tile, the row work outside the
+ * GEMMs (pipeline, max, rescale, exp) is a fixed cost per row, so Bk should be as large as the
+ * panels allow while they stay in L2 next to Q, S, P and the accumulators.
  */
 #include "config.h"
 
@@ -92,29 +93,23 @@ static int64_t clamp64(int64_t x, int64_t lo, int64_t hi)
 }
 
 /*
- * Bk: the larger of the two key-tile layouts (K^T or V) takes at most half of L1d, leaving the
- * other half for the streaming query row, its score row and its accumulator row. Rounded down
- * to a power of two, clamped to [8, 256]: below 8 the per-tile rescale of the accumulators
- * (Bq x Dv multiplies per Bk keys) is no longer small against the Bk x (Dqk + Dv) work.
+ * Bk: the two key panels, K^T and V, fill at most 1/16 of L2 (64 KiB of a 1 MiB L2): a power
+ * of two in [16, 256]. Bq: 128 rows (the most the sweep tried), fewer only when Q, S, P and the
+ * accumulators (Bq x (Dqk + Dv + 2 Bk)) would pass half of L2.
  *
- * Bq: the query tile (Bq x Dqk), its accumulators (Bq x Dv) and score tile (Bq x Bk), plus both
- * key-tile layouts, fill at most half of L2; clamped to [16, 128]. Larger Bq converts and packs
- * each key tile fewer times; 128 rows already amortize that to < 1% of the tile's flops.
- *
- * Measured (bench_attention --tile-sweep, B=1 H=4 N=2048 f32 non-causal, 1 thread, best of 3,
- * AMD EPYC with 48 KiB L1d / 1 MiB L2, portable kernels; NOTES.md keeps the whole sweep):
- *   D=64:  rule 128x64 -> 884 ms; best tried 128x128 866 ms (2%); Bk = 16 costs 11-15%.
- *   D=128: rule 128x32 -> 1434 ms; best tried 128x64 1426 ms (0.6%); Bk = 16 costs 11-18%.
- * The SIMD kernels (issue 3) will need their own rule and their own measurement.
+ * Measured (bench_attention --tile-sweep, B=1 H=4 N=2048 f32 non-causal, 1 thread, best of 2,
+ * AMD EPYC with 48 KiB L1d / 1 MiB L2; NOTES.md keeps the whole sweeps):
+ *   AVX-512, D=128: rule 128x64 -> 115.5 ms, the best of 12 tiles tried (128x32: 124.0,
+ *                   128x128: 142.1, 64x64: 120.1);
+ *   AVX-512, D=64:  rule 128x128 -> 58.1 ms, the best tried (128x64: 62.5);
+ *   AVX2,    D=128: rule 128x64 -> 218.5 ms, the best tried (128x32: 229.9);
+ *   scalar,  D=128: every tile from 32x32 to 128x128 within 3% (219-224 ms at N=1024, H=2).
  */
 fai_tiles fai_plan_tiles(const fai_cache_info *ci, int64_t dqk, int64_t dv, size_t es)
 {
     fai_tiles t;
-    int64_t dmax = dqk > dv ? dqk : dv;
-    t.bk = clamp64(floor_pow2((ci->l1d / 2) / (dmax * (int64_t)es)), 8, 256);
-    int64_t kv_bytes = 2 * t.bk * (dqk + dv) * (int64_t)es;
-    int64_t budget = ci->l2 / 2 - kv_bytes;
-    int64_t per_row = (dqk + dv + t.bk) * (int64_t)es;
-    t.bq = clamp64(floor_pow2(budget > per_row ? budget / per_row : 1), 16, 128);
+    t.bk = clamp64(floor_pow2((ci->l2 / 16) / ((dqk + dv) * (int64_t)es)), 16, 256);
+    int64_t per_row = (dqk + dv + 2 * t.bk) * (int64_t)es;
+    t.bq = clamp64(floor_pow2((ci->l2 / 2) / per_row), 16, 128);
     return t;
 }

@@ -3,6 +3,7 @@
 #include "config.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <sleef.h>
 
 #include "simd/kernels.h"
@@ -79,9 +80,30 @@ static float fa_f32_expsum__avx2_sleef(int64_t n, const float *x, float m, float
     return sum;
 }
 
+static float fa_f32_scalemax__avx2(int64_t n, float *x, float scale)
+{
+    const __m256 vs = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
+    __m256 vmax = ninf, nan = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256i mk = lanes_below(n - i);
+        const __m256 v = _mm256_mul_ps(_mm256_maskload_ps(x + i, mk), vs);
+        _mm256_maskstore_ps(x + i, mk, v);
+        const __m256 live = _mm256_castsi256_ps(mk);
+        nan = _mm256_or_ps(nan, _mm256_and_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q), live));
+        vmax = _mm256_max_ps(vmax, _mm256_blendv_ps(ninf, v, live));
+    }
+    if (_mm256_movemask_ps(nan))
+        return NAN;
+    float lanes[8], m = -INFINITY;
+    _mm256_storeu_ps(lanes, vmax);
+    for (int l = 0; l < 8; l++)
+        m = lanes[l] > m ? lanes[l] : m;
+    return m;
+}
+
 static const fai_kernels_f32 avx2 = {
     FA_ISA_AVX2, "fa_f32_gemm_ukernel_6x16__avx2", "fa_f32_expsum__avx2_sleef", MR, NR,
-    fa_f32_gemm_ukernel_6x16__avx2, fa_f32_expsum__avx2_sleef,
+    fa_f32_gemm_ukernel_6x16__avx2, fa_f32_expsum__avx2_sleef, fa_f32_scalemax__avx2,
 };
 
 const fai_kernels_f32 *fai_kernels_f32_avx2(void) { return &avx2; }

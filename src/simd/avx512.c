@@ -3,6 +3,7 @@
 #include "config.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <sleef.h>
 
 #include "simd/kernels.h"
@@ -75,9 +76,25 @@ static float fa_f32_expsum__avx512_sleef(int64_t n, const float *x, float m, flo
     return sum;
 }
 
+/* Max with NaN kept: lanes that are NaN are collected in a mask and decide the result. */
+static float fa_f32_scalemax__avx512(int64_t n, float *x, float scale)
+{
+    const __m512 vs = _mm512_set1_ps(scale);
+    __m512 vmax = _mm512_set1_ps(-INFINITY);
+    __mmask16 nan = 0;
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 mk = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, x + i), vs);
+        _mm512_mask_storeu_ps(x + i, mk, v);
+        nan |= _mm512_mask_cmp_ps_mask(mk, v, v, _CMP_UNORD_Q);
+        vmax = _mm512_mask_max_ps(vmax, mk, vmax, v);
+    }
+    return nan ? NAN : _mm512_reduce_max_ps(vmax);
+}
+
 static const fai_kernels_f32 avx512 = {
     FA_ISA_AVX512, "fa_f32_gemm_ukernel_8x32__avx512", "fa_f32_expsum__avx512_sleef", MR, NR,
-    fa_f32_gemm_ukernel_8x32__avx512, fa_f32_expsum__avx512_sleef,
+    fa_f32_gemm_ukernel_8x32__avx512, fa_f32_expsum__avx512_sleef, fa_f32_scalemax__avx512,
 };
 
 const fai_kernels_f32 *fai_kernels_f32_avx512(void) { return &avx512; }

@@ -26,12 +26,17 @@ typedef void (*fai_gemm_ukernel_f32)(int64_t mr, int64_t nr, int64_t k, const fl
 /* y[i] = exp(x[i] - m) for i < n; returns the sum of the y[i] in a fixed order. */
 typedef float (*fai_expsum_f32)(int64_t n, const float *x, float m, float *y);
 
+/* x[i] *= scale for i < n (one rounded product each, as the scalar score pipeline); returns
+ * max x[i], NaN if any x[i] is NaN, -inf for n = 0. */
+typedef float (*fai_scalemax_f32)(int64_t n, float *x, float scale);
+
 typedef struct fai_kernels_f32_s {
     fa_isa isa;
     const char *gemm_name, *exp_name;
     int64_t mr, nr;
     fai_gemm_ukernel_f32 gemm;
     fai_expsum_f32 expsum;
+    fai_scalemax_f32 scalemax;
 } fai_kernels_f32;
 
 /* The kernel sets this build carries (NULL where not built). */

@@ -2,6 +2,8 @@
  * other kernel set, and the f64 GEMM of the f64 storage path. */
 #include "config.h"
 
+#include <math.h>
+
 #include "simd/kernels.h"
 #include "core/fmath.h"
 
@@ -39,10 +41,20 @@ static float fa_f32_expsum__scalar_sleef(int64_t n, const float *x, float m, flo
     return sum;
 }
 
+static float fa_f32_scalemax__scalar(int64_t n, float *x, float scale)
+{
+    float m = -INFINITY;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] *= scale;
+        m = x[i] > m || x[i] != x[i] ? x[i] : m; /* a NaN sticks */
+    }
+    return m;
+}
+
 const fai_kernels_f32 fai_kernels_f32_scalar = {
     FA_ISA_SCALAR,        "fa_f32_gemm_ukernel_4x16__scalar", "fa_f32_expsum__scalar_sleef",
     SCALAR_MR,            SCALAR_NR,
-    fa_f32_gemm_ukernel_4x16__scalar, fa_f32_expsum__scalar_sleef,
+    fa_f32_gemm_ukernel_4x16__scalar, fa_f32_expsum__scalar_sleef, fa_f32_scalemax__scalar,
 };
 
 void fai_gemm_f64(int64_t m, int64_t n, int64_t k, const double *a, int64_t lda, const double *b,
