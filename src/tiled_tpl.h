@@ -13,22 +13,6 @@
  * keep that order, simd/kernels.h), so results are the same at every thread count.
  */
 
-/*
- * One query row's scores against a key tile held transposed (kt: dqk x bk, row stride bk):
- * s[c] = sum_d q[d] kt[d][c] for c in [c0, c1), then the score pipeline. The dot products go
- * through the same GEMM kernel as the forward's score tile, so the backward recomputes every
- * score to the bit: at logits near 100 one f32 ulp is 8e-6, and a P = exp(s - LSE) whose s
- * differed from the forward's in the last bit would be off by that much relative.
- */
-static void FAI_T(score_row)(const fai_problem *pr, const fai_kernels_f32 *kern, const FT *q,
-                             const FT *kt, int64_t bk, int64_t c0, int64_t c1, FT slope,
-                             int64_t i, int64_t j0, FT *s, FT *t)
-{
-    FT_GEMM(kern, 1, c1 - c0, pr->dqk, q, pr->dqk, kt + c0, bk, s + c0, bk, 0);
-    for (int64_t c = c0; c < c1; c++)
-        s[c] = FT_SCORE(&pr->score, s[c], slope, i, j0 + c, t ? &t[c] : NULL);
-}
-
 /* The keys of tile [j0, j0 + n) that row i may see, as tile columns [*c0, *c1). */
 static void FAI_T(row_cols)(const fai_problem *pr, fai_tile_class cls, int64_t i, int64_t j0,
                             int64_t n, int64_t *c0, int64_t *c1)
@@ -227,38 +211,51 @@ static fa_status FAI_T(forward)(fa_context *ctx, const fai_problem *pr, fai_tile
  *   pass 1, per (b, kv head, key tile): dK and dV of the tile, summed over the group's query
  *           heads and all query rows in a fixed order;
  *   pass 2, per (b, head, query tile): dQ of the tile, summed over key tiles in order.
- * Both recompute S and P = exp(S - LSE) per (row, key tile) from q, k and the forward's LSE,
- * and dS = P (dP~ - D) with D_i = dO_i . O_i (§1). No atomics, no reduction across threads.
+ * Both work on a block of query rows against a key tile: S = Q K^T and dP = dO V^T by the GEMM
+ * kernel (the same kernel and order as the forward, so S is recomputed to the bit), then per
+ * row P = exp(S - LSE), P~ = P z and dS = P (dP z - D) with D_i = dO_i . O_i (§1), then
+ * dV += P~^T dO, dK += scale dS^T Q (pass 1) or dQ += scale dS K (pass 2) by the GEMM kernel.
+ * No atomics, no reduction across threads.
+ *
+ * The GEMMs multiply the exact zeros of P~ and dS (masked, dropped) with rows of dO, Q and K.
+ * Where any of those rows holds inf or NaN, the products are formed by selection instead, in
+ * the same order, so the result has the same bits as without the non-finite rows.
  */
 typedef struct {
-    FT *k, *kt, *vt, *vrow, *dk, *dv, *q, *dout, *o, *dq, *di, *s, *t, *p, *ds;
+    FT *k, *kt, *vt, *vrow;      /* key tile: K (n x dqk), K^T (dqk x bk), V^T (dv x bk), V   */
+    FT *dk, *dv;                 /* pass 1: the key tile's gradients (n x dqk, n x dv)        */
+    FT *q, *dout, *o, *dq;       /* a block of up to bq query rows; o: one row of O            */
+    FT *di;                      /* D_i of the block's rows                                    */
     double *lse;
-    const fai_kernels_f32 *kern;
+    FT *s, *dp, *t, *p, *ds;     /* bq x bk: scores, dP, tanh(x / c), P~, scale dS             */
+    FT *tp;                      /* bk x bq: P~^T or dS^T for pass 1's GEMMs                   */
     unsigned char *keep;
+    const fai_kernels_f32 *kern;
 } FAI_T(bwd_ws);
 
 static size_t FAI_T(bwd_carve)(const fai_problem *pr, fai_tiles tl, char *base,
                                FAI_T(bwd_ws) *w)
 {
     fai_arena a = {base, 0};
-    const size_t bk = (size_t)tl.bk, bq = (size_t)tl.bq;
-    w->k = fai_carve(&a, bk * (size_t)pr->dqk * sizeof(FT));
-    w->kt = fai_carve(&a, bk * (size_t)pr->dqk * sizeof(FT));
-    w->vt = fai_carve(&a, bk * (size_t)pr->dv * sizeof(FT));
-    w->vrow = fai_carve(&a, bk * (size_t)pr->dv * sizeof(FT)); /* V row-major: load staging */
-    w->dk = fai_carve(&a, bk * (size_t)pr->dqk * sizeof(FT));
-    w->dv = fai_carve(&a, bk * (size_t)pr->dv * sizeof(FT));
-    /* query rows: bq of them in pass 2, one at a time (row 0) in pass 1 */
-    w->q = fai_carve(&a, bq * (size_t)pr->dqk * sizeof(FT));
-    w->dout = fai_carve(&a, bq * (size_t)pr->dv * sizeof(FT));
-    w->o = fai_carve(&a, (size_t)pr->dv * sizeof(FT));
-    w->dq = fai_carve(&a, bq * (size_t)pr->dqk * sizeof(FT));
-    w->di = fai_carve(&a, bq * sizeof(FT));
+    const size_t bk = (size_t)tl.bk, bq = (size_t)tl.bq, f = sizeof(FT);
+    w->k = fai_carve(&a, bk * (size_t)pr->dqk * f);
+    w->kt = fai_carve(&a, bk * (size_t)pr->dqk * f);
+    w->vt = fai_carve(&a, bk * (size_t)pr->dv * f);
+    w->vrow = fai_carve(&a, bk * (size_t)pr->dv * f);
+    w->dk = fai_carve(&a, bk * (size_t)pr->dqk * f);
+    w->dv = fai_carve(&a, bk * (size_t)pr->dv * f);
+    w->q = fai_carve(&a, bq * (size_t)pr->dqk * f);
+    w->dout = fai_carve(&a, bq * (size_t)pr->dv * f);
+    w->o = fai_carve(&a, (size_t)pr->dv * f);
+    w->dq = fai_carve(&a, bq * (size_t)pr->dqk * f);
+    w->di = fai_carve(&a, bq * f);
     w->lse = fai_carve(&a, bq * sizeof(double));
-    w->s = fai_carve(&a, bk * sizeof(FT));
-    w->t = fai_carve(&a, bk * sizeof(FT));
-    w->p = fai_carve(&a, bk * sizeof(FT));
-    w->ds = fai_carve(&a, bk * sizeof(FT));
+    w->s = fai_carve(&a, bq * bk * f);
+    w->dp = fai_carve(&a, bq * bk * f);
+    w->t = fai_carve(&a, bq * bk * f);
+    w->p = fai_carve(&a, bq * bk * f);
+    w->ds = fai_carve(&a, bq * bk * f);
+    w->tp = fai_carve(&a, bk * bq * f);
     w->keep = fai_carve(&a, bk);
     return a.used;
 }
@@ -277,78 +274,122 @@ static void FAI_T(load_query_row)(const fai_problem *pr, int64_t b, int64_t h, i
     w->lse[r] = fai_lse_load(pr->io.lse, b, h, i);
 }
 
-/*
- * For query row r (loaded in w) against the key tile [j0, j0 + n) (w->kt, w->vt), over the
- * row's allowed columns [c0, c1): p[c] = P~ (dropout applied, 0 where dropped) and
- * ds[c] = dS, the gradient at the pre-softcap score (chain rule included).
- * Returns 0 if the row has nothing to contribute (empty row, or no allowed key here).
- */
-static int FAI_T(ds_row)(const fai_problem *pr, fai_tiles tl, int64_t b, int64_t h, int64_t i,
-                         int64_t r, int64_t j0, int64_t c0, int64_t c1, FAI_T(bwd_ws) *w)
+/* Loads key tile [j0, j0 + n) of (b, hk): K and K^T, V and V^T. */
+static void FAI_T(load_key_tile)(const fai_problem *pr, fai_tiles tl, int64_t b, int64_t hk,
+                                 int64_t j0, int64_t n, FAI_T(bwd_ws) *w)
 {
-    const double lse = w->lse[r]; /* P = exp(s - LSE) with the subtraction in double */
-    const FT di = w->di[r];
-    if (c0 >= c1 || lse == -INFINITY) /* -inf: empty row, every gradient through it is 0 */
-        return 0;
-    const FT keep_scale = (FT)(1.0 / (1.0 - pr->dropout_p));
+    FAI_T(load_rows)(pr->io.k, pr->dtype, b, hk, j0, n, pr->dqk, w->k, w->kt, tl.bk);
+    FAI_T(load_rows)(pr->io.v, pr->dtype, b, hk, j0, n, pr->dv, w->vrow, w->vt, tl.bk);
+}
+
+/*
+ * Rows [i0, i0 + nq) of (b, h) (loaded in w) against key tile [j0, j0 + n): S and dP by the
+ * GEMM kernel, then per row over its allowed keys P~ into w->p and scale dS into w->ds, exact
+ * zeros elsewhere (and in rows that are empty or see no key here). Returns whether any row
+ * contributes.
+ */
+static int FAI_T(bwd_block)(const fai_problem *pr, fai_tiles tl, int64_t b, int64_t h,
+                            int64_t i0, int64_t nq, int64_t j0, int64_t n, fai_tile_class cls,
+                            FAI_T(bwd_ws) *w)
+{
+    const int64_t ld = tl.bk;
+    const FT keep_scale = (FT)(1.0 / (1.0 - pr->dropout_p)), scale = (FT)pr->score.scale;
+    const FT slope = (FT)fai_slope(pr, h);
     const int softcap = pr->score.softcap > 0;
-    FT *s = w->s, *t = w->t, *p = w->p, *ds = w->ds;
-    FAI_T(score_row)(pr, w->kern, w->q + r * pr->dqk, w->kt, tl.bk, c0, c1, (FT)fai_slope(pr, h), i, j0,
-                     s, softcap ? t : NULL);
-    /* dP[c] = dO_r . v_c, over the transposed value tile like the scores */
-    FT *dp = ds;
-    FT_GEMM(w->kern, 1, c1 - c0, pr->dv, w->dout + r * pr->dv, pr->dv, w->vt + c0, tl.bk,
-            dp + c0, tl.bk, 0);
-    if (pr->drop_threshold) {
-        fai_dropout d = fai_dropout_for(pr, b, h);
-        fai_dropout_keep_row(&d, i, j0 + c0, c1 - c0, w->keep + c0);
+    const fai_dropout drop = fai_dropout_for(pr, b, h);
+    FT_GEMM(w->kern, nq, n, pr->dqk, w->q, pr->dqk, w->kt, ld, w->s, ld, 0);  /* S = Q K^T */
+    FT_GEMM(w->kern, nq, n, pr->dv, w->dout, pr->dv, w->vt, ld, w->dp, ld, 0); /* dO V^T */
+    int any = 0;
+    for (int64_t r = 0; r < nq; r++) {
+        const int64_t i = i0 + r;
+        const double lse = w->lse[r]; /* P = exp(s - LSE) with the subtraction in double */
+        FT *s = w->s + r * ld, *dp = w->dp + r * ld, *t = w->t + r * ld, *p = w->p + r * ld,
+           *ds = w->ds + r * ld;
+        int64_t c0, c1;
+        FAI_T(row_cols)(pr, cls, i, j0, n, &c0, &c1);
+        memset(p, 0, (size_t)n * sizeof(FT));
+        memset(ds, 0, (size_t)n * sizeof(FT));
+        if (c0 >= c1 || lse == -INFINITY) /* -inf: empty row, every gradient through it is 0 */
+            continue;
+        /* the forward's pipeline, operation for operation */
+        if (!softcap && slope == 0)
+            FT_SCALEMAX(w->kern, c1 - c0, s + c0, scale);
+        else
+            for (int64_t c = c0; c < c1; c++)
+                s[c] = FT_SCORE(&pr->score, s[c], slope, i, j0 + c, softcap ? &t[c] : NULL);
+        if (drop.threshold)
+            fai_dropout_keep_row(&drop, i, j0 + c0, c1 - c0, w->keep + c0);
+        for (int64_t c = c0; c < c1; c++) /* P = exp(s - LSE) by the exp kernel, in place */
+            p[c] = (FT)((double)s[c] - lse);
+        FT_EXPSUM(w->kern, c1 - c0, p + c0, 0, p + c0);
+        for (int64_t c = c0; c < c1; c++) {
+            const FT P = p[c];
+            const FT z = (drop.threshold && !w->keep[c]) ? 0 : keep_scale;
+            FT g = P * (dp[c] * z - w->di[r]);
+            if (softcap)
+                g *= 1 - t[c] * t[c];
+            p[c] = P * z;
+            ds[c] = scale * g;
+        }
+        any = 1;
     }
-    for (int64_t c = c0; c < c1; c++) {
-        const FT P = FT_EXP((FT)((double)s[c] - lse));
-        const FT z = (pr->drop_threshold && !w->keep[c]) ? 0 : keep_scale;
-        p[c] = P * z;
-        FT g = P * (dp[c] * z - di);
-        if (softcap)
-            g *= 1 - t[c] * t[c];
-        ds[c] = g;
-    }
-    return 1;
+    return any;
+}
+
+static void FAI_T(transpose)(const FT *src, int64_t rows, int64_t cols, int64_t lds, FT *dst,
+                             int64_t ldd)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            dst[c * ldd + r] = src[r * lds + c];
 }
 
 /* Pass 1: dK and dV of key tile [j0, j0 + n) of (b, hk). */
 static void FAI_T(bwd_ktile)(const fai_problem *pr, fai_tiles tl, int64_t b, int64_t hk,
                              int64_t j0, int64_t n, FAI_T(bwd_ws) *w)
 {
-    const int64_t dqk = pr->dqk, dv = pr->dv;
-    const FT scale = (FT)pr->score.scale;
-    FAI_T(load_rows)(pr->io.k, pr->dtype, b, hk, j0, n, dqk, w->k, w->kt, tl.bk);
-    FAI_T(load_rows)(pr->io.v, pr->dtype, b, hk, j0, n, dv, w->vrow, w->vt, tl.bk);
+    const int64_t dqk = pr->dqk, dv = pr->dv, ld = tl.bk;
+    FAI_T(load_key_tile)(pr, tl, b, hk, j0, n, w);
     memset(w->dk, 0, (size_t)(n * dqk) * sizeof(FT));
     memset(w->dv, 0, (size_t)(n * dv) * sizeof(FT));
+    const int kv_finite = FAI_T(all_finite)(w->k, n * dqk) && FAI_T(all_finite)(w->vrow, n * dv);
 
     int64_t ilo, ihi;
     fai_mask_query_span(&pr->mask, pr->sq, j0, j0 + n, &ilo, &ihi);
-    for (int64_t h = hk * pr->group; h < (hk + 1) * pr->group; h++) {
-        for (int64_t i = ilo; i < ihi; i++) {
-            int64_t c0, c1;
-            FAI_T(row_cols)(pr, FAI_TILE_PARTIAL, i, j0, n, &c0, &c1);
-            if (c0 >= c1)
+    for (int64_t h = hk * pr->group; h < (hk + 1) * pr->group; h++)
+        for (int64_t i0 = ilo; i0 < ihi; i0 += tl.bq) {
+            const int64_t nq = ihi - i0 < tl.bq ? ihi - i0 : tl.bq;
+            const fai_tile_class cls = fai_mask_classify(&pr->mask, i0, i0 + nq, j0, j0 + n);
+            if (cls == FAI_TILE_EMPTY)
                 continue;
-            FAI_T(load_query_row)(pr, b, h, i, 0, w);
-            if (!FAI_T(ds_row)(pr, tl, b, h, i, 0, j0, c0, c1, w))
+            for (int64_t r = 0; r < nq; r++)
+                FAI_T(load_query_row)(pr, b, h, i0 + r, r, w);
+            if (!FAI_T(bwd_block)(pr, tl, b, h, i0, nq, j0, n, cls, w))
                 continue;
-            const FT *q = w->q, *dout = w->dout;
-            for (int64_t c = c0; c < c1; c++) {
-                const FT pc = w->p[c], gc = scale * w->ds[c];
-                FT *dvc = w->dv + c * dv, *dkc = w->dk + c * dqk;
-                if (pc != 0)
-                    for (int64_t d = 0; d < dv; d++)
-                        dvc[d] += pc * dout[d];
-                for (int64_t d = 0; d < dqk; d++)
-                    dkc[d] += gc * q[d];
+            if (kv_finite && FAI_T(all_finite)(w->q, nq * dqk) &&
+                FAI_T(all_finite)(w->dout, nq * dv)) {
+                FAI_T(transpose)(w->p, nq, n, ld, w->tp, tl.bq); /* dV += P~^T dO */
+                FT_GEMM(w->kern, n, dv, nq, w->tp, tl.bq, w->dout, dv, w->dv, dv, 1);
+                FAI_T(transpose)(w->ds, nq, n, ld, w->tp, tl.bq); /* dK += scale dS^T Q */
+                FT_GEMM(w->kern, n, dqk, nq, w->tp, tl.bq, w->q, dqk, w->dk, dqk, 1);
+                continue;
+            }
+            /* by selection, rows in order: each (row, key) term one kernel step, as above */
+            for (int64_t r = 0; r < nq; r++) {
+                int64_t c0, c1;
+                FAI_T(row_cols)(pr, cls, i0 + r, j0, n, &c0, &c1);
+                if (w->lse[r] == -INFINITY)
+                    continue;
+                for (int64_t c = c0; c < c1; c++) {
+                    const FT *pc = w->p + r * ld + c, *dsc = w->ds + r * ld + c;
+                    if (*pc != 0) /* a zero term (dropped) adds nothing: skipped */
+                        FT_GEMM(w->kern, 1, dv, 1, pc, 1, w->dout + r * dv, dv, w->dv + c * dv,
+                                dv, 1);
+                    FT_GEMM(w->kern, 1, dqk, 1, dsc, 1, w->q + r * dqk, dqk, w->dk + c * dqk,
+                            dqk, 1);
+                }
             }
         }
-    }
     for (int64_t c = 0; c < n; c++) {
         FT_STORE(fai_row(pr->io.dk, b, j0 + c, hk), pr->dtype, dqk, w->dk + c * dqk);
         FT_STORE(fai_row(pr->io.dv, b, j0 + c, hk), pr->dtype, dv, w->dv + c * dv);
@@ -359,11 +400,12 @@ static void FAI_T(bwd_ktile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
 static void FAI_T(bwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int64_t h,
                              int64_t i0, int64_t i1, FAI_T(bwd_ws) *w)
 {
-    const int64_t hk = h / pr->group, nq = i1 - i0, dqk = pr->dqk;
-    const FT scale = (FT)pr->score.scale;
+    const int64_t hk = h / pr->group, nq = i1 - i0, dqk = pr->dqk, ld = tl.bk;
     for (int64_t r = 0; r < nq; r++)
         FAI_T(load_query_row)(pr, b, h, i0 + r, r, w);
     memset(w->dq, 0, (size_t)(nq * dqk) * sizeof(FT));
+    const int q_finite = FAI_T(all_finite)(w->q, nq * dqk) &&
+                         FAI_T(all_finite)(w->dout, nq * pr->dv);
 
     int64_t jlo, jhi;
     fai_mask_key_span(&pr->mask, i0, i1, &jlo, &jhi);
@@ -372,19 +414,20 @@ static void FAI_T(bwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
         const fai_tile_class cls = fai_mask_classify(&pr->mask, i0, i1, j0, j0 + n);
         if (cls == FAI_TILE_EMPTY)
             continue;
-        FAI_T(load_rows)(pr->io.k, pr->dtype, b, hk, j0, n, dqk, w->k, w->kt, tl.bk);
-        FAI_T(load_rows)(pr->io.v, pr->dtype, b, hk, j0, n, pr->dv, w->vrow, w->vt, tl.bk);
-        for (int64_t r = 0; r < nq; r++) {
+        FAI_T(load_key_tile)(pr, tl, b, hk, j0, n, w);
+        if (!FAI_T(bwd_block)(pr, tl, b, h, i0, nq, j0, n, cls, w))
+            continue;
+        if (q_finite && FAI_T(all_finite)(w->k, n * dqk) &&
+            FAI_T(all_finite)(w->vrow, n * pr->dv)) { /* dQ += scale dS K */
+            FT_GEMM(w->kern, nq, dqk, n, w->ds, ld, w->k, dqk, w->dq, dqk, 1);
+            continue;
+        }
+        for (int64_t r = 0; r < nq; r++) { /* by selection: the row's allowed keys only */
             int64_t c0, c1;
             FAI_T(row_cols)(pr, cls, i0 + r, j0, n, &c0, &c1);
-            if (!FAI_T(ds_row)(pr, tl, b, h, i0 + r, r, j0, c0, c1, w))
-                continue;
-            FT *dq = w->dq + r * dqk;
-            for (int64_t c = c0; c < c1; c++) {
-                const FT gc = scale * w->ds[c], *kc = w->k + c * dqk;
-                for (int64_t d = 0; d < dqk; d++)
-                    dq[d] += gc * kc[d];
-            }
+            if (c0 < c1 && w->lse[r] != -INFINITY)
+                FT_GEMM(w->kern, 1, dqk, c1 - c0, w->ds + r * ld + c0, ld, w->k + c0 * dqk, dqk,
+                        w->dq + r * dqk, dqk, 1);
         }
     }
     for (int64_t r = 0; r < nq; r++)

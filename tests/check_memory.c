@@ -52,7 +52,8 @@ START_TEST(tiled_peak_flat_conventional_quadratic)
     ck_assert_msg(c256 >= sp256 && c1024 >= sp1024, "conventional peak %zu below S + P", c1024);
     double ratio = (double)c1024 / (double)c256;
     ck_assert_msg(ratio > 10 && ratio <= 16, "conventional peak ratio %.2f", ratio);
-    ck_assert_msg(c1024 > 20 * t1024, "conventional %zu vs tiled %zu at N=1024", c1024, t1024);
+    /* the whole tiled workspace is smaller than the conventional path's S and P alone */
+    ck_assert_msg(t1024 < sp1024, "tiled %zu vs S + P %zu at N=1024", t1024, sp1024);
 }
 END_TEST
 
