@@ -54,6 +54,9 @@ int fai_cpu_supports(fa_isa isa)
     case FA_ISA_AVX2: return cpu_avx2;
     case FA_ISA_AVX512: return cpu_avx512;
 #endif
+#if defined(__aarch64__)
+    case FA_ISA_NEON: return 1; /* Advanced SIMD is part of every AArch64 core */
+#endif
     default: return 0;
     }
 }
@@ -69,6 +72,9 @@ const fai_kernels_f32 *fai_kernels_f32_for(fa_isa isa)
 #endif
 #ifdef FA_HAVE_AVX512_KERNELS
     case FA_ISA_AVX512: return fai_kernels_f32_avx512();
+#endif
+#ifdef FA_HAVE_NEON_KERNELS
+    case FA_ISA_NEON: return fai_kernels_f32_neon();
 #endif
     default: return NULL;
     }

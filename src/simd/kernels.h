@@ -43,6 +43,7 @@ typedef struct fai_kernels_f32_s {
 extern const fai_kernels_f32 fai_kernels_f32_scalar;
 const fai_kernels_f32 *fai_kernels_f32_avx2(void);
 const fai_kernels_f32 *fai_kernels_f32_avx512(void);
+const fai_kernels_f32 *fai_kernels_f32_neon(void);
 
 /* Whether this CPU (and OS) can run an ISA's kernels; detected once, thread-safely. */
 int fai_cpu_supports(fa_isa isa);

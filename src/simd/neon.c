@@ -1,0 +1,108 @@
+/* NEON (AArch64 Advanced SIMD) kernels. AArch64 always has them; tested on x86 build machines
+ * under qemu-aarch64 (.ci/run). */
+#include "config.h"
+
+#include <arm_neon.h>
+#include <math.h>
+#include <sleef.h>
+#include <string.h>
+
+#include "simd/kernels.h"
+
+#define MR 8
+#define NR 8 /* two q registers of f32 */
+
+/*
+ * 8 x 8: 16 accumulators, two B loads per k step, A entries by scalar-operand FMAs. Partial
+ * column tiles go through a zero-padded copy of the B row and a staged store.
+ */
+static void fa_f32_gemm_ukernel_8x8__neon(int64_t mr, int64_t nr, int64_t k, const float *a,
+                                          int64_t lda, const float *b, int64_t ldb, float *c,
+                                          int64_t ldc, int accumulate)
+{
+    float32x4_t c0[MR], c1[MR];
+    float tmp[NR];
+    for (int i = 0; i < MR; i++) {
+        c0[i] = vdupq_n_f32(0);
+        c1[i] = vdupq_n_f32(0);
+        if (accumulate && i < mr) {
+            memset(tmp, 0, sizeof tmp);
+            memcpy(tmp, c + i * ldc, (size_t)nr * sizeof(float));
+            c0[i] = vld1q_f32(tmp);
+            c1[i] = vld1q_f32(tmp + 4);
+        }
+    }
+    for (int64_t p = 0; p < k; p++) {
+        const float *bp = b + p * ldb;
+        if (nr < NR) {
+            memset(tmp, 0, sizeof tmp);
+            memcpy(tmp, bp, (size_t)nr * sizeof(float));
+            bp = tmp;
+        }
+        const float32x4_t b0 = vld1q_f32(bp), b1 = vld1q_f32(bp + 4);
+        for (int64_t i = 0; i < mr; i++) {
+            const float ai = a[i * lda + p];
+            c0[i] = vfmaq_n_f32(c0[i], b0, ai);
+            c1[i] = vfmaq_n_f32(c1[i], b1, ai);
+        }
+    }
+    for (int64_t i = 0; i < mr; i++) {
+        vst1q_f32(tmp, c0[i]);
+        vst1q_f32(tmp + 4, c1[i]);
+        memcpy(c + i * ldc, tmp, (size_t)nr * sizeof(float));
+    }
+}
+
+/* SLEEF's Sleef_expf4_u10advsimd: max error 1.0 ULP (SLEEF's bound; checked by
+ * tests/check_simd.c). Sum: 4 lanes, then the lanes in order; the tail goes through a padded
+ * copy whose extra lanes are not summed. */
+static float fa_f32_expsum__neon_sleef(int64_t n, const float *x, float m, float *y)
+{
+    const float32x4_t vm = vdupq_n_f32(m);
+    float32x4_t vsum = vdupq_n_f32(0);
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float32x4_t e = Sleef_expf4_u10advsimd(vsubq_f32(vld1q_f32(x + i), vm));
+        vst1q_f32(y + i, e);
+        vsum = vaddq_f32(vsum, e);
+    }
+    float lanes[4], sum = 0;
+    vst1q_f32(lanes, vsum);
+    for (int l = 0; l < 4; l++)
+        sum += lanes[l];
+    if (i < n) {
+        float t[4] = {0, 0, 0, 0};
+        memcpy(t, x + i, (size_t)(n - i) * sizeof(float));
+        vst1q_f32(t, Sleef_expf4_u10advsimd(vsubq_f32(vld1q_f32(t), vm)));
+        for (int64_t l = 0; l < n - i; l++) {
+            y[i + l] = t[l];
+            sum += t[l];
+        }
+    }
+    return sum;
+}
+
+/* FMAX returns NaN when either operand is NaN, so the max keeps a NaN by itself. */
+static float fa_f32_scalemax__neon(int64_t n, float *x, float scale)
+{
+    float32x4_t vmax = vdupq_n_f32(-INFINITY);
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float32x4_t v = vmulq_n_f32(vld1q_f32(x + i), scale);
+        vst1q_f32(x + i, v);
+        vmax = vmaxq_f32(vmax, v);
+    }
+    float m = vmaxvq_f32(vmax);
+    for (; i < n; i++) {
+        x[i] *= scale;
+        m = x[i] > m || x[i] != x[i] ? x[i] : m;
+    }
+    return m;
+}
+
+static const fai_kernels_f32 neon = {
+    FA_ISA_NEON, "fa_f32_gemm_ukernel_8x8__neon", "fa_f32_expsum__neon_sleef", MR, NR,
+    fa_f32_gemm_ukernel_8x8__neon, fa_f32_expsum__neon_sleef, fa_f32_scalemax__neon,
+};
+
+const fai_kernels_f32 *fai_kernels_f32_neon(void) { return &neon; }
