@@ -51,7 +51,6 @@ static double scalemax_f64(int64_t n, double *x, double scale)
 #define FT_SCALEMAX FT_SCALEMAX_F32
 #define FT_LOAD fai_load_f32
 #define FT_STORE fai_store_f32
-#define FT_EXP fai_expf
 #define FT_SCORE fai_score_f32
 #define FT_RESCALE fai_online_rescale_f32
 #define FT_FINALIZE fai_online_finalize_f32
@@ -60,7 +59,6 @@ static double scalemax_f64(int64_t n, double *x, double scale)
 #undef FAI_T
 #undef FT_LOAD
 #undef FT_STORE
-#undef FT_EXP
 #undef FT_SCORE
 #undef FT_RESCALE
 #undef FT_FINALIZE
@@ -75,7 +73,6 @@ static double scalemax_f64(int64_t n, double *x, double scale)
 #define FT_SCALEMAX FT_SCALEMAX_F64
 #define FT_LOAD fai_load_f64
 #define FT_STORE fai_store_f64
-#define FT_EXP fai_exp
 #define FT_SCORE fai_score_f64
 #define FT_RESCALE fai_online_rescale_f64
 #define FT_FINALIZE fai_online_finalize_f64

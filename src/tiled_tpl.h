@@ -1,9 +1,10 @@
 /*
- * The tiled algorithm in portable C, written once for a compute type FT and included by
- * tiled.c once per type (float for f32/f16/bf16 storage, double for f64). The includer defines:
+ * The tiled algorithm — the framework's loop nest, tiling and edges — written once for a
+ * compute type FT and included by tiled.c once per type (float for f32/f16/bf16 storage, with
+ * the ISA's kernels; double for f64, with portable ones). The includer defines:
  *   FT, FAI_T(name)             the type and the suffix appended to every function name
  *   FT_LOAD, FT_STORE           row conversions from/to the storage dtype
- *   FT_EXP, FT_SCORE            exp and the score pipeline (core/fmath.h, core/score.h)
+ *   FT_SCORE                    the score pipeline (core/score.h)
  *   FT_GEMM, FT_EXPSUM,         the block operations: C (+)= A B, y = exp(x - m) with its
  *   FT_SCALEMAX                 sum, x *= scale with its max (simd/kernels.h for float,
  *                               portable code for double)
