@@ -394,39 +394,56 @@ static size_t ref_carve(const fai_problem *pr, int backward, char *base, ref_ws 
     return a.used;
 }
 
-static fa_status ref_forward_run(fa_context *ctx, const fai_problem *pr)
+/* What a run of either direction allocates before it writes anything: every thread's
+ * workspace (base, per bytes each) and the per-head path flags. */
+typedef struct {
+    char *base;
+    size_t per, bytes, fbytes;
+    unsigned char *fast;
+} ref_run;
+
+static fa_status ref_run_begin(fa_context *ctx, const fai_problem *pr, int backward, ref_run *run)
 {
     ref_ws w;
-    size_t per = ref_carve(pr, 0, NULL, &w), bytes, fbytes;
-    char *base;
-    unsigned char *fast;
-    fa_status st = fai_thread_scratch(ctx, "reference", &per, ctx->num_threads, &base, &bytes);
+    run->per = ref_carve(pr, backward, NULL, &w);
+    fa_status st = fai_thread_scratch(ctx, "reference", &run->per, ctx->num_threads, &run->base,
+                                      &run->bytes);
+    if (st == FA_OK && (st = fast_heads(ctx, pr, backward, &run->fast, &run->fbytes)) != FA_OK)
+        fai_free(ctx, run->base, run->bytes);
+    return st;
+}
+
+static void ref_run_end(fa_context *ctx, ref_run *run)
+{
+    fai_free(ctx, run->fast, run->fbytes);
+    fai_free(ctx, run->base, run->bytes);
+}
+
+static fa_status ref_forward_run(fa_context *ctx, const fai_problem *pr)
+{
+    ref_run run;
+    fa_status st = ref_run_begin(ctx, pr, 0, &run);
     if (st != FA_OK)
         return st;
-    if ((st = fast_heads(ctx, pr, 0, &fast, &fbytes)) != FA_OK) {
-        fai_free(ctx, base, bytes);
-        return st;
-    }
     const int64_t nblk = (pr->sq + REF_ROWS - 1) / REF_ROWS, tasks = pr->b * pr->hq * nblk;
 #pragma omp parallel num_threads(ctx->num_threads)
     {
         ref_ws mine;
-        ref_carve(pr, 0, base + (size_t)omp_get_thread_num() * per, &mine);
+        ref_carve(pr, 0, run.base + (size_t)omp_get_thread_num() * run.per, &mine);
         /* static: consecutive blocks of one head stay on one thread and reuse its packed K, V */
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < tasks; task++) {
             const int64_t blk = task % nblk, h = (task / nblk) % pr->hq,
                           b = task / (nblk * pr->hq);
             const int64_t i0 = blk * REF_ROWS, n = pr->sq - i0 < REF_ROWS ? pr->sq - i0 : REF_ROWS;
-            if (fast[b * pr->hk + h / pr->group])
+            if (run.fast[b * pr->hk + h / pr->group])
                 blk_forward(pr, b, h, i0, n, &mine.blk);
             else
                 for (int64_t i = i0; i < i0 + n; i++)
                     row_forward(pr, b, h, i, &mine.row, mine.keep);
         }
     }
-    fai_free(ctx, fast, fbytes);
-    fai_free(ctx, base, bytes);
+    ref_run_end(ctx, &run);
     return FA_OK;
 }
 
@@ -437,28 +454,21 @@ static fa_status ref_forward_run(fa_context *ctx, const fai_problem *pr)
  */
 static fa_status ref_backward_run(fa_context *ctx, const fai_problem *pr)
 {
-    ref_ws w;
-    size_t per = ref_carve(pr, 1, NULL, &w), bytes, fbytes;
-    char *base;
-    unsigned char *fast;
-    fa_status st = fai_thread_scratch(ctx, "reference", &per, ctx->num_threads, &base, &bytes);
+    ref_run run;
+    fa_status st = ref_run_begin(ctx, pr, 1, &run);
     if (st != FA_OK)
         return st;
-    if ((st = fast_heads(ctx, pr, 1, &fast, &fbytes)) != FA_OK) {
-        fai_free(ctx, base, bytes);
-        return st;
-    }
     const int64_t tasks = pr->b * pr->hk;
 #pragma omp parallel num_threads(ctx->num_threads)
     {
         ref_ws mine;
-        ref_carve(pr, 1, base + (size_t)omp_get_thread_num() * per, &mine);
+        ref_carve(pr, 1, run.base + (size_t)omp_get_thread_num() * run.per, &mine);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; task++) {
             const int64_t b = task / pr->hk, hk = task % pr->hk;
             memset(mine.dk, 0, (size_t)(pr->sk * pr->dqk) * sizeof(double));
             memset(mine.dv, 0, (size_t)(pr->sk * pr->dv) * sizeof(double));
-            if (fast[task])
+            if (run.fast[task])
                 blk_backward_group(pr, b, hk, &mine.blk, mine.dk, mine.dv);
             else
                 row_backward_group(pr, b, hk, &mine.row, mine.keep, mine.dk, mine.dv);
@@ -470,8 +480,7 @@ static fa_status ref_backward_run(fa_context *ctx, const fai_problem *pr)
             }
         }
     }
-    fai_free(ctx, fast, fbytes);
-    fai_free(ctx, base, bytes);
+    ref_run_end(ctx, &run);
     return FA_OK;
 }
 
