@@ -99,9 +99,9 @@ static int64_t clamp64(int64_t x, int64_t lo, int64_t hi)
  *
  * Measured (bench_attention --tile-sweep, B=1 H=4 N=2048 f32 non-causal, 1 thread, best of 2,
  * AMD EPYC with 48 KiB L1d / 1 MiB L2; NOTES.md keeps the whole sweeps):
- *   AVX-512, D=128: rule 128x64 -> 115.5 ms, the best of 12 tiles tried (128x32: 124.0,
- *                   128x128: 142.1, 64x64: 120.1);
- *   AVX-512, D=64:  rule 128x128 -> 58.1 ms, the best tried (128x64: 62.5);
+ *   AVX-512 (12x32 kernel), D=128: rule 128x64 -> 99.8 ms, the best of 12 tiles tried
+ *                   (128x32: 109.1, 128x128: 122.3, 64x64: 107.3);
+ *   AVX-512, D=64:  rule 128x128 -> 52.3 ms, the best tried (128x64: 56.5);
  *   AVX2,    D=128: rule 128x64 -> 218.5 ms, the best tried (128x32: 229.9);
  *   scalar,  D=128: every tile from 32x32 to 128x128 within 3% (219-224 ms at N=1024, H=2).
  */

@@ -3,7 +3,7 @@
  * (src/simd/gemm.c, src/tiled_tpl.h) owns the loops, tiling and edges; an ISA supplies a
  * register-blocked GEMM micro-kernel of MR x NR and a vector exp-and-sum, nothing else.
  *
- * Naming follows XNNPACK's order (dtype, op, tile, ISA): fa_f32_gemm_ukernel_8x32__avx512.
+ * Naming follows XNNPACK's order (dtype, op, tile, ISA): fa_f32_gemm_ukernel_12x32__avx512.
  * Summation order is part of each kernel's contract: C[i][j] accumulates A[i][p] B[p][j] for
  * p = 0, 1, ..., k-1 in that order (one fused or unfused multiply-add each), and expsum's sum
  * is a fixed function of n. Results therefore never depend on the thread count.
