@@ -70,10 +70,10 @@ static size_t FAI_T(fwd_carve)(const fai_problem *pr, fai_tiles tl, char *base,
 
 static int FAI_T(all_finite)(const FT *x, int64_t n)
 {
-    FT acc = 0;
+    int bad = 0;
     for (int64_t i = 0; i < n; i++)
-        acc *= x[i]; /* stays 0 unless some x[i] is inf or NaN: 0 * inf = NaN, and NaN sticks */
-    return acc == 0;
+        bad |= !(x[i] - x[i] == 0); /* inf - inf and NaN - NaN are NaN; vectorizes */
+    return !bad;
 }
 
 /*
@@ -131,25 +131,27 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
                     s[c] = FT_SCORE(&pr->score, s[c], slope, i, j0 + c, NULL);
                     bmax = s[c] > bmax || s[c] != s[c] ? s[c] : bmax; /* a NaN sticks */
                 }
-            if (!FT_RESCALE(&w->m[r], bmax, &a))
-                continue;
-            if (a != 1) {
-                w->l[r] *= a;
-                for (int64_t d = 0; d < dv; d++)
-                    acc[d] *= a;
-            }
-            w->l[r] += FT_EXPSUM(w->kern, c1 - c0, s + c0, w->m[r], p + c0);
-            if (drop.threshold) { /* l keeps the dropped terms: LSE is pre-dropout */
+            if (drop.threshold)
                 fai_dropout_keep_row(&drop, i, j0 + c0, c1 - c0, w->keep + c0);
-                for (int64_t c = c0; c < c1; c++)
-                    if (!w->keep[c])
+            /* A block whose allowed scores are all -inf before anything finite was seen leaves
+             * the state alone and P at 0 (core/recurrence.h); its allowed terms 0 * v still
+             * enter acc below or in the GEMM, as they do in the reference. */
+            if (FT_RESCALE(&w->m[r], bmax, &a)) {
+                if (a != 1) {
+                    w->l[r] *= a;
+                    for (int64_t d = 0; d < dv; d++)
+                        acc[d] *= a;
+                }
+                w->l[r] += FT_EXPSUM(w->kern, c1 - c0, s + c0, w->m[r], p + c0);
+                for (int64_t c = c0; c < c1 && drop.threshold; c++)
+                    if (!w->keep[c]) /* l keeps the dropped terms: LSE is pre-dropout */
                         p[c] = 0;
             }
             if (!selective)
                 continue;
             /* by selection: the GEMM kernel over each run of allowed, kept keys. The terms and
-             * their order are those of the tile's GEMM less its exact zeros, so the bits are
-             * the same as without the non-finite rows */
+             * their order are those of the tile's GEMM less its masked and dropped zeros, so
+             * the bits are the same as without the non-finite rows */
             for (int64_t ca = c0; ca < c1;) {
                 while (ca < c1 && drop.threshold && !w->keep[ca])
                     ca++;
@@ -375,15 +377,19 @@ static void FAI_T(bwd_ktile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
                 FT_GEMM(w->kern, n, dqk, nq, w->tp, tl.bq, w->q, dqk, w->dk, dqk, 1);
                 continue;
             }
-            /* by selection, rows in order: each (row, key) term one kernel step, as above */
+            /* by selection, rows in order: each (row, key) term one kernel step, as above;
+             * masked and dropped terms skipped (an allowed P of 0 still multiplies dO) */
+            const fai_dropout drop = fai_dropout_for(pr, b, h);
             for (int64_t r = 0; r < nq; r++) {
                 int64_t c0, c1;
                 FAI_T(row_cols)(pr, cls, i0 + r, j0, n, &c0, &c1);
-                if (w->lse[r] == -INFINITY)
+                if (w->lse[r] == -INFINITY || c0 >= c1)
                     continue;
+                if (drop.threshold)
+                    fai_dropout_keep_row(&drop, i0 + r, j0 + c0, c1 - c0, w->keep + c0);
                 for (int64_t c = c0; c < c1; c++) {
                     const FT *pc = w->p + r * ld + c, *dsc = w->ds + r * ld + c;
-                    if (*pc != 0) /* a zero term (dropped) adds nothing: skipped */
+                    if (!drop.threshold || w->keep[c])
                         FT_GEMM(w->kern, 1, dv, 1, pc, 1, w->dout + r * dv, dv, w->dv + c * dv,
                                 dv, 1);
                     FT_GEMM(w->kern, 1, dqk, 1, dsc, 1, w->q + r * dqk, dqk, w->dk + c * dqk,

@@ -337,6 +337,54 @@ START_TEST(shared_context_concurrent_calls)
 }
 END_TEST
 
+/*
+ * Allowed keys whose score is -inf carry P = 0, and 0 * inf is NaN: the reference multiplies
+ * (only masked and dropped terms are skipped), and the tiled path must agree whatever its tiles
+ * — a row's keys fall into FULL or PARTIAL tiles depending on Bq and Bk, and both must treat
+ * them alike. The NaN pattern of O and dV must match the reference's at every tile size.
+ */
+START_TEST(allowed_zero_probability_times_inf)
+{
+    const int64_t sq = 6, sk = 9, D = 2;
+    set x, r;
+    set_alloc(&x, FA_F32, 1, sq, sk, 1, 1, D, D);
+    set_alloc(&r, FA_F32, 1, sq, sk, 1, 1, D, D);
+    for (int64_t i = 0; i < sq; i++)
+        for (int64_t d = 0; d < D; d++)
+            ht_set(&x.q, 0, i, 0, d, 1.0);
+    for (int64_t j = 0; j < sk; j++)
+        for (int64_t d = 0; d < D; d++) {
+            ht_set(&x.k, 0, j, 0, d, j % 3 == 0 ? -INFINITY : 0.25 * (double)j); /* s = -inf */
+            ht_set(&x.v, 0, j, 0, d, j == 3 ? INFINITY : 1.0 + (double)j);
+        }
+    ht_set(&x.dout, 0, 4, 0, 1, INFINITY);
+    fa_params p;
+    fa_params_init(&p);
+    p.window_left = 2;
+    p.align = FA_ALIGN_TOP_LEFT;
+    set_run(FA_BACKEND_REFERENCE, 1, &p, &x);
+    memcpy(r.o.buf, x.o.buf, x.o.nbytes);
+    memcpy(r.dv.buf, x.dv.buf, x.dv.nbytes);
+    const char *tiles[] = {"1x1", "1x2", "2x2", "3x4", "6x9", "16x16"};
+    for (size_t t = 0; t < sizeof tiles / sizeof *tiles; t++) {
+        setenv("FA_TILES", tiles[t], 1);
+        set_run(FA_BACKEND_TILED, 1, &p, &x);
+        unsetenv("FA_TILES");
+        for (int64_t i = 0; i < sq; i++)
+            for (int64_t d = 0; d < D; d++)
+                ck_assert_msg(isnan(ht_get(&x.o, 0, i, 0, d)) == isnan(ht_get(&r.o, 0, i, 0, d)),
+                              "tiles %s: O[%ld][%ld] = %g, reference %g", tiles[t], (long)i,
+                              (long)d, ht_get(&x.o, 0, i, 0, d), ht_get(&r.o, 0, i, 0, d));
+        for (int64_t j = 0; j < sk; j++)
+            for (int64_t d = 0; d < D; d++)
+                ck_assert_msg(isnan(ht_get(&x.dv, 0, j, 0, d)) == isnan(ht_get(&r.dv, 0, j, 0, d)),
+                              "tiles %s: dV[%ld][%ld] = %g, reference %g", tiles[t], (long)j,
+                              (long)d, ht_get(&x.dv, 0, j, 0, d), ht_get(&r.dv, 0, j, 0, d));
+    }
+    set_free(&x), set_free(&r);
+}
+END_TEST
+
 /* A view of keys [j0, j0 + n) of t: same strides, shifted data, shorter seqlen. */
 static fa_tensor key_slice(const ht_tensor *x, int64_t j0, int64_t n)
 {
@@ -403,6 +451,7 @@ Suite *make_semantics_suite(void)
     tcase_add_test(tc, dropout_keep_rate);
     tcase_add_loop_test(tc, deterministic_across_threads, 0, 6);
     tcase_add_test(tc, shared_context_concurrent_calls);
+    tcase_add_test(tc, allowed_zero_probability_times_inf);
     tcase_add_test(tc, merge_states_matches_full_attention);
     suite_add_tcase(s, tc);
     return s;

@@ -26,7 +26,8 @@ static void detect(void)
     unsigned a, b, c, d;
     if (!__get_cpuid(1, &a, &b, &c, &d))
         return;
-    const int osxsave = (c >> 27) & 1, fma = (c >> 12) & 1, f16c = (c >> 29) & 1;
+    const int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1,
+              f16c = (c >> 29) & 1;
     if (!osxsave)
         return; /* the OS does not expose XGETBV: no AVX state is saved */
     const uint64_t xcr0 = xgetbv0();
@@ -36,7 +37,7 @@ static void detect(void)
         return;
     const int avx2 = (b >> 5) & 1, avx512f = (b >> 16) & 1, avx512dq = (b >> 17) & 1,
               avx512bw = (b >> 30) & 1, avx512vl = (b >> 31) & 1;
-    cpu_avx2 = os_ymm && avx2 && fma && f16c;
+    cpu_avx2 = os_ymm && avx && avx2 && fma && f16c;
     cpu_avx512 = os_zmm && cpu_avx2 && avx512f && avx512dq && avx512bw && avx512vl;
 }
 #else
