@@ -165,11 +165,10 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--reps") && !parse_long(v, 1, 1000, &o.reps))
             i++;
         else if (!strcmp(a, "--dtype")) {
-            const char *names[4] = {"f32", "f64", "f16", "bf16"};
-            int k = 0;
-            while (k < 4 && strcmp(v, names[k]))
+            int k = FA_F32; /* the library's own names */
+            while (k <= FA_BF16 && strcmp(v, fa_dtype_name((fa_dtype)k)))
                 k++;
-            if (k == 4)
+            if (k > FA_BF16)
                 return usage();
             o.dtype = (fa_dtype)k;
             i++;

@@ -48,6 +48,8 @@ enum { EXIT_PASS = 0, EXIT_FAILED = 1, EXIT_USAGE = 2, EXIT_ERROR = 3 };
  * or a usage error reported on stderr). */
 int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_opts *o);
 void cli_opts_free(cli_opts *o);
+/* dt = the dtype named v (f32, f64, f16, bf16); nonzero if v names none. */
+int cli_dtype_from_name(const char *v, fa_dtype *dt);
 void cli_usage(FILE *f, const char *cmd);
 const cli_profile *cli_profile_find(const char *name);
 extern const cli_profile cli_profiles[];

@@ -127,15 +127,10 @@ int cmd_demo(int argc, char **argv)
         }
         i++;
         if (!strcmp(a, "--dtype")) {
-            const char *names[4] = {"f32", "f64", "f16", "bf16"};
-            int k = 0;
-            while (k < 4 && strcmp(val, names[k]))
-                k++;
-            if (k == 4) {
+            if (cli_dtype_from_name(val, &dt)) {
                 fprintf(stderr, "flashattn demo: --dtype: '%s' is not f32, f64, f16 or bf16\n", val);
                 return 2;
             }
-            dt = (fa_dtype)k;
         } else if (!strcmp(a, "--heads")) {
             if (parse_int(a, val, 1, 256, &heads))
                 return 2;

@@ -87,6 +87,30 @@ void cli_usage(FILE *f, const char *cmd)
     fprintf(f, "  --help\n");
 }
 
+int cli_dtype_from_name(const char *v, fa_dtype *dt)
+{
+    for (int k = FA_F32; k <= FA_BF16; k++) /* the library's own names: one spelling */
+        if (!strcmp(v, fa_dtype_name((fa_dtype)k))) {
+            *dt = (fa_dtype)k;
+            return 0;
+        }
+    return 1;
+}
+
+/* The backend (from FA_BACKEND_REFERENCE on) or ISA (from FA_ISA_SCALAR on) named v. */
+static int enum_from_name(const char *v, int first, int last, const char *(*name)(int), int *out)
+{
+    for (int k = first; k <= last; k++)
+        if (!strcmp(v, name(k))) {
+            *out = k;
+            return 0;
+        }
+    return 1;
+}
+
+static const char *backend_name(int b) { return fa_backend_name((fa_backend)b); }
+static const char *isa_name(int i) { return fa_isa_name((fa_isa)i); }
+
 static int bad(const char *cmd, const char *opt, const char *val, const char *why)
 {
     fprintf(stderr, "flashattn %s: %s %s: %s\n", cmd, opt, val ? val : "", why);
@@ -216,13 +240,8 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
         else if (!strcmp(a, "--align")) align = v;
         else if (!strcmp(a, "--window")) window = v;
         else if (!strcmp(a, "--dtype")) {
-            const char *names[4] = {"f32", "f64", "f16", "bf16"};
-            int k = 0;
-            while (k < 4 && strcmp(v, names[k]))
-                k++;
-            if (k == 4)
+            if (cli_dtype_from_name(v, &o->dtype))
                 return bad(cmd, a, v, "expected f32, f64, f16 or bf16");
-            o->dtype = (fa_dtype)k;
             o->has_dtype = 1;
         }
         else if (!strcmp(a, "--atol")) {
@@ -260,21 +279,15 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
                 return bad(cmd, a, v,
                            "expected flashattn, fa2, fa3, pytorch, flashinfer, xformers or ggml");
         } else if (!strcmp(a, "--backend")) {
-            const char *names[] = {"reference", "conventional", "tiled", "cuda"};
-            int k = 0;
-            while (k < 4 && strcmp(v, names[k]))
-                k++;
-            if (k == 4)
+            int k;
+            if (enum_from_name(v, FA_BACKEND_REFERENCE, FA_BACKEND_CUDA, backend_name, &k))
                 return bad(cmd, a, v, "expected reference, conventional, tiled or cuda");
-            o->backend = (fa_backend)(FA_BACKEND_REFERENCE + k);
+            o->backend = (fa_backend)k;
         } else if (!strcmp(a, "--isa")) {
-            const char *names[] = {"scalar", "avx2", "avx512", "neon"};
-            int k = 0;
-            while (k < 4 && strcmp(v, names[k]))
-                k++;
-            if (k == 4)
+            int k;
+            if (enum_from_name(v, FA_ISA_SCALAR, FA_ISA_NEON, isa_name, &k))
                 return bad(cmd, a, v, "expected scalar, avx2, avx512 or neon");
-            o->isa = (fa_isa)(FA_ISA_SCALAR + k);
+            o->isa = (fa_isa)k;
         }
     }
 

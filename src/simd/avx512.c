@@ -32,7 +32,7 @@ static void fa_f32_gemm_ukernel_12x32__avx512(int64_t mr, int64_t nr, int64_t k,
             c1[i] = _mm512_maskz_loadu_ps(m1, c + i * ldc + 16);
         }
     }
-    if (mr == MR) {
+    if (mr == MR) { /* the constant row count lets the compiler keep all 24 sums in registers */
         for (int64_t p = 0; p < k; p++) {
             const __m512 b0 = _mm512_maskz_loadu_ps(m0, b + p * ldb);
             const __m512 b1 = _mm512_maskz_loadu_ps(m1, b + p * ldb + 16);
