@@ -20,26 +20,26 @@ static __m256i lanes_below(int64_t n)
 
 /*
  * 6 x 16: 12 ymm accumulators, two B loads and six A broadcasts per k step (16 registers).
- * Columns beyond nr are masked on load and store.
+ * The body is instantiated once per row count, every loop over rows fully unrolled, so the
+ * accumulators stay in registers (see the AVX-512 kernel). Columns beyond nr are masked on
+ * load and store.
  */
-static void fa_f32_gemm_ukernel_6x16__avx2(int64_t mr, int64_t nr, int64_t k, const float *a,
-                                           int64_t lda, const float *b, int64_t ldb, float *c,
-                                           int64_t ldc, int accumulate)
+static inline __attribute__((always_inline)) void
+gemm_rows__avx2(const int ROWS, int64_t nr, int64_t k, const float *a, int64_t lda,
+                const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate)
 {
     const __m256i m0 = lanes_below(nr), m1 = lanes_below(nr - 8);
     __m256 c0[MR], c1[MR];
-    for (int i = 0; i < MR; i++) {
-        c0[i] = _mm256_setzero_ps();
-        c1[i] = _mm256_setzero_ps();
-        if (accumulate && i < mr) {
-            c0[i] = _mm256_maskload_ps(c + i * ldc, m0);
-            c1[i] = _mm256_maskload_ps(c + i * ldc + 8, m1);
-        }
+#pragma GCC unroll 6
+    for (int i = 0; i < ROWS; i++) {
+        c0[i] = accumulate ? _mm256_maskload_ps(c + i * ldc, m0) : _mm256_setzero_ps();
+        c1[i] = accumulate ? _mm256_maskload_ps(c + i * ldc + 8, m1) : _mm256_setzero_ps();
     }
-    if (mr == MR && nr == NR) {
+    if (nr == NR) {
         for (int64_t p = 0; p < k; p++) {
             const __m256 b0 = _mm256_loadu_ps(b + p * ldb), b1 = _mm256_loadu_ps(b + p * ldb + 8);
-            for (int i = 0; i < MR; i++) {
+#pragma GCC unroll 6
+            for (int i = 0; i < ROWS; i++) {
                 const __m256 ai = _mm256_broadcast_ss(a + i * lda + p);
                 c0[i] = _mm256_fmadd_ps(ai, b0, c0[i]);
                 c1[i] = _mm256_fmadd_ps(ai, b1, c1[i]);
@@ -49,17 +49,33 @@ static void fa_f32_gemm_ukernel_6x16__avx2(int64_t mr, int64_t nr, int64_t k, co
         for (int64_t p = 0; p < k; p++) {
             const __m256 b0 = _mm256_maskload_ps(b + p * ldb, m0);
             const __m256 b1 = _mm256_maskload_ps(b + p * ldb + 8, m1);
-            for (int i = 0; i < mr; i++) {
+#pragma GCC unroll 6
+            for (int i = 0; i < ROWS; i++) {
                 const __m256 ai = _mm256_broadcast_ss(a + i * lda + p);
                 c0[i] = _mm256_fmadd_ps(ai, b0, c0[i]);
                 c1[i] = _mm256_fmadd_ps(ai, b1, c1[i]);
             }
         }
     }
-    for (int64_t i = 0; i < mr; i++) {
+#pragma GCC unroll 6
+    for (int i = 0; i < ROWS; i++) {
         _mm256_maskstore_ps(c + i * ldc, m0, c0[i]);
         _mm256_maskstore_ps(c + i * ldc + 8, m1, c1[i]);
     }
+}
+
+static void fa_f32_gemm_ukernel_6x16__avx2(int64_t mr, int64_t nr, int64_t k, const float *a,
+                                           int64_t lda, const float *b, int64_t ldb, float *c,
+                                           int64_t ldc, int accumulate)
+{
+#define ROWS_CASE(r)                                                                          \
+    case r:                                                                                   \
+        gemm_rows__avx2(r, nr, k, a, lda, b, ldb, c, ldc, accumulate);                        \
+        break;
+    switch (mr) {
+        ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5) ROWS_CASE(6)
+    }
+#undef ROWS_CASE
 }
 
 /* SLEEF's Sleef_expf8_u10avx2: max error 1.0 ULP (measured by tests/check_simd.c). */

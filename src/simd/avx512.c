@@ -13,50 +13,55 @@
 
 /*
  * 12 x 32: 24 zmm accumulators; per k step two B loads and twelve A broadcasts feed 24 FMAs
- * (27 of the 32 registers). Measured against 8 x 32 (bench_attention, D=128 N=2048 H=4, 1
- * thread): forward 86.7 vs 75.5 GFLOP/s, backward 35.4 vs 32.0; 14 x 32 gained nothing more.
- * Columns beyond nr are masked on load and store, rows beyond mr are not touched.
+ * (27 of the 32 registers). Measured against 8 x 32 and 14 x 32 in NOTES.md.
+ *
+ * The body is instantiated once per row count (ROWS a constant, every loop over rows fully
+ * unrolled): with a variable row count the compiler keeps the accumulator arrays in memory,
+ * which ran the kernel at less than half the FMA rate (perf annotate: a load, FMA and store
+ * per term). Columns beyond nr are masked on load and store; rows beyond ROWS are not touched.
  */
-static void fa_f32_gemm_ukernel_12x32__avx512(int64_t mr, int64_t nr, int64_t k, const float *a,
-                                             int64_t lda, const float *b, int64_t ldb, float *c,
-                                             int64_t ldc, int accumulate)
+static inline __attribute__((always_inline)) void
+gemm_rows__avx512(const int ROWS, int64_t nr, int64_t k, const float *a, int64_t lda,
+                  const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate)
 {
     const __mmask16 m0 = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1);
     const __mmask16 m1 = nr >= 32 ? 0xffff : nr > 16 ? (__mmask16)((1u << (nr - 16)) - 1) : 0;
     __m512 c0[MR], c1[MR];
-    for (int i = 0; i < MR; i++) {
-        c0[i] = _mm512_setzero_ps();
-        c1[i] = _mm512_setzero_ps();
-        if (accumulate && i < mr) {
-            c0[i] = _mm512_maskz_loadu_ps(m0, c + i * ldc);
-            c1[i] = _mm512_maskz_loadu_ps(m1, c + i * ldc + 16);
+#pragma GCC unroll 12
+    for (int i = 0; i < ROWS; i++) {
+        c0[i] = accumulate ? _mm512_maskz_loadu_ps(m0, c + i * ldc) : _mm512_setzero_ps();
+        c1[i] = accumulate ? _mm512_maskz_loadu_ps(m1, c + i * ldc + 16) : _mm512_setzero_ps();
+    }
+    for (int64_t p = 0; p < k; p++) {
+        const __m512 b0 = _mm512_maskz_loadu_ps(m0, b + p * ldb);
+        const __m512 b1 = _mm512_maskz_loadu_ps(m1, b + p * ldb + 16);
+#pragma GCC unroll 12
+        for (int i = 0; i < ROWS; i++) {
+            const __m512 ai = _mm512_set1_ps(a[i * lda + p]);
+            c0[i] = _mm512_fmadd_ps(ai, b0, c0[i]);
+            c1[i] = _mm512_fmadd_ps(ai, b1, c1[i]);
         }
     }
-    if (mr == MR) { /* the constant row count lets the compiler keep all 24 sums in registers */
-        for (int64_t p = 0; p < k; p++) {
-            const __m512 b0 = _mm512_maskz_loadu_ps(m0, b + p * ldb);
-            const __m512 b1 = _mm512_maskz_loadu_ps(m1, b + p * ldb + 16);
-            for (int i = 0; i < MR; i++) {
-                const __m512 ai = _mm512_set1_ps(a[i * lda + p]);
-                c0[i] = _mm512_fmadd_ps(ai, b0, c0[i]);
-                c1[i] = _mm512_fmadd_ps(ai, b1, c1[i]);
-            }
-        }
-    } else {
-        for (int64_t p = 0; p < k; p++) {
-            const __m512 b0 = _mm512_maskz_loadu_ps(m0, b + p * ldb);
-            const __m512 b1 = _mm512_maskz_loadu_ps(m1, b + p * ldb + 16);
-            for (int i = 0; i < mr; i++) {
-                const __m512 ai = _mm512_set1_ps(a[i * lda + p]);
-                c0[i] = _mm512_fmadd_ps(ai, b0, c0[i]);
-                c1[i] = _mm512_fmadd_ps(ai, b1, c1[i]);
-            }
-        }
-    }
-    for (int64_t i = 0; i < mr; i++) {
+#pragma GCC unroll 12
+    for (int i = 0; i < ROWS; i++) {
         _mm512_mask_storeu_ps(c + i * ldc, m0, c0[i]);
         _mm512_mask_storeu_ps(c + i * ldc + 16, m1, c1[i]);
     }
+}
+
+static void fa_f32_gemm_ukernel_12x32__avx512(int64_t mr, int64_t nr, int64_t k, const float *a,
+                                             int64_t lda, const float *b, int64_t ldb, float *c,
+                                             int64_t ldc, int accumulate)
+{
+#define ROWS_CASE(r)                                                                          \
+    case r:                                                                                   \
+        gemm_rows__avx512(r, nr, k, a, lda, b, ldb, c, ldc, accumulate);                      \
+        break;
+    switch (mr) {
+        ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5) ROWS_CASE(6)
+        ROWS_CASE(7) ROWS_CASE(8) ROWS_CASE(9) ROWS_CASE(10) ROWS_CASE(11) ROWS_CASE(12)
+    }
+#undef ROWS_CASE
 }
 
 /* SLEEF's Sleef_expf16_u10avx512f: max error 1.0 ULP (SLEEF's documented bound; measured over

@@ -13,19 +13,22 @@
 #define NR 8 /* two q registers of f32 */
 
 /*
- * 8 x 8: 16 accumulators, two B loads per k step, A entries by scalar-operand FMAs. Partial
- * column tiles go through a zero-padded copy of the B row and a staged store.
+ * 8 x 8: 16 accumulators, two B loads per k step, A entries by scalar-operand FMAs. The body
+ * is instantiated once per row count, every loop over rows fully unrolled, so the
+ * accumulators stay in registers (see the AVX-512 kernel). Partial column tiles go through a
+ * zero-padded copy of the B row and a staged store.
  */
-static void fa_f32_gemm_ukernel_8x8__neon(int64_t mr, int64_t nr, int64_t k, const float *a,
-                                          int64_t lda, const float *b, int64_t ldb, float *c,
-                                          int64_t ldc, int accumulate)
+static inline __attribute__((always_inline)) void
+gemm_rows__neon(const int ROWS, int64_t nr, int64_t k, const float *a, int64_t lda,
+                const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate)
 {
     float32x4_t c0[MR], c1[MR];
     float tmp[NR];
-    for (int i = 0; i < MR; i++) {
+#pragma GCC unroll 8
+    for (int i = 0; i < ROWS; i++) {
         c0[i] = vdupq_n_f32(0);
         c1[i] = vdupq_n_f32(0);
-        if (accumulate && i < mr) {
+        if (accumulate) {
             memset(tmp, 0, sizeof tmp);
             memcpy(tmp, c + i * ldc, (size_t)nr * sizeof(float));
             c0[i] = vld1q_f32(tmp);
@@ -40,17 +43,34 @@ static void fa_f32_gemm_ukernel_8x8__neon(int64_t mr, int64_t nr, int64_t k, con
             bp = tmp;
         }
         const float32x4_t b0 = vld1q_f32(bp), b1 = vld1q_f32(bp + 4);
-        for (int64_t i = 0; i < mr; i++) {
+#pragma GCC unroll 8
+        for (int i = 0; i < ROWS; i++) {
             const float ai = a[i * lda + p];
             c0[i] = vfmaq_n_f32(c0[i], b0, ai);
             c1[i] = vfmaq_n_f32(c1[i], b1, ai);
         }
     }
-    for (int64_t i = 0; i < mr; i++) {
+#pragma GCC unroll 8
+    for (int i = 0; i < ROWS; i++) {
         vst1q_f32(tmp, c0[i]);
         vst1q_f32(tmp + 4, c1[i]);
         memcpy(c + i * ldc, tmp, (size_t)nr * sizeof(float));
     }
+}
+
+static void fa_f32_gemm_ukernel_8x8__neon(int64_t mr, int64_t nr, int64_t k, const float *a,
+                                          int64_t lda, const float *b, int64_t ldb, float *c,
+                                          int64_t ldc, int accumulate)
+{
+#define ROWS_CASE(r)                                                                          \
+    case r:                                                                                   \
+        gemm_rows__neon(r, nr, k, a, lda, b, ldb, c, ldc, accumulate);                        \
+        break;
+    switch (mr) {
+        ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4)
+        ROWS_CASE(5) ROWS_CASE(6) ROWS_CASE(7) ROWS_CASE(8)
+    }
+#undef ROWS_CASE
 }
 
 /* SLEEF's Sleef_expf4_u10advsimd: max error 1.0 ULP (SLEEF's bound; checked by
