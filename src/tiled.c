@@ -17,11 +17,15 @@
 #include "simd/kernels.h"
 
 /* The block operations: the context's kernel set for float, portable code for double. */
-#define FT_GEMM_F32(kern, m, n, k, a, lda, b, ldb, c, ldc, acc)                                 \
-    fai_gemm_f32(kern, m, n, k, a, lda, b, ldb, c, ldc, acc)
+#define FT_GEMM_F32(kern, m, n, k, a, lda, b, ldb, c, ldc, acc, cscale)                         \
+    fai_gemm_f32(kern, m, n, k, a, lda, b, ldb, c, ldc, acc, cscale)
 #define FT_EXPSUM_F32(kern, n, x, m, y) (kern)->expsum(n, x, m, y)
-#define FT_GEMM_F64(kern, m, n, k, a, lda, b, ldb, c, ldc, acc)                                 \
-    fai_gemm_f64(m, n, k, a, lda, b, ldb, c, ldc, acc)
+#define FT_TRANSPOSE_F32(kern, rows, cols, src, lds, dst, ldd)                                  \
+    (kern)->transpose(rows, cols, src, lds, dst, ldd)
+#define FT_GEMM_F64(kern, m, n, k, a, lda, b, ldb, c, ldc, acc, cscale)                         \
+    fai_gemm_f64(m, n, k, a, lda, b, ldb, c, ldc, acc, cscale)
+#define FT_TRANSPOSE_F64(kern, rows, cols, src, lds, dst, ldd)                                  \
+    fai_transpose_f64(rows, cols, src, lds, dst, ldd)
 
 static double expsum_f64(int64_t n, const double *x, double m, double *y)
 {
@@ -46,35 +50,41 @@ static double scalemax_f64(int64_t n, double *x, double scale)
 
 #define FT float
 #define FAI_T(name) name##_f32
+#define FT_DTYPE FA_F32
 #define FT_GEMM FT_GEMM_F32
 #define FT_EXPSUM FT_EXPSUM_F32
 #define FT_SCALEMAX FT_SCALEMAX_F32
+#define FT_TRANSPOSE FT_TRANSPOSE_F32
 #define FT_LOAD fai_load_f32
 #define FT_STORE fai_store_f32
 #define FT_SCORE fai_score_f32
-#define FT_RESCALE fai_online_rescale_f32
+#define FT_MOVE fai_online_move_f32
 #define FT_FINALIZE fai_online_finalize_f32
 #include "tiled_tpl.h"
 #undef FT
 #undef FAI_T
+#undef FT_DTYPE
 #undef FT_LOAD
 #undef FT_STORE
 #undef FT_SCORE
-#undef FT_RESCALE
+#undef FT_MOVE
 #undef FT_FINALIZE
 #undef FT_GEMM
 #undef FT_EXPSUM
 #undef FT_SCALEMAX
+#undef FT_TRANSPOSE
 
 #define FT double
 #define FAI_T(name) name##_f64
+#define FT_DTYPE FA_F64
 #define FT_GEMM FT_GEMM_F64
 #define FT_EXPSUM FT_EXPSUM_F64
 #define FT_SCALEMAX FT_SCALEMAX_F64
+#define FT_TRANSPOSE FT_TRANSPOSE_F64
 #define FT_LOAD fai_load_f64
 #define FT_STORE fai_store_f64
 #define FT_SCORE fai_score_f64
-#define FT_RESCALE fai_online_rescale_f64
+#define FT_MOVE fai_online_move_f64
 #define FT_FINALIZE fai_online_finalize_f64
 #include "tiled_tpl.h"
 

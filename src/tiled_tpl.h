@@ -2,13 +2,14 @@
  * The tiled algorithm — the framework's loop nest, tiling and edges — written once for a
  * compute type FT and included by tiled.c once per type (float for f32/f16/bf16 storage, with
  * the ISA's kernels; double for f64, with portable ones). The includer defines:
- *   FT, FAI_T(name)             the type and the suffix appended to every function name
+ *   FT, FAI_T(name), FT_DTYPE   the type, the suffix appended to every function name, and the
+ *                               storage dtype that is FT itself (read without conversion)
  *   FT_LOAD, FT_STORE           row conversions from/to the storage dtype
  *   FT_SCORE                    the score pipeline (core/score.h)
  *   FT_GEMM, FT_EXPSUM,         the block operations: C (+)= A B, y = exp(x - m) with its
- *   FT_SCALEMAX                 sum, x *= scale with its max (simd/kernels.h for float,
- *                               portable code for double)
- *   FT_RESCALE, FT_FINALIZE     the recurrence (core/recurrence.h)
+ *   FT_SCALEMAX, FT_TRANSPOSE   sum, x *= scale with its max, a transpose (simd/kernels.h for
+ *                               float, portable code for double)
+ *   FT_MOVE, FT_FINALIZE        the recurrence (core/recurrence.h)
  *
  * Every sum runs in a fixed order (over d for scores, over keys for accumulators; the kernels
  * keep that order, simd/kernels.h), so results are the same at every thread count.
@@ -29,25 +30,33 @@ static void FAI_T(row_cols)(const fai_problem *pr, fai_tile_class cls, int64_t i
     *c1 = hi < j0 + n ? hi - j0 : n;
 }
 
-/* Loads n rows of (b, hk) from t, starting at row j0, into dst (n x dim, row-major) and, if
- * dst_t is not NULL, transposed into dst_t (dim x ld). */
+/* Loads n rows of (b, hk) from t, starting at row j0, into dst (n x dim, row-major). */
 static void FAI_T(load_rows)(const fa_tensor *t, fa_dtype dt, int64_t b, int64_t hk, int64_t j0,
-                             int64_t n, int64_t dim, FT *dst, FT *dst_t, int64_t ld)
+                             int64_t n, int64_t dim, FT *dst)
 {
-    for (int64_t c = 0; c < n; c++) {
-        FT *row = dst + c * dim;
-        FT_LOAD(fai_row(t, b, j0 + c, hk), dt, dim, row);
-        if (dst_t)
-            for (int64_t d = 0; d < dim; d++)
-                dst_t[d * ld + c] = row[d];
+    for (int64_t c = 0; c < n; c++)
+        FT_LOAD(fai_row(t, b, j0 + c, hk), dt, dim, dst + c * dim);
+}
+
+/* The same rows as a row-major matrix to read from: the tensor itself when it stores FT (with
+ * its sequence stride as *ld), else converted into buf (*ld = dim). */
+static const FT *FAI_T(rows_view)(const fa_tensor *t, fa_dtype dt, int64_t b, int64_t hk,
+                                  int64_t j0, int64_t n, int64_t dim, FT *buf, int64_t *ld)
+{
+    if (dt == FT_DTYPE) {
+        *ld = t->seq_stride;
+        return (const FT *)fai_row(t, b, j0, hk);
     }
+    FAI_T(load_rows)(t, dt, b, hk, j0, n, dim, buf);
+    *ld = dim;
+    return buf;
 }
 
 /* ------------------------------------------------------------------ forward */
 
 typedef struct {
-    FT *q, *k, *kt, *v, *acc, *m, *l, *s, *p;
-    unsigned char *keep;
+    FT *q, *k, *kt, *v, *acc, *m, *l, *x, *s, *p;
+    unsigned char *live, *keep;
     const fai_kernels_f32 *kern; /* the f32 path's kernel set (unused by f64) */
 } FAI_T(fwd_ws);
 
@@ -62,8 +71,10 @@ static size_t FAI_T(fwd_carve)(const fai_problem *pr, fai_tiles tl, char *base,
     w->acc = fai_carve(&a, (size_t)(tl.bq * pr->dv) * sizeof(FT));
     w->m = fai_carve(&a, (size_t)tl.bq * sizeof(FT));
     w->l = fai_carve(&a, (size_t)tl.bq * sizeof(FT));
+    w->x = fai_carve(&a, (size_t)tl.bq * sizeof(FT));
     w->s = fai_carve(&a, (size_t)(tl.bq * tl.bk) * sizeof(FT));
     w->p = fai_carve(&a, (size_t)(tl.bq * tl.bk) * sizeof(FT));
+    w->live = fai_carve(&a, (size_t)tl.bq);
     w->keep = fai_carve(&a, (size_t)tl.bk);
     return a.used;
 }
@@ -78,11 +89,15 @@ static int FAI_T(all_finite)(const FT *x, int64_t n)
 
 /*
  * One query tile [i0, i1) of head h of batch b: the article's loop, on tiles. Per key tile:
- * S = Q K^T by the GEMM kernel; per row the score pipeline, the row max over the row's allowed
- * keys and the rescale of (l, acc) (core/recurrence.h), P = exp(S - m) by the exp kernel,
- * exactly 0 outside the allowed keys and where dropout drops; then acc += P V by the GEMM
- * kernel. Key tiles outside the mask's key span are never visited; FULL tiles need no
- * per-element test, PARTIAL ones use each row's allowed interval.
+ *   1. S = Q K^T by the GEMM kernel over K^T packed for this tile;
+ *   2. per row the score pipeline and the max over the row's allowed keys, which moves the
+ *      row's reference m (core/recurrence.h); the rescale factors a = exp(m_old - m_new) of
+ *      all rows then come from one call of the vector exp;
+ *   3. per row l = a l + sum P with P = exp(S - m) by the exp kernel, exactly 0 outside the
+ *      allowed keys and where dropout drops;
+ *   4. acc = diag(a) acc + P V by the GEMM kernel, the rescale fused into its load of acc.
+ * Key tiles outside the mask's key span are never visited; FULL tiles need no per-element
+ * test, PARTIAL ones use each row's allowed interval.
  *
  * The GEMM multiplies the zeros of P with V. That is exact while V is finite; for a tile whose
  * V holds inf or NaN and that has masked or dropped entries, the rows accumulate P V by
@@ -94,8 +109,9 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
     const int64_t hk = h / pr->group, nq = i1 - i0, dv = pr->dv, ld = tl.bk;
     const FT slope = (FT)fai_slope(pr, h);
     const fai_dropout drop = fai_dropout_for(pr, b, h);
+    const int scale_only = pr->score.softcap == 0 && slope == 0; /* the pipeline is x scale */
 
-    FAI_T(load_rows)(pr->io.q, pr->dtype, b, h, i0, nq, pr->dqk, w->q, NULL, 0);
+    FAI_T(load_rows)(pr->io.q, pr->dtype, b, h, i0, nq, pr->dqk, w->q);
     for (int64_t r = 0; r < nq; r++) {
         w->m[r] = -INFINITY;
         w->l[r] = 0;
@@ -109,49 +125,63 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
         const fai_tile_class cls = fai_mask_classify(&pr->mask, i0, i1, j0, j0 + n);
         if (cls == FAI_TILE_EMPTY)
             continue;
-        FAI_T(load_rows)(pr->io.k, pr->dtype, b, hk, j0, n, pr->dqk, w->k, w->kt, ld);
-        FAI_T(load_rows)(pr->io.v, pr->dtype, b, hk, j0, n, dv, w->v, NULL, 0);
+        int64_t ldk;
+        const FT *k = FAI_T(rows_view)(pr->io.k, pr->dtype, b, hk, j0, n, pr->dqk, w->k, &ldk);
+        FT_TRANSPOSE(w->kern, n, pr->dqk, k, ldk, w->kt, ld);
+        FAI_T(load_rows)(pr->io.v, pr->dtype, b, hk, j0, n, dv, w->v);
         const int selective = (cls != FAI_TILE_FULL || drop.threshold) &&
                               !FAI_T(all_finite)(w->v, n * dv);
-        FT_GEMM(w->kern, nq, n, pr->dqk, w->q, pr->dqk, w->kt, ld, w->s, ld, 0); /* S = Q K^T */
+        FT_GEMM(w->kern, nq, n, pr->dqk, w->q, pr->dqk, w->kt, ld, w->s, ld, 0, NULL);
 
-        for (int64_t r = 0; r < nq; r++) {
+        for (int64_t r = 0; r < nq; r++) { /* 2. block max, new reference, rescale exponent */
             const int64_t i = i0 + r;
-            FT *s = w->s + r * ld, *p = w->p + r * ld, *acc = w->acc + r * dv, a;
+            FT *s = w->s + r * ld, bmax = -INFINITY;
             int64_t c0, c1;
             FAI_T(row_cols)(pr, cls, i, j0, n, &c0, &c1);
-            memset(p, 0, (size_t)n * sizeof(FT));
-            if (c0 >= c1) /* this row sees nothing here: a masked tile inside a live row */
-                continue;
-            FT bmax = -INFINITY;
-            if (pr->score.softcap == 0 && slope == 0) /* the pipeline is the scale alone */
+            if (c0 < c1 && scale_only)
                 bmax = FT_SCALEMAX(w->kern, c1 - c0, s + c0, (FT)pr->score.scale);
             else
                 for (int64_t c = c0; c < c1; c++) {
                     s[c] = FT_SCORE(&pr->score, s[c], slope, i, j0 + c, NULL);
                     bmax = s[c] > bmax || s[c] != s[c] ? s[c] : bmax; /* a NaN sticks */
                 }
+            /* A row that sees nothing here, or only -inf before anything finite, leaves its
+             * state alone (a = 1) and P at 0; its allowed terms 0 * v still enter acc below
+             * or in the GEMM, as they do in the reference. */
+            w->live[r] = (unsigned char)FT_MOVE(&w->m[r], bmax, &w->x[r]);
+            if (!w->live[r])
+                w->x[r] = 0;
+        }
+        FT_EXPSUM(w->kern, nq, w->x, 0, w->x); /* x <- a = exp(x); exp(0) = 1 exactly */
+
+        for (int64_t r = 0; r < nq; r++) { /* 3. P and l */
+            const int64_t i = i0 + r;
+            FT *s = w->s + r * ld, *p = w->p + r * ld, *acc = w->acc + r * dv;
+            int64_t c0, c1;
+            FAI_T(row_cols)(pr, cls, i, j0, n, &c0, &c1);
+            if (c0 >= c1) { /* this row sees nothing here: a masked tile inside a live row */
+                memset(p, 0, (size_t)n * sizeof(FT));
+                continue;
+            }
+            memset(p, 0, (size_t)c0 * sizeof(FT));
+            memset(p + c1, 0, (size_t)(n - c1) * sizeof(FT));
             if (drop.threshold)
                 fai_dropout_keep_row(&drop, i, j0 + c0, c1 - c0, w->keep + c0);
-            /* A block whose allowed scores are all -inf before anything finite was seen leaves
-             * the state alone and P at 0 (core/recurrence.h); its allowed terms 0 * v still
-             * enter acc below or in the GEMM, as they do in the reference. */
-            if (FT_RESCALE(&w->m[r], bmax, &a)) {
-                if (a != 1) {
-                    w->l[r] *= a;
-                    for (int64_t d = 0; d < dv; d++)
-                        acc[d] *= a;
-                }
-                w->l[r] += FT_EXPSUM(w->kern, c1 - c0, s + c0, w->m[r], p + c0);
+            if (w->live[r]) {
+                w->l[r] = w->l[r] * w->x[r] + FT_EXPSUM(w->kern, c1 - c0, s + c0, w->m[r], p + c0);
                 for (int64_t c = c0; c < c1 && drop.threshold; c++)
                     if (!w->keep[c]) /* l keeps the dropped terms: LSE is pre-dropout */
                         p[c] = 0;
+            } else {
+                memset(p + c0, 0, (size_t)(c1 - c0) * sizeof(FT));
             }
             if (!selective)
                 continue;
             /* by selection: the GEMM kernel over each run of allowed, kept keys. The terms and
              * their order are those of the tile's GEMM less its masked and dropped zeros, so
              * the bits are the same as without the non-finite rows */
+            for (int64_t d = 0; d < dv; d++)
+                acc[d] *= w->x[r];
             for (int64_t ca = c0; ca < c1;) {
                 while (ca < c1 && drop.threshold && !w->keep[ca])
                     ca++;
@@ -159,12 +189,13 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
                 while (cb < c1 && !(drop.threshold && !w->keep[cb]))
                     cb++;
                 if (cb > ca)
-                    FT_GEMM(w->kern, 1, dv, cb - ca, p + ca, ld, w->v + ca * dv, dv, acc, dv, 1);
+                    FT_GEMM(w->kern, 1, dv, cb - ca, p + ca, ld, w->v + ca * dv, dv, acc, dv, 1,
+                            NULL);
                 ca = cb;
             }
         }
-        if (!selective)
-            FT_GEMM(w->kern, nq, dv, n, w->p, ld, w->v, dv, w->acc, dv, 1); /* acc += P V */
+        if (!selective) /* 4. acc = diag(a) acc + P V */
+            FT_GEMM(w->kern, nq, dv, n, w->p, ld, w->v, dv, w->acc, dv, 1, w->x);
     }
 
     const FT keep_scale = (FT)(1.0 / (1.0 - pr->dropout_p));
@@ -273,7 +304,7 @@ static void FAI_T(load_query_row)(const fai_problem *pr, int64_t b, int64_t h, i
     FT_LOAD(fai_row(pr->io.out, b, i, h), pr->dtype, pr->dv, w->o);
     /* D_i through the kernel that forms dP = dO V^T: where dP z - D_i is 0 in exact arithmetic
      * (a row with one key), the two sums round alike and the difference stays 0 */
-    FT_GEMM(w->kern, 1, 1, pr->dv, dout, pr->dv, w->o, 1, &w->di[r], 1, 0);
+    FT_GEMM(w->kern, 1, 1, pr->dv, dout, pr->dv, w->o, 1, &w->di[r], 1, 0, NULL);
     w->lse[r] = fai_lse_load(pr->io.lse, b, h, i);
 }
 
@@ -281,8 +312,10 @@ static void FAI_T(load_query_row)(const fai_problem *pr, int64_t b, int64_t h, i
 static void FAI_T(load_key_tile)(const fai_problem *pr, fai_tiles tl, int64_t b, int64_t hk,
                                  int64_t j0, int64_t n, FAI_T(bwd_ws) *w)
 {
-    FAI_T(load_rows)(pr->io.k, pr->dtype, b, hk, j0, n, pr->dqk, w->k, w->kt, tl.bk);
-    FAI_T(load_rows)(pr->io.v, pr->dtype, b, hk, j0, n, pr->dv, w->vrow, w->vt, tl.bk);
+    FAI_T(load_rows)(pr->io.k, pr->dtype, b, hk, j0, n, pr->dqk, w->k);
+    FAI_T(load_rows)(pr->io.v, pr->dtype, b, hk, j0, n, pr->dv, w->vrow);
+    FT_TRANSPOSE(w->kern, n, pr->dqk, w->k, pr->dqk, w->kt, tl.bk);
+    FT_TRANSPOSE(w->kern, n, pr->dv, w->vrow, pr->dv, w->vt, tl.bk);
 }
 
 /*
@@ -300,8 +333,8 @@ static int FAI_T(bwd_block)(const fai_problem *pr, fai_tiles tl, int64_t b, int6
     const FT slope = (FT)fai_slope(pr, h);
     const int softcap = pr->score.softcap > 0;
     const fai_dropout drop = fai_dropout_for(pr, b, h);
-    FT_GEMM(w->kern, nq, n, pr->dqk, w->q, pr->dqk, w->kt, ld, w->s, ld, 0);  /* S = Q K^T */
-    FT_GEMM(w->kern, nq, n, pr->dv, w->dout, pr->dv, w->vt, ld, w->dp, ld, 0); /* dO V^T */
+    FT_GEMM(w->kern, nq, n, pr->dqk, w->q, pr->dqk, w->kt, ld, w->s, ld, 0, NULL);  /* Q K^T */
+    FT_GEMM(w->kern, nq, n, pr->dv, w->dout, pr->dv, w->vt, ld, w->dp, ld, 0, NULL); /* dO V^T */
     int any = 0;
     for (int64_t r = 0; r < nq; r++) {
         const int64_t i = i0 + r;
@@ -339,14 +372,6 @@ static int FAI_T(bwd_block)(const fai_problem *pr, fai_tiles tl, int64_t b, int6
     return any;
 }
 
-static void FAI_T(transpose)(const FT *src, int64_t rows, int64_t cols, int64_t lds, FT *dst,
-                             int64_t ldd)
-{
-    for (int64_t r = 0; r < rows; r++)
-        for (int64_t c = 0; c < cols; c++)
-            dst[c * ldd + r] = src[r * lds + c];
-}
-
 /* Pass 1: dK and dV of key tile [j0, j0 + n) of (b, hk). */
 static void FAI_T(bwd_ktile)(const fai_problem *pr, fai_tiles tl, int64_t b, int64_t hk,
                              int64_t j0, int64_t n, FAI_T(bwd_ws) *w)
@@ -371,10 +396,10 @@ static void FAI_T(bwd_ktile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
                 continue;
             if (kv_finite && FAI_T(all_finite)(w->q, nq * dqk) &&
                 FAI_T(all_finite)(w->dout, nq * dv)) {
-                FAI_T(transpose)(w->p, nq, n, ld, w->tp, tl.bq); /* dV += P~^T dO */
-                FT_GEMM(w->kern, n, dv, nq, w->tp, tl.bq, w->dout, dv, w->dv, dv, 1);
-                FAI_T(transpose)(w->ds, nq, n, ld, w->tp, tl.bq); /* dK += scale dS^T Q */
-                FT_GEMM(w->kern, n, dqk, nq, w->tp, tl.bq, w->q, dqk, w->dk, dqk, 1);
+                FT_TRANSPOSE(w->kern, nq, n, w->p, ld, w->tp, tl.bq); /* dV += P~^T dO */
+                FT_GEMM(w->kern, n, dv, nq, w->tp, tl.bq, w->dout, dv, w->dv, dv, 1, NULL);
+                FT_TRANSPOSE(w->kern, nq, n, w->ds, ld, w->tp, tl.bq); /* dK += scale dS^T Q */
+                FT_GEMM(w->kern, n, dqk, nq, w->tp, tl.bq, w->q, dqk, w->dk, dqk, 1, NULL);
                 continue;
             }
             /* by selection, rows in order: each (row, key) term one kernel step, as above;
@@ -391,9 +416,9 @@ static void FAI_T(bwd_ktile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
                     const FT *pc = w->p + r * ld + c, *dsc = w->ds + r * ld + c;
                     if (!drop.threshold || w->keep[c])
                         FT_GEMM(w->kern, 1, dv, 1, pc, 1, w->dout + r * dv, dv, w->dv + c * dv,
-                                dv, 1);
+                                dv, 1, NULL);
                     FT_GEMM(w->kern, 1, dqk, 1, dsc, 1, w->q + r * dqk, dqk, w->dk + c * dqk,
-                            dqk, 1);
+                            dqk, 1, NULL);
                 }
             }
         }
@@ -426,7 +451,7 @@ static void FAI_T(bwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
             continue;
         if (q_finite && FAI_T(all_finite)(w->k, n * dqk) &&
             FAI_T(all_finite)(w->vrow, n * pr->dv)) { /* dQ += scale dS K */
-            FT_GEMM(w->kern, nq, dqk, n, w->ds, ld, w->k, dqk, w->dq, dqk, 1);
+            FT_GEMM(w->kern, nq, dqk, n, w->ds, ld, w->k, dqk, w->dq, dqk, 1, NULL);
             continue;
         }
         for (int64_t r = 0; r < nq; r++) { /* by selection: the row's allowed keys only */
@@ -434,7 +459,7 @@ static void FAI_T(bwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
             FAI_T(row_cols)(pr, cls, i0 + r, j0, n, &c0, &c1);
             if (c0 < c1 && w->lse[r] != -INFINITY)
                 FT_GEMM(w->kern, 1, dqk, c1 - c0, w->ds + r * ld + c0, ld, w->k + c0 * dqk, dqk,
-                        w->dq + r * dqk, dqk, 1);
+                        w->dq + r * dqk, dqk, 1, NULL);
         }
     }
     for (int64_t r = 0; r < nq; r++)

@@ -44,7 +44,7 @@ START_TEST(gemm_matches_float64)
     for (size_t a = 0; a < 6; a++)
         for (size_t b = 0; b < 6; b++)
             for (size_t c = 0; c < 5; c++)
-                for (int acc = 0; acc < 2; acc++) {
+                for (int acc = 0; acc < 3; acc++) { /* 2: accumulate onto rescaled rows */
                     const int64_t m = ms[a] > 0 ? ms[a] : 1, n = ns[b] > 0 ? ns[b] : 1, k = ks[c];
                     const int64_t lda = k + 3, ldb = n + 5, ldc = n + 2;
                     float *A = malloc(sizeof(float) * (size_t)(m * lda + 1));
@@ -57,15 +57,19 @@ START_TEST(gemm_matches_float64)
                     for (int64_t x = 0; x < m * ldc; x++)
                         C[x] = rnd(&seed);
                     float *C0 = malloc(sizeof(float) * (size_t)(m * ldc + 1));
+                    float *rs = malloc(sizeof(float) * (size_t)m);
+                    for (int64_t i = 0; i < m; i++)
+                        rs[i] = i % 3 == 1 ? 1.0f : (rnd(&seed) + 1.5f) / 2; /* 1 is exact */
                     memcpy(C0, C, sizeof(float) * (size_t)(m * ldc));
-                    fai_gemm_f32(kt, m, n, k, A, lda, B, ldb, C, ldc, acc);
+                    fai_gemm_f32(kt, m, n, k, A, lda, B, ldb, C, ldc, acc > 0, acc == 2 ? rs : NULL);
                     for (int64_t i = 0; i < m; i++)
                         for (int64_t j = 0; j < ldc; j++) {
                             if (j >= n) { /* padding between rows is never written */
                                 ck_assert(C[i * ldc + j] == C0[i * ldc + j]);
                                 continue;
                             }
-                            double want = acc ? C0[i * ldc + j] : 0, mag = fabs(want);
+                            const float c0 = acc == 2 ? C0[i * ldc + j] * rs[i] : C0[i * ldc + j];
+                            double want = acc ? c0 : 0, mag = fabs(want);
                             for (int64_t p = 0; p < k; p++) {
                                 want += (double)A[i * lda + p] * B[p * ldb + j];
                                 mag += fabs((double)A[i * lda + p] * B[p * ldb + j]);
@@ -76,7 +80,7 @@ START_TEST(gemm_matches_float64)
                                           kt->gemm_name, (long)m, (long)n, (long)k, acc, (long)i,
                                           (long)j, C[i * ldc + j], want);
                         }
-                    free(A), free(B), free(C), free(C0);
+                    free(A), free(B), free(C), free(C0), free(rs);
                 }
 }
 END_TEST
@@ -97,17 +101,46 @@ START_TEST(gemm_element_independent_of_blocking)
         A[x] = rnd(&seed) * 40;
     for (int64_t x = 0; x < k * n; x++)
         B[x] = rnd(&seed);
-    fai_gemm_f32(kt, m, n, k, A, k, B, n, C, n, 0);
+    fai_gemm_f32(kt, m, n, k, A, k, B, n, C, n, 0, NULL);
     for (int64_t i = 0; i < m; i++) {
-        fai_gemm_f32(kt, 1, n, k, A + i * k, k, B, n, R, n, 0);
+        fai_gemm_f32(kt, 1, n, k, A + i * k, k, B, n, R, n, 0, NULL);
         ck_assert(memcmp(R, C + i * n, sizeof(float) * n) == 0);
         for (int64_t c0 = 0; c0 < n; c0 += 13) { /* a window [c0, c0 + w) on its own */
             const int64_t w = n - c0 < 9 ? n - c0 : 9;
-            fai_gemm_f32(kt, 1, w, k, A + i * k, k, B + c0, n, R, n, 0);
+            fai_gemm_f32(kt, 1, w, k, A + i * k, k, B + c0, n, R, n, 0, NULL);
             ck_assert(memcmp(R, C + i * n + c0, sizeof(float) * w) == 0);
         }
     }
     free(A), free(B), free(C), free(R);
+}
+END_TEST
+
+/* The transpose moves every element to its place and writes nothing else, at sizes below, at
+ * and above the ISAs' register blocks (4, 8, 16) with leading dimensions wider than the data. */
+START_TEST(transpose_exact)
+{
+    const fai_kernels_f32 *kt = kernels_or_skip(_i);
+    if (!kt)
+        return;
+    const int64_t sizes[] = {1, 3, 4, 7, 8, 9, 15, 16, 17, 33, 64};
+    uint64_t seed = 3;
+    for (size_t a = 0; a < 11; a++)
+        for (size_t b = 0; b < 11; b++) {
+            const int64_t rows = sizes[a], cols = sizes[b], lds = cols + 3, ldd = rows + 5;
+            float *src = malloc(sizeof(float) * (size_t)(rows * lds));
+            float *dst = malloc(sizeof(float) * (size_t)(cols * ldd));
+            for (int64_t x = 0; x < rows * lds; x++)
+                src[x] = rnd(&seed);
+            for (int64_t x = 0; x < cols * ldd; x++)
+                dst[x] = 1234.5f;
+            kt->transpose(rows, cols, src, lds, dst, ldd);
+            for (int64_t c = 0; c < cols; c++)
+                for (int64_t r = 0; r < ldd; r++)
+                    ck_assert_msg(dst[c * ldd + r] == (r < rows ? src[r * lds + c] : 1234.5f),
+                                  "%s %ldx%ld: dst[%ld][%ld]", fa_isa_name(kt->isa), (long)rows,
+                                  (long)cols, (long)c, (long)r);
+            free(src), free(dst);
+        }
 }
 END_TEST
 
@@ -222,6 +255,7 @@ Suite *make_simd_suite(void)
     tcase_set_timeout(tc, 900);
     tcase_add_loop_test(tc, gemm_matches_float64, 0, NISA);
     tcase_add_loop_test(tc, gemm_element_independent_of_blocking, 0, NISA);
+    tcase_add_loop_test(tc, transpose_exact, 0, NISA);
     tcase_add_loop_test(tc, scalemax_matches_definition, 0, NISA);
     tcase_add_loop_test(tc, expsum_exhaustive_nonpositive, 0, NISA);
     suite_add_tcase(s, tc);

@@ -44,26 +44,47 @@
 
 /*
  * Moves the reference of a row from *m to max(*m, b). Returns 0 if the block is to be skipped
- * (no finite score in it nor before it); otherwise returns 1 and sets *a to the factor the old
- * l and acc must be multiplied by.
+ * (no finite score in it nor before it); otherwise returns 1 and sets *x to the exponent of
+ * the rescale: the old l and acc are to be multiplied by a = exp(*x), which is 0 when the row
+ * had seen nothing yet (x = -inf). Split from the exp so that a tile's rows can take their
+ * factors from one vector exp.
  */
-FA_HOST_DEVICE static inline int fai_online_rescale_f32(float *m, float b, float *a)
+FA_HOST_DEVICE static inline int fai_online_move_f32(float *m, float b, float *x)
 {
     float m_new = b > *m || b != b ? b : *m;
     if (m_new == -INFINITY)
         return 0;
-    *a = fai_expf(*m - m_new); /* exp(-inf) = 0 when the row had seen nothing yet */
+    *x = *m - m_new;
     *m = m_new;
+    return 1;
+}
+
+FA_HOST_DEVICE static inline int fai_online_move_f64(double *m, double b, double *x)
+{
+    double m_new = b > *m || b != b ? b : *m;
+    if (m_new == -INFINITY)
+        return 0;
+    *x = *m - m_new;
+    *m = m_new;
+    return 1;
+}
+
+/* Both steps for one row: *a = exp(x) of fai_online_move. */
+FA_HOST_DEVICE static inline int fai_online_rescale_f32(float *m, float b, float *a)
+{
+    float x;
+    if (!fai_online_move_f32(m, b, &x))
+        return 0;
+    *a = fai_expf(x);
     return 1;
 }
 
 FA_HOST_DEVICE static inline int fai_online_rescale_f64(double *m, double b, double *a)
 {
-    double m_new = b > *m || b != b ? b : *m;
-    if (m_new == -INFINITY)
+    double x;
+    if (!fai_online_move_f64(m, b, &x))
         return 0;
-    *a = fai_exp(*m - m_new);
-    *m = m_new;
+    *a = fai_exp(x);
     return 1;
 }
 

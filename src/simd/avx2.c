@@ -26,7 +26,8 @@ static __m256i lanes_below(int64_t n)
  */
 static inline __attribute__((always_inline)) void
 gemm_rows__avx2(const int ROWS, int64_t nr, int64_t k, const float *a, int64_t lda,
-                const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate)
+                const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
+                const float *cscale)
 {
     const __m256i m0 = lanes_below(nr), m1 = lanes_below(nr - 8);
     __m256 c0[MR], c1[MR];
@@ -34,6 +35,10 @@ gemm_rows__avx2(const int ROWS, int64_t nr, int64_t k, const float *a, int64_t l
     for (int i = 0; i < ROWS; i++) {
         c0[i] = accumulate ? _mm256_maskload_ps(c + i * ldc, m0) : _mm256_setzero_ps();
         c1[i] = accumulate ? _mm256_maskload_ps(c + i * ldc + 8, m1) : _mm256_setzero_ps();
+        if (accumulate && cscale) {
+            c0[i] = _mm256_mul_ps(c0[i], _mm256_set1_ps(cscale[i]));
+            c1[i] = _mm256_mul_ps(c1[i], _mm256_set1_ps(cscale[i]));
+        }
     }
     if (nr == NR) {
         for (int64_t p = 0; p < k; p++) {
@@ -66,16 +71,64 @@ gemm_rows__avx2(const int ROWS, int64_t nr, int64_t k, const float *a, int64_t l
 
 static void fa_f32_gemm_ukernel_6x16__avx2(int64_t mr, int64_t nr, int64_t k, const float *a,
                                            int64_t lda, const float *b, int64_t ldb, float *c,
-                                           int64_t ldc, int accumulate)
+                                           int64_t ldc, int accumulate, const float *cscale)
 {
 #define ROWS_CASE(r)                                                                          \
     case r:                                                                                   \
-        gemm_rows__avx2(r, nr, k, a, lda, b, ldb, c, ldc, accumulate);                        \
+        gemm_rows__avx2(r, nr, k, a, lda, b, ldb, c, ldc, accumulate, cscale);                \
         break;
     switch (mr) {
         ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5) ROWS_CASE(6)
     }
 #undef ROWS_CASE
+}
+
+/*
+ * A block of up to 8 x 8 in registers (the AVX-512 block's rounds on 8 lanes): rows r < rr
+ * with columns c < cc are loaded (the rest is 0); output rows c < cc are stored, lanes r < rr.
+ *   1. unpack lo/hi of row pairs; 2. 64-bit unpacks: u[4g + t] holds, in 128-bit half h,
+ *   column 4h + t of rows 4g .. 4g + 3; 3. the halves of u[t] and u[4 + t] joined: row 4h + t.
+ */
+static inline __attribute__((always_inline)) void
+transpose_block__avx2(const float *src, int64_t lds, int64_t rr, int64_t cc, float *dst,
+                      int64_t ldd)
+{
+    const __m256i cm = lanes_below(cc), rm = lanes_below(rr);
+    __m256 x[8], t[8], u[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++)
+        x[i] = i < rr ? _mm256_maskload_ps(src + i * lds, cm) : _mm256_setzero_ps();
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; g++) {
+        t[2 * g] = _mm256_unpacklo_ps(x[2 * g], x[2 * g + 1]);
+        t[2 * g + 1] = _mm256_unpackhi_ps(x[2 * g], x[2 * g + 1]);
+    }
+#pragma GCC unroll 2
+    for (int g = 0; g < 2; g++) {
+        const __m256d t0 = _mm256_castps_pd(t[4 * g]), t1 = _mm256_castps_pd(t[4 * g + 1]);
+        const __m256d t2 = _mm256_castps_pd(t[4 * g + 2]), t3 = _mm256_castps_pd(t[4 * g + 3]);
+        u[4 * g] = _mm256_castpd_ps(_mm256_unpacklo_pd(t0, t2));
+        u[4 * g + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(t0, t2));
+        u[4 * g + 2] = _mm256_castpd_ps(_mm256_unpacklo_pd(t1, t3));
+        u[4 * g + 3] = _mm256_castpd_ps(_mm256_unpackhi_pd(t1, t3));
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        if (k < cc)
+            _mm256_maskstore_ps(dst + k * ldd, rm, _mm256_permute2f128_ps(u[k], u[4 + k], 0x20));
+        if (4 + k < cc)
+            _mm256_maskstore_ps(dst + (4 + k) * ldd, rm,
+                                _mm256_permute2f128_ps(u[k], u[4 + k], 0x31));
+    }
+}
+
+static void fa_f32_transpose__avx2(int64_t rows, int64_t cols, const float *src, int64_t lds,
+                                   float *dst, int64_t ldd)
+{
+    for (int64_t r = 0; r < rows; r += 8)
+        for (int64_t c = 0; c < cols; c += 8)
+            transpose_block__avx2(src + r * lds + c, lds, rows - r, cols - c, dst + c * ldd + r,
+                                  ldd);
 }
 
 /* SLEEF's Sleef_expf8_u10avx2: max error 1.0 ULP (measured by tests/check_simd.c). */
@@ -120,6 +173,7 @@ static float fa_f32_scalemax__avx2(int64_t n, float *x, float scale)
 static const fai_kernels_f32 avx2 = {
     FA_ISA_AVX2, "fa_f32_gemm_ukernel_6x16__avx2", "fa_f32_expsum__avx2_sleef", MR, NR,
     fa_f32_gemm_ukernel_6x16__avx2, fa_f32_expsum__avx2_sleef, fa_f32_scalemax__avx2,
+    fa_f32_transpose__avx2,
 };
 
 const fai_kernels_f32 *fai_kernels_f32_avx2(void) { return &avx2; }

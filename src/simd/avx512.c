@@ -22,7 +22,8 @@
  */
 static inline __attribute__((always_inline)) void
 gemm_rows__avx512(const int ROWS, int64_t nr, int64_t k, const float *a, int64_t lda,
-                  const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate)
+                  const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
+                  const float *cscale)
 {
     const __mmask16 m0 = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1);
     const __mmask16 m1 = nr >= 32 ? 0xffff : nr > 16 ? (__mmask16)((1u << (nr - 16)) - 1) : 0;
@@ -31,6 +32,10 @@ gemm_rows__avx512(const int ROWS, int64_t nr, int64_t k, const float *a, int64_t
     for (int i = 0; i < ROWS; i++) {
         c0[i] = accumulate ? _mm512_maskz_loadu_ps(m0, c + i * ldc) : _mm512_setzero_ps();
         c1[i] = accumulate ? _mm512_maskz_loadu_ps(m1, c + i * ldc + 16) : _mm512_setzero_ps();
+        if (accumulate && cscale) {
+            c0[i] = _mm512_mul_ps(c0[i], _mm512_set1_ps(cscale[i]));
+            c1[i] = _mm512_mul_ps(c1[i], _mm512_set1_ps(cscale[i]));
+        }
     }
     for (int64_t p = 0; p < k; p++) {
         const __m512 b0 = _mm512_maskz_loadu_ps(m0, b + p * ldb);
@@ -51,17 +56,74 @@ gemm_rows__avx512(const int ROWS, int64_t nr, int64_t k, const float *a, int64_t
 
 static void fa_f32_gemm_ukernel_12x32__avx512(int64_t mr, int64_t nr, int64_t k, const float *a,
                                              int64_t lda, const float *b, int64_t ldb, float *c,
-                                             int64_t ldc, int accumulate)
+                                             int64_t ldc, int accumulate, const float *cscale)
 {
 #define ROWS_CASE(r)                                                                          \
     case r:                                                                                   \
-        gemm_rows__avx512(r, nr, k, a, lda, b, ldb, c, ldc, accumulate);                      \
+        gemm_rows__avx512(r, nr, k, a, lda, b, ldb, c, ldc, accumulate, cscale);              \
         break;
     switch (mr) {
         ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5) ROWS_CASE(6)
         ROWS_CASE(7) ROWS_CASE(8) ROWS_CASE(9) ROWS_CASE(10) ROWS_CASE(11) ROWS_CASE(12)
     }
 #undef ROWS_CASE
+}
+
+/*
+ * A block of up to 16 x 16 in registers: rows r < rr with columns c < cc are loaded (the rest
+ * is 0), transposed in four rounds, and output rows c < cc stored with lanes r < rr.
+ *   1. unpack lo/hi of row pairs: 32-bit pairs (x[2g][j], x[2g+1][j]) side by side;
+ *   2. unpack lo/hi of 64-bit words of pair-of-pairs: u[4g + t] holds, in 128-bit lane l,
+ *      column 4l + t of rows 4g .. 4g + 3;
+ *   3-4. two 128-bit-lane shuffles gather lane l of u[t], u[4 + t], u[8 + t], u[12 + t]:
+ *      output row 4l + t.
+ */
+static inline __attribute__((always_inline)) void
+transpose_block__avx512(const float *src, int64_t lds, int64_t rr, int64_t cc, float *dst,
+                        int64_t ldd)
+{
+    const __mmask16 cm = cc >= 16 ? 0xffff : (__mmask16)((1u << cc) - 1);
+    const __mmask16 rm = rr >= 16 ? 0xffff : (__mmask16)((1u << rr) - 1);
+    __m512 x[16], t[16], u[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++)
+        x[i] = i < rr ? _mm512_maskz_loadu_ps(cm, src + i * lds) : _mm512_setzero_ps();
+#pragma GCC unroll 8
+    for (int g = 0; g < 8; g++) {
+        t[2 * g] = _mm512_unpacklo_ps(x[2 * g], x[2 * g + 1]);
+        t[2 * g + 1] = _mm512_unpackhi_ps(x[2 * g], x[2 * g + 1]);
+    }
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; g++) {
+        const __m512d t0 = _mm512_castps_pd(t[4 * g]), t1 = _mm512_castps_pd(t[4 * g + 1]);
+        const __m512d t2 = _mm512_castps_pd(t[4 * g + 2]), t3 = _mm512_castps_pd(t[4 * g + 3]);
+        u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(t0, t2));
+        u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(t0, t2));
+        u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(t1, t3));
+        u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(t1, t3));
+    }
+#pragma GCC unroll 4
+    for (int k = 0; k < 4; k++) {
+        const __m512 w0 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x44);
+        const __m512 w1 = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xee);
+        const __m512 w2 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x44);
+        const __m512 w3 = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xee);
+        const __m512 out[4] = {_mm512_shuffle_f32x4(w0, w2, 0x88), _mm512_shuffle_f32x4(w0, w2, 0xdd),
+                               _mm512_shuffle_f32x4(w1, w3, 0x88), _mm512_shuffle_f32x4(w1, w3, 0xdd)};
+#pragma GCC unroll 4
+        for (int l = 0; l < 4; l++)
+            if (4 * l + k < cc)
+                _mm512_mask_storeu_ps(dst + (4 * l + k) * ldd, rm, out[l]);
+    }
+}
+
+static void fa_f32_transpose__avx512(int64_t rows, int64_t cols, const float *src, int64_t lds,
+                                     float *dst, int64_t ldd)
+{
+    for (int64_t r = 0; r < rows; r += 16)
+        for (int64_t c = 0; c < cols; c += 16)
+            transpose_block__avx512(src + r * lds + c, lds, rows - r, cols - c,
+                                    dst + c * ldd + r, ldd);
 }
 
 /* SLEEF's Sleef_expf16_u10avx512f: max error 1.0 ULP (SLEEF's documented bound; measured over
@@ -102,6 +164,7 @@ static float fa_f32_scalemax__avx512(int64_t n, float *x, float scale)
 static const fai_kernels_f32 avx512 = {
     FA_ISA_AVX512, "fa_f32_gemm_ukernel_12x32__avx512", "fa_f32_expsum__avx512_sleef", MR, NR,
     fa_f32_gemm_ukernel_12x32__avx512, fa_f32_expsum__avx512_sleef, fa_f32_scalemax__avx512,
+    fa_f32_transpose__avx512,
 };
 
 const fai_kernels_f32 *fai_kernels_f32_avx512(void) { return &avx512; }

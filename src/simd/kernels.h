@@ -17,11 +17,17 @@
 
 /*
  * C[mr x nr] (+)= A[mr x k] B[k x nr], all row-major with leading dimensions lda, ldb, ldc;
- * 1 <= mr <= MR, 1 <= nr <= NR. accumulate = 0 overwrites C.
+ * 1 <= mr <= MR, 1 <= nr <= NR. accumulate = 0 overwrites C. With accumulate and cscale not
+ * NULL, row i of C is first multiplied by cscale[i] (one rounded product per element): the
+ * online softmax's rescale of acc, fused into the load of C.
  */
 typedef void (*fai_gemm_ukernel_f32)(int64_t mr, int64_t nr, int64_t k, const float *a,
                                      int64_t lda, const float *b, int64_t ldb, float *c,
-                                     int64_t ldc, int accumulate);
+                                     int64_t ldc, int accumulate, const float *cscale);
+
+/* dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols (packs K^T, V^T, P^T, dS^T). */
+typedef void (*fai_transpose_f32)(int64_t rows, int64_t cols, const float *src, int64_t lds,
+                                  float *dst, int64_t ldd);
 
 /* y[i] = exp(x[i] - m) for i < n; returns the sum of the y[i] in a fixed order. */
 typedef float (*fai_expsum_f32)(int64_t n, const float *x, float m, float *y);
@@ -37,6 +43,7 @@ typedef struct fai_kernels_f32_s {
     fai_gemm_ukernel_f32 gemm;
     fai_expsum_f32 expsum;
     fai_scalemax_f32 scalemax;
+    fai_transpose_f32 transpose;
 } fai_kernels_f32;
 
 /* The kernel sets this build carries (NULL where not built). */
@@ -52,12 +59,18 @@ const fai_kernels_f32 *fai_kernels_f32_for(fa_isa isa);
 /* Newest supported ISA first: avx512, avx2, neon, scalar. */
 fa_isa fai_isa_best(void);
 
-/* C[m x n] (+)= A[m x k] B[k x n] with any m, n: the framework's loop over MR x NR tiles. */
+/* C[m x n] (+)= A[m x k] B[k x n] with any m, n: the framework's loop over MR x NR tiles.
+ * cscale (m entries, or NULL) as in the micro-kernel. */
 void fai_gemm_f32(const fai_kernels_f32 *kt, int64_t m, int64_t n, int64_t k, const float *a,
                   int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc,
-                  int accumulate);
+                  int accumulate, const float *cscale);
 /* The same in double, portable (the f64 storage path). */
 void fai_gemm_f64(int64_t m, int64_t n, int64_t k, const double *a, int64_t lda, const double *b,
-                  int64_t ldb, double *c, int64_t ldc, int accumulate);
+                  int64_t ldb, double *c, int64_t ldc, int accumulate, const double *cscale);
+/* Portable transposes: the scalar set's, and the f64 path's. */
+void fai_transpose_f32_portable(int64_t rows, int64_t cols, const float *src, int64_t lds,
+                                float *dst, int64_t ldd);
+void fai_transpose_f64(int64_t rows, int64_t cols, const double *src, int64_t lds, double *dst,
+                       int64_t ldd);
 
 #endif

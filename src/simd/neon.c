@@ -20,7 +20,8 @@
  */
 static inline __attribute__((always_inline)) void
 gemm_rows__neon(const int ROWS, int64_t nr, int64_t k, const float *a, int64_t lda,
-                const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate)
+                const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
+                const float *cscale)
 {
     float32x4_t c0[MR], c1[MR];
     float tmp[NR];
@@ -33,6 +34,10 @@ gemm_rows__neon(const int ROWS, int64_t nr, int64_t k, const float *a, int64_t l
             memcpy(tmp, c + i * ldc, (size_t)nr * sizeof(float));
             c0[i] = vld1q_f32(tmp);
             c1[i] = vld1q_f32(tmp + 4);
+            if (cscale) {
+                c0[i] = vmulq_n_f32(c0[i], cscale[i]);
+                c1[i] = vmulq_n_f32(c1[i], cscale[i]);
+            }
         }
     }
     for (int64_t p = 0; p < k; p++) {
@@ -60,11 +65,11 @@ gemm_rows__neon(const int ROWS, int64_t nr, int64_t k, const float *a, int64_t l
 
 static void fa_f32_gemm_ukernel_8x8__neon(int64_t mr, int64_t nr, int64_t k, const float *a,
                                           int64_t lda, const float *b, int64_t ldb, float *c,
-                                          int64_t ldc, int accumulate)
+                                          int64_t ldc, int accumulate, const float *cscale)
 {
 #define ROWS_CASE(r)                                                                          \
     case r:                                                                                   \
-        gemm_rows__neon(r, nr, k, a, lda, b, ldb, c, ldc, accumulate);                        \
+        gemm_rows__neon(r, nr, k, a, lda, b, ldb, c, ldc, accumulate, cscale);                \
         break;
     switch (mr) {
         ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4)
@@ -120,9 +125,37 @@ static float fa_f32_scalemax__neon(int64_t n, float *x, float scale)
     return m;
 }
 
+/* 4 x 4 blocks by two rounds of trn1/trn2 (32-bit, then 64-bit), the edges portably. */
+static void fa_f32_transpose__neon(int64_t rows, int64_t cols, const float *src, int64_t lds,
+                                   float *dst, int64_t ldd)
+{
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) {
+        int64_t c = 0;
+        for (; c + 4 <= cols; c += 4) {
+            const float *s = src + r * lds + c;
+            const float32x4_t x0 = vld1q_f32(s), x1 = vld1q_f32(s + lds);
+            const float32x4_t x2 = vld1q_f32(s + 2 * lds), x3 = vld1q_f32(s + 3 * lds);
+            /* t0 = (x0[0], x1[0], x0[2], x1[2]), t1 = (x0[1], x1[1], x0[3], x1[3]), ... */
+            const float64x2_t t0 = vreinterpretq_f64_f32(vtrn1q_f32(x0, x1));
+            const float64x2_t t1 = vreinterpretq_f64_f32(vtrn2q_f32(x0, x1));
+            const float64x2_t t2 = vreinterpretq_f64_f32(vtrn1q_f32(x2, x3));
+            const float64x2_t t3 = vreinterpretq_f64_f32(vtrn2q_f32(x2, x3));
+            float *d = dst + c * ldd + r;
+            vst1q_f32(d, vreinterpretq_f32_f64(vtrn1q_f64(t0, t2)));
+            vst1q_f32(d + ldd, vreinterpretq_f32_f64(vtrn1q_f64(t1, t3)));
+            vst1q_f32(d + 2 * ldd, vreinterpretq_f32_f64(vtrn2q_f64(t0, t2)));
+            vst1q_f32(d + 3 * ldd, vreinterpretq_f32_f64(vtrn2q_f64(t1, t3)));
+        }
+        fai_transpose_f32_portable(4, cols - c, src + r * lds + c, lds, dst + c * ldd + r, ldd);
+    }
+    fai_transpose_f32_portable(rows - r, cols, src + r * lds, lds, dst + r, ldd);
+}
+
 static const fai_kernels_f32 neon = {
     FA_ISA_NEON, "fa_f32_gemm_ukernel_8x8__neon", "fa_f32_expsum__neon_sleef", MR, NR,
     fa_f32_gemm_ukernel_8x8__neon, fa_f32_expsum__neon_sleef, fa_f32_scalemax__neon,
+    fa_f32_transpose__neon,
 };
 
 const fai_kernels_f32 *fai_kernels_f32_neon(void) { return &neon; }

@@ -12,12 +12,12 @@
 
 static void fa_f32_gemm_ukernel_4x16__scalar(int64_t mr, int64_t nr, int64_t k, const float *a,
                                              int64_t lda, const float *b, int64_t ldb, float *c,
-                                             int64_t ldc, int accumulate)
+                                             int64_t ldc, int accumulate, const float *cscale)
 {
     float acc[SCALAR_MR][SCALAR_NR];
     for (int64_t i = 0; i < mr; i++)
         for (int64_t j = 0; j < nr; j++)
-            acc[i][j] = accumulate ? c[i * ldc + j] : 0.0f;
+            acc[i][j] = !accumulate ? 0.0f : cscale ? c[i * ldc + j] * cscale[i] : c[i * ldc + j];
     for (int64_t p = 0; p < k; p++) {
         const float *bp = b + p * ldb;
         for (int64_t i = 0; i < mr; i++) {
@@ -51,20 +51,36 @@ static float fa_f32_scalemax__scalar(int64_t n, float *x, float scale)
     return m;
 }
 
+void fai_transpose_f32_portable(int64_t rows, int64_t cols, const float *src, int64_t lds,
+                                float *dst, int64_t ldd)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            dst[c * ldd + r] = src[r * lds + c];
+}
+
 const fai_kernels_f32 fai_kernels_f32_scalar = {
     FA_ISA_SCALAR,        "fa_f32_gemm_ukernel_4x16__scalar", "fa_f32_expsum__scalar_sleef",
     SCALAR_MR,            SCALAR_NR,
     fa_f32_gemm_ukernel_4x16__scalar, fa_f32_expsum__scalar_sleef, fa_f32_scalemax__scalar,
+    fai_transpose_f32_portable,
 };
 
+void fai_transpose_f64(int64_t rows, int64_t cols, const double *src, int64_t lds, double *dst,
+                       int64_t ldd)
+{
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            dst[c * ldd + r] = src[r * lds + c];
+}
+
 void fai_gemm_f64(int64_t m, int64_t n, int64_t k, const double *a, int64_t lda, const double *b,
-                  int64_t ldb, double *c, int64_t ldc, int accumulate)
+                  int64_t ldb, double *c, int64_t ldc, int accumulate, const double *cscale)
 {
     for (int64_t i = 0; i < m; i++) {
         double *ci = c + i * ldc;
-        if (!accumulate)
-            for (int64_t j = 0; j < n; j++)
-                ci[j] = 0;
+        for (int64_t j = 0; j < n; j++)
+            ci[j] = !accumulate ? 0 : cscale ? ci[j] * cscale[i] : ci[j];
         for (int64_t p = 0; p < k; p++) { /* p in order for every C element */
             const double aip = a[i * lda + p], *bp = b + p * ldb;
             for (int64_t j = 0; j < n; j++)
