@@ -93,22 +93,22 @@ static int64_t clamp64(int64_t x, int64_t lo, int64_t hi)
 }
 
 /*
- * Bk: the two key panels, K^T and V, fill at most 1/16 of L2 (64 KiB of a 1 MiB L2): a power
- * of two in [16, 256]. Bq: 128 rows (the most the sweep tried), fewer only when Q, S, P and the
- * accumulators (Bq x (Dqk + Dv + 2 Bk)) would pass half of L2.
+ * Bk: the two key panels, K^T and V, fill at most 1/4 of L2 (256 KiB of a 1 MiB L2): a power
+ * of two in [16, 256]. Bq: 128 rows, fewer only when Q, S, P and the accumulators
+ * (Bq x (Dqk + Dv + 2 Bk)) would pass half of L2.
  *
- * Measured (bench_attention --tile-sweep, B=1 H=4 N=2048 f32 non-causal, 1 thread, best of 2,
- * AMD EPYC with 48 KiB L1d / 1 MiB L2; NOTES.md keeps the whole sweeps):
- *   AVX-512 (12x32 kernel), D=128: rule 128x64 -> 99.8 ms, the best of 12 tiles tried
- *                   (128x32: 109.1, 128x128: 122.3, 64x64: 107.3);
- *   AVX-512, D=64:  rule 128x128 -> 52.3 ms, the best tried (128x64: 56.5);
- *   AVX2,    D=128: rule 128x64 -> 218.5 ms, the best tried (128x32: 229.9);
- *   scalar,  D=128: every tile from 32x32 to 128x128 within 3% (219-224 ms at N=1024, H=2).
+ * Measured (bench_attention --tile-sweep, B=1 H=4 N=2048 f32 non-causal, 1 thread, best of 5,
+ * two runs, AMD EPYC Zen 5 with 48 KiB L1d / 1 MiB L2, AVX-512 12x32 kernel with registers
+ * kept; NOTES.md keeps the whole sweeps). With the fast kernels the per-row work of a key tile
+ * (max, rescale, exp) is what large Bk amortizes:
+ *   D=128: rule 128x256 -> 44.2-45.0 ms; best 256x128 44.1-44.2, 128x128 44.8-45.6,
+ *          128x64 (the rule before) 47.9-47.2; backward 128x256 232 ms vs 128x64 287;
+ *   D=64:  rule 128x256 -> 25.4-25.8 ms, the best of the 14 tiles tried (128x128: 26.3-26.6).
  */
 fai_tiles fai_plan_tiles(const fai_cache_info *ci, int64_t dqk, int64_t dv, size_t es)
 {
     fai_tiles t;
-    t.bk = clamp64(floor_pow2((ci->l2 / 16) / ((dqk + dv) * (int64_t)es)), 16, 256);
+    t.bk = clamp64(floor_pow2((ci->l2 / 4) / ((dqk + dv) * (int64_t)es)), 16, 256);
     int64_t per_row = (dqk + dv + 2 * t.bk) * (int64_t)es;
     t.bq = clamp64(floor_pow2((ci->l2 / 2) / per_row), 16, 128);
     return t;
