@@ -211,6 +211,26 @@ START_TEST(expsum_exhaustive_nonpositive)
             (double)worst_x);
     ck_assert_msg(worst <= 1.0, "%s: %.3f ULP at x = %a", kt->exp_name, worst, (double)worst_x);
     ck_assert(!bad_sum);
+    /* x > 0 reaches the kernel too (the backward's s - LSE rounds above 0; a caller's LSE may
+     * be anything): every 97th float up to the overflow threshold, within the same bound,
+     * and inf above it, NaN for NaN */
+    worst = 0;
+    const uint32_t top = 0x42b17218u; /* 88.7228394 = the largest x with finite expf(x) */
+    float xs[256], ys[256];
+    for (uint32_t u = 1; u <= top;) {
+        int64_t n = 0;
+        for (; n < 256 && u <= top; n++, u += 97)
+            memcpy(&xs[n], &u, 4);
+        kt->expsum(n, xs, 0.0f, ys);
+        for (int64_t t = 0; t < n; t++) {
+            const double e = ulp_error(ys[t], exp((double)xs[t]));
+            worst = e > worst ? e : worst;
+        }
+    }
+    ck_assert_msg(worst <= 1.0, "%s: %.3f ULP for x > 0", kt->exp_name, worst);
+    const float over[4] = {88.7229f, 100.0f, INFINITY, NAN};
+    kt->expsum(4, over, 0.0f, ys);
+    ck_assert(ys[0] == INFINITY && ys[1] == INFINITY && ys[2] == INFINITY && isnan(ys[3]));
     /* the sum of a short vector, exactly as the kernel defines it: here all terms are 1 */
     float ones[37], z[37];
     memset(ones, 0, sizeof ones);
