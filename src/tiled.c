@@ -26,6 +26,8 @@
     fai_gemm_f64(m, n, k, a, lda, b, ldb, c, ldc, acc, cscale)
 #define FT_TRANSPOSE_F64(kern, rows, cols, src, lds, dst, ldd)                                  \
     fai_transpose_f64(rows, cols, src, lds, dst, ldd)
+#define FT_COLDOT_F32(kern, n, k, a, lda, b, ldb, out) (kern)->coldot(n, k, a, lda, b, ldb, out)
+#define FT_COLDOT_F64(kern, n, k, a, lda, b, ldb, out) fai_coldot_f64(n, k, a, lda, b, ldb, out)
 
 static double expsum_f64(int64_t n, const double *x, double m, double *y)
 {
@@ -55,6 +57,7 @@ static double scalemax_f64(int64_t n, double *x, double scale)
 #define FT_EXPSUM FT_EXPSUM_F32
 #define FT_SCALEMAX FT_SCALEMAX_F32
 #define FT_TRANSPOSE FT_TRANSPOSE_F32
+#define FT_COLDOT FT_COLDOT_F32
 #define FT_LOAD fai_load_f32
 #define FT_STORE fai_store_f32
 #define FT_SCORE fai_score_f32
@@ -73,6 +76,7 @@ static double scalemax_f64(int64_t n, double *x, double scale)
 #undef FT_EXPSUM
 #undef FT_SCALEMAX
 #undef FT_TRANSPOSE
+#undef FT_COLDOT
 
 #define FT double
 #define FAI_T(name) name##_f64
@@ -81,6 +85,7 @@ static double scalemax_f64(int64_t n, double *x, double scale)
 #define FT_EXPSUM FT_EXPSUM_F64
 #define FT_SCALEMAX FT_SCALEMAX_F64
 #define FT_TRANSPOSE FT_TRANSPOSE_F64
+#define FT_COLDOT FT_COLDOT_F64
 #define FT_LOAD fai_load_f64
 #define FT_STORE fai_store_f64
 #define FT_SCORE fai_score_f64

@@ -7,8 +7,8 @@
  *   FT_LOAD, FT_STORE           row conversions from/to the storage dtype
  *   FT_SCORE                    the score pipeline (core/score.h)
  *   FT_GEMM, FT_EXPSUM,         the block operations: C (+)= A B, y = exp(x - m) with its
- *   FT_SCALEMAX, FT_TRANSPOSE   sum, x *= scale with its max, a transpose (simd/kernels.h for
- *                               float, portable code for double)
+ *   FT_SCALEMAX, FT_TRANSPOSE,  sum, x *= scale with its max, a transpose, dots of columns
+ *   FT_COLDOT                   (simd/kernels.h for float, portable code for double)
  *   FT_MOVE, FT_FINALIZE        the recurrence (core/recurrence.h)
  *
  * Every sum runs in a fixed order (over d for scores, over keys for accumulators; the kernels
@@ -258,7 +258,8 @@ static fa_status FAI_T(forward)(fa_context *ctx, const fai_problem *pr, fai_tile
 typedef struct {
     FT *k, *kt, *vt, *vrow;      /* key tile: K (n x dqk), K^T (dqk x bk), V^T (dv x bk), V   */
     FT *dk, *dv;                 /* pass 1: the key tile's gradients (n x dqk, n x dv)        */
-    FT *q, *dout, *o, *dq;       /* a block of up to bq query rows; o: one row of O            */
+    FT *q, *dout, *o, *dq;       /* a block of up to bq query rows (row-major)                 */
+    FT *dot, *ot;                /* dO^T and O^T of the block (dv x bq), for D                 */
     FT *di;                      /* D_i of the block's rows                                    */
     double *lse;
     FT *s, *dp, *t, *p, *ds;     /* bq x bk: scores, dP, tanh(x / c), P~, scale dS             */
@@ -280,7 +281,9 @@ static size_t FAI_T(bwd_carve)(const fai_problem *pr, fai_tiles tl, char *base,
     w->dv = fai_carve(&a, bk * (size_t)pr->dv * f);
     w->q = fai_carve(&a, bq * (size_t)pr->dqk * f);
     w->dout = fai_carve(&a, bq * (size_t)pr->dv * f);
-    w->o = fai_carve(&a, (size_t)pr->dv * f);
+    w->o = fai_carve(&a, bq * (size_t)pr->dv * f);
+    w->dot = fai_carve(&a, bq * (size_t)pr->dv * f);
+    w->ot = fai_carve(&a, bq * (size_t)pr->dv * f);
     w->dq = fai_carve(&a, bq * (size_t)pr->dqk * f);
     w->di = fai_carve(&a, bq * f);
     w->lse = fai_carve(&a, bq * sizeof(double));
@@ -294,18 +297,23 @@ static size_t FAI_T(bwd_carve)(const fai_problem *pr, fai_tiles tl, char *base,
     return a.used;
 }
 
-/* Loads row i of (b, h) into slot r: q, dO, LSE and D_i = dO_i . O_i (O as stored, as FA). */
-static void FAI_T(load_query_row)(const fai_problem *pr, int64_t b, int64_t h, int64_t i,
-                                  int64_t r, FAI_T(bwd_ws) *w)
+/* Loads query rows [i0, i0 + nq) of (b, h): q, dO, LSE and D_i = dO_i . O_i (O as stored, as
+ * FA). D_i goes through the column dots of dO^T and O^T, which round as the GEMM kernel rounds
+ * dP = dO V^T: where dP z - D_i is 0 in exact arithmetic (a row with one key), the two sums
+ * round alike and the difference stays 0. */
+static void FAI_T(load_query_block)(const fai_problem *pr, int64_t b, int64_t h, int64_t i0,
+                                    int64_t nq, int64_t bq, FAI_T(bwd_ws) *w)
 {
-    FT *dout = w->dout + r * pr->dv;
-    FT_LOAD(fai_row(pr->io.q, b, i, h), pr->dtype, pr->dqk, w->q + r * pr->dqk);
-    FT_LOAD(fai_row(pr->io.dout, b, i, h), pr->dtype, pr->dv, dout);
-    FT_LOAD(fai_row(pr->io.out, b, i, h), pr->dtype, pr->dv, w->o);
-    /* D_i through the kernel that forms dP = dO V^T: where dP z - D_i is 0 in exact arithmetic
-     * (a row with one key), the two sums round alike and the difference stays 0 */
-    FT_GEMM(w->kern, 1, 1, pr->dv, dout, pr->dv, w->o, 1, &w->di[r], 1, 0, NULL);
-    w->lse[r] = fai_lse_load(pr->io.lse, b, h, i);
+    const int64_t dv = pr->dv;
+    FAI_T(load_rows)(pr->io.q, pr->dtype, b, h, i0, nq, pr->dqk, w->q);
+    FAI_T(load_rows)(pr->io.dout, pr->dtype, b, h, i0, nq, dv, w->dout);
+    int64_t ldo;
+    const FT *o = FAI_T(rows_view)(pr->io.out, pr->dtype, b, h, i0, nq, dv, w->o, &ldo);
+    FT_TRANSPOSE(w->kern, nq, dv, w->dout, dv, w->dot, bq);
+    FT_TRANSPOSE(w->kern, nq, dv, o, ldo, w->ot, bq);
+    FT_COLDOT(w->kern, nq, dv, w->dot, bq, w->ot, bq, w->di);
+    for (int64_t r = 0; r < nq; r++)
+        w->lse[r] = fai_lse_load(pr->io.lse, b, h, i0 + r);
 }
 
 /* Loads key tile [j0, j0 + n) of (b, hk): K and K^T, V and V^T. */
@@ -390,8 +398,7 @@ static void FAI_T(bwd_ktile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
             const fai_tile_class cls = fai_mask_classify(&pr->mask, i0, i0 + nq, j0, j0 + n);
             if (cls == FAI_TILE_EMPTY)
                 continue;
-            for (int64_t r = 0; r < nq; r++)
-                FAI_T(load_query_row)(pr, b, h, i0 + r, r, w);
+            FAI_T(load_query_block)(pr, b, h, i0, nq, tl.bq, w);
             if (!FAI_T(bwd_block)(pr, tl, b, h, i0, nq, j0, n, cls, w))
                 continue;
             if (kv_finite && FAI_T(all_finite)(w->q, nq * dqk) &&
@@ -433,8 +440,7 @@ static void FAI_T(bwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
                              int64_t i0, int64_t i1, FAI_T(bwd_ws) *w)
 {
     const int64_t hk = h / pr->group, nq = i1 - i0, dqk = pr->dqk, ld = tl.bk;
-    for (int64_t r = 0; r < nq; r++)
-        FAI_T(load_query_row)(pr, b, h, i0 + r, r, w);
+    FAI_T(load_query_block)(pr, b, h, i0, nq, tl.bq, w);
     memset(w->dq, 0, (size_t)(nq * dqk) * sizeof(FT));
     const int q_finite = FAI_T(all_finite)(w->q, nq * dqk) &&
                          FAI_T(all_finite)(w->dout, nq * pr->dv);

@@ -115,6 +115,42 @@ START_TEST(gemm_element_independent_of_blocking)
 }
 END_TEST
 
+/* coldot's out[j] has the bits of the GEMM kernel's C element for the same column pair (the
+ * backward's D_i must round as dP does), at widths around every vector length. */
+START_TEST(coldot_rounds_as_gemm)
+{
+    const fai_kernels_f32 *kt = kernels_or_skip(_i);
+    if (!kt)
+        return;
+    const int64_t k = 131, lda = 45, ldb = 47;
+    float *a = malloc(sizeof(float) * k * lda), *b = malloc(sizeof(float) * k * ldb);
+    float out[41], arow[131], bcol[131];
+    uint64_t seed = 9;
+    for (int64_t x = 0; x < k * lda; x++)
+        a[x] = rnd(&seed) * 3;
+    for (int64_t x = 0; x < k * ldb; x++)
+        b[x] = rnd(&seed);
+    for (int64_t n = 1; n <= 40; n++) {
+        for (int64_t j = 0; j < 41; j++)
+            out[j] = 1234.5f;
+        kt->coldot(n, k, a, lda, b, ldb, out);
+        for (int64_t j = n; j < 41; j++) /* beyond n: untouched */
+            ck_assert(out[j] == 1234.5f);
+        for (int64_t j = 0; j < n; j++) {
+            for (int64_t p = 0; p < k; p++) {
+                arow[p] = a[p * lda + j];
+                bcol[p] = b[p * ldb + j];
+            }
+            float c;
+            fai_gemm_f32(kt, 1, 1, k, arow, k, bcol, 1, &c, 1, 0, NULL);
+            ck_assert_msg(memcmp(&c, &out[j], 4) == 0, "%s n=%ld out[%ld] = %a, GEMM %a",
+                          fa_isa_name(kt->isa), (long)n, (long)j, (double)out[j], (double)c);
+        }
+    }
+    free(a), free(b);
+}
+END_TEST
+
 /* The transpose moves every element to its place and writes nothing else, at sizes below, at
  * and above the ISAs' register blocks (4, 8, 16) with leading dimensions wider than the data. */
 START_TEST(transpose_exact)
@@ -276,6 +312,7 @@ Suite *make_simd_suite(void)
     tcase_add_loop_test(tc, gemm_matches_float64, 0, NISA);
     tcase_add_loop_test(tc, gemm_element_independent_of_blocking, 0, NISA);
     tcase_add_loop_test(tc, transpose_exact, 0, NISA);
+    tcase_add_loop_test(tc, coldot_rounds_as_gemm, 0, NISA);
     tcase_add_loop_test(tc, scalemax_matches_definition, 0, NISA);
     tcase_add_loop_test(tc, expsum_exhaustive_nonpositive, 0, NISA);
     suite_add_tcase(s, tc);

@@ -177,6 +177,21 @@ static float fa_f32_expsum__avx2(int64_t n, const float *x, float m, float *y)
     return sum;
 }
 
+/* 8 columns per vector, one FMA chain per column in p order from 0 (the GEMM kernel's
+ * rounding). */
+static void fa_f32_coldot__avx2(int64_t n, int64_t k, const float *a, int64_t lda,
+                                const float *b, int64_t ldb, float *out)
+{
+    for (int64_t j = 0; j < n; j += 8) {
+        const __m256i mk = lanes_below(n - j);
+        __m256 acc = _mm256_setzero_ps();
+        for (int64_t p = 0; p < k; p++)
+            acc = _mm256_fmadd_ps(_mm256_maskload_ps(a + p * lda + j, mk),
+                                  _mm256_maskload_ps(b + p * ldb + j, mk), acc);
+        _mm256_maskstore_ps(out + j, mk, acc);
+    }
+}
+
 static float fa_f32_scalemax__avx2(int64_t n, float *x, float scale)
 {
     const __m256 vs = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
@@ -201,7 +216,7 @@ static float fa_f32_scalemax__avx2(int64_t n, float *x, float scale)
 static const fai_kernels_f32 avx2 = {
     FA_ISA_AVX2, "fa_f32_gemm_ukernel_6x16__avx2", "fa_f32_expsum__avx2", MR, NR,
     fa_f32_gemm_ukernel_6x16__avx2, fa_f32_expsum__avx2, fa_f32_scalemax__avx2,
-    fa_f32_transpose__avx2,
+    fa_f32_transpose__avx2, fa_f32_coldot__avx2,
 };
 
 const fai_kernels_f32 *fai_kernels_f32_avx2(void) { return &avx2; }

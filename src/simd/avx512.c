@@ -173,6 +173,21 @@ static float fa_f32_expsum__avx512(int64_t n, const float *x, float m, float *y)
     return sum;
 }
 
+/* 16 columns per vector, one FMA chain per column in p order from 0: the GEMM kernel's
+ * rounding of an element. */
+static void fa_f32_coldot__avx512(int64_t n, int64_t k, const float *a, int64_t lda,
+                                  const float *b, int64_t ldb, float *out)
+{
+    for (int64_t j = 0; j < n; j += 16) {
+        const __mmask16 mk = n - j >= 16 ? 0xffff : (__mmask16)((1u << (n - j)) - 1);
+        __m512 acc = _mm512_setzero_ps();
+        for (int64_t p = 0; p < k; p++)
+            acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, a + p * lda + j),
+                                  _mm512_maskz_loadu_ps(mk, b + p * ldb + j), acc);
+        _mm512_mask_storeu_ps(out + j, mk, acc);
+    }
+}
+
 /* Max with NaN kept: lanes that are NaN are collected in a mask and decide the result. */
 static float fa_f32_scalemax__avx512(int64_t n, float *x, float scale)
 {
@@ -192,7 +207,7 @@ static float fa_f32_scalemax__avx512(int64_t n, float *x, float scale)
 static const fai_kernels_f32 avx512 = {
     FA_ISA_AVX512, "fa_f32_gemm_ukernel_12x32__avx512", "fa_f32_expsum__avx512", MR, NR,
     fa_f32_gemm_ukernel_12x32__avx512, fa_f32_expsum__avx512, fa_f32_scalemax__avx512,
-    fa_f32_transpose__avx512,
+    fa_f32_transpose__avx512, fa_f32_coldot__avx512,
 };
 
 const fai_kernels_f32 *fai_kernels_f32_avx512(void) { return &avx512; }

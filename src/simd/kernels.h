@@ -25,6 +25,12 @@ typedef void (*fai_gemm_ukernel_f32)(int64_t mr, int64_t nr, int64_t k, const fl
                                      int64_t lda, const float *b, int64_t ldb, float *c,
                                      int64_t ldc, int accumulate, const float *cscale);
 
+/* out[j] = sum_p a[p][j] b[p][j] for j < n, p = 0 .. k-1 (rows of leading dimension lda, ldb):
+ * dots of columns, each rounded exactly as the GEMM kernel rounds a C element (the backward's
+ * D_i = dO_i . O_i, from dO^T and O^T, must round like dP = dO V^T). */
+typedef void (*fai_coldot_f32)(int64_t n, int64_t k, const float *a, int64_t lda, const float *b,
+                               int64_t ldb, float *out);
+
 /* dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols (packs K^T, V^T, P^T, dS^T). */
 typedef void (*fai_transpose_f32)(int64_t rows, int64_t cols, const float *src, int64_t lds,
                                   float *dst, int64_t ldd);
@@ -44,6 +50,7 @@ typedef struct fai_kernels_f32_s {
     fai_expsum_f32 expsum;
     fai_scalemax_f32 scalemax;
     fai_transpose_f32 transpose;
+    fai_coldot_f32 coldot;
 } fai_kernels_f32;
 
 /* The kernel sets this build carries (NULL where not built). */
@@ -72,5 +79,8 @@ void fai_transpose_f32_portable(int64_t rows, int64_t cols, const float *src, in
                                 float *dst, int64_t ldd);
 void fai_transpose_f64(int64_t rows, int64_t cols, const double *src, int64_t lds, double *dst,
                        int64_t ldd);
+/* The f64 path's column dots, rounded as fai_gemm_f64 rounds. */
+void fai_coldot_f64(int64_t n, int64_t k, const double *a, int64_t lda, const double *b,
+                    int64_t ldb, double *out);
 
 #endif

@@ -176,10 +176,34 @@ static void fa_f32_transpose__neon(int64_t rows, int64_t cols, const float *src,
     fai_transpose_f32_portable(rows - r, cols, src + r * lds, lds, dst + r, ldd);
 }
 
+/* 4 columns per vector, one FMA chain per column in p order from 0 (the GEMM kernel's
+ * rounding); the last columns through zero-padded copies. */
+static void fa_f32_coldot__neon(int64_t n, int64_t k, const float *a, int64_t lda,
+                                const float *b, int64_t ldb, float *out)
+{
+    for (int64_t j = 0; j < n; j += 4) {
+        const int64_t w = n - j < 4 ? n - j : 4;
+        float32x4_t acc = vdupq_n_f32(0);
+        for (int64_t p = 0; p < k; p++) {
+            float ta[4] = {0, 0, 0, 0}, tb[4] = {0, 0, 0, 0};
+            const float *pa = a + p * lda + j, *pb = b + p * ldb + j;
+            if (w < 4) {
+                memcpy(ta, pa, (size_t)w * sizeof(float));
+                memcpy(tb, pb, (size_t)w * sizeof(float));
+                pa = ta, pb = tb;
+            }
+            acc = vfmaq_f32(acc, vld1q_f32(pa), vld1q_f32(pb));
+        }
+        float t[4];
+        vst1q_f32(t, acc);
+        memcpy(out + j, t, (size_t)w * sizeof(float));
+    }
+}
+
 static const fai_kernels_f32 neon = {
     FA_ISA_NEON, "fa_f32_gemm_ukernel_8x8__neon", "fa_f32_expsum__neon", MR, NR,
     fa_f32_gemm_ukernel_8x8__neon, fa_f32_expsum__neon, fa_f32_scalemax__neon,
-    fa_f32_transpose__neon,
+    fa_f32_transpose__neon, fa_f32_coldot__neon,
 };
 
 const fai_kernels_f32 *fai_kernels_f32_neon(void) { return &neon; }

@@ -69,11 +69,23 @@ void fai_transpose_f32_portable(int64_t rows, int64_t cols, const float *src, in
             dst[c * ldd + r] = src[r * lds + c];
 }
 
+/* As the scalar GEMM: exact products summed in double in p order, one rounding at the end. */
+static void fa_f32_coldot__scalar(int64_t n, int64_t k, const float *a, int64_t lda,
+                                  const float *b, int64_t ldb, float *out)
+{
+    for (int64_t j = 0; j < n; j++) {
+        double acc = 0;
+        for (int64_t p = 0; p < k; p++)
+            acc += (double)a[p * lda + j] * b[p * ldb + j];
+        out[j] = (float)acc;
+    }
+}
+
 const fai_kernels_f32 fai_kernels_f32_scalar = {
     FA_ISA_SCALAR,        "fa_f32_gemm_ukernel_4x16__scalar", "fa_f32_expsum__scalar_sleef",
     SCALAR_MR,            SCALAR_NR,
     fa_f32_gemm_ukernel_4x16__scalar, fa_f32_expsum__scalar_sleef, fa_f32_scalemax__scalar,
-    fai_transpose_f32_portable,
+    fai_transpose_f32_portable, fa_f32_coldot__scalar,
 };
 
 void fai_transpose_f64(int64_t rows, int64_t cols, const double *src, int64_t lds, double *dst,
@@ -82,6 +94,17 @@ void fai_transpose_f64(int64_t rows, int64_t cols, const double *src, int64_t ld
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = 0; c < cols; c++)
             dst[c * ldd + r] = src[r * lds + c];
+}
+
+void fai_coldot_f64(int64_t n, int64_t k, const double *a, int64_t lda, const double *b,
+                    int64_t ldb, double *out)
+{
+    for (int64_t j = 0; j < n; j++) {
+        double acc = 0;
+        for (int64_t p = 0; p < k; p++)
+            acc += a[p * lda + j] * b[p * ldb + j];
+        out[j] = acc;
+    }
 }
 
 void fai_gemm_f64(int64_t m, int64_t n, int64_t k, const double *a, int64_t lda, const double *b,
