@@ -28,6 +28,19 @@
     fai_transpose_f64(rows, cols, src, lds, dst, ldd)
 #define FT_COLDOT_F32(kern, n, k, a, lda, b, ldb, out) (kern)->coldot(n, k, a, lda, b, ldb, out)
 #define FT_COLDOT_F64(kern, n, k, a, lda, b, ldb, out) fai_coldot_f64(n, k, a, lda, b, ldb, out)
+#define FT_DSOFTMAX_F32(kern, n, s, lse, dp, di, scale, p, ds)                                  \
+    (kern)->dsoftmax(n, s, lse, dp, di, scale, p, ds)
+
+static void dsoftmax_f64(int64_t n, const double *s, double lse, const double *dp, double di,
+                         double scale, double *p, double *ds)
+{
+    for (int64_t c = 0; c < n; c++) {
+        p[c] = fai_exp(s[c] - lse);
+        ds[c] = scale * (p[c] * (dp[c] - di));
+    }
+}
+#define FT_DSOFTMAX_F64(kern, n, s, lse, dp, di, scale, p, ds)                                  \
+    dsoftmax_f64(n, s, lse, dp, di, scale, p, ds)
 
 static double expsum_f64(int64_t n, const double *x, double m, double *y)
 {
@@ -58,6 +71,7 @@ static double scalemax_f64(int64_t n, double *x, double scale)
 #define FT_SCALEMAX FT_SCALEMAX_F32
 #define FT_TRANSPOSE FT_TRANSPOSE_F32
 #define FT_COLDOT FT_COLDOT_F32
+#define FT_DSOFTMAX FT_DSOFTMAX_F32
 #define FT_LOAD fai_load_f32
 #define FT_STORE fai_store_f32
 #define FT_SCORE fai_score_f32
@@ -77,6 +91,7 @@ static double scalemax_f64(int64_t n, double *x, double scale)
 #undef FT_SCALEMAX
 #undef FT_TRANSPOSE
 #undef FT_COLDOT
+#undef FT_DSOFTMAX
 
 #define FT double
 #define FAI_T(name) name##_f64
@@ -86,6 +101,7 @@ static double scalemax_f64(int64_t n, double *x, double scale)
 #define FT_SCALEMAX FT_SCALEMAX_F64
 #define FT_TRANSPOSE FT_TRANSPOSE_F64
 #define FT_COLDOT FT_COLDOT_F64
+#define FT_DSOFTMAX FT_DSOFTMAX_F64
 #define FT_LOAD fai_load_f64
 #define FT_STORE fai_store_f64
 #define FT_SCORE fai_score_f64

@@ -7,8 +7,9 @@
  *   FT_LOAD, FT_STORE           row conversions from/to the storage dtype
  *   FT_SCORE                    the score pipeline (core/score.h)
  *   FT_GEMM, FT_EXPSUM,         the block operations: C (+)= A B, y = exp(x - m) with its
- *   FT_SCALEMAX, FT_TRANSPOSE,  sum, x *= scale with its max, a transpose, dots of columns
- *   FT_COLDOT                   (simd/kernels.h for float, portable code for double)
+ *   FT_SCALEMAX, FT_TRANSPOSE,  sum, x *= scale with its max, a transpose, dots of columns,
+ *   FT_COLDOT, FT_DSOFTMAX      the backward's row (simd/kernels.h for float, portable code
+ *                               for double)
  *   FT_MOVE, FT_FINALIZE        the recurrence (core/recurrence.h)
  *
  * Every sum runs in a fixed order (over d for scores, over keys for accumulators; the kernels
@@ -351,16 +352,26 @@ static int FAI_T(bwd_block)(const fai_problem *pr, fai_tiles tl, int64_t b, int6
            *ds = w->ds + r * ld;
         int64_t c0, c1;
         FAI_T(row_cols)(pr, cls, i, j0, n, &c0, &c1);
-        memset(p, 0, (size_t)n * sizeof(FT));
-        memset(ds, 0, (size_t)n * sizeof(FT));
-        if (c0 >= c1 || lse == -INFINITY) /* -inf: empty row, every gradient through it is 0 */
+        if (c0 >= c1 || lse == -INFINITY) { /* -inf: empty row, every gradient through it is 0 */
+            memset(p, 0, (size_t)n * sizeof(FT));
+            memset(ds, 0, (size_t)n * sizeof(FT));
             continue;
+        }
+        memset(p, 0, (size_t)c0 * sizeof(FT));
+        memset(ds, 0, (size_t)c0 * sizeof(FT));
+        memset(p + c1, 0, (size_t)(n - c1) * sizeof(FT));
+        memset(ds + c1, 0, (size_t)(n - c1) * sizeof(FT));
+        any = 1;
         /* the forward's pipeline, operation for operation */
         if (!softcap && slope == 0)
             FT_SCALEMAX(w->kern, c1 - c0, s + c0, scale);
         else
             for (int64_t c = c0; c < c1; c++)
                 s[c] = FT_SCORE(&pr->score, s[c], slope, i, j0 + c, softcap ? &t[c] : NULL);
+        if (!softcap && !drop.threshold) { /* P~ = P, dS = P (dP - D) by one kernel */
+            FT_DSOFTMAX(w->kern, c1 - c0, s + c0, lse, dp + c0, w->di[r], scale, p + c0, ds + c0);
+            continue;
+        }
         if (drop.threshold)
             fai_dropout_keep_row(&drop, i, j0 + c0, c1 - c0, w->keep + c0);
         for (int64_t c = c0; c < c1; c++) /* P = exp(s - LSE) by the exp kernel, in place */
@@ -375,7 +386,6 @@ static int FAI_T(bwd_block)(const fai_problem *pr, fai_tiles tl, int64_t b, int6
             p[c] = P * z;
             ds[c] = scale * g;
         }
-        any = 1;
     }
     return any;
 }

@@ -151,6 +151,38 @@ START_TEST(coldot_rounds_as_gemm)
 }
 END_TEST
 
+/* dsoftmax: P from the exp kernel on (float)(s - lse) formed in double, dS = scale (P (dp - di))
+ * in that order, for every length around the vector widths; nothing written beyond n. */
+START_TEST(dsoftmax_matches_definition)
+{
+    const fai_kernels_f32 *kt = kernels_or_skip(_i);
+    if (!kt)
+        return;
+    uint64_t seed = 21;
+    const double lse = 95.123456789012; /* large logits: the subtraction must be in double */
+    for (int64_t n = 1; n <= 37; n++) {
+        float s[40], dp[40], p[40], ds[40], x[40], want_p[40];
+        for (int64_t c = 0; c < 40; c++) {
+            s[c] = (float)(lse + rnd(&seed) * 8);
+            dp[c] = rnd(&seed);
+            p[c] = ds[c] = 1234.5f;
+        }
+        const float di = 0.3125f, scale = 0.125f;
+        kt->dsoftmax(n, s, lse, dp, di, scale, p, ds);
+        for (int64_t c = 0; c < n; c++)
+            x[c] = (float)((double)s[c] - lse);
+        kt->expsum(n, x, 0.0f, want_p);
+        for (int64_t c = 0; c < 40; c++) {
+            const float wp = c < n ? want_p[c] : 1234.5f;
+            const float wds = c < n ? scale * (want_p[c] * (dp[c] - di)) : 1234.5f;
+            ck_assert_msg(memcmp(&p[c], &wp, 4) == 0 && memcmp(&ds[c], &wds, 4) == 0,
+                          "%s n=%ld c=%ld: p %a (want %a) ds %a (want %a)", fa_isa_name(kt->isa),
+                          (long)n, (long)c, (double)p[c], (double)wp, (double)ds[c], (double)wds);
+        }
+    }
+}
+END_TEST
+
 /* The transpose moves every element to its place and writes nothing else, at sizes below, at
  * and above the ISAs' register blocks (4, 8, 16) with leading dimensions wider than the data. */
 START_TEST(transpose_exact)
@@ -313,6 +345,7 @@ Suite *make_simd_suite(void)
     tcase_add_loop_test(tc, gemm_element_independent_of_blocking, 0, NISA);
     tcase_add_loop_test(tc, transpose_exact, 0, NISA);
     tcase_add_loop_test(tc, coldot_rounds_as_gemm, 0, NISA);
+    tcase_add_loop_test(tc, dsoftmax_matches_definition, 0, NISA);
     tcase_add_loop_test(tc, scalemax_matches_definition, 0, NISA);
     tcase_add_loop_test(tc, expsum_exhaustive_nonpositive, 0, NISA);
     suite_add_tcase(s, tc);

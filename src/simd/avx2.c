@@ -192,6 +192,23 @@ static void fa_f32_coldot__avx2(int64_t n, int64_t k, const float *a, int64_t ld
     }
 }
 
+static void fa_f32_dsoftmax__avx2(int64_t n, const float *s, double lse, const float *dp,
+                                  float di, float scale, float *p, float *ds)
+{
+    const __m256d vl = _mm256_set1_pd(lse);
+    const __m256 vdi = _mm256_set1_ps(di), vscale = _mm256_set1_ps(scale);
+    for (int64_t c = 0; c < n; c += 8) {
+        const __m256i mk = lanes_below(n - c);
+        const __m256 sv = _mm256_maskload_ps(s + c, mk);
+        const __m128 lo = _mm256_cvtpd_ps(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(sv)), vl));
+        const __m128 hi = _mm256_cvtpd_ps(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(sv, 1)), vl));
+        const __m256 P = exp__avx2(_mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1));
+        const __m256 g = _mm256_mul_ps(P, _mm256_sub_ps(_mm256_maskload_ps(dp + c, mk), vdi));
+        _mm256_maskstore_ps(p + c, mk, P);
+        _mm256_maskstore_ps(ds + c, mk, _mm256_mul_ps(vscale, g));
+    }
+}
+
 static float fa_f32_scalemax__avx2(int64_t n, float *x, float scale)
 {
     const __m256 vs = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
@@ -216,7 +233,7 @@ static float fa_f32_scalemax__avx2(int64_t n, float *x, float scale)
 static const fai_kernels_f32 avx2 = {
     FA_ISA_AVX2, "fa_f32_gemm_ukernel_6x16__avx2", "fa_f32_expsum__avx2", MR, NR,
     fa_f32_gemm_ukernel_6x16__avx2, fa_f32_expsum__avx2, fa_f32_scalemax__avx2,
-    fa_f32_transpose__avx2, fa_f32_coldot__avx2,
+    fa_f32_transpose__avx2, fa_f32_coldot__avx2, fa_f32_dsoftmax__avx2,
 };
 
 const fai_kernels_f32 *fai_kernels_f32_avx2(void) { return &avx2; }

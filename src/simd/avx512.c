@@ -188,6 +188,24 @@ static void fa_f32_coldot__avx512(int64_t n, int64_t k, const float *a, int64_t 
     }
 }
 
+static void fa_f32_dsoftmax__avx512(int64_t n, const float *s, double lse, const float *dp,
+                                    float di, float scale, float *p, float *ds)
+{
+    const __m512d vl = _mm512_set1_pd(lse);
+    const __m512 vdi = _mm512_set1_ps(di), vscale = _mm512_set1_ps(scale);
+    for (int64_t c = 0; c < n; c += 16) {
+        const __mmask16 mk = n - c >= 16 ? 0xffff : (__mmask16)((1u << (n - c)) - 1);
+        const __m512 sv = _mm512_maskz_loadu_ps(mk, s + c);
+        const __m256 lo = _mm512_cvtpd_ps(_mm512_sub_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(sv)), vl));
+        const __m256 hi = _mm512_cvtpd_ps(
+            _mm512_sub_pd(_mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sv), 1))), vl));
+        const __m512 P = exp__avx512(_mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1));
+        const __m512 g = _mm512_mul_ps(P, _mm512_sub_ps(_mm512_maskz_loadu_ps(mk, dp + c), vdi));
+        _mm512_mask_storeu_ps(p + c, mk, P);
+        _mm512_mask_storeu_ps(ds + c, mk, _mm512_mul_ps(vscale, g));
+    }
+}
+
 /* Max with NaN kept: lanes that are NaN are collected in a mask and decide the result. */
 static float fa_f32_scalemax__avx512(int64_t n, float *x, float scale)
 {
@@ -207,7 +225,7 @@ static float fa_f32_scalemax__avx512(int64_t n, float *x, float scale)
 static const fai_kernels_f32 avx512 = {
     FA_ISA_AVX512, "fa_f32_gemm_ukernel_12x32__avx512", "fa_f32_expsum__avx512", MR, NR,
     fa_f32_gemm_ukernel_12x32__avx512, fa_f32_expsum__avx512, fa_f32_scalemax__avx512,
-    fa_f32_transpose__avx512, fa_f32_coldot__avx512,
+    fa_f32_transpose__avx512, fa_f32_coldot__avx512, fa_f32_dsoftmax__avx512,
 };
 
 const fai_kernels_f32 *fai_kernels_f32_avx512(void) { return &avx512; }

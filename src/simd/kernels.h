@@ -31,6 +31,11 @@ typedef void (*fai_gemm_ukernel_f32)(int64_t mr, int64_t nr, int64_t k, const fl
 typedef void (*fai_coldot_f32)(int64_t n, int64_t k, const float *a, int64_t lda, const float *b,
                                int64_t ldb, float *out);
 
+/* The backward's row without dropout or softcap: p[c] = P = exp(s[c] - lse), the subtraction in
+ * double (lse is large where logits are), and ds[c] = scale (P (dp[c] - di)). */
+typedef void (*fai_dsoftmax_f32)(int64_t n, const float *s, double lse, const float *dp, float di,
+                                 float scale, float *p, float *ds);
+
 /* dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols (packs K^T, V^T, P^T, dS^T). */
 typedef void (*fai_transpose_f32)(int64_t rows, int64_t cols, const float *src, int64_t lds,
                                   float *dst, int64_t ldd);
@@ -51,6 +56,7 @@ typedef struct fai_kernels_f32_s {
     fai_scalemax_f32 scalemax;
     fai_transpose_f32 transpose;
     fai_coldot_f32 coldot;
+    fai_dsoftmax_f32 dsoftmax;
 } fai_kernels_f32;
 
 /* The kernel sets this build carries (NULL where not built). */

@@ -200,10 +200,31 @@ static void fa_f32_coldot__neon(int64_t n, int64_t k, const float *a, int64_t ld
     }
 }
 
+static void fa_f32_dsoftmax__neon(int64_t n, const float *s, double lse, const float *dp,
+                                  float di, float scale, float *p, float *ds)
+{
+    const float64x2_t vl = vdupq_n_f64(lse);
+    for (int64_t c = 0; c < n; c += 4) {
+        const int64_t w = n - c < 4 ? n - c : 4;
+        float ts[4] = {0, 0, 0, 0}, tdp[4] = {0, 0, 0, 0}, tp[4], tds[4];
+        memcpy(ts, s + c, (size_t)w * sizeof(float));
+        memcpy(tdp, dp + c, (size_t)w * sizeof(float));
+        const float32x4_t sv = vld1q_f32(ts);
+        const float32x2_t lo = vcvt_f32_f64(vsubq_f64(vcvt_f64_f32(vget_low_f32(sv)), vl));
+        const float32x2_t hi = vcvt_f32_f64(vsubq_f64(vcvt_high_f64_f32(sv), vl));
+        const float32x4_t P = exp__neon(vcombine_f32(lo, hi));
+        const float32x4_t g = vmulq_f32(P, vsubq_f32(vld1q_f32(tdp), vdupq_n_f32(di)));
+        vst1q_f32(tp, P);
+        vst1q_f32(tds, vmulq_n_f32(g, scale));
+        memcpy(p + c, tp, (size_t)w * sizeof(float));
+        memcpy(ds + c, tds, (size_t)w * sizeof(float));
+    }
+}
+
 static const fai_kernels_f32 neon = {
     FA_ISA_NEON, "fa_f32_gemm_ukernel_8x8__neon", "fa_f32_expsum__neon", MR, NR,
     fa_f32_gemm_ukernel_8x8__neon, fa_f32_expsum__neon, fa_f32_scalemax__neon,
-    fa_f32_transpose__neon, fa_f32_coldot__neon,
+    fa_f32_transpose__neon, fa_f32_coldot__neon, fa_f32_dsoftmax__neon,
 };
 
 const fai_kernels_f32 *fai_kernels_f32_neon(void) { return &neon; }

@@ -81,11 +81,20 @@ static void fa_f32_coldot__scalar(int64_t n, int64_t k, const float *a, int64_t 
     }
 }
 
+static void fa_f32_dsoftmax__scalar(int64_t n, const float *s, double lse, const float *dp,
+                                    float di, float scale, float *p, float *ds)
+{
+    for (int64_t c = 0; c < n; c++) {
+        p[c] = fai_expf((float)((double)s[c] - lse));
+        ds[c] = scale * (p[c] * (dp[c] - di));
+    }
+}
+
 const fai_kernels_f32 fai_kernels_f32_scalar = {
     FA_ISA_SCALAR,        "fa_f32_gemm_ukernel_4x16__scalar", "fa_f32_expsum__scalar_sleef",
     SCALAR_MR,            SCALAR_NR,
     fa_f32_gemm_ukernel_4x16__scalar, fa_f32_expsum__scalar_sleef, fa_f32_scalemax__scalar,
-    fai_transpose_f32_portable, fa_f32_coldot__scalar,
+    fai_transpose_f32_portable, fa_f32_coldot__scalar, fa_f32_dsoftmax__scalar,
 };
 
 void fai_transpose_f64(int64_t rows, int64_t cols, const double *src, int64_t lds, double *dst,
