@@ -30,6 +30,8 @@
 #define FT_COLDOT_F64(kern, n, k, a, lda, b, ldb, out) fai_coldot_f64(n, k, a, lda, b, ldb, out)
 #define FT_DSOFTMAX_F32(kern, n, s, lse, dp, di, scale, p, ds)                                  \
     (kern)->dsoftmax(n, s, lse, dp, di, scale, p, ds)
+#define FT_FINITE_F32(kern, n, x) (kern)->finite(n, x)
+#define FT_FINITE_F64(kern, n, x) fai_finite_f64(n, x)
 
 static void dsoftmax_f64(int64_t n, const double *s, double lse, const double *dp, double di,
                          double scale, double *p, double *ds)
@@ -72,6 +74,7 @@ static double scalemax_f64(int64_t n, double *x, double scale)
 #define FT_TRANSPOSE FT_TRANSPOSE_F32
 #define FT_COLDOT FT_COLDOT_F32
 #define FT_DSOFTMAX FT_DSOFTMAX_F32
+#define FT_FINITE FT_FINITE_F32
 #define FT_LOAD fai_load_f32
 #define FT_STORE fai_store_f32
 #define FT_SCORE fai_score_f32
@@ -92,6 +95,7 @@ static double scalemax_f64(int64_t n, double *x, double scale)
 #undef FT_TRANSPOSE
 #undef FT_COLDOT
 #undef FT_DSOFTMAX
+#undef FT_FINITE
 
 #define FT double
 #define FAI_T(name) name##_f64
@@ -102,6 +106,7 @@ static double scalemax_f64(int64_t n, double *x, double scale)
 #define FT_TRANSPOSE FT_TRANSPOSE_F64
 #define FT_COLDOT FT_COLDOT_F64
 #define FT_DSOFTMAX FT_DSOFTMAX_F64
+#define FT_FINITE FT_FINITE_F64
 #define FT_LOAD fai_load_f64
 #define FT_STORE fai_store_f64
 #define FT_SCORE fai_score_f64

@@ -80,14 +80,6 @@ static size_t FAI_T(fwd_carve)(const fai_problem *pr, fai_tiles tl, char *base,
     return a.used;
 }
 
-static int FAI_T(all_finite)(const FT *x, int64_t n)
-{
-    int bad = 0;
-    for (int64_t i = 0; i < n; i++)
-        bad |= !(x[i] - x[i] == 0); /* inf - inf and NaN - NaN are NaN; vectorizes */
-    return !bad;
-}
-
 /*
  * One query tile [i0, i1) of head h of batch b: the article's loop, on tiles. Per key tile:
  *   1. S = Q K^T by the GEMM kernel over K^T packed for this tile;
@@ -131,7 +123,7 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
         FT_TRANSPOSE(w->kern, n, pr->dqk, k, ldk, w->kt, ld);
         FAI_T(load_rows)(pr->io.v, pr->dtype, b, hk, j0, n, dv, w->v);
         const int selective = (cls != FAI_TILE_FULL || drop.threshold) &&
-                              !FAI_T(all_finite)(w->v, n * dv);
+                              !FT_FINITE(w->kern, n * dv, w->v);
         FT_GEMM(w->kern, nq, n, pr->dqk, w->q, pr->dqk, w->kt, ld, w->s, ld, 0, NULL);
 
         for (int64_t r = 0; r < nq; r++) { /* 2. block max, new reference, rescale exponent */
@@ -266,6 +258,7 @@ typedef struct {
     FT *s, *dp, *t, *p, *ds;     /* bq x bk: scores, dP, tanh(x / c), P~, scale dS             */
     FT *tp;                      /* bk x bq: P~^T or dS^T for pass 1's GEMMs                   */
     unsigned char *keep;
+    int q_finite, kv_finite;     /* whether the loaded Q and dO, K and V hold no inf or NaN    */
     const fai_kernels_f32 *kern;
 } FAI_T(bwd_ws);
 
@@ -298,10 +291,10 @@ static size_t FAI_T(bwd_carve)(const fai_problem *pr, fai_tiles tl, char *base,
     return a.used;
 }
 
-/* Loads query rows [i0, i0 + nq) of (b, h): q, dO, LSE and D_i = dO_i . O_i (O as stored, as
- * FA). D_i goes through the column dots of dO^T and O^T, which round as the GEMM kernel rounds
- * dP = dO V^T: where dP z - D_i is 0 in exact arithmetic (a row with one key), the two sums
- * round alike and the difference stays 0. */
+/* Loads query rows [i0, i0 + nq) of (b, h): q, dO (and whether both are finite), LSE and
+ * D_i = dO_i . O_i (O as stored, as FA). D_i goes through the column dots of dO^T and O^T,
+ * which round as the GEMM kernel rounds dP = dO V^T: where dP z - D_i is 0 in exact arithmetic
+ * (a row with one key), the two sums round alike and the difference stays 0. */
 static void FAI_T(load_query_block)(const fai_problem *pr, int64_t b, int64_t h, int64_t i0,
                                     int64_t nq, int64_t bq, FAI_T(bwd_ws) *w)
 {
@@ -313,11 +306,12 @@ static void FAI_T(load_query_block)(const fai_problem *pr, int64_t b, int64_t h,
     FT_TRANSPOSE(w->kern, nq, dv, w->dout, dv, w->dot, bq);
     FT_TRANSPOSE(w->kern, nq, dv, o, ldo, w->ot, bq);
     FT_COLDOT(w->kern, nq, dv, w->dot, bq, w->ot, bq, w->di);
+    w->q_finite = FT_FINITE(w->kern, nq * pr->dqk, w->q) && FT_FINITE(w->kern, nq * dv, w->dout);
     for (int64_t r = 0; r < nq; r++)
         w->lse[r] = fai_lse_load(pr->io.lse, b, h, i0 + r);
 }
 
-/* Loads key tile [j0, j0 + n) of (b, hk): K and K^T, V and V^T. */
+/* Loads key tile [j0, j0 + n) of (b, hk): K and K^T, V and V^T, and whether they are finite. */
 static void FAI_T(load_key_tile)(const fai_problem *pr, fai_tiles tl, int64_t b, int64_t hk,
                                  int64_t j0, int64_t n, FAI_T(bwd_ws) *w)
 {
@@ -325,6 +319,7 @@ static void FAI_T(load_key_tile)(const fai_problem *pr, fai_tiles tl, int64_t b,
     FAI_T(load_rows)(pr->io.v, pr->dtype, b, hk, j0, n, pr->dv, w->vrow);
     FT_TRANSPOSE(w->kern, n, pr->dqk, w->k, pr->dqk, w->kt, tl.bk);
     FT_TRANSPOSE(w->kern, n, pr->dv, w->vrow, pr->dv, w->vt, tl.bk);
+    w->kv_finite = FT_FINITE(w->kern, n * pr->dqk, w->k) && FT_FINITE(w->kern, n * pr->dv, w->vrow);
 }
 
 /*
@@ -398,7 +393,6 @@ static void FAI_T(bwd_ktile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
     FAI_T(load_key_tile)(pr, tl, b, hk, j0, n, w);
     memset(w->dk, 0, (size_t)(n * dqk) * sizeof(FT));
     memset(w->dv, 0, (size_t)(n * dv) * sizeof(FT));
-    const int kv_finite = FAI_T(all_finite)(w->k, n * dqk) && FAI_T(all_finite)(w->vrow, n * dv);
 
     int64_t ilo, ihi;
     fai_mask_query_span(&pr->mask, pr->sq, j0, j0 + n, &ilo, &ihi);
@@ -411,8 +405,7 @@ static void FAI_T(bwd_ktile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
             FAI_T(load_query_block)(pr, b, h, i0, nq, tl.bq, w);
             if (!FAI_T(bwd_block)(pr, tl, b, h, i0, nq, j0, n, cls, w))
                 continue;
-            if (kv_finite && FAI_T(all_finite)(w->q, nq * dqk) &&
-                FAI_T(all_finite)(w->dout, nq * dv)) {
+            if (w->kv_finite && w->q_finite) {
                 FT_TRANSPOSE(w->kern, nq, n, w->p, ld, w->tp, tl.bq); /* dV += P~^T dO */
                 FT_GEMM(w->kern, n, dv, nq, w->tp, tl.bq, w->dout, dv, w->dv, dv, 1, NULL);
                 FT_TRANSPOSE(w->kern, nq, n, w->ds, ld, w->tp, tl.bq); /* dK += scale dS^T Q */
@@ -452,8 +445,6 @@ static void FAI_T(bwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
     const int64_t hk = h / pr->group, nq = i1 - i0, dqk = pr->dqk, ld = tl.bk;
     FAI_T(load_query_block)(pr, b, h, i0, nq, tl.bq, w);
     memset(w->dq, 0, (size_t)(nq * dqk) * sizeof(FT));
-    const int q_finite = FAI_T(all_finite)(w->q, nq * dqk) &&
-                         FAI_T(all_finite)(w->dout, nq * pr->dv);
 
     int64_t jlo, jhi;
     fai_mask_key_span(&pr->mask, i0, i1, &jlo, &jhi);
@@ -465,8 +456,7 @@ static void FAI_T(bwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
         FAI_T(load_key_tile)(pr, tl, b, hk, j0, n, w);
         if (!FAI_T(bwd_block)(pr, tl, b, h, i0, nq, j0, n, cls, w))
             continue;
-        if (q_finite && FAI_T(all_finite)(w->k, n * dqk) &&
-            FAI_T(all_finite)(w->vrow, n * pr->dv)) { /* dQ += scale dS K */
+        if (w->q_finite && w->kv_finite) { /* dQ += scale dS K */
             FT_GEMM(w->kern, nq, dqk, n, w->ds, ld, w->k, dqk, w->dq, dqk, 1, NULL);
             continue;
         }

@@ -183,6 +183,32 @@ START_TEST(dsoftmax_matches_definition)
 }
 END_TEST
 
+/* finite: false for one inf, -inf or NaN at any place, true for the extremes of the finite
+ * floats; what lies beyond n is not read into the answer. */
+START_TEST(finite_detects_each_position)
+{
+    const fai_kernels_f32 *kt = kernels_or_skip(_i);
+    if (!kt)
+        return;
+    const float bad[3] = {INFINITY, -INFINITY, NAN};
+    float x[41];
+    for (int64_t n = 0; n <= 40; n++) {
+        for (int64_t i = 0; i < 41; i++)
+            x[i] = i % 3 == 0 ? 0x1.fffffep127f : i % 3 == 1 ? -0x1p-149f : 0.0f;
+        x[n] = NAN; /* just past the end */
+        ck_assert_msg(kt->finite(n, x), "%s n=%ld", fa_isa_name(kt->isa), (long)n);
+        for (int64_t i = 0; i < n; i++)
+            for (int b = 0; b < 3; b++) {
+                const float keep = x[i];
+                x[i] = bad[b];
+                ck_assert_msg(!kt->finite(n, x), "%s n=%ld: %g at %ld", fa_isa_name(kt->isa),
+                              (long)n, (double)bad[b], (long)i);
+                x[i] = keep;
+            }
+    }
+}
+END_TEST
+
 /* The transpose moves every element to its place and writes nothing else, at sizes below, at
  * and above the ISAs' register blocks (4, 8, 16) with leading dimensions wider than the data. */
 START_TEST(transpose_exact)
@@ -346,6 +372,7 @@ Suite *make_simd_suite(void)
     tcase_add_loop_test(tc, transpose_exact, 0, NISA);
     tcase_add_loop_test(tc, coldot_rounds_as_gemm, 0, NISA);
     tcase_add_loop_test(tc, dsoftmax_matches_definition, 0, NISA);
+    tcase_add_loop_test(tc, finite_detects_each_position, 0, NISA);
     tcase_add_loop_test(tc, scalemax_matches_definition, 0, NISA);
     tcase_add_loop_test(tc, expsum_exhaustive_nonpositive, 0, NISA);
     suite_add_tcase(s, tc);

@@ -209,6 +209,17 @@ static void fa_f32_dsoftmax__avx2(int64_t n, const float *s, double lse, const f
     }
 }
 
+/* x - x is 0 for finite x and NaN for inf and NaN (masked-off lanes load 0). */
+static int fa_f32_finite__avx2(int64_t n, const float *x)
+{
+    __m256 bad = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256 v = _mm256_maskload_ps(x + i, lanes_below(n - i));
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(_mm256_sub_ps(v, v), _mm256_setzero_ps(), _CMP_NEQ_UQ));
+    }
+    return _mm256_movemask_ps(bad) == 0;
+}
+
 static float fa_f32_scalemax__avx2(int64_t n, float *x, float scale)
 {
     const __m256 vs = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
@@ -234,6 +245,7 @@ static const fai_kernels_f32 avx2 = {
     FA_ISA_AVX2, "fa_f32_gemm_ukernel_6x16__avx2", "fa_f32_expsum__avx2", MR, NR,
     fa_f32_gemm_ukernel_6x16__avx2, fa_f32_expsum__avx2, fa_f32_scalemax__avx2,
     fa_f32_transpose__avx2, fa_f32_coldot__avx2, fa_f32_dsoftmax__avx2,
+    fa_f32_finite__avx2,
 };
 
 const fai_kernels_f32 *fai_kernels_f32_avx2(void) { return &avx2; }

@@ -206,6 +206,18 @@ static void fa_f32_dsoftmax__avx512(int64_t n, const float *s, double lse, const
     }
 }
 
+/* x - x is 0 for finite x and NaN for inf and NaN: an ordered compare with 0 per lane. */
+static int fa_f32_finite__avx512(int64_t n, const float *x)
+{
+    __mmask16 ok = 0xffff;
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 mk = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        const __m512 v = _mm512_maskz_loadu_ps(mk, x + i);
+        ok &= _mm512_cmp_ps_mask(_mm512_sub_ps(v, v), _mm512_setzero_ps(), _CMP_EQ_OQ);
+    }
+    return ok == 0xffff;
+}
+
 /* Max with NaN kept: lanes that are NaN are collected in a mask and decide the result. */
 static float fa_f32_scalemax__avx512(int64_t n, float *x, float scale)
 {
@@ -226,6 +238,7 @@ static const fai_kernels_f32 avx512 = {
     FA_ISA_AVX512, "fa_f32_gemm_ukernel_12x32__avx512", "fa_f32_expsum__avx512", MR, NR,
     fa_f32_gemm_ukernel_12x32__avx512, fa_f32_expsum__avx512, fa_f32_scalemax__avx512,
     fa_f32_transpose__avx512, fa_f32_coldot__avx512, fa_f32_dsoftmax__avx512,
+    fa_f32_finite__avx512,
 };
 
 const fai_kernels_f32 *fai_kernels_f32_avx512(void) { return &avx512; }

@@ -36,6 +36,9 @@ typedef void (*fai_coldot_f32)(int64_t n, int64_t k, const float *a, int64_t lda
 typedef void (*fai_dsoftmax_f32)(int64_t n, const float *s, double lse, const float *dp, float di,
                                  float scale, float *p, float *ds);
 
+/* Whether x[0 .. n) holds no inf and no NaN. */
+typedef int (*fai_finite_f32)(int64_t n, const float *x);
+
 /* dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols (packs K^T, V^T, P^T, dS^T). */
 typedef void (*fai_transpose_f32)(int64_t rows, int64_t cols, const float *src, int64_t lds,
                                   float *dst, int64_t ldd);
@@ -57,6 +60,7 @@ typedef struct fai_kernels_f32_s {
     fai_transpose_f32 transpose;
     fai_coldot_f32 coldot;
     fai_dsoftmax_f32 dsoftmax;
+    fai_finite_f32 finite;
 } fai_kernels_f32;
 
 /* The kernel sets this build carries (NULL where not built). */
@@ -85,6 +89,9 @@ void fai_transpose_f32_portable(int64_t rows, int64_t cols, const float *src, in
                                 float *dst, int64_t ldd);
 void fai_transpose_f64(int64_t rows, int64_t cols, const double *src, int64_t lds, double *dst,
                        int64_t ldd);
+/* Portable finiteness tests: the scalar set's, and the f64 path's. */
+int fai_finite_f32_portable(int64_t n, const float *x);
+int fai_finite_f64(int64_t n, const double *x);
 /* The f64 path's column dots, rounded as fai_gemm_f64 rounds. */
 void fai_coldot_f64(int64_t n, int64_t k, const double *a, int64_t lda, const double *b,
                     int64_t ldb, double *out);

@@ -225,6 +225,7 @@ static const fai_kernels_f32 neon = {
     FA_ISA_NEON, "fa_f32_gemm_ukernel_8x8__neon", "fa_f32_expsum__neon", MR, NR,
     fa_f32_gemm_ukernel_8x8__neon, fa_f32_expsum__neon, fa_f32_scalemax__neon,
     fa_f32_transpose__neon, fa_f32_coldot__neon, fa_f32_dsoftmax__neon,
+    fai_finite_f32_portable,
 };
 
 const fai_kernels_f32 *fai_kernels_f32_neon(void) { return &neon; }

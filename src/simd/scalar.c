@@ -90,12 +90,29 @@ static void fa_f32_dsoftmax__scalar(int64_t n, const float *s, double lse, const
     }
 }
 
+int fai_finite_f32_portable(int64_t n, const float *x)
+{
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++)
+        bad |= !(x[i] - x[i] == 0); /* inf - inf and NaN - NaN are NaN */
+    return !bad;
+}
+
 const fai_kernels_f32 fai_kernels_f32_scalar = {
     FA_ISA_SCALAR,        "fa_f32_gemm_ukernel_4x16__scalar", "fa_f32_expsum__scalar_sleef",
     SCALAR_MR,            SCALAR_NR,
     fa_f32_gemm_ukernel_4x16__scalar, fa_f32_expsum__scalar_sleef, fa_f32_scalemax__scalar,
     fai_transpose_f32_portable, fa_f32_coldot__scalar, fa_f32_dsoftmax__scalar,
+    fai_finite_f32_portable,
 };
+
+int fai_finite_f64(int64_t n, const double *x)
+{
+    int bad = 0;
+    for (int64_t i = 0; i < n; i++)
+        bad |= !(x[i] - x[i] == 0);
+    return !bad;
+}
 
 void fai_transpose_f64(int64_t rows, int64_t cols, const double *src, int64_t lds, double *dst,
                        int64_t ldd)
