@@ -43,8 +43,8 @@ static inline float f16_to_f32(uint16_t h)
         float f = (float)m * 0x1p-24f;
         return sign ? -f : f;
     }
-    if (e == 31) /* inf, NaN (payload kept) */
-        return f32_from_bits(sign | 0x7f800000u | (m << 13));
+    if (e == 31) /* inf; NaN with its payload, quieted as IEEE conversions and F16C do */
+        return f32_from_bits(sign | 0x7f800000u | (m << 13) | (m ? 0x00400000u : 0));
     return f32_from_bits(sign | ((e + 127 - 15) << 23) | (m << 13));
 }
 

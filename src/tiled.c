@@ -75,8 +75,8 @@ static double scalemax_f64(int64_t n, double *x, double scale)
 #define FT_COLDOT FT_COLDOT_F32
 #define FT_DSOFTMAX FT_DSOFTMAX_F32
 #define FT_FINITE FT_FINITE_F32
-#define FT_LOAD fai_load_f32
-#define FT_STORE fai_store_f32
+#define FT_LOAD(kern, src, dt, n, dst) (kern)->widen(src, dt, n, dst)
+#define FT_STORE(kern, dst, dt, n, src) (kern)->narrow(dst, dt, n, src)
 #define FT_SCORE fai_score_f32
 #define FT_MOVE fai_online_move_f32
 #define FT_FINALIZE fai_online_finalize_f32
@@ -107,8 +107,8 @@ static double scalemax_f64(int64_t n, double *x, double scale)
 #define FT_COLDOT FT_COLDOT_F64
 #define FT_DSOFTMAX FT_DSOFTMAX_F64
 #define FT_FINITE FT_FINITE_F64
-#define FT_LOAD fai_load_f64
-#define FT_STORE fai_store_f64
+#define FT_LOAD(kern, src, dt, n, dst) fai_load_f64(src, dt, n, dst)
+#define FT_STORE(kern, dst, dt, n, src) fai_store_f64(dst, dt, n, src)
 #define FT_SCORE fai_score_f64
 #define FT_MOVE fai_online_move_f64
 #define FT_FINALIZE fai_online_finalize_f64

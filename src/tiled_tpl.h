@@ -32,23 +32,24 @@ static void FAI_T(row_cols)(const fai_problem *pr, fai_tile_class cls, int64_t i
 }
 
 /* Loads n rows of (b, hk) from t, starting at row j0, into dst (n x dim, row-major). */
-static void FAI_T(load_rows)(const fa_tensor *t, fa_dtype dt, int64_t b, int64_t hk, int64_t j0,
-                             int64_t n, int64_t dim, FT *dst)
+static void FAI_T(load_rows)(const fai_kernels_f32 *kern, const fa_tensor *t, fa_dtype dt,
+                             int64_t b, int64_t hk, int64_t j0, int64_t n, int64_t dim, FT *dst)
 {
     for (int64_t c = 0; c < n; c++)
-        FT_LOAD(fai_row(t, b, j0 + c, hk), dt, dim, dst + c * dim);
+        FT_LOAD(kern, fai_row(t, b, j0 + c, hk), dt, dim, dst + c * dim);
 }
 
 /* The same rows as a row-major matrix to read from: the tensor itself when it stores FT (with
  * its sequence stride as *ld), else converted into buf (*ld = dim). */
-static const FT *FAI_T(rows_view)(const fa_tensor *t, fa_dtype dt, int64_t b, int64_t hk,
-                                  int64_t j0, int64_t n, int64_t dim, FT *buf, int64_t *ld)
+static const FT *FAI_T(rows_view)(const fai_kernels_f32 *kern, const fa_tensor *t, fa_dtype dt,
+                                  int64_t b, int64_t hk, int64_t j0, int64_t n, int64_t dim,
+                                  FT *buf, int64_t *ld)
 {
     if (dt == FT_DTYPE) {
         *ld = t->seq_stride;
         return (const FT *)fai_row(t, b, j0, hk);
     }
-    FAI_T(load_rows)(t, dt, b, hk, j0, n, dim, buf);
+    FAI_T(load_rows)(kern, t, dt, b, hk, j0, n, dim, buf);
     *ld = dim;
     return buf;
 }
@@ -104,7 +105,7 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
     const fai_dropout drop = fai_dropout_for(pr, b, h);
     const int scale_only = pr->score.softcap == 0 && slope == 0; /* the pipeline is x scale */
 
-    FAI_T(load_rows)(pr->io.q, pr->dtype, b, h, i0, nq, pr->dqk, w->q);
+    FAI_T(load_rows)(w->kern, pr->io.q, pr->dtype, b, h, i0, nq, pr->dqk, w->q);
     for (int64_t r = 0; r < nq; r++) {
         w->m[r] = -INFINITY;
         w->l[r] = 0;
@@ -119,9 +120,10 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
         if (cls == FAI_TILE_EMPTY)
             continue;
         int64_t ldk;
-        const FT *k = FAI_T(rows_view)(pr->io.k, pr->dtype, b, hk, j0, n, pr->dqk, w->k, &ldk);
+        const FT *k =
+            FAI_T(rows_view)(w->kern, pr->io.k, pr->dtype, b, hk, j0, n, pr->dqk, w->k, &ldk);
         FT_TRANSPOSE(w->kern, n, pr->dqk, k, ldk, w->kt, ld);
-        FAI_T(load_rows)(pr->io.v, pr->dtype, b, hk, j0, n, dv, w->v);
+        FAI_T(load_rows)(w->kern, pr->io.v, pr->dtype, b, hk, j0, n, dv, w->v);
         const int selective = (cls != FAI_TILE_FULL || drop.threshold) &&
                               !FT_FINITE(w->kern, n * dv, w->v);
         FT_GEMM(w->kern, nq, n, pr->dqk, w->q, pr->dqk, w->kt, ld, w->s, ld, 0, NULL);
@@ -198,7 +200,7 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
         const FT f = FT_FINALIZE(w->m[r], w->l[r], keep_scale, &lse);
         for (int64_t d = 0; d < dv; d++)
             acc[d] = f == 0 ? 0 : acc[d] * f; /* empty row: exactly 0, whatever acc holds */
-        FT_STORE(fai_row(pr->io.out, b, i0 + r, h), pr->dtype, dv, acc);
+        FT_STORE(w->kern, fai_row(pr->io.out, b, i0 + r, h), pr->dtype, dv, acc);
         if (pr->io.lse)
             fai_lse_store(pr->io.lse, b, h, i0 + r, lse);
     }
@@ -299,10 +301,10 @@ static void FAI_T(load_query_block)(const fai_problem *pr, int64_t b, int64_t h,
                                     int64_t nq, int64_t bq, FAI_T(bwd_ws) *w)
 {
     const int64_t dv = pr->dv;
-    FAI_T(load_rows)(pr->io.q, pr->dtype, b, h, i0, nq, pr->dqk, w->q);
-    FAI_T(load_rows)(pr->io.dout, pr->dtype, b, h, i0, nq, dv, w->dout);
+    FAI_T(load_rows)(w->kern, pr->io.q, pr->dtype, b, h, i0, nq, pr->dqk, w->q);
+    FAI_T(load_rows)(w->kern, pr->io.dout, pr->dtype, b, h, i0, nq, dv, w->dout);
     int64_t ldo;
-    const FT *o = FAI_T(rows_view)(pr->io.out, pr->dtype, b, h, i0, nq, dv, w->o, &ldo);
+    const FT *o = FAI_T(rows_view)(w->kern, pr->io.out, pr->dtype, b, h, i0, nq, dv, w->o, &ldo);
     FT_TRANSPOSE(w->kern, nq, dv, w->dout, dv, w->dot, bq);
     FT_TRANSPOSE(w->kern, nq, dv, o, ldo, w->ot, bq);
     FT_COLDOT(w->kern, nq, dv, w->dot, bq, w->ot, bq, w->di);
@@ -315,8 +317,8 @@ static void FAI_T(load_query_block)(const fai_problem *pr, int64_t b, int64_t h,
 static void FAI_T(load_key_tile)(const fai_problem *pr, fai_tiles tl, int64_t b, int64_t hk,
                                  int64_t j0, int64_t n, FAI_T(bwd_ws) *w)
 {
-    FAI_T(load_rows)(pr->io.k, pr->dtype, b, hk, j0, n, pr->dqk, w->k);
-    FAI_T(load_rows)(pr->io.v, pr->dtype, b, hk, j0, n, pr->dv, w->vrow);
+    FAI_T(load_rows)(w->kern, pr->io.k, pr->dtype, b, hk, j0, n, pr->dqk, w->k);
+    FAI_T(load_rows)(w->kern, pr->io.v, pr->dtype, b, hk, j0, n, pr->dv, w->vrow);
     FT_TRANSPOSE(w->kern, n, pr->dqk, w->k, pr->dqk, w->kt, tl.bk);
     FT_TRANSPOSE(w->kern, n, pr->dv, w->vrow, pr->dv, w->vt, tl.bk);
     w->kv_finite = FT_FINITE(w->kern, n * pr->dqk, w->k) && FT_FINITE(w->kern, n * pr->dv, w->vrow);
@@ -433,8 +435,8 @@ static void FAI_T(bwd_ktile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
             }
         }
     for (int64_t c = 0; c < n; c++) {
-        FT_STORE(fai_row(pr->io.dk, b, j0 + c, hk), pr->dtype, dqk, w->dk + c * dqk);
-        FT_STORE(fai_row(pr->io.dv, b, j0 + c, hk), pr->dtype, dv, w->dv + c * dv);
+        FT_STORE(w->kern, fai_row(pr->io.dk, b, j0 + c, hk), pr->dtype, dqk, w->dk + c * dqk);
+        FT_STORE(w->kern, fai_row(pr->io.dv, b, j0 + c, hk), pr->dtype, dv, w->dv + c * dv);
     }
 }
 
@@ -469,7 +471,7 @@ static void FAI_T(bwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
         }
     }
     for (int64_t r = 0; r < nq; r++)
-        FT_STORE(fai_row(pr->io.dq, b, i0 + r, h), pr->dtype, dqk, w->dq + r * dqk);
+        FT_STORE(w->kern, fai_row(pr->io.dq, b, i0 + r, h), pr->dtype, dqk, w->dq + r * dqk);
 }
 
 static fa_status FAI_T(backward)(fa_context *ctx, const fai_problem *pr, fai_tiles tl)

@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "harness.h"
+#include "internal.h"
 #include "simd/kernels.h"
 
 static const fa_isa isas[] = {FA_ISA_SCALAR, FA_ISA_AVX2, FA_ISA_AVX512, FA_ISA_NEON};
@@ -209,6 +210,75 @@ START_TEST(finite_detects_each_position)
 }
 END_TEST
 
+/* widen: every f16 and bf16 bit pattern (NaN payloads included) to the bits of the portable
+ * conversion, at a length that leaves a partial last vector; nothing written beyond n. */
+START_TEST(widen_every_half)
+{
+    const fai_kernels_f32 *kt = kernels_or_skip(_i);
+    if (!kt)
+        return;
+    const int64_t n = 65536 - 3;
+    uint16_t *h = malloc(sizeof(uint16_t) * 65536);
+    float *got = malloc(sizeof(float) * 65536), *want = malloc(sizeof(float) * 65536);
+    for (int64_t i = 0; i < 65536; i++)
+        h[i] = (uint16_t)(i * 7919); /* every pattern once, in a shuffled order */
+    const fa_dtype ds[2] = {FA_F16, FA_BF16};
+    for (int d = 0; d < 2; d++) {
+        for (int64_t i = 0; i < 65536; i++)
+            got[i] = want[i] = 1234.5f;
+        kt->widen(h, ds[d], n, got);
+        fai_load_f32(h, ds[d], n, want);
+        ck_assert_msg(memcmp(got, want, sizeof(float) * 65536) == 0, "%s %s",
+                      fa_isa_name(kt->isa), fa_dtype_name(ds[d]));
+        kt->widen(h + 1, ds[d], 3, got); /* short and unaligned */
+        fai_load_f32(h + 1, ds[d], 3, want);
+        ck_assert(memcmp(got, want, sizeof(float) * 4) == 0);
+    }
+    free(h), free(got), free(want);
+}
+END_TEST
+
+/* narrow: the bits of the portable rounding (NaN: any NaN) for every 257th float, and for
+ * each f16 value's neighbourhood in f32 (the value, the halfway points to its neighbours and
+ * one f32 ulp either side of them: where ties to even decide); nothing written beyond n. */
+START_TEST(narrow_rounds_as_portable)
+{
+    const fai_kernels_f32 *kt = kernels_or_skip(_i);
+    if (!kt)
+        return;
+    const int64_t cap = 1 << 20;
+    float *x = malloc(sizeof(float) * (size_t)cap);
+    uint16_t *got = malloc(sizeof(uint16_t) * (size_t)(cap + 1));
+    uint16_t *want = malloc(sizeof(uint16_t) * (size_t)(cap + 1));
+    int64_t n = 0;
+    for (uint64_t u = 0; u <= 0xffffffffu && n < cap; u += 257 * 17) {
+        uint32_t v = (uint32_t)u;
+        memcpy(&x[n++], &v, 4);
+    }
+    for (uint32_t h = 0; h < 0x7c00u && n + 10 < cap; h++) {
+        const float a = (float)fai_f16_to_f64((uint16_t)h), b = (float)fai_f16_to_f64((uint16_t)(h + 1));
+        const float mid = a + (b - a) / 2; /* exact: a, b and the midpoint fit in f32 */
+        const float pts[5] = {a, mid, nextafterf(mid, 0), nextafterf(mid, INFINITY), -mid};
+        for (int k = 0; k < 5; k++)
+            x[n++] = pts[k];
+    }
+    for (int64_t len = n; len >= n - 17; len -= 17) {
+        got[len] = want[len] = 0xabcd;
+        kt->narrow(got, FA_F16, len, x);
+        fai_store_f32(want, FA_F16, len, x);
+        ck_assert(got[len] == 0xabcd);
+        for (int64_t i = 0; i < len; i++) {
+            const int nan_g = (got[i] & 0x7c00u) == 0x7c00u && (got[i] & 0x3ffu);
+            const int nan_w = (want[i] & 0x7c00u) == 0x7c00u && (want[i] & 0x3ffu);
+            ck_assert_msg(nan_g == nan_w && (nan_g || got[i] == want[i]),
+                          "%s: %a -> %04x, portable %04x", fa_isa_name(kt->isa), (double)x[i],
+                          got[i], want[i]);
+        }
+    }
+    free(x), free(got), free(want);
+}
+END_TEST
+
 /* The transpose moves every element to its place and writes nothing else, at sizes below, at
  * and above the ISAs' register blocks (4, 8, 16) with leading dimensions wider than the data. */
 START_TEST(transpose_exact)
@@ -373,6 +443,8 @@ Suite *make_simd_suite(void)
     tcase_add_loop_test(tc, coldot_rounds_as_gemm, 0, NISA);
     tcase_add_loop_test(tc, dsoftmax_matches_definition, 0, NISA);
     tcase_add_loop_test(tc, finite_detects_each_position, 0, NISA);
+    tcase_add_loop_test(tc, widen_every_half, 0, NISA);
+    tcase_add_loop_test(tc, narrow_rounds_as_portable, 0, NISA);
     tcase_add_loop_test(tc, scalemax_matches_definition, 0, NISA);
     tcase_add_loop_test(tc, expsum_exhaustive_nonpositive, 0, NISA);
     suite_add_tcase(s, tc);

@@ -4,7 +4,9 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
+#include "internal.h"
 #include "simd/kernels.h"
 
 #define MR 6
@@ -241,11 +243,52 @@ static float fa_f32_scalemax__avx2(int64_t n, float *x, float scale)
     return m;
 }
 
+/* f16 by F16C, bf16 by widening to 32 bits and shifting into the top half: both exact, NaN
+ * payloads kept. The last partial vector goes through a zero-padded copy. */
+static void fa_f32_widen__avx2(const void *src, fa_dtype d, int64_t n, float *dst)
+{
+    if (d != FA_F16 && d != FA_BF16) {
+        fai_load_f32(src, d, n, dst);
+        return;
+    }
+    const uint16_t *h = src;
+    for (int64_t i = 0; i < n; i += 8) {
+        uint16_t t[8] = {0};
+        const uint16_t *p = h + i;
+        if (n - i < 8) {
+            memcpy(t, p, (size_t)(n - i) * sizeof(uint16_t));
+            p = t;
+        }
+        const __m128i x = _mm_loadu_si128((const __m128i *)p);
+        const __m256 y = d == FA_F16 ? _mm256_cvtph_ps(x)
+                                     : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(x), 16));
+        _mm256_maskstore_ps(dst + i, lanes_below(n - i), y);
+    }
+}
+
+/* f16 by F16C under round-to-nearest-even: one rounding from f32; the last partial vector
+ * through a staged store. */
+static void fa_f32_narrow__avx2(void *dst, fa_dtype d, int64_t n, const float *src)
+{
+    if (d != FA_F16) {
+        fai_store_f32(dst, d, n, src);
+        return;
+    }
+    uint16_t *h = dst;
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m128i y = _mm256_cvtps_ph(_mm256_maskload_ps(src + i, lanes_below(n - i)),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        uint16_t t[8];
+        _mm_storeu_si128((__m128i *)t, y);
+        memcpy(h + i, t, (size_t)(n - i < 8 ? n - i : 8) * sizeof(uint16_t));
+    }
+}
+
 static const fai_kernels_f32 avx2 = {
     FA_ISA_AVX2, "fa_f32_gemm_ukernel_6x16__avx2", "fa_f32_expsum__avx2", MR, NR,
     fa_f32_gemm_ukernel_6x16__avx2, fa_f32_expsum__avx2, fa_f32_scalemax__avx2,
     fa_f32_transpose__avx2, fa_f32_coldot__avx2, fa_f32_dsoftmax__avx2,
-    fa_f32_finite__avx2,
+    fa_f32_finite__avx2, fa_f32_widen__avx2, fa_f32_narrow__avx2,
 };
 
 const fai_kernels_f32 *fai_kernels_f32_avx2(void) { return &avx2; }

@@ -5,6 +5,7 @@
 #include <immintrin.h>
 #include <math.h>
 
+#include "internal.h"
 #include "simd/kernels.h"
 
 #define MR 12
@@ -234,11 +235,45 @@ static float fa_f32_scalemax__avx512(int64_t n, float *x, float scale)
     return nan ? NAN : _mm512_reduce_max_ps(vmax);
 }
 
+/* f16 by the F16C-style conversion of 16 halves, bf16 by widening to 32 bits and shifting the
+ * bits into the top half: both exact, NaN payloads kept. */
+static void fa_f32_widen__avx512(const void *src, fa_dtype d, int64_t n, float *dst)
+{
+    if (d != FA_F16 && d != FA_BF16) {
+        fai_load_f32(src, d, n, dst);
+        return;
+    }
+    const uint16_t *h = src;
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 mk = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        const __m256i x = _mm256_maskz_loadu_epi16(mk, h + i);
+        const __m512 y = d == FA_F16 ? _mm512_cvtph_ps(x)
+                                     : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+        _mm512_mask_storeu_ps(dst + i, mk, y);
+    }
+}
+
+/* f16 by the conversion instruction under round-to-nearest-even: one rounding from f32. */
+static void fa_f32_narrow__avx512(void *dst, fa_dtype d, int64_t n, const float *src)
+{
+    if (d != FA_F16) {
+        fai_store_f32(dst, d, n, src);
+        return;
+    }
+    uint16_t *h = dst;
+    for (int64_t i = 0; i < n; i += 16) {
+        const __mmask16 mk = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        const __m256i y = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(mk, src + i),
+                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        _mm256_mask_storeu_epi16(h + i, mk, y);
+    }
+}
+
 static const fai_kernels_f32 avx512 = {
     FA_ISA_AVX512, "fa_f32_gemm_ukernel_12x32__avx512", "fa_f32_expsum__avx512", MR, NR,
     fa_f32_gemm_ukernel_12x32__avx512, fa_f32_expsum__avx512, fa_f32_scalemax__avx512,
     fa_f32_transpose__avx512, fa_f32_coldot__avx512, fa_f32_dsoftmax__avx512,
-    fa_f32_finite__avx512,
+    fa_f32_finite__avx512, fa_f32_widen__avx512, fa_f32_narrow__avx512,
 };
 
 const fai_kernels_f32 *fai_kernels_f32_avx512(void) { return &avx512; }

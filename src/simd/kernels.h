@@ -36,6 +36,14 @@ typedef void (*fai_coldot_f32)(int64_t n, int64_t k, const float *a, int64_t lda
 typedef void (*fai_dsoftmax_f32)(int64_t n, const float *s, double lse, const float *dp, float di,
                                  float scale, float *p, float *ds);
 
+/* dst[i] = src[i] widened exactly from storage dtype d (f16, bf16: vector conversions; the
+ * other dtypes go to the portable fai_load_f32). */
+typedef void (*fai_widen_f32)(const void *src, fa_dtype d, int64_t n, float *dst);
+
+/* dst[i] = src[i] rounded to storage dtype d, to nearest even (f16: vector conversions; the
+ * other dtypes go to the portable fai_store_f32, whose signature this is). A NaN stays a NaN (its payload may not). */
+typedef void (*fai_narrow_f32)(void *dst, fa_dtype d, int64_t n, const float *src);
+
 /* Whether x[0 .. n) holds no inf and no NaN. */
 typedef int (*fai_finite_f32)(int64_t n, const float *x);
 
@@ -61,6 +69,8 @@ typedef struct fai_kernels_f32_s {
     fai_coldot_f32 coldot;
     fai_dsoftmax_f32 dsoftmax;
     fai_finite_f32 finite;
+    fai_widen_f32 widen;
+    fai_narrow_f32 narrow;
 } fai_kernels_f32;
 
 /* The kernel sets this build carries (NULL where not built). */

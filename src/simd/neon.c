@@ -6,6 +6,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "internal.h"
 #include "simd/kernels.h"
 
 #define MR 8
@@ -221,11 +222,51 @@ static void fa_f32_dsoftmax__neon(int64_t n, const float *s, double lse, const f
     }
 }
 
+/* f16 by FCVTL, bf16 by a 16-bit left shift into 32 bits: both exact, NaN payloads kept. The
+ * last partial vector goes through zero-padded copies. */
+static void fa_f32_widen__neon(const void *src, fa_dtype d, int64_t n, float *dst)
+{
+    if (d != FA_F16 && d != FA_BF16) {
+        fai_load_f32(src, d, n, dst);
+        return;
+    }
+    const uint16_t *h = src;
+    for (int64_t i = 0; i < n; i += 4) {
+        const int64_t w = n - i < 4 ? n - i : 4;
+        uint16_t t[4] = {0, 0, 0, 0};
+        memcpy(t, h + i, (size_t)w * sizeof(uint16_t));
+        const uint16x4_t x = vld1_u16(t);
+        const float32x4_t y = d == FA_F16 ? vcvt_f32_f16(vreinterpret_f16_u16(x))
+                                          : vreinterpretq_f32_u32(vshll_n_u16(x, 16));
+        float o[4];
+        vst1q_f32(o, y);
+        memcpy(dst + i, o, (size_t)w * sizeof(float));
+    }
+}
+
+/* f16 by FCVTN under the default round-to-nearest-even mode: one rounding from f32. */
+static void fa_f32_narrow__neon(void *dst, fa_dtype d, int64_t n, const float *src)
+{
+    if (d != FA_F16) {
+        fai_store_f32(dst, d, n, src);
+        return;
+    }
+    uint16_t *h = dst;
+    for (int64_t i = 0; i < n; i += 4) {
+        const int64_t w = n - i < 4 ? n - i : 4;
+        float t[4] = {0, 0, 0, 0};
+        uint16_t o[4];
+        memcpy(t, src + i, (size_t)w * sizeof(float));
+        vst1_u16(o, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(t))));
+        memcpy(h + i, o, (size_t)w * sizeof(uint16_t));
+    }
+}
+
 static const fai_kernels_f32 neon = {
     FA_ISA_NEON, "fa_f32_gemm_ukernel_8x8__neon", "fa_f32_expsum__neon", MR, NR,
     fa_f32_gemm_ukernel_8x8__neon, fa_f32_expsum__neon, fa_f32_scalemax__neon,
     fa_f32_transpose__neon, fa_f32_coldot__neon, fa_f32_dsoftmax__neon,
-    fai_finite_f32_portable,
+    fai_finite_f32_portable, fa_f32_widen__neon, fa_f32_narrow__neon,
 };
 
 const fai_kernels_f32 *fai_kernels_f32_neon(void) { return &neon; }

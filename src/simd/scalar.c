@@ -4,6 +4,7 @@
 
 #include <math.h>
 
+#include "internal.h"
 #include "simd/kernels.h"
 #include "core/fmath.h"
 
@@ -103,7 +104,7 @@ const fai_kernels_f32 fai_kernels_f32_scalar = {
     SCALAR_MR,            SCALAR_NR,
     fa_f32_gemm_ukernel_4x16__scalar, fa_f32_expsum__scalar_sleef, fa_f32_scalemax__scalar,
     fai_transpose_f32_portable, fa_f32_coldot__scalar, fa_f32_dsoftmax__scalar,
-    fai_finite_f32_portable,
+    fai_finite_f32_portable, fai_load_f32, fai_store_f32,
 };
 
 int fai_finite_f64(int64_t n, const double *x)
