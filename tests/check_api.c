@@ -297,9 +297,15 @@ START_TEST(context_options_and_environment)
     o.backend = FA_BACKEND_CUDA;
     ck_assert_int_eq(fa_context_create(&o, &ctx), FA_ERR_BACKEND_UNAVAILABLE);
     fa_options_init(&o);
+#if defined(__aarch64__)
+    o.isa = FA_ISA_AVX2; /* an ISA this CPU cannot run */
+    ck_assert_int_eq(fa_context_create(&o, &ctx), FA_ERR_BACKEND_UNAVAILABLE);
+    ck_assert(strstr(fa_last_error(), "avx2"));
+#else
     o.isa = FA_ISA_NEON;
     ck_assert_int_eq(fa_context_create(&o, &ctx), FA_ERR_BACKEND_UNAVAILABLE);
     ck_assert(strstr(fa_last_error(), "neon"));
+#endif
 
     char line[512];
     setenv("FA_BACKEND", "reference", 1);

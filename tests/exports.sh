@@ -3,9 +3,10 @@
 lib="${top_builddir:-.}/.libs/libflashattn.so"
 hdr="${srcdir:-.}/include/flashattn.h"
 [ -f "$lib" ] || { echo "no shared library at $lib"; exit 77; }
-command -v nm >/dev/null || { echo "no nm"; exit 77; }
+nm=${NM:-nm} # the build's nm (a cross build's reads the target's ELF)
+command -v ${nm%% *} >/dev/null || { echo "no nm"; exit 77; }
 want=$(sed -n 's/^FA_API[^(]*[ *]\(fa_[a-z0-9_]*\)(.*/\1/p' "$hdr" | sort)
-got=$(nm -D --defined-only "$lib" | awk '$2 ~ /^[TDBRVWi]$/ {print $3}' | grep -v '^_' | sort)
+got=$($nm -D --defined-only "$lib" | awk '$2 ~ /^[TDBRVWi]$/ {print $3}' | grep -v '^_' | sort)
 if [ "$want" != "$got" ]; then
     echo "declared in flashattn.h but not exported, or exported but not declared:"
     printf '%s\n' "$want" > exports.want.tmp
