@@ -88,8 +88,10 @@ typedef struct {
     fa_backend backend;
     fa_isa     isa;
     int        num_threads; /* 0: OpenMP's default; results do not depend on it            */
-    void      *cuda_stream;
-} fa_options;
+    void      *cuda_stream;  /* CUDA backend: a cudaStream_t (NULL: the default stream)  */
+    int        deterministic; /* CUDA backend: nonzero makes fa_backward bitwise repeatable
+                                 (no floating-point atomics); CPU backends always are       */
+} fa_options; /* new fields are only ever appended */
 
 typedef struct fa_context fa_context;
 
