@@ -108,6 +108,19 @@ static inline fai_cuda_result fai_cuda_check_launch(const char *what, char *err,
     return FAI_CUDA_DEVICE_ERROR;
 }
 
+/* The tensor-core backward (bwd_mma.cu) and its workspace, carved from fai_cuda_args.work:
+ * D_i and LSE_i log2(e) (f32, B Hq Sq each), the f32 dQ accumulator (B Hq Sq Dqk), and the
+ * non-finite-input flag that chooses between it and the generic kernels on the device. */
+typedef struct {
+    float *delta, *lse2, *dqacc;
+    int *flag;
+} fai_cuda_bwd_ws;
+bool fai_cuda_backward_mma_applies(const fai_cuda_args *a);
+fai_cuda_result fai_cuda_backward_mma_prepare(const fai_cuda_args *a, const fai_cuda_bwd_ws *w,
+                                              char *err, size_t n);
+fai_cuda_result fai_cuda_backward_mma(const fai_cuda_args *a, const fai_cuda_bwd_ws *w, char *err,
+                                      size_t n);
+
 /* The tensor-core forward (fwd_mma.cu): FAI_CUDA_UNSUPPORTED when the problem is not one of
  * its shapes (then the generic path runs). */
 fai_cuda_result fai_cuda_forward_mma(const fai_cuda_args *a, char *err, size_t n);

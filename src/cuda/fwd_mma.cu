@@ -31,134 +31,45 @@
  * multiplies, as in the reference.
  */
 #include "common.cuh"
+#include "mma.cuh"
 
 #include <stdint.h>
+#include <stdlib.h>
 
 namespace {
 
-/* ------------------------------------------------------------------ PTX wrappers */
-
-__device__ __forceinline__ uint32_t smem_addr(const void *p)
-{
-    return (uint32_t)__cvta_generic_to_shared(p);
-}
-
-/* 16 bytes global -> shared, asynchronously; with pred false the 16 bytes are zero-filled and
- * nothing is read. */
-__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool pred)
-{
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
-                 "l"(src), "r"(pred ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N> __device__ __forceinline__ void cp_async_wait()
-{
-    asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t *r, const void *p)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t *r, const void *p)
-{
-    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-                 : "r"(smem_addr(p)));
-}
-
-template <typename T> struct mma_t;
-template <> struct mma_t<__nv_bfloat16> {
-    /* d += a b, m16n8k16, bf16 in, f32 accumulate */
-    __device__ static void run(float *d, const uint32_t *a, const uint32_t *b)
-    {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-                     "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    }
-    __device__ static uint32_t pack(float lo, float hi)
-    {
-        __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-        return *(uint32_t *)&v;
-    }
-    /* non-finite: exponent all ones */
-    __device__ static bool nonfinite(uint16_t bits) { return (bits & 0x7f80u) == 0x7f80u; }
-};
-template <> struct mma_t<__half> {
-    __device__ static void run(float *d, const uint32_t *a, const uint32_t *b)
-    {
-        asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
-                     "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-                     : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-                     : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-    }
-    __device__ static uint32_t pack(float lo, float hi)
-    {
-        __half2 v = __floats2half2_rn(lo, hi);
-        return *(uint32_t *)&v;
-    }
-    __device__ static bool nonfinite(uint16_t bits) { return (bits & 0x7c00u) == 0x7c00u; }
-};
-
-/* ------------------------------------------------------------------ shared-memory layout */
-
-/*
- * A tile row of D 16-bit elements is D/8 chunks of 16 bytes, stored in a row of P chunks
- * (P = D/8 rounded up to a power of two, so D = 96 uses rows of 16 chunks). Chunk c of row r
- * sits at chunk position c ^ swz(r):
- *   P >= 8:  swz(r) = r mod 8. Rows are >= 128 bytes, so the 8 rows r0..r0+7 (r0 = 0 mod 8)
- *            that one ldmatrix phase reads at one logical chunk c land on the 8 distinct
- *            positions c ^ 0..7 of one 128-byte window: 8 different bank groups.
- *   P == 4:  rows are 64 bytes, two rows per 128-byte line; swz(r) = (r / 2) mod 4 gives rows
- *            r0..r0+7 the byte offsets 64 (r mod 2) + 16 (c ^ (r/2 mod 4)) within their line:
- *            8 distinct values, again 8 different bank groups.
- * The XOR stays inside [0, P) since c < P and swz(r) < P.
- */
-template <int D> struct layout {
-    static constexpr int chunks = D / 8;
-    static constexpr int P = chunks <= 4 ? 4 : chunks <= 8 ? 8 : chunks <= 16 ? 16 : 32;
-    static constexpr int pitch = P * 8; /* elements */
-    __device__ static int off(int r, int c)
-    {
-        const int s = P >= 8 ? (r & 7) : ((r >> 1) & 3);
-        return r * pitch + ((c ^ s) << 3);
-    }
-};
-
 /* ------------------------------------------------------------------ the kernel */
 
-template <typename T, int D, int BK, int WARPS> struct fwd_cfg {
-    static constexpr int BQ = 16 * WARPS;
+/* WARPS warps of MT m-tiles (16 rows each): BQ = 16 MT WARPS query rows per block. With MT = 2
+ * every K/V fragment a warp loads from shared memory feeds two MMAs instead of one. */
+template <typename T, int D, int BK, int WARPS, int MT> struct fwd_cfg {
+    static constexpr int BQ = 16 * MT * WARPS;
     static constexpr int threads = 32 * WARPS;
-    static constexpr bool qreg = D <= 128; /* Q fragments held in registers */
+    /* Q fragments held in registers when they fit beside O and S */
+    static constexpr bool qreg = MT * D <= 128;
     using L = layout<D>;
-    /* Q, K x2, V x2, then the fix path's scratch: each warp's 16 x BK probabilities (f32),
-     * then BK key flags */
-    static constexpr size_t scratch_off = (size_t)(BQ + 4 * BK) * L::pitch * 2;
-    static constexpr size_t smem_bytes = scratch_off + (size_t)WARPS * 16 * BK * 4 + BK / 8;
+    /* Q, K x2, V x2, then BK key flags */
+    static constexpr size_t flags_off = (size_t)(BQ + 4 * BK) * L::pitch * 2;
+    static constexpr size_t smem_bytes = flags_off + (BK / 8 < 4 ? 4 : BK / 8);
 };
 
 /* FAST: scale-only score pipeline and no dropout (the common case, kept lean in registers);
  * otherwise softcap / ALiBi / dropout as needed. */
-template <typename T, int D, int BK, int WARPS, bool FAST>
+template <typename T, int D, int BK, int WARPS, int MT, bool FAST>
 __global__ void __launch_bounds__(32 * WARPS)
     fa_fwd_kernel_mma__sm80(const fai_cuda_args a)
 {
-    using cfg = fwd_cfg<T, D, BK, WARPS>;
+    using cfg = fwd_cfg<T, D, BK, WARPS, MT>;
     using L = typename cfg::L;
     using M = mma_t<T>;
-    constexpr int BQ = cfg::BQ, NT = BK / 8, DT = D / 8, KQ = D / 16, KP = BK / 16;
+    constexpr int BQ = cfg::BQ, NT = BK / 8, DT = D / 8, KQ = D / 16, KP = BK / 16, R = 2 * MT;
     constexpr float kLog2e = 1.4426950408889634f;
 
     extern __shared__ __align__(128) unsigned char smem[];
     T *qs = (T *)smem;
-    T *ks = qs + BQ * L::pitch;           /* [2][BK][pitch] */
-    T *vs = ks + 2 * BK * L::pitch;       /* [2][BK][pitch] */
-    float *pscr = (float *)(smem + cfg::scratch_off);                 /* [WARPS][16][BK] */
-    unsigned char *bad = (unsigned char *)(pscr + WARPS * 16 * BK);    /* BK bits: key flags */
+    T *ks = qs + BQ * L::pitch;     /* [2][BK][pitch] */
+    T *vs = ks + 2 * BK * L::pitch; /* [2][BK][pitch] */
+    unsigned char *bad = smem + cfg::flags_off; /* BK bits: keys with a non-finite V element */
     const fai_mask mask = a.mask;
     const fai_score sc = a.score;
     const fai_drop dr = fai_drop_of(a);
@@ -169,7 +80,8 @@ __global__ void __launch_bounds__(32 * WARPS)
     /* heavy tiles first: under a causal mask the last query tiles see the most keys */
     const int64_t qt = nqt - 1 - blockIdx.x;
     const int64_t i0 = qt * BQ, i1 = i0 + BQ < a.sq ? i0 + BQ : a.sq;
-    const int64_t wi0 = i0 + 16 * warp, wi1 = wi0 + 16 < i1 ? wi0 + 16 : i1;
+    /* warp rows [wi0, wi1); the thread's row rr = 2 mt + r is wi0 + 16 mt + 8 r + g */
+    const int64_t wi0 = i0 + 16 * MT * warp, wi1 = wi0 + 16 * MT < i1 ? wi0 + 16 * MT : i1;
     const float scale2 = (float)a.score.scale * kLog2e;
 
     for (int64_t bh = blockIdx.y; bh < a.b * a.hq; bh += gridDim.y) {
@@ -180,12 +92,15 @@ __global__ void __launch_bounds__(32 * WARPS)
 
         int64_t klo, khi; /* keys any row of the block may see */
         fai_mask_key_span(&mask, i0, i1, &klo, &khi);
+        /* tiles start at a multiple of BK: then every thread's key pair (j, j+1) has j even
+         * and j / 4 in common, so one Philox call covers both (and extra keys are masked) */
+        klo = klo / BK * BK;
         const int ntiles = klo < khi ? (int)((khi - klo + BK - 1) / BK) : 0;
 
-        /* the thread's two rows per warp: g and g + 8; their allowed keys [lo, hi) */
-        int64_t rlo[2], rhi[2];
-        for (int r = 0; r < 2; r++)
-            fai_mask_row(&mask, wi0 + g + 8 * r, &rlo[r], &rhi[r]);
+        int64_t rlo[R], rhi[R]; /* allowed keys of the thread's rows */
+#pragma unroll
+        for (int rr = 0; rr < R; rr++)
+            fai_mask_row(&mask, wi0 + 8 * rr + g, &rlo[rr], &rhi[rr]);
 
         __syncthreads(); /* the previous (b, h)'s readers are done with shared memory */
         /* Q tile, rows past Sq zero-filled */
@@ -209,17 +124,22 @@ __global__ void __launch_bounds__(32 * WARPS)
         if (ntiles > 0)
             load_kv(0);
 
-        uint32_t qf[cfg::qreg ? KQ : 1][4];
-        float o[DT][4];
-        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
+        uint32_t qf[cfg::qreg ? MT : 1][cfg::qreg ? KQ : 1][4];
+        float o[MT][DT][4];
+        float m[R], l[R];
 #pragma unroll
-        for (int d = 0; d < DT; d++)
-            o[d][0] = o[d][1] = o[d][2] = o[d][3] = 0;
+        for (int rr = 0; rr < R; rr++)
+            m[rr] = -INFINITY, l[rr] = 0;
+#pragma unroll
+        for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+            for (int d = 0; d < DT; d++)
+                o[mt][d][0] = o[mt][d][1] = o[mt][d][2] = o[mt][d][3] = 0;
 
-        /* the A fragment (16 x 16) of rows 16 warp .. +15, k-columns 16 kk .. +15, of a
-         * swizzled tile: lane l addresses row (l mod 16), chunk 2 kk + l / 16 */
-        auto ldA = [&](uint32_t *r, const T *base, int kk) {
-            ldmatrix_x4(r, base + L::off(16 * warp + (lane & 15), 2 * kk + (lane >> 4)));
+        /* the A fragment (16 x 16) of m-tile mt, k-columns 16 kk .. +15, of the swizzled Q
+         * tile: lane l addresses row (l mod 16), chunk 2 kk + l / 16 */
+        auto ldA = [&](uint32_t *r, int mt, int kk) {
+            ldmatrix_x4(r, qs + L::off(16 * (MT * warp + mt) + (lane & 15), 2 * kk + (lane >> 4)));
         };
 
         for (int t = 0; t < ntiles; t++) {
@@ -235,32 +155,35 @@ __global__ void __launch_bounds__(32 * WARPS)
             T *vt = vs + (t & 1) * BK * L::pitch;
             if (cfg::qreg && t == 0)
 #pragma unroll
-                for (int kk = 0; kk < KQ; kk++)
-                    ldA(qf[kk], qs, kk);
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int kk = 0; kk < KQ; kk++)
+                        ldA(qf[cfg::qreg ? mt : 0][cfg::qreg ? kk : 0], mt, kk);
 
             /* scan V for non-finite values where P = 0 may meet them (see the top) */
             const fai_tile_class bcls = fai_mask_classify(&mask, i0, i1, j0, j0 + BK);
             bool fix = false;
             if (bcls != FAI_TILE_FULL || (!FAST && dr.threshold)) {
-                if (tid < BK / 8)
-                    bad[tid] = 0;
+                if (tid < 1)
+                    *(uint32_t *)bad = 0, *(uint32_t *)(bad + (BK > 32 ? 4 : 0)) = 0;
                 __syncthreads();
                 int any = 0;
                 for (int c = tid; c < BK * (D / 8); c += cfg::threads) {
                     const int r = c / (D / 8), ch = c % (D / 8);
                     uint16_t *p = (uint16_t *)(vt + L::off(r, ch));
                     uint4 w = *(uint4 *)p;
-                    uint16_t *e = (uint16_t *)&w;
+                    uint32_t wd[4] = {w.x, w.y, w.z, w.w};
                     int hit = 0;
 #pragma unroll
-                    for (int x = 0; x < 8; x++)
-                        if (M::nonfinite(e[x])) {
-                            e[x] = 0;
-                            hit = 1;
-                        }
+                    for (int x = 0; x < 4; x++) {
+                        if (M::nonfinite((uint16_t)wd[x]))
+                            wd[x] &= 0xffff0000u, hit = 1;
+                        if (M::nonfinite((uint16_t)(wd[x] >> 16)))
+                            wd[x] &= 0x0000ffffu, hit = 1;
+                    }
                     if (hit) {
-                        *(uint4 *)p = w;
-                        atomicOr((unsigned int *)(bad + (r >> 3 & ~3)), 1u << ((r & 31)));
+                        *(uint4 *)p = make_uint4(wd[0], wd[1], wd[2], wd[3]);
+                        atomicOr((unsigned int *)(bad + 4 * (r >> 5)), 1u << (r & 31));
                         any = 1;
                     }
                 }
@@ -271,16 +194,19 @@ __global__ void __launch_bounds__(32 * WARPS)
                 wi0 < wi1 ? fai_mask_classify(&mask, wi0, wi1, j0, j0 + BK) : FAI_TILE_EMPTY;
             if (wcls != FAI_TILE_EMPTY) {
                 /* S = Q K^T */
-                float s[NT][4];
+                float s[MT][NT][4];
 #pragma unroll
-                for (int n = 0; n < NT; n++)
-                    s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0;
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int n = 0; n < NT; n++)
+                        s[mt][n][0] = s[mt][n][1] = s[mt][n][2] = s[mt][n][3] = 0;
 #pragma unroll
                 for (int kk = 0; kk < KQ; kk++) {
-                    uint32_t af[4];
+                    uint32_t af[cfg::qreg ? 1 : MT][4];
                     if (!cfg::qreg)
-                        ldA(af, qs, kk);
-                    const uint32_t *A = cfg::qreg ? qf[cfg::qreg ? kk : 0] : af;
+#pragma unroll
+                        for (int mt = 0; mt < MT; mt++)
+                            ldA(af[cfg::qreg ? 0 : mt], mt, kk);
 #pragma unroll
                     for (int n = 0; n < NT; n += 2) {
                         /* B fragments of key n-tiles n, n+1: matrices (keys 8n.., d 16kk..),
@@ -289,97 +215,132 @@ __global__ void __launch_bounds__(32 * WARPS)
                         const int mi = lane >> 3;
                         ldmatrix_x4(bf, kt + L::off(8 * n + 8 * (mi >> 1) + (lane & 7),
                                                     2 * kk + (mi & 1)));
-                        M::run(s[n], A, bf);
-                        M::run(s[n + 1], A, bf + 2);
+#pragma unroll
+                        for (int mt = 0; mt < MT; mt++) {
+                            const uint32_t *A = cfg::qreg ? qf[cfg::qreg ? mt : 0][cfg::qreg ? kk : 0]
+                                                          : af[cfg::qreg ? 0 : mt];
+                            M::run(s[mt][n], A, bf);
+                            M::run(s[mt][n + 1], A, bf + 2);
+                        }
                     }
                 }
-                /* scores to base-2 logits, mask, row max. Row r allows the tile's key
+                /* scores to base-2 logits, mask, row max. Row rr allows the tile's key
                  * columns [lo_c, hi_c): 32-bit, relative to j0 */
-                int lo_c[2], hi_c[2];
+                int lo_c[R], hi_c[R];
 #pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    const int64_t x = rlo[r] - j0, y = rhi[r] - j0;
-                    lo_c[r] = x < 0 ? 0 : x > BK ? BK : (int)x;
-                    hi_c[r] = y < 0 ? 0 : y > BK ? BK : (int)y;
+                for (int rr = 0; rr < R; rr++) {
+                    const int64_t x = rlo[rr] - j0, y = rhi[rr] - j0;
+                    lo_c[rr] = x < 0 ? 0 : x > BK ? BK : (int)x;
+                    hi_c[rr] = y < 0 ? 0 : y > BK ? BK : (int)y;
                 }
-                float bmax[2] = {-INFINITY, -INFINITY};
+                float bmax[R];
 #pragma unroll
-                for (int n = 0; n < NT; n++)
+                for (int rr = 0; rr < R; rr++)
+                    bmax[rr] = -INFINITY;
 #pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int r = e >> 1, c = 8 * n + 2 * tg + (e & 1);
-                        float x;
-                        if (FAST)
-                            x = s[n][e] * scale2;
-                        else
-                            x = fai_score_f32(&sc, s[n][e], slope, wi0 + g + 8 * r, j0 + c,
-                                              nullptr) *
-                                kLog2e;
-                        if (wcls == FAI_TILE_PARTIAL && !(c >= lo_c[r] && c < hi_c[r]))
-                            x = -INFINITY;
-                        s[n][e] = x;
-                        bmax[r] = fai_nanmax(bmax[r], x);
-                    }
-                float alpha[2];
-                bool live[2];
-#pragma unroll
-                for (int r = 0; r < 2; r++) {
-                    bmax[r] = fai_nanmax(bmax[r], __shfl_xor_sync(0xffffffffu, bmax[r], 1));
-                    bmax[r] = fai_nanmax(bmax[r], __shfl_xor_sync(0xffffffffu, bmax[r], 2));
-                    /* core/recurrence.h's rescale, base 2: skip while nothing finite is seen */
-                    const float mn = fai_nanmax(m[r], bmax[r]);
-                    live[r] = mn != -INFINITY;
-                    alpha[r] = live[r] ? exp2f(m[r] - mn) : 1.0f;
-                    if (live[r])
-                        m[r] = mn;
-                }
-                float rs[2] = {0, 0};
-#pragma unroll
-                for (int n = 0; n < NT; n++)
-#pragma unroll
-                    for (int e = 0; e < 4; e++) {
-                        const int r = e >> 1;
-                        const float p = live[r] ? exp2f(s[n][e] - m[r]) : 0.0f;
-                        rs[r] += p;
-                        s[n][e] = p;
-                    }
-#pragma unroll
-                for (int r = 0; r < 2; r++)
-                    l[r] = alpha[r] * l[r] + rs[r]; /* quad-partial; reduced at the end */
-#pragma unroll
-                for (int d = 0; d < DT; d++) {
-                    o[d][0] *= alpha[0], o[d][1] *= alpha[0];
-                    o[d][2] *= alpha[1], o[d][3] *= alpha[1];
-                }
-                /* dropout by selection: P~ = keep ? P : 0 (the 1/(1-p) comes at the end) */
-                if (!FAST && dr.threshold) {
+                for (int mt = 0; mt < MT; mt++)
 #pragma unroll
                     for (int n = 0; n < NT; n++)
 #pragma unroll
-                        for (int r = 0; r < 2; r++) {
-                            const int64_t i = wi0 + g + 8 * r, j = j0 + 8 * n + 2 * tg;
-                            /* keys j, j+1 (j even) share one Philox call (counter j/4) */
-                            fai_u32x4 ctr = {{(uint32_t)(j >> 2), (uint32_t)i,
-                                              (uint32_t)(b * dr.hq + h), dr.offset}};
-                            fai_u32x4 u = fai_philox4x32_10(ctr, dr.k0, dr.k1);
-                            const uint32_t w0 = (j & 2) ? u.v[2] : u.v[0];
-                            const uint32_t w1 = (j & 2) ? u.v[3] : u.v[1];
-                            if (w0 < dr.threshold)
-                                s[n][2 * r] = 0;
-                            if (w1 < dr.threshold)
-                                s[n][2 * r + 1] = 0;
+                        for (int e = 0; e < 4; e++) {
+                            const int rr = 2 * mt + (e >> 1), c = 8 * n + 2 * tg + (e & 1);
+                            float x;
+                            if (FAST)
+                                x = s[mt][n][e]; /* scaled inside the exponent below */
+                            else
+                                x = fai_score_f32(&sc, s[mt][n][e], slope, wi0 + 8 * rr + g,
+                                                  j0 + c, nullptr) *
+                                    kLog2e;
+                            if (wcls == FAI_TILE_PARTIAL && !(c >= lo_c[rr] && c < hi_c[rr]))
+                                x = -INFINITY;
+                            s[mt][n][e] = x;
+                            bmax[rr] = fai_nanmax(bmax[rr], x);
                         }
+                /* FAST: the row max of the raw scores times scale2 > 0 is the max of the
+                 * logits, so x = s scale2 - m is one FMA inside exp2 */
+                const float xs = FAST ? scale2 : 1.0f;
+                float alpha[R];
+                bool live[R];
+#pragma unroll
+                for (int rr = 0; rr < R; rr++) {
+                    bmax[rr] = fai_nanmax(bmax[rr], __shfl_xor_sync(0xffffffffu, bmax[rr], 1));
+                    bmax[rr] = fai_nanmax(bmax[rr], __shfl_xor_sync(0xffffffffu, bmax[rr], 2));
+                    /* core/recurrence.h's rescale, base 2: skip while nothing finite is seen */
+                    const float mn = fai_nanmax(m[rr], bmax[rr] * xs);
+                    live[rr] = mn != -INFINITY;
+                    alpha[rr] = live[rr] ? ex2(m[rr] - mn) : 1.0f;
+                    if (live[rr])
+                        m[rr] = mn;
                 }
+                float rs[R];
+                uint32_t pos[R]; /* bit 2n + (e & 1): P of column 8n + 2tg + (e & 1) is > 0 */
+#pragma unroll
+                for (int rr = 0; rr < R; rr++)
+                    rs[rr] = 0, pos[rr] = 0;
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int n = 0; n < NT; n++)
+#pragma unroll
+                        for (int e = 0; e < 4; e++) {
+                            const int rr = 2 * mt + (e >> 1);
+                            const float p = live[rr] ? ex2(fmaf(s[mt][n][e], xs, -m[rr])) : 0.0f;
+                            rs[rr] += p;
+                            s[mt][n][e] = p;
+                        }
+#pragma unroll
+                for (int rr = 0; rr < R; rr++)
+                    l[rr] = alpha[rr] * l[rr] + rs[rr]; /* quad-partial; reduced at the end */
+#pragma unroll
+                for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                    for (int d = 0; d < DT; d++) {
+                        o[mt][d][0] *= alpha[2 * mt], o[mt][d][1] *= alpha[2 * mt];
+                        o[mt][d][2] *= alpha[2 * mt + 1], o[mt][d][3] *= alpha[2 * mt + 1];
+                    }
+                /* dropout by selection: P~ = keep ? P : 0 (the 1/(1-p) comes at the end) */
+                if (!FAST && dr.threshold) {
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                        for (int n = 0; n < NT; n++)
+#pragma unroll
+                            for (int r = 0; r < 2; r++) {
+                                const int64_t i = wi0 + 16 * mt + 8 * r + g, j = j0 + 8 * n + 2 * tg;
+                                /* keys j, j+1 (j even) share one Philox call (counter j/4) */
+                                fai_u32x4 ctr = {{(uint32_t)(j >> 2), (uint32_t)i,
+                                                  (uint32_t)(b * dr.hq + h), dr.offset}};
+                                fai_u32x4 u = fai_philox4x32_10(ctr, dr.k0, dr.k1);
+                                const uint32_t w0 = (j & 2) ? u.v[2] : u.v[0];
+                                const uint32_t w1 = (j & 2) ? u.v[3] : u.v[1];
+                                if (w0 < dr.threshold)
+                                    s[mt][n][2 * r] = 0;
+                                if (w1 < dr.threshold)
+                                    s[mt][n][2 * r + 1] = 0;
+                            }
+                }
+                if (fix)
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                        for (int n = 0; n < NT; n++)
+#pragma unroll
+                            for (int e = 0; e < 4; e++)
+                                if (s[mt][n][e] > 0)
+                                    pos[2 * mt + (e >> 1)] |= 1u << (2 * n + (e & 1));
                 /* O += P V: P's accumulator tiles n = 2 kk, 2 kk + 1 are the A fragment of
                  * k-step kk: a0 = (row g, keys 2tg..) of tile 2kk, a1 = (row g+8, ..) of tile
                  * 2kk, a2, a3 = the same of tile 2kk+1 */
 #pragma unroll
                 for (int kk = 0; kk < KP; kk++) {
-                    uint32_t pa[4];
-                    pa[0] = M::pack(s[2 * kk][0], s[2 * kk][1]);
-                    pa[1] = M::pack(s[2 * kk][2], s[2 * kk][3]);
-                    pa[2] = M::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                    pa[3] = M::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+                    uint32_t pa[MT][4];
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++) {
+                        pa[mt][0] = M::pack(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+                        pa[mt][1] = M::pack(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+                        pa[mt][2] = M::pack(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+                        pa[mt][3] = M::pack(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+                    }
 #pragma unroll
                     for (int d = 0; d < DT; d += 2) {
                         /* B fragments of dim n-tiles d, d+1 from V (keys x dims, row-major):
@@ -389,46 +350,46 @@ __global__ void __launch_bounds__(32 * WARPS)
                         const int mi = lane >> 3;
                         ldmatrix_x4_trans(bf, vt + L::off(16 * kk + 8 * (mi & 1) + (lane & 7),
                                                           d + (mi >> 1)));
-                        M::run(o[d], pa, bf);
-                        M::run(o[d + 1], pa, bf + 2);
+#pragma unroll
+                        for (int mt = 0; mt < MT; mt++) {
+                            M::run(o[mt][d], pa[mt], bf);
+                            M::run(o[mt][d + 1], pa[mt], bf + 2);
+                        }
                     }
                 }
-                /* the flagged keys' exact terms, P times the original V (rare path): the
-                 * warp's P~ goes through its scratch so keys can be walked at run time */
+                /* the flagged keys' exact terms (rare path). The scan zeroed V's non-finite
+                 * elements; an allowed, kept term P v with v non-finite is inf or NaN whatever
+                 * P's size, and NaN exactly when P = 0: so add (P > 0 ? 1 : 0) v for them.
+                 * Column c's P > 0 bit lives in lane 4g + (c mod 8)/2, bit 2 (c/8) + (c mod 2) */
                 if (fix) {
-                    float *ps = pscr + warp * 16 * BK;
-#pragma unroll
-                    for (int n = 0; n < NT; n++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++)
-                            ps[(g + 8 * (e >> 1)) * BK + 8 * n + 2 * tg + (e & 1)] = s[n][e];
-                    __syncwarp();
                     for (int c = 0; c < BK; c++) {
                         if (!(bad[c >> 3] >> (c & 7) & 1))
                             continue;
                         const int64_t j = j0 + c;
                         const T *vr = vg + j * a.tv.ss;
+                        const int src = 4 * g + ((c & 7) >> 1);
 #pragma unroll
-                        for (int r = 0; r < 2; r++) {
-                            const int64_t i = wi0 + g + 8 * r;
-                            if (!live[r] || !(c >= lo_c[r] && c < hi_c[r]))
+                        for (int rr = 0; rr < R; rr++) {
+                            const uint32_t bits = __shfl_sync(0xffffffffu, pos[rr], src);
+                            const int64_t i = wi0 + 8 * rr + g;
+                            if (!live[rr] || !(c >= lo_c[rr] && c < hi_c[rr]))
                                 continue;
                             if (!FAST && dr.threshold && !fai_keep(dr, b, h, i, j))
                                 continue;
-                            const float p = ps[(g + 8 * r) * BK + c];
+                            const float p = (bits >> (2 * (c >> 3) + (c & 1)) & 1) ? 1.0f : 0.0f;
+                            const int mt = rr >> 1, r = rr & 1;
 #pragma unroll
                             for (int d = 0; d < DT; d++) {
                                 const float v0 = fai_storage<T>::load(vr[8 * d + 2 * tg]);
                                 const float v1 = fai_storage<T>::load(vr[8 * d + 2 * tg + 1]);
                                 /* only the elements the scan zeroed */
                                 if (!isfinite(v0))
-                                    o[d][2 * r] += p * v0;
+                                    o[mt][d][2 * r] += p * v0;
                                 if (!isfinite(v1))
-                                    o[d][2 * r + 1] += p * v1;
+                                    o[mt][d][2 * r + 1] += p * v1;
                             }
                         }
                     }
-                    __syncwarp();
                 }
             }
             __syncthreads(); /* buffer t & 1 is reloaded by the next iteration */
@@ -437,26 +398,27 @@ __global__ void __launch_bounds__(32 * WARPS)
 
         /* finalize (core/recurrence.h's fai_online_finalize in base 2) and store */
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-            l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-            const int64_t i = wi0 + g + 8 * r;
+        for (int rr = 0; rr < R; rr++) {
+            l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 1);
+            l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
+            const int64_t i = wi0 + 8 * rr + g;
+            const int mt = rr >> 1, r = rr & 1;
             double lse;
             float f;
-            if (!(l[r] != 0)) { /* nothing absorbed: O = 0, LSE = -inf */
+            if (!(l[rr] != 0)) { /* nothing absorbed: O = 0, LSE = -inf */
                 lse = -INFINITY;
                 f = 0;
             } else {
-                lse = (double)m[r] * 0.6931471805599453 + log((double)l[r]);
-                f = (float)a.keep_scale / l[r];
+                lse = (double)m[rr] * 0.6931471805599453 + log((double)l[rr]);
+                f = (float)a.keep_scale / l[rr];
             }
             if (i >= a.sq)
                 continue;
             T *orow = fai_at<T>(a.tout, b, i, h);
 #pragma unroll
             for (int d = 0; d < DT; d++) {
-                const float x0 = f == 0 ? 0.0f : o[d][2 * r] * f;
-                const float x1 = f == 0 ? 0.0f : o[d][2 * r + 1] * f;
+                const float x0 = f == 0 ? 0.0f : o[mt][d][2 * r] * f;
+                const float x1 = f == 0 ? 0.0f : o[mt][d][2 * r + 1] * f;
                 *(uint32_t *)(orow + 8 * d + 2 * tg) = M::pack(x0, x1);
             }
             if (a.tlse.data && tg == 0)
@@ -467,13 +429,13 @@ __global__ void __launch_bounds__(32 * WARPS)
 
 /* ------------------------------------------------------------------ launch */
 
-template <typename T, int D, int BK, int WARPS>
+template <typename T, int D, int BK, int WARPS, int MT>
 fai_cuda_result launch(const fai_cuda_args &a, char *err, size_t n)
 {
-    using cfg = fwd_cfg<T, D, BK, WARPS>;
+    using cfg = fwd_cfg<T, D, BK, WARPS, MT>;
     const bool fast = a.score.softcap == 0 && a.slopes == nullptr && a.drop_threshold == 0;
-    auto k = fast ? fa_fwd_kernel_mma__sm80<T, D, BK, WARPS, true>
-                  : fa_fwd_kernel_mma__sm80<T, D, BK, WARPS, false>;
+    auto k = fast ? fa_fwd_kernel_mma__sm80<T, D, BK, WARPS, MT, true>
+                  : fa_fwd_kernel_mma__sm80<T, D, BK, WARPS, MT, false>;
     const size_t sm = cfg::smem_bytes;
     if (sm > 48 * 1024 &&
         cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) !=
@@ -486,20 +448,26 @@ fai_cuda_result launch(const fai_cuda_args &a, char *err, size_t n)
 }
 
 /*
- * Tile sizes, one place (see docs/notes/cuda.md for the measurements behind them):
- *   D <= 128: 4 warps x 16 rows = 64 query rows, 64-key tiles, Q in registers.
- *   D = 256:  64 query rows, 32-key tiles (the O accumulator alone is 128 registers), Q read
- *             from shared memory at every k-step.
+ * Tile sizes, one place (docs/notes/cuda.md has the measurements behind them):
+ *   D <= 128: 4 warps x 2 m-tiles = 128 query rows, 64-key tiles (v1, 4 x 1 = 64 rows, ran at
+ *             0.4x FA2: one ldmatrix.x4 per two MMAs saturated shared memory).
+ *   D = 256:  4 warps x 1 m-tile = 64 query rows, 32-key tiles (the O accumulator alone is
+ *             128 registers), Q read from shared memory at every k-step.
  */
 template <typename T>
 fai_cuda_result by_dim(const fai_cuda_args &a, char *err, size_t n)
 {
     switch (a.dqk) {
-    case 32: return launch<T, 32, 64, 4>(a, err, n);
-    case 64: return launch<T, 64, 64, 4>(a, err, n);
-    case 96: return launch<T, 96, 64, 4>(a, err, n);
-    case 128: return launch<T, 128, 64, 4>(a, err, n);
-    default: return launch<T, 256, 32, 4>(a, err, n);
+    case 32: return launch<T, 32, 64, 4, 2>(a, err, n);
+    case 64: return launch<T, 64, 64, 4, 2>(a, err, n);
+    case 96: return launch<T, 96, 64, 4, 2>(a, err, n);
+    case 128: {
+        const char *e = getenv("FA_CUDA_FWD_BQ"); /* tile experiments: 64 runs the 4 x 1 layout */
+        if (e && atoi(e) == 64)
+            return launch<T, 128, 64, 4, 1>(a, err, n);
+        return launch<T, 128, 64, 4, 2>(a, err, n);
+    }
+    default: return launch<T, 256, 32, 4, 1>(a, err, n);
     }
 }
 
@@ -539,10 +507,10 @@ const char *fai_cuda_forward_mma_name(const fai_cuda_args *a)
     if (!applies(*a))
         return nullptr;
     switch (a->dqk) {
-    case 32: return "fa_fwd_kernel_mma__sm80 64x64 D32";
-    case 64: return "fa_fwd_kernel_mma__sm80 64x64 D64";
-    case 96: return "fa_fwd_kernel_mma__sm80 64x64 D96";
-    case 128: return "fa_fwd_kernel_mma__sm80 64x64 D128";
+    case 32: return "fa_fwd_kernel_mma__sm80 128x64 D32";
+    case 64: return "fa_fwd_kernel_mma__sm80 128x64 D64";
+    case 96: return "fa_fwd_kernel_mma__sm80 128x64 D96";
+    case 128: return "fa_fwd_kernel_mma__sm80 128x64 D128";
     default: return "fa_fwd_kernel_mma__sm80 64x32 D256";
     }
 }

@@ -129,23 +129,22 @@ __global__ void __launch_bounds__(kWarps * 32) fa_fwd_kernel_rowwarp(const fai_c
 
 /* ------------------------------------------------------------------ backward */
 
-/* D_i = dO_i . O_i, in the compute type, one warp per row: work[(b * hq + h) * sq + i]. */
+/* D_i = dO_i . O_i, in the compute type, one thread per row, summed in order d = 0, 1, ...:
+ * the order of dot_row's dP = dO_i . v_j, so that where O_i = z v_j exactly (one allowed key,
+ * P = 1, z a power of two) D_i and z dP cancel exactly, as on the CPU. work[(b hq + h) sq + i] */
 template <typename S, typename C>
 __global__ void __launch_bounds__(kWarps * 32) fa_bwd_delta_kernel(const fai_cuda_args a)
 {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int64_t i = (int64_t)blockIdx.x * kWarps + warp;
+    const int64_t i = (int64_t)blockIdx.x * kWarps * 32 + threadIdx.x;
     if (i >= a.sq)
         return;
     for (int64_t bh = blockIdx.y; bh < a.b * a.hq; bh += gridDim.y) {
         const int64_t b = bh / a.hq, h = bh % a.hq;
         const S *o = fai_at<S>(a.tout, b, i, h), *g = fai_at<S>(a.tdout, b, i, h);
         C acc = 0;
-        for (int64_t d = lane; d < a.dv; d += 32)
-            acc += fai_storage<S>::load(o[d]) * fai_storage<S>::load(g[d]);
-        acc = fai_warp_sum(acc);
-        if (lane == 0)
-            ((C *)a.work)[bh * a.sq + i] = acc;
+        for (int64_t d = 0; d < a.dv; d++)
+            acc += fai_storage<S>::load(g[d]) * fai_storage<S>::load(o[d]);
+        ((C *)a.work)[bh * a.sq + i] = acc;
     }
 }
 
@@ -176,8 +175,10 @@ __device__ __forceinline__ int pair_grads(const fai_score &sc, const fai_drop &d
 
 /* dK_j, dV_j: one warp per key row of a KV head, summing over the group's query heads. */
 template <typename S, typename C, int NV>
-__global__ void __launch_bounds__(kWarps * 32) fa_bwd_dkdv_kernel_rowwarp(const fai_cuda_args a)
+__global__ void __launch_bounds__(kWarps * 32) fa_bwd_dkdv_kernel_rowwarp(const fai_cuda_args a, const int *gate)
 {
+    if (gate && !*gate)
+        return; /* the tensor-core kernel has this problem */
     extern __shared__ __align__(16) unsigned char smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const fai_mask mask = a.mask;
@@ -245,8 +246,10 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_dkdv_kernel_rowwarp(const 
 
 /* dQ_i: one warp per query row. */
 template <typename S, typename C, int NV>
-__global__ void __launch_bounds__(kWarps * 32) fa_bwd_dq_kernel_rowwarp(const fai_cuda_args a)
+__global__ void __launch_bounds__(kWarps * 32) fa_bwd_dq_kernel_rowwarp(const fai_cuda_args a, const int *gate)
 {
+    if (gate && !*gate)
+        return; /* the tensor-core kernel has this problem */
     extern __shared__ __align__(16) unsigned char smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const fai_mask mask = a.mask;
@@ -325,23 +328,44 @@ fai_cuda_result run_forward(const fai_cuda_args &a, char *err, size_t n)
     return fai_cuda_check_launch("generic forward", err, n);
 }
 
+/*
+ * The backward. With the tensor-core kernel (16-bit storage, its head dims and alignment) the
+ * generic dK/dV and dQ kernels are launched behind its device-side flag and return at once
+ * unless some input was non-finite; dQ also runs here, ungated, when determinism is asked
+ * for (the tensor-core kernel then leaves dQ alone rather than use atomics).
+ */
 template <typename S, typename C, int NV>
 fai_cuda_result run_backward(const fai_cuda_args &a, char *err, size_t n)
 {
     cudaStream_t st = (cudaStream_t)a.stream;
     const size_t sm = (size_t)kWarps * (a.dqk + a.dv) * sizeof(C);
+    const bool mma = a.sq > 0 && a.sk > 0 && fai_cuda_backward_mma_applies(&a);
+    const int64_t bhs = a.b * a.hq * a.sq;
+    fai_cuda_bwd_ws w = {(float *)a.work, (float *)a.work + bhs, (float *)a.work + 2 * bhs,
+                         (int *)((float *)a.work + (2 + a.dqk) * bhs)};
     fai_cuda_result r;
+    if (mma && (r = fai_cuda_backward_mma_prepare(&a, &w, err, n)) != FAI_CUDA_OK)
+        return r;
     if (a.sq > 0) {
-        fa_bwd_delta_kernel<S, C><<<grid_for(a.sq, a.b * a.hq), kWarps * 32, 0, st>>>(a);
+        const int64_t bh = a.b * a.hq;
+        fa_bwd_delta_kernel<S, C><<<dim3((unsigned)((a.sq + kWarps * 32 - 1) / (kWarps * 32)),
+                                         (unsigned)(bh < kMaxGridY ? bh : kMaxGridY)),
+                                    kWarps * 32, 0, st>>>(a);
         if ((r = fai_cuda_check_launch("backward D = dO . O", err, n)) != FAI_CUDA_OK)
             return r;
-        fa_bwd_dq_kernel_rowwarp<S, C, NV><<<grid_for(a.sq, a.b * a.hq), kWarps * 32, sm, st>>>(a);
+    }
+    if (mma && (r = fai_cuda_backward_mma(&a, &w, err, n)) != FAI_CUDA_OK)
+        return r;
+    const int *gate = mma ? w.flag : nullptr;
+    if (a.sq > 0) {
+        fa_bwd_dq_kernel_rowwarp<S, C, NV><<<grid_for(a.sq, a.b * a.hq), kWarps * 32, sm, st>>>(
+            a, a.deterministic ? nullptr : gate);
         if ((r = fai_cuda_check_launch("generic backward dQ", err, n)) != FAI_CUDA_OK)
             return r;
     }
     if (a.sk > 0) {
         fa_bwd_dkdv_kernel_rowwarp<S, C, NV>
-            <<<grid_for(a.sk, a.b * a.hk), kWarps * 32, sm, st>>>(a);
+            <<<grid_for(a.sk, a.b * a.hk), kWarps * 32, sm, st>>>(a, gate);
         if ((r = fai_cuda_check_launch("generic backward dK dV", err, n)) != FAI_CUDA_OK)
             return r;
     }
@@ -418,7 +442,10 @@ extern "C" fai_cuda_result fai_cuda_backward(const fai_cuda_args *a, char *err, 
 
 extern "C" size_t fai_cuda_backward_workspace(const fai_cuda_args *a)
 {
-    return (size_t)(a->b * a->hq * a->sq) * (a->dtype == FA_F64 ? sizeof(double) : sizeof(float));
+    const size_t bhs = (size_t)(a->b * a->hq * a->sq);
+    if (a->sq > 0 && a->sk > 0 && fai_cuda_backward_mma_applies(a)) /* fai_cuda_bwd_ws */
+        return (2 + (size_t)a->dqk) * bhs * sizeof(float) + 16;
+    return bhs * (a->dtype == FA_F64 ? sizeof(double) : sizeof(float));
 }
 
 extern "C" const char *fai_cuda_forward_kernel_name(const fai_cuda_args *a)
