@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(kThreads)
     const fai_drop dr = fai_drop_of(a);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = lane >> 2, tg = lane & 3;
+    const int g = lane >> 2, tg = lane & 3, sw = L::lane_swz(lane);
     const int64_t j0 = (int64_t)blockIdx.x * kBKV, j1 = j0 + kBKV < a.sk ? j0 + kBKV : a.sk;
     const int64_t wj0 = j0 + 16 * warp, wj1 = wj0 + 16 < j1 ? wj0 + 16 : j1;
     const float scale2 = (float)sc.scale * kLog2e;
@@ -197,15 +197,15 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
                 for (int kk = 0; kk < KD; kk++) {
                     uint32_t ka[4], va[4];
-                    ldmatrix_x4(ka, ks + L::off(16 * warp + (lane & 15), 2 * kk + (lane >> 4)));
-                    ldmatrix_x4(va, vs + L::off(16 * warp + (lane & 15), 2 * kk + (lane >> 4)));
+                    ldmatrix_x4(ka, ks + L::off_sw(16 * warp + (lane & 15), 2 * kk + (lane >> 4), sw));
+                    ldmatrix_x4(va, vs + L::off_sw(16 * warp + (lane & 15), 2 * kk + (lane >> 4), sw));
 #pragma unroll
                     for (int n = 0; n < NQ; n += 2) {
                         uint32_t qb[4], gb[4];
                         const int mi = lane >> 3;
                         const int row = 8 * n + 8 * (mi >> 1) + (lane & 7), ch = 2 * kk + (mi & 1);
-                        ldmatrix_x4(qb, qt + L::off(row, ch));
-                        ldmatrix_x4(gb, gt + L::off(row, ch));
+                        ldmatrix_x4(qb, qt + L::off_sw(row, ch, sw));
+                        ldmatrix_x4(gb, gt + L::off_sw(row, ch, sw));
                         M::run(s[n], ka, qb);
                         M::run(s[n + 1], ka, qb + 2);
                         M::run(dp[n], va, gb);
@@ -264,8 +264,8 @@ __global__ void __launch_bounds__(kThreads)
                         uint32_t gb[4], qb[4];
                         const int mi = lane >> 3;
                         const int row = 16 * kk + 8 * (mi & 1) + (lane & 7), ch = d + (mi >> 1);
-                        ldmatrix_x4_trans(gb, gt + L::off(row, ch));
-                        ldmatrix_x4_trans(qb, qt + L::off(row, ch));
+                        ldmatrix_x4_trans(gb, gt + L::off_sw(row, ch, sw));
+                        ldmatrix_x4_trans(qb, qt + L::off_sw(row, ch, sw));
                         M::run(dv[d], pa, gb);
                         M::run(dv[d + 1], pa, gb + 2);
                         M::run(dk[d], da, qb);
@@ -301,8 +301,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
                     for (int d = 0; d < DH; d += 2) {
                         uint32_t kb[4];
-                        ldmatrix_x4_trans(kb, ks + L::off(16 * kk + 8 * (mi & 1) + (lane & 7),
-                                                          dh + d + (mi >> 1)));
+                        ldmatrix_x4_trans(kb, ks + L::off_sw(16 * kk + 8 * (mi & 1) + (lane & 7),
+                                                             dh + d + (mi >> 1), sw));
                         M::run(acc[d], da, kb);
                         if (d + 1 < DH)
                             M::run(acc[d + 1], da, kb + 2);

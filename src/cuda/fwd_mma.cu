@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(32 * WARPS)
     const fai_drop dr = fai_drop_of(a);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int g = lane >> 2, tg = lane & 3;
+    const int g = lane >> 2, tg = lane & 3, sw = L::lane_swz(lane);
     const int64_t nqt = (a.sq + BQ - 1) / BQ;
     /* heavy tiles first: under a causal mask the last query tiles see the most keys */
     const int64_t qt = nqt - 1 - blockIdx.x;
@@ -97,10 +97,15 @@ __global__ void __launch_bounds__(32 * WARPS)
         klo = klo / BK * BK;
         const int ntiles = klo < khi ? (int)((khi - klo + BK - 1) / BK) : 0;
 
-        int64_t rlo[R], rhi[R]; /* allowed keys of the thread's rows */
-#pragma unroll
-        for (int rr = 0; rr < R; rr++)
-            fai_mask_row(&mask, wi0 + 8 * rr + g, &rlo[rr], &rhi[rr]);
+        /* the allowed key columns [lo, hi) of the thread's row rr within the tile at j0,
+         * recomputed where needed (partial tiles) rather than held in registers */
+        auto cols = [&](int rr, int64_t j0, int *lo, int *hi) {
+            int64_t x, y;
+            fai_mask_row(&mask, wi0 + 8 * rr + g, &x, &y);
+            x -= j0, y -= j0;
+            *lo = x < 0 ? 0 : x > BK ? BK : (int)x;
+            *hi = y < 0 ? 0 : y > BK ? BK : (int)y;
+        };
 
         __syncthreads(); /* the previous (b, h)'s readers are done with shared memory */
         /* Q tile, rows past Sq zero-filled */
@@ -139,7 +144,7 @@ __global__ void __launch_bounds__(32 * WARPS)
         /* the A fragment (16 x 16) of m-tile mt, k-columns 16 kk .. +15, of the swizzled Q
          * tile: lane l addresses row (l mod 16), chunk 2 kk + l / 16 */
         auto ldA = [&](uint32_t *r, int mt, int kk) {
-            ldmatrix_x4(r, qs + L::off(16 * (MT * warp + mt) + (lane & 15), 2 * kk + (lane >> 4)));
+            ldmatrix_x4(r, qs + L::off_sw(16 * (MT * warp + mt) + (lane & 15), 2 * kk + (lane >> 4), sw));
         };
 
         for (int t = 0; t < ntiles; t++) {
@@ -213,8 +218,8 @@ __global__ void __launch_bounds__(32 * WARPS)
                          * (8n.., 16kk+8..), (8n+8.., 16kk..), (8n+8.., 16kk+8..) */
                         uint32_t bf[4];
                         const int mi = lane >> 3;
-                        ldmatrix_x4(bf, kt + L::off(8 * n + 8 * (mi >> 1) + (lane & 7),
-                                                    2 * kk + (mi & 1)));
+                        ldmatrix_x4(bf, kt + L::off_sw(8 * n + 8 * (mi >> 1) + (lane & 7),
+                                                       2 * kk + (mi & 1), sw));
 #pragma unroll
                         for (int mt = 0; mt < MT; mt++) {
                             const uint32_t *A = cfg::qreg ? qf[cfg::qreg ? mt : 0][cfg::qreg ? kk : 0]
@@ -224,15 +229,38 @@ __global__ void __launch_bounds__(32 * WARPS)
                         }
                     }
                 }
-                /* scores to base-2 logits, mask, row max. Row rr allows the tile's key
-                 * columns [lo_c, hi_c): 32-bit, relative to j0 */
-                int lo_c[R], hi_c[R];
+                /* scores to base-2 logits, mask, row max, in separate passes, so that the common full FAST tile runs none of them */
+                if (!FAST)
 #pragma unroll
-                for (int rr = 0; rr < R; rr++) {
-                    const int64_t x = rlo[rr] - j0, y = rhi[rr] - j0;
-                    lo_c[rr] = x < 0 ? 0 : x > BK ? BK : (int)x;
-                    hi_c[rr] = y < 0 ? 0 : y > BK ? BK : (int)y;
+                    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                        for (int n = 0; n < NT; n++)
+#pragma unroll
+                            for (int e = 0; e < 4; e++) {
+                                const int rr = 2 * mt + (e >> 1), c = 8 * n + 2 * tg + (e & 1);
+                                s[mt][n][e] = fai_score_f32(&sc, s[mt][n][e], slope,
+                                                            wi0 + 8 * rr + g, j0 + c, nullptr) *
+                                              kLog2e;
+                            }
+                if (wcls == FAI_TILE_PARTIAL) {
+                    int lo_c[R], hi_c[R];
+#pragma unroll
+                    for (int rr = 0; rr < R; rr++)
+                        cols(rr, j0, &lo_c[rr], &hi_c[rr]);
+#pragma unroll
+                    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+                        for (int n = 0; n < NT; n++)
+#pragma unroll
+                            for (int e = 0; e < 4; e++) {
+                                const int rr = 2 * mt + (e >> 1), c = 8 * n + 2 * tg + (e & 1);
+                                if (!(c >= lo_c[rr] && c < hi_c[rr]))
+                                    s[mt][n][e] = -INFINITY; /* masked: by selection */
+                            }
                 }
+                /* Row max by FMNMX, which skips NaN; a NaN score still reaches the row through
+                 * its P = 2^(NaN - m) in l and O, except in a row whose tile holds nothing but
+                 * NaN and -inf: that rare case is caught below, so NaN always propagates. */
                 float bmax[R];
 #pragma unroll
                 for (int rr = 0; rr < R; rr++)
@@ -242,20 +270,8 @@ __global__ void __launch_bounds__(32 * WARPS)
 #pragma unroll
                     for (int n = 0; n < NT; n++)
 #pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            const int rr = 2 * mt + (e >> 1), c = 8 * n + 2 * tg + (e & 1);
-                            float x;
-                            if (FAST)
-                                x = s[mt][n][e]; /* scaled inside the exponent below */
-                            else
-                                x = fai_score_f32(&sc, s[mt][n][e], slope, wi0 + 8 * rr + g,
-                                                  j0 + c, nullptr) *
-                                    kLog2e;
-                            if (wcls == FAI_TILE_PARTIAL && !(c >= lo_c[rr] && c < hi_c[rr]))
-                                x = -INFINITY;
-                            s[mt][n][e] = x;
-                            bmax[rr] = fai_nanmax(bmax[rr], x);
-                        }
+                        for (int e = 0; e < 4; e++)
+                            bmax[2 * mt + (e >> 1)] = fmaxf(bmax[2 * mt + (e >> 1)], s[mt][n][e]);
                 /* FAST: the row max of the raw scores times scale2 > 0 is the max of the
                  * logits, so x = s scale2 - m is one FMA inside exp2 */
                 const float xs = FAST ? scale2 : 1.0f;
@@ -263,11 +279,23 @@ __global__ void __launch_bounds__(32 * WARPS)
                 bool live[R];
 #pragma unroll
                 for (int rr = 0; rr < R; rr++) {
-                    bmax[rr] = fai_nanmax(bmax[rr], __shfl_xor_sync(0xffffffffu, bmax[rr], 1));
-                    bmax[rr] = fai_nanmax(bmax[rr], __shfl_xor_sync(0xffffffffu, bmax[rr], 2));
+                    bmax[rr] = fmaxf(bmax[rr], __shfl_xor_sync(0xffffffffu, bmax[rr], 1));
+                    bmax[rr] = fmaxf(bmax[rr], __shfl_xor_sync(0xffffffffu, bmax[rr], 2));
                     /* core/recurrence.h's rescale, base 2: skip while nothing finite is seen */
-                    const float mn = fai_nanmax(m[rr], bmax[rr] * xs);
+                    float mn = fai_nanmax(m[rr], bmax[rr] * xs);
                     live[rr] = mn != -INFINITY;
+                    if (__any_sync(0xffffffffu, !live[rr])) { /* rare: NaN-only rows? */
+                        int nan = 0;
+#pragma unroll
+                        for (int n = 0; n < NT; n++)
+#pragma unroll
+                            for (int e = 0; e < 2; e++)
+                                nan |= s[rr >> 1][n][2 * (rr & 1) + e] != s[rr >> 1][n][2 * (rr & 1) + e];
+                        nan |= __shfl_xor_sync(0xffffffffu, nan, 1);
+                        nan |= __shfl_xor_sync(0xffffffffu, nan, 2);
+                        if (!live[rr] && nan)
+                            mn = NAN, live[rr] = true;
+                    }
                     alpha[rr] = live[rr] ? ex2(m[rr] - mn) : 1.0f;
                     if (live[rr])
                         m[rr] = mn;
@@ -288,16 +316,21 @@ __global__ void __launch_bounds__(32 * WARPS)
                             rs[rr] += p;
                             s[mt][n][e] = p;
                         }
+                bool rescale = false;
 #pragma unroll
-                for (int rr = 0; rr < R; rr++)
+                for (int rr = 0; rr < R; rr++) {
                     l[rr] = alpha[rr] * l[rr] + rs[rr]; /* quad-partial; reduced at the end */
+                    rescale |= alpha[rr] != 1.0f;
+                }
+                /* O *= alpha, skipped when no row of the warp moved its max (most tiles) */
+                if (__any_sync(0xffffffffu, rescale))
 #pragma unroll
-                for (int mt = 0; mt < MT; mt++)
+                    for (int mt = 0; mt < MT; mt++)
 #pragma unroll
-                    for (int d = 0; d < DT; d++) {
-                        o[mt][d][0] *= alpha[2 * mt], o[mt][d][1] *= alpha[2 * mt];
-                        o[mt][d][2] *= alpha[2 * mt + 1], o[mt][d][3] *= alpha[2 * mt + 1];
-                    }
+                        for (int d = 0; d < DT; d++) {
+                            o[mt][d][0] *= alpha[2 * mt], o[mt][d][1] *= alpha[2 * mt];
+                            o[mt][d][2] *= alpha[2 * mt + 1], o[mt][d][3] *= alpha[2 * mt + 1];
+                        }
                 /* dropout by selection: P~ = keep ? P : 0 (the 1/(1-p) comes at the end) */
                 if (!FAST && dr.threshold) {
 #pragma unroll
@@ -348,8 +381,8 @@ __global__ void __launch_bounds__(32 * WARPS)
                          * (16kk.., 8d+8..), (16kk+8.., 8d+8..) */
                         uint32_t bf[4];
                         const int mi = lane >> 3;
-                        ldmatrix_x4_trans(bf, vt + L::off(16 * kk + 8 * (mi & 1) + (lane & 7),
-                                                          d + (mi >> 1)));
+                        ldmatrix_x4_trans(bf, vt + L::off_sw(16 * kk + 8 * (mi & 1) + (lane & 7),
+                                                             d + (mi >> 1), sw));
 #pragma unroll
                         for (int mt = 0; mt < MT; mt++) {
                             M::run(o[mt][d], pa[mt], bf);
@@ -362,6 +395,10 @@ __global__ void __launch_bounds__(32 * WARPS)
                  * P's size, and NaN exactly when P = 0: so add (P > 0 ? 1 : 0) v for them.
                  * Column c's P > 0 bit lives in lane 4g + (c mod 8)/2, bit 2 (c/8) + (c mod 2) */
                 if (fix) {
+                    int lo_c[R], hi_c[R];
+#pragma unroll
+                    for (int rr = 0; rr < R; rr++)
+                        cols(rr, j0, &lo_c[rr], &hi_c[rr]);
                     for (int c = 0; c < BK; c++) {
                         if (!(bad[c >> 3] >> (c & 7) & 1))
                             continue;
@@ -465,6 +502,9 @@ fai_cuda_result by_dim(const fai_cuda_args &a, char *err, size_t n)
         const char *e = getenv("FA_CUDA_FWD_BQ"); /* tile experiments: 64 runs the 4 x 1 layout */
         if (e && atoi(e) == 64)
             return launch<T, 128, 64, 4, 1>(a, err, n);
+        const char *k = getenv("FA_CUDA_FWD_BK"); /* 32: half-size key tiles, fewer registers */
+        if (k && atoi(k) == 32)
+            return launch<T, 128, 32, 4, 2>(a, err, n);
         return launch<T, 128, 64, 4, 2>(a, err, n);
     }
     default: return launch<T, 256, 32, 4, 1>(a, err, n);

@@ -106,6 +106,11 @@ template <int D> struct layout {
         const int s = P >= 8 ? (r & 7) : ((r >> 1) & 3);
         return r * pitch + ((c ^ s) << 3);
     }
+    /* The ldmatrix rows of a lane are always (lane mod 8) modulo 8, so swz(r) is a per-lane
+     * constant: pass it in (lane_swz), and the row and chunk terms stay plain additions the
+     * compiler folds into immediates instead of a register per unrolled address. */
+    __device__ static int lane_swz(int lane) { return P >= 8 ? (lane & 7) : ((lane & 7) >> 1); }
+    __device__ static int off_sw(int r, int c, int sw) { return r * pitch + ((c ^ sw) << 3); }
 };
 
 } // namespace
