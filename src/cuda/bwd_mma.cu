@@ -138,12 +138,8 @@ __global__ void __launch_bounds__(kThreads)
                                 &rhi[r]);
 
         __syncthreads();
-        for (int c = tid; c < kBKV * (D / 8); c += kThreads) {
-            const int r = c / (D / 8), ch = c % (D / 8);
-            const bool ok = j0 + r < a.sk;
-            cp_async16(ks + L::off(r, ch), kg + (ok ? (j0 + r) * a.tk.ss + ch * 8 : 0), ok);
-            cp_async16(vs + L::off(r, ch), vg + (ok ? (j0 + r) * a.tv.ss + ch * 8 : 0), ok);
-        }
+        tile_load<D, kBKV, kThreads>(ks, kg + j0 * a.tk.ss, a.tk.ss, a.sk - j0, tid);
+        tile_load<D, kBKV, kThreads>(vs, vg + j0 * a.tv.ss, a.tv.ss, a.sk - j0, tid);
         cp_async_commit();
 
         float dk[DT][4], dv[DT][4];
@@ -159,12 +155,8 @@ __global__ void __launch_bounds__(kThreads)
             const int64_t h = hk * a.group + u / ntiles, i0 = qlo + (int64_t)(u % ntiles) * kBQ;
             const T *qg = fai_at<T>(a.tq, b, 0, h), *dg = fai_at<T>(a.tdout, b, 0, h);
             T *qd = qs + (u & 1) * kBQ * L::pitch, *gd = gs + (u & 1) * kBQ * L::pitch;
-            for (int c = tid; c < kBQ * (D / 8); c += kThreads) {
-                const int r = c / (D / 8), ch = c % (D / 8);
-                const bool ok = i0 + r < a.sq;
-                cp_async16(qd + L::off(r, ch), qg + (ok ? (i0 + r) * a.tq.ss + ch * 8 : 0), ok);
-                cp_async16(gd + L::off(r, ch), dg + (ok ? (i0 + r) * a.tdout.ss + ch * 8 : 0), ok);
-            }
+            tile_load<D, kBQ, kThreads>(qd, qg + i0 * a.tq.ss, a.tq.ss, a.sq - i0, tid);
+            tile_load<D, kBQ, kThreads>(gd, dg + i0 * a.tdout.ss, a.tdout.ss, a.sq - i0, tid);
             cp_async_commit();
         };
         if (total > 0)

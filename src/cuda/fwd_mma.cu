@@ -109,21 +109,13 @@ __global__ void __launch_bounds__(32 * WARPS)
 
         __syncthreads(); /* the previous (b, h)'s readers are done with shared memory */
         /* Q tile, rows past Sq zero-filled */
-        for (int c = tid; c < BQ * (D / 8); c += cfg::threads) {
-            const int r = c / (D / 8), ch = c % (D / 8);
-            const bool ok = i0 + r < a.sq;
-            cp_async16(qs + L::off(r, ch), qg + (ok ? (i0 + r) * a.tq.ss + ch * 8 : 0), ok);
-        }
+        tile_load<D, BQ, cfg::threads>(qs, qg + i0 * a.tq.ss, a.tq.ss, a.sq - i0, tid);
         cp_async_commit();
         auto load_kv = [&](int t) {
             const int64_t j0 = klo + (int64_t)t * BK;
             T *kd = ks + (t & 1) * BK * L::pitch, *vd = vs + (t & 1) * BK * L::pitch;
-            for (int c = tid; c < BK * (D / 8); c += cfg::threads) {
-                const int r = c / (D / 8), ch = c % (D / 8);
-                const bool ok = j0 + r < a.sk;
-                cp_async16(kd + L::off(r, ch), kg + (ok ? (j0 + r) * a.tk.ss + ch * 8 : 0), ok);
-                cp_async16(vd + L::off(r, ch), vg + (ok ? (j0 + r) * a.tv.ss + ch * 8 : 0), ok);
-            }
+            tile_load<D, BK, cfg::threads>(kd, kg + j0 * a.tk.ss, a.tk.ss, a.sk - j0, tid);
+            tile_load<D, BK, cfg::threads>(vd, vg + j0 * a.tv.ss, a.tv.ss, a.sk - j0, tid);
             cp_async_commit();
         };
         if (ntiles > 0)

@@ -113,6 +113,38 @@ template <int D> struct layout {
     __device__ static int off_sw(int r, int c, int sw) { return r * pitch + ((c ^ sw) << 3); }
 };
 
+/*
+ * Rows [0, ROWS) of a tile into its swizzled shared-memory image with cp.async: row r comes
+ * from src + r * ss and is zero-filled when r >= nvalid. When the THREADS threads cover whole
+ * rows in steps of a multiple of 8, each thread keeps one chunk column and one swizzle, so its
+ * addresses are a base plus constant steps (no per-chunk division or 64-bit multiply).
+ */
+template <int D, int ROWS, int THREADS, typename T>
+__device__ __forceinline__ void tile_load(T *dst, const T *src, int64_t ss, int64_t nvalid,
+                                          int tid)
+{
+    using L = layout<D>;
+    constexpr int CH = D / 8;
+    if constexpr (THREADS % CH == 0 && (THREADS / CH) % 8 == 0 && ROWS % (THREADS / CH) == 0) {
+        constexpr int RS = THREADS / CH;
+        const int r0 = tid / CH, ch = tid % CH;
+        T *d = dst + L::off(r0, ch); /* rows r0 + k RS share r0's swizzle: RS = 0 mod 8 */
+        const T *s = src + r0 * ss + ch * 8;
+        const int64_t step = RS * ss;
+        /* a rolled loop with running pointers: unrolled, the compiler would hold every row's
+         * address in registers across the main loop, which the kernels cannot spare */
+#pragma unroll 1
+        for (int r = r0; r < ROWS; r += RS, d += RS * L::pitch, s += step)
+            cp_async16(d, r < nvalid ? s : src, r < nvalid);
+    } else {
+        for (int c = tid; c < ROWS * CH; c += THREADS) {
+            const int r = c / CH, ch = c % CH;
+            const bool ok = r < nvalid;
+            cp_async16(dst + L::off(r, ch), ok ? src + r * ss + ch * 8 : src, ok);
+        }
+    }
+}
+
 } // namespace
 
 #endif
