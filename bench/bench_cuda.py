@@ -172,11 +172,15 @@ def main():
     ap.add_argument("--quick", action="store_true", help="fewer sizes")
     ap.add_argument("--skip-backward", action="store_true")
     ap.add_argument("--only-bar", action="store_true", help="the forward bar points only")
+    ap.add_argument("--only-bwd", action="store_true", help="the forward+backward table only")
     a = ap.parse_args()
     lib = Lib(a.lib)
     dev = torch.cuda.get_device_properties(0)
     print("device: %s, %d SMs; torch %s" % (dev.name, dev.multi_processor_count, torch.__version__))
 
+    if a.only_bwd:
+        backward_table(lib)
+        return
     if a.only_bar:
         for causal, N in ((False, 8192), (True, 16384)):
             r = fwd_row(lib, 2, 8, N, 128, causal, a.reps)
@@ -198,6 +202,19 @@ def main():
         print("%6d %9.3f %7.1f %9.3f %7.1f %9.3f %7.1f %7.2f %7.2f %9.2e" % (
             N, r["ours"], fl / r["ours"], r["flash"], fl / r["flash"], r["cudnn"], fl / r["cudnn"],
             r["flash"] / r["ours"], r["cudnn"] / r["ours"], r["maxdiff"]))
+
+    print("\n== kernels that ran (torch profiler), forward + backward B=1 H=8 N=1024 D=128 bf16")
+    q, k, v = inputs(1, 8, 1024, 128)
+    out, dout = torch.empty_like(q), torch.randn_like(q)
+    lse = torch.empty(1, 8, 1024, device="cuda", dtype=torch.float32)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        lib.forward(q, k, v, out, lse, False)
+        lib.backward(q, k, v, out, lse, dout, dq, dk, dv, False)
+        torch.cuda.synchronize()
+    for e in prof.key_averages():
+        if e.device_type == torch.autograd.DeviceType.CUDA or "kernel" in e.key:
+            print("  %s" % e.key[:150])
 
     print("\n== bar: forward non-causal N=8192 B=2 H=8 D=128 bf16")
     r = fwd_row(lib, 2, 8, 8192, 128, False, a.reps)
@@ -251,6 +268,10 @@ def main():
 
     if a.skip_backward:
         return
+    backward_table(lib)
+
+
+def backward_table(lib):
     print("\n== forward + backward, B=1 H=8 N=8192 D=128 bf16 (non-causal | causal)")
     for causal in (False, True):
         B, H, N, D = 1, 8, 8192, 128

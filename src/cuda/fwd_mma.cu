@@ -50,7 +50,7 @@ template <typename T, int D, int BK, int WARPS, int MT> struct fwd_cfg {
     using L = layout<D>;
     /* Q, K x2, V x2, then BK key flags */
     static constexpr size_t flags_off = (size_t)(BQ + 4 * BK) * L::pitch * 2;
-    static constexpr size_t smem_bytes = flags_off + (BK / 8 < 4 ? 4 : BK / 8);
+    static constexpr size_t smem_bytes = flags_off + (BK + 31) / 32 * 4;
 };
 
 /* FAST: scale-only score pipeline and no dropout (the common case, kept lean in registers);
@@ -161,8 +161,8 @@ __global__ void __launch_bounds__(32 * WARPS)
             const fai_tile_class bcls = fai_mask_classify(&mask, i0, i1, j0, j0 + BK);
             bool fix = false;
             if (bcls != FAI_TILE_FULL || (!FAST && dr.threshold)) {
-                if (tid < 1)
-                    *(uint32_t *)bad = 0, *(uint32_t *)(bad + (BK > 32 ? 4 : 0)) = 0;
+                if (tid < (BK + 31) / 32)
+                    ((uint32_t *)bad)[tid] = 0;
                 __syncthreads();
                 int any = 0;
                 for (int c = tid; c < BK * (D / 8); c += cfg::threads) {
