@@ -179,7 +179,7 @@ def main():
     print("device: %s, %d SMs; torch %s" % (dev.name, dev.multi_processor_count, torch.__version__))
 
     if a.only_bwd:
-        backward_table(lib)
+        backward_table(lib, Lib(a.lib, deterministic=1))
         return
     if a.only_bar:
         for causal, N in ((False, 8192), (True, 16384)):
@@ -268,10 +268,10 @@ def main():
 
     if a.skip_backward:
         return
-    backward_table(lib)
+    backward_table(lib, Lib(a.lib, deterministic=1))
 
 
-def backward_table(lib):
+def backward_table(lib, lib_det):
     print("\n== forward + backward, B=1 H=8 N=8192 D=128 bf16 (non-causal | causal)")
     for causal in (False, True):
         B, H, N, D = 1, 8, 8192, 128
@@ -285,6 +285,7 @@ def backward_table(lib):
         lib.mem_reset()
         tb = time_ms(lambda: lib.backward(q, k, v, out, lse, dout, dq, dk, dv, causal), 3, warmup=1)
         libpeak = lib.mem()[1]
+        tbd = time_ms(lambda: lib_det.backward(q, k, v, out, lse, dout, dq, dk, dv, causal), 3, warmup=1)
         fl = fwd_flops(B, H, N, D, causal) / 1e9
         # torch: autograd through the flash backend
         qt, kt, vt = [x.detach().clone().requires_grad_(True) for x in (q, k, v)]
@@ -306,7 +307,8 @@ def backward_table(lib):
                  (dk.float() - res["flash"][3][1].float()).abs().max().item(),
                  (dv.float() - res["flash"][3][2].float()).abs().max().item()) if "flash" in res else float("nan")
         print("causal=%d ours: fwd %.3f ms, bwd %.3f ms (%.1f TF/s), bwd/fwd %.2f, library peak %.1f MiB, "
-              "max|grad - flash grad| %.2e" % (causal, tf, tb, 2.5 * fl / tb, tb / tf, libpeak / 2**20, gd))
+              "max|grad - flash grad| %.2e; deterministic bwd %.3f ms (%.1f TF/s)" % (
+                  causal, tf, tb, 2.5 * fl / tb, tb / tf, libpeak / 2**20, gd, tbd, 2.5 * fl / tbd))
         for name, (tfw, tbw, pk, _) in res.items():
             print("causal=%d %s: fwd %.3f ms, bwd %.3f ms (%.1f TF/s), bwd/fwd %.2f, bwd peak %.1f MiB; "
                   "ours bwd speed = %.3fx %s" % (causal, name, tfw, tbw, 2.5 * fl / tbw, tbw / tfw,

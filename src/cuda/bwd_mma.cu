@@ -338,6 +338,209 @@ __global__ void __launch_bounds__(kThreads)
     }
 }
 
+/*
+ * dQ without atomics (deterministic mode): a block owns 64 query rows of one head, warp w
+ * rows [16 w, 16 w + 16), and walks the key tiles its rows may see, recomputing per tile
+ *   S = Q K^T, dP = dO V^T  (A = Q, dO fragments kept in registers; B = K, V rows by ldmatrix)
+ *   dS = P (dP z - D_i) (1 - t^2) scale, P = 2^(S scale log2(e) - LSE_i log2(e))
+ *   dQ += dS K             (dS from registers as the A operand, K rows by ldmatrix.trans)
+ * Each dQ element is summed by one thread in key order: bitwise repeatable.
+ */
+constexpr int kQB = 64, kKB = 64;
+
+template <typename T, int D> struct dq_cfg {
+    using L = layout<D>;
+    static constexpr size_t kv_off = 2 * (size_t)kQB * L::pitch * 2; /* after Q, dO */
+    static constexpr size_t smem_bytes = kv_off + 4 * (size_t)kKB * L::pitch * 2;
+};
+
+template <typename T, int D, bool FAST>
+__global__ void __launch_bounds__(kThreads)
+    fa_bwd_dq_kernel_mma__sm80(const fai_cuda_args a, const float *delta, const float *lse2,
+                               const int *flag)
+{
+    if (*flag)
+        return; /* non-finite input: the generic kernels run instead */
+    using cfg = dq_cfg<T, D>;
+    using L = typename cfg::L;
+    using M = mma_t<T>;
+    constexpr int NT = kKB / 8, DT = D / 8, KD = D / 16, KP = kKB / 16;
+    constexpr float kLog2e = 1.4426950408889634f;
+
+    extern __shared__ __align__(128) unsigned char smem[];
+    T *qs = (T *)smem, *gs = qs + kQB * L::pitch;
+    T *ks = (T *)(smem + cfg::kv_off), *vs = ks + 2 * kKB * L::pitch; /* [2][kKB][pitch] each */
+    const fai_mask mask = a.mask;
+    const fai_score sc = a.score;
+    const fai_drop dr = fai_drop_of(a);
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, tg = lane & 3, sw = L::lane_swz(lane);
+    const int64_t nqb = (a.sq + kQB - 1) / kQB;
+    const int64_t i0 = (nqb - 1 - blockIdx.x) * kQB, i1 = i0 + kQB < a.sq ? i0 + kQB : a.sq;
+    const int64_t wi0 = i0 + 16 * warp, wi1 = wi0 + 16 < i1 ? wi0 + 16 : i1;
+    const float scale2 = (float)sc.scale * kLog2e;
+
+    for (int64_t bh = blockIdx.y; bh < a.b * a.hq; bh += gridDim.y) {
+        const int64_t b = bh / a.hq, h = bh % a.hq, hk = h / a.group;
+        const float slope = a.slopes ? a.slopes[h] : 0.0f;
+        const T *kg = fai_at<T>(a.tk, b, 0, hk), *vg = fai_at<T>(a.tv, b, 0, hk);
+        int64_t klo, khi;
+        fai_mask_key_span(&mask, i0, i1, &klo, &khi);
+        klo = klo / kKB * kKB;
+        const int ntiles = klo < khi ? (int)((khi - klo + kKB - 1) / kKB) : 0;
+        /* the thread's rows wi0 + g + 8 r: LSE log2(e) (+inf when empty or past Sq) and D_i */
+        float l2[2], di[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int64_t i = wi0 + 8 * r + g;
+            l2[r] = i < a.sq ? lse2[bh * a.sq + i] : INFINITY;
+            di[r] = i < a.sq ? delta[bh * a.sq + i] : 0.0f;
+        }
+
+        __syncthreads();
+        tile_load<D, kQB, kThreads>(qs, fai_at<T>(a.tq, b, 0, h) + i0 * a.tq.ss, a.tq.ss,
+                                    a.sq - i0, tid);
+        tile_load<D, kQB, kThreads>(gs, fai_at<T>(a.tdout, b, 0, h) + i0 * a.tdout.ss,
+                                    a.tdout.ss, a.sq - i0, tid);
+        cp_async_commit();
+        auto load_kv = [&](int t) {
+            const int64_t j0 = klo + (int64_t)t * kKB;
+            tile_load<D, kKB, kThreads>(ks + (t & 1) * kKB * L::pitch, kg + j0 * a.tk.ss,
+                                        a.tk.ss, a.sk - j0, tid);
+            tile_load<D, kKB, kThreads>(vs + (t & 1) * kKB * L::pitch, vg + j0 * a.tv.ss,
+                                        a.tv.ss, a.sk - j0, tid);
+            cp_async_commit();
+        };
+        if (ntiles > 0)
+            load_kv(0);
+
+        float acc[DT][4];
+#pragma unroll
+        for (int d = 0; d < DT; d++)
+            acc[d][0] = acc[d][1] = acc[d][2] = acc[d][3] = 0;
+        uint32_t qf[KD][4], gf[KD][4];
+
+        for (int t = 0; t < ntiles; t++) {
+            const int64_t j0 = klo + (int64_t)t * kKB;
+            if (t + 1 < ntiles) {
+                load_kv(t + 1);
+                cp_async_wait<1>();
+            } else {
+                cp_async_wait<0>();
+            }
+            __syncthreads();
+            if (t == 0)
+#pragma unroll
+                for (int kk = 0; kk < KD; kk++) {
+                    ldmatrix_x4(qf[kk], qs + L::off_sw(16 * warp + (lane & 15), 2 * kk + (lane >> 4), sw));
+                    ldmatrix_x4(gf[kk], gs + L::off_sw(16 * warp + (lane & 15), 2 * kk + (lane >> 4), sw));
+                }
+            const T *kt = ks + (t & 1) * kKB * L::pitch, *vt = vs + (t & 1) * kKB * L::pitch;
+            const fai_tile_class wcls =
+                wi0 < wi1 ? fai_mask_classify(&mask, wi0, wi1, j0, j0 + kKB) : FAI_TILE_EMPTY;
+            if (wcls != FAI_TILE_EMPTY) {
+                float s[NT][4], dp[NT][4];
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++)
+                        s[n][e] = dp[n][e] = 0;
+#pragma unroll
+                for (int kk = 0; kk < KD; kk++)
+#pragma unroll
+                    for (int n = 0; n < NT; n += 2) {
+                        uint32_t kb[4], vb[4];
+                        const int mi = lane >> 3;
+                        const int row = 8 * n + 8 * (mi >> 1) + (lane & 7), ch = 2 * kk + (mi & 1);
+                        ldmatrix_x4(kb, kt + L::off_sw(row, ch, sw));
+                        ldmatrix_x4(vb, vt + L::off_sw(row, ch, sw));
+                        M::run(s[n], qf[kk], kb);
+                        M::run(s[n + 1], qf[kk], kb + 2);
+                        M::run(dp[n], gf[kk], vb);
+                        M::run(dp[n + 1], gf[kk], vb + 2);
+                    }
+                int lo_c[2] = {0, 0}, hi_c[2] = {kKB, kKB};
+                if (wcls == FAI_TILE_PARTIAL)
+#pragma unroll
+                    for (int r = 0; r < 2; r++) {
+                        int64_t x, y;
+                        fai_mask_row(&mask, wi0 + 8 * r + g, &x, &y);
+                        x -= j0, y -= j0;
+                        lo_c[r] = x < 0 ? 0 : x > kKB ? kKB : (int)x;
+                        hi_c[r] = y < 0 ? 0 : y > kKB ? kKB : (int)y;
+                    }
+#pragma unroll
+                for (int n = 0; n < NT; n++)
+#pragma unroll
+                    for (int e = 0; e < 4; e++) {
+                        const int r = e >> 1, c = 8 * n + 2 * tg + (e & 1);
+                        const int64_t i = wi0 + 8 * r + g, j = j0 + c;
+                        float x, t2 = 0;
+                        if (FAST)
+                            x = s[n][e] * scale2 - l2[r];
+                        else
+                            x = fai_score_f32(&sc, s[n][e], slope, i, j, &t2) * kLog2e - l2[r];
+                        const bool allowed = c >= lo_c[r] && c < hi_c[r] && j < a.sk;
+                        const float p = allowed ? ex2(x) : 0.0f;
+                        float z = (float)a.keep_scale;
+                        if (!FAST && dr.threshold && !fai_keep(dr, b, h, i, j))
+                            z = 0;
+                        float gds = p * (dp[n][e] * z - di[r]);
+                        if (!FAST && sc.softcap > 0)
+                            gds *= 1 - t2 * t2;
+                        s[n][e] = allowed ? (float)sc.scale * gds : 0.0f; /* dS */
+                    }
+                /* dQ += dS K: dS tiles n = 2kk, 2kk+1 are the A fragment of key step kk */
+#pragma unroll
+                for (int kk = 0; kk < KP; kk++) {
+                    uint32_t da[4];
+                    da[0] = M::pack(s[2 * kk][0], s[2 * kk][1]);
+                    da[1] = M::pack(s[2 * kk][2], s[2 * kk][3]);
+                    da[2] = M::pack(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                    da[3] = M::pack(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+                    for (int d = 0; d < DT; d += 2) {
+                        uint32_t kb[4];
+                        const int mi = lane >> 3;
+                        ldmatrix_x4_trans(kb, kt + L::off_sw(16 * kk + 8 * (mi & 1) + (lane & 7),
+                                                             d + (mi >> 1), sw));
+                        M::run(acc[d], da, kb);
+                        M::run(acc[d + 1], da, kb + 2);
+                    }
+                }
+            }
+            __syncthreads(); /* K/V buffer t & 1 is reloaded next */
+        }
+        cp_async_wait<0>();
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int64_t i = wi0 + 8 * r + g;
+            if (i >= a.sq)
+                continue;
+            T *qr = fai_at<T>(a.tdq, b, i, h);
+#pragma unroll
+            for (int d = 0; d < DT; d++)
+                *(uint32_t *)(qr + 8 * d + 2 * tg) = M::pack(acc[d][2 * r], acc[d][2 * r + 1]);
+        }
+    }
+}
+
+template <typename T, int D, bool FAST>
+fai_cuda_result launch_dq(const fai_cuda_args &a, const fai_cuda_bwd_ws &w, char *err, size_t n)
+{
+    auto k = fa_bwd_dq_kernel_mma__sm80<T, D, FAST>;
+    const size_t sm = dq_cfg<T, D>::smem_bytes;
+    if (sm > 48 * 1024 &&
+        cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) !=
+            cudaSuccess)
+        return fai_cuda_check_launch("tensor-core dQ: shared memory", err, n);
+    const int64_t nqb = (a.sq + kQB - 1) / kQB, bh = a.b * a.hq;
+    dim3 grid((unsigned)nqb, (unsigned)(bh < 65535 ? bh : 65535));
+    k<<<grid, kThreads, sm, (cudaStream_t)a.stream>>>(a, w.delta, w.lse2, w.flag);
+    return fai_cuda_check_launch("tensor-core dQ", err, n);
+}
+
 template <typename T, int D, bool FAST, bool DQ>
 fai_cuda_result launch(const fai_cuda_args &a, const fai_cuda_bwd_ws &w, char *err, size_t n)
 {
@@ -358,8 +561,13 @@ template <typename T, int D>
 fai_cuda_result by_mode(const fai_cuda_args &a, const fai_cuda_bwd_ws &w, char *err, size_t n)
 {
     const bool fast = a.score.softcap == 0 && a.slopes == nullptr && a.drop_threshold == 0;
-    if (a.deterministic)
-        return fast ? launch<T, D, true, false>(a, w, err, n) : launch<T, D, false, false>(a, w, err, n);
+    if (a.deterministic) { /* dK, dV here; dQ by its own ordered kernel */
+        fai_cuda_result r = fast ? launch<T, D, true, false>(a, w, err, n)
+                                 : launch<T, D, false, false>(a, w, err, n);
+        if (r != FAI_CUDA_OK)
+            return r;
+        return fast ? launch_dq<T, D, true>(a, w, err, n) : launch_dq<T, D, false>(a, w, err, n);
+    }
     return fast ? launch<T, D, true, true>(a, w, err, n) : launch<T, D, false, true>(a, w, err, n);
 }
 

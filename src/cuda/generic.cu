@@ -331,8 +331,8 @@ fai_cuda_result run_forward(const fai_cuda_args &a, char *err, size_t n)
 /*
  * The backward. With the tensor-core kernel (16-bit storage, its head dims and alignment) the
  * generic dK/dV and dQ kernels are launched behind its device-side flag and return at once
- * unless some input was non-finite; dQ also runs here, ungated, when determinism is asked
- * for (the tensor-core kernel then leaves dQ alone rather than use atomics).
+ * unless some input was non-finite. (Deterministic mode: the tensor-core path computes dQ with
+ * its own ordered kernel instead of atomics.)
  */
 template <typename S, typename C, int NV>
 fai_cuda_result run_backward(const fai_cuda_args &a, char *err, size_t n)
@@ -359,7 +359,7 @@ fai_cuda_result run_backward(const fai_cuda_args &a, char *err, size_t n)
     const int *gate = mma ? w.flag : nullptr;
     if (a.sq > 0) {
         fa_bwd_dq_kernel_rowwarp<S, C, NV><<<grid_for(a.sq, a.b * a.hq), kWarps * 32, sm, st>>>(
-            a, a.deterministic ? nullptr : gate);
+            a, gate);
         if ((r = fai_cuda_check_launch("generic backward dQ", err, n)) != FAI_CUDA_OK)
             return r;
     }
