@@ -489,6 +489,31 @@ START_TEST(cuda_deterministic_memory_auto)
 }
 END_TEST
 
+/* Head dims beyond the kernels (> 512) are refused with FA_ERR_UNSUPPORTED and a message, and
+ * nothing is written. */
+START_TEST(cuda_unsupported_head_dim)
+{
+    const sweep_case c = {1, 4, 4, 1, 1, 520, 520, 0, -1, -1, 0, 0, 0, 0, HT_BSHD,
+                          FA_SOFTCAP_THEN_ALIBI};
+    bundle x;
+    bundle_alloc(&x, FA_F32, &c, HT_BSHD, FA_F32);
+    ht_fill(&x.q, 1, 1, -1), ht_fill(&x.k, 2, 1, -1), ht_fill(&x.v, 3, 1, -1);
+    ht_poison(&x.out), ht_poison(&x.lse);
+    dtensor q, k, v, out, lse;
+    d_up(&q, &x.q), d_up(&k, &x.k), d_up(&v, &x.v), d_up(&out, &x.out), d_up(&lse, &x.lse);
+    fa_params p;
+    fa_params_init(&p);
+    fa_context *ctx = cuda_context(0);
+    ck_assert_int_eq(fa_forward(ctx, &p, &q.t, &k.t, &v.t, &out.t, &lse.t), FA_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(fa_last_error(), "512") != NULL, "%s", fa_last_error());
+    fa_context_destroy(ctx);
+    d_down(&out), d_down(&lse);
+    ck_assert(ht_is_poisoned(&x.out) && ht_is_poisoned(&x.lse));
+    d_free(&q), d_free(&k), d_free(&v), d_free(&out), d_free(&lse);
+    bundle_free(&x);
+}
+END_TEST
+
 /* Sk = 0 or Sq = 0 on the device: empty rows and zero gradients, written by the backend. */
 START_TEST(cuda_empty_sequences)
 {
@@ -545,6 +570,7 @@ static Suite *make_cuda_suite(void)
     tcase_add_test(tc, cuda_host_pointers_refused);
     tcase_add_test(tc, cuda_deterministic_memory_auto);
     tcase_add_test(tc, cuda_empty_sequences);
+    tcase_add_test(tc, cuda_unsupported_head_dim);
     suite_add_tcase(s, tc);
     return s;
 }

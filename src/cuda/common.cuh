@@ -124,6 +124,5 @@ fai_cuda_result fai_cuda_backward_mma(const fai_cuda_args *a, const fai_cuda_bwd
 /* The tensor-core forward (fwd_mma.cu): FAI_CUDA_UNSUPPORTED when the problem is not one of
  * its shapes (then the generic path runs). */
 fai_cuda_result fai_cuda_forward_mma(const fai_cuda_args *a, char *err, size_t n);
-const char *fai_cuda_forward_mma_name(const fai_cuda_args *a);
 
 #endif

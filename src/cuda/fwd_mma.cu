@@ -2,12 +2,14 @@
  * Tensor-core forward for f16 / bf16 storage (sm_80 and later): FlashAttention-2's schedule in
  * plain CUDA C with inline PTX.
  *
- * A block owns BQ = 16 * WARPS query rows of one (batch, head); warp w owns rows
- * [16 w, 16 w + 16) of them and runs the whole recurrence for them alone, so no block-wide
- * reduction is ever needed. Per key tile of BK keys:
+ * A block owns BQ = 16 * MT * WARPS query rows of one (batch, head); warp w owns rows
+ * [16 MT w, 16 MT (w + 1)) -- MT m-tiles of 16 rows, so every K/V fragment it loads feeds MT
+ * MMAs -- and runs the whole recurrence for them alone, so no block-wide reduction is ever
+ * needed. Per key tile of BK keys:
  *
- *   S  = Q K^T           mma.sync m16n8k16, Q fragments in registers (ldmatrix once), K
- *                        fragments by ldmatrix from swizzled shared memory
+ *   S  = Q K^T           mma.sync m16n8k16; Q fragments kept in registers where they fit
+ *                        (MT D <= 128), else re-read by ldmatrix per k-step; K fragments by
+ *                        ldmatrix from swizzled shared memory
  *   x  = S * scale * log2(e)      (or the full §1 pipeline, then * log2(e)): base-2 logits
  *   mask, row max m (4-lane quad shuffles), P = exp2(x - m), l += rowsum P
  *   O  = alpha O + P V   P converted to 16-bit in registers *is* the A operand of the second
@@ -532,17 +534,4 @@ fai_cuda_result fai_cuda_forward_mma(const fai_cuda_args *a, char *err, size_t n
     if (a->sq == 0 || a->b * a->hq == 0)
         return FAI_CUDA_OK;
     return a->dtype == FA_BF16 ? by_dim<__nv_bfloat16>(*a, err, n) : by_dim<__half>(*a, err, n);
-}
-
-const char *fai_cuda_forward_mma_name(const fai_cuda_args *a)
-{
-    if (!applies(*a))
-        return nullptr;
-    switch (a->dqk) {
-    case 32: return "fa_fwd_kernel_mma__sm80 128x64 D32";
-    case 64: return "fa_fwd_kernel_mma__sm80 128x64 D64";
-    case 96: return "fa_fwd_kernel_mma__sm80 128x64 D96";
-    case 128: return "fa_fwd_kernel_mma__sm80 128x64 D128";
-    default: return "fa_fwd_kernel_mma__sm80 64x32 D256";
-    }
 }

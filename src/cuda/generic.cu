@@ -447,9 +447,3 @@ extern "C" size_t fai_cuda_backward_workspace(const fai_cuda_args *a)
         return (2 + (size_t)a->dqk) * bhs * sizeof(float) + 16;
     return bhs * (a->dtype == FA_F64 ? sizeof(double) : sizeof(float));
 }
-
-extern "C" const char *fai_cuda_forward_kernel_name(const fai_cuda_args *a)
-{
-    const char *m = a->force_generic ? NULL : fai_cuda_forward_mma_name(a);
-    return m ? m : "generic row-warp FMA";
-}

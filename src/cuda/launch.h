@@ -47,8 +47,6 @@ fai_cuda_result fai_cuda_forward(const fai_cuda_args *a, char *err, size_t n);
 fai_cuda_result fai_cuda_backward(const fai_cuda_args *a, char *err, size_t n);
 /* Device workspace bytes the backward needs for these args (0 for none). */
 size_t fai_cuda_backward_workspace(const fai_cuda_args *a);
-/* The kernel the forward would run, for describe/benchmarks: "mma bf16 128x64 D128" etc. */
-const char *fai_cuda_forward_kernel_name(const fai_cuda_args *a);
 
 #ifdef __cplusplus
 }
