@@ -16,8 +16,8 @@
  *   dK  += dS^T Q      dS^T from registers as the A operand
  *   dQ  += dS K        dS^T goes through shared memory (transposed by ldmatrix.trans); each
  *                      warp adds its 16-query x D/2 slice to an f32 accumulator with atomics,
- *                      or, when the context asks for determinism, dQ is left to the ordered
- *                      generic kernel.
+ *                      or, when the context asks for determinism, dQ is left to
+ *                      fa_bwd_dq_kernel_mma__sm80 below (per query block, keys in order).
  *
  * Masked pairs are dropped by selection (P = dS = 0 chosen, not computed), and the whole path
  * runs only when q, k, v and dout are finite (a pre-pass sets a device flag; the generic
