@@ -68,7 +68,7 @@ typedef struct {
     int64_t      window_left, window_right; /* -1: unbounded; inclusive key offsets           */
     fa_align     align;                     /* where query row i sits among the keys          */
     double       softcap;                   /* 0: off; > 0: cap; < 0, inf or NaN: invalid     */
-    const float *alibi_slopes;              /* Hq finite slopes, or NULL                      */
+    const float *alibi_slopes;              /* Hq finite slopes (host memory), or NULL        */
     double       dropout_p;                 /* [0, 1)                                         */
     uint64_t     dropout_seed, dropout_offset;
     fa_score_order score_order;             /* default FA_SOFTCAP_THEN_ALIBI                  */
@@ -88,8 +88,10 @@ typedef struct {
     fa_backend backend;
     fa_isa     isa;
     int        num_threads; /* 0: OpenMP's default; results do not depend on it            */
-    void      *cuda_stream;
-} fa_options;
+    void      *cuda_stream;  /* CUDA backend: a cudaStream_t (NULL: the default stream)  */
+    int        deterministic; /* CUDA backend: nonzero makes fa_backward bitwise repeatable
+                                 (no floating-point atomics); CPU backends always are       */
+} fa_options; /* new fields are only ever appended */
 
 typedef struct fa_context fa_context;
 

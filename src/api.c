@@ -233,11 +233,11 @@ fa_status fa_context_create(const fa_options *o, fa_context **out)
         (st = env_choice("FA_BACKEND", backend_names, &choice)) != FA_OK)
         return st;
     opt.backend = (fa_backend)choice;
+    const int backend_auto = opt.backend == FA_BACKEND_AUTO;
     if (opt.backend == FA_BACKEND_AUTO)
         opt.backend = FA_BACKEND_TILED;
-    if (opt.backend == FA_BACKEND_CUDA)
-        return fai_fail(FA_ERR_BACKEND_UNAVAILABLE,
-                        "backend cuda: this build has no CUDA backend (configure --enable-cuda)");
+    if (opt.backend == FA_BACKEND_CUDA && !fai_cuda_available())
+        return FA_ERR_BACKEND_UNAVAILABLE; /* the detail is set */
     choice = (int)opt.isa;
     if (opt.isa == FA_ISA_AUTO && (st = env_choice("FA_ISA", isa_names, &choice)) != FA_OK)
         return st;
@@ -273,6 +273,9 @@ fa_status fa_context_create(const fa_options *o, fa_context **out)
     ctx->num_threads = opt.num_threads > 0 ? opt.num_threads : omp_get_max_threads();
     fai_cache_detect(&ctx->cache);
     ctx->forced_tiles = forced;
+    ctx->cuda_stream = opt.cuda_stream;
+    ctx->deterministic = opt.deterministic != 0;
+    ctx->backend_auto = backend_auto;
     atomic_init(&ctx->mem_current, 0);
     atomic_init(&ctx->mem_peak, 0);
     *out = ctx;
@@ -492,8 +495,11 @@ static fa_status check_params(const fa_params *p, int64_t hq)
     return FA_OK;
 }
 
-static const fai_backend *backend_of(const fa_context *ctx)
+/* AUTO runs a call on CUDA when its q is device memory (always no in a build without CUDA). */
+static const fai_backend *backend_of(const fa_context *ctx, const fa_tensor *q)
 {
+    if (ctx->backend_auto && fai_cuda_is_device_pointer(q->data))
+        return &fai_backend_cuda;
     switch (ctx->backend) {
     case FA_BACKEND_REFERENCE: return &fai_backend_reference;
     case FA_BACKEND_CONVENTIONAL: return &fai_backend_conventional;
@@ -575,7 +581,9 @@ fa_status fa_forward(fa_context *ctx, const fa_params *p, const fa_tensor *q, co
     pr.io.lse = lse;
     if (pr.b == 0 || pr.sq == 0)
         return FA_OK;
-    if (pr.sk == 0) { /* every row is empty (§1): O = 0, LSE = -inf */
+    const fai_backend *be = backend_of(ctx, q);
+    if (pr.sk == 0 && be != &fai_backend_cuda) { /* every row is empty (§1): O = 0, LSE = -inf;
+                                                    CUDA writes its device memory itself */
         zero_tensor(out);
         if (lse)
             for (int64_t b = 0; b < pr.b; b++)
@@ -584,7 +592,7 @@ fa_status fa_forward(fa_context *ctx, const fa_params *p, const fa_tensor *q, co
                         fai_lse_store(lse, b, h, i, -INFINITY);
         return FA_OK;
     }
-    return backend_of(ctx)->forward(ctx, &pr);
+    return be->forward(ctx, &pr);
 }
 
 fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
@@ -624,13 +632,15 @@ fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
     pr.io.dv = dv;
     if (pr.b == 0)
         return FA_OK;
-    if (pr.sq == 0 || pr.sk == 0) { /* no (query, key) pair: every gradient is 0 */
+    const fai_backend *be = backend_of(ctx, q);
+    if ((pr.sq == 0 || pr.sk == 0) && be != &fai_backend_cuda) { /* no (query, key) pair:
+                                                                    every gradient is 0 */
         zero_tensor(dq);
         zero_tensor(dk);
         zero_tensor(dv);
         return FA_OK;
     }
-    return backend_of(ctx)->backward(ctx, &pr);
+    return be->backward(ctx, &pr);
 }
 
 /* ------------------------------------------------------------------ merge */

@@ -4,6 +4,19 @@
 
 #include "internal.h"
 
+int fai_cuda_available(void)
+{
+    fai_fail(FA_ERR_BACKEND_UNAVAILABLE,
+             "backend cuda: this build has no CUDA backend (configure --enable-cuda)");
+    return 0;
+}
+
+int fai_cuda_is_device_pointer(const void *p)
+{
+    (void)p;
+    return 0;
+}
+
 static fa_status unavailable(fa_context *ctx, const fai_problem *pr)
 {
     (void)ctx;

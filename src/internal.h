@@ -27,6 +27,11 @@ struct fa_context {
     int num_threads;    /* > 0 */
     fai_cache_info cache;
     fai_tiles forced_tiles; /* FA_TILES=BQxBK (tile sweeps); 0 x 0 when not set */
+    /* CUDA backend: the stream of fa_options, its deterministic flag, and whether the backend
+     * was AUTO (then a call whose q is device memory runs on CUDA, when it is built) */
+    void *cuda_stream;
+    int deterministic;
+    int backend_auto;
     _Atomic size_t mem_current, mem_peak;
 };
 
@@ -145,6 +150,10 @@ extern const fai_backend fai_backend_reference;
 extern const fai_backend fai_backend_conventional;
 extern const fai_backend fai_backend_tiled;
 extern const fai_backend fai_backend_cuda; /* the stub when CUDA is not built */
+/* Whether the CUDA backend can run here (built, and a device present); on 0 the error detail
+ * says why. Whether p is device (or managed) memory: always 0 without CUDA. */
+int fai_cuda_available(void);
+int fai_cuda_is_device_pointer(const void *p);
 
 /* BLAS (src/blas.c). C = alpha op(A) op(B) + beta C, row-major; f64 if wide, else f32. Call
  * only inside fai_with_serial_blas, and only when fai_blas_dims_fit. */

@@ -1,0 +1,200 @@
+/*
+ * The CUDA backend's host side: checks that every tensor is device memory, copies the ALiBi
+ * slopes (host memory, like every backend's) to the device, takes stream-ordered device
+ * workspace counted in the context's memory statistics, and hands the kernels (launch.h) a
+ * plain description of the problem. Launches are asynchronous on fa_options.cuda_stream; a
+ * failed check launches nothing, so the outputs are untouched.
+ */
+#include "config.h"
+
+#include <cuda_runtime_api.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "internal.h"
+#include "cuda/launch.h"
+
+int fai_cuda_available(void)
+{
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess || n == 0) {
+        (void)cudaGetLastError();
+        fai_fail(FA_ERR_BACKEND_UNAVAILABLE, "backend cuda: no CUDA device (%s)",
+                 e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports 0 devices");
+        return 0;
+    }
+    return 1;
+}
+
+int fai_cuda_is_device_pointer(const void *p)
+{
+    if (!p)
+        return 0;
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    struct cudaPointerAttributes at;
+    if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged;
+}
+
+/* A view of t for the kernels; a non-empty tensor must be device memory. */
+static fa_status view(const fa_tensor *t, const char *name, fai_cuda_view *v)
+{
+    memset(v, 0, sizeof *v);
+    if (!t)
+        return FA_OK;
+    int64_t n = t->batch * t->seqlen * t->heads * t->headdim;
+    if (n > 0 && !fai_cuda_is_device_pointer(t->data))
+        return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                        "backend cuda: %s->data = %p is not device memory; the CUDA backend "
+                        "takes device (or managed) pointers", name, t->data);
+    v->data = t->data;
+    v->sb = t->batch_stride;
+    v->ss = t->seq_stride;
+    v->sh = t->head_stride;
+    return FA_OK;
+}
+
+#define TRY(x)                                                                                  \
+    do {                                                                                        \
+        fa_status s_ = (x);                                                                     \
+        if (s_ != FA_OK)                                                                        \
+            return s_;                                                                          \
+    } while (0)
+
+static fa_status fill(fa_context *ctx, const fai_problem *pr, fai_cuda_args *a)
+{
+    memset(a, 0, sizeof *a);
+    a->dtype = (int)pr->dtype;
+    a->lse_f64 = pr->io.lse && pr->io.lse->dtype == FA_F64;
+    a->b = pr->b, a->hq = pr->hq, a->hk = pr->hk, a->sq = pr->sq, a->sk = pr->sk;
+    a->dqk = pr->dqk, a->dv = pr->dv, a->group = pr->group;
+    a->mask = pr->mask;
+    a->score = pr->score;
+    a->k0 = (uint32_t)pr->seed;
+    a->k1 = (uint32_t)(pr->seed >> 32);
+    a->offset = (uint32_t)pr->offset;
+    a->drop_threshold = pr->drop_threshold;
+    a->keep_scale = 1.0 / (1.0 - pr->dropout_p);
+    a->stream = ctx->cuda_stream;
+    a->deterministic = ctx->deterministic;
+    const char *k = getenv("FA_CUDA_KERNEL");
+    a->force_generic = k && strcmp(k, "generic") == 0;
+    TRY(view(pr->io.q, "q", &a->tq));
+    TRY(view(pr->io.k, "k", &a->tk));
+    TRY(view(pr->io.v, "v", &a->tv));
+    TRY(view(pr->io.out, "out", &a->tout));
+    TRY(view(pr->io.lse, "lse", &a->tlse));
+    TRY(view(pr->io.dout, "dout", &a->tdout));
+    TRY(view(pr->io.dq, "dq", &a->tdq));
+    TRY(view(pr->io.dk, "dk", &a->tdk));
+    TRY(view(pr->io.dv, "dv", &a->tdv));
+    return FA_OK;
+}
+
+/* Stream-ordered device memory, counted with the host allocations (fa_memory_stats). */
+static void *dev_alloc(fa_context *ctx, size_t bytes, cudaStream_t st)
+{
+    void *p = NULL;
+    if (bytes == 0)
+        return NULL;
+    if (cudaMallocAsync(&p, bytes, st) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    size_t now = atomic_fetch_add(&ctx->mem_current, bytes) + bytes;
+    size_t peak = atomic_load(&ctx->mem_peak);
+    while (now > peak && !atomic_compare_exchange_weak(&ctx->mem_peak, &peak, now)) {
+    }
+    return p;
+}
+
+static void dev_free(fa_context *ctx, void *p, size_t bytes, cudaStream_t st)
+{
+    if (!p)
+        return;
+    cudaFreeAsync(p, st);
+    atomic_fetch_sub(&ctx->mem_current, bytes);
+}
+
+static fa_status result(fai_cuda_result r, const char *err)
+{
+    switch (r) {
+    case FAI_CUDA_OK: return FA_OK;
+    case FAI_CUDA_UNSUPPORTED: return fai_fail(FA_ERR_UNSUPPORTED, "%s", err);
+    default: return fai_fail(FA_ERR_DEVICE, "%s", err);
+    }
+}
+
+/* The slopes on the device (Hq floats), or NULL without ALiBi. */
+static fa_status copy_slopes(fa_context *ctx, const fai_problem *pr, fai_cuda_args *a,
+                             void **dev, size_t *bytes)
+{
+    *dev = NULL;
+    *bytes = 0;
+    if (!pr->slopes)
+        return FA_OK;
+    cudaStream_t st = (cudaStream_t)a->stream;
+    *bytes = (size_t)pr->hq * sizeof(float);
+    *dev = dev_alloc(ctx, *bytes, st);
+    if (!*dev)
+        return fai_fail(FA_ERR_NO_MEMORY, "backend cuda: %zu bytes of device memory for the "
+                                          "ALiBi slopes", *bytes);
+    /* from pageable memory: the copy is staged before the call returns, so the caller may
+     * free the slopes at once */
+    cudaError_t e = cudaMemcpyAsync(*dev, pr->slopes, *bytes, cudaMemcpyHostToDevice, st);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        dev_free(ctx, *dev, *bytes, st);
+        return fai_fail(FA_ERR_DEVICE, "backend cuda: copying the ALiBi slopes: %s",
+                        cudaGetErrorString(e));
+    }
+    a->slopes = (const float *)*dev;
+    return FA_OK;
+}
+
+static fa_status cuda_forward(fa_context *ctx, const fai_problem *pr)
+{
+    fai_cuda_args a;
+    TRY(fill(ctx, pr, &a));
+    void *slopes;
+    size_t sb;
+    TRY(copy_slopes(ctx, pr, &a, &slopes, &sb));
+    char err[300] = "";
+    fai_cuda_result r = fai_cuda_forward(&a, err, sizeof err);
+    dev_free(ctx, slopes, sb, (cudaStream_t)a.stream);
+    return result(r, err);
+}
+
+static fa_status cuda_backward(fa_context *ctx, const fai_problem *pr)
+{
+    fai_cuda_args a;
+    TRY(fill(ctx, pr, &a));
+    cudaStream_t st = (cudaStream_t)a.stream;
+    const size_t wb = fai_cuda_backward_workspace(&a);
+    a.work = dev_alloc(ctx, wb, st);
+    if (wb && !a.work)
+        return fai_fail(FA_ERR_NO_MEMORY, "backend cuda: %zu bytes of device workspace", wb);
+    void *slopes;
+    size_t sb;
+    fa_status s = copy_slopes(ctx, pr, &a, &slopes, &sb);
+    if (s != FA_OK) {
+        dev_free(ctx, a.work, wb, st);
+        return s;
+    }
+    char err[300] = "";
+    fai_cuda_result r = fai_cuda_backward(&a, err, sizeof err);
+    dev_free(ctx, slopes, sb, st);
+    dev_free(ctx, a.work, wb, st);
+    return result(r, err);
+}
+
+const fai_backend fai_backend_cuda = {cuda_forward, cuda_backward};

@@ -1,0 +1,592 @@
+/*
+ * The CUDA backend against the float64 reference: the sweep of check_backends.c (every
+ * feature of DESIGN.md §1, every storage dtype, sizes around the kernels' tiles, primes,
+ * Sq != Sk both ways, head dims not multiple of 8) plus the tensor-core head dims 32..256,
+ * under the same tolerance rule (fa_compare against the conventional path in the same dtype);
+ * dropout decisions identical to the CPU reference's; empty rows exactly 0 with LSE -inf;
+ * masked NaN/inf never reaching an output; host pointers refused with nothing written;
+ * deterministic backward; device bytes in fa_memory_stats.
+ *
+ * Its own program, because it needs a GPU: with no CUDA device it exits 77 (automake SKIP).
+ */
+#include "config.h"
+
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+/* ------------------------------------------------------------------ device twins */
+
+/* A device copy of a harness tensor: same bytes, same strides. */
+typedef struct {
+    ht_tensor *host;
+    void *dev;
+    fa_tensor t;
+} dtensor;
+
+static void d_up(dtensor *d, ht_tensor *h)
+{
+    d->host = h;
+    ck_assert_int_eq(cudaMalloc(&d->dev, h->nbytes), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(d->dev, h->buf, h->nbytes, cudaMemcpyHostToDevice), cudaSuccess);
+    d->t = h->t;
+    d->t.data = (char *)d->dev + ((char *)h->t.data - (char *)h->buf);
+}
+
+static void d_down(dtensor *d)
+{
+    ck_assert_int_eq(cudaDeviceSynchronize(), cudaSuccess);
+    ck_assert_int_eq(cudaMemcpy(d->host->buf, d->dev, d->host->nbytes, cudaMemcpyDeviceToHost),
+                     cudaSuccess);
+}
+
+static void d_free(dtensor *d) { cudaFree(d->dev); }
+
+typedef struct {
+    ht_tensor q, k, v, dout, out, lse, dq, dk, dv;
+} bundle;
+
+typedef struct {
+    int64_t b, sq, sk, hq, hk, dqk, dv;
+    int causal;
+    int64_t wl, wr;
+    int top_left;
+    double softcap;
+    int alibi;
+    double dropout;
+    ht_layout layout;
+    fa_score_order order;
+} sweep_case;
+
+static void bundle_alloc(bundle *x, fa_dtype dt, const sweep_case *c, ht_layout lay,
+                         fa_dtype lse_dt)
+{
+    ht_alloc(&x->q, dt, c->b, c->sq, c->hq, c->dqk, lay);
+    ht_alloc(&x->k, dt, c->b, c->sk, c->hk, c->dqk, lay);
+    ht_alloc(&x->v, dt, c->b, c->sk, c->hk, c->dv, lay);
+    ht_alloc(&x->dout, dt, c->b, c->sq, c->hq, c->dv, lay);
+    ht_alloc(&x->out, dt, c->b, c->sq, c->hq, c->dv, lay);
+    ht_alloc(&x->dq, dt, c->b, c->sq, c->hq, c->dqk, lay);
+    ht_alloc(&x->dk, dt, c->b, c->sk, c->hk, c->dqk, lay);
+    ht_alloc(&x->dv, dt, c->b, c->sk, c->hk, c->dv, lay);
+    ht_alloc_lse(&x->lse, lse_dt, c->b, c->sq, c->hq);
+}
+
+static void bundle_free(bundle *x)
+{
+    ht_free(&x->q), ht_free(&x->k), ht_free(&x->v), ht_free(&x->dout), ht_free(&x->out);
+    ht_free(&x->lse), ht_free(&x->dq), ht_free(&x->dk), ht_free(&x->dv);
+}
+
+static fa_context *cuda_context(int deterministic)
+{
+    fa_options o;
+    fa_options_init(&o);
+    o.backend = FA_BACKEND_CUDA;
+    o.deterministic = deterministic;
+    fa_context *ctx = NULL;
+    fa_status s = fa_context_create(&o, &ctx);
+    ck_assert_msg(s == FA_OK, "cuda context: %s", fa_last_error());
+    return ctx;
+}
+
+/* Forward and backward on the GPU: x's inputs uploaded, its outputs poisoned there first and
+ * downloaded after, so an unwritten element shows. */
+static void run_cuda(fa_context *ctx, const fa_params *p, bundle *x, int backward)
+{
+    dtensor q, k, v, dout, out, lse, dq, dk, dv;
+    ht_poison(&x->out), ht_poison(&x->lse), ht_poison(&x->dq), ht_poison(&x->dk),
+        ht_poison(&x->dv);
+    d_up(&q, &x->q), d_up(&k, &x->k), d_up(&v, &x->v), d_up(&dout, &x->dout);
+    d_up(&out, &x->out), d_up(&lse, &x->lse), d_up(&dq, &x->dq), d_up(&dk, &x->dk);
+    d_up(&dv, &x->dv);
+    fa_status s = fa_forward(ctx, p, &q.t, &k.t, &v.t, &out.t, &lse.t);
+    ck_assert_msg(s == FA_OK, "cuda forward: %s", fa_last_error());
+    if (backward) {
+        s = fa_backward(ctx, p, &q.t, &k.t, &v.t, &out.t, &lse.t, &dout.t, &dq.t, &dk.t, &dv.t);
+        ck_assert_msg(s == FA_OK, "cuda backward: %s", fa_last_error());
+    }
+    d_down(&out), d_down(&lse);
+    if (backward)
+        d_down(&dq), d_down(&dk), d_down(&dv);
+    d_free(&q), d_free(&k), d_free(&v), d_free(&dout), d_free(&out), d_free(&lse), d_free(&dq);
+    d_free(&dk), d_free(&dv);
+}
+
+static void run_cpu(fa_backend be, const fa_params *p, bundle *in, bundle *o, int f64_twin)
+{
+    const fa_tensor *q = f64_twin ? &in->q.t64 : &in->q.t, *k = f64_twin ? &in->k.t64 : &in->k.t,
+                    *v = f64_twin ? &in->v.t64 : &in->v.t,
+                    *g = f64_twin ? &in->dout.t64 : &in->dout.t;
+    fa_status s = ht_forward(be, 2, p, q, k, v, &o->out.t, &o->lse.t);
+    ck_assert_msg(s == FA_OK, "%s forward: %s", fa_backend_name(be), fa_last_error());
+    s = ht_backward(be, 2, p, q, k, v, &o->out.t, &o->lse.t, g, &o->dq.t, &o->dk.t, &o->dv.t);
+    ck_assert_msg(s == FA_OK, "%s backward: %s", fa_backend_name(be), fa_last_error());
+}
+
+static void compare(const char *what, const char *label, const ht_tensor *conv,
+                    const ht_tensor *cand, const ht_tensor *ref, int grad)
+{
+    const fa_tolerance tol = {grad ? 3 : 2, 0, 0};
+    fa_comparison c;
+    ck_assert_int_eq(fa_compare(&cand->t, &ref->t, &conv->t, &tol, &c), FA_OK);
+    ck_assert_msg(c.pass, "%s %s: cuda error %.3g > %s (worst at b%lld s%lld h%lld d%lld: %g vs %g)",
+                  label, what, c.max_abs, c.rule, (long long)c.worst[0], (long long)c.worst[1],
+                  (long long)c.worst[2], (long long)c.worst[3], c.worst_cand, c.worst_ref);
+}
+
+/* ------------------------------------------------------------------ the sweep */
+
+/* Sizes around the tensor-core forward's tiles: 64 query rows x 64 keys (32 keys at D 256). */
+static const sweep_case cases[] = {
+    /* b  sq    sk    hq hk dqk  dv  causal wl  wr  TL softcap alibi p    layout */
+    {1, 1, 1, 1, 1, 16, 16, 0, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
+    {2, 2, 3, 2, 1, 8, 8, 1, -1, -1, 0, 0, 0, 0, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
+    {1, 3, 2, 1, 1, 5, 7, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
+    {1, 63, 63, 1, 1, 64, 64, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
+    {1, 64, 64, 2, 2, 64, 64, 1, -1, -1, 0, 0, 0, 0.2, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
+    {1, 65, 65, 1, 1, 64, 64, 0, 5, 3, 0, 0, 0, 0, HT_PADDED, FA_SOFTCAP_THEN_ALIBI},
+    {1, 63, 97, 1, 1, 32, 32, 0, -1, -1, 0, 0, 0, 0, HT_PADDED, FA_SOFTCAP_THEN_ALIBI},
+    {1, 64, 113, 2, 1, 32, 32, 1, -1, -1, 1, 0, 1, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
+    {1, 65, 127, 1, 1, 32, 48, 1, -1, -1, 0, 5, 0, 0, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
+    {1, 97, 113, 4, 2, 59, 111, 0, 16, 8, 0, 10, 1, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
+    {1, 127, 1025, 2, 1, 16, 16, 1, -1, -1, 1, 0, 0, 0.3, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
+    {1, 1025, 127, 1, 1, 16, 16, 1, -1, -1, 0, 0, 1, 0, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
+    {2, 113, 97, 4, 1, 59, 59, 0, 0, 0, 0, 0, 0, 0.5, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
+    {1, 129, 129, 2, 2, 111, 59, 0, -1, 0, 0, 0, 0, 0, HT_PADDED, FA_SOFTCAP_THEN_ALIBI},
+    {1, 65, 200, 1, 1, 128, 128, 0, 20, -1, 0, 3, 1, 0.1, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
+    {1, 200, 65, 2, 1, 24, 40, 1, -1, -1, 1, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
+    {1, 5, 1, 1, 1, 4, 4, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
+    {1, 257, 257, 2, 2, 64, 64, 0, -1, -1, 0, 0, 0, 0, HT_PADDED, FA_SOFTCAP_THEN_ALIBI},
+    {3, 61, 67, 6, 3, 19, 23, 1, 7, -1, 0, 2, 1, 0.15, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
+    {1, 90, 90, 2, 1, 32, 32, 1, -1, -1, 0, 2, 1, 0.1, HT_BSHD, FA_ALIBI_THEN_SOFTCAP},
+    /* the tensor-core head dims, every feature, tails on both sides */
+    {2, 130, 200, 4, 2, 32, 32, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
+    {1, 200, 130, 4, 1, 64, 64, 1, -1, -1, 1, 0, 0, 0, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
+    {1, 193, 193, 2, 2, 96, 96, 0, 33, 17, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
+    {1, 150, 300, 4, 2, 128, 128, 1, -1, -1, 0, 30, 1, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
+    {1, 129, 257, 2, 1, 128, 128, 0, -1, -1, 0, 0, 0, 0.25, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
+    {1, 100, 161, 2, 2, 256, 256, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
+    {1, 77, 77, 2, 1, 256, 256, 0, 10, 10, 1, 20, 1, 0.1, HT_BSHD, FA_ALIBI_THEN_SOFTCAP},
+    {1, 300, 100, 2, 2, 128, 128, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI}, /* 200 empty rows */
+};
+#define NCASES ((int)(sizeof cases / sizeof *cases))
+static const fa_dtype dtypes[4] = {FA_F64, FA_F32, FA_F16, FA_BF16};
+
+static void params_for(const sweep_case *c, int idx, fa_params *p)
+{
+    static const float slopes[8] = {0.5f,     0.25f,      0.125f,     0.0625f,
+                                    0.03125f, 0.015625f, 0.0078125f, 0.004f};
+    fa_params_init(p);
+    p->causal = c->causal;
+    p->window_left = c->wl;
+    p->window_right = c->wr;
+    p->align = c->top_left ? FA_ALIGN_TOP_LEFT : FA_ALIGN_BOTTOM_RIGHT;
+    p->softcap = c->softcap;
+    p->alibi_slopes = c->alibi ? slopes : NULL;
+    p->dropout_p = c->dropout;
+    p->dropout_seed = 0xfeedface12345678ull + (uint64_t)idx;
+    p->dropout_offset = 3;
+    p->score_order = c->order;
+}
+
+static void sweep_one(const sweep_case *c, fa_dtype dt, int idx, double lo, double hi,
+                      fa_dtype lse_dt, int generic, int det)
+{
+    fa_params p;
+    params_for(c, idx, &p);
+    bundle conv, gpu, ref;
+    bundle_alloc(&conv, dt, c, c->layout, lse_dt);
+    bundle_alloc(&gpu, dt, c, c->layout, lse_dt);
+    bundle_alloc(&ref, FA_F64, c, HT_BSHD, FA_F64);
+    ht_fill(&conv.q, 1000 + idx, lo, hi);
+    ht_fill(&conv.k, 2000 + idx, lo, hi);
+    ht_fill(&conv.v, 3000 + idx, -1, 1);
+    ht_fill(&conv.dout, 4000 + idx, -1, 1);
+    run_cpu(FA_BACKEND_CONVENTIONAL, &p, &conv, &conv, 0);
+    run_cpu(FA_BACKEND_REFERENCE, &p, &conv, &ref, 1);
+    ht_free(&gpu.q), ht_free(&gpu.k), ht_free(&gpu.v), ht_free(&gpu.dout);
+    gpu.q = conv.q, gpu.k = conv.k, gpu.v = conv.v, gpu.dout = conv.dout; /* shared inputs */
+    if (generic)
+        setenv("FA_CUDA_KERNEL", "generic", 1);
+    fa_context *ctx = cuda_context(det);
+    run_cuda(ctx, &p, &gpu, 1);
+    fa_context_destroy(ctx);
+    unsetenv("FA_CUDA_KERNEL");
+    char label[200];
+    snprintf(label, sizeof label, "case %d %s%s%s (B%ld Sq%ld Sk%ld H%ld/%ld D%ld/%ld)", idx,
+             fa_dtype_name(dt), generic ? " generic" : "", det ? " deterministic" : "", (long)c->b, (long)c->sq, (long)c->sk,
+             (long)c->hq, (long)c->hk, (long)c->dqk, (long)c->dv);
+    compare("out", label, &conv.out, &gpu.out, &ref.out, 0);
+    compare("lse", label, &conv.lse, &gpu.lse, &ref.lse, 0);
+    compare("dq", label, &conv.dq, &gpu.dq, &ref.dq, 1);
+    compare("dk", label, &conv.dk, &gpu.dk, &ref.dk, 1);
+    compare("dv", label, &conv.dv, &gpu.dv, &ref.dv, 1);
+    /* empty rows: exactly 0 and LSE -inf */
+    for (int64_t b = 0; b < c->b; b++)
+        for (int64_t h = 0; h < c->hq; h++)
+            for (int64_t i = 0; i < c->sq; i++) {
+                if (ht_get(&ref.lse, b, i, h, 0) != -INFINITY)
+                    continue;
+                ck_assert_msg(ht_get(&gpu.lse, b, i, h, 0) == -INFINITY, "%s: empty row %ld LSE",
+                              label, (long)i);
+                for (int64_t d = 0; d < c->dv; d++)
+                    ck_assert_msg(ht_get(&gpu.out, b, i, h, d) == 0, "%s: empty row %ld out",
+                                  label, (long)i);
+                for (int64_t d = 0; d < c->dqk; d++)
+                    ck_assert_msg(ht_get(&gpu.dq, b, i, h, d) == 0, "%s: empty row %ld dq",
+                                  label, (long)i);
+            }
+    ht_free(&gpu.out), ht_free(&gpu.lse), ht_free(&gpu.dq), ht_free(&gpu.dk), ht_free(&gpu.dv);
+    bundle_free(&conv), bundle_free(&ref);
+}
+
+START_TEST(cuda_matches_reference)
+{
+    const fa_dtype dt = dtypes[_i % 4];
+    sweep_one(&cases[_i / 4], dt, _i / 4, 1, -1, dt == FA_F64 ? FA_F64 : FA_F32, 0, 0);
+}
+END_TEST
+
+/* The FMA path on the 16-bit dtypes too (the tensor-core shapes otherwise never reach it). */
+START_TEST(cuda_generic_matches_reference)
+{
+    const fa_dtype dt = dtypes[2 + _i % 2];
+    sweep_one(&cases[20 + _i / 2], dt, 20 + _i / 2, 1, -1, FA_F32, 1, 0);
+}
+END_TEST
+
+/* The deterministic backward (ordered tensor-core dQ) on the tensor-core shapes. */
+START_TEST(cuda_deterministic_matches_reference)
+{
+    const fa_dtype dt = dtypes[2 + _i % 2];
+    sweep_one(&cases[20 + _i / 2], dt, 20 + _i / 2, 1, -1, FA_F32, 0, 1);
+}
+END_TEST
+
+/* Logits in [90, 100]: a kernel that skipped the max subtraction would overflow. */
+START_TEST(cuda_large_logits)
+{
+    static const sweep_case big[2] = {
+        {1, 70, 90, 2, 1, 64, 64, 0, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
+        {1, 90, 70, 1, 1, 64, 64, 1, -1, -1, 0, 0, 0, 0.2, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
+    };
+    const double a = sqrt(90 / 8.0), b = sqrt(100 / 8.0);
+    sweep_one(&big[_i / 4], dtypes[_i % 4], 100 + _i / 4, a, b, FA_F64, 0, _i >= 6);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ dropout, exactly */
+
+/*
+ * V = identity (Dv = Sk, v_j = e_j) makes O_ij = P~_ij: zero exactly where key j was dropped
+ * (the kept P are far from underflow with small logits). The GPU's zero pattern must equal
+ * the float64 reference's, element for element, on the tensor-core path (bf16, D 128) and the
+ * FMA path (f32).
+ */
+START_TEST(cuda_dropout_mask_exact)
+{
+    const fa_dtype dt = _i == 0 ? FA_BF16 : FA_F32;
+    const sweep_case c = {2, 100, 128, 2, 1, 128, 128, 0, -1, -1, 0, 0, 0, 0.3, HT_BSHD,
+                          FA_SOFTCAP_THEN_ALIBI};
+    fa_params p;
+    params_for(&c, 77, &p);
+    p.dropout_seed = 0x0123456789abcdefull;
+    p.dropout_offset = 0x55;
+    bundle gpu, ref;
+    bundle_alloc(&gpu, dt, &c, HT_BSHD, FA_F32);
+    bundle_alloc(&ref, FA_F64, &c, HT_BSHD, FA_F64);
+    ht_fill(&gpu.q, 5, -0.1, 0.1);
+    ht_fill(&gpu.k, 6, -0.1, 0.1);
+    ht_fill(&gpu.dout, 7, -1, 1);
+    for (int64_t b = 0; b < c.b; b++)
+        for (int64_t j = 0; j < c.sk; j++)
+            for (int64_t h = 0; h < c.hk; h++)
+                for (int64_t d = 0; d < c.dv; d++)
+                    ht_set(&gpu.v, b, j, h, d, d == j ? 1.0 : 0.0);
+    run_cpu(FA_BACKEND_REFERENCE, &p, &gpu, &ref, 1);
+    fa_context *ctx = cuda_context(0);
+    run_cuda(ctx, &p, &gpu, 0);
+    fa_context_destroy(ctx);
+    int64_t dropped = 0, n = 0;
+    for (int64_t b = 0; b < c.b; b++)
+        for (int64_t h = 0; h < c.hq; h++)
+            for (int64_t i = 0; i < c.sq; i++)
+                for (int64_t j = 0; j < c.sk; j++) {
+                    const double r = ht_get(&ref.out, b, i, h, j), g = ht_get(&gpu.out, b, i, h, j);
+                    ck_assert_msg((r == 0) == (g == 0), "%s b%ld h%ld i%ld j%ld: ref %g gpu %g",
+                                  fa_dtype_name(dt), (long)b, (long)h, (long)i, (long)j, r, g);
+                    dropped += r == 0;
+                    n++;
+                }
+    /* p = 0.3: the test would be vacuous if nothing (or everything) were dropped */
+    ck_assert_msg(dropped > n / 5 && dropped < n * 2 / 5, "dropped %ld of %ld", (long)dropped,
+                  (long)n);
+    bundle_free(&gpu), bundle_free(&ref);
+}
+END_TEST
+
+/* ------------------------------------------------------------------ masked non-finite values */
+
+/*
+ * NaN/inf in K/V rows that a row may not see leave that row's out, LSE and dq unchanged: once
+ * for keys no row sees (top-left causal, Sk > Sq), once for one key in the middle of the causal
+ * band, inside a tile that rows before and after it share. D 16 runs the FMA path, D 64 in
+ * bf16 the tensor-core path (its V scan and exact re-add). out and LSE must match to the bit.
+ * So must dq on the FMA path; on the tensor-core path the poisoned run's backward takes the
+ * generic kernels (the device-side finiteness flag) while the clean run takes the tensor-core
+ * ones, so there dq must be finite and agree to the two paths' rounding.
+ */
+START_TEST(cuda_masked_nonfinite_never_reaches_output)
+{
+    const int64_t D = _i < 2 ? 16 : 64;
+    const fa_dtype dt = _i < 2 ? FA_F32 : FA_BF16;
+    const int drop = _i & 1;
+    for (int middle = 0; middle < 2; middle++) {
+        const int64_t sq = middle ? 100 : 40, sk = 100, bad_lo = middle ? 50 : 40,
+                      bad_hi = middle ? 51 : 100;
+        const sweep_case c = {1, sq, sk, 4, 2, D, D, 1, -1, -1, 1, 0, 0, 0, HT_BSHD,
+                              FA_SOFTCAP_THEN_ALIBI};
+        bundle clean, dirty;
+        bundle_alloc(&clean, dt, &c, HT_BSHD, FA_F32);
+        bundle_alloc(&dirty, dt, &c, HT_BSHD, FA_F32);
+        ht_fill(&clean.q, 11, 1, -1), ht_fill(&dirty.q, 11, 1, -1);
+        ht_fill(&clean.k, 12, 1, -1), ht_fill(&dirty.k, 12, 1, -1);
+        ht_fill(&clean.v, 13, 1, -1), ht_fill(&dirty.v, 13, 1, -1);
+        ht_fill(&clean.dout, 14, 1, -1), ht_fill(&dirty.dout, 14, 1, -1);
+        for (int64_t j = bad_lo; j < bad_hi; j++)
+            for (int64_t h = 0; h < 2; h++)
+                for (int64_t d = 0; d < D; d++) {
+                    ht_set(&dirty.k, 0, j, h, d, (j & 1) ? NAN : INFINITY);
+                    ht_set(&dirty.v, 0, j, h, d, (j & 1) ? -INFINITY : NAN);
+                }
+        fa_params p;
+        fa_params_init(&p);
+        p.causal = 1;
+        p.align = FA_ALIGN_TOP_LEFT;
+        p.dropout_p = drop ? 0.2 : 0;
+        p.dropout_seed = 31;
+        fa_context *ctx = cuda_context(1);
+        run_cuda(ctx, &p, &clean, 1);
+        run_cuda(ctx, &p, &dirty, 1);
+        fa_context_destroy(ctx);
+        for (int64_t i = 0; i < bad_lo && i < sq; i++)
+            for (int64_t h = 0; h < 4; h++) {
+                ck_assert(ht_get(&clean.lse, 0, i, h, 0) == ht_get(&dirty.lse, 0, i, h, 0));
+                for (int64_t d = 0; d < D; d++) {
+                    ck_assert_msg(ht_get(&clean.out, 0, i, h, d) == ht_get(&dirty.out, 0, i, h, d),
+                                  "D%ld middle=%d row %ld h%ld d%ld: out %g -> %g", (long)D,
+                                  middle, (long)i, (long)h, (long)d, ht_get(&clean.out, 0, i, h, d),
+                                  ht_get(&dirty.out, 0, i, h, d));
+                    const double u = ht_get(&clean.dq, 0, i, h, d), w = ht_get(&dirty.dq, 0, i, h, d);
+                    if (D == 16)
+                        ck_assert(u == w);
+                    else
+                        ck_assert_msg(isfinite(w) && fabs(u - w) <= 0.05 * (1 + fabs(u)),
+                                      "D%ld middle=%d row %ld h%ld d%ld: dq %g -> %g", (long)D,
+                                      middle, (long)i, (long)h, (long)d, u, w);
+                }
+            }
+        /* and the rows that do see a poisoned key are NaN/inf there: no silent zeros */
+        if (middle)
+            ck_assert(!isfinite(ht_get(&dirty.out, 0, 60, 0, 0)) || drop);
+        bundle_free(&clean), bundle_free(&dirty);
+    }
+}
+END_TEST
+
+/* ------------------------------------------------------------------ API behaviour */
+
+/* Host pointers are refused with FA_ERR_INVALID_ARGUMENT, and nothing is written. */
+START_TEST(cuda_host_pointers_refused)
+{
+    const sweep_case c = {1, 10, 10, 1, 1, 32, 32, 0, -1, -1, 0, 0, 0, 0, HT_BSHD,
+                          FA_SOFTCAP_THEN_ALIBI};
+    bundle x;
+    bundle_alloc(&x, FA_BF16, &c, HT_BSHD, FA_F32);
+    ht_fill(&x.q, 1, 1, -1), ht_fill(&x.k, 2, 1, -1), ht_fill(&x.v, 3, 1, -1);
+    ht_poison(&x.out), ht_poison(&x.lse);
+    fa_params p;
+    fa_params_init(&p);
+    fa_context *ctx = cuda_context(0);
+    fa_status s = fa_forward(ctx, &p, &x.q.t, &x.k.t, &x.v.t, &x.out.t, &x.lse.t);
+    ck_assert_int_eq(s, FA_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fa_last_error(), "device") != NULL, "%s", fa_last_error());
+    ck_assert(ht_is_poisoned(&x.out) && ht_is_poisoned(&x.lse));
+    /* one host tensor among device ones: still refused, by name */
+    dtensor q, k, v;
+    d_up(&q, &x.q), d_up(&k, &x.k), d_up(&v, &x.v);
+    s = fa_forward(ctx, &p, &q.t, &k.t, &v.t, &x.out.t, &x.lse.t);
+    ck_assert_int_eq(s, FA_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fa_last_error(), "out->data") != NULL, "%s", fa_last_error());
+    ck_assert(ht_is_poisoned(&x.out));
+    d_free(&q), d_free(&k), d_free(&v);
+    fa_context_destroy(ctx);
+    bundle_free(&x);
+}
+END_TEST
+
+/* deterministic = 1: the backward is bitwise repeatable (dQ without atomics); device
+ * workspace is counted and returned; AUTO sends device tensors to CUDA, where the atomic dQ
+ * agrees with the ordered one to rounding and dK, dV (never atomic) to the bit. */
+static double max_rel_diff(const ht_tensor *x, const ht_tensor *y)
+{
+    double m = 0, big = 0;
+    for (int64_t b = 0; b < x->t.batch; b++)
+        for (int64_t s = 0; s < x->t.seqlen; s++)
+            for (int64_t h = 0; h < x->t.heads; h++)
+                for (int64_t d = 0; d < x->t.headdim; d++) {
+                    const double u = ht_get(x, b, s, h, d), v = ht_get(y, b, s, h, d);
+                    m = fmax(m, fabs(u - v));
+                    big = fmax(big, fabs(v));
+                }
+    return m / (big > 0 ? big : 1);
+}
+
+START_TEST(cuda_deterministic_memory_auto)
+{
+    const sweep_case c = {2, 300, 300, 4, 2, 128, 128, 1, -1, -1, 0, 0, 0, 0.1, HT_BSHD,
+                          FA_SOFTCAP_THEN_ALIBI};
+    fa_params p;
+    params_for(&c, 5, &p);
+    bundle a, b, x;
+    bundle_alloc(&a, FA_BF16, &c, HT_BSHD, FA_F32);
+    bundle_alloc(&b, FA_BF16, &c, HT_BSHD, FA_F32);
+    bundle_alloc(&x, FA_BF16, &c, HT_BSHD, FA_F32);
+    ht_fill(&a.q, 1, 1, -1), ht_fill(&a.k, 2, 1, -1), ht_fill(&a.v, 3, 1, -1);
+    ht_fill(&a.dout, 4, 1, -1);
+    ht_free(&b.q), ht_free(&b.k), ht_free(&b.v), ht_free(&b.dout);
+    ht_free(&x.q), ht_free(&x.k), ht_free(&x.v), ht_free(&x.dout);
+    b.q = x.q = a.q, b.k = x.k = a.k, b.v = x.v = a.v, b.dout = x.dout = a.dout;
+    fa_context *ctx = cuda_context(1);
+    run_cuda(ctx, &p, &a, 1);
+    size_t cur = 1, peak = 0;
+    ck_assert_int_eq(fa_memory_stats(ctx, &cur, &peak), FA_OK);
+    ck_assert_msg(cur == 0 && peak >= (size_t)(2 * 4 * 300) * sizeof(float),
+                  "device bytes: current %zu peak %zu", cur, peak);
+    run_cuda(ctx, &p, &b, 1);
+    fa_context_destroy(ctx);
+    ck_assert(memcmp(a.dq.buf, b.dq.buf, a.dq.nbytes) == 0);
+    ck_assert(memcmp(a.dk.buf, b.dk.buf, a.dk.nbytes) == 0);
+    ck_assert(memcmp(a.dv.buf, b.dv.buf, a.dv.nbytes) == 0);
+    /* AUTO */
+    fa_context *ac = NULL;
+    ck_assert_int_eq(fa_context_create(NULL, &ac), FA_OK);
+    run_cuda(ac, &p, &x, 1);
+    fa_context_destroy(ac);
+    ck_assert(memcmp(a.out.buf, x.out.buf, a.out.nbytes) == 0);
+    ck_assert(memcmp(a.dk.buf, x.dk.buf, a.dk.nbytes) == 0);
+    ck_assert(memcmp(a.dv.buf, x.dv.buf, a.dv.nbytes) == 0);
+    const double e = max_rel_diff(&x.dq, &a.dq);
+    ck_assert_msg(e < 2e-2, "atomic dQ vs ordered dQ: relative difference %g", e);
+    ht_free(&b.out), ht_free(&b.lse), ht_free(&b.dq), ht_free(&b.dk), ht_free(&b.dv);
+    ht_free(&x.out), ht_free(&x.lse), ht_free(&x.dq), ht_free(&x.dk), ht_free(&x.dv);
+    bundle_free(&a);
+}
+END_TEST
+
+/* Head dims beyond the kernels (> 512) are refused with FA_ERR_UNSUPPORTED and a message, and
+ * nothing is written. */
+START_TEST(cuda_unsupported_head_dim)
+{
+    const sweep_case c = {1, 4, 4, 1, 1, 520, 520, 0, -1, -1, 0, 0, 0, 0, HT_BSHD,
+                          FA_SOFTCAP_THEN_ALIBI};
+    bundle x;
+    bundle_alloc(&x, FA_F32, &c, HT_BSHD, FA_F32);
+    ht_fill(&x.q, 1, 1, -1), ht_fill(&x.k, 2, 1, -1), ht_fill(&x.v, 3, 1, -1);
+    ht_poison(&x.out), ht_poison(&x.lse);
+    dtensor q, k, v, out, lse;
+    d_up(&q, &x.q), d_up(&k, &x.k), d_up(&v, &x.v), d_up(&out, &x.out), d_up(&lse, &x.lse);
+    fa_params p;
+    fa_params_init(&p);
+    fa_context *ctx = cuda_context(0);
+    ck_assert_int_eq(fa_forward(ctx, &p, &q.t, &k.t, &v.t, &out.t, &lse.t), FA_ERR_UNSUPPORTED);
+    ck_assert_msg(strstr(fa_last_error(), "512") != NULL, "%s", fa_last_error());
+    fa_context_destroy(ctx);
+    d_down(&out), d_down(&lse);
+    ck_assert(ht_is_poisoned(&x.out) && ht_is_poisoned(&x.lse));
+    d_free(&q), d_free(&k), d_free(&v), d_free(&out), d_free(&lse);
+    bundle_free(&x);
+}
+END_TEST
+
+/* Sk = 0 or Sq = 0 on the device: empty rows and zero gradients, written by the backend. */
+START_TEST(cuda_empty_sequences)
+{
+    for (int which = 0; which < 2; which++) {
+        const sweep_case c = {1, which ? 0 : 7, which ? 7 : 0, 2, 1, 32, 32, 0, -1, -1, 0, 0, 0,
+                              0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI};
+        bundle x;
+        bundle_alloc(&x, FA_F16, &c, HT_BSHD, FA_F32);
+        fa_params p;
+        fa_params_init(&p);
+        fa_context *ctx = cuda_context(0);
+        run_cuda(ctx, &p, &x, 1);
+        fa_context_destroy(ctx);
+        for (int64_t i = 0; i < c.sq; i++)
+            for (int64_t h = 0; h < 2; h++) {
+                ck_assert(ht_get(&x.lse, 0, i, h, 0) == -INFINITY);
+                for (int64_t d = 0; d < 32; d++)
+                    ck_assert(ht_get(&x.out, 0, i, h, d) == 0 && ht_get(&x.dq, 0, i, h, d) == 0);
+            }
+        for (int64_t j = 0; j < c.sk; j++)
+            for (int64_t d = 0; d < 32; d++)
+                ck_assert(ht_get(&x.dk, 0, j, 0, d) == 0 && ht_get(&x.dv, 0, j, 0, d) == 0);
+        bundle_free(&x);
+    }
+}
+END_TEST
+
+static Suite *make_cuda_suite(void)
+{
+    Suite *s = suite_create("cuda");
+    TCase *tc = tcase_create("sweep");
+    tcase_set_timeout(tc, 600);
+    /* CHECK_CUDA_SMALL=1: a short sweep for compute-sanitizer (every kernel, small sizes) */
+    const int small = getenv("CHECK_CUDA_SMALL") != NULL;
+    if (small) {
+        tcase_add_loop_test(tc, cuda_matches_reference, 4 * 3, 4 * 10);
+        tcase_add_loop_test(tc, cuda_matches_reference, 4 * 19, 4 * 22);
+        tcase_add_loop_test(tc, cuda_matches_reference, 4 * 25, 4 * 27);
+        tcase_add_loop_test(tc, cuda_generic_matches_reference, 0, 2);
+        tcase_add_loop_test(tc, cuda_deterministic_matches_reference, 0, 2);
+        tcase_add_loop_test(tc, cuda_masked_nonfinite_never_reaches_output, 0, 4);
+        tcase_add_test(tc, cuda_host_pointers_refused);
+        tcase_add_test(tc, cuda_empty_sequences);
+        tcase_add_test(tc, cuda_deterministic_memory_auto);
+        suite_add_tcase(s, tc);
+        return s;
+    }
+    tcase_add_loop_test(tc, cuda_matches_reference, 0, 4 * NCASES);
+    tcase_add_loop_test(tc, cuda_generic_matches_reference, 0, 2 * (NCASES - 20));
+    tcase_add_loop_test(tc, cuda_deterministic_matches_reference, 0, 2 * (NCASES - 20));
+    tcase_add_loop_test(tc, cuda_large_logits, 0, 8);
+    tcase_add_loop_test(tc, cuda_dropout_mask_exact, 0, 2);
+    tcase_add_loop_test(tc, cuda_masked_nonfinite_never_reaches_output, 0, 4);
+    tcase_add_test(tc, cuda_host_pointers_refused);
+    tcase_add_test(tc, cuda_deterministic_memory_auto);
+    tcase_add_test(tc, cuda_empty_sequences);
+    tcase_add_test(tc, cuda_unsupported_head_dim);
+    suite_add_tcase(s, tc);
+    return s;
+}
+
+int main(void)
+{
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+        printf("check_cuda: no CUDA device here; skipped\n");
+        return 77;
+    }
+    SRunner *sr = srunner_create(make_cuda_suite());
+    /* a forked child cannot use the CUDA context its parent created */
+    srunner_set_fork_status(sr, CK_NOFORK);
+    srunner_run_all(sr, CK_NORMAL);
+    int failed = srunner_ntests_failed(sr);
+    srunner_free(sr);
+    return failed == 0 ? EXIT_SUCCESS : EXIT_FAILURE;
+}
