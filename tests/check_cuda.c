@@ -194,8 +194,9 @@ static void params_for(const sweep_case *c, int idx, fa_params *p)
     p->score_order = c->order;
 }
 
-static void sweep_one(const sweep_case *c, fa_dtype dt, int idx, double lo, double hi,
-                      fa_dtype lse_dt, int generic, int det)
+/* q in [lo, hi] and k in [klo, khi]; v and dout in [-1, 1] */
+static void sweep_run(const sweep_case *c, fa_dtype dt, int idx, double lo, double hi,
+                      double klo, double khi, fa_dtype lse_dt, int generic, int det)
 {
     fa_params p;
     params_for(c, idx, &p);
@@ -204,7 +205,7 @@ static void sweep_one(const sweep_case *c, fa_dtype dt, int idx, double lo, doub
     bundle_alloc(&gpu, dt, c, c->layout, lse_dt);
     bundle_alloc(&ref, FA_F64, c, HT_BSHD, FA_F64);
     ht_fill(&conv.q, 1000 + idx, lo, hi);
-    ht_fill(&conv.k, 2000 + idx, lo, hi);
+    ht_fill(&conv.k, 2000 + idx, klo, khi);
     ht_fill(&conv.v, 3000 + idx, -1, 1);
     ht_fill(&conv.dout, 4000 + idx, -1, 1);
     run_cpu(FA_BACKEND_CONVENTIONAL, &p, &conv, &conv, 0);
@@ -245,6 +246,12 @@ static void sweep_one(const sweep_case *c, fa_dtype dt, int idx, double lo, doub
     bundle_free(&conv), bundle_free(&ref);
 }
 
+static void sweep_one(const sweep_case *c, fa_dtype dt, int idx, double lo, double hi,
+                      fa_dtype lse_dt, int generic, int det)
+{
+    sweep_run(c, dt, idx, lo, hi, lo, hi, lse_dt, generic, det);
+}
+
 START_TEST(cuda_matches_reference)
 {
     const fa_dtype dt = dtypes[_i % 4];
@@ -277,6 +284,27 @@ START_TEST(cuda_large_logits)
     };
     const double a = sqrt(90 / 8.0), b = sqrt(100 / 8.0);
     sweep_one(&big[_i / 4], dtypes[_i % 4], 100 + _i / 4, a, b, FA_F64, 0, _i >= 6);
+}
+END_TEST
+
+/*
+ * Logits in [-100, -90] (q in [a, b], k in [-b, -a]), so LSE is near -95, with Sk not a multiple
+ * of 16 and no right bound: the tensor-core backward's last key block has padding keys (zero K
+ * rows) in warp tiles classed FULL. Taken as allowed, such a key's P = e^-LSE overflows, and
+ * inf times its zero K row made the whole dQ of the head NaN (atomic mode). f16 and bf16, BSHD
+ * (the tensor-core path), both backward modes; _i: dtype, mode, D, Sq, Sk.
+ */
+START_TEST(cuda_negative_logits_padding_keys)
+{
+    const fa_dtype dt = dtypes[2 + (_i & 1)];
+    const int det = (_i >> 1) & 1;
+    const int64_t d = (_i >> 2) & 1 ? 128 : 64, sq = (_i >> 3) & 1 ? 129 : 64,
+                  sk = (_i >> 4) & 1 ? 257 : 100;
+    const sweep_case c = {1, sq, sk, 2, 1, d, d, 0, -1, -1, 0, 0, 0, 0, HT_BSHD,
+                          FA_SOFTCAP_THEN_ALIBI};
+    /* q.k / sqrt(D) = -sqrt(D) x with x in [a^2, b^2] */
+    const double a = sqrt(90 / sqrt((double)d)), b = sqrt(100 / sqrt((double)d));
+    sweep_run(&c, dt, 200 + _i, a, b, -b, -a, FA_F32, 0, det);
 }
 END_TEST
 
@@ -565,6 +593,7 @@ static Suite *make_cuda_suite(void)
     tcase_add_loop_test(tc, cuda_generic_matches_reference, 0, 2 * (NCASES - 20));
     tcase_add_loop_test(tc, cuda_deterministic_matches_reference, 0, 2 * (NCASES - 20));
     tcase_add_loop_test(tc, cuda_large_logits, 0, 8);
+    tcase_add_loop_test(tc, cuda_negative_logits_padding_keys, 0, 32);
     tcase_add_loop_test(tc, cuda_dropout_mask_exact, 0, 2);
     tcase_add_loop_test(tc, cuda_masked_nonfinite_never_reaches_output, 0, 4);
     tcase_add_test(tc, cuda_host_pointers_refused);

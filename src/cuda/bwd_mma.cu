@@ -131,7 +131,9 @@ __global__ void __launch_bounds__(kThreads)
         fai_mask_query_span(&mask, a.sq, j0, j1, &qlo, &qhi);
         qlo = qlo / kBQ * kBQ;
         const int ntiles = qlo < qhi ? (int)((qhi - qlo + kBQ - 1) / kBQ) : 0;
-        int64_t rlo[2], rhi[2]; /* the queries that may see the thread's keys g, g + 8 */
+        /* the queries that may see the thread's keys g, g + 8 (a key past Sk is tested apart:
+         * the span knows nothing of Sk) */
+        int64_t rlo[2], rhi[2];
 #pragma unroll
         for (int r = 0; r < 2; r++)
             fai_mask_query_span(&mask, a.sq, wj0 + 8 * r + g, wj0 + 8 * r + g + 1, &rlo[r],
@@ -173,6 +175,9 @@ __global__ void __launch_bounds__(kThreads)
             }
             __syncthreads();
             const T *qt = qs + (u & 1) * kBQ * L::pitch, *gt = gs + (u & 1) * kBQ * L::pitch;
+            /* over the warp's keys clipped to Sk ([wj0, wj1)) and the tile's rows clipped to
+             * Sq ([i0, i1)): FULL says nothing of the padding rows of a last tile, which the
+             * element loop below drops by its own j < Sk, i < Sq tests */
             const fai_tile_class wcls =
                 wj0 < wj1 ? fai_mask_classify(&mask, i0, i1, wj0, wj1) : FAI_TILE_EMPTY;
             const float slope = a.slopes ? a.slopes[h] : 0.0f;
@@ -226,8 +231,13 @@ __global__ void __launch_bounds__(kThreads)
                             x = s[n][e] * scale2 - l2;
                         else
                             x = fai_score_f32(&sc, s[n][e], slope, i, j, &t) * kLog2e - l2;
+                        /* a padding key (j >= Sk, a zero K row) is dropped even in a FULL
+                         * tile: its P = 2^(-LSE log2(e)) overflows f32 for LSE < -88 (and
+                         * dS its 16-bit pack far sooner), and inf times the zero K row in
+                         * dQ += dS K is NaN in every dQ row of the tile */
                         const bool allowed =
-                            ok && (wcls == FAI_TILE_FULL || (c >= lo_c[r] && c < hi_c[r]));
+                            ok && j < a.sk &&
+                            (wcls == FAI_TILE_FULL || (c >= lo_c[r] && c < hi_c[r]));
                         const float p = allowed ? ex2(x) : 0.0f;
                         float z = (float)a.keep_scale;
                         if (!FAST && dr.threshold && !fai_keep(dr, b, h, i, j))
