@@ -109,8 +109,9 @@ static inline fai_cuda_result fai_cuda_check_launch(const char *what, char *err,
 }
 
 /* The tensor-core backward (bwd_mma.cu) and its workspace, carved from fai_cuda_args.work:
- * D_i and LSE_i log2(e) (f32, B Hq Sq each), the f32 dQ accumulator (B Hq Sq Dqk), and the
- * non-finite-input flag that chooses between it and the generic kernels on the device. */
+ * D_i and LSE_i log2(e) (f32, B Hq Sq each), the f32 dQ accumulator (B Hq Sq Dqk; NULL in
+ * deterministic mode), and the non-finite-input flag that chooses between it and the generic
+ * kernels on the device. */
 typedef struct {
     float *delta, *lse2, *dqacc;
     int *flag;

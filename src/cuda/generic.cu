@@ -328,6 +328,14 @@ fai_cuda_result run_forward(const fai_cuda_args &a, char *err, size_t n)
     return fai_cuda_check_launch("generic forward", err, n);
 }
 
+/* The tensor-core backward's workspace (fai_cuda_bwd_ws), in floats before the flag: D_i and
+ * LSE_i log2(e) (B Hq Sq each), then the f32 dQ accumulator (B Hq Sq Dqk), which deterministic
+ * mode does without. fai_cuda_backward_workspace sizes it, run_backward carves it. */
+int64_t mma_ws_floats(const fai_cuda_args &a)
+{
+    return (2 + (a.deterministic ? 0 : a.dqk)) * (a.b * a.hq * a.sq);
+}
+
 /*
  * The backward. With the tensor-core kernel (16-bit storage, its head dims and alignment) the
  * generic dK/dV and dQ kernels are launched behind its device-side flag and return at once
@@ -341,8 +349,9 @@ fai_cuda_result run_backward(const fai_cuda_args &a, char *err, size_t n)
     const size_t sm = (size_t)kWarps * (a.dqk + a.dv) * sizeof(C);
     const bool mma = a.sq > 0 && a.sk > 0 && fai_cuda_backward_mma_applies(&a);
     const int64_t bhs = a.b * a.hq * a.sq;
-    fai_cuda_bwd_ws w = {(float *)a.work, (float *)a.work + bhs, (float *)a.work + 2 * bhs,
-                         (int *)((float *)a.work + (2 + a.dqk) * bhs)};
+    float *ws = (float *)a.work;
+    fai_cuda_bwd_ws w = {ws, ws + bhs, a.deterministic ? nullptr : ws + 2 * bhs,
+                         (int *)(ws + mma_ws_floats(a))};
     fai_cuda_result r;
     if (mma && (r = fai_cuda_backward_mma_prepare(&a, &w, err, n)) != FAI_CUDA_OK)
         return r;
@@ -443,7 +452,7 @@ extern "C" fai_cuda_result fai_cuda_backward(const fai_cuda_args *a, char *err, 
 extern "C" size_t fai_cuda_backward_workspace(const fai_cuda_args *a)
 {
     const size_t bhs = (size_t)(a->b * a->hq * a->sq);
-    if (a->sq > 0 && a->sk > 0 && fai_cuda_backward_mma_applies(a)) /* fai_cuda_bwd_ws */
-        return (2 + (size_t)a->dqk) * bhs * sizeof(float) + 16;
+    if (a->sq > 0 && a->sk > 0 && fai_cuda_backward_mma_applies(a)) /* + the flag */
+        return (size_t)mma_ws_floats(*a) * sizeof(float) + 16;
     return bhs * (a->dtype == FA_F64 ? sizeof(double) : sizeof(float));
 }
