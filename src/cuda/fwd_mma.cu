@@ -36,7 +36,6 @@
 #include "mma.cuh"
 
 #include <stdint.h>
-#include <stdlib.h>
 
 namespace {
 
@@ -492,15 +491,7 @@ fai_cuda_result by_dim(const fai_cuda_args &a, char *err, size_t n)
     case 32: return launch<T, 32, 64, 4, 2>(a, err, n);
     case 64: return launch<T, 64, 64, 4, 2>(a, err, n);
     case 96: return launch<T, 96, 64, 4, 2>(a, err, n);
-    case 128: {
-        const char *e = getenv("FA_CUDA_FWD_BQ"); /* tile experiments: 64 runs the 4 x 1 layout */
-        if (e && atoi(e) == 64)
-            return launch<T, 128, 64, 4, 1>(a, err, n);
-        const char *k = getenv("FA_CUDA_FWD_BK"); /* 32: half-size key tiles, fewer registers */
-        if (k && atoi(k) == 32)
-            return launch<T, 128, 32, 4, 2>(a, err, n);
-        return launch<T, 128, 64, 4, 2>(a, err, n);
-    }
+    case 128: return launch<T, 128, 64, 4, 2>(a, err, n);
     default: return launch<T, 256, 32, 4, 1>(a, err, n);
     }
 }
