@@ -458,6 +458,40 @@ START_TEST(cuda_host_pointers_refused)
 }
 END_TEST
 
+/* Device memory of a device other than the current one (where the kernels would run) is
+ * refused by name, and nothing is written. Registered only where there are two devices. */
+START_TEST(cuda_other_device_refused)
+{
+    const sweep_case c = {1, 10, 10, 1, 1, 32, 32, 0, -1, -1, 0, 0, 0, 0, HT_BSHD,
+                          FA_SOFTCAP_THEN_ALIBI};
+    bundle x;
+    bundle_alloc(&x, FA_BF16, &c, HT_BSHD, FA_F32);
+    ht_fill(&x.q, 1, 1, -1), ht_fill(&x.k, 2, 1, -1), ht_fill(&x.v, 3, 1, -1);
+    ht_poison(&x.out), ht_poison(&x.lse);
+    fa_params p;
+    fa_params_init(&p);
+    dtensor q, k, v, out, lse;
+    ck_assert_int_eq(cudaSetDevice(1), cudaSuccess);
+    d_up(&k, &x.k);
+    ck_assert_int_eq(cudaSetDevice(0), cudaSuccess);
+    d_up(&q, &x.q), d_up(&v, &x.v), d_up(&out, &x.out), d_up(&lse, &x.lse);
+    fa_context *ctx = cuda_context(0);
+    fa_status s = fa_forward(ctx, &p, &q.t, &k.t, &v.t, &out.t, &lse.t);
+    fa_context_destroy(ctx);
+    ck_assert_int_eq(s, FA_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fa_last_error(), "k->data") != NULL &&
+                      strstr(fa_last_error(), "device 1") != NULL,
+                  "%s", fa_last_error());
+    d_down(&out), d_down(&lse);
+    ck_assert(ht_is_poisoned(&x.out) && ht_is_poisoned(&x.lse));
+    d_free(&q), d_free(&v), d_free(&out), d_free(&lse);
+    ck_assert_int_eq(cudaSetDevice(1), cudaSuccess);
+    d_free(&k);
+    ck_assert_int_eq(cudaSetDevice(0), cudaSuccess);
+    bundle_free(&x);
+}
+END_TEST
+
 /* deterministic = 1: the backward is bitwise repeatable (dQ without atomics); device
  * workspace is counted and returned; AUTO sends device tensors to CUDA, where the atomic dQ
  * agrees with the ordered one to rounding and dK, dV (never atomic) to the bit. */
@@ -605,6 +639,11 @@ static Suite *make_cuda_suite(void)
     tcase_add_test(tc, cuda_deterministic_memory_auto);
     tcase_add_test(tc, cuda_empty_sequences);
     tcase_add_test(tc, cuda_unsupported_head_dim);
+    int ndev = 0;
+    if (cudaGetDeviceCount(&ndev) == cudaSuccess && ndev >= 2)
+        tcase_add_test(tc, cuda_other_device_refused);
+    else
+        printf("check_cuda: one device; the other-device test is not run\n");
     suite_add_tcase(s, tc);
     return s;
 }

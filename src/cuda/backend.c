@@ -1,9 +1,10 @@
 /*
- * The CUDA backend's host side: checks that every tensor is device memory, copies the ALiBi
- * slopes (host memory, like every backend's) to the device, takes stream-ordered device
- * workspace counted in the context's memory statistics, and hands the kernels (launch.h) a
- * plain description of the problem. Launches are asynchronous on fa_options.cuda_stream; a
- * failed check launches nothing, so the outputs are untouched.
+ * The CUDA backend's host side: checks that every tensor is device memory of the current
+ * device (where the kernels run), copies the ALiBi slopes (host memory, like every backend's)
+ * to the device, takes stream-ordered device workspace counted in the context's memory
+ * statistics, and hands the kernels (launch.h) a plain description of the problem. Launches
+ * are asynchronous on fa_options.cuda_stream; a failed check launches nothing, so the outputs
+ * are untouched.
  */
 #include "config.h"
 
@@ -15,9 +16,15 @@
 #include "internal.h"
 #include "cuda/launch.h"
 
+#ifndef FA_CUDA_MIN_ARCH
+#error "configure defines FA_CUDA_MIN_ARCH (the lowest --with-cuda-arch) in --enable-cuda builds"
+#endif
+
+/* Usable: a device, and the current one can run this build's code (SASS for the lowest arch
+ * up, PTX of the last arch for newer ones). */
 int fai_cuda_available(void)
 {
-    int n = 0;
+    int n = 0, dev = 0, major = 0, minor = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
     if (e != cudaSuccess || n == 0) {
         (void)cudaGetLastError();
@@ -25,10 +32,28 @@ int fai_cuda_available(void)
                  e != cudaSuccess ? cudaGetErrorString(e) : "the driver reports 0 devices");
         return 0;
     }
+    if ((e = cudaGetDevice(&dev)) != cudaSuccess ||
+        (e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev)) !=
+            cudaSuccess ||
+        (e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev)) !=
+            cudaSuccess) {
+        (void)cudaGetLastError();
+        fai_fail(FA_ERR_BACKEND_UNAVAILABLE, "backend cuda: the current device: %s",
+                 cudaGetErrorString(e));
+        return 0;
+    }
+    if (10 * major + minor < FA_CUDA_MIN_ARCH) {
+        fai_fail(FA_ERR_BACKEND_UNAVAILABLE,
+                 "backend cuda: device %d has compute capability %d.%d; this build's kernels "
+                 "need sm_%d or newer (configure --with-cuda-arch)",
+                 dev, major, minor, FA_CUDA_MIN_ARCH);
+        return 0;
+    }
     return 1;
 }
 
-int fai_cuda_is_device_pointer(const void *p)
+/* Whether p is device or managed memory; *at is filled when it is. */
+static int device_memory(const void *p, struct cudaPointerAttributes *at)
 {
     if (!p)
         return 0;
@@ -37,25 +62,39 @@ int fai_cuda_is_device_pointer(const void *p)
         (void)cudaGetLastError();
         return 0;
     }
-    struct cudaPointerAttributes at;
-    if (cudaPointerGetAttributes(&at, p) != cudaSuccess) {
+    if (cudaPointerGetAttributes(at, p) != cudaSuccess) {
         (void)cudaGetLastError();
         return 0;
     }
-    return at.type == cudaMemoryTypeDevice || at.type == cudaMemoryTypeManaged;
+    return at->type == cudaMemoryTypeDevice || at->type == cudaMemoryTypeManaged;
 }
 
-/* A view of t for the kernels; a non-empty tensor must be device memory. */
-static fa_status view(const fa_tensor *t, const char *name, fai_cuda_view *v)
+int fai_cuda_is_device_pointer(const void *p)
+{
+    struct cudaPointerAttributes at;
+    return device_memory(p, &at);
+}
+
+/* A view of t for the kernels; a non-empty tensor must be device (or managed) memory, and
+ * device memory must be the current device's (dev), where the kernels run. */
+static fa_status view(const fa_tensor *t, const char *name, int dev, fai_cuda_view *v)
 {
     memset(v, 0, sizeof *v);
     if (!t)
         return FA_OK;
     int64_t n = t->batch * t->seqlen * t->heads * t->headdim;
-    if (n > 0 && !fai_cuda_is_device_pointer(t->data))
-        return fai_fail(FA_ERR_INVALID_ARGUMENT,
-                        "backend cuda: %s->data = %p is not device memory; the CUDA backend "
-                        "takes device (or managed) pointers", name, t->data);
+    if (n > 0) {
+        struct cudaPointerAttributes at;
+        if (!device_memory(t->data, &at))
+            return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                            "backend cuda: %s->data = %p is not device memory; the CUDA "
+                            "backend takes device (or managed) pointers", name, t->data);
+        if (at.type == cudaMemoryTypeDevice && at.device != dev)
+            return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                            "backend cuda: %s->data = %p is memory of device %d, but the "
+                            "current device is %d (cudaSetDevice before the call)",
+                            name, t->data, at.device, dev);
+    }
     v->data = t->data;
     v->sb = t->batch_stride;
     v->ss = t->seq_stride;
@@ -88,15 +127,22 @@ static fa_status fill(fa_context *ctx, const fai_problem *pr, fai_cuda_args *a)
     a->deterministic = ctx->deterministic;
     const char *k = getenv("FA_CUDA_KERNEL");
     a->force_generic = k && strcmp(k, "generic") == 0;
-    TRY(view(pr->io.q, "q", &a->tq));
-    TRY(view(pr->io.k, "k", &a->tk));
-    TRY(view(pr->io.v, "v", &a->tv));
-    TRY(view(pr->io.out, "out", &a->tout));
-    TRY(view(pr->io.lse, "lse", &a->tlse));
-    TRY(view(pr->io.dout, "dout", &a->tdout));
-    TRY(view(pr->io.dq, "dq", &a->tdq));
-    TRY(view(pr->io.dk, "dk", &a->tdk));
-    TRY(view(pr->io.dv, "dv", &a->tdv));
+    int dev = 0;
+    cudaError_t e = cudaGetDevice(&dev);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return fai_fail(FA_ERR_DEVICE, "backend cuda: the current device: %s",
+                        cudaGetErrorString(e));
+    }
+    TRY(view(pr->io.q, "q", dev, &a->tq));
+    TRY(view(pr->io.k, "k", dev, &a->tk));
+    TRY(view(pr->io.v, "v", dev, &a->tv));
+    TRY(view(pr->io.out, "out", dev, &a->tout));
+    TRY(view(pr->io.lse, "lse", dev, &a->tlse));
+    TRY(view(pr->io.dout, "dout", dev, &a->tdout));
+    TRY(view(pr->io.dq, "dq", dev, &a->tdq));
+    TRY(view(pr->io.dk, "dk", dev, &a->tdk));
+    TRY(view(pr->io.dv, "dv", dev, &a->tdv));
     return FA_OK;
 }
 
