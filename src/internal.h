@@ -141,7 +141,9 @@ static inline fai_dropout fai_dropout_for(const fai_problem *pr, int64_t b, int6
 
 typedef struct {
     /* Called only with a validated problem; may fail only with FA_ERR_NO_MEMORY (checked
-     * before any output is written) or FA_ERR_UNSUPPORTED. */
+     * before any output is written), FA_ERR_UNSUPPORTED, FA_ERR_INVALID_ARGUMENT (checks only
+     * the backend can make, before anything is written: the CUDA one's device pointers) or
+     * FA_ERR_DEVICE (a device runtime error, the CUDA backend's). */
     fa_status (*forward)(fa_context *ctx, const fai_problem *pr);
     fa_status (*backward)(fa_context *ctx, const fai_problem *pr);
 } fai_backend;

@@ -141,7 +141,8 @@ static void compare(const char *what, const char *label, const ht_tensor *conv,
 
 /* ------------------------------------------------------------------ the sweep */
 
-/* Sizes around the tensor-core forward's tiles: 64 query rows x 64 keys (32 keys at D 256). */
+/* Sizes around the tensor-core forward's tiles: 128 query rows x 64 keys for D <= 128, 64 x 32
+ * at D 256. */
 static const sweep_case cases[] = {
     /* b  sq    sk    hq hk dqk  dv  causal wl  wr  TL softcap alibi p    layout */
     {1, 1, 1, 1, 1, 16, 16, 0, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},

@@ -289,6 +289,7 @@ __global__ void __launch_bounds__(kThreads)
                  * matrices (keys 16kk.., queries 16m..), (16kk.., 16m+8..), (16kk+8.., 16m..),
                  * (16kk+8.., 16m+8..) are a0..a3 */
                 constexpr int DH = DT / 2;
+                static_assert(DH % 2 == 0, "dQ dims are taken in pairs of 8-column tiles");
                 const int mq = warp & 1, dh = (warp >> 1) * DH;
                 float acc[DH][4];
 #pragma unroll
@@ -306,8 +307,7 @@ __global__ void __launch_bounds__(kThreads)
                         ldmatrix_x4_trans(kb, ks + L::off_sw(16 * kk + 8 * (mi & 1) + (lane & 7),
                                                              dh + d + (mi >> 1), sw));
                         M::run(acc[d], da, kb);
-                        if (d + 1 < DH)
-                            M::run(acc[d + 1], da, kb + 2);
+                        M::run(acc[d + 1], da, kb + 2);
                     }
                 }
 #pragma unroll
