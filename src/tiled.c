@@ -19,6 +19,10 @@
 /* The block operations: the context's kernel set for float, portable code for double. */
 #define FT_GEMM_F32(kern, m, n, k, a, lda, b, ldb, c, ldc, acc, cscale)                         \
     fai_gemm_f32(kern, m, n, k, a, lda, b, ldb, c, ldc, acc, cscale)
+#define FT_GEMM_AT_F32(kern, m, n, k, a, lda, b, ldb, c, ldc, acc)                              \
+    fai_gemm_at_f32(kern, m, n, k, a, lda, b, ldb, c, ldc, acc)
+#define FT_GEMM_AT_F64(kern, m, n, k, a, lda, b, ldb, c, ldc, acc)                              \
+    fai_gemm_at_f64(m, n, k, a, lda, b, ldb, c, ldc, acc)
 #define FT_EXPSUM_F32(kern, n, x, m, y) (kern)->expsum(n, x, m, y)
 #define FT_TRANSPOSE_F32(kern, rows, cols, src, lds, dst, ldd)                                  \
     (kern)->transpose(rows, cols, src, lds, dst, ldd)
@@ -69,6 +73,7 @@ static double scalemax_f64(int64_t n, double *x, double scale)
 #define FAI_T(name) name##_f32
 #define FT_DTYPE FA_F32
 #define FT_GEMM FT_GEMM_F32
+#define FT_GEMM_AT FT_GEMM_AT_F32
 #define FT_EXPSUM FT_EXPSUM_F32
 #define FT_SCALEMAX FT_SCALEMAX_F32
 #define FT_TRANSPOSE FT_TRANSPOSE_F32
@@ -90,6 +95,7 @@ static double scalemax_f64(int64_t n, double *x, double scale)
 #undef FT_MOVE
 #undef FT_FINALIZE
 #undef FT_GEMM
+#undef FT_GEMM_AT
 #undef FT_EXPSUM
 #undef FT_SCALEMAX
 #undef FT_TRANSPOSE
@@ -101,6 +107,7 @@ static double scalemax_f64(int64_t n, double *x, double scale)
 #define FAI_T(name) name##_f64
 #define FT_DTYPE FA_F64
 #define FT_GEMM FT_GEMM_F64
+#define FT_GEMM_AT FT_GEMM_AT_F64
 #define FT_EXPSUM FT_EXPSUM_F64
 #define FT_SCALEMAX FT_SCALEMAX_F64
 #define FT_TRANSPOSE FT_TRANSPOSE_F64

@@ -6,8 +6,9 @@
  *                               storage dtype that is FT itself (read without conversion)
  *   FT_LOAD, FT_STORE           row conversions from/to the storage dtype
  *   FT_SCORE                    the score pipeline (core/score.h)
- *   FT_GEMM, FT_EXPSUM,         the block operations: C (+)= A B, y = exp(x - m) with its
- *   FT_SCALEMAX, FT_TRANSPOSE,  sum, x *= scale with its max, a transpose, dots of columns,
+ *   FT_GEMM, FT_GEMM_AT,        the block operations: C (+)= A B and A^T B, y = exp(x - m)
+ *   FT_EXPSUM, FT_SCALEMAX,     with its sum, x *= scale with its max, a transpose, dots of
+ *   FT_TRANSPOSE,               columns,
  *   FT_COLDOT, FT_DSOFTMAX      the backward's row (simd/kernels.h for float, portable code
  *                               for double)
  *   FT_MOVE, FT_FINALIZE        the recurrence (core/recurrence.h)
@@ -258,7 +259,6 @@ typedef struct {
     FT *di;                      /* D_i of the block's rows                                    */
     double *lse;
     FT *s, *dp, *t, *p, *ds;     /* bq x bk: scores, dP, tanh(x / c), P~, scale dS             */
-    FT *tp;                      /* bk x bq: P~^T or dS^T for pass 1's GEMMs                   */
     unsigned char *keep;
     int q_finite, kv_finite;     /* whether the loaded Q and dO, K and V hold no inf or NaN    */
     const fai_kernels_f32 *kern;
@@ -288,7 +288,6 @@ static size_t FAI_T(bwd_carve)(const fai_problem *pr, fai_tiles tl, char *base,
     w->t = fai_carve(&a, bq * bk * f);
     w->p = fai_carve(&a, bq * bk * f);
     w->ds = fai_carve(&a, bq * bk * f);
-    w->tp = fai_carve(&a, bk * bq * f);
     w->keep = fai_carve(&a, bk);
     return a.used;
 }
@@ -408,10 +407,8 @@ static void FAI_T(bwd_ktile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
             if (!FAI_T(bwd_block)(pr, tl, b, h, i0, nq, j0, n, cls, w))
                 continue;
             if (w->kv_finite && w->q_finite) {
-                FT_TRANSPOSE(w->kern, nq, n, w->p, ld, w->tp, tl.bq); /* dV += P~^T dO */
-                FT_GEMM(w->kern, n, dv, nq, w->tp, tl.bq, w->dout, dv, w->dv, dv, 1, NULL);
-                FT_TRANSPOSE(w->kern, nq, n, w->ds, ld, w->tp, tl.bq); /* dK += scale dS^T Q */
-                FT_GEMM(w->kern, n, dqk, nq, w->tp, tl.bq, w->q, dqk, w->dk, dqk, 1, NULL);
+                FT_GEMM_AT(w->kern, n, dv, nq, w->p, ld, w->dout, dv, w->dv, dv, 1); /* P~^T dO */
+                FT_GEMM_AT(w->kern, n, dqk, nq, w->ds, ld, w->q, dqk, w->dk, dqk, 1); /* dS^T Q */
                 continue;
             }
             /* by selection, rows in order: each (row, key) term one kernel step, as above;

@@ -308,6 +308,39 @@ START_TEST(transpose_exact)
 }
 END_TEST
 
+/* gemm_at (A stored transposed) gives the bits of gemm on the transposed copy of A, for sizes
+ * around the register block, with and without accumulation. */
+START_TEST(gemm_at_matches_gemm_on_transpose)
+{
+    const fai_kernels_f32 *kt = kernels_or_skip(_i);
+    if (!kt)
+        return;
+    const int64_t ms[] = {1, kt->mr - 1, kt->mr, 2 * kt->mr + 3}, n = 2 * kt->nr + 5, k = 67;
+    uint64_t seed = 17;
+    for (size_t a = 0; a < 4; a++)
+        for (int acc = 0; acc < 2; acc++) {
+            const int64_t m = ms[a] > 0 ? ms[a] : 1, lda_t = m + 3;
+            float *At = malloc(sizeof(float) * (size_t)(k * lda_t)), *A = malloc(sizeof(float) * (size_t)(m * k));
+            float *B = malloc(sizeof(float) * (size_t)(k * n));
+            float *C1 = malloc(sizeof(float) * (size_t)(m * n)), *C2 = malloc(sizeof(float) * (size_t)(m * n));
+            for (int64_t x = 0; x < k * lda_t; x++)
+                At[x] = rnd(&seed) * 5;
+            for (int64_t x = 0; x < k * n; x++)
+                B[x] = rnd(&seed);
+            for (int64_t x = 0; x < m * n; x++)
+                C1[x] = C2[x] = rnd(&seed);
+            for (int64_t i = 0; i < m; i++)
+                for (int64_t p = 0; p < k; p++)
+                    A[i * k + p] = At[p * lda_t + i];
+            fai_gemm_at_f32(kt, m, n, k, At, lda_t, B, n, C1, n, acc);
+            fai_gemm_f32(kt, m, n, k, A, k, B, n, C2, n, acc, NULL);
+            ck_assert_msg(memcmp(C1, C2, sizeof(float) * (size_t)(m * n)) == 0, "%s m=%ld acc=%d",
+                          fa_isa_name(kt->isa), (long)m, acc);
+            free(At), free(A), free(B), free(C1), free(C2);
+        }
+}
+END_TEST
+
 /* Distance from y to the exact e in units of the last place of e's binade (subnormals: 2^-149). */
 static double ulp_error(float y, double e)
 {
@@ -439,6 +472,7 @@ Suite *make_simd_suite(void)
     tcase_set_timeout(tc, 900);
     tcase_add_loop_test(tc, gemm_matches_float64, 0, NISA);
     tcase_add_loop_test(tc, gemm_element_independent_of_blocking, 0, NISA);
+    tcase_add_loop_test(tc, gemm_at_matches_gemm_on_transpose, 0, NISA);
     tcase_add_loop_test(tc, transpose_exact, 0, NISA);
     tcase_add_loop_test(tc, coldot_rounds_as_gemm, 0, NISA);
     tcase_add_loop_test(tc, dsoftmax_matches_definition, 0, NISA);

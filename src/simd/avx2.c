@@ -26,10 +26,11 @@ static __m256i lanes_below(int64_t n)
  * load and store.
  */
 static inline __attribute__((always_inline)) void
-gemm_rows__avx2(const int ROWS, int64_t nr, int64_t k, const float *a, int64_t lda,
-                const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
+gemm_rows__avx2(const int ROWS, const int A_T, int64_t nr, int64_t k, const float *a,
+                int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
                 const float *cscale)
 {
+    const int64_t ars = A_T ? 1 : lda, acs = A_T ? lda : 1; /* A[i][p] = a[i ars + p acs] */
     const __m256i m0 = lanes_below(nr), m1 = lanes_below(nr - 8);
     __m256 c0[MR], c1[MR];
 #pragma GCC unroll 6
@@ -46,7 +47,7 @@ gemm_rows__avx2(const int ROWS, int64_t nr, int64_t k, const float *a, int64_t l
             const __m256 b0 = _mm256_loadu_ps(b + p * ldb), b1 = _mm256_loadu_ps(b + p * ldb + 8);
 #pragma GCC unroll 6
             for (int i = 0; i < ROWS; i++) {
-                const __m256 ai = _mm256_broadcast_ss(a + i * lda + p);
+                const __m256 ai = _mm256_broadcast_ss(a + i * ars + p * acs);
                 c0[i] = _mm256_fmadd_ps(ai, b0, c0[i]);
                 c1[i] = _mm256_fmadd_ps(ai, b1, c1[i]);
             }
@@ -57,7 +58,7 @@ gemm_rows__avx2(const int ROWS, int64_t nr, int64_t k, const float *a, int64_t l
             const __m256 b1 = _mm256_maskload_ps(b + p * ldb + 8, m1);
 #pragma GCC unroll 6
             for (int i = 0; i < ROWS; i++) {
-                const __m256 ai = _mm256_broadcast_ss(a + i * lda + p);
+                const __m256 ai = _mm256_broadcast_ss(a + i * ars + p * acs);
                 c0[i] = _mm256_fmadd_ps(ai, b0, c0[i]);
                 c1[i] = _mm256_fmadd_ps(ai, b1, c1[i]);
             }
@@ -70,19 +71,25 @@ gemm_rows__avx2(const int ROWS, int64_t nr, int64_t k, const float *a, int64_t l
     }
 }
 
-static void fa_f32_gemm_ukernel_6x16__avx2(int64_t mr, int64_t nr, int64_t k, const float *a,
-                                           int64_t lda, const float *b, int64_t ldb, float *c,
-                                           int64_t ldc, int accumulate, const float *cscale)
-{
-#define ROWS_CASE(r)                                                                          \
-    case r:                                                                                   \
-        gemm_rows__avx2(r, nr, k, a, lda, b, ldb, c, ldc, accumulate, cscale);                \
+/* The exported kernels, A row-major (gemm) or stored transposed (gemm_at). */
+#define GEMM_ROWS_CASE(r, A_T)                                                                 \
+    case r:                                                                                    \
+        gemm_rows__avx2(r, A_T, nr, k, a, lda, b, ldb, c, ldc, accumulate, cscale);            \
         break;
-    switch (mr) {
-        ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5) ROWS_CASE(6)
+#define GEMM_UKERNEL(name, A_T)                                                                \
+    static void name(int64_t mr, int64_t nr, int64_t k, const float *a, int64_t lda,           \
+                     const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,       \
+                     const float *cscale)                                                      \
+    {                                                                                          \
+        switch (mr) {                                                                          \
+            GEMM_ROWS_CASE(1, A_T) GEMM_ROWS_CASE(2, A_T) GEMM_ROWS_CASE(3, A_T)               \
+            GEMM_ROWS_CASE(4, A_T) GEMM_ROWS_CASE(5, A_T) GEMM_ROWS_CASE(6, A_T)               \
+        }                                                                                      \
     }
-#undef ROWS_CASE
-}
+GEMM_UKERNEL(fa_f32_gemm_ukernel_6x16__avx2, 0)
+GEMM_UKERNEL(fa_f32_gemm_at_ukernel_6x16__avx2, 1)
+#undef GEMM_UKERNEL
+#undef GEMM_ROWS_CASE
 
 /*
  * A block of up to 8 x 8 in registers (the AVX-512 block's rounds on 8 lanes): rows r < rr
@@ -286,7 +293,8 @@ static void fa_f32_narrow__avx2(void *dst, fa_dtype d, int64_t n, const float *s
 
 static const fai_kernels_f32 avx2 = {
     FA_ISA_AVX2, "fa_f32_gemm_ukernel_6x16__avx2", "fa_f32_expsum__avx2", MR, NR,
-    fa_f32_gemm_ukernel_6x16__avx2, fa_f32_expsum__avx2, fa_f32_scalemax__avx2,
+    fa_f32_gemm_ukernel_6x16__avx2, fa_f32_gemm_at_ukernel_6x16__avx2, fa_f32_expsum__avx2,
+    fa_f32_scalemax__avx2,
     fa_f32_transpose__avx2, fa_f32_coldot__avx2, fa_f32_dsoftmax__avx2,
     fa_f32_finite__avx2, fa_f32_widen__avx2, fa_f32_narrow__avx2,
 };

@@ -21,10 +21,11 @@
  * per term). Columns beyond nr are masked on load and store; rows beyond ROWS are not touched.
  */
 static inline __attribute__((always_inline)) void
-gemm_rows__avx512(const int ROWS, int64_t nr, int64_t k, const float *a, int64_t lda,
-                  const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
-                  const float *cscale)
+gemm_rows__avx512(const int ROWS, const int A_T, int64_t nr, int64_t k, const float *a,
+                  int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc,
+                  int accumulate, const float *cscale)
 {
+    const int64_t ars = A_T ? 1 : lda, acs = A_T ? lda : 1; /* A[i][p] = a[i ars + p acs] */
     const __mmask16 m0 = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1);
     const __mmask16 m1 = nr >= 32 ? 0xffff : nr > 16 ? (__mmask16)((1u << (nr - 16)) - 1) : 0;
     __m512 c0[MR], c1[MR];
@@ -42,7 +43,7 @@ gemm_rows__avx512(const int ROWS, int64_t nr, int64_t k, const float *a, int64_t
         const __m512 b1 = _mm512_maskz_loadu_ps(m1, b + p * ldb + 16);
 #pragma GCC unroll 12
         for (int i = 0; i < ROWS; i++) {
-            const __m512 ai = _mm512_set1_ps(a[i * lda + p]);
+            const __m512 ai = _mm512_set1_ps(a[i * ars + p * acs]);
             c0[i] = _mm512_fmadd_ps(ai, b0, c0[i]);
             c1[i] = _mm512_fmadd_ps(ai, b1, c1[i]);
         }
@@ -54,20 +55,28 @@ gemm_rows__avx512(const int ROWS, int64_t nr, int64_t k, const float *a, int64_t
     }
 }
 
-static void fa_f32_gemm_ukernel_12x32__avx512(int64_t mr, int64_t nr, int64_t k, const float *a,
-                                             int64_t lda, const float *b, int64_t ldb, float *c,
-                                             int64_t ldc, int accumulate, const float *cscale)
-{
-#define ROWS_CASE(r)                                                                          \
-    case r:                                                                                   \
-        gemm_rows__avx512(r, nr, k, a, lda, b, ldb, c, ldc, accumulate, cscale);              \
+/* The exported kernels, A row-major (gemm) or stored transposed (gemm_at), each a switch over
+ * the row counts so every instance has constant loop bounds. */
+#define GEMM_ROWS_CASE(r, A_T)                                                                 \
+    case r:                                                                                    \
+        gemm_rows__avx512(r, A_T, nr, k, a, lda, b, ldb, c, ldc, accumulate, cscale);          \
         break;
-    switch (mr) {
-        ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4) ROWS_CASE(5) ROWS_CASE(6)
-        ROWS_CASE(7) ROWS_CASE(8) ROWS_CASE(9) ROWS_CASE(10) ROWS_CASE(11) ROWS_CASE(12)
+#define GEMM_UKERNEL(name, A_T)                                                                \
+    static void name(int64_t mr, int64_t nr, int64_t k, const float *a, int64_t lda,           \
+                     const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,       \
+                     const float *cscale)                                                      \
+    {                                                                                          \
+        switch (mr) {                                                                          \
+            GEMM_ROWS_CASE(1, A_T) GEMM_ROWS_CASE(2, A_T) GEMM_ROWS_CASE(3, A_T)               \
+            GEMM_ROWS_CASE(4, A_T) GEMM_ROWS_CASE(5, A_T) GEMM_ROWS_CASE(6, A_T)               \
+            GEMM_ROWS_CASE(7, A_T) GEMM_ROWS_CASE(8, A_T) GEMM_ROWS_CASE(9, A_T)               \
+            GEMM_ROWS_CASE(10, A_T) GEMM_ROWS_CASE(11, A_T) GEMM_ROWS_CASE(12, A_T)            \
+        }                                                                                      \
     }
-#undef ROWS_CASE
-}
+GEMM_UKERNEL(fa_f32_gemm_ukernel_12x32__avx512, 0)
+GEMM_UKERNEL(fa_f32_gemm_at_ukernel_12x32__avx512, 1)
+#undef GEMM_UKERNEL
+#undef GEMM_ROWS_CASE
 
 /*
  * A block of up to 16 x 16 in registers: rows r < rr with columns c < cc are loaded (the rest
@@ -271,7 +280,8 @@ static void fa_f32_narrow__avx512(void *dst, fa_dtype d, int64_t n, const float 
 
 static const fai_kernels_f32 avx512 = {
     FA_ISA_AVX512, "fa_f32_gemm_ukernel_12x32__avx512", "fa_f32_expsum__avx512", MR, NR,
-    fa_f32_gemm_ukernel_12x32__avx512, fa_f32_expsum__avx512, fa_f32_scalemax__avx512,
+    fa_f32_gemm_ukernel_12x32__avx512, fa_f32_gemm_at_ukernel_12x32__avx512,
+    fa_f32_expsum__avx512, fa_f32_scalemax__avx512,
     fa_f32_transpose__avx512, fa_f32_coldot__avx512, fa_f32_dsoftmax__avx512,
     fa_f32_finite__avx512, fa_f32_widen__avx512, fa_f32_narrow__avx512,
 };

@@ -62,7 +62,7 @@ typedef struct fai_kernels_f32_s {
     fa_isa isa;
     const char *gemm_name, *exp_name;
     int64_t mr, nr;
-    fai_gemm_ukernel_f32 gemm;
+    fai_gemm_ukernel_f32 gemm, gemm_at; /* gemm_at: A stored transposed, A[i][p] at a[p lda + i] */
     fai_expsum_f32 expsum;
     fai_scalemax_f32 scalemax;
     fai_transpose_f32 transpose;
@@ -91,9 +91,17 @@ fa_isa fai_isa_best(void);
 void fai_gemm_f32(const fai_kernels_f32 *kt, int64_t m, int64_t n, int64_t k, const float *a,
                   int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc,
                   int accumulate, const float *cscale);
+/* The same with A stored transposed (A[i][p] at a[p * lda + i]): the backward's P^T dO and
+ * dS^T Q without forming P^T and dS^T. Each C element's bits are those of fai_gemm_f32 on the
+ * transposed copy (same terms, same order). */
+void fai_gemm_at_f32(const fai_kernels_f32 *kt, int64_t m, int64_t n, int64_t k, const float *a,
+                     int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc,
+                     int accumulate);
 /* The same in double, portable (the f64 storage path). */
 void fai_gemm_f64(int64_t m, int64_t n, int64_t k, const double *a, int64_t lda, const double *b,
                   int64_t ldb, double *c, int64_t ldc, int accumulate, const double *cscale);
+void fai_gemm_at_f64(int64_t m, int64_t n, int64_t k, const double *a, int64_t lda,
+                     const double *b, int64_t ldb, double *c, int64_t ldc, int accumulate);
 /* Portable transposes: the scalar set's, and the f64 path's. */
 void fai_transpose_f32_portable(int64_t rows, int64_t cols, const float *src, int64_t lds,
                                 float *dst, int64_t ldd);

@@ -19,10 +19,11 @@
  * zero-padded copy of the B row and a staged store.
  */
 static inline __attribute__((always_inline)) void
-gemm_rows__neon(const int ROWS, int64_t nr, int64_t k, const float *a, int64_t lda,
-                const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
+gemm_rows__neon(const int ROWS, const int A_T, int64_t nr, int64_t k, const float *a,
+                int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
                 const float *cscale)
 {
+    const int64_t ars = A_T ? 1 : lda, acs = A_T ? lda : 1; /* A[i][p] = a[i ars + p acs] */
     float32x4_t c0[MR], c1[MR];
     float tmp[NR];
 #pragma GCC unroll 8
@@ -50,7 +51,7 @@ gemm_rows__neon(const int ROWS, int64_t nr, int64_t k, const float *a, int64_t l
         const float32x4_t b0 = vld1q_f32(bp), b1 = vld1q_f32(bp + 4);
 #pragma GCC unroll 8
         for (int i = 0; i < ROWS; i++) {
-            const float ai = a[i * lda + p];
+            const float ai = a[i * ars + p * acs];
             c0[i] = vfmaq_n_f32(c0[i], b0, ai);
             c1[i] = vfmaq_n_f32(c1[i], b1, ai);
         }
@@ -63,20 +64,26 @@ gemm_rows__neon(const int ROWS, int64_t nr, int64_t k, const float *a, int64_t l
     }
 }
 
-static void fa_f32_gemm_ukernel_8x8__neon(int64_t mr, int64_t nr, int64_t k, const float *a,
-                                          int64_t lda, const float *b, int64_t ldb, float *c,
-                                          int64_t ldc, int accumulate, const float *cscale)
-{
-#define ROWS_CASE(r)                                                                          \
-    case r:                                                                                   \
-        gemm_rows__neon(r, nr, k, a, lda, b, ldb, c, ldc, accumulate, cscale);                \
+/* The exported kernels, A row-major (gemm) or stored transposed (gemm_at). */
+#define GEMM_ROWS_CASE(r, A_T)                                                                 \
+    case r:                                                                                    \
+        gemm_rows__neon(r, A_T, nr, k, a, lda, b, ldb, c, ldc, accumulate, cscale);            \
         break;
-    switch (mr) {
-        ROWS_CASE(1) ROWS_CASE(2) ROWS_CASE(3) ROWS_CASE(4)
-        ROWS_CASE(5) ROWS_CASE(6) ROWS_CASE(7) ROWS_CASE(8)
+#define GEMM_UKERNEL(name, A_T)                                                                \
+    static void name(int64_t mr, int64_t nr, int64_t k, const float *a, int64_t lda,           \
+                     const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,       \
+                     const float *cscale)                                                      \
+    {                                                                                          \
+        switch (mr) {                                                                          \
+            GEMM_ROWS_CASE(1, A_T) GEMM_ROWS_CASE(2, A_T) GEMM_ROWS_CASE(3, A_T)               \
+            GEMM_ROWS_CASE(4, A_T) GEMM_ROWS_CASE(5, A_T) GEMM_ROWS_CASE(6, A_T)               \
+            GEMM_ROWS_CASE(7, A_T) GEMM_ROWS_CASE(8, A_T)                                      \
+        }                                                                                      \
     }
-#undef ROWS_CASE
-}
+GEMM_UKERNEL(fa_f32_gemm_ukernel_8x8__neon, 0)
+GEMM_UKERNEL(fa_f32_gemm_at_ukernel_8x8__neon, 1)
+#undef GEMM_UKERNEL
+#undef GEMM_ROWS_CASE
 
 /*
  * exp in 4 lanes, inline: the AVX2 kernel's reduction, polynomial and two-factor 2^n (see
@@ -264,7 +271,8 @@ static void fa_f32_narrow__neon(void *dst, fa_dtype d, int64_t n, const float *s
 
 static const fai_kernels_f32 neon = {
     FA_ISA_NEON, "fa_f32_gemm_ukernel_8x8__neon", "fa_f32_expsum__neon", MR, NR,
-    fa_f32_gemm_ukernel_8x8__neon, fa_f32_expsum__neon, fa_f32_scalemax__neon,
+    fa_f32_gemm_ukernel_8x8__neon, fa_f32_gemm_at_ukernel_8x8__neon, fa_f32_expsum__neon,
+    fa_f32_scalemax__neon,
     fa_f32_transpose__neon, fa_f32_coldot__neon, fa_f32_dsoftmax__neon,
     fai_finite_f32_portable, fa_f32_widen__neon, fa_f32_narrow__neon,
 };

@@ -17,9 +17,9 @@
  * rounded product and sum apart; that put the scalar set's dK error in the backend sweep at
  * 8.54e-07 against a bound of 7.93e-07 (D=64, 256 keys). A scalar machine adds doubles as fast.
  */
-static void fa_f32_gemm_ukernel_4x16__scalar(int64_t mr, int64_t nr, int64_t k, const float *a,
-                                             int64_t lda, const float *b, int64_t ldb, float *c,
-                                             int64_t ldc, int accumulate, const float *cscale)
+static void gemm_rows__scalar(int64_t ars, int64_t acs, int64_t mr, int64_t nr, int64_t k,
+                              const float *a, const float *b, int64_t ldb, float *c, int64_t ldc,
+                              int accumulate, const float *cscale)
 {
     double acc[SCALAR_MR][SCALAR_NR];
     for (int64_t i = 0; i < mr; i++)
@@ -28,7 +28,7 @@ static void fa_f32_gemm_ukernel_4x16__scalar(int64_t mr, int64_t nr, int64_t k, 
     for (int64_t p = 0; p < k; p++) {
         const float *bp = b + p * ldb;
         for (int64_t i = 0; i < mr; i++) {
-            const double ai = a[i * lda + p];
+            const double ai = a[i * ars + p * acs];
             for (int64_t j = 0; j < nr; j++)
                 acc[i][j] += ai * bp[j];
         }
@@ -36,6 +36,21 @@ static void fa_f32_gemm_ukernel_4x16__scalar(int64_t mr, int64_t nr, int64_t k, 
     for (int64_t i = 0; i < mr; i++)
         for (int64_t j = 0; j < nr; j++)
             c[i * ldc + j] = (float)acc[i][j];
+}
+
+static void fa_f32_gemm_ukernel_4x16__scalar(int64_t mr, int64_t nr, int64_t k, const float *a,
+                                             int64_t lda, const float *b, int64_t ldb, float *c,
+                                             int64_t ldc, int accumulate, const float *cscale)
+{
+    gemm_rows__scalar(lda, 1, mr, nr, k, a, b, ldb, c, ldc, accumulate, cscale);
+}
+
+static void fa_f32_gemm_at_ukernel_4x16__scalar(int64_t mr, int64_t nr, int64_t k, const float *a,
+                                                int64_t lda, const float *b, int64_t ldb,
+                                                float *c, int64_t ldc, int accumulate,
+                                                const float *cscale)
+{
+    gemm_rows__scalar(1, lda, mr, nr, k, a, b, ldb, c, ldc, accumulate, cscale);
 }
 
 /* Sixteen running sums, one per residue of i mod 16, then those in order: the AVX-512 kernel's
@@ -102,7 +117,8 @@ int fai_finite_f32_portable(int64_t n, const float *x)
 const fai_kernels_f32 fai_kernels_f32_scalar = {
     FA_ISA_SCALAR,        "fa_f32_gemm_ukernel_4x16__scalar", "fa_f32_expsum__scalar_sleef",
     SCALAR_MR,            SCALAR_NR,
-    fa_f32_gemm_ukernel_4x16__scalar, fa_f32_expsum__scalar_sleef, fa_f32_scalemax__scalar,
+    fa_f32_gemm_ukernel_4x16__scalar, fa_f32_gemm_at_ukernel_4x16__scalar,
+    fa_f32_expsum__scalar_sleef, fa_f32_scalemax__scalar,
     fai_transpose_f32_portable, fa_f32_coldot__scalar, fa_f32_dsoftmax__scalar,
     fai_finite_f32_portable, fai_load_f32, fai_store_f32,
 };
@@ -131,6 +147,21 @@ void fai_coldot_f64(int64_t n, int64_t k, const double *a, int64_t lda, const do
         for (int64_t p = 0; p < k; p++)
             acc += a[p * lda + j] * b[p * ldb + j];
         out[j] = acc;
+    }
+}
+
+void fai_gemm_at_f64(int64_t m, int64_t n, int64_t k, const double *a, int64_t lda,
+                     const double *b, int64_t ldb, double *c, int64_t ldc, int accumulate)
+{
+    for (int64_t i = 0; i < m; i++) {
+        double *ci = c + i * ldc;
+        for (int64_t j = 0; j < n; j++)
+            ci[j] = accumulate ? ci[j] : 0;
+        for (int64_t p = 0; p < k; p++) { /* p in order, as fai_gemm_f64 */
+            const double aip = a[p * lda + i], *bp = b + p * ldb;
+            for (int64_t j = 0; j < n; j++)
+                ci[j] += aip * bp[j];
+        }
     }
 }
 
