@@ -1,10 +1,11 @@
 /*
  * The tiled backend: the article's algorithm (query tiles, a running (m, l, acc) per row, score
- * and probability tiles that never leave the thread's working set) in portable C. The loop
- * nest is in tiled_tpl.h, instantiated here for float (f32, f16, bf16 storage: f32
- * accumulation) and double (f64 storage). Tile sizes come from core/plan.c.
+ * and probability tiles that never leave the thread's working set). The loop nest is in
+ * tiled_tpl.h, instantiated here for float (f32, f16, bf16 storage: f32 accumulation, the
+ * ISA's kernels from src/simd/) and double (f64 storage, portable). Tile sizes: core/plan.c.
  *
- * Extra memory: one workspace per thread, O(Bq x D + Bk x D), independent of sequence length.
+ * Extra memory: one workspace per thread, O(Bq x D + Bk x D + Bq x Bk) (the backward's holds
+ * five Bq x Bk tiles), independent of sequence length.
  */
 #include "config.h"
 

@@ -4,13 +4,12 @@
  * the ISA's kernels; double for f64, with portable ones). The includer defines:
  *   FT, FAI_T(name), FT_DTYPE   the type, the suffix appended to every function name, and the
  *                               storage dtype that is FT itself (read without conversion)
- *   FT_LOAD, FT_STORE           row conversions from/to the storage dtype
+ *   FT_LOAD, FT_STORE           row conversions from/to the storage dtype (kernel set first)
  *   FT_SCORE                    the score pipeline (core/score.h)
- *   FT_GEMM, FT_GEMM_AT,        the block operations: C (+)= A B and A^T B, y = exp(x - m)
- *   FT_EXPSUM, FT_SCALEMAX,     with its sum, x *= scale with its max, a transpose, dots of
- *   FT_TRANSPOSE,               columns,
- *   FT_COLDOT, FT_DSOFTMAX      the backward's row (simd/kernels.h for float, portable code
- *                               for double)
+ *   FT_GEMM, FT_GEMM_AT,        the block operations (simd/kernels.h for float, portable code
+ *   FT_EXPSUM, FT_SCALEMAX,     for double): C (+)= A B and A^T B, y = exp(x - m) with its sum,
+ *   FT_TRANSPOSE, FT_COLDOT,    x *= scale with its max, a transpose, dots of columns, the
+ *   FT_DSOFTMAX, FT_FINITE      backward's row, a finiteness test
  *   FT_MOVE, FT_FINALIZE        the recurrence (core/recurrence.h)
  *
  * Every sum runs in a fixed order (over d for scores, over keys for accumulators; the kernels

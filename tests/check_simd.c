@@ -211,13 +211,13 @@ START_TEST(finite_detects_each_position)
 END_TEST
 
 /* widen: every f16 and bf16 bit pattern (NaN payloads included) to the bits of the portable
- * conversion, at a length that leaves a partial last vector; nothing written beyond n. */
+ * conversion, then a short unaligned call with a partial vector; nothing written beyond n. */
 START_TEST(widen_every_half)
 {
     const fai_kernels_f32 *kt = kernels_or_skip(_i);
     if (!kt)
         return;
-    const int64_t n = 65536 - 3;
+    const int64_t n = 65536;
     uint16_t *h = malloc(sizeof(uint16_t) * 65536);
     float *got = malloc(sizeof(float) * 65536), *want = malloc(sizeof(float) * 65536);
     for (int64_t i = 0; i < 65536; i++)
@@ -238,31 +238,34 @@ START_TEST(widen_every_half)
 }
 END_TEST
 
-/* narrow: the bits of the portable rounding (NaN: any NaN) for every 257th float, and for
- * each f16 value's neighbourhood in f32 (the value, the halfway points to its neighbours and
- * one f32 ulp either side of them: where ties to even decide); nothing written beyond n. */
+/* narrow: the bits of the portable rounding (NaN: any NaN) for every 4369th float, and for
+ * every finite f16 value's neighbourhood in f32 (the value, the halfway point to the next one
+ * and one f32 ulp either side of it: where ties to even decide; the last one is the overflow
+ * threshold 65520), at every tail length 0..15; nothing written beyond n. */
 START_TEST(narrow_rounds_as_portable)
 {
     const fai_kernels_f32 *kt = kernels_or_skip(_i);
     if (!kt)
         return;
-    const int64_t cap = 1 << 20;
+    const int64_t cap = (1 << 20) + 5 * 0x7c00;
     float *x = malloc(sizeof(float) * (size_t)cap);
     uint16_t *got = malloc(sizeof(uint16_t) * (size_t)(cap + 1));
     uint16_t *want = malloc(sizeof(uint16_t) * (size_t)(cap + 1));
     int64_t n = 0;
-    for (uint64_t u = 0; u <= 0xffffffffu && n < cap; u += 257 * 17) {
+    for (uint64_t u = 0; u <= 0xffffffffu; u += 257 * 17) {
         uint32_t v = (uint32_t)u;
         memcpy(&x[n++], &v, 4);
     }
-    for (uint32_t h = 0; h < 0x7c00u && n + 10 < cap; h++) {
+    uint32_t h = 0;
+    for (; h < 0x7c00u && n + 5 <= cap; h++) {
         const float a = (float)fai_f16_to_f64((uint16_t)h), b = (float)fai_f16_to_f64((uint16_t)(h + 1));
         const float mid = a + (b - a) / 2; /* exact: a, b and the midpoint fit in f32 */
         const float pts[5] = {a, mid, nextafterf(mid, 0), nextafterf(mid, INFINITY), -mid};
         for (int k = 0; k < 5; k++)
             x[n++] = pts[k];
     }
-    for (int64_t len = n; len >= n - 17; len -= 17) {
+    ck_assert(h == 0x7c00u); /* every finite f16 got its points (0x7bff's mid is 65520) */
+    for (int64_t len = n; len >= n - 15; len--) {
         got[len] = want[len] = 0xabcd;
         kt->narrow(got, FA_F16, len, x);
         fai_store_f32(want, FA_F16, len, x);
@@ -305,6 +308,30 @@ START_TEST(transpose_exact)
                                   (long)cols, (long)c, (long)r);
             free(src), free(dst);
         }
+}
+END_TEST
+
+/* Splitting k over calls (C accumulated in between) gives the bits of one call: the selection
+ * paths of the tiled backend form a product from runs of its terms and rely on this. */
+START_TEST(gemm_k_split_same_bits)
+{
+    const fai_kernels_f32 *kt = kernels_or_skip(_i);
+    if (!kt)
+        return;
+    const int64_t m = kt->mr + 1, n = kt->nr + 3, k = 77, cuts[4] = {0, 1, 31, 77};
+    float *A = malloc(sizeof(float) * m * k), *B = malloc(sizeof(float) * k * n);
+    float *C1 = malloc(sizeof(float) * m * n), *C2 = malloc(sizeof(float) * m * n);
+    uint64_t seed = 23;
+    for (int64_t x = 0; x < m * k; x++)
+        A[x] = rnd(&seed) * 7;
+    for (int64_t x = 0; x < k * n; x++)
+        B[x] = rnd(&seed);
+    fai_gemm_f32(kt, m, n, k, A, k, B, n, C1, n, 0, NULL);
+    for (int c = 0; c < 3; c++) /* terms [cuts[c], cuts[c + 1]) */
+        fai_gemm_f32(kt, m, n, cuts[c + 1] - cuts[c], A + cuts[c], k, B + cuts[c] * n, n, C2, n,
+                     c > 0, NULL);
+    ck_assert_msg(memcmp(C1, C2, sizeof(float) * m * n) == 0, "%s", fa_isa_name(kt->isa));
+    free(A), free(B), free(C1), free(C2);
 }
 END_TEST
 
@@ -473,6 +500,7 @@ Suite *make_simd_suite(void)
     tcase_add_loop_test(tc, gemm_matches_float64, 0, NISA);
     tcase_add_loop_test(tc, gemm_element_independent_of_blocking, 0, NISA);
     tcase_add_loop_test(tc, gemm_at_matches_gemm_on_transpose, 0, NISA);
+    tcase_add_loop_test(tc, gemm_k_split_same_bits, 0, NISA);
     tcase_add_loop_test(tc, transpose_exact, 0, NISA);
     tcase_add_loop_test(tc, coldot_rounds_as_gemm, 0, NISA);
     tcase_add_loop_test(tc, dsoftmax_matches_definition, 0, NISA);

@@ -292,11 +292,21 @@ static void fa_f32_narrow__avx2(void *dst, fa_dtype d, int64_t n, const float *s
 }
 
 static const fai_kernels_f32 avx2 = {
-    FA_ISA_AVX2, "fa_f32_gemm_ukernel_6x16__avx2", "fa_f32_expsum__avx2", MR, NR,
-    fa_f32_gemm_ukernel_6x16__avx2, fa_f32_gemm_at_ukernel_6x16__avx2, fa_f32_expsum__avx2,
-    fa_f32_scalemax__avx2,
-    fa_f32_transpose__avx2, fa_f32_coldot__avx2, fa_f32_dsoftmax__avx2,
-    fa_f32_finite__avx2, fa_f32_widen__avx2, fa_f32_narrow__avx2,
+    .isa = FA_ISA_AVX2,
+    .gemm_name = "fa_f32_gemm_ukernel_6x16__avx2",
+    .exp_name = "fa_f32_expsum__avx2",
+    .mr = MR,
+    .nr = NR,
+    .gemm = fa_f32_gemm_ukernel_6x16__avx2,
+    .gemm_at = fa_f32_gemm_at_ukernel_6x16__avx2,
+    .expsum = fa_f32_expsum__avx2,
+    .scalemax = fa_f32_scalemax__avx2,
+    .transpose = fa_f32_transpose__avx2,
+    .coldot = fa_f32_coldot__avx2,
+    .dsoftmax = fa_f32_dsoftmax__avx2,
+    .finite = fa_f32_finite__avx2,
+    .widen = fa_f32_widen__avx2,
+    .narrow = fa_f32_narrow__avx2,
 };
 
 const fai_kernels_f32 *fai_kernels_f32_avx2(void) { return &avx2; }

@@ -279,11 +279,21 @@ static void fa_f32_narrow__avx512(void *dst, fa_dtype d, int64_t n, const float 
 }
 
 static const fai_kernels_f32 avx512 = {
-    FA_ISA_AVX512, "fa_f32_gemm_ukernel_12x32__avx512", "fa_f32_expsum__avx512", MR, NR,
-    fa_f32_gemm_ukernel_12x32__avx512, fa_f32_gemm_at_ukernel_12x32__avx512,
-    fa_f32_expsum__avx512, fa_f32_scalemax__avx512,
-    fa_f32_transpose__avx512, fa_f32_coldot__avx512, fa_f32_dsoftmax__avx512,
-    fa_f32_finite__avx512, fa_f32_widen__avx512, fa_f32_narrow__avx512,
+    .isa = FA_ISA_AVX512,
+    .gemm_name = "fa_f32_gemm_ukernel_12x32__avx512",
+    .exp_name = "fa_f32_expsum__avx512",
+    .mr = MR,
+    .nr = NR,
+    .gemm = fa_f32_gemm_ukernel_12x32__avx512,
+    .gemm_at = fa_f32_gemm_at_ukernel_12x32__avx512,
+    .expsum = fa_f32_expsum__avx512,
+    .scalemax = fa_f32_scalemax__avx512,
+    .transpose = fa_f32_transpose__avx512,
+    .coldot = fa_f32_coldot__avx512,
+    .dsoftmax = fa_f32_dsoftmax__avx512,
+    .finite = fa_f32_finite__avx512,
+    .widen = fa_f32_widen__avx512,
+    .narrow = fa_f32_narrow__avx512,
 };
 
 const fai_kernels_f32 *fai_kernels_f32_avx512(void) { return &avx512; }

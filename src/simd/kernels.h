@@ -1,11 +1,14 @@
 /*
  * The kernel-table interface: what an ISA supplies to the tiled backend. The framework
  * (src/simd/gemm.c, src/tiled_tpl.h) owns the loops, tiling and edges; an ISA supplies a
- * register-blocked GEMM micro-kernel of MR x NR and a vector exp-and-sum, nothing else.
+ * register-blocked GEMM micro-kernel of MR x NR (A row-major or stored transposed, with a fused
+ * row rescale of C) and the vector operations around it: exp-and-sum, scale-and-max,
+ * transposes, column dots, the backward's row, a finiteness test, f16/bf16 conversions.
  *
  * Naming follows XNNPACK's order (dtype, op, tile, ISA): fa_f32_gemm_ukernel_12x32__avx512.
  * Summation order is part of each kernel's contract: C[i][j] accumulates A[i][p] B[p][j] for
- * p = 0, 1, ..., k-1 in that order (one fused or unfused multiply-add each), and expsum's sum
+ * p = 0, 1, ..., k-1 in that order, one multiply-add rounded to float each (fused, or formed in
+ * double by the scalar set), so k split over calls gives the same bits; expsum's sum
  * is a fixed function of n. Results therefore never depend on the thread count.
  */
 #ifndef FAI_SIMD_KERNELS_H
@@ -47,7 +50,7 @@ typedef void (*fai_narrow_f32)(void *dst, fa_dtype d, int64_t n, const float *sr
 /* Whether x[0 .. n) holds no inf and no NaN. */
 typedef int (*fai_finite_f32)(int64_t n, const float *x);
 
-/* dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols (packs K^T, V^T, P^T, dS^T). */
+/* dst[c * ldd + r] = src[r * lds + c] for r < rows, c < cols (packs K^T, V^T, dO^T, O^T). */
 typedef void (*fai_transpose_f32)(int64_t rows, int64_t cols, const float *src, int64_t lds,
                                   float *dst, int64_t ldd);
 

@@ -270,11 +270,21 @@ static void fa_f32_narrow__neon(void *dst, fa_dtype d, int64_t n, const float *s
 }
 
 static const fai_kernels_f32 neon = {
-    FA_ISA_NEON, "fa_f32_gemm_ukernel_8x8__neon", "fa_f32_expsum__neon", MR, NR,
-    fa_f32_gemm_ukernel_8x8__neon, fa_f32_gemm_at_ukernel_8x8__neon, fa_f32_expsum__neon,
-    fa_f32_scalemax__neon,
-    fa_f32_transpose__neon, fa_f32_coldot__neon, fa_f32_dsoftmax__neon,
-    fai_finite_f32_portable, fa_f32_widen__neon, fa_f32_narrow__neon,
+    .isa = FA_ISA_NEON,
+    .gemm_name = "fa_f32_gemm_ukernel_8x8__neon",
+    .exp_name = "fa_f32_expsum__neon",
+    .mr = MR,
+    .nr = NR,
+    .gemm = fa_f32_gemm_ukernel_8x8__neon,
+    .gemm_at = fa_f32_gemm_at_ukernel_8x8__neon,
+    .expsum = fa_f32_expsum__neon,
+    .scalemax = fa_f32_scalemax__neon,
+    .transpose = fa_f32_transpose__neon,
+    .coldot = fa_f32_coldot__neon,
+    .dsoftmax = fa_f32_dsoftmax__neon,
+    .finite = fai_finite_f32_portable,
+    .widen = fa_f32_widen__neon,
+    .narrow = fa_f32_narrow__neon,
 };
 
 const fai_kernels_f32 *fai_kernels_f32_neon(void) { return &neon; }

@@ -12,16 +12,18 @@
 #define SCALAR_NR 16
 
 /*
- * Products of two floats are exact in double (24 + 24 bits < 53) and summed in double, in k
- * order, rounded to float once at the store. Without FMA (baseline x86-64 has none) float sums
- * rounded product and sum apart; that put the scalar set's dK error in the backend sweep at
- * 8.54e-07 against a bound of 7.93e-07 (D=64, 256 keys). A scalar machine adds doubles as fast.
+ * Each term is one multiply-add rounded to float from double: the product of two floats is
+ * exact in double (24 + 24 bits < 53), the sum is formed in double and the running value is a
+ * float again after every term, so splitting k over calls (C accumulated between them) gives
+ * the same bits, as the framework's selection paths need. Without FMA (baseline x86-64 has
+ * none) float arithmetic rounds product and sum apart; that put the scalar set's dK error in
+ * the backend sweep at 8.54e-07 against a bound of 7.93e-07 (D=64, 256 keys).
  */
 static void gemm_rows__scalar(int64_t ars, int64_t acs, int64_t mr, int64_t nr, int64_t k,
                               const float *a, const float *b, int64_t ldb, float *c, int64_t ldc,
                               int accumulate, const float *cscale)
 {
-    double acc[SCALAR_MR][SCALAR_NR];
+    float acc[SCALAR_MR][SCALAR_NR];
     for (int64_t i = 0; i < mr; i++)
         for (int64_t j = 0; j < nr; j++)
             acc[i][j] = !accumulate ? 0.0f : cscale ? c[i * ldc + j] * cscale[i] : c[i * ldc + j];
@@ -30,12 +32,12 @@ static void gemm_rows__scalar(int64_t ars, int64_t acs, int64_t mr, int64_t nr, 
         for (int64_t i = 0; i < mr; i++) {
             const double ai = a[i * ars + p * acs];
             for (int64_t j = 0; j < nr; j++)
-                acc[i][j] += ai * bp[j];
+                acc[i][j] = (float)(acc[i][j] + ai * bp[j]);
         }
     }
     for (int64_t i = 0; i < mr; i++)
         for (int64_t j = 0; j < nr; j++)
-            c[i * ldc + j] = (float)acc[i][j];
+            c[i * ldc + j] = acc[i][j];
 }
 
 static void fa_f32_gemm_ukernel_4x16__scalar(int64_t mr, int64_t nr, int64_t k, const float *a,
@@ -85,15 +87,15 @@ void fai_transpose_f32_portable(int64_t rows, int64_t cols, const float *src, in
             dst[c * ldd + r] = src[r * lds + c];
 }
 
-/* As the scalar GEMM: exact products summed in double in p order, one rounding at the end. */
+/* As the scalar GEMM rounds an element: each multiply-add formed in double, rounded to float. */
 static void fa_f32_coldot__scalar(int64_t n, int64_t k, const float *a, int64_t lda,
                                   const float *b, int64_t ldb, float *out)
 {
     for (int64_t j = 0; j < n; j++) {
-        double acc = 0;
+        float acc = 0;
         for (int64_t p = 0; p < k; p++)
-            acc += (double)a[p * lda + j] * b[p * ldb + j];
-        out[j] = (float)acc;
+            acc = (float)(acc + (double)a[p * lda + j] * b[p * ldb + j]);
+        out[j] = acc;
     }
 }
 
@@ -115,12 +117,21 @@ int fai_finite_f32_portable(int64_t n, const float *x)
 }
 
 const fai_kernels_f32 fai_kernels_f32_scalar = {
-    FA_ISA_SCALAR,        "fa_f32_gemm_ukernel_4x16__scalar", "fa_f32_expsum__scalar_sleef",
-    SCALAR_MR,            SCALAR_NR,
-    fa_f32_gemm_ukernel_4x16__scalar, fa_f32_gemm_at_ukernel_4x16__scalar,
-    fa_f32_expsum__scalar_sleef, fa_f32_scalemax__scalar,
-    fai_transpose_f32_portable, fa_f32_coldot__scalar, fa_f32_dsoftmax__scalar,
-    fai_finite_f32_portable, fai_load_f32, fai_store_f32,
+    .isa = FA_ISA_SCALAR,
+    .gemm_name = "fa_f32_gemm_ukernel_4x16__scalar",
+    .exp_name = "fa_f32_expsum__scalar_sleef",
+    .mr = SCALAR_MR,
+    .nr = SCALAR_NR,
+    .gemm = fa_f32_gemm_ukernel_4x16__scalar,
+    .gemm_at = fa_f32_gemm_at_ukernel_4x16__scalar,
+    .expsum = fa_f32_expsum__scalar_sleef,
+    .scalemax = fa_f32_scalemax__scalar,
+    .transpose = fai_transpose_f32_portable,
+    .coldot = fa_f32_coldot__scalar,
+    .dsoftmax = fa_f32_dsoftmax__scalar,
+    .finite = fai_finite_f32_portable,
+    .widen = fai_load_f32,
+    .narrow = fai_store_f32,
 };
 
 int fai_finite_f64(int64_t n, const double *x)
