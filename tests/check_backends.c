@@ -18,19 +18,7 @@
 #define BQ(x) (100000 + (x))
 #define BK(x) (200000 + (x))
 
-typedef struct {
-    int64_t b, sq, sk, hq, hk, dqk, dv;
-    int causal;
-    int64_t wl, wr;
-    int top_left;
-    double softcap;
-    int alibi;
-    double dropout;
-    ht_layout layout;
-    fa_score_order order;
-} sweep_case;
-
-static const sweep_case cases[] = {
+static const ht_sweep_case cases[] = {
     /* b  sq       sk       hq hk dqk  dv  causal wl  wr  TL softcap alibi p    layout */
     {1, 1, 1, 1, 1, 16, 16, 0, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
     {2, 2, 3, 2, 1, 8, 8, 1, -1, -1, 0, 0, 0, 0, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
@@ -62,32 +50,8 @@ static int64_t resolve(int64_t x, int64_t bq, int64_t bk)
     return x >= 200000 - 1000 ? bk + (x - 200000) : x >= 100000 - 1000 ? bq + (x - 100000) : x;
 }
 
-typedef struct {
-    ht_tensor q, k, v, dout, out, lse, dq, dk, dv; /* storage dtype */
-} bundle;
-
-static void bundle_alloc(bundle *x, fa_dtype dt, const sweep_case *c, int64_t sq, int64_t sk,
-                         ht_layout lay, fa_dtype lse_dt)
-{
-    ht_alloc(&x->q, dt, c->b, sq, c->hq, c->dqk, lay);
-    ht_alloc(&x->k, dt, c->b, sk, c->hk, c->dqk, lay);
-    ht_alloc(&x->v, dt, c->b, sk, c->hk, c->dv, lay);
-    ht_alloc(&x->dout, dt, c->b, sq, c->hq, c->dv, lay);
-    ht_alloc(&x->out, dt, c->b, sq, c->hq, c->dv, lay);
-    ht_alloc(&x->dq, dt, c->b, sq, c->hq, c->dqk, lay);
-    ht_alloc(&x->dk, dt, c->b, sk, c->hk, c->dqk, lay);
-    ht_alloc(&x->dv, dt, c->b, sk, c->hk, c->dv, lay);
-    ht_alloc_lse(&x->lse, lse_dt, c->b, sq, c->hq);
-}
-
-static void bundle_free(bundle *x)
-{
-    ht_free(&x->q), ht_free(&x->k), ht_free(&x->v), ht_free(&x->dout), ht_free(&x->out);
-    ht_free(&x->lse), ht_free(&x->dq), ht_free(&x->dk), ht_free(&x->dv);
-}
-
 /* Runs forward and backward of `be` on the bundle's inputs into its outputs. */
-static void run(fa_backend be, const fa_params *p, bundle *x)
+static void run(fa_backend be, const fa_params *p, ht_bundle *x)
 {
     fa_status s = ht_forward(be, 2, p, &x->q.t, &x->k.t, &x->v.t, &x->out.t, &x->lse.t);
     ck_assert_msg(s == FA_OK, "%s forward: %s", fa_backend_name(be), fa_last_error());
@@ -97,7 +61,7 @@ static void run(fa_backend be, const fa_params *p, bundle *x)
 }
 
 /* The reference on the exact float64 twins of the bundle's inputs. */
-static void run_reference(const fa_params *p, bundle *in, bundle *ref)
+static void run_reference(const fa_params *p, ht_bundle *in, ht_bundle *ref)
 {
     fa_status s = ht_forward(FA_BACKEND_REFERENCE, 2, p, &in->q.t64, &in->k.t64, &in->v.t64,
                              &ref->out.t, &ref->lse.t);
@@ -124,7 +88,7 @@ static void compare(const char *what, const char *label, const ht_tensor *conv,
 }
 
 /* Inputs drawn N(0, 1) (or uniform [lo, hi) for the large-logit case) and rounded to dt. */
-static void sweep_one(const sweep_case *c, fa_dtype dt, int idx, double lo, double hi,
+static void sweep_one(const ht_sweep_case *c, fa_dtype dt, int idx, double lo, double hi,
                       double kscale, fa_dtype lse_dt)
 {
     int64_t bq, bk;
@@ -144,10 +108,10 @@ static void sweep_one(const sweep_case *c, fa_dtype dt, int idx, double lo, doub
     p.dropout_offset = 3;
     p.score_order = c->order;
 
-    bundle conv, tiled, ref;
-    bundle_alloc(&conv, dt, c, sq, sk, c->layout, lse_dt);
-    bundle_alloc(&tiled, dt, c, sq, sk, c->layout, lse_dt); /* outputs strided like the inputs */
-    bundle_alloc(&ref, FA_F64, c, sq, sk, HT_BSHD, FA_F64);
+    ht_bundle conv, tiled, ref;
+    ht_bundle_alloc(&conv, dt, c, sq, sk, c->layout, lse_dt);
+    ht_bundle_alloc(&tiled, dt, c, sq, sk, c->layout, lse_dt); /* outputs strided like the inputs */
+    ht_bundle_alloc(&ref, FA_F64, c, sq, sk, HT_BSHD, FA_F64);
     ht_fill(&conv.q, 1000 + idx, lo, hi);
     ht_fill(&conv.k, 2000 + idx, lo * kscale, hi * kscale);
     ht_fill(&conv.v, 3000 + idx, -1, 1);
@@ -160,7 +124,7 @@ static void sweep_one(const sweep_case *c, fa_dtype dt, int idx, double lo, doub
     for (size_t t = 0; t < sizeof isas / sizeof *isas; t++) {
         if (!ht_isa_runs(isas[t]))
             continue;
-        bundle in = conv;
+        ht_bundle in = conv;
         in.out = tiled.out, in.lse = tiled.lse, in.dq = tiled.dq, in.dk = tiled.dk, in.dv = tiled.dv;
         ht_isa = isas[t];
         run(FA_BACKEND_TILED, &p, &in);
@@ -175,7 +139,7 @@ static void sweep_one(const sweep_case *c, fa_dtype dt, int idx, double lo, doub
         compare("dk", label, &conv.dk, &tiled.dk, &ref.dk, dt, 1);
         compare("dv", label, &conv.dv, &tiled.dv, &ref.dv, dt, 1);
     }
-    bundle_free(&conv), bundle_free(&tiled), bundle_free(&ref);
+    ht_bundle_free(&conv), ht_bundle_free(&tiled), ht_bundle_free(&ref);
 }
 
 START_TEST(backends_match_reference)
@@ -192,7 +156,7 @@ END_TEST
  */
 START_TEST(backends_large_logits)
 {
-    static const sweep_case big[2] = {
+    static const ht_sweep_case big[2] = {
         {1, 70, 90, 2, 1, 64, 64, 0, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
         {1, 90, 70, 1, 1, 64, 32, 1, -1, -1, 0, 0, 0, 0.2, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
     };

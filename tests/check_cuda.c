@@ -46,42 +46,6 @@ static void d_down(dtensor *d)
 
 static void d_free(dtensor *d) { cudaFree(d->dev); }
 
-typedef struct {
-    ht_tensor q, k, v, dout, out, lse, dq, dk, dv;
-} bundle;
-
-typedef struct {
-    int64_t b, sq, sk, hq, hk, dqk, dv;
-    int causal;
-    int64_t wl, wr;
-    int top_left;
-    double softcap;
-    int alibi;
-    double dropout;
-    ht_layout layout;
-    fa_score_order order;
-} sweep_case;
-
-static void bundle_alloc(bundle *x, fa_dtype dt, const sweep_case *c, ht_layout lay,
-                         fa_dtype lse_dt)
-{
-    ht_alloc(&x->q, dt, c->b, c->sq, c->hq, c->dqk, lay);
-    ht_alloc(&x->k, dt, c->b, c->sk, c->hk, c->dqk, lay);
-    ht_alloc(&x->v, dt, c->b, c->sk, c->hk, c->dv, lay);
-    ht_alloc(&x->dout, dt, c->b, c->sq, c->hq, c->dv, lay);
-    ht_alloc(&x->out, dt, c->b, c->sq, c->hq, c->dv, lay);
-    ht_alloc(&x->dq, dt, c->b, c->sq, c->hq, c->dqk, lay);
-    ht_alloc(&x->dk, dt, c->b, c->sk, c->hk, c->dqk, lay);
-    ht_alloc(&x->dv, dt, c->b, c->sk, c->hk, c->dv, lay);
-    ht_alloc_lse(&x->lse, lse_dt, c->b, c->sq, c->hq);
-}
-
-static void bundle_free(bundle *x)
-{
-    ht_free(&x->q), ht_free(&x->k), ht_free(&x->v), ht_free(&x->dout), ht_free(&x->out);
-    ht_free(&x->lse), ht_free(&x->dq), ht_free(&x->dk), ht_free(&x->dv);
-}
-
 static fa_context *cuda_context(int deterministic)
 {
     fa_options o;
@@ -96,7 +60,7 @@ static fa_context *cuda_context(int deterministic)
 
 /* Forward and backward on the GPU: x's inputs uploaded, its outputs poisoned there first and
  * downloaded after, so an unwritten element shows. */
-static void run_cuda(fa_context *ctx, const fa_params *p, bundle *x, int backward)
+static void run_cuda(fa_context *ctx, const fa_params *p, ht_bundle *x, int backward)
 {
     dtensor q, k, v, dout, out, lse, dq, dk, dv;
     ht_poison(&x->out), ht_poison(&x->lse), ht_poison(&x->dq), ht_poison(&x->dk),
@@ -117,7 +81,7 @@ static void run_cuda(fa_context *ctx, const fa_params *p, bundle *x, int backwar
     d_free(&dk), d_free(&dv);
 }
 
-static void run_cpu(fa_backend be, const fa_params *p, bundle *in, bundle *o, int f64_twin)
+static void run_cpu(fa_backend be, const fa_params *p, ht_bundle *in, ht_bundle *o, int f64_twin)
 {
     const fa_tensor *q = f64_twin ? &in->q.t64 : &in->q.t, *k = f64_twin ? &in->k.t64 : &in->k.t,
                     *v = f64_twin ? &in->v.t64 : &in->v.t,
@@ -143,7 +107,7 @@ static void compare(const char *what, const char *label, const ht_tensor *conv,
 
 /* Sizes around the tensor-core forward's tiles: 128 query rows x 64 keys for D <= 128, 64 x 32
  * at D 256. */
-static const sweep_case cases[] = {
+static const ht_sweep_case cases[] = {
     /* b  sq    sk    hq hk dqk  dv  causal wl  wr  TL softcap alibi p    layout */
     {1, 1, 1, 1, 1, 16, 16, 0, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
     {2, 2, 3, 2, 1, 8, 8, 1, -1, -1, 0, 0, 0, 0, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
@@ -178,7 +142,7 @@ static const sweep_case cases[] = {
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 static const fa_dtype dtypes[4] = {FA_F64, FA_F32, FA_F16, FA_BF16};
 
-static void params_for(const sweep_case *c, int idx, fa_params *p)
+static void params_for(const ht_sweep_case *c, int idx, fa_params *p)
 {
     static const float slopes[8] = {0.5f,     0.25f,      0.125f,     0.0625f,
                                     0.03125f, 0.015625f, 0.0078125f, 0.004f};
@@ -196,15 +160,15 @@ static void params_for(const sweep_case *c, int idx, fa_params *p)
 }
 
 /* q in [lo, hi] and k in [klo, khi]; v and dout in [-1, 1] */
-static void sweep_run(const sweep_case *c, fa_dtype dt, int idx, double lo, double hi,
+static void sweep_run(const ht_sweep_case *c, fa_dtype dt, int idx, double lo, double hi,
                       double klo, double khi, fa_dtype lse_dt, int generic, int det)
 {
     fa_params p;
     params_for(c, idx, &p);
-    bundle conv, gpu, ref;
-    bundle_alloc(&conv, dt, c, c->layout, lse_dt);
-    bundle_alloc(&gpu, dt, c, c->layout, lse_dt);
-    bundle_alloc(&ref, FA_F64, c, HT_BSHD, FA_F64);
+    ht_bundle conv, gpu, ref;
+    ht_bundle_alloc(&conv, dt, c, c->sq, c->sk, c->layout, lse_dt);
+    ht_bundle_alloc(&gpu, dt, c, c->sq, c->sk, c->layout, lse_dt);
+    ht_bundle_alloc(&ref, FA_F64, c, c->sq, c->sk, HT_BSHD, FA_F64);
     ht_fill(&conv.q, 1000 + idx, lo, hi);
     ht_fill(&conv.k, 2000 + idx, klo, khi);
     ht_fill(&conv.v, 3000 + idx, -1, 1);
@@ -244,10 +208,10 @@ static void sweep_run(const sweep_case *c, fa_dtype dt, int idx, double lo, doub
                                   label, (long)i);
             }
     ht_free(&gpu.out), ht_free(&gpu.lse), ht_free(&gpu.dq), ht_free(&gpu.dk), ht_free(&gpu.dv);
-    bundle_free(&conv), bundle_free(&ref);
+    ht_bundle_free(&conv), ht_bundle_free(&ref);
 }
 
-static void sweep_one(const sweep_case *c, fa_dtype dt, int idx, double lo, double hi,
+static void sweep_one(const ht_sweep_case *c, fa_dtype dt, int idx, double lo, double hi,
                       fa_dtype lse_dt, int generic, int det)
 {
     sweep_run(c, dt, idx, lo, hi, lo, hi, lse_dt, generic, det);
@@ -279,7 +243,7 @@ END_TEST
 /* Logits in [90, 100]: a kernel that skipped the max subtraction would overflow. */
 START_TEST(cuda_large_logits)
 {
-    static const sweep_case big[2] = {
+    static const ht_sweep_case big[2] = {
         {1, 70, 90, 2, 1, 64, 64, 0, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
         {1, 90, 70, 1, 1, 64, 64, 1, -1, -1, 0, 0, 0, 0.2, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
     };
@@ -301,7 +265,7 @@ START_TEST(cuda_negative_logits_padding_keys)
     const int det = (_i >> 1) & 1;
     const int64_t d = (_i >> 2) & 1 ? 128 : 64, sq = (_i >> 3) & 1 ? 129 : 64,
                   sk = (_i >> 4) & 1 ? 257 : 100;
-    const sweep_case c = {1, sq, sk, 2, 1, d, d, 0, -1, -1, 0, 0, 0, 0, HT_BSHD,
+    const ht_sweep_case c = {1, sq, sk, 2, 1, d, d, 0, -1, -1, 0, 0, 0, 0, HT_BSHD,
                           FA_SOFTCAP_THEN_ALIBI};
     /* q.k / sqrt(D) = -sqrt(D) x with x in [a^2, b^2] */
     const double a = sqrt(90 / sqrt((double)d)), b = sqrt(100 / sqrt((double)d));
@@ -320,15 +284,15 @@ END_TEST
 START_TEST(cuda_dropout_mask_exact)
 {
     const fa_dtype dt = _i == 0 ? FA_BF16 : FA_F32;
-    const sweep_case c = {2, 100, 128, 2, 1, 128, 128, 0, -1, -1, 0, 0, 0, 0.3, HT_BSHD,
+    const ht_sweep_case c = {2, 100, 128, 2, 1, 128, 128, 0, -1, -1, 0, 0, 0, 0.3, HT_BSHD,
                           FA_SOFTCAP_THEN_ALIBI};
     fa_params p;
     params_for(&c, 77, &p);
     p.dropout_seed = 0x0123456789abcdefull;
     p.dropout_offset = 0x55;
-    bundle gpu, ref;
-    bundle_alloc(&gpu, dt, &c, HT_BSHD, FA_F32);
-    bundle_alloc(&ref, FA_F64, &c, HT_BSHD, FA_F64);
+    ht_bundle gpu, ref;
+    ht_bundle_alloc(&gpu, dt, &c, c.sq, c.sk, HT_BSHD, FA_F32);
+    ht_bundle_alloc(&ref, FA_F64, &c, c.sq, c.sk, HT_BSHD, FA_F64);
     ht_fill(&gpu.q, 5, -0.1, 0.1);
     ht_fill(&gpu.k, 6, -0.1, 0.1);
     ht_fill(&gpu.dout, 7, -1, 1);
@@ -355,7 +319,7 @@ START_TEST(cuda_dropout_mask_exact)
     /* p = 0.3: the test would be vacuous if nothing (or everything) were dropped */
     ck_assert_msg(dropped > n / 5 && dropped < n * 2 / 5, "dropped %ld of %ld", (long)dropped,
                   (long)n);
-    bundle_free(&gpu), bundle_free(&ref);
+    ht_bundle_free(&gpu), ht_bundle_free(&ref);
 }
 END_TEST
 
@@ -378,11 +342,11 @@ START_TEST(cuda_masked_nonfinite_never_reaches_output)
     for (int middle = 0; middle < 2; middle++) {
         const int64_t sq = middle ? 100 : 40, sk = 100, bad_lo = middle ? 50 : 40,
                       bad_hi = middle ? 51 : 100;
-        const sweep_case c = {1, sq, sk, 4, 2, D, D, 1, -1, -1, 1, 0, 0, 0, HT_BSHD,
+        const ht_sweep_case c = {1, sq, sk, 4, 2, D, D, 1, -1, -1, 1, 0, 0, 0, HT_BSHD,
                               FA_SOFTCAP_THEN_ALIBI};
-        bundle clean, dirty;
-        bundle_alloc(&clean, dt, &c, HT_BSHD, FA_F32);
-        bundle_alloc(&dirty, dt, &c, HT_BSHD, FA_F32);
+        ht_bundle clean, dirty;
+        ht_bundle_alloc(&clean, dt, &c, c.sq, c.sk, HT_BSHD, FA_F32);
+        ht_bundle_alloc(&dirty, dt, &c, c.sq, c.sk, HT_BSHD, FA_F32);
         ht_fill(&clean.q, 11, 1, -1), ht_fill(&dirty.q, 11, 1, -1);
         ht_fill(&clean.k, 12, 1, -1), ht_fill(&dirty.k, 12, 1, -1);
         ht_fill(&clean.v, 13, 1, -1), ht_fill(&dirty.v, 13, 1, -1);
@@ -423,7 +387,7 @@ START_TEST(cuda_masked_nonfinite_never_reaches_output)
         /* and the rows that do see a poisoned key are NaN/inf there: no silent zeros */
         if (middle)
             ck_assert(!isfinite(ht_get(&dirty.out, 0, 60, 0, 0)) || drop);
-        bundle_free(&clean), bundle_free(&dirty);
+        ht_bundle_free(&clean), ht_bundle_free(&dirty);
     }
 }
 END_TEST
@@ -433,10 +397,10 @@ END_TEST
 /* Host pointers are refused with FA_ERR_INVALID_ARGUMENT, and nothing is written. */
 START_TEST(cuda_host_pointers_refused)
 {
-    const sweep_case c = {1, 10, 10, 1, 1, 32, 32, 0, -1, -1, 0, 0, 0, 0, HT_BSHD,
+    const ht_sweep_case c = {1, 10, 10, 1, 1, 32, 32, 0, -1, -1, 0, 0, 0, 0, HT_BSHD,
                           FA_SOFTCAP_THEN_ALIBI};
-    bundle x;
-    bundle_alloc(&x, FA_BF16, &c, HT_BSHD, FA_F32);
+    ht_bundle x;
+    ht_bundle_alloc(&x, FA_BF16, &c, c.sq, c.sk, HT_BSHD, FA_F32);
     ht_fill(&x.q, 1, 1, -1), ht_fill(&x.k, 2, 1, -1), ht_fill(&x.v, 3, 1, -1);
     ht_poison(&x.out), ht_poison(&x.lse);
     fa_params p;
@@ -455,7 +419,7 @@ START_TEST(cuda_host_pointers_refused)
     ck_assert(ht_is_poisoned(&x.out));
     d_free(&q), d_free(&k), d_free(&v);
     fa_context_destroy(ctx);
-    bundle_free(&x);
+    ht_bundle_free(&x);
 }
 END_TEST
 
@@ -463,10 +427,10 @@ END_TEST
  * refused by name, and nothing is written. Registered only where there are two devices. */
 START_TEST(cuda_other_device_refused)
 {
-    const sweep_case c = {1, 10, 10, 1, 1, 32, 32, 0, -1, -1, 0, 0, 0, 0, HT_BSHD,
+    const ht_sweep_case c = {1, 10, 10, 1, 1, 32, 32, 0, -1, -1, 0, 0, 0, 0, HT_BSHD,
                           FA_SOFTCAP_THEN_ALIBI};
-    bundle x;
-    bundle_alloc(&x, FA_BF16, &c, HT_BSHD, FA_F32);
+    ht_bundle x;
+    ht_bundle_alloc(&x, FA_BF16, &c, c.sq, c.sk, HT_BSHD, FA_F32);
     ht_fill(&x.q, 1, 1, -1), ht_fill(&x.k, 2, 1, -1), ht_fill(&x.v, 3, 1, -1);
     ht_poison(&x.out), ht_poison(&x.lse);
     fa_params p;
@@ -489,7 +453,7 @@ START_TEST(cuda_other_device_refused)
     ck_assert_int_eq(cudaSetDevice(1), cudaSuccess);
     d_free(&k);
     ck_assert_int_eq(cudaSetDevice(0), cudaSuccess);
-    bundle_free(&x);
+    ht_bundle_free(&x);
 }
 END_TEST
 
@@ -512,14 +476,14 @@ static double max_rel_diff(const ht_tensor *x, const ht_tensor *y)
 
 START_TEST(cuda_deterministic_memory_auto)
 {
-    const sweep_case c = {2, 300, 300, 4, 2, 128, 128, 1, -1, -1, 0, 0, 0, 0.1, HT_BSHD,
+    const ht_sweep_case c = {2, 300, 300, 4, 2, 128, 128, 1, -1, -1, 0, 0, 0, 0.1, HT_BSHD,
                           FA_SOFTCAP_THEN_ALIBI};
     fa_params p;
     params_for(&c, 5, &p);
-    bundle a, b, x;
-    bundle_alloc(&a, FA_BF16, &c, HT_BSHD, FA_F32);
-    bundle_alloc(&b, FA_BF16, &c, HT_BSHD, FA_F32);
-    bundle_alloc(&x, FA_BF16, &c, HT_BSHD, FA_F32);
+    ht_bundle a, b, x;
+    ht_bundle_alloc(&a, FA_BF16, &c, c.sq, c.sk, HT_BSHD, FA_F32);
+    ht_bundle_alloc(&b, FA_BF16, &c, c.sq, c.sk, HT_BSHD, FA_F32);
+    ht_bundle_alloc(&x, FA_BF16, &c, c.sq, c.sk, HT_BSHD, FA_F32);
     ht_fill(&a.q, 1, 1, -1), ht_fill(&a.k, 2, 1, -1), ht_fill(&a.v, 3, 1, -1);
     ht_fill(&a.dout, 4, 1, -1);
     ht_free(&b.q), ht_free(&b.k), ht_free(&b.v), ht_free(&b.dout);
@@ -553,7 +517,7 @@ START_TEST(cuda_deterministic_memory_auto)
     ck_assert_msg(e < 2e-2, "atomic dQ vs ordered dQ: relative difference %g", e);
     ht_free(&b.out), ht_free(&b.lse), ht_free(&b.dq), ht_free(&b.dk), ht_free(&b.dv);
     ht_free(&x.out), ht_free(&x.lse), ht_free(&x.dq), ht_free(&x.dk), ht_free(&x.dv);
-    bundle_free(&a);
+    ht_bundle_free(&a);
 }
 END_TEST
 
@@ -561,10 +525,10 @@ END_TEST
  * nothing is written. */
 START_TEST(cuda_unsupported_head_dim)
 {
-    const sweep_case c = {1, 4, 4, 1, 1, 520, 520, 0, -1, -1, 0, 0, 0, 0, HT_BSHD,
+    const ht_sweep_case c = {1, 4, 4, 1, 1, 520, 520, 0, -1, -1, 0, 0, 0, 0, HT_BSHD,
                           FA_SOFTCAP_THEN_ALIBI};
-    bundle x;
-    bundle_alloc(&x, FA_F32, &c, HT_BSHD, FA_F32);
+    ht_bundle x;
+    ht_bundle_alloc(&x, FA_F32, &c, c.sq, c.sk, HT_BSHD, FA_F32);
     ht_fill(&x.q, 1, 1, -1), ht_fill(&x.k, 2, 1, -1), ht_fill(&x.v, 3, 1, -1);
     ht_poison(&x.out), ht_poison(&x.lse);
     dtensor q, k, v, out, lse;
@@ -578,7 +542,7 @@ START_TEST(cuda_unsupported_head_dim)
     d_down(&out), d_down(&lse);
     ck_assert(ht_is_poisoned(&x.out) && ht_is_poisoned(&x.lse));
     d_free(&q), d_free(&k), d_free(&v), d_free(&out), d_free(&lse);
-    bundle_free(&x);
+    ht_bundle_free(&x);
 }
 END_TEST
 
@@ -586,10 +550,10 @@ END_TEST
 START_TEST(cuda_empty_sequences)
 {
     for (int which = 0; which < 2; which++) {
-        const sweep_case c = {1, which ? 0 : 7, which ? 7 : 0, 2, 1, 32, 32, 0, -1, -1, 0, 0, 0,
+        const ht_sweep_case c = {1, which ? 0 : 7, which ? 7 : 0, 2, 1, 32, 32, 0, -1, -1, 0, 0, 0,
                               0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI};
-        bundle x;
-        bundle_alloc(&x, FA_F16, &c, HT_BSHD, FA_F32);
+        ht_bundle x;
+        ht_bundle_alloc(&x, FA_F16, &c, c.sq, c.sk, HT_BSHD, FA_F32);
         fa_params p;
         fa_params_init(&p);
         fa_context *ctx = cuda_context(0);
@@ -604,7 +568,7 @@ START_TEST(cuda_empty_sequences)
         for (int64_t j = 0; j < c.sk; j++)
             for (int64_t d = 0; d < 32; d++)
                 ck_assert(ht_get(&x.dk, 0, j, 0, d) == 0 && ht_get(&x.dv, 0, j, 0, d) == 0);
-        bundle_free(&x);
+        ht_bundle_free(&x);
     }
 }
 END_TEST

@@ -198,3 +198,23 @@ void ht_tiles(int64_t dqk, int64_t dv, fa_dtype dt, int64_t *bq, int64_t *bk)
     *bq = t.bq;
     *bk = t.bk;
 }
+
+void ht_bundle_alloc(ht_bundle *x, fa_dtype dt, const ht_sweep_case *c, int64_t sq, int64_t sk,
+                     ht_layout lay, fa_dtype lse_dt)
+{
+    ht_alloc(&x->q, dt, c->b, sq, c->hq, c->dqk, lay);
+    ht_alloc(&x->k, dt, c->b, sk, c->hk, c->dqk, lay);
+    ht_alloc(&x->v, dt, c->b, sk, c->hk, c->dv, lay);
+    ht_alloc(&x->dout, dt, c->b, sq, c->hq, c->dv, lay);
+    ht_alloc(&x->out, dt, c->b, sq, c->hq, c->dv, lay);
+    ht_alloc(&x->dq, dt, c->b, sq, c->hq, c->dqk, lay);
+    ht_alloc(&x->dk, dt, c->b, sk, c->hk, c->dqk, lay);
+    ht_alloc(&x->dv, dt, c->b, sk, c->hk, c->dv, lay);
+    ht_alloc_lse(&x->lse, lse_dt, c->b, sq, c->hq);
+}
+
+void ht_bundle_free(ht_bundle *x)
+{
+    ht_free(&x->q), ht_free(&x->k), ht_free(&x->v), ht_free(&x->dout), ht_free(&x->out);
+    ht_free(&x->lse), ht_free(&x->dq), ht_free(&x->dk), ht_free(&x->dv);
+}

@@ -67,4 +67,27 @@ Suite *make_compare_suite(void);
 Suite *make_npy_suite(void);
 Suite *make_simd_suite(void);
 
+/* One case of the backend sweeps (CPU and CUDA): shape, mask, score and dropout switches. */
+typedef struct {
+    int64_t b, sq, sk, hq, hk, dqk, dv;
+    int causal;
+    int64_t wl, wr;
+    int top_left;
+    double softcap;
+    int alibi;
+    double dropout;
+    ht_layout layout;
+    fa_score_order order;
+} ht_sweep_case;
+
+/* The tensors of one forward + backward, in one storage dtype (LSE: lse_dt). */
+typedef struct {
+    ht_tensor q, k, v, dout, out, lse, dq, dk, dv;
+} ht_bundle;
+
+/* Allocates a bundle for case c with sq query and sk key rows (the case's own or resolved). */
+void ht_bundle_alloc(ht_bundle *x, fa_dtype dt, const ht_sweep_case *c, int64_t sq, int64_t sk,
+                     ht_layout lay, fa_dtype lse_dt);
+void ht_bundle_free(ht_bundle *x);
+
 #endif
