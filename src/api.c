@@ -419,27 +419,20 @@ static fa_status expect_dim(const char *name, const char *what, int64_t got, con
                     (long long)got, ref, (long long)want);
 }
 
-#define TRY(x)                                                                                  \
-    do {                                                                                        \
-        fa_status s_ = (x);                                                                     \
-        if (s_ != FA_OK)                                                                        \
-            return s_;                                                                          \
-    } while (0)
-
 /* t must be batch x seqlen x heads x headdim as given; `ref` names where the dims come from. */
 static fa_status check_shape(const fa_tensor *t, const char *name, int64_t b, int64_t s,
                              int64_t h, int64_t d, const char *ref)
 {
     char r[64];
     snprintf(r, sizeof r, "%s->batch", ref);
-    TRY(expect_dim(name, "batch", t->batch, r, b));
+    FAI_TRY(expect_dim(name, "batch", t->batch, r, b));
     snprintf(r, sizeof r, "%s->seqlen", ref);
-    TRY(expect_dim(name, "seqlen", t->seqlen, r, s));
+    FAI_TRY(expect_dim(name, "seqlen", t->seqlen, r, s));
     snprintf(r, sizeof r, "%s->heads", ref);
-    TRY(expect_dim(name, "heads", t->heads, r, h));
+    FAI_TRY(expect_dim(name, "heads", t->heads, r, h));
     if (d >= 0) {
         snprintf(r, sizeof r, "%s->headdim", ref);
-        TRY(expect_dim(name, "headdim", t->headdim, r, d));
+        FAI_TRY(expect_dim(name, "headdim", t->headdim, r, d));
     }
     return FA_OK;
 }
@@ -512,19 +505,19 @@ static const fai_backend *backend_of(const fa_context *ctx, const fa_tensor *q)
 static fa_status prepare(fai_problem *pr, const fa_params *p, const fa_tensor *q,
                          const fa_tensor *k, const fa_tensor *v)
 {
-    TRY(check_tensor(q, "q", T_INPUT, 0));
-    TRY(check_tensor(k, "k", T_INPUT, 0));
-    TRY(check_tensor(v, "v", T_INPUT, 0));
-    TRY(same_dtype(k, "k", q->dtype));
-    TRY(same_dtype(v, "v", q->dtype));
-    TRY(expect_dim("k", "batch", k->batch, "q->batch", q->batch));
-    TRY(expect_dim("k", "headdim", k->headdim, "q->headdim", q->headdim));
-    TRY(check_shape(v, "v", k->batch, k->seqlen, k->heads, -1, "k"));
+    FAI_TRY(check_tensor(q, "q", T_INPUT, 0));
+    FAI_TRY(check_tensor(k, "k", T_INPUT, 0));
+    FAI_TRY(check_tensor(v, "v", T_INPUT, 0));
+    FAI_TRY(same_dtype(k, "k", q->dtype));
+    FAI_TRY(same_dtype(v, "v", q->dtype));
+    FAI_TRY(expect_dim("k", "batch", k->batch, "q->batch", q->batch));
+    FAI_TRY(expect_dim("k", "headdim", k->headdim, "q->headdim", q->headdim));
+    FAI_TRY(check_shape(v, "v", k->batch, k->seqlen, k->heads, -1, "k"));
     if (q->heads % k->heads != 0)
         return fai_fail(FA_ERR_SHAPE,
                         "q->heads = %lld is not a multiple of k->heads = %lld (GQA groups must "
                         "be whole)", (long long)q->heads, (long long)k->heads);
-    TRY(check_params(p, q->heads));
+    FAI_TRY(check_params(p, q->heads));
 
     memset(pr, 0, sizeof *pr);
     pr->b = q->batch;
@@ -569,13 +562,13 @@ fa_status fa_forward(fa_context *ctx, const fa_params *p, const fa_tensor *q, co
     if (!ctx)
         return fai_fail(FA_ERR_NULL_POINTER, "ctx is NULL");
     fai_problem pr;
-    TRY(prepare(&pr, p, q, k, v));
-    TRY(check_tensor(out, "out", T_OUTPUT, 0));
-    TRY(same_dtype(out, "out", q->dtype));
-    TRY(check_shape(out, "out", pr.b, pr.sq, pr.hq, pr.dv, "q (headdim: v)"));
+    FAI_TRY(prepare(&pr, p, q, k, v));
+    FAI_TRY(check_tensor(out, "out", T_OUTPUT, 0));
+    FAI_TRY(same_dtype(out, "out", q->dtype));
+    FAI_TRY(check_shape(out, "out", pr.b, pr.sq, pr.hq, pr.dv, "q (headdim: v)"));
     if (lse) {
-        TRY(check_tensor(lse, "lse", T_OUTPUT, 1));
-        TRY(check_shape(lse, "lse", pr.b, pr.sq, pr.hq, 1, "q"));
+        FAI_TRY(check_tensor(lse, "lse", T_OUTPUT, 1));
+        FAI_TRY(check_shape(lse, "lse", pr.b, pr.sq, pr.hq, 1, "q"));
     }
     pr.io.out = out;
     pr.io.lse = lse;
@@ -603,27 +596,27 @@ fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
     if (!ctx)
         return fai_fail(FA_ERR_NULL_POINTER, "ctx is NULL");
     fai_problem pr;
-    TRY(prepare(&pr, p, q, k, v));
-    TRY(check_tensor(out, "out", T_INPUT, 0));
-    TRY(same_dtype(out, "out", q->dtype));
-    TRY(check_shape(out, "out", pr.b, pr.sq, pr.hq, pr.dv, "q (headdim: v)"));
-    TRY(check_tensor(lse, "lse", T_INPUT, 1));
-    TRY(check_shape(lse, "lse", pr.b, pr.sq, pr.hq, 1, "q"));
+    FAI_TRY(prepare(&pr, p, q, k, v));
+    FAI_TRY(check_tensor(out, "out", T_INPUT, 0));
+    FAI_TRY(same_dtype(out, "out", q->dtype));
+    FAI_TRY(check_shape(out, "out", pr.b, pr.sq, pr.hq, pr.dv, "q (headdim: v)"));
+    FAI_TRY(check_tensor(lse, "lse", T_INPUT, 1));
+    FAI_TRY(check_shape(lse, "lse", pr.b, pr.sq, pr.hq, 1, "q"));
     if (q->dtype == FA_F64 && lse->dtype != FA_F64) /* P = exp(s - LSE) is only as exact as LSE */
         return fai_fail(FA_ERR_DTYPE, "lse->dtype = %s with f64 storage; the backward needs an "
                                       "f64 LSE to keep f64 accuracy", fa_dtype_name(lse->dtype));
-    TRY(check_tensor(dout, "dout", T_INPUT, 0));
-    TRY(same_dtype(dout, "dout", q->dtype));
-    TRY(check_shape(dout, "dout", pr.b, pr.sq, pr.hq, pr.dv, "out"));
-    TRY(check_tensor(dq, "dq", T_OUTPUT, 0));
-    TRY(check_tensor(dk, "dk", T_OUTPUT, 0));
-    TRY(check_tensor(dv, "dv", T_OUTPUT, 0));
-    TRY(same_dtype(dq, "dq", q->dtype));
-    TRY(same_dtype(dk, "dk", q->dtype));
-    TRY(same_dtype(dv, "dv", q->dtype));
-    TRY(check_shape(dq, "dq", pr.b, pr.sq, pr.hq, pr.dqk, "q"));
-    TRY(check_shape(dk, "dk", pr.b, pr.sk, pr.hk, pr.dqk, "k"));
-    TRY(check_shape(dv, "dv", pr.b, pr.sk, pr.hk, pr.dv, "v"));
+    FAI_TRY(check_tensor(dout, "dout", T_INPUT, 0));
+    FAI_TRY(same_dtype(dout, "dout", q->dtype));
+    FAI_TRY(check_shape(dout, "dout", pr.b, pr.sq, pr.hq, pr.dv, "out"));
+    FAI_TRY(check_tensor(dq, "dq", T_OUTPUT, 0));
+    FAI_TRY(check_tensor(dk, "dk", T_OUTPUT, 0));
+    FAI_TRY(check_tensor(dv, "dv", T_OUTPUT, 0));
+    FAI_TRY(same_dtype(dq, "dq", q->dtype));
+    FAI_TRY(same_dtype(dk, "dk", q->dtype));
+    FAI_TRY(same_dtype(dv, "dv", q->dtype));
+    FAI_TRY(check_shape(dq, "dq", pr.b, pr.sq, pr.hq, pr.dqk, "q"));
+    FAI_TRY(check_shape(dk, "dk", pr.b, pr.sk, pr.hk, pr.dqk, "k"));
+    FAI_TRY(check_shape(dv, "dv", pr.b, pr.sk, pr.hk, pr.dv, "v"));
     pr.io.out = out;
     pr.io.lse = lse;
     pr.io.dout = dout;
@@ -652,17 +645,18 @@ fa_status fa_merge_states(int n, const fa_tensor *outs, const fa_tensor *lses, f
         return fai_fail(FA_ERR_INVALID_ARGUMENT, "n = %d; at least one state is needed", n);
     if (!outs || !lses)
         return fai_fail(FA_ERR_NULL_POINTER, "%s is NULL", outs ? "lses" : "outs");
-    TRY(check_tensor(out, "out", T_OUTPUT, 0));
-    TRY(check_tensor(lse, "lse", T_OUTPUT, 1));
-    TRY(check_shape(lse, "lse", out->batch, out->seqlen, out->heads, 1, "out"));
+    FAI_TRY(check_tensor(out, "out", T_OUTPUT, 0));
+    FAI_TRY(check_tensor(lse, "lse", T_OUTPUT, 1));
+    FAI_TRY(check_shape(lse, "lse", out->batch, out->seqlen, out->heads, 1, "out"));
     for (int k = 0; k < n; k++) {
         char name[40];
         snprintf(name, sizeof name, "outs[%d]", k);
-        TRY(check_tensor(&outs[k], name, T_INPUT, 0));
-        TRY(check_shape(&outs[k], name, out->batch, out->seqlen, out->heads, out->headdim, "out"));
+        FAI_TRY(check_tensor(&outs[k], name, T_INPUT, 0));
+        FAI_TRY(check_shape(&outs[k], name, out->batch, out->seqlen, out->heads, out->headdim,
+                            "out"));
         snprintf(name, sizeof name, "lses[%d]", k);
-        TRY(check_tensor(&lses[k], name, T_INPUT, 1));
-        TRY(check_shape(&lses[k], name, out->batch, out->seqlen, out->heads, 1, "out"));
+        FAI_TRY(check_tensor(&lses[k], name, T_INPUT, 1));
+        FAI_TRY(check_shape(&lses[k], name, out->batch, out->seqlen, out->heads, 1, "out"));
     }
     const int64_t D = out->headdim, rows = out->batch * out->seqlen * out->heads;
     const int nt = omp_get_max_threads();

@@ -16,6 +16,14 @@
 /* Records the detail for fa_last_error() and returns s, so checks read `return fai_fail(...)`. */
 fa_status fai_fail(fa_status s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
+/* Returns from the calling function with x's status unless it is FA_OK. */
+#define FAI_TRY(x)                                                                              \
+    do {                                                                                        \
+        fa_status s_ = (x);                                                                     \
+        if (s_ != FA_OK)                                                                        \
+            return s_;                                                                          \
+    } while (0)
+
 /* ------------------------------------------------------------------ context */
 
 struct fai_kernels_f32_s;

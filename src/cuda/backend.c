@@ -102,13 +102,6 @@ static fa_status view(const fa_tensor *t, const char *name, int dev, fai_cuda_vi
     return FA_OK;
 }
 
-#define TRY(x)                                                                                  \
-    do {                                                                                        \
-        fa_status s_ = (x);                                                                     \
-        if (s_ != FA_OK)                                                                        \
-            return s_;                                                                          \
-    } while (0)
-
 static fa_status fill(fa_context *ctx, const fai_problem *pr, fai_cuda_args *a)
 {
     memset(a, 0, sizeof *a);
@@ -134,15 +127,15 @@ static fa_status fill(fa_context *ctx, const fai_problem *pr, fai_cuda_args *a)
         return fai_fail(FA_ERR_DEVICE, "backend cuda: the current device: %s",
                         cudaGetErrorString(e));
     }
-    TRY(view(pr->io.q, "q", dev, &a->tq));
-    TRY(view(pr->io.k, "k", dev, &a->tk));
-    TRY(view(pr->io.v, "v", dev, &a->tv));
-    TRY(view(pr->io.out, "out", dev, &a->tout));
-    TRY(view(pr->io.lse, "lse", dev, &a->tlse));
-    TRY(view(pr->io.dout, "dout", dev, &a->tdout));
-    TRY(view(pr->io.dq, "dq", dev, &a->tdq));
-    TRY(view(pr->io.dk, "dk", dev, &a->tdk));
-    TRY(view(pr->io.dv, "dv", dev, &a->tdv));
+    FAI_TRY(view(pr->io.q, "q", dev, &a->tq));
+    FAI_TRY(view(pr->io.k, "k", dev, &a->tk));
+    FAI_TRY(view(pr->io.v, "v", dev, &a->tv));
+    FAI_TRY(view(pr->io.out, "out", dev, &a->tout));
+    FAI_TRY(view(pr->io.lse, "lse", dev, &a->tlse));
+    FAI_TRY(view(pr->io.dout, "dout", dev, &a->tdout));
+    FAI_TRY(view(pr->io.dq, "dq", dev, &a->tdq));
+    FAI_TRY(view(pr->io.dk, "dk", dev, &a->tdk));
+    FAI_TRY(view(pr->io.dv, "dv", dev, &a->tdv));
     return FA_OK;
 }
 
@@ -210,10 +203,10 @@ static fa_status copy_slopes(fa_context *ctx, const fai_problem *pr, fai_cuda_ar
 static fa_status cuda_forward(fa_context *ctx, const fai_problem *pr)
 {
     fai_cuda_args a;
-    TRY(fill(ctx, pr, &a));
+    FAI_TRY(fill(ctx, pr, &a));
     void *slopes;
     size_t sb;
-    TRY(copy_slopes(ctx, pr, &a, &slopes, &sb));
+    FAI_TRY(copy_slopes(ctx, pr, &a, &slopes, &sb));
     char err[300] = "";
     fai_cuda_result r = fai_cuda_forward(&a, err, sizeof err);
     dev_free(ctx, slopes, sb, (cudaStream_t)a.stream);
@@ -223,7 +216,7 @@ static fa_status cuda_forward(fa_context *ctx, const fai_problem *pr)
 static fa_status cuda_backward(fa_context *ctx, const fai_problem *pr)
 {
     fai_cuda_args a;
-    TRY(fill(ctx, pr, &a));
+    FAI_TRY(fill(ctx, pr, &a));
     cudaStream_t st = (cudaStream_t)a.stream;
     const size_t wb = fai_cuda_backward_workspace(&a);
     a.work = dev_alloc(ctx, wb, st);
