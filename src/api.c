@@ -291,15 +291,18 @@ fa_status fa_context_describe(const fa_context *ctx, char *buf, size_t n)
                         ctx ? "buf" : "ctx");
     if (n == 0)
         return FA_OK;
-    fai_tiles t64 = fai_tiled_tiles(ctx, 64, 64, FA_F32);
-    fai_tiles t128 = fai_tiled_tiles(ctx, 128, 128, FA_F32);
+    fai_tiles t[4];
+    for (int k = 0; k < 4; k++) /* D = 64, 128; forward, backward */
+        t[k] = fai_tiled_tiles(ctx, 64 << (k / 2), 64 << (k / 2), FA_F32, k % 2);
     snprintf(buf, n,
              "flashattn %s: backend=%s isa=%s kernels=%s,%s threads=%d L1d=%lldKiB L2=%lldKiB (%s) "
-             "tiles f32 BqxBk: D=64 %lldx%lld, D=128 %lldx%lld",
+             "tiles f32 BqxBk fwd/bwd: D=64 %lldx%lld/%lldx%lld, D=128 %lldx%lld/%lldx%lld",
              PACKAGE_VERSION, fa_backend_name(ctx->backend), fa_isa_name(ctx->isa),
-             ctx->kernels->gemm_name, ctx->kernels->exp_name, ctx->num_threads, (long long)(ctx->cache.l1d / 1024),
-             (long long)(ctx->cache.l2 / 1024), ctx->cache.source, (long long)t64.bq,
-             (long long)t64.bk, (long long)t128.bq, (long long)t128.bk);
+             ctx->kernels->gemm_name, ctx->kernels->exp_name, ctx->num_threads,
+             (long long)(ctx->cache.l1d / 1024), (long long)(ctx->cache.l2 / 1024),
+             ctx->cache.source, (long long)t[0].bq, (long long)t[0].bk, (long long)t[1].bq,
+             (long long)t[1].bk, (long long)t[2].bq, (long long)t[2].bk, (long long)t[3].bq,
+             (long long)t[3].bk);
     return FA_OK;
 }
 

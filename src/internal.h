@@ -175,6 +175,7 @@ fa_status fai_with_serial_blas(fa_status (*run)(fa_context *, const fai_problem 
                                fa_context *ctx, const fai_problem *pr);
 
 /* The tiled backend's tiles for a problem's head dims and compute type. */
-fai_tiles fai_tiled_tiles(const fa_context *ctx, int64_t dqk, int64_t dv, fa_dtype d);
+fai_tiles fai_tiled_tiles(const fa_context *ctx, int64_t dqk, int64_t dv, fa_dtype d,
+                          int backward);
 
 #endif

@@ -122,22 +122,25 @@ static double scalemax_f64(int64_t n, double *x, double scale)
 #define FT_FINALIZE fai_online_finalize_f64
 #include "tiled_tpl.h"
 
-fai_tiles fai_tiled_tiles(const fa_context *ctx, int64_t dqk, int64_t dv, fa_dtype d)
+fai_tiles fai_tiled_tiles(const fa_context *ctx, int64_t dqk, int64_t dv, fa_dtype d,
+                          int backward)
 {
+    const size_t es = d == FA_F64 ? sizeof(double) : sizeof(float);
     if (ctx->forced_tiles.bq > 0)
         return ctx->forced_tiles;
-    return fai_plan_tiles(&ctx->cache, dqk, dv, d == FA_F64 ? sizeof(double) : sizeof(float));
+    return backward ? fai_plan_tiles_backward(&ctx->cache, dqk, dv, es)
+                    : fai_plan_tiles(&ctx->cache, dqk, dv, es);
 }
 
 static fa_status tiled_forward(fa_context *ctx, const fai_problem *pr)
 {
-    fai_tiles tl = fai_tiled_tiles(ctx, pr->dqk, pr->dv, pr->dtype);
+    fai_tiles tl = fai_tiled_tiles(ctx, pr->dqk, pr->dv, pr->dtype, 0);
     return pr->dtype == FA_F64 ? forward_f64(ctx, pr, tl) : forward_f32(ctx, pr, tl);
 }
 
 static fa_status tiled_backward(fa_context *ctx, const fai_problem *pr)
 {
-    fai_tiles tl = fai_tiled_tiles(ctx, pr->dqk, pr->dv, pr->dtype);
+    fai_tiles tl = fai_tiled_tiles(ctx, pr->dqk, pr->dv, pr->dtype, 1);
     return pr->dtype == FA_F64 ? backward_f64(ctx, pr, tl) : backward_f32(ctx, pr, tl);
 }
 

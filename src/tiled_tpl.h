@@ -31,6 +31,26 @@ static void FAI_T(row_cols)(const fai_problem *pr, fai_tile_class cls, int64_t i
     *c1 = hi < j0 + n ? hi - j0 : n;
 }
 
+/* Rows [*r0, *r1) of the nq rows from i0: from the first to the last that sees any of the
+ * keys [j0, j0 + n) (all nq for a FULL tile; *r0 == *r1 if none does). */
+static void FAI_T(row_span)(const fai_problem *pr, fai_tile_class cls, int64_t i0, int64_t nq,
+                            int64_t j0, int64_t n, int64_t *r0, int64_t *r1)
+{
+    int64_t lo = 0, hi = nq, c0, c1;
+    for (; cls != FAI_TILE_FULL && lo < hi; lo++) {
+        FAI_T(row_cols)(pr, cls, i0 + lo, j0, n, &c0, &c1);
+        if (c0 < c1)
+            break;
+    }
+    for (; cls != FAI_TILE_FULL && hi > lo; hi--) {
+        FAI_T(row_cols)(pr, cls, i0 + hi - 1, j0, n, &c0, &c1);
+        if (c0 < c1)
+            break;
+    }
+    *r0 = lo;
+    *r1 = hi;
+}
+
 /* Loads n rows of (b, hk) from t, starting at row j0, into dst (n x dim, row-major). */
 static void FAI_T(load_rows)(const fai_kernels_f32 *kern, const fa_tensor *t, fa_dtype dt,
                              int64_t b, int64_t hk, int64_t j0, int64_t n, int64_t dim, FT *dst)
@@ -91,7 +111,10 @@ static size_t FAI_T(fwd_carve)(const fai_problem *pr, fai_tiles tl, char *base,
  *      allowed keys and where dropout drops;
  *   4. acc = diag(a) acc + P V by the GEMM kernel, the rescale fused into its load of acc.
  * Key tiles outside the mask's key span are never visited; FULL tiles need no per-element
- * test, PARTIAL ones use each row's allowed interval.
+ * test, PARTIAL ones use each row's allowed interval, and only the rows from the first to the
+ * last that see any key of the tile take part: a row that sees none would have a = 1 and P = 0,
+ * which leaves its state as it is (acc never holds -0, so acc + 0 is acc to the bit). On the
+ * diagonal of a causal mask that skips up to Bq x Bk / 2 of the tile's work.
  *
  * The GEMM multiplies the zeros of P with V. That is exact while V is finite; for a tile whose
  * V holds inf or NaN and that has masked or dropped entries, the rows accumulate P V by
@@ -119,6 +142,10 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
         const fai_tile_class cls = fai_mask_classify(&pr->mask, i0, i1, j0, j0 + n);
         if (cls == FAI_TILE_EMPTY)
             continue;
+        int64_t r0, r1;
+        FAI_T(row_span)(pr, cls, i0, nq, j0, n, &r0, &r1);
+        if (r0 == r1)
+            continue;
         int64_t ldk;
         const FT *k =
             FAI_T(rows_view)(w->kern, pr->io.k, pr->dtype, b, hk, j0, n, pr->dqk, w->k, &ldk);
@@ -126,9 +153,10 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
         FAI_T(load_rows)(w->kern, pr->io.v, pr->dtype, b, hk, j0, n, dv, w->v);
         const int selective = (cls != FAI_TILE_FULL || drop.threshold) &&
                               !FT_FINITE(w->kern, n * dv, w->v);
-        FT_GEMM(w->kern, nq, n, pr->dqk, w->q, pr->dqk, w->kt, ld, w->s, ld, 0, NULL);
+        FT_GEMM(w->kern, r1 - r0, n, pr->dqk, w->q + r0 * pr->dqk, pr->dqk, w->kt, ld,
+                w->s + r0 * ld, ld, 0, NULL);
 
-        for (int64_t r = 0; r < nq; r++) { /* 2. block max, new reference, rescale exponent */
+        for (int64_t r = r0; r < r1; r++) { /* 2. block max, new reference, rescale exponent */
             const int64_t i = i0 + r;
             FT *s = w->s + r * ld, bmax = -INFINITY;
             int64_t c0, c1;
@@ -147,9 +175,9 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
             if (!w->live[r])
                 w->x[r] = 0;
         }
-        FT_EXPSUM(w->kern, nq, w->x, 0, w->x); /* x <- a = exp(x); exp(0) = 1 exactly */
+        FT_EXPSUM(w->kern, r1 - r0, w->x + r0, 0, w->x + r0); /* x <- a = exp(x); exp(0) = 1 */
 
-        for (int64_t r = 0; r < nq; r++) { /* 3. P and l */
+        for (int64_t r = r0; r < r1; r++) { /* 3. P and l */
             const int64_t i = i0 + r;
             FT *s = w->s + r * ld, *p = w->p + r * ld, *acc = w->acc + r * dv;
             int64_t c0, c1;
@@ -190,7 +218,8 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
             }
         }
         if (!selective) /* 4. acc = diag(a) acc + P V */
-            FT_GEMM(w->kern, nq, dv, n, w->p, ld, w->v, dv, w->acc, dv, 1, w->x);
+            FT_GEMM(w->kern, r1 - r0, dv, n, w->p + r0 * ld, ld, w->v, dv, w->acc + r0 * dv, dv,
+                    1, w->x + r0);
     }
 
     const FT keep_scale = (FT)(1.0 / (1.0 - pr->dropout_p));

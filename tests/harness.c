@@ -193,10 +193,11 @@ double ht_max_abs(const ht_tensor *x)
 void ht_tiles(int64_t dqk, int64_t dv, fa_dtype dt, int64_t *bq, int64_t *bk)
 {
     fa_context *ctx = ht_context(FA_BACKEND_TILED, 1);
-    fai_tiles t = fai_tiled_tiles(ctx, dqk, dv, dt);
+    /* powers of two: the larger of the forward's and the backward's is a multiple of the other */
+    fai_tiles f = fai_tiled_tiles(ctx, dqk, dv, dt, 0), b = fai_tiled_tiles(ctx, dqk, dv, dt, 1);
     fa_context_destroy(ctx);
-    *bq = t.bq;
-    *bk = t.bk;
+    *bq = f.bq > b.bq ? f.bq : b.bq;
+    *bk = f.bk > b.bk ? f.bk : b.bk;
 }
 
 void ht_bundle_alloc(ht_bundle *x, fa_dtype dt, const ht_sweep_case *c, int64_t sq, int64_t sk,

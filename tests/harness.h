@@ -53,7 +53,8 @@ double ht_max_err(const ht_tensor *got, const ht_tensor *ref);
 double ht_max_abs(const ht_tensor *x);
 
 
-/* Tiles the tiled backend will use (internal; the tests link the static library). */
+/* Tile sizes whose multiples are tile edges of both the tiled forward and backward (internal;
+ * the tests link the static library). */
 void ht_tiles(int64_t dqk, int64_t dv, fa_dtype dt, int64_t *bq, int64_t *bk);
 
 /* Suites. */

@@ -4,9 +4,8 @@
  * The tiled backend works on a query tile of Bq rows against a key tile of Bk keys: the score
  * tile S = Q K^T and its probabilities P (Bq x Bk each) and the product P V are formed by the
  * ISA's GEMM micro-kernel (src/simd/), which streams the packed K^T panel (Dqk x Bk) and V
- * panel (Bk x Dv) once per MR rows of the query tile. Per key tile, the row work outside the
- * GEMMs (pipeline, max, rescale, exp) is a fixed cost per row, so Bk should be as large as the
- * panels allow while they stay in L2 next to Q, S, P and the accumulators.
+ * panel (Bk x Dv) once per MR rows of the query tile. The forward and the backward hold
+ * different tiles, so each has its own rule below, with the measurements behind it.
  */
 #include "config.h"
 
@@ -92,24 +91,62 @@ static int64_t clamp64(int64_t x, int64_t lo, int64_t hi)
     return x < lo ? lo : x > hi ? hi : x;
 }
 
+/* The key-tile bound both passes start from: the two key panels, K^T and V, fill at most 1/4
+ * of L2 (256 KiB of a 1 MiB L2), a power of two in [16, 256]. */
+static int64_t key_tile_max(const fai_cache_info *ci, int64_t dqk, int64_t dv, size_t es)
+{
+    return clamp64(floor_pow2((ci->l2 / 4) / ((dqk + dv) * (int64_t)es)), 16, 256);
+}
+
+/* The forward's per-thread working set: Q and acc (Bq rows), S and P (Bq x Bk), and the key
+ * tile as read, as K^T and as V (Bk rows). */
+static int64_t forward_bytes(int64_t bq, int64_t bk, int64_t dqk, int64_t dv, size_t es)
+{
+    return (bq * (dqk + dv) + 2 * bq * bk + bk * (2 * dqk + dv)) * (int64_t)es;
+}
+
 /*
- * Bk: the two key panels, K^T and V, fill at most 1/4 of L2 (256 KiB of a 1 MiB L2): a power
- * of two in [16, 256]. Bq: 128 rows, fewer only when Q, S, P and the accumulators
- * (Bq x (Dqk + Dv + 2 Bk)) would pass half of L2.
+ * Forward. Every query tile packs each key tile it visits (K^T by transposes, V by copies: a
+ * cost per key row, amortized over Bq rows), and the per-row work of a key tile (max, rescale,
+ * exp setup) is amortized over Bk keys. Packing costs more than the per-row work, so Bq comes
+ * first: the largest of 512, 256, ... for which some Bk >= min(128, the panel bound) keeps the
+ * working set within 3/4 of L2; Bk is then the largest that fits.
  *
- * Measured (bench_attention --tile-sweep, B=1 H=4 N=2048 f32 non-causal, 1 thread, best of 5,
- * two runs, AMD EPYC Zen 5 with 48 KiB L1d / 1 MiB L2, AVX-512 12x32 kernel with registers
- * kept; NOTES.md keeps the whole sweeps). With the fast kernels the per-row work of a key tile
- * (max, rescale, exp) is what large Bk amortizes:
- *   D=128: rule 128x256 -> 44.2-45.0 ms; best 256x128 44.1-44.2, 128x128 44.8-45.6,
- *          128x64 (the rule before) 47.9-47.2; backward 128x256 232 ms vs 128x64 287;
- *   D=64:  rule 128x256 -> 25.4-25.8 ms, the best of the 14 tiles tried (128x128: 26.3-26.6).
+ * Measured (bench_attention, B=1 H=8 N=4096 f32 non-causal, 1 thread, tiles alternated 5
+ * rounds, best of each; Intel Xeon (Emerald Rapids) with 48 KiB L1d / 2 MiB L2, 2026-11-30):
+ *   D=128: rule 512x128 -> 551.6 ms; 1024x128 571.7, 1024x64 582.0, 512x64 587.6,
+ *          128x256 (the rule before) 605.5, 2048x64 624.1;
+ *   D=64:  rule 512x256 -> 317.9 ms, the best; 512x128 324.6, 256x256 326.2, 128x256 348.4.
+ * Without the packing (a timing experiment that skipped it) D=128 ran in 519-536 ms: the
+ * transposes and copies cost 90 ms at Bq=128, about 45 at Bq=512.
+ * On AMD EPYC (Zen 5) with 1 MiB L2 (2026-11-29, tile sweep N=2048 H=4) the best tiles were
+ * 256x128 at D=128 (40.9 ms vs 41.5 for 128x256) and at D=64 (24.7 vs 25.1): this rule's choices
+ * there.
  */
 fai_tiles fai_plan_tiles(const fai_cache_info *ci, int64_t dqk, int64_t dv, size_t es)
 {
-    fai_tiles t;
-    t.bk = clamp64(floor_pow2((ci->l2 / 4) / ((dqk + dv) * (int64_t)es)), 16, 256);
-    int64_t per_row = (dqk + dv + 2 * t.bk) * (int64_t)es;
-    t.bq = clamp64(floor_pow2((ci->l2 / 2) / per_row), 16, 128);
-    return t;
+    const int64_t budget = ci->l2 / 4 * 3, bk_max = key_tile_max(ci, dqk, dv, es);
+    const int64_t bk_min = bk_max < 128 ? bk_max : 128;
+    for (int64_t bq = 512; bq >= 16; bq /= 2)
+        for (int64_t bk = bk_max; bk >= bk_min; bk /= 2)
+            if (forward_bytes(bq, bk, dqk, dv, es) <= budget)
+                return (fai_tiles){bq, bk};
+    return (fai_tiles){16, 16};
+}
+
+/*
+ * Backward. Each pass holds five Bq x Bk tiles (S, dP, tanh, P~, dS) next to the key tile's
+ * K, K^T, V, V^T and gradients and the query block's Q, dO, O, their transposes and dQ. Bk is
+ * the panel bound; Bq the largest power of two up to 256 whose five tiles fit in 2/3 of L2.
+ *
+ * Measured (as the forward, --backward, 3 rounds): Emerald Rapids 2 MiB L2, D=128: rule
+ * 256x256 -> 1922.6 ms; 128x256 1990.9, 256x128 2036.0, 512x128 2039.5, 512x64 2291.1;
+ * D=64: rule 256x256 -> 1108.6 ms; 128x256 1120.7, 512x128 1133.3, 256x128 1139.9.
+ * Zen 5 1 MiB L2, D=128 (2026-11-29): rule 128x256 -> 232 ms at N=2048 H=4, 128x64 287.
+ */
+fai_tiles fai_plan_tiles_backward(const fai_cache_info *ci, int64_t dqk, int64_t dv, size_t es)
+{
+    const int64_t bk = key_tile_max(ci, dqk, dv, es);
+    const int64_t bq = floor_pow2((ci->l2 / 3 * 2) / (5 * bk * (int64_t)es));
+    return (fai_tiles){clamp64(bq, 16, 256), bk};
 }

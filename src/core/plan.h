@@ -16,6 +16,9 @@ typedef struct {
 } fai_tiles;
 
 void fai_cache_detect(fai_cache_info *ci);
+/* Tiles of the forward and of the backward's two passes (their trade-offs differ: plan.c). */
 fai_tiles fai_plan_tiles(const fai_cache_info *ci, int64_t dqk, int64_t dv, size_t elem_size);
+fai_tiles fai_plan_tiles_backward(const fai_cache_info *ci, int64_t dqk, int64_t dv,
+                                  size_t elem_size);
 
 #endif
