@@ -339,9 +339,9 @@ int main(int argc, char **argv)
                     o.backward ? tl.bwd_ms : 0.0, bgf, tl.bwd_peak, o.backward ? cv.bwd_ms : 0.0,
                     cv.bwd_peak);
         if (o.sweep) {
-            static const char *tiles[] = {"32x32",   "64x32",   "64x64",   "64x128", "96x64",
-                                          "128x32",  "128x64",  "128x128", "128x256", "192x64",
-                                          "192x128", "256x32",  "256x64",  "256x128", NULL};
+            static const char *tiles[] = {"32x32",   "64x64",   "64x128",  "128x64",  "128x128",
+                                          "128x256", "192x128", "256x64",  "256x128", "256x256",
+                                          "512x64",  "512x128", "512x256", "1024x64", NULL};
             opts so = o;
             so.backward = 0;
             printf("  tile sweep (forward ms, best of %ld):", o.reps);
