@@ -137,21 +137,25 @@ static void fa_f32_transpose__avx512(int64_t rows, int64_t cols, const float *sr
 
 /*
  * exp in 16 lanes, inline (SLEEF's vector exp is an out-of-line call per vector; this one
- * halved the time the forward spends in exp). x = n ln2 + r with n = round(x log2 e) and r by
- * Cody-Waite in two FMAs, |r| <= ln2 / 2 (plus rounding); exp(r) by its Taylor polynomial of
- * degree 7 in Horner form, whose truncation error is below (ln2/2)^8 / 8! = 5.2e-9 relative;
- * then 2^n by scalef, which rounds once into the subnormals and gives 0 below them and inf
- * above the range. x is first clamped to [-110, 100] (exp(-110) rounds to 0 and exp(100) to
- * inf, as do the values clamped), which keeps n finite for +-inf; NaN passes the clamps
- * (max/min return their second operand when either is NaN) and stays NaN. Max error over
- * every float <= 0: 0.937 ULP (tests/check_simd.c measures it and holds it to 1 ULP; SLEEF's
- * Sleef_expf16_u10 measured 0.986 there).
+ * halved the time the forward spends in exp). x = n ln2 + r with n the integer nearest to
+ * x log2 e (the product unrounded, inside one FMA) and r by Cody-Waite in two FMAs,
+ * |r| <= ln2 / 2 (plus rounding); exp(r) by its Taylor polynomial of degree 7 in Horner form,
+ * whose truncation error is below (ln2/2)^8 / 8! = 5.2e-9 relative; then 2^n by scalef, which
+ * rounds once into the subnormals and gives 0 below them and inf above the range. x is first
+ * clamped to [-110, 100] (exp(-110) rounds to 0 and exp(100) to inf, as do the values
+ * clamped), which keeps n finite for +-inf; NaN passes the clamps (max/min return their second
+ * operand when either is NaN) and stays NaN. Max error over every float <= 0: 0.937 ULP
+ * (tests/check_simd.c measures it and holds it to 1 ULP; SLEEF's Sleef_expf16_u10 measured
+ * 0.986 there).
  */
 static inline __m512 exp__avx512(__m512 x)
 {
     x = _mm512_min_ps(_mm512_set1_ps(100.0f), _mm512_max_ps(_mm512_set1_ps(-110.0f), x));
-    const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(0x1.715476p+0f)),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    /* n = x log2e rounded to an integer by adding and removing 1.5 * 2^23 (one FMA and one
+     * subtraction on either vector port, where roundscale is two uops on one) */
+    const __m512 shift = _mm512_set1_ps(0x1.8p23f);
+    const __m512 n =
+        _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(0x1.715476p+0f), shift), shift);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.62e43p-1f), x); /* ln2 rounded to float */
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-0x1.05c61p-29f), r);       /* ln2 - that float   */
     __m512 p = _mm512_set1_ps(0x1.a01a02p-13f);                        /* 1/7! */
@@ -165,7 +169,8 @@ static inline __m512 exp__avx512(__m512 x)
     return _mm512_scalef_ps(p, n);
 }
 
-/* y = exp(x - m), summed in 16 lanes, then the lanes in order. */
+/* y = exp(x - m), summed in 16 lanes, then the lanes by a fixed tree (halves, then halves of
+ * those: _mm512_reduce_add_ps). */
 static float fa_f32_expsum__avx512(int64_t n, const float *x, float m, float *y)
 {
     const __m512 vm = _mm512_set1_ps(m);
@@ -174,13 +179,9 @@ static float fa_f32_expsum__avx512(int64_t n, const float *x, float m, float *y)
         const __mmask16 mk = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
         const __m512 e = exp__avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, x + i), vm));
         _mm512_mask_storeu_ps(y + i, mk, e);
-        vsum = _mm512_add_ps(vsum, _mm512_maskz_mov_ps(mk, e));
+        vsum = _mm512_mask_add_ps(vsum, mk, vsum, e);
     }
-    float lanes[16], sum = 0;
-    _mm512_storeu_ps(lanes, vsum);
-    for (int l = 0; l < 16; l++)
-        sum += lanes[l];
-    return sum;
+    return _mm512_reduce_add_ps(vsum);
 }
 
 /* 16 columns per vector, one FMA chain per column in p order from 0: the GEMM kernel's
