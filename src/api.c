@@ -263,6 +263,13 @@ fa_status fa_context_create(const fa_options *o, fa_context **out)
         forced.bq = bq;
         forced.bk = bk;
     }
+    int passes = 0;
+    env = getenv("FA_BACKWARD_PASSES");
+    if (env && *env) {
+        if (strcmp(env, "1") && strcmp(env, "2"))
+            return fai_fail(FA_ERR_INVALID_ARGUMENT, "FA_BACKWARD_PASSES=%s: expected 1 or 2", env);
+        passes = env[0] - '0';
+    }
 
     fa_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx)
@@ -273,6 +280,7 @@ fa_status fa_context_create(const fa_options *o, fa_context **out)
     ctx->num_threads = opt.num_threads > 0 ? opt.num_threads : omp_get_max_threads();
     fai_cache_detect(&ctx->cache);
     ctx->forced_tiles = forced;
+    ctx->forced_backward_passes = passes;
     ctx->cuda_stream = opt.cuda_stream;
     ctx->deterministic = opt.deterministic != 0;
     ctx->backend_auto = backend_auto;

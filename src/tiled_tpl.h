@@ -273,7 +273,9 @@ static fa_status FAI_T(forward)(fa_context *ctx, const fai_problem *pr, fai_tile
  * kernel (the same kernel and order as the forward, so S is recomputed to the bit), then per
  * row P = exp(S - LSE), P~ = P z and dS = P (dP z - D) with D_i = dO_i . O_i (§1), then
  * dV += P~^T dO, dK += scale dS^T Q (pass 1) or dQ += scale dS K (pass 2) by the GEMM kernel.
- * No atomics, no reduction across threads.
+ * No atomics, no reduction across threads. Where enough (b, kv head) tasks share out, one pass
+ * does both (bwd_kv_head below): pass 1 over a kv head's key tiles in order, adding each
+ * tile's dQ terms to the head group's dQ rows as it goes, with the same bits.
  *
  * The GEMMs multiply the exact zeros of P~ and dS (masked, dropped) with rows of dO, Q and K.
  * Where any of those rows holds inf or NaN, the products are formed by selection instead, in
@@ -288,14 +290,18 @@ typedef struct {
     double *lse;
     FT *s, *dp, *t, *p, *ds;     /* bq x bk: scores, dP, tanh(x / c), P~, scale dS             */
     unsigned char *keep;
+    FT *dq_all;                  /* single pass: dQ of the group's heads (group x Sq x Dqk),
+                                    else NULL                                                  */
     int q_finite, kv_finite;     /* whether the loaded Q and dO, K and V hold no inf or NaN    */
     const fai_kernels_f32 *kern;
 } FAI_T(bwd_ws);
 
-static size_t FAI_T(bwd_carve)(const fai_problem *pr, fai_tiles tl, char *base,
+static size_t FAI_T(bwd_carve)(const fai_problem *pr, fai_tiles tl, int single_pass, char *base,
                                FAI_T(bwd_ws) *w)
 {
     fai_arena a = {base, 0};
+    w->dq_all = single_pass ? fai_carve(&a, (size_t)(pr->group * pr->sq * pr->dqk) * sizeof(FT))
+                            : NULL;
     const size_t bk = (size_t)tl.bk, bq = (size_t)tl.bq, f = sizeof(FT);
     w->k = fai_carve(&a, bk * (size_t)pr->dqk * f);
     w->kt = fai_carve(&a, bk * (size_t)pr->dqk * f);
@@ -414,7 +420,24 @@ static int FAI_T(bwd_block)(const fai_problem *pr, fai_tiles tl, int64_t b, int6
     return any;
 }
 
-/* Pass 1: dK and dV of key tile [j0, j0 + n) of (b, hk). */
+/* dq (nq rows) += scale dS K by selection: each row over its allowed keys only, so that inf or
+ * NaN in K or Q rows that the row does not see stays out (the terms, in order, of the GEMM). */
+static void FAI_T(dq_by_selection)(const fai_problem *pr, fai_tiles tl, fai_tile_class cls,
+                                   int64_t i0, int64_t nq, int64_t j0, int64_t n,
+                                   const FAI_T(bwd_ws) *w, FT *dq)
+{
+    const int64_t dqk = pr->dqk, ld = tl.bk;
+    for (int64_t r = 0; r < nq; r++) {
+        int64_t c0, c1;
+        FAI_T(row_cols)(pr, cls, i0 + r, j0, n, &c0, &c1);
+        if (c0 < c1 && w->lse[r] != -INFINITY)
+            FT_GEMM(w->kern, 1, dqk, c1 - c0, w->ds + r * ld + c0, ld, w->k + c0 * dqk, dqk,
+                    dq + r * dqk, dqk, 1, NULL);
+    }
+}
+
+/* Pass 1: dK and dV of key tile [j0, j0 + n) of (b, hk); in the single pass also the tile's
+ * terms of dQ, added to w->dq_all. */
 static void FAI_T(bwd_ktile)(const fai_problem *pr, fai_tiles tl, int64_t b, int64_t hk,
                              int64_t j0, int64_t n, FAI_T(bwd_ws) *w)
 {
@@ -434,11 +457,16 @@ static void FAI_T(bwd_ktile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
             FAI_T(load_query_block)(pr, b, h, i0, nq, tl.bq, w);
             if (!FAI_T(bwd_block)(pr, tl, b, h, i0, nq, j0, n, cls, w))
                 continue;
+            FT *dq = w->dq_all ? w->dq_all + ((h - hk * pr->group) * pr->sq + i0) * dqk : NULL;
             if (w->kv_finite && w->q_finite) {
                 FT_GEMM_AT(w->kern, n, dv, nq, w->p, ld, w->dout, dv, w->dv, dv, 1); /* P~^T dO */
                 FT_GEMM_AT(w->kern, n, dqk, nq, w->ds, ld, w->q, dqk, w->dk, dqk, 1); /* dS^T Q */
+                if (dq)
+                    FT_GEMM(w->kern, nq, dqk, n, w->ds, ld, w->k, dqk, dq, dqk, 1, NULL);
                 continue;
             }
+            if (dq)
+                FAI_T(dq_by_selection)(pr, tl, cls, i0, nq, j0, n, w, dq);
             /* by selection, rows in order: each (row, key) term one kernel step, as above;
              * masked and dropped terms skipped (an allowed P of 0 still multiplies dO) */
             const fai_dropout drop = fai_dropout_for(pr, b, h);
@@ -483,38 +511,60 @@ static void FAI_T(bwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
         FAI_T(load_key_tile)(pr, tl, b, hk, j0, n, w);
         if (!FAI_T(bwd_block)(pr, tl, b, h, i0, nq, j0, n, cls, w))
             continue;
-        if (w->q_finite && w->kv_finite) { /* dQ += scale dS K */
+        if (w->q_finite && w->kv_finite) /* dQ += scale dS K */
             FT_GEMM(w->kern, nq, dqk, n, w->ds, ld, w->k, dqk, w->dq, dqk, 1, NULL);
-            continue;
-        }
-        for (int64_t r = 0; r < nq; r++) { /* by selection: the row's allowed keys only */
-            int64_t c0, c1;
-            FAI_T(row_cols)(pr, cls, i0 + r, j0, n, &c0, &c1);
-            if (c0 < c1 && w->lse[r] != -INFINITY)
-                FT_GEMM(w->kern, 1, dqk, c1 - c0, w->ds + r * ld + c0, ld, w->k + c0 * dqk, dqk,
-                        w->dq + r * dqk, dqk, 1, NULL);
-        }
+        else
+            FAI_T(dq_by_selection)(pr, tl, cls, i0, nq, j0, n, w, w->dq);
     }
     for (int64_t r = 0; r < nq; r++)
         FT_STORE(w->kern, fai_row(pr->io.dq, b, i0 + r, h), pr->dtype, dqk, w->dq + r * dqk);
 }
 
+/*
+ * The single pass: one task per (b, kv head) runs pass 1 over its key tiles in order and adds
+ * each tile's dQ terms to the group's dQ rows as it goes (5 tile GEMMs per block pair instead
+ * of 7, and no second reading of K and V per query tile). Each dQ element receives the terms
+ * of pass 2, in pass 2's order (key tiles ascending, keys ascending within a tile; the GEMM
+ * kernel's k split over calls keeps the bits), so both ways give the same bits.
+ */
+static void FAI_T(bwd_kv_head)(const fai_problem *pr, fai_tiles tl, int64_t b, int64_t hk,
+                               FAI_T(bwd_ws) *w)
+{
+    const int64_t dqk = pr->dqk;
+    memset(w->dq_all, 0, (size_t)(pr->group * pr->sq * dqk) * sizeof(FT));
+    for (int64_t j0 = 0; j0 < pr->sk; j0 += tl.bk)
+        FAI_T(bwd_ktile)(pr, tl, b, hk, j0, pr->sk - j0 < tl.bk ? pr->sk - j0 : tl.bk, w);
+    for (int64_t g = 0; g < pr->group; g++)
+        for (int64_t i = 0; i < pr->sq; i++)
+            FT_STORE(w->kern, fai_row(pr->io.dq, b, i, hk * pr->group + g), pr->dtype, dqk,
+                     w->dq_all + (g * pr->sq + i) * dqk);
+}
+
 static fa_status FAI_T(backward)(fa_context *ctx, const fai_problem *pr, fai_tiles tl)
 {
     FAI_T(bwd_ws) w;
-    size_t per = FAI_T(bwd_carve)(pr, tl, NULL, &w), bytes;
     const int nt = ctx->num_threads;
+    const int64_t dq_bytes = pr->group * pr->sq * pr->dqk * (int64_t)sizeof(FT);
+    const int single = ctx->forced_backward_passes
+                           ? ctx->forced_backward_passes == 1
+                           : fai_plan_backward_single_pass(pr->b * pr->hk, nt, dq_bytes);
+    size_t per = FAI_T(bwd_carve)(pr, tl, single, NULL, &w), bytes;
     char *base;
     fa_status st = fai_thread_scratch(ctx, "tiled", &per, nt, &base, &bytes);
     if (st != FA_OK)
         return st;
-    const int64_t nkt = (pr->sk + tl.bk - 1) / tl.bk, ktasks = pr->b * pr->hk * nkt;
-    const int64_t nqt = (pr->sq + tl.bq - 1) / tl.bq, qtasks = pr->b * pr->hq * nqt;
+    const int64_t heads = single ? pr->b * pr->hk : 0;
+    const int64_t nkt = (pr->sk + tl.bk - 1) / tl.bk, ktasks = single ? 0 : pr->b * pr->hk * nkt;
+    const int64_t nqt = (pr->sq + tl.bq - 1) / tl.bq, qtasks = single ? 0 : pr->b * pr->hq * nqt;
 #pragma omp parallel num_threads(nt)
     {
         FAI_T(bwd_ws) mine;
-        FAI_T(bwd_carve)(pr, tl, base + (size_t)omp_get_thread_num() * per, &mine);
+        FAI_T(bwd_carve)(pr, tl, single, base + (size_t)omp_get_thread_num() * per, &mine);
         mine.kern = ctx->kernels;
+        /* the single pass, or else the two passes (the loops of the others run no task) */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < heads; task++)
+            FAI_T(bwd_kv_head)(pr, tl, task / pr->hk, task % pr->hk, &mine);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < ktasks; task++) {
             const int64_t kt = task % nkt, hk = (task / nkt) % pr->hk, b = task / (nkt * pr->hk);

@@ -1,8 +1,11 @@
 /*
- * Peak memory through fa_memory_stats: the tiled path's is flat in N (O(threads x tile)); the
+ * Peak memory through fa_memory_stats: the tiled path's is flat in N (O(threads x tile)), but
+ * for the backward's single pass, which adds dQ of a kv head's rows per thread; the
  * conventional path's grows as N^2 (S and P for every head). The counters return to zero.
  */
 #include "config.h"
+
+#include <stdlib.h>
 
 #include "harness.h"
 
@@ -38,14 +41,20 @@ static size_t peak_of(fa_backend be, int64_t n, int backward)
     return peak;
 }
 
+/* _i: 0 forward, 1 backward in two passes, 2 backward in one pass */
 START_TEST(tiled_peak_flat_conventional_quadratic)
 {
-    const int backward = _i;
+    const int backward = _i > 0;
+    setenv("FA_BACKWARD_PASSES", _i == 2 ? "1" : "2", 1);
     size_t t256 = peak_of(FA_BACKEND_TILED, 256, backward);
     size_t t1024 = peak_of(FA_BACKEND_TILED, 1024, backward);
+    unsetenv("FA_BACKWARD_PASSES");
     size_t c256 = peak_of(FA_BACKEND_CONVENTIONAL, 256, backward);
     size_t c1024 = peak_of(FA_BACKEND_CONVENTIONAL, 1024, backward);
-    ck_assert_msg(t256 == t1024, "tiled peak %zu at N=256, %zu at N=1024", t256, t1024);
+    /* one pass: each of the 2 threads holds dQ of a kv head's rows (group 1, N x 64 floats) */
+    const size_t dq_growth = _i == 2 ? 2 * (1024 - 256) * 64 * sizeof(float) : 0;
+    ck_assert_msg(t1024 - t256 == dq_growth, "tiled peak %zu at N=256, %zu at N=1024", t256,
+                  t1024);
     /* S and P alone are 2 B H N^2 floats (the backward keeps dP too); the rest is O(N) packed
      * operands per thread. From N = 256 to 1024 linear growth would be 4x, quadratic 16x. */
     const size_t sp256 = 2 * 2 * 256 * 256 * sizeof(float), sp1024 = 16 * sp256;
@@ -61,7 +70,7 @@ Suite *make_memory_suite(void)
 {
     Suite *s = suite_create("memory");
     TCase *tc = tcase_create("memory");
-    tcase_add_loop_test(tc, tiled_peak_flat_conventional_quadratic, 0, 2);
+    tcase_add_loop_test(tc, tiled_peak_flat_conventional_quadratic, 0, 3);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -305,6 +305,50 @@ START_TEST(deterministic_across_threads)
 }
 END_TEST
 
+/* The tiled backward in one pass and in two (FA_BACKWARD_PASSES) gives the same bits: dQ sums
+ * the same terms in the same order either way. Masks with partial tiles in both alignments,
+ * a window with ALiBi, GQA, softcap and dropout, and inf/NaN in masked K and V rows (the
+ * selection path); sizes around the tiles. */
+START_TEST(backward_one_pass_equals_two)
+{
+    const fa_dtype dt = _i % 2 ? FA_BF16 : FA_F32;
+    int64_t bq, bk;
+    ht_tiles(40, 40, dt, &bq, &bk);
+    const float slopes[4] = {0.5f, 0.25f, 0.125f, 0.0625f};
+    for (int c = 0; c < 4; c++) {
+        const int64_t sq = c == 1 ? bq + 3 : 70, sk = c == 1 ? 50 : bk + 5;
+        fa_params p;
+        fa_params_init(&p);
+        p.causal = c != 2;
+        p.align = c == 3 ? FA_ALIGN_TOP_LEFT : FA_ALIGN_BOTTOM_RIGHT;
+        p.window_left = c == 2 ? 20 : -1;
+        p.window_right = c == 2 ? 5 : -1;
+        p.alibi_slopes = c == 2 ? slopes : NULL;
+        p.softcap = c == 0 ? 3 : 0;
+        p.dropout_p = c == 0 || c == 3 ? 0.15 : 0;
+        p.dropout_seed = 77;
+        set runs[2];
+        for (int passes = 1; passes <= 2; passes++) {
+            set *x = &runs[passes - 1];
+            set_alloc(x, dt, 2, sq, sk, 4, 2, 40, 24);
+            if (c == 3) /* top-left causal: rows i < 60 never see keys 60 .. sk */
+                for (int64_t j = 60; j < sk; j++)
+                    for (int64_t d = 0; d < 24; d++) {
+                        ht_set(&x->k, 1, j, 1, d, NAN);
+                        ht_set(&x->v, 1, j, 1, d, INFINITY);
+                    }
+            setenv("FA_BACKWARD_PASSES", passes == 1 ? "1" : "2", 1);
+            set_run(FA_BACKEND_TILED, 2, &p, x);
+            unsetenv("FA_BACKWARD_PASSES");
+        }
+        ck_assert_msg(same_bits(&runs[0].dq, &runs[1].dq), "case %d: dq differs", c);
+        ck_assert_msg(same_bits(&runs[0].dk, &runs[1].dk), "case %d: dk differs", c);
+        ck_assert_msg(same_bits(&runs[0].dv, &runs[1].dv), "case %d: dv differs", c);
+        set_free(&runs[0]), set_free(&runs[1]);
+    }
+}
+END_TEST
+
 /* One context used from two threads at once (§2): each call's result equals a lone call's. */
 START_TEST(shared_context_concurrent_calls)
 {
@@ -449,6 +493,7 @@ Suite *make_semantics_suite(void)
     tcase_add_loop_test(tc, nan_in_allowed_score_propagates, 0, 12);
     tcase_add_loop_test(tc, dropout_mask_replayed_exactly, 0, 12);
     tcase_add_test(tc, dropout_keep_rate);
+    tcase_add_loop_test(tc, backward_one_pass_equals_two, 0, 2);
     tcase_add_loop_test(tc, deterministic_across_threads, 0, 6);
     tcase_add_test(tc, shared_context_concurrent_calls);
     tcase_add_test(tc, allowed_zero_probability_times_inf);

@@ -150,3 +150,20 @@ fai_tiles fai_plan_tiles_backward(const fai_cache_info *ci, int64_t dqk, int64_t
     const int64_t bq = floor_pow2((ci->l2 / 3 * 2) / (5 * bk * (int64_t)es));
     return (fai_tiles){clamp64(bq, 16, 256), bk};
 }
+
+/*
+ * The backward in one pass (dQ accumulated per (b, kv head) as its key tiles go by) or in two
+ * (dK/dV per key tile, then dQ per query tile, each recomputing S and dP): one pass does 5 tile
+ * GEMMs per block pair where two do 7, and reads K and V once. It holds dQ of a kv head's
+ * query heads (group x Sq x Dqk) per thread, so it is taken while that stays within 8 MiB and
+ * while there are enough (b, kv head) tasks to share out: a multiple of the thread count, or
+ * at least four per thread (the tasks are whole heads, so that bounds the imbalance by 1/4).
+ *
+ * Measured (bench_attention --backward, B=1 H=8 N=4096 f32, 1 thread, best of 3, Emerald
+ * Rapids, 2026-11-30; FA_BACKWARD_PASSES forces either): D=128 two passes 2065.8 ms (0.53 of
+ * SGEMM), one pass 1449.5 (0.76); D=64 1099.9 and 858.5.
+ */
+int fai_plan_backward_single_pass(int64_t tasks, int threads, int64_t dq_bytes)
+{
+    return dq_bytes <= ((int64_t)8 << 20) && (tasks % threads == 0 || tasks >= 4 * threads);
+}

@@ -20,5 +20,8 @@ void fai_cache_detect(fai_cache_info *ci);
 fai_tiles fai_plan_tiles(const fai_cache_info *ci, int64_t dqk, int64_t dv, size_t elem_size);
 fai_tiles fai_plan_tiles_backward(const fai_cache_info *ci, int64_t dqk, int64_t dv,
                                   size_t elem_size);
+/* Whether the backward runs as one pass: `tasks` (b, kv head) pairs on `threads` threads, with
+ * dq_bytes of dQ per task held by each thread. */
+int fai_plan_backward_single_pass(int64_t tasks, int threads, int64_t dq_bytes);
 
 #endif
