@@ -553,7 +553,7 @@ static fa_status FAI_T(backward)(fa_context *ctx, const fai_problem *pr, fai_til
     fa_status st = fai_thread_scratch(ctx, "tiled", &per, nt, &base, &bytes);
     if (st != FA_OK)
         return st;
-    const int64_t heads = single ? pr->b * pr->hk : 0;
+    const int64_t head_tasks = single ? pr->b * pr->hk : 0;
     const int64_t nkt = (pr->sk + tl.bk - 1) / tl.bk, ktasks = single ? 0 : pr->b * pr->hk * nkt;
     const int64_t nqt = (pr->sq + tl.bq - 1) / tl.bq, qtasks = single ? 0 : pr->b * pr->hq * nqt;
 #pragma omp parallel num_threads(nt)
@@ -563,7 +563,7 @@ static fa_status FAI_T(backward)(fa_context *ctx, const fai_problem *pr, fai_til
         mine.kern = ctx->kernels;
         /* the single pass, or else the two passes (the loops of the others run no task) */
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < heads; task++)
+        for (int64_t task = 0; task < head_tasks; task++)
             FAI_T(bwd_kv_head)(pr, tl, task / pr->hk, task % pr->hk, &mine);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < ktasks; task++) {
