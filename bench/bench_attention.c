@@ -71,7 +71,7 @@ static int sgemm_init(sgemm_timer *g, int threads)
 {
     const size_t nn = (size_t)SGEMM_N * SGEMM_N;
     g->a = malloc(sizeof(float) * nn), g->b = malloc(sizeof(float) * nn);
-    g->c = malloc(sizeof(float) * nn);
+    g->c = calloc(nn, sizeof(float)); /* touched: the first timed call pays no page faults */
     if (!g->a || !g->b || !g->c)
         return 1;
     for (size_t i = 0; i < nn; i++)
@@ -182,7 +182,7 @@ static int usage(void)
 
 int main(int argc, char **argv)
 {
-    if (!core_has_avx512(core_name()) &&
+    if (!core_has_avx512(core_name()) && strcmp(core_name(), "unknown") &&
         !getenv("OPENBLAS_CORETYPE")) {
         fa_context *probe;
         char desc[512] = "";

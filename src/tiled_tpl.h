@@ -113,8 +113,9 @@ static size_t FAI_T(fwd_carve)(const fai_problem *pr, fai_tiles tl, char *base,
  * Key tiles outside the mask's key span are never visited; FULL tiles need no per-element
  * test, PARTIAL ones use each row's allowed interval, and only the rows from the first to the
  * last that see any key of the tile take part: a row that sees none would have a = 1 and P = 0,
- * which leaves its state as it is (acc never holds -0, so acc + 0 is acc to the bit). On the
- * diagonal of a causal mask that skips up to Bq x Bk / 2 of the tile's work.
+ * which leaves its state as it is (acc + 0 is acc, but for the sign of a zero, which the
+ * output's finalization makes +0). On the diagonal of a causal mask that skips up to
+ * Bq x Bk / 2 of the tile's work.
  *
  * The GEMM multiplies the zeros of P with V. That is exact while V is finite; for a tile whose
  * V holds inf or NaN and that has masked or dropped entries, the rows accumulate P V by
@@ -227,8 +228,8 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
         FT *acc = w->acc + r * dv;
         double lse;
         const FT f = FT_FINALIZE(w->m[r], w->l[r], keep_scale, &lse);
-        for (int64_t d = 0; d < dv; d++)
-            acc[d] = f == 0 ? 0 : acc[d] * f; /* empty row: exactly 0, whatever acc holds */
+        for (int64_t d = 0; d < dv; d++) /* empty row: exactly 0, whatever acc holds; + 0 */
+            acc[d] = f == 0 ? 0 : acc[d] * f + 0; /* makes -0 +0 whichever terms were skipped */
         FT_STORE(w->kern, fai_row(pr->io.out, b, i0 + r, h), pr->dtype, dv, acc);
         if (pr->io.lse)
             fai_lse_store(pr->io.lse, b, h, i0 + r, lse);
@@ -493,6 +494,20 @@ static void FAI_T(bwd_ktile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
     }
 }
 
+/* Stores dQ rows [i0, i0 + nq) of (b, h) from dq (nq x Dqk). + 0 makes a -0 +0: a masked
+ * key's exact 0 term is added by the GEMM but skipped by selection, and the two passes and
+ * the one pass split rows and keys differently, so only then do they agree on zeros' signs. */
+static void FAI_T(store_dq)(const fai_problem *pr, int64_t b, int64_t h, int64_t i0, int64_t nq,
+                            FT *dq, const FAI_T(bwd_ws) *w)
+{
+    for (int64_t r = 0; r < nq; r++) {
+        FT *row = dq + r * pr->dqk;
+        for (int64_t d = 0; d < pr->dqk; d++)
+            row[d] += 0;
+        FT_STORE(w->kern, fai_row(pr->io.dq, b, i0 + r, h), pr->dtype, pr->dqk, row);
+    }
+}
+
 /* Pass 2: dQ of query tile [i0, i1) of (b, h). */
 static void FAI_T(bwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int64_t h,
                              int64_t i0, int64_t i1, FAI_T(bwd_ws) *w)
@@ -516,8 +531,7 @@ static void FAI_T(bwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
         else
             FAI_T(dq_by_selection)(pr, tl, cls, i0, nq, j0, n, w, w->dq);
     }
-    for (int64_t r = 0; r < nq; r++)
-        FT_STORE(w->kern, fai_row(pr->io.dq, b, i0 + r, h), pr->dtype, dqk, w->dq + r * dqk);
+    FAI_T(store_dq)(pr, b, h, i0, nq, w->dq, w);
 }
 
 /*
@@ -535,9 +549,7 @@ static void FAI_T(bwd_kv_head)(const fai_problem *pr, fai_tiles tl, int64_t b, i
     for (int64_t j0 = 0; j0 < pr->sk; j0 += tl.bk)
         FAI_T(bwd_ktile)(pr, tl, b, hk, j0, pr->sk - j0 < tl.bk ? pr->sk - j0 : tl.bk, w);
     for (int64_t g = 0; g < pr->group; g++)
-        for (int64_t i = 0; i < pr->sq; i++)
-            FT_STORE(w->kern, fai_row(pr->io.dq, b, i, hk * pr->group + g), pr->dtype, dqk,
-                     w->dq_all + (g * pr->sq + i) * dqk);
+        FAI_T(store_dq)(pr, b, hk * pr->group + g, 0, pr->sq, w->dq_all + g * pr->sq * dqk, w);
 }
 
 static fa_status FAI_T(backward)(fa_context *ctx, const fai_problem *pr, fai_tiles tl)

@@ -149,7 +149,8 @@ static void fa_f32_transpose__avx2(int64_t rows, int64_t cols, const float *src,
 static inline __m256 exp__avx2(__m256 x)
 {
     x = _mm256_min_ps(_mm256_set1_ps(100.0f), _mm256_max_ps(_mm256_set1_ps(-110.0f), x));
-    const __m256 shift = _mm256_set1_ps(0x1.8p23f); /* rounds as in exp__avx512 */
+    /* rounds as in exp__avx512, in the caller's rounding mode (round to nearest assumed) */
+    const __m256 shift = _mm256_set1_ps(0x1.8p23f);
     const __m256 n =
         _mm256_sub_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), shift), shift);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e43p-1f), x);
