@@ -228,8 +228,10 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
         FT *acc = w->acc + r * dv;
         double lse;
         const FT f = FT_FINALIZE(w->m[r], w->l[r], keep_scale, &lse);
-        for (int64_t d = 0; d < dv; d++) /* empty row: exactly 0, whatever acc holds; + 0 */
-            acc[d] = f == 0 ? 0 : acc[d] * f + 0; /* makes -0 +0 whichever terms were skipped */
+        /* an empty row is exactly 0, whatever acc holds; + 0 turns -0 into +0, so the sign of
+         * a zero does not depend on which rows the row-span skip left out */
+        for (int64_t d = 0; d < dv; d++)
+            acc[d] = f == 0 ? 0 : acc[d] * f + 0;
         FT_STORE(w->kern, fai_row(pr->io.out, b, i0 + r, h), pr->dtype, dv, acc);
         if (pr->io.lse)
             fai_lse_store(pr->io.lse, b, h, i0 + r, lse);
