@@ -251,7 +251,7 @@ fa_status fa_context_create(const fa_options *o, fa_context **out)
                         fai_cpu_supports(opt.isa) ? "this build carries no kernels for it"
                                                   : "this CPU (or its OS) does not support it");
 
-    fai_tiles forced = {0, 0};
+    fai_tiles forced = {0, 0, 0};
     const char *env = getenv("FA_TILES");
     if (env && *env) {
         long long bq, bk;
@@ -262,6 +262,7 @@ fa_status fa_context_create(const fa_options *o, fa_context **out)
                             "FA_TILES=%s: expected BQxBK, e.g. 64x32, each in [1, 4096]", env);
         forced.bq = bq;
         forced.bk = bk;
+        forced.br = fai_strip_rows();
     }
     int passes = 0;
     env = getenv("FA_BACKWARD_PASSES");

@@ -77,7 +77,8 @@ static const FT *FAI_T(rows_view)(const fai_kernels_f32 *kern, const fa_tensor *
 /* ------------------------------------------------------------------ forward */
 
 typedef struct {
-    FT *q, *k, *kt, *v, *acc, *m, *l, *x, *s, *p;
+    FT *q, *k, *kt, *v, *acc, *m, *l, *x;
+    FT *sp;                      /* a strip's scores S, then its P in place (br x bk)         */
     unsigned char *live, *keep;
     const fai_kernels_f32 *kern; /* the f32 path's kernel set (unused by f64) */
 } FAI_T(fwd_ws);
@@ -94,28 +95,117 @@ static size_t FAI_T(fwd_carve)(const fai_problem *pr, fai_tiles tl, char *base,
     w->m = fai_carve(&a, (size_t)tl.bq * sizeof(FT));
     w->l = fai_carve(&a, (size_t)tl.bq * sizeof(FT));
     w->x = fai_carve(&a, (size_t)tl.bq * sizeof(FT));
-    w->s = fai_carve(&a, (size_t)(tl.bq * tl.bk) * sizeof(FT));
-    w->p = fai_carve(&a, (size_t)(tl.bq * tl.bk) * sizeof(FT));
+    w->sp = fai_carve(&a, (size_t)(tl.br * tl.bk) * sizeof(FT));
     w->live = fai_carve(&a, (size_t)tl.bq);
     w->keep = fai_carve(&a, (size_t)tl.bk);
     return a.used;
 }
 
+/* What a key tile's strips share: the tile, its class, and how its rows treat it. */
+typedef struct {
+    int64_t j0, n;        /* keys [j0, j0 + n), packed in w->kt and w->v */
+    fai_tile_class cls;
+    FT slope;             /* ALiBi slope of the head */
+    int scale_only;       /* the score pipeline is x scale */
+    int selective;        /* P V by selection: V holds inf/NaN and P has masked/dropped zeros */
+    const fai_dropout *drop;
+} FAI_T(fwd_ktile);
+
 /*
- * One query tile [i0, i1) of head h of batch b: the article's loop, on tiles. Per key tile:
- *   1. S = Q K^T by the GEMM kernel over K^T packed for this tile;
+ * Steps 1-4 below for rows [r0, r1) of the query tile at i0 (at most br of them) against the
+ * packed key tile: their scores are formed, turned into P and consumed while they are in L1.
+ */
+static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, int64_t r0,
+                             int64_t r1, const FAI_T(fwd_ktile) *tile, FAI_T(fwd_ws) *w)
+{
+    const int64_t dv = pr->dv, ld = tl.bk, j0 = tile->j0, n = tile->n;
+    const fai_dropout *drop = tile->drop;
+    FT_GEMM(w->kern, r1 - r0, n, pr->dqk, w->q + r0 * pr->dqk, pr->dqk, w->kt, ld, w->sp, ld, 0,
+            NULL);
+
+    for (int64_t r = r0; r < r1; r++) { /* 2. block max, new reference, rescale exponent */
+        const int64_t i = i0 + r;
+        FT *s = w->sp + (r - r0) * ld, bmax = -INFINITY;
+        int64_t c0, c1;
+        FAI_T(row_cols)(pr, tile->cls, i, j0, n, &c0, &c1);
+        if (c0 < c1 && tile->scale_only)
+            bmax = FT_SCALEMAX(w->kern, c1 - c0, s + c0, (FT)pr->score.scale);
+        else
+            for (int64_t c = c0; c < c1; c++) {
+                s[c] = FT_SCORE(&pr->score, s[c], tile->slope, i, j0 + c, NULL);
+                bmax = s[c] > bmax || s[c] != s[c] ? s[c] : bmax; /* a NaN sticks */
+            }
+        /* A row that sees nothing here, or only -inf before anything finite, leaves its
+         * state alone (a = 1) and P at 0; its allowed terms 0 * v still enter acc below
+         * or in the GEMM, as they do in the reference. */
+        w->live[r] = (unsigned char)FT_MOVE(&w->m[r], bmax, &w->x[r]);
+        if (!w->live[r])
+            w->x[r] = 0;
+    }
+    FT_EXPSUM(w->kern, r1 - r0, w->x + r0, 0, w->x + r0); /* x <- a = exp(x); exp(0) = 1 */
+
+    for (int64_t r = r0; r < r1; r++) { /* 3. P (over S) and l */
+        const int64_t i = i0 + r;
+        FT *p = w->sp + (r - r0) * ld, *acc = w->acc + r * dv;
+        int64_t c0, c1;
+        FAI_T(row_cols)(pr, tile->cls, i, j0, n, &c0, &c1);
+        if (c0 >= c1) { /* this row sees nothing here: a masked tile inside a live row */
+            memset(p, 0, (size_t)n * sizeof(FT));
+            continue;
+        }
+        memset(p, 0, (size_t)c0 * sizeof(FT));
+        memset(p + c1, 0, (size_t)(n - c1) * sizeof(FT));
+        if (drop->threshold)
+            fai_dropout_keep_row(drop, i, j0 + c0, c1 - c0, w->keep + c0);
+        if (w->live[r]) {
+            w->l[r] = w->l[r] * w->x[r] + FT_EXPSUM(w->kern, c1 - c0, p + c0, w->m[r], p + c0);
+            for (int64_t c = c0; c < c1 && drop->threshold; c++)
+                if (!w->keep[c]) /* l keeps the dropped terms: LSE is pre-dropout */
+                    p[c] = 0;
+        } else {
+            memset(p + c0, 0, (size_t)(c1 - c0) * sizeof(FT));
+        }
+        if (!tile->selective)
+            continue;
+        /* by selection: the GEMM kernel over each run of allowed, kept keys. The terms and
+         * their order are those of the tile's GEMM less its masked and dropped zeros, so
+         * the bits are the same as without the non-finite rows */
+        for (int64_t d = 0; d < dv; d++)
+            acc[d] *= w->x[r];
+        for (int64_t ca = c0; ca < c1;) {
+            while (ca < c1 && drop->threshold && !w->keep[ca])
+                ca++;
+            int64_t cb = ca;
+            while (cb < c1 && !(drop->threshold && !w->keep[cb]))
+                cb++;
+            if (cb > ca)
+                FT_GEMM(w->kern, 1, dv, cb - ca, p + ca, ld, w->v + ca * dv, dv, acc, dv, 1,
+                        NULL);
+            ca = cb;
+        }
+    }
+    if (!tile->selective) /* 4. acc = diag(a) acc + P V */
+        FT_GEMM(w->kern, r1 - r0, dv, n, w->sp, ld, w->v, dv, w->acc + r0 * dv, dv, 1,
+                w->x + r0);
+}
+
+/*
+ * One query tile [i0, i1) of head h of batch b: the article's loop, on tiles. Per key tile,
+ * packed once for the whole query tile (K^T by transposes, V by copies), and per strip of br
+ * rows of the query tile, so that the strip's scores stay in L1 from their GEMM to P V:
+ *   1. S = Q K^T by the GEMM kernel over the packed K^T;
  *   2. per row the score pipeline and the max over the row's allowed keys, which moves the
  *      row's reference m (core/recurrence.h); the rescale factors a = exp(m_old - m_new) of
- *      all rows then come from one call of the vector exp;
- *   3. per row l = a l + sum P with P = exp(S - m) by the exp kernel, exactly 0 outside the
- *      allowed keys and where dropout drops;
+ *      the strip's rows then come from one call of the vector exp;
+ *   3. per row l = a l + sum P with P = exp(S - m) by the exp kernel, written over S, exactly
+ *      0 outside the allowed keys and where dropout drops;
  *   4. acc = diag(a) acc + P V by the GEMM kernel, the rescale fused into its load of acc.
  * Key tiles outside the mask's key span are never visited; FULL tiles need no per-element
  * test, PARTIAL ones use each row's allowed interval, and only the rows from the first to the
- * last that see any key of the tile take part: a row that sees none would have a = 1 and P = 0,
- * which leaves its state as it is (acc + 0 is acc, but for the sign of a zero, which the
- * output's finalization makes +0). On the diagonal of a causal mask that skips up to
- * Bq x Bk / 2 of the tile's work.
+ * last that see any key of the tile take part (per strip): a row that sees none would have
+ * a = 1 and P = 0, which leaves its state as it is (acc + 0 is acc, but for the sign of a zero,
+ * which the output's finalization makes +0). On the diagonal of a causal mask that skips up to
+ * half of the tile's work. Every row's result is independent of the strip it falls in.
  *
  * The GEMM multiplies the zeros of P with V. That is exact while V is finite; for a tile whose
  * V holds inf or NaN and that has masked or dropped entries, the rows accumulate P V by
@@ -124,10 +214,10 @@ static size_t FAI_T(fwd_carve)(const fai_problem *pr, fai_tiles tl, char *base,
 static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int64_t h,
                              int64_t i0, int64_t i1, FAI_T(fwd_ws) *w)
 {
-    const int64_t hk = h / pr->group, nq = i1 - i0, dv = pr->dv, ld = tl.bk;
-    const FT slope = (FT)fai_slope(pr, h);
+    const int64_t hk = h / pr->group, nq = i1 - i0, dv = pr->dv;
     const fai_dropout drop = fai_dropout_for(pr, b, h);
-    const int scale_only = pr->score.softcap == 0 && slope == 0; /* the pipeline is x scale */
+    FAI_T(fwd_ktile) tile = {.slope = (FT)fai_slope(pr, h), .drop = &drop};
+    tile.scale_only = pr->score.softcap == 0 && tile.slope == 0;
 
     FAI_T(load_rows)(w->kern, pr->io.q, pr->dtype, b, h, i0, nq, pr->dqk, w->q);
     for (int64_t r = 0; r < nq; r++) {
@@ -138,89 +228,29 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
 
     int64_t jlo, jhi;
     fai_mask_key_span(&pr->mask, i0, i1, &jlo, &jhi);
-    for (int64_t j0 = jlo; j0 < jhi; j0 += tl.bk) {
-        const int64_t n = jhi - j0 < tl.bk ? jhi - j0 : tl.bk;
-        const fai_tile_class cls = fai_mask_classify(&pr->mask, i0, i1, j0, j0 + n);
-        if (cls == FAI_TILE_EMPTY)
+    for (tile.j0 = jlo; tile.j0 < jhi; tile.j0 += tl.bk) {
+        tile.n = jhi - tile.j0 < tl.bk ? jhi - tile.j0 : tl.bk;
+        tile.cls = fai_mask_classify(&pr->mask, i0, i1, tile.j0, tile.j0 + tile.n);
+        if (tile.cls == FAI_TILE_EMPTY)
             continue;
         int64_t r0, r1;
-        FAI_T(row_span)(pr, cls, i0, nq, j0, n, &r0, &r1);
+        FAI_T(row_span)(pr, tile.cls, i0, nq, tile.j0, tile.n, &r0, &r1);
         if (r0 == r1)
             continue;
         int64_t ldk;
-        const FT *k =
-            FAI_T(rows_view)(w->kern, pr->io.k, pr->dtype, b, hk, j0, n, pr->dqk, w->k, &ldk);
-        FT_TRANSPOSE(w->kern, n, pr->dqk, k, ldk, w->kt, ld);
-        FAI_T(load_rows)(w->kern, pr->io.v, pr->dtype, b, hk, j0, n, dv, w->v);
-        const int selective = (cls != FAI_TILE_FULL || drop.threshold) &&
-                              !FT_FINITE(w->kern, n * dv, w->v);
-        FT_GEMM(w->kern, r1 - r0, n, pr->dqk, w->q + r0 * pr->dqk, pr->dqk, w->kt, ld,
-                w->s + r0 * ld, ld, 0, NULL);
-
-        for (int64_t r = r0; r < r1; r++) { /* 2. block max, new reference, rescale exponent */
-            const int64_t i = i0 + r;
-            FT *s = w->s + r * ld, bmax = -INFINITY;
-            int64_t c0, c1;
-            FAI_T(row_cols)(pr, cls, i, j0, n, &c0, &c1);
-            if (c0 < c1 && scale_only)
-                bmax = FT_SCALEMAX(w->kern, c1 - c0, s + c0, (FT)pr->score.scale);
-            else
-                for (int64_t c = c0; c < c1; c++) {
-                    s[c] = FT_SCORE(&pr->score, s[c], slope, i, j0 + c, NULL);
-                    bmax = s[c] > bmax || s[c] != s[c] ? s[c] : bmax; /* a NaN sticks */
-                }
-            /* A row that sees nothing here, or only -inf before anything finite, leaves its
-             * state alone (a = 1) and P at 0; its allowed terms 0 * v still enter acc below
-             * or in the GEMM, as they do in the reference. */
-            w->live[r] = (unsigned char)FT_MOVE(&w->m[r], bmax, &w->x[r]);
-            if (!w->live[r])
-                w->x[r] = 0;
+        const FT *k = FAI_T(rows_view)(w->kern, pr->io.k, pr->dtype, b, hk, tile.j0, tile.n,
+                                       pr->dqk, w->k, &ldk);
+        FT_TRANSPOSE(w->kern, tile.n, pr->dqk, k, ldk, w->kt, tl.bk);
+        FAI_T(load_rows)(w->kern, pr->io.v, pr->dtype, b, hk, tile.j0, tile.n, dv, w->v);
+        tile.selective = (tile.cls != FAI_TILE_FULL || drop.threshold) &&
+                       !FT_FINITE(w->kern, tile.n * dv, w->v);
+        for (int64_t s0 = r0; s0 < r1; s0 += tl.br) {
+            int64_t a0, a1; /* the strip's rows that see the tile */
+            FAI_T(row_span)(pr, tile.cls, i0 + s0, (r1 - s0 < tl.br ? r1 - s0 : tl.br), tile.j0,
+                            tile.n, &a0, &a1);
+            if (a0 < a1)
+                FAI_T(fwd_strip)(pr, tl, i0, s0 + a0, s0 + a1, &tile, w);
         }
-        FT_EXPSUM(w->kern, r1 - r0, w->x + r0, 0, w->x + r0); /* x <- a = exp(x); exp(0) = 1 */
-
-        for (int64_t r = r0; r < r1; r++) { /* 3. P and l */
-            const int64_t i = i0 + r;
-            FT *s = w->s + r * ld, *p = w->p + r * ld, *acc = w->acc + r * dv;
-            int64_t c0, c1;
-            FAI_T(row_cols)(pr, cls, i, j0, n, &c0, &c1);
-            if (c0 >= c1) { /* this row sees nothing here: a masked tile inside a live row */
-                memset(p, 0, (size_t)n * sizeof(FT));
-                continue;
-            }
-            memset(p, 0, (size_t)c0 * sizeof(FT));
-            memset(p + c1, 0, (size_t)(n - c1) * sizeof(FT));
-            if (drop.threshold)
-                fai_dropout_keep_row(&drop, i, j0 + c0, c1 - c0, w->keep + c0);
-            if (w->live[r]) {
-                w->l[r] = w->l[r] * w->x[r] + FT_EXPSUM(w->kern, c1 - c0, s + c0, w->m[r], p + c0);
-                for (int64_t c = c0; c < c1 && drop.threshold; c++)
-                    if (!w->keep[c]) /* l keeps the dropped terms: LSE is pre-dropout */
-                        p[c] = 0;
-            } else {
-                memset(p + c0, 0, (size_t)(c1 - c0) * sizeof(FT));
-            }
-            if (!selective)
-                continue;
-            /* by selection: the GEMM kernel over each run of allowed, kept keys. The terms and
-             * their order are those of the tile's GEMM less its masked and dropped zeros, so
-             * the bits are the same as without the non-finite rows */
-            for (int64_t d = 0; d < dv; d++)
-                acc[d] *= w->x[r];
-            for (int64_t ca = c0; ca < c1;) {
-                while (ca < c1 && drop.threshold && !w->keep[ca])
-                    ca++;
-                int64_t cb = ca;
-                while (cb < c1 && !(drop.threshold && !w->keep[cb]))
-                    cb++;
-                if (cb > ca)
-                    FT_GEMM(w->kern, 1, dv, cb - ca, p + ca, ld, w->v + ca * dv, dv, acc, dv, 1,
-                            NULL);
-                ca = cb;
-            }
-        }
-        if (!selective) /* 4. acc = diag(a) acc + P V */
-            FT_GEMM(w->kern, r1 - r0, dv, n, w->p + r0 * ld, ld, w->v, dv, w->acc + r0 * dv, dv,
-                    1, w->x + r0);
     }
 
     const FT keep_scale = (FT)(1.0 / (1.0 - pr->dropout_p));

@@ -123,6 +123,8 @@ static int64_t forward_bytes(int64_t bq, int64_t bk, int64_t dqk, int64_t dv, si
  * 256x128 at D=128 (40.9 ms vs 41.5 for 128x256) and at D=64 (24.7 vs 25.1): this rule's choices
  * there.
  */
+#include <stdlib.h>
+int64_t fai_strip_rows(void) { const char *e = getenv("FA_STRIP"); return e ? atoll(e) : 48; }
 fai_tiles fai_plan_tiles(const fai_cache_info *ci, int64_t dqk, int64_t dv, size_t es)
 {
     const int64_t budget = ci->l2 / 4 * 3, bk_max = key_tile_max(ci, dqk, dv, es);
@@ -130,8 +132,8 @@ fai_tiles fai_plan_tiles(const fai_cache_info *ci, int64_t dqk, int64_t dv, size
     for (int64_t bq = 512; bq >= 16; bq /= 2)
         for (int64_t bk = bk_max; bk >= bk_min; bk /= 2)
             if (forward_bytes(bq, bk, dqk, dv, es) <= budget)
-                return (fai_tiles){bq, bk};
-    return (fai_tiles){16, 16};
+                return (fai_tiles){bq, bk, fai_strip_rows()};
+    return (fai_tiles){16, 16, 16};
 }
 
 /*
@@ -148,7 +150,7 @@ fai_tiles fai_plan_tiles_backward(const fai_cache_info *ci, int64_t dqk, int64_t
 {
     const int64_t bk = key_tile_max(ci, dqk, dv, es);
     const int64_t bq = floor_pow2((ci->l2 / 3 * 2) / (5 * bk * (int64_t)es));
-    return (fai_tiles){clamp64(bq, 16, 256), bk};
+    return (fai_tiles){clamp64(bq, 16, 256), bk, 0};
 }
 
 /*

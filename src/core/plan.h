@@ -13,10 +13,12 @@ typedef struct {
 typedef struct {
     int64_t bq; /* query rows per tile */
     int64_t bk; /* keys per tile       */
+    int64_t br; /* forward: query rows whose scores are formed and consumed at once */
 } fai_tiles;
 
 void fai_cache_detect(fai_cache_info *ci);
 /* Tiles of the forward and of the backward's two passes (their trade-offs differ: plan.c). */
+int64_t fai_strip_rows(void);
 fai_tiles fai_plan_tiles(const fai_cache_info *ci, int64_t dqk, int64_t dv, size_t elem_size);
 fai_tiles fai_plan_tiles_backward(const fai_cache_info *ci, int64_t dqk, int64_t dv,
                                   size_t elem_size);
