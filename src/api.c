@@ -254,15 +254,16 @@ fa_status fa_context_create(const fa_options *o, fa_context **out)
     fai_tiles forced = {0, 0, 0};
     const char *env = getenv("FA_TILES");
     if (env && *env) {
-        long long bq, bk;
-        char end;
-        if (sscanf(env, "%lldx%lld%c", &bq, &bk, &end) != 2 || bq < 1 || bq > 4096 || bk < 1 ||
-            bk > 4096)
+        long long t[3] = {0, 0, 0};
+        int n2 = 0, n3 = 0;
+        const int ok = sscanf(env, "%lldx%lld%n", &t[0], &t[1], &n2) == 2 &&
+                       (env[n2] == 0 || (sscanf(env + n2, "x%lld%n", &t[2], &n3) == 1 &&
+                                         env[n2 + n3] == 0 && t[2] >= 1 && t[2] <= t[0]));
+        if (!ok || t[0] < 1 || t[0] > 4096 || t[1] < 1 || t[1] > 4096)
             return fai_fail(FA_ERR_INVALID_ARGUMENT,
-                            "FA_TILES=%s: expected BQxBK, e.g. 64x32, each in [1, 4096]", env);
-        forced.bq = bq;
-        forced.bk = bk;
-        forced.br = fai_strip_rows();
+                            "FA_TILES=%s: expected BQxBK or BQxBKxBR, e.g. 64x32 or 64x32x8, "
+                            "each in [1, 4096], BR <= BQ", env);
+        forced = (fai_tiles){t[0], t[1], t[2]}; /* BR 0: the plan's strip for BK */
     }
     int passes = 0;
     env = getenv("FA_BACKWARD_PASSES");
@@ -305,13 +306,14 @@ fa_status fa_context_describe(const fa_context *ctx, char *buf, size_t n)
         t[k] = fai_tiled_tiles(ctx, 64 << (k / 2), 64 << (k / 2), FA_F32, k % 2);
     snprintf(buf, n,
              "flashattn %s: backend=%s isa=%s kernels=%s,%s threads=%d L1d=%lldKiB L2=%lldKiB (%s) "
-             "tiles f32 BqxBk fwd/bwd: D=64 %lldx%lld/%lldx%lld, D=128 %lldx%lld/%lldx%lld",
+             "tiles f32 BqxBkxBr fwd/BqxBk bwd: D=64 %lldx%lldx%lld/%lldx%lld, "
+             "D=128 %lldx%lldx%lld/%lldx%lld",
              PACKAGE_VERSION, fa_backend_name(ctx->backend), fa_isa_name(ctx->isa),
              ctx->kernels->gemm_name, ctx->kernels->exp_name, ctx->num_threads,
              (long long)(ctx->cache.l1d / 1024), (long long)(ctx->cache.l2 / 1024),
-             ctx->cache.source, (long long)t[0].bq, (long long)t[0].bk, (long long)t[1].bq,
-             (long long)t[1].bk, (long long)t[2].bq, (long long)t[2].bk, (long long)t[3].bq,
-             (long long)t[3].bk);
+             ctx->cache.source, (long long)t[0].bq, (long long)t[0].bk, (long long)t[0].br,
+             (long long)t[1].bq, (long long)t[1].bk, (long long)t[2].bq, (long long)t[2].bk,
+             (long long)t[2].br, (long long)t[3].bq, (long long)t[3].bk);
     return FA_OK;
 }
 

@@ -38,6 +38,9 @@
     (kern)->dsoftmax(n, s, lse, dp, di, scale, p, ds)
 #define FT_FINITE_F32(kern, n, x) (kern)->finite(n, x)
 #define FT_FINITE_F64(kern, n, x) fai_finite_f64(n, x)
+/* Rows per panel of the packed query tile: the GEMM kernel's MR (f32); f64's portable GEMM takes any. */
+#define FT_PANEL_F32(kern) ((kern)->mr)
+#define FT_PANEL_F64(kern) ((void)(kern), (int64_t)8)
 
 static void dsoftmax_f64(int64_t n, const double *s, double lse, const double *dp, double di,
                          double scale, double *p, double *ds)
@@ -82,6 +85,7 @@ static double scalemax_f64(int64_t n, double *x, double scale)
 #define FT_COLDOT FT_COLDOT_F32
 #define FT_DSOFTMAX FT_DSOFTMAX_F32
 #define FT_FINITE FT_FINITE_F32
+#define FT_PANEL FT_PANEL_F32
 #define FT_LOAD(kern, src, dt, n, dst) (kern)->widen(src, dt, n, dst)
 #define FT_STORE(kern, dst, dt, n, src) (kern)->narrow(dst, dt, n, src)
 #define FT_SCORE fai_score_f32
@@ -104,6 +108,7 @@ static double scalemax_f64(int64_t n, double *x, double scale)
 #undef FT_COLDOT
 #undef FT_DSOFTMAX
 #undef FT_FINITE
+#undef FT_PANEL
 
 #define FT double
 #define FAI_T(name) name##_f64
@@ -116,6 +121,7 @@ static double scalemax_f64(int64_t n, double *x, double scale)
 #define FT_COLDOT FT_COLDOT_F64
 #define FT_DSOFTMAX FT_DSOFTMAX_F64
 #define FT_FINITE FT_FINITE_F64
+#define FT_PANEL FT_PANEL_F64
 #define FT_LOAD(kern, src, dt, n, dst) fai_load_f64(src, dt, n, dst)
 #define FT_STORE(kern, dst, dt, n, src) fai_store_f64(dst, dt, n, src)
 #define FT_SCORE fai_score_f64
@@ -127,8 +133,12 @@ fai_tiles fai_tiled_tiles(const fa_context *ctx, int64_t dqk, int64_t dv, fa_dty
                           int backward)
 {
     const size_t es = d == FA_F64 ? sizeof(double) : sizeof(float);
-    if (ctx->forced_tiles.bq > 0)
-        return ctx->forced_tiles;
+    if (ctx->forced_tiles.bq > 0) {
+        fai_tiles t = ctx->forced_tiles;
+        if (t.br == 0)
+            t.br = fai_plan_strip(&ctx->cache, t.bk, es);
+        return t;
+    }
     return backward ? fai_plan_tiles_backward(&ctx->cache, dqk, dv, es)
                     : fai_plan_tiles(&ctx->cache, dqk, dv, es);
 }

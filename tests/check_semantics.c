@@ -349,6 +349,55 @@ START_TEST(backward_one_pass_equals_two)
 }
 END_TEST
 
+/* The forward's output and LSE do not depend on how the query rows are grouped: query tiles
+ * and strips of any size, aligned to the GEMM kernel's row panels or not (a strip of 5, a tile
+ * of 7), give the bits of one tile holding every row, for a fixed key tile. Causal in both
+ * alignments (partial tiles start strips mid-panel), a window with ALiBi and dropout, and
+ * NaN/inf in masked K/V rows (the selection path); f32 and f64 paths. */
+START_TEST(forward_bits_independent_of_query_grouping)
+{
+    const fa_dtype dt = _i % 2 ? FA_F64 : FA_F32;
+    const float slopes[2] = {0.5f, 0.125f};
+    static const char *const tiles[] = {"7x32x5", "48x32x24", "64x32x13", "30x32x30"};
+    for (int c = 0; c < 3; c++) {
+        fa_params p;
+        fa_params_init(&p);
+        p.causal = c != 1;
+        p.align = c == 2 ? FA_ALIGN_TOP_LEFT : FA_ALIGN_BOTTOM_RIGHT;
+        p.window_left = c == 1 ? 17 : -1;
+        p.window_right = c == 1 ? 3 : -1;
+        p.alibi_slopes = c == 1 ? slopes : NULL;
+        p.dropout_p = c == 1 ? 0.2 : 0;
+        p.dropout_seed = 9;
+        set whole;
+        set_alloc(&whole, dt, 1, 100, 90, 2, 1, 40, 24);
+        if (c == 2) /* top-left causal: no row sees keys 100 .. 89, none; rows < 60 miss 60 .. */
+            for (int64_t j = 60; j < 90; j++)
+                for (int64_t d = 0; d < 24; d++) {
+                    ht_set(&whole.k, 0, j, 0, d, NAN);
+                    ht_set(&whole.v, 0, j, 0, d, INFINITY);
+                }
+        setenv("FA_TILES", "100x32x100", 1);
+        ck_assert(ht_forward(FA_BACKEND_TILED, 1, &p, &whole.q.t, &whole.k.t, &whole.v.t,
+                             &whole.o.t, &whole.l.t) == FA_OK);
+        for (size_t t = 0; t < sizeof tiles / sizeof *tiles; t++) {
+            set x;
+            set_alloc(&x, dt, 1, 100, 90, 2, 1, 40, 24);
+            memcpy(x.k.buf, whole.k.buf, x.k.nbytes);
+            memcpy(x.v.buf, whole.v.buf, x.v.nbytes);
+            setenv("FA_TILES", tiles[t], 1);
+            ck_assert(ht_forward(FA_BACKEND_TILED, 2, &p, &x.q.t, &x.k.t, &x.v.t, &x.o.t,
+                                 &x.l.t) == FA_OK);
+            ck_assert_msg(same_bits(&whole.o, &x.o), "case %d tiles %s: out differs", c, tiles[t]);
+            ck_assert_msg(same_bits(&whole.l, &x.l), "case %d tiles %s: lse differs", c, tiles[t]);
+            set_free(&x);
+        }
+        unsetenv("FA_TILES");
+        set_free(&whole);
+    }
+}
+END_TEST
+
 /* One context used from two threads at once (§2): each call's result equals a lone call's. */
 START_TEST(shared_context_concurrent_calls)
 {
@@ -494,6 +543,7 @@ Suite *make_semantics_suite(void)
     tcase_add_loop_test(tc, dropout_mask_replayed_exactly, 0, 12);
     tcase_add_test(tc, dropout_keep_rate);
     tcase_add_loop_test(tc, backward_one_pass_equals_two, 0, 2);
+    tcase_add_loop_test(tc, forward_bits_independent_of_query_grouping, 0, 2);
     tcase_add_loop_test(tc, deterministic_across_threads, 0, 6);
     tcase_add_test(tc, shared_context_concurrent_calls);
     tcase_add_test(tc, allowed_zero_probability_times_inf);

@@ -98,42 +98,49 @@ static int64_t key_tile_max(const fai_cache_info *ci, int64_t dqk, int64_t dv, s
     return clamp64(floor_pow2((ci->l2 / 4) / ((dqk + dv) * (int64_t)es)), 16, 256);
 }
 
-/* The forward's per-thread working set: Q and acc (Bq rows), S and P (Bq x Bk), and the key
- * tile as read, as K^T and as V (Bk rows). */
+/* The forward's working set in L2: the key tile as read, as K^T and as V, and the query tile's
+ * Q (in panels) and acc, which each key tile streams through once. */
 static int64_t forward_bytes(int64_t bq, int64_t bk, int64_t dqk, int64_t dv, size_t es)
 {
-    return (bq * (dqk + dv) + 2 * bq * bk + bk * (2 * dqk + dv)) * (int64_t)es;
+    return (bq * (dqk + dv) + bk * (2 * dqk + dv)) * (int64_t)es;
+}
+
+/* Rows per strip: a multiple of every kernel set's MR (12, 6, 8), the largest whose score strip
+ * (br x bk) fills at most half of L1d, at least 24. */
+int64_t fai_plan_strip(const fai_cache_info *ci, int64_t bk, size_t es)
+{
+    const int64_t br = (ci->l1d / 2) / (bk * (int64_t)es) / 24 * 24;
+    return br > 24 ? br : 24;
 }
 
 /*
- * Forward. Every query tile packs each key tile it visits (K^T by transposes, V by copies: a
- * cost per key row, amortized over Bq rows), and the per-row work of a key tile (max, rescale,
- * exp setup) is amortized over Bk keys. Packing costs more than the per-row work, so Bq comes
- * first: the largest of 512, 256, ... for which some Bk >= min(128, the panel bound) keeps the
- * working set within 3/4 of L2; Bk is then the largest that fits.
+ * Forward. A query tile packs each key tile it visits once (K^T by transposes, V by copies: a
+ * cost per key row, amortized over Bq rows) and takes it in strips of br rows, each strip's
+ * scores formed, exponentiated and multiplied by V while they are in L1. So Bk is the panel
+ * bound, and Bq the largest power of two up to 1024 whose Q and acc fit next to the panels in
+ * 3/4 of L2 (beyond that they stream from L3 on every key tile; it measured no faster).
  *
- * Measured (bench_attention, B=1 H=8 N=4096 f32 non-causal, 1 thread, tiles alternated 5
- * rounds, best of each; Intel Xeon (Emerald Rapids) with 48 KiB L1d / 2 MiB L2, 2026-11-30):
- *   D=128: rule 512x128 -> 551.6 ms; 1024x128 571.7, 1024x64 582.0, 512x64 587.6,
- *          128x256 (the rule before) 605.5, 2048x64 624.1;
- *   D=64:  rule 512x256 -> 317.9 ms, the best; 512x128 324.6, 256x256 326.2, 128x256 348.4.
- * Without the packing (a timing experiment that skipped it) D=128 ran in 519-536 ms: the
- * transposes and copies cost 90 ms at Bq=128, about 45 at Bq=512.
- * On AMD EPYC (Zen 5) with 1 MiB L2 (2026-11-29, tile sweep N=2048 H=4) the best tiles were
- * 256x128 at D=128 (40.9 ms vs 41.5 for 128x256) and at D=64 (24.7 vs 25.1): this rule's choices
- * there.
+ * Measured (bench_attention, B=1 H=8 N=4096 f32 non-causal, 1 thread, alternated rounds, best
+ * of each; Intel Xeon (Emerald Rapids) with 48 KiB L1d / 2 MiB L2, 2026-12-01, host noisy by
+ * +-10%):
+ *   D=128: rule 1024x256 (strips of 24) -> 536.6-542.8 ms; 2048x256 538.8, 4096x256 538.8,
+ *          4096x128 565.7, 2048x128 549.6, 512x128 (the rule before strips) 569.0;
+ *          strips of 24, 48 and 96 rows at 4096x256: 534.8, 539.6, 536.0 (within the noise).
+ * Before strips (2026-11-30; S and P of the whole query tile, Bq x Bk, had to fit in L2):
+ *   D=128: 512x128 -> 551.6 ms; 1024x128 571.7, 1024x64 582.0, 512x64 587.6, 128x256 605.5;
+ *   D=64:  512x256 -> 317.9 ms, the best; 512x128 324.6, 256x256 326.2, 128x256 348.4.
+ * Without the packing (a timing experiment that skipped it) D=128 ran in 519-536 ms at
+ * Bq=128-512: the transposes and copies cost 90 ms at Bq=128, about 45 at Bq=512.
+ * On AMD EPYC (Zen 5) with 1 MiB L2 (2026-11-29, before strips) the best tiles were 256x128 at
+ * D=128 and D=64.
  */
-#include <stdlib.h>
-int64_t fai_strip_rows(void) { const char *e = getenv("FA_STRIP"); return e ? atoll(e) : 48; }
 fai_tiles fai_plan_tiles(const fai_cache_info *ci, int64_t dqk, int64_t dv, size_t es)
 {
-    const int64_t budget = ci->l2 / 4 * 3, bk_max = key_tile_max(ci, dqk, dv, es);
-    const int64_t bk_min = bk_max < 128 ? bk_max : 128;
-    for (int64_t bq = 512; bq >= 16; bq /= 2)
-        for (int64_t bk = bk_max; bk >= bk_min; bk /= 2)
-            if (forward_bytes(bq, bk, dqk, dv, es) <= budget)
-                return (fai_tiles){bq, bk, fai_strip_rows()};
-    return (fai_tiles){16, 16, 16};
+    const int64_t budget = ci->l2 / 4 * 3, bk = key_tile_max(ci, dqk, dv, es);
+    int64_t bq = 1024;
+    while (bq > 16 && forward_bytes(bq, bk, dqk, dv, es) > budget)
+        bq /= 2;
+    return (fai_tiles){bq, bk, fai_plan_strip(ci, bk, es)};
 }
 
 /*
@@ -150,7 +157,7 @@ fai_tiles fai_plan_tiles_backward(const fai_cache_info *ci, int64_t dqk, int64_t
 {
     const int64_t bk = key_tile_max(ci, dqk, dv, es);
     const int64_t bq = floor_pow2((ci->l2 / 3 * 2) / (5 * bk * (int64_t)es));
-    return (fai_tiles){clamp64(bq, 16, 256), bk, 0};
+    return (fai_tiles){clamp64(bq, 16, 256), bk, 0}; /* br: forward only */
 }
 
 /*

@@ -18,8 +18,9 @@ typedef struct {
 
 void fai_cache_detect(fai_cache_info *ci);
 /* Tiles of the forward and of the backward's two passes (their trade-offs differ: plan.c). */
-int64_t fai_strip_rows(void);
 fai_tiles fai_plan_tiles(const fai_cache_info *ci, int64_t dqk, int64_t dv, size_t elem_size);
+/* The forward's rows per strip for key tiles of bk (also for tiles forced by FA_TILES). */
+int64_t fai_plan_strip(const fai_cache_info *ci, int64_t bk, size_t elem_size);
 fai_tiles fai_plan_tiles_backward(const fai_cache_info *ci, int64_t dqk, int64_t dv,
                                   size_t elem_size);
 /* Whether the backward runs as one pass: `tasks` (b, kv head) pairs on `threads` threads, with
