@@ -190,8 +190,10 @@ static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, in
             memset(p, 0, (size_t)n * sizeof(FT));
             continue;
         }
-        memset(p, 0, (size_t)c0 * sizeof(FT));
-        memset(p + c1, 0, (size_t)(n - c1) * sizeof(FT));
+        if (c0 > 0 || c1 < n) { /* a PARTIAL tile's masked columns */
+            memset(p, 0, (size_t)c0 * sizeof(FT));
+            memset(p + c1, 0, (size_t)(n - c1) * sizeof(FT));
+        }
         if (drop->threshold)
             fai_dropout_keep_row(drop, i, j0 + c0, c1 - c0, w->keep + c0);
         if (w->live[r]) {
@@ -300,8 +302,12 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
         const FT f = FT_FINALIZE(w->m[r], w->l[r], keep_scale, &lse);
         /* an empty row is exactly 0, whatever acc holds; + 0 turns -0 into +0, so the sign of
          * a zero does not depend on which rows the row-span skip left out */
-        for (int64_t d = 0; d < dv; d++)
-            acc[d] = f == 0 ? 0 : acc[d] * f + 0;
+        if (f == 0)
+            memset(acc, 0, (size_t)dv * sizeof(FT));
+        else
+#pragma omp simd
+            for (int64_t d = 0; d < dv; d++)
+                acc[d] = acc[d] * f + 0;
         FT_STORE(w->kern, fai_row(pr->io.out, b, i0 + r, h), pr->dtype, dv, acc);
         if (pr->io.lse)
             fai_lse_store(pr->io.lse, b, h, i0 + r, lse);
@@ -580,6 +586,7 @@ static void FAI_T(store_dq)(const fai_problem *pr, int64_t b, int64_t h, int64_t
 {
     for (int64_t r = 0; r < nq; r++) {
         FT *row = dq + r * pr->dqk;
+#pragma omp simd
         for (int64_t d = 0; d < pr->dqk; d++)
             row[d] += 0;
         FT_STORE(w->kern, fai_row(pr->io.dq, b, i0 + r, h), pr->dtype, pr->dqk, row);

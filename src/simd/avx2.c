@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "simd/exp_poly.h"
 #include "simd/kernels.h"
 
 #define MR 6
@@ -155,12 +156,11 @@ static inline __m256 exp__avx2(__m256 x)
         _mm256_sub_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), shift), shift);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e43p-1f), x);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-0x1.05c61p-29f), r);
-    __m256 p = _mm256_set1_ps(0x1.a01a02p-13f);
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0x1.6c16c2p-10f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0x1.111112p-7f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0x1.555556p-5f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0x1.555556p-3f));
-    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    __m256 p = _mm256_set1_ps(FAI_EXP_Q4);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(FAI_EXP_Q3));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(FAI_EXP_Q2));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(FAI_EXP_Q1));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(FAI_EXP_Q0));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
     const __m256i ni = _mm256_cvtps_epi32(n), n1 = _mm256_srai_epi32(ni, 1);

@@ -6,6 +6,7 @@
 #include <math.h>
 
 #include "internal.h"
+#include "simd/exp_poly.h"
 #include "simd/kernels.h"
 
 #define MR 12
@@ -139,12 +140,12 @@ static void fa_f32_transpose__avx512(int64_t rows, int64_t cols, const float *sr
  * exp in 16 lanes, inline (SLEEF's vector exp is an out-of-line call per vector; this one
  * halved the time the forward spends in exp). x = n ln2 + r with n the integer nearest to
  * x log2 e (the product unrounded, inside one FMA) and r by Cody-Waite in two FMAs,
- * |r| <= ln2 / 2 (plus rounding); exp(r) by its Taylor polynomial of degree 7 in Horner form,
- * whose truncation error is below (ln2/2)^8 / 8! = 5.2e-9 relative; then 2^n by scalef, which
+ * |r| <= ln2 / 2 (plus rounding); exp(r) by a minimax polynomial of degree 6 in Horner form
+ * (simd/exp_poly.h: 3.1e-9 relative before rounding); then 2^n by scalef, which
  * rounds once into the subnormals and gives 0 below them and inf above the range. x is first
  * clamped to [-110, 100] (exp(-110) rounds to 0 and exp(100) to inf, as do the values
  * clamped), which keeps n finite for +-inf; NaN passes the clamps (max/min return their second
- * operand when either is NaN) and stays NaN. Max error over every float <= 0: 0.937 ULP
+ * operand when either is NaN) and stays NaN. Max error over every float <= 0: 0.882 ULP
  * (tests/check_simd.c measures it and holds it to 1 ULP; SLEEF's Sleef_expf16_u10 measured
  * 0.986 there).
  */
@@ -160,12 +161,11 @@ static inline __m512 exp__avx512(__m512 x)
         shift);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.62e43p-1f), x); /* ln2 rounded to float */
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-0x1.05c61p-29f), r);       /* ln2 - that float   */
-    __m512 p = _mm512_set1_ps(0x1.a01a02p-13f);                        /* 1/7! */
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0x1.6c16c2p-10f));        /* 1/6! */
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0x1.111112p-7f));         /* 1/5! */
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0x1.555556p-5f));         /* 1/4! */
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0x1.555556p-3f));         /* 1/3! */
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    __m512 p = _mm512_set1_ps(FAI_EXP_Q4); /* exp(r) = 1 + r + r^2 q(r): simd/exp_poly.h */
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(FAI_EXP_Q3));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(FAI_EXP_Q2));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(FAI_EXP_Q1));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(FAI_EXP_Q0));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(p, n);

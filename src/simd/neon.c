@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "internal.h"
+#include "simd/exp_poly.h"
 #include "simd/kernels.h"
 
 #define MR 8
@@ -96,12 +97,11 @@ static inline float32x4_t exp__neon(float32x4_t x)
     const float32x4_t n = vrndnq_f32(vmulq_n_f32(x, 0x1.715476p+0f));
     float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(0x1.62e43p-1f));
     r = vfmsq_f32(r, n, vdupq_n_f32(-0x1.05c61p-29f));
-    float32x4_t p = vdupq_n_f32(0x1.a01a02p-13f);
-    p = vfmaq_f32(vdupq_n_f32(0x1.6c16c2p-10f), p, r);
-    p = vfmaq_f32(vdupq_n_f32(0x1.111112p-7f), p, r);
-    p = vfmaq_f32(vdupq_n_f32(0x1.555556p-5f), p, r);
-    p = vfmaq_f32(vdupq_n_f32(0x1.555556p-3f), p, r);
-    p = vfmaq_f32(vdupq_n_f32(0.5f), p, r);
+    float32x4_t p = vdupq_n_f32(FAI_EXP_Q4);
+    p = vfmaq_f32(vdupq_n_f32(FAI_EXP_Q3), p, r);
+    p = vfmaq_f32(vdupq_n_f32(FAI_EXP_Q2), p, r);
+    p = vfmaq_f32(vdupq_n_f32(FAI_EXP_Q1), p, r);
+    p = vfmaq_f32(vdupq_n_f32(FAI_EXP_Q0), p, r);
     p = vfmaq_f32(vdupq_n_f32(1.0f), p, r);
     p = vfmaq_f32(vdupq_n_f32(1.0f), p, r);
     const int32x4_t ni = vcvtq_s32_f32(n), n1 = vshrq_n_s32(ni, 1), n2 = vsubq_s32(ni, n1);
