@@ -21,10 +21,10 @@
 /* The block operations: the context's kernel set for float, portable code for double. */
 #define FT_GEMM_F32(kern, m, n, k, a, lda, b, ldb, c, ldc, acc, cscale)                         \
     fai_gemm_f32(kern, m, n, k, a, lda, b, ldb, c, ldc, acc, cscale)
-#define FT_GEMM_AT_F32(kern, m, n, k, a, lda, b, ldb, c, ldc, acc)                              \
-    fai_gemm_at_f32(kern, m, n, k, a, lda, b, ldb, c, ldc, acc)
-#define FT_GEMM_AT_F64(kern, m, n, k, a, lda, b, ldb, c, ldc, acc)                              \
-    fai_gemm_at_f64(m, n, k, a, lda, b, ldb, c, ldc, acc)
+#define FT_GEMM_AT_F32(kern, m, n, k, a, lda, b, ldb, c, ldc, acc, cscale)                      \
+    fai_gemm_at_f32(kern, m, n, k, a, lda, b, ldb, c, ldc, acc, cscale)
+#define FT_GEMM_AT_F64(kern, m, n, k, a, lda, b, ldb, c, ldc, acc, cscale)                      \
+    fai_gemm_at_f64(m, n, k, a, lda, b, ldb, c, ldc, acc, cscale)
 #define FT_EXPSUM_F32(kern, n, x, m, y) (kern)->expsum(n, x, m, y)
 #define FT_TRANSPOSE_F32(kern, rows, cols, src, lds, dst, ldd)                                  \
     (kern)->transpose(rows, cols, src, lds, dst, ldd)
@@ -61,18 +61,16 @@ static double expsum_f64(int64_t n, const double *x, double m, double *y)
     return sum;
 }
 #define FT_EXPSUM_F64(kern, n, x, m, y) expsum_f64(n, x, m, y)
-#define FT_SCALEMAX_F32(kern, n, x, scale) (kern)->scalemax(n, x, scale)
+#define FT_MAX_F32(kern, n, x) (kern)->max(n, x)
 
-static double scalemax_f64(int64_t n, double *x, double scale)
+static double max_f64(int64_t n, const double *x)
 {
     double m = -INFINITY;
-    for (int64_t i = 0; i < n; i++) {
-        x[i] *= scale;
+    for (int64_t i = 0; i < n; i++)
         m = x[i] > m || x[i] != x[i] ? x[i] : m;
-    }
     return m;
 }
-#define FT_SCALEMAX_F64(kern, n, x, scale) scalemax_f64(n, x, scale)
+#define FT_MAX_F64(kern, n, x) max_f64(n, x)
 
 #define FT float
 #define FAI_T(name) name##_f32
@@ -80,7 +78,7 @@ static double scalemax_f64(int64_t n, double *x, double scale)
 #define FT_GEMM FT_GEMM_F32
 #define FT_GEMM_AT FT_GEMM_AT_F32
 #define FT_EXPSUM FT_EXPSUM_F32
-#define FT_SCALEMAX FT_SCALEMAX_F32
+#define FT_MAX FT_MAX_F32
 #define FT_TRANSPOSE FT_TRANSPOSE_F32
 #define FT_COLDOT FT_COLDOT_F32
 #define FT_DSOFTMAX FT_DSOFTMAX_F32
@@ -103,7 +101,7 @@ static double scalemax_f64(int64_t n, double *x, double scale)
 #undef FT_GEMM
 #undef FT_GEMM_AT
 #undef FT_EXPSUM
-#undef FT_SCALEMAX
+#undef FT_MAX
 #undef FT_TRANSPOSE
 #undef FT_COLDOT
 #undef FT_DSOFTMAX
@@ -116,7 +114,7 @@ static double scalemax_f64(int64_t n, double *x, double scale)
 #define FT_GEMM FT_GEMM_F64
 #define FT_GEMM_AT FT_GEMM_AT_F64
 #define FT_EXPSUM FT_EXPSUM_F64
-#define FT_SCALEMAX FT_SCALEMAX_F64
+#define FT_MAX FT_MAX_F64
 #define FT_TRANSPOSE FT_TRANSPOSE_F64
 #define FT_COLDOT FT_COLDOT_F64
 #define FT_DSOFTMAX FT_DSOFTMAX_F64

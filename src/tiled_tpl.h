@@ -7,8 +7,8 @@
  *   FT_LOAD, FT_STORE           row conversions from/to the storage dtype (kernel set first)
  *   FT_SCORE                    the score pipeline (core/score.h)
  *   FT_GEMM, FT_GEMM_AT,        the block operations (simd/kernels.h for float, portable code
- *   FT_EXPSUM, FT_SCALEMAX,     for double): C (+)= A B and A^T B, y = exp(x - m) with its sum,
- *   FT_TRANSPOSE, FT_COLDOT,    x *= scale with its max, a transpose, dots of columns, the
+ *   FT_EXPSUM, FT_MAX,          for double): C (+)= A B and A^T B, y = exp(x - m) with its sum,
+ *   FT_TRANSPOSE, FT_COLDOT,    a max, a transpose, dots of columns, the
  *   FT_DSOFTMAX, FT_FINITE      backward's row, a finiteness test
  *   FT_MOVE, FT_FINALIZE        the recurrence (core/recurrence.h)
  *
@@ -81,6 +81,7 @@ typedef struct {
     FT *qrows;                   /* FT_PANEL rows of Q as read, before packing                  */
     FT *k, *kt, *v, *acc, *m, *l, *x;
     FT *sp;                      /* a strip's scores S, then its P in place (br x bk)           */
+    FT *scale_rows;              /* br copies of the score scale: the GEMM's store factors      */
     unsigned char *live, *keep;
     const fai_kernels_f32 *kern; /* the f32 path's kernel set (unused by f64) */
 } FAI_T(fwd_ws);
@@ -101,6 +102,9 @@ static size_t FAI_T(fwd_carve)(const fai_problem *pr, fai_tiles tl,
     w->l = fai_carve(&a, (size_t)tl.bq * sizeof(FT));
     w->x = fai_carve(&a, (size_t)tl.bq * sizeof(FT));
     w->sp = fai_carve(&a, (size_t)(tl.br * tl.bk) * sizeof(FT));
+    w->scale_rows = fai_carve(&a, (size_t)tl.br * sizeof(FT));
+    for (int64_t r = 0; base && r < tl.br; r++)
+        w->scale_rows[r] = (FT)pr->score.scale;
     w->live = fai_carve(&a, (size_t)tl.bq);
     w->keep = fai_carve(&a, (size_t)tl.bk);
     return a.used;
@@ -125,16 +129,17 @@ static void FAI_T(load_q_panels)(const fai_problem *pr, int64_t b, int64_t h, in
 }
 
 /* S rows [0, r1 - r0) (leading dimension ld) = Q rows [r0, r1) from the panels times the
- * packed K^T (dqk x n): the GEMM kernel with A stored transposed, one panel at a time (the
- * kernel's bits do not depend on how rows are grouped). */
+ * packed K^T (dqk x n), each product times the score scale if scaled: the GEMM kernel with A
+ * stored transposed, one panel at a time (the kernel's bits do not depend on how rows are
+ * grouped). */
 static void FAI_T(gemm_qk)(FAI_T(fwd_ws) *w, int64_t r0, int64_t r1, int64_t n, int64_t dqk,
-                           int64_t ld)
+                           int64_t ld, int scaled)
 {
     const int64_t panel = FT_PANEL(w->kern);
     for (int64_t r = r0; r < r1;) {
         const int64_t off = r % panel, m = panel - off < r1 - r ? panel - off : r1 - r;
         FT_GEMM_AT(w->kern, m, n, dqk, w->q + (r - off) * dqk + off, panel, w->kt, ld,
-                   w->sp + (r - r0) * ld, ld, 0);
+                   w->sp + (r - r0) * ld, ld, 0, scaled ? w->scale_rows : NULL);
         r += m;
     }
 }
@@ -158,15 +163,15 @@ static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, in
 {
     const int64_t dv = pr->dv, ld = tl.bk, j0 = tile->j0, n = tile->n;
     const fai_dropout *drop = tile->drop;
-    FAI_T(gemm_qk)(w, r0, r1, n, pr->dqk, ld);
+    FAI_T(gemm_qk)(w, r0, r1, n, pr->dqk, ld, tile->scale_only);
 
     for (int64_t r = r0; r < r1; r++) { /* 2. block max, new reference, rescale exponent */
         const int64_t i = i0 + r;
         FT *s = w->sp + (r - r0) * ld, bmax = -INFINITY;
         int64_t c0, c1;
         FAI_T(row_cols)(pr, tile->cls, i, j0, n, &c0, &c1);
-        if (c0 < c1 && tile->scale_only)
-            bmax = FT_SCALEMAX(w->kern, c1 - c0, s + c0, (FT)pr->score.scale);
+        if (c0 < c1 && tile->scale_only) /* scaled by the GEMM */
+            bmax = FT_MAX(w->kern, c1 - c0, s + c0);
         else
             for (int64_t c = c0; c < c1; c++) {
                 s[c] = FT_SCORE(&pr->score, s[c], tile->slope, i, j0 + c, NULL);
@@ -372,6 +377,7 @@ typedef struct {
     FT *q, *dout, *o, *dq;       /* a block of up to bq query rows (row-major)                 */
     FT *dot, *ot;                /* dO^T and O^T of the block (dv x bq), for D                 */
     FT *di;                      /* D_i of the block's rows                                    */
+    FT *scale_rows;              /* bq copies of the score scale: the GEMM's store factors     */
     double *lse;
     FT *s, *dp, *t, *p, *ds;     /* bq x bk: scores, dP, tanh(x / c), P~, scale dS             */
     unsigned char *keep;
@@ -401,6 +407,9 @@ static size_t FAI_T(bwd_carve)(const fai_problem *pr, fai_tiles tl, int single_p
     w->ot = fai_carve(&a, bq * (size_t)pr->dv * f);
     w->dq = fai_carve(&a, bq * (size_t)pr->dqk * f);
     w->di = fai_carve(&a, bq * f);
+    w->scale_rows = fai_carve(&a, bq * f);
+    for (size_t r = 0; base && r < bq; r++)
+        w->scale_rows[r] = (FT)pr->score.scale;
     w->lse = fai_carve(&a, bq * sizeof(double));
     w->s = fai_carve(&a, bq * bk * f);
     w->dp = fai_carve(&a, bq * bk * f);
@@ -455,9 +464,10 @@ static int FAI_T(bwd_block)(const fai_problem *pr, fai_tiles tl, int64_t b, int6
     const int64_t ld = tl.bk;
     const FT keep_scale = (FT)(1.0 / (1.0 - pr->dropout_p)), scale = (FT)pr->score.scale;
     const FT slope = (FT)fai_slope(pr, h);
-    const int softcap = pr->score.softcap > 0;
+    const int softcap = pr->score.softcap > 0, scale_only = !softcap && slope == 0;
     const fai_dropout drop = fai_dropout_for(pr, b, h);
-    FT_GEMM(w->kern, nq, n, pr->dqk, w->q, pr->dqk, w->kt, ld, w->s, ld, 0, NULL);  /* Q K^T */
+    FT_GEMM(w->kern, nq, n, pr->dqk, w->q, pr->dqk, w->kt, ld, w->s, ld, 0,
+            scale_only ? w->scale_rows : NULL); /* Q K^T, scaled as the forward's */
     FT_GEMM(w->kern, nq, n, pr->dv, w->dout, pr->dv, w->vt, ld, w->dp, ld, 0, NULL); /* dO V^T */
     int any = 0;
     for (int64_t r = 0; r < nq; r++) {
@@ -477,10 +487,8 @@ static int FAI_T(bwd_block)(const fai_problem *pr, fai_tiles tl, int64_t b, int6
         memset(p + c1, 0, (size_t)(n - c1) * sizeof(FT));
         memset(ds + c1, 0, (size_t)(n - c1) * sizeof(FT));
         any = 1;
-        /* the forward's pipeline, operation for operation */
-        if (!softcap && slope == 0)
-            FT_SCALEMAX(w->kern, c1 - c0, s + c0, scale);
-        else
+        /* the forward's pipeline, operation for operation (scale_only: done by the GEMM) */
+        if (!scale_only)
             for (int64_t c = c0; c < c1; c++)
                 s[c] = FT_SCORE(&pr->score, s[c], slope, i, j0 + c, softcap ? &t[c] : NULL);
         if (!softcap && !drop.threshold) { /* P~ = P, dS = P (dP - D) by one kernel */
@@ -544,8 +552,8 @@ static void FAI_T(bwd_ktile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
                 continue;
             FT *dq = w->dq_all ? w->dq_all + ((h - hk * pr->group) * pr->sq + i0) * dqk : NULL;
             if (w->kv_finite && w->q_finite) {
-                FT_GEMM_AT(w->kern, n, dv, nq, w->p, ld, w->dout, dv, w->dv, dv, 1); /* P~^T dO */
-                FT_GEMM_AT(w->kern, n, dqk, nq, w->ds, ld, w->q, dqk, w->dk, dqk, 1); /* dS^T Q */
+                FT_GEMM_AT(w->kern, n, dv, nq, w->p, ld, w->dout, dv, w->dv, dv, 1, NULL); /* P~^T dO */
+                FT_GEMM_AT(w->kern, n, dqk, nq, w->ds, ld, w->q, dqk, w->dk, dqk, 1, NULL); /* dS^T Q */
                 if (dq)
                     FT_GEMM(w->kern, nq, dqk, n, w->ds, ld, w->k, dqk, dq, dqk, 1, NULL);
                 continue;

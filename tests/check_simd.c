@@ -116,6 +116,37 @@ START_TEST(gemm_element_independent_of_blocking)
 }
 END_TEST
 
+/* Without accumulate, cscale multiplies the finished product: each element is the unscaled
+ * kernel result times the row's factor, rounded once (the forward's S = scale (Q K^T) must
+ * have the bits of the score pipeline's multiply, which the backward repeats). */
+START_TEST(gemm_store_scale_rounds_once)
+{
+    const fai_kernels_f32 *kt = kernels_or_skip(_i);
+    if (!kt)
+        return;
+    const int64_t m = 2 * kt->mr + 1, n = 2 * kt->nr + 3, k = 45;
+    float *A = malloc(sizeof(float) * m * k), *B = malloc(sizeof(float) * k * n);
+    float *U = malloc(sizeof(float) * m * n), *S = malloc(sizeof(float) * m * n);
+    float rs[64];
+    uint64_t seed = 23;
+    for (int64_t x = 0; x < m * k; x++)
+        A[x] = rnd(&seed) * 30;
+    for (int64_t x = 0; x < k * n; x++)
+        B[x] = rnd(&seed);
+    for (int64_t i = 0; i < m; i++)
+        rs[i] = i == 1 ? 0.0883883476f : (rnd(&seed) + 1.5f) / 3; /* 1/sqrt(128) */
+    fai_gemm_f32(kt, m, n, k, A, k, B, n, U, n, 0, NULL);
+    fai_gemm_f32(kt, m, n, k, A, k, B, n, S, n, 0, rs);
+    for (int64_t i = 0; i < m; i++)
+        for (int64_t j = 0; j < n; j++) {
+            const float want = U[i * n + j] * rs[i];
+            ck_assert_msg(memcmp(&want, &S[i * n + j], 4) == 0, "%s C[%ld][%ld] = %a, want %a",
+                          kt->gemm_name, (long)i, (long)j, (double)S[i * n + j], (double)want);
+        }
+    free(A), free(B), free(U), free(S);
+}
+END_TEST
+
 /* coldot's out[j] has the bits of the GEMM kernel's C element for the same column pair (the
  * backward's D_i must round as dP does), at widths around every vector length. */
 START_TEST(coldot_rounds_as_gemm)
@@ -345,8 +376,11 @@ START_TEST(gemm_at_matches_gemm_on_transpose)
     const int64_t ms[] = {1, kt->mr - 1, kt->mr, 2 * kt->mr + 3}, n = 2 * kt->nr + 5, k = 67;
     uint64_t seed = 17;
     for (size_t a = 0; a < 4; a++)
-        for (int acc = 0; acc < 2; acc++) {
+        for (int acc = 0; acc < 4; acc++) { /* 2, 3: row factors on C's load, on the store */
             const int64_t m = ms[a] > 0 ? ms[a] : 1, lda_t = m + 3;
+            float rs[64];
+            for (int64_t i = 0; i < m; i++)
+                rs[i] = (rnd(&seed) + 1.5f) / 2;
             float *At = malloc(sizeof(float) * (size_t)(k * lda_t)), *A = malloc(sizeof(float) * (size_t)(m * k));
             float *B = malloc(sizeof(float) * (size_t)(k * n));
             float *C1 = malloc(sizeof(float) * (size_t)(m * n)), *C2 = malloc(sizeof(float) * (size_t)(m * n));
@@ -359,8 +393,9 @@ START_TEST(gemm_at_matches_gemm_on_transpose)
             for (int64_t i = 0; i < m; i++)
                 for (int64_t p = 0; p < k; p++)
                     A[i * k + p] = At[p * lda_t + i];
-            fai_gemm_at_f32(kt, m, n, k, At, lda_t, B, n, C1, n, acc);
-            fai_gemm_f32(kt, m, n, k, A, k, B, n, C2, n, acc, NULL);
+            const int accumulate = acc % 2;
+            fai_gemm_at_f32(kt, m, n, k, At, lda_t, B, n, C1, n, accumulate, acc >= 2 ? rs : NULL);
+            fai_gemm_f32(kt, m, n, k, A, k, B, n, C2, n, accumulate, acc >= 2 ? rs : NULL);
             ck_assert_msg(memcmp(C1, C2, sizeof(float) * (size_t)(m * n)) == 0, "%s m=%ld acc=%d",
                           fa_isa_name(kt->isa), (long)m, acc);
             free(At), free(A), free(B), free(C1), free(C2);
@@ -462,30 +497,26 @@ START_TEST(expsum_exhaustive_nonpositive)
 }
 END_TEST
 
-/* scalemax: the same products as the scalar pipeline's scale multiply, and a max that keeps
- * NaN, for every length around the vector widths. */
-START_TEST(scalemax_matches_definition)
+/* max: the largest element, NaN if any is NaN (wherever it is), -inf for none, for every
+ * length around the vector widths; elements beyond n are not read into it. */
+START_TEST(max_matches_definition)
 {
     const fai_kernels_f32 *kt = kernels_or_skip(_i);
     if (!kt)
         return;
     uint64_t seed = 3;
-    float x[70], y[70];
+    float x[70];
     for (int64_t n = 0; n <= 66; n++)
         for (int nan_at = -1; nan_at < (n < 3 ? (int)n : 3); nan_at++) {
             for (int64_t i = 0; i < 70; i++)
                 x[i] = rnd(&seed) * 1000;
+            for (int64_t i = n; i < 70; i++)
+                x[i] = i % 2 ? INFINITY : NAN; /* outside: must not count */
             if (nan_at >= 0)
                 x[n - 1 - nan_at] = NAN;
-            memcpy(y, x, sizeof x);
-            const float scale = 0.0883883476f;
-            float m = kt->scalemax(n, y, scale), want = -INFINITY;
-            for (int64_t i = 0; i < n; i++) {
-                const float p = x[i] * scale;
-                ck_assert(memcmp(&p, &y[i], 4) == 0 || (isnan(p) && isnan(y[i])));
-                want = p > want || p != p ? p : want;
-            }
-            ck_assert(memcmp(&x[n], &y[n], sizeof(float) * (size_t)(70 - n)) == 0); /* untouched */
+            float m = kt->max(n, x), want = -INFINITY;
+            for (int64_t i = 0; i < n; i++)
+                want = x[i] > want || x[i] != x[i] ? x[i] : want;
             ck_assert_msg(m == want || (isnan(m) && isnan(want)), "%s n=%ld: %g vs %g",
                           kt->gemm_name, (long)n, m, want);
         }
@@ -499,6 +530,7 @@ Suite *make_simd_suite(void)
     tcase_set_timeout(tc, 900);
     tcase_add_loop_test(tc, gemm_matches_float64, 0, NISA);
     tcase_add_loop_test(tc, gemm_element_independent_of_blocking, 0, NISA);
+    tcase_add_loop_test(tc, gemm_store_scale_rounds_once, 0, NISA);
     tcase_add_loop_test(tc, gemm_at_matches_gemm_on_transpose, 0, NISA);
     tcase_add_loop_test(tc, gemm_k_split_same_bits, 0, NISA);
     tcase_add_loop_test(tc, transpose_exact, 0, NISA);
@@ -507,7 +539,7 @@ Suite *make_simd_suite(void)
     tcase_add_loop_test(tc, finite_detects_each_position, 0, NISA);
     tcase_add_loop_test(tc, widen_every_half, 0, NISA);
     tcase_add_loop_test(tc, narrow_rounds_as_portable, 0, NISA);
-    tcase_add_loop_test(tc, scalemax_matches_definition, 0, NISA);
+    tcase_add_loop_test(tc, max_matches_definition, 0, NISA);
     tcase_add_loop_test(tc, expsum_exhaustive_nonpositive, 0, NISA);
     suite_add_tcase(s, tc);
     return s;

@@ -67,6 +67,10 @@ gemm_rows__avx2(const int ROWS, const int A_T, int64_t nr, int64_t k, const floa
     }
 #pragma GCC unroll 6
     for (int i = 0; i < ROWS; i++) {
+        if (!accumulate && cscale) {
+            c0[i] = _mm256_mul_ps(c0[i], _mm256_set1_ps(cscale[i]));
+            c1[i] = _mm256_mul_ps(c1[i], _mm256_set1_ps(cscale[i]));
+        }
         _mm256_maskstore_ps(c + i * ldc, m0, c0[i]);
         _mm256_maskstore_ps(c + i * ldc + 8, m1, c1[i]);
     }
@@ -231,14 +235,13 @@ static int fa_f32_finite__avx2(int64_t n, const float *x)
     return _mm256_movemask_ps(bad) == 0;
 }
 
-static float fa_f32_scalemax__avx2(int64_t n, float *x, float scale)
+static float fa_f32_max__avx2(int64_t n, const float *x)
 {
-    const __m256 vs = _mm256_set1_ps(scale), ninf = _mm256_set1_ps(-INFINITY);
+    const __m256 ninf = _mm256_set1_ps(-INFINITY);
     __m256 vmax = ninf, nan = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; i += 8) {
         const __m256i mk = lanes_below(n - i);
-        const __m256 v = _mm256_mul_ps(_mm256_maskload_ps(x + i, mk), vs);
-        _mm256_maskstore_ps(x + i, mk, v);
+        const __m256 v = _mm256_maskload_ps(x + i, mk);
         const __m256 live = _mm256_castsi256_ps(mk);
         nan = _mm256_or_ps(nan, _mm256_and_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q), live));
         vmax = _mm256_max_ps(vmax, _mm256_blendv_ps(ninf, v, live));
@@ -302,7 +305,7 @@ static const fai_kernels_f32 avx2 = {
     .gemm = fa_f32_gemm_ukernel_6x16__avx2,
     .gemm_at = fa_f32_gemm_at_ukernel_6x16__avx2,
     .expsum = fa_f32_expsum__avx2,
-    .scalemax = fa_f32_scalemax__avx2,
+    .max = fa_f32_max__avx2,
     .transpose = fa_f32_transpose__avx2,
     .coldot = fa_f32_coldot__avx2,
     .dsoftmax = fa_f32_dsoftmax__avx2,

@@ -51,6 +51,10 @@ gemm_rows__avx512(const int ROWS, const int A_T, int64_t nr, int64_t k, const fl
     }
 #pragma GCC unroll 12
     for (int i = 0; i < ROWS; i++) {
+        if (!accumulate && cscale) {
+            c0[i] = _mm512_mul_ps(c0[i], _mm512_set1_ps(cscale[i]));
+            c1[i] = _mm512_mul_ps(c1[i], _mm512_set1_ps(cscale[i]));
+        }
         _mm512_mask_storeu_ps(c + i * ldc, m0, c0[i]);
         _mm512_mask_storeu_ps(c + i * ldc + 16, m1, c1[i]);
     }
@@ -232,15 +236,13 @@ static int fa_f32_finite__avx512(int64_t n, const float *x)
 }
 
 /* Max with NaN kept: lanes that are NaN are collected in a mask and decide the result. */
-static float fa_f32_scalemax__avx512(int64_t n, float *x, float scale)
+static float fa_f32_max__avx512(int64_t n, const float *x)
 {
-    const __m512 vs = _mm512_set1_ps(scale);
     __m512 vmax = _mm512_set1_ps(-INFINITY);
     __mmask16 nan = 0;
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 mk = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
-        const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, x + i), vs);
-        _mm512_mask_storeu_ps(x + i, mk, v);
+        const __m512 v = _mm512_maskz_loadu_ps(mk, x + i);
         nan |= _mm512_mask_cmp_ps_mask(mk, v, v, _CMP_UNORD_Q);
         vmax = _mm512_mask_max_ps(vmax, mk, vmax, v);
     }
@@ -290,7 +292,7 @@ static const fai_kernels_f32 avx512 = {
     .gemm = fa_f32_gemm_ukernel_12x32__avx512,
     .gemm_at = fa_f32_gemm_at_ukernel_12x32__avx512,
     .expsum = fa_f32_expsum__avx512,
-    .scalemax = fa_f32_scalemax__avx512,
+    .max = fa_f32_max__avx512,
     .transpose = fa_f32_transpose__avx512,
     .coldot = fa_f32_coldot__avx512,
     .dsoftmax = fa_f32_dsoftmax__avx512,

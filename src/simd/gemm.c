@@ -20,13 +20,14 @@ void fai_gemm_f32(const fai_kernels_f32 *kt, int64_t m, int64_t n, int64_t k, co
 
 void fai_gemm_at_f32(const fai_kernels_f32 *kt, int64_t m, int64_t n, int64_t k, const float *a,
                      int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc,
-                     int accumulate)
+                     int accumulate, const float *cscale)
 {
     for (int64_t i = 0; i < m; i += kt->mr) {
         const int64_t mr = m - i < kt->mr ? m - i : kt->mr;
         for (int64_t j = 0; j < n; j += kt->nr) {
             const int64_t nr = n - j < kt->nr ? n - j : kt->nr;
-            kt->gemm_at(mr, nr, k, a + i, lda, b + j, ldb, c + i * ldc + j, ldc, accumulate, NULL);
+            kt->gemm_at(mr, nr, k, a + i, lda, b + j, ldb, c + i * ldc + j, ldc, accumulate,
+                        cscale ? cscale + i : NULL);
         }
     }
 }

@@ -2,7 +2,7 @@
  * The kernel-table interface: what an ISA supplies to the tiled backend. The framework
  * (src/simd/gemm.c, src/tiled_tpl.h) owns the loops, tiling and edges; an ISA supplies a
  * register-blocked GEMM micro-kernel of MR x NR (A row-major or stored transposed, with a fused
- * row rescale of C) and the vector operations around it: exp-and-sum, scale-and-max,
+ * row scale of C on load or store) and the vector operations around it: exp-and-sum, max,
  * transposes, column dots, the backward's row, a finiteness test, f16/bf16 conversions.
  *
  * Naming follows XNNPACK's order (dtype, op, tile, ISA): fa_f32_gemm_ukernel_12x32__avx512.
@@ -20,9 +20,10 @@
 
 /*
  * C[mr x nr] (+)= A[mr x k] B[k x nr], all row-major with leading dimensions lda, ldb, ldc;
- * 1 <= mr <= MR, 1 <= nr <= NR. accumulate = 0 overwrites C. With accumulate and cscale not
- * NULL, row i of C is first multiplied by cscale[i] (one rounded product per element): the
- * online softmax's rescale of acc, fused into the load of C.
+ * 1 <= mr <= MR, 1 <= nr <= NR. accumulate = 0 overwrites C. cscale (NULL or mr factors)
+ * multiplies row i by cscale[i], one rounded product per element: with accumulate, C's row
+ * before the sum (the online softmax's rescale of acc, fused into the load of C); without,
+ * the finished product before the store (the score scale, fused into the store of S).
  */
 typedef void (*fai_gemm_ukernel_f32)(int64_t mr, int64_t nr, int64_t k, const float *a,
                                      int64_t lda, const float *b, int64_t ldb, float *c,
@@ -57,9 +58,8 @@ typedef void (*fai_transpose_f32)(int64_t rows, int64_t cols, const float *src, 
 /* y[i] = exp(x[i] - m) for i < n; returns the sum of the y[i] in a fixed order. */
 typedef float (*fai_expsum_f32)(int64_t n, const float *x, float m, float *y);
 
-/* x[i] *= scale for i < n (one rounded product each, as the scalar score pipeline); returns
- * max x[i], NaN if any x[i] is NaN, -inf for n = 0. */
-typedef float (*fai_scalemax_f32)(int64_t n, float *x, float scale);
+/* max x[i] for i < n: NaN if any x[i] is NaN, -inf for n = 0. */
+typedef float (*fai_max_f32)(int64_t n, const float *x);
 
 typedef struct fai_kernels_f32_s {
     fa_isa isa;
@@ -67,7 +67,7 @@ typedef struct fai_kernels_f32_s {
     int64_t mr, nr;
     fai_gemm_ukernel_f32 gemm, gemm_at; /* gemm_at: A stored transposed, A[i][p] at a[p lda + i] */
     fai_expsum_f32 expsum;
-    fai_scalemax_f32 scalemax;
+    fai_max_f32 max;
     fai_transpose_f32 transpose;
     fai_coldot_f32 coldot;
     fai_dsoftmax_f32 dsoftmax;
@@ -99,12 +99,13 @@ void fai_gemm_f32(const fai_kernels_f32 *kt, int64_t m, int64_t n, int64_t k, co
  * transposed copy (same terms, same order). */
 void fai_gemm_at_f32(const fai_kernels_f32 *kt, int64_t m, int64_t n, int64_t k, const float *a,
                      int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc,
-                     int accumulate);
+                     int accumulate, const float *cscale);
 /* The same in double, portable (the f64 storage path). */
 void fai_gemm_f64(int64_t m, int64_t n, int64_t k, const double *a, int64_t lda, const double *b,
                   int64_t ldb, double *c, int64_t ldc, int accumulate, const double *cscale);
 void fai_gemm_at_f64(int64_t m, int64_t n, int64_t k, const double *a, int64_t lda,
-                     const double *b, int64_t ldb, double *c, int64_t ldc, int accumulate);
+                     const double *b, int64_t ldb, double *c, int64_t ldc, int accumulate,
+                     const double *cscale);
 /* Portable transposes: the scalar set's, and the f64 path's. */
 void fai_transpose_f32_portable(int64_t rows, int64_t cols, const float *src, int64_t lds,
                                 float *dst, int64_t ldd);

@@ -59,6 +59,10 @@ gemm_rows__neon(const int ROWS, const int A_T, int64_t nr, int64_t k, const floa
     }
 #pragma GCC unroll 8
     for (int i = 0; i < ROWS; i++) {
+        if (!accumulate && cscale) {
+            c0[i] = vmulq_n_f32(c0[i], cscale[i]);
+            c1[i] = vmulq_n_f32(c1[i], cscale[i]);
+        }
         vst1q_f32(tmp, c0[i]);
         vst1q_f32(tmp + 4, c1[i]);
         memcpy(c + i * ldc, tmp, (size_t)nr * sizeof(float));
@@ -140,20 +144,15 @@ static float fa_f32_expsum__neon(int64_t n, const float *x, float m, float *y)
 }
 
 /* FMAX returns NaN when either operand is NaN, so the max keeps a NaN by itself. */
-static float fa_f32_scalemax__neon(int64_t n, float *x, float scale)
+static float fa_f32_max__neon(int64_t n, const float *x)
 {
     float32x4_t vmax = vdupq_n_f32(-INFINITY);
     int64_t i = 0;
-    for (; i + 4 <= n; i += 4) {
-        const float32x4_t v = vmulq_n_f32(vld1q_f32(x + i), scale);
-        vst1q_f32(x + i, v);
-        vmax = vmaxq_f32(vmax, v);
-    }
+    for (; i + 4 <= n; i += 4)
+        vmax = vmaxq_f32(vmax, vld1q_f32(x + i));
     float m = vmaxvq_f32(vmax);
-    for (; i < n; i++) {
-        x[i] *= scale;
+    for (; i < n; i++)
         m = x[i] > m || x[i] != x[i] ? x[i] : m;
-    }
     return m;
 }
 
@@ -278,7 +277,7 @@ static const fai_kernels_f32 neon = {
     .gemm = fa_f32_gemm_ukernel_8x8__neon,
     .gemm_at = fa_f32_gemm_at_ukernel_8x8__neon,
     .expsum = fa_f32_expsum__neon,
-    .scalemax = fa_f32_scalemax__neon,
+    .max = fa_f32_max__neon,
     .transpose = fa_f32_transpose__neon,
     .coldot = fa_f32_coldot__neon,
     .dsoftmax = fa_f32_dsoftmax__neon,

@@ -37,7 +37,7 @@ static void gemm_rows__scalar(int64_t ars, int64_t acs, int64_t mr, int64_t nr, 
     }
     for (int64_t i = 0; i < mr; i++)
         for (int64_t j = 0; j < nr; j++)
-            c[i * ldc + j] = acc[i][j];
+            c[i * ldc + j] = !accumulate && cscale ? acc[i][j] * cscale[i] : acc[i][j];
 }
 
 static void fa_f32_gemm_ukernel_4x16__scalar(int64_t mr, int64_t nr, int64_t k, const float *a,
@@ -69,13 +69,11 @@ static float fa_f32_expsum__scalar_sleef(int64_t n, const float *x, float m, flo
     return sum;
 }
 
-static float fa_f32_scalemax__scalar(int64_t n, float *x, float scale)
+static float fa_f32_max__scalar(int64_t n, const float *x)
 {
     float m = -INFINITY;
-    for (int64_t i = 0; i < n; i++) {
-        x[i] *= scale;
+    for (int64_t i = 0; i < n; i++)
         m = x[i] > m || x[i] != x[i] ? x[i] : m; /* a NaN sticks */
-    }
     return m;
 }
 
@@ -125,7 +123,7 @@ const fai_kernels_f32 fai_kernels_f32_scalar = {
     .gemm = fa_f32_gemm_ukernel_4x16__scalar,
     .gemm_at = fa_f32_gemm_at_ukernel_4x16__scalar,
     .expsum = fa_f32_expsum__scalar_sleef,
-    .scalemax = fa_f32_scalemax__scalar,
+    .max = fa_f32_max__scalar,
     .transpose = fai_transpose_f32_portable,
     .coldot = fa_f32_coldot__scalar,
     .dsoftmax = fa_f32_dsoftmax__scalar,
@@ -162,17 +160,20 @@ void fai_coldot_f64(int64_t n, int64_t k, const double *a, int64_t lda, const do
 }
 
 void fai_gemm_at_f64(int64_t m, int64_t n, int64_t k, const double *a, int64_t lda,
-                     const double *b, int64_t ldb, double *c, int64_t ldc, int accumulate)
+                     const double *b, int64_t ldb, double *c, int64_t ldc, int accumulate,
+                     const double *cscale)
 {
     for (int64_t i = 0; i < m; i++) {
         double *ci = c + i * ldc;
         for (int64_t j = 0; j < n; j++)
-            ci[j] = accumulate ? ci[j] : 0;
+            ci[j] = !accumulate ? 0 : cscale ? ci[j] * cscale[i] : ci[j];
         for (int64_t p = 0; p < k; p++) { /* p in order, as fai_gemm_f64 */
             const double aip = a[p * lda + i], *bp = b + p * ldb;
             for (int64_t j = 0; j < n; j++)
                 ci[j] += aip * bp[j];
         }
+        for (int64_t j = 0; j < n && !accumulate && cscale; j++)
+            ci[j] *= cscale[i];
     }
 }
 
@@ -188,5 +189,7 @@ void fai_gemm_f64(int64_t m, int64_t n, int64_t k, const double *a, int64_t lda,
             for (int64_t j = 0; j < n; j++)
                 ci[j] += aip * bp[j];
         }
+        for (int64_t j = 0; j < n && !accumulate && cscale; j++)
+            ci[j] *= cscale[i];
     }
 }
