@@ -236,17 +236,32 @@ static int fa_f32_finite__avx512(int64_t n, const float *x)
 }
 
 /* Max with NaN kept: lanes that are NaN are collected in a mask and decide the result. */
+/* Four running maxima (one chain would wait on the max's latency at every vector); a NaN is
+ * noted by its own compare, since vmaxps drops a NaN in its first operand. */
 static float fa_f32_max__avx512(int64_t n, const float *x)
 {
-    __m512 vmax = _mm512_set1_ps(-INFINITY);
+    __m512 vmax[4];
+    for (int a = 0; a < 4; a++)
+        vmax[a] = _mm512_set1_ps(-INFINITY);
     __mmask16 nan = 0;
-    for (int64_t i = 0; i < n; i += 16) {
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64)
+#pragma GCC unroll 4
+        for (int a = 0; a < 4; a++) {
+            const __m512 v = _mm512_loadu_ps(x + i + 16 * a);
+            nan |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+            vmax[a] = _mm512_max_ps(vmax[a], v);
+        }
+    for (; i < n; i += 16) {
         const __mmask16 mk = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
         const __m512 v = _mm512_maskz_loadu_ps(mk, x + i);
         nan |= _mm512_mask_cmp_ps_mask(mk, v, v, _CMP_UNORD_Q);
-        vmax = _mm512_mask_max_ps(vmax, mk, vmax, v);
+        vmax[0] = _mm512_mask_max_ps(vmax[0], mk, vmax[0], v);
     }
-    return nan ? NAN : _mm512_reduce_max_ps(vmax);
+    if (nan)
+        return NAN;
+    return _mm512_reduce_max_ps(
+        _mm512_max_ps(_mm512_max_ps(vmax[0], vmax[1]), _mm512_max_ps(vmax[2], vmax[3])));
 }
 
 /* f16 by the F16C-style conversion of 16 halves, bf16 by widening to 32 bits and shifting the
