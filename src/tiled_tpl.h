@@ -128,18 +128,18 @@ static void FAI_T(load_q_panels)(const fai_problem *pr, int64_t b, int64_t h, in
     }
 }
 
-/* S rows [0, r1 - r0) (leading dimension ld) = Q rows [r0, r1) from the panels times the
- * packed K^T (dqk x n), each product times the score scale if scaled: the GEMM kernel with A
- * stored transposed, one panel at a time (the kernel's bits do not depend on how rows are
- * grouped). */
-static void FAI_T(gemm_qk)(FAI_T(fwd_ws) *w, int64_t r0, int64_t r1, int64_t n, int64_t dqk,
-                           int64_t ld, int scaled)
+/* S rows [0, r1 - r0), columns [c0, c1) (leading dimension ld) = Q rows [r0, r1) from the
+ * panels times those columns of the packed K^T, each product times the score scale if scaled:
+ * the GEMM kernel with A stored transposed, one panel at a time (the kernel's bits do not
+ * depend on how rows or columns are grouped). */
+static void FAI_T(gemm_qk)(FAI_T(fwd_ws) *w, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                           int64_t dqk, int64_t ld, int scaled)
 {
     const int64_t panel = FT_PANEL(w->kern);
     for (int64_t r = r0; r < r1;) {
         const int64_t off = r % panel, m = panel - off < r1 - r ? panel - off : r1 - r;
-        FT_GEMM_AT(w->kern, m, n, dqk, w->q + (r - off) * dqk + off, panel, w->kt, ld,
-                   w->sp + (r - r0) * ld, ld, 0, scaled ? w->scale_rows : NULL);
+        FT_GEMM_AT(w->kern, m, c1 - c0, dqk, w->q + (r - off) * dqk + off, panel, w->kt + c0,
+                   ld, w->sp + (r - r0) * ld + c0, ld, 0, scaled ? w->scale_rows : NULL);
         r += m;
     }
 }
@@ -157,13 +157,25 @@ typedef struct {
 /*
  * Steps 1-4 below for rows [r0, r1) of the query tile at i0 (at most br of them) against the
  * packed key tile: their scores are formed, turned into P and consumed while they are in L1.
+ * Both GEMMs run over the tile's columns [cs0, cs1) that some row of the strip sees (on a
+ * causal diagonal, about half): outside them P is 0 for every row, and a term 0 x v leaves
+ * acc as it is (but for the sign of a zero, which the finalization makes +0).
  */
 static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, int64_t r0,
                              int64_t r1, const FAI_T(fwd_ktile) *tile, FAI_T(fwd_ws) *w)
 {
     const int64_t dv = pr->dv, ld = tl.bk, j0 = tile->j0, n = tile->n;
     const fai_dropout *drop = tile->drop;
-    FAI_T(gemm_qk)(w, r0, r1, n, pr->dqk, ld, tile->scale_only);
+    int64_t cs0 = n, cs1 = 0;
+    for (int64_t r = r0; r < r1; r++) {
+        int64_t c0, c1;
+        FAI_T(row_cols)(pr, tile->cls, i0 + r, j0, n, &c0, &c1);
+        if (c0 < c1) {
+            cs0 = c0 < cs0 ? c0 : cs0;
+            cs1 = c1 > cs1 ? c1 : cs1;
+        }
+    }
+    FAI_T(gemm_qk)(w, r0, r1, cs0, cs1, pr->dqk, ld, tile->scale_only);
 
     for (int64_t r = r0; r < r1; r++) { /* 2. block max, new reference, rescale exponent */
         const int64_t i = i0 + r;
@@ -192,12 +204,12 @@ static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, in
         int64_t c0, c1;
         FAI_T(row_cols)(pr, tile->cls, i, j0, n, &c0, &c1);
         if (c0 >= c1) { /* this row sees nothing here: a masked tile inside a live row */
-            memset(p, 0, (size_t)n * sizeof(FT));
+            memset(p + cs0, 0, (size_t)(cs1 - cs0) * sizeof(FT));
             continue;
         }
-        if (c0 > 0 || c1 < n) { /* a PARTIAL tile's masked columns */
-            memset(p, 0, (size_t)c0 * sizeof(FT));
-            memset(p + c1, 0, (size_t)(n - c1) * sizeof(FT));
+        if (c0 > cs0 || c1 < cs1) { /* a PARTIAL tile's masked columns */
+            memset(p + cs0, 0, (size_t)(c0 - cs0) * sizeof(FT));
+            memset(p + c1, 0, (size_t)(cs1 - c1) * sizeof(FT));
         }
         if (drop->threshold)
             fai_dropout_keep_row(drop, i, j0 + c0, c1 - c0, w->keep + c0);
@@ -229,8 +241,8 @@ static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, in
         }
     }
     if (!tile->selective) /* 4. acc = diag(a) acc + P V */
-        FT_GEMM(w->kern, r1 - r0, dv, n, w->sp, ld, w->v, dv, w->acc + r0 * dv, dv, 1,
-                w->x + r0);
+        FT_GEMM(w->kern, r1 - r0, dv, cs1 - cs0, w->sp + cs0, ld, w->v + cs0 * dv, dv,
+                w->acc + r0 * dv, dv, 1, w->x + r0);
 }
 
 /*
