@@ -339,9 +339,11 @@ int main(int argc, char **argv)
                     o.backward ? tl.bwd_ms : 0.0, bgf, tl.bwd_peak, o.backward ? cv.bwd_ms : 0.0,
                     cv.bwd_peak);
         if (o.sweep) {
-            static const char *tiles[] = {"32x32",   "64x64",   "64x128",  "128x64",  "128x128",
-                                          "128x256", "192x128", "256x64",  "256x128", "256x256",
-                                          "512x64",  "512x128", "512x256", "1024x64", NULL};
+            /* BQxBK, or BQxBKxBR with the forward's rows per strip */
+            static const char *tiles[] = {"64x64",       "128x128",     "256x128",   "256x256",
+                                          "512x128",     "512x256",     "1024x64",   "1024x128",
+                                          "1024x256",    "2048x128",    "2048x256",  "4096x256",
+                                          "1024x256x48", "1024x256x96", NULL};
             opts so = o;
             so.backward = 0;
             printf("  tile sweep (forward ms, best of %ld):", o.reps);

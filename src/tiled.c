@@ -4,9 +4,10 @@
  * tiled_tpl.h, instantiated here for float (f32, f16, bf16 storage: f32 accumulation, the
  * ISA's kernels from src/simd/) and double (f64 storage, portable). Tile sizes: core/plan.c.
  *
- * Extra memory: one workspace per thread, O(Bq x D + Bk x D + Bq x Bk) (the backward's holds
- * five Bq x Bk tiles), independent of sequence length; the backward's single pass adds dQ of a
- * kv head's query heads, group x Sq x Dqk, up to 8 MiB a thread (core/plan.c).
+ * Extra memory: one workspace per thread, O(Bq x D + Bk x D + Br x Bk) for the forward (the
+ * backward's holds five Bq x Bk tiles), independent of sequence length; the backward's single
+ * pass adds dQ of a kv head's query heads, group x Sq x Dqk, up to 8 MiB a thread
+ * (core/plan.c).
  */
 #include "config.h"
 

@@ -1,11 +1,12 @@
 /*
  * Tile-size policy for the CPU backends, in one place.
  *
- * The tiled backend works on a query tile of Bq rows against a key tile of Bk keys: the score
- * tile S = Q K^T and its probabilities P (Bq x Bk each) and the product P V are formed by the
- * ISA's GEMM micro-kernel (src/simd/), which streams the packed K^T panel (Dqk x Bk) and V
- * panel (Bk x Dv) once per MR rows of the query tile. The forward and the backward hold
- * different tiles, so each has its own rule below, with the measurements behind it.
+ * The tiled backend works on a query tile of Bq rows against a key tile of Bk keys: the scores
+ * S = Q K^T, their probabilities P and the product P V are formed by the ISA's GEMM
+ * micro-kernel (src/simd/), which streams the packed K^T panel (Dqk x Bk) and V panel
+ * (Bk x Dv) once per MR rows. The forward forms S and P a strip of Br rows at a time (Br x Bk
+ * in L1); the backward holds whole Bq x Bk tiles. Each has its own rule below, with the
+ * measurements behind it.
  */
 #include "config.h"
 
