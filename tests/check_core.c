@@ -252,10 +252,10 @@ static int is_pow2(int64_t x)
     return x > 0 && (x & (x - 1)) == 0;
 }
 
-/* Both passes keep the two key panels within 1/4 of L2; the forward keeps Q and acc of its
- * query tile beside them within 3/4 of L2 with the largest query tile (up to 1024) that does,
- * and its score strip within half of L1d (in rows, a multiple of every kernel set's MR); the
- * backward keeps its five score tiles within 2/3 of L2. */
+/* Both passes keep the two key panels within 1/4 of L2; the forward's query tile is the largest
+ * (up to 4096 rows) whose Q and acc take at most twice L2, and its score strip fills at most
+ * half of L1d (in rows, a multiple of every kernel set's MR); the backward keeps its five score
+ * tiles within 2/3 of L2. */
 START_TEST(plan_fits_caches)
 {
     const int64_t l1s[3] = {32 << 10, 48 << 10, 64 << 10}, l2s[3] = {256 << 10, 1 << 20, 2 << 20};
@@ -267,16 +267,13 @@ START_TEST(plan_fits_caches)
                 fai_cache_info ci = {l1s[c], l2, "test"};
                 fai_tiles f = fai_plan_tiles(&ci, D, D, es), b = fai_plan_tiles_backward(&ci, D, D, es);
                 ck_assert(is_pow2(f.bq) && is_pow2(f.bk) && is_pow2(b.bq) && is_pow2(b.bk));
-                ck_assert(f.bk >= 16 && f.bk <= 256 && f.bq >= 16 && f.bq <= 1024);
+                ck_assert(f.bk >= 16 && f.bk <= 256 && f.bq >= 16 && f.bq <= 4096);
                 ck_assert(b.bk >= 16 && b.bk <= 256 && b.bq >= 16 && b.bq <= 256);
                 ck_assert(f.bk == b.bk); /* the panel bound */
                 if (b.bk > 16)
                     ck_assert(b.bk * 2 * D * e <= l2 / 4);
-                const int64_t panels = f.bk * 3 * D * e;
-                ck_assert_msg(f.bq * 2 * D * e + panels <= l2 / 4 * 3 || f.bq == 16, "D=%lld",
-                              (long long)D);
-                /* no larger query tile fits */
-                ck_assert(f.bq == 1024 || 2 * f.bq * 2 * D * e + panels > l2 / 4 * 3);
+                ck_assert_msg(f.bq * 2 * D * e <= 2 * l2 || f.bq == 16, "D=%lld", (long long)D);
+                ck_assert(f.bq == 4096 || 2 * f.bq * 2 * D * e > 2 * l2); /* no larger one */
                 ck_assert(f.br % 24 == 0 && f.br >= 24);
                 ck_assert(f.br == 24 || f.br * f.bk * e <= ci.l1d / 2);
                 ck_assert((f.br + 24) * f.bk * e > ci.l1d / 2);

@@ -99,13 +99,6 @@ static int64_t key_tile_max(const fai_cache_info *ci, int64_t dqk, int64_t dv, s
     return clamp64(floor_pow2((ci->l2 / 4) / ((dqk + dv) * (int64_t)es)), 16, 256);
 }
 
-/* The forward's working set in L2: the key tile as read, as K^T and as V, and the query tile's
- * Q (in panels) and acc, which each key tile streams through once. */
-static int64_t forward_bytes(int64_t bq, int64_t bk, int64_t dqk, int64_t dv, size_t es)
-{
-    return (bq * (dqk + dv) + bk * (2 * dqk + dv)) * (int64_t)es;
-}
-
 /* Rows per strip: a multiple of every kernel set's MR (12, 6, 8), the largest whose score strip
  * (br x bk) fills at most half of L1d, at least 24. */
 int64_t fai_plan_strip(const fai_cache_info *ci, int64_t bk, size_t es)
@@ -115,31 +108,32 @@ int64_t fai_plan_strip(const fai_cache_info *ci, int64_t bk, size_t es)
 }
 
 /*
- * Forward. A query tile packs each key tile it visits once (K^T by transposes, V by copies: a
- * cost per key row, amortized over Bq rows) and takes it in strips of br rows, each strip's
- * scores formed, exponentiated and multiplied by V while they are in L1. So Bk is the panel
- * bound, and Bq the largest power of two up to 1024 whose Q and acc fit next to the panels in
- * 3/4 of L2 (beyond that they stream from L3 on every key tile; it measured no faster).
+ * Forward. A query tile packs each key tile it visits once (K^T by transposes, V by copies)
+ * and takes it in strips of br rows, each strip's scores formed, exponentiated and multiplied
+ * by V while they are in L1. So Bk is the panel bound, and Bq is what amortizes the packing,
+ * whose reads are K and V rows at the tensor's sequence stride (4 KiB for H=8, D=128 f32: one
+ * row per page, which the hardware prefetchers do not follow). Against that, each key tile
+ * streams the query tile's Q panels and acc through L2, sequentially, which they do follow;
+ * so Bq is the largest power of two up to 4096 whose Q and acc take at most twice L2 (4096 rows
+ * at D=128 with 2 MiB of L2; the workspace stays a few MiB a thread).
  *
- * Measured (bench_attention, B=1 H=8 N=4096 f32 non-causal, 1 thread, alternated rounds, best
- * of each; Intel Xeon (Emerald Rapids) with 48 KiB L1d / 2 MiB L2, 2026-12-01, host noisy by
- * +-10%):
- *   D=128: rule 1024x256 (strips of 24) -> 536.6-542.8 ms; 2048x256 538.8, 4096x256 538.8,
- *          4096x128 565.7, 2048x128 549.6, 512x128 (the rule before strips) 569.0;
- *          strips of 24, 48 and 96 rows at 4096x256: 534.8, 539.6, 536.0 (within the noise).
+ * Measured (bench_attention, N=4096 f32 non-causal, 1 thread, alternated rounds, best of each;
+ * Intel Xeon (Emerald Rapids) with 48 KiB L1d / 2 MiB L2, 2026-12-01, host noisy by +-10%):
+ *   H=8 D=128: 4096x256 -> 514.1-514.3 ms; 2048x256 519.6, 1024x256 523.5;
+ *   H=8 D=64:  4096x256 -> 284.7 ms; 2048x256 287.9, 1024x256 288.1;
+ *   H=2 D=128 (1 KiB row stride: packing cheaper): 4096x256 130.4, 2048x256 129.5, 1024x256
+ *          130.3; strips of 24, 48 and 96 rows within the noise.
  * Before strips (2026-11-30; S and P of the whole query tile, Bq x Bk, had to fit in L2):
- *   D=128: 512x128 -> 551.6 ms; 1024x128 571.7, 1024x64 582.0, 512x64 587.6, 128x256 605.5;
- *   D=64:  512x256 -> 317.9 ms, the best; 512x128 324.6, 256x256 326.2, 128x256 348.4.
- * Without the packing (a timing experiment that skipped it) D=128 ran in 519-536 ms at
- * Bq=128-512: the transposes and copies cost 90 ms at Bq=128, about 45 at Bq=512.
+ *   D=128: 512x128 -> 551.6 ms (H=8); 1024x128 571.7, 1024x64 582.0, 512x64 587.6;
+ *   D=64:  512x256 -> 317.9 ms, 512x128 324.6, 256x256 326.2, 128x256 348.4.
  * On AMD EPYC (Zen 5) with 1 MiB L2 (2026-11-29, before strips) the best tiles were 256x128 at
  * D=128 and D=64.
  */
 fai_tiles fai_plan_tiles(const fai_cache_info *ci, int64_t dqk, int64_t dv, size_t es)
 {
-    const int64_t budget = ci->l2 / 4 * 3, bk = key_tile_max(ci, dqk, dv, es);
-    int64_t bq = 1024;
-    while (bq > 16 && forward_bytes(bq, bk, dqk, dv, es) > budget)
+    const int64_t bk = key_tile_max(ci, dqk, dv, es);
+    int64_t bq = 4096;
+    while (bq > 16 && bq * (dqk + dv) * (int64_t)es > 2 * ci->l2)
         bq /= 2;
     return (fai_tiles){bq, bk, fai_plan_strip(ci, bk, es)};
 }
