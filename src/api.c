@@ -254,16 +254,25 @@ fa_status fa_context_create(const fa_options *o, fa_context **out)
     fai_tiles forced = {0, 0, 0};
     const char *env = getenv("FA_TILES");
     if (env && *env) {
-        long long t[3] = {0, 0, 0};
-        int n2 = 0, n3 = 0;
-        const int ok = sscanf(env, "%lldx%lld%n", &t[0], &t[1], &n2) == 2 &&
-                       (env[n2] == 0 || (sscanf(env + n2, "x%lld%n", &t[2], &n3) == 1 &&
-                                         env[n2 + n3] == 0 && t[2] >= 1 && t[2] <= t[0]));
-        if (!ok || t[0] < 1 || t[0] > 4096 || t[1] < 1 || t[1] > 4096)
+        int64_t size[3] = {0, 0, 0}; /* BQ, BK, BR (0: the plan's strip for BK) */
+        const char *at = env;
+        int fields = 0, ok = 1;
+        while (ok && fields < 3) {
+            ok = *at >= '1' && *at <= '9';
+            int64_t v = 0;
+            for (; ok && *at >= '0' && *at <= '9'; at++)
+                v = v > 4096 ? v : v * 10 + (*at - '0'); /* saturates above the bound */
+            size[fields++] = v;
+            ok = ok && v <= 4096;
+            if (!ok || *at != 'x')
+                break;
+            at++;
+        }
+        if (!ok || *at != 0 || fields < 2 || (fields == 3 && size[2] > size[0]))
             return fai_fail(FA_ERR_INVALID_ARGUMENT,
                             "FA_TILES=%s: expected BQxBK or BQxBKxBR, e.g. 64x32 or 64x32x8, "
                             "each in [1, 4096], BR <= BQ", env);
-        forced = (fai_tiles){t[0], t[1], t[2]}; /* BR 0: the plan's strip for BK */
+        forced = (fai_tiles){size[0], size[1], size[2]};
     }
     int passes = 0;
     env = getenv("FA_BACKWARD_PASSES");

@@ -34,7 +34,7 @@ struct fa_context {
     const struct fai_kernels_f32_s *kernels; /* the ISA's kernel set (simd/kernels.h) */
     int num_threads;    /* > 0 */
     fai_cache_info cache;
-    fai_tiles forced_tiles; /* FA_TILES=BQxBK (tile sweeps); 0 x 0 when not set */
+    fai_tiles forced_tiles; /* FA_TILES=BQxBK[xBR] (tile sweeps); all 0 when not set */
     int forced_backward_passes; /* FA_BACKWARD_PASSES=1|2 (the tiled backward); 0: planned */
     /* CUDA backend: the stream of fa_options, its deterministic flag, and whether the backend
      * was AUTO (then a call whose q is device memory runs on CUDA, when it is built) */

@@ -134,8 +134,10 @@ fai_tiles fai_tiled_tiles(const fa_context *ctx, int64_t dqk, int64_t dv, fa_dty
     const size_t es = d == FA_F64 ? sizeof(double) : sizeof(float);
     if (ctx->forced_tiles.bq > 0) {
         fai_tiles t = ctx->forced_tiles;
-        if (t.br == 0)
-            t.br = fai_plan_strip(&ctx->cache, t.bk, es);
+        if (t.br == 0) {
+            const int64_t br = fai_plan_strip(&ctx->cache, t.bk, es);
+            t.br = br < t.bq ? br : t.bq;
+        }
         return t;
     }
     return backward ? fai_plan_tiles_backward(&ctx->cache, dqk, dv, es)

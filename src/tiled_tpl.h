@@ -10,6 +10,7 @@
  *   FT_EXPSUM, FT_MAX,          for double): C (+)= A B and A^T B, y = exp(x - m) with its sum,
  *   FT_TRANSPOSE, FT_COLDOT,    a max, a transpose, dots of columns, the
  *   FT_DSOFTMAX, FT_FINITE      backward's row, a finiteness test
+ *   FT_PANEL                    rows per panel of the forward's packed Q (the GEMM kernel's MR)
  *   FT_MOVE, FT_FINALIZE        the recurrence (core/recurrence.h)
  *
  * Every sum runs in a fixed order (over d for scores, over keys for accumulators; the kernels
@@ -74,14 +75,30 @@ static const FT *FAI_T(rows_view)(const fai_kernels_f32 *kern, const fa_tensor *
     return buf;
 }
 
+/* Whether head h's score pipeline is the scale alone (no softcap, no ALiBi): the Q K^T GEMM then
+ * applies it in its store, with the single rounding of the pipeline's multiply. */
+static int FAI_T(scale_only)(const fai_problem *pr, FT slope)
+{
+    return pr->score.softcap == 0 && slope == 0;
+}
+
+/* n copies of the score scale from the arena: the GEMM's store factors (filled once carved). */
+static FT *FAI_T(carve_scale_rows)(fai_arena *a, const fai_problem *pr, int64_t n)
+{
+    FT *rows = fai_carve(a, (size_t)n * sizeof(FT));
+    for (int64_t r = 0; rows && r < n; r++)
+        rows[r] = (FT)pr->score.scale;
+    return rows;
+}
+
 /* ------------------------------------------------------------------ forward */
 
 typedef struct {
     FT *q;                       /* the query tile, in panels of FT_PANEL rows (FAI_T(gemm_qk)) */
-    FT *qrows;                   /* FT_PANEL rows of Q as read, before packing                  */
+    FT *qrows;                   /* FT_PANEL rows of Q converted from storage, before packing   */
     FT *k, *kt, *v, *acc, *m, *l, *x;
     FT *sp;                      /* a strip's scores S, then its P in place (br x bk)           */
-    FT *scale_rows;              /* br copies of the score scale: the GEMM's store factors      */
+    FT *scale_rows;              /* FT_PANEL copies of the score scale (FAI_T(gemm_qk))         */
     unsigned char *live, *keep;
     const fai_kernels_f32 *kern; /* the f32 path's kernel set (unused by f64) */
 } FAI_T(fwd_ws);
@@ -102,9 +119,7 @@ static size_t FAI_T(fwd_carve)(const fai_problem *pr, fai_tiles tl,
     w->l = fai_carve(&a, (size_t)tl.bq * sizeof(FT));
     w->x = fai_carve(&a, (size_t)tl.bq * sizeof(FT));
     w->sp = fai_carve(&a, (size_t)(tl.br * tl.bk) * sizeof(FT));
-    w->scale_rows = fai_carve(&a, (size_t)tl.br * sizeof(FT));
-    for (int64_t r = 0; base && r < tl.br; r++)
-        w->scale_rows[r] = (FT)pr->score.scale;
+    w->scale_rows = FAI_T(carve_scale_rows)(&a, pr, panel);
     w->live = fai_carve(&a, (size_t)tl.bq);
     w->keep = fai_carve(&a, (size_t)tl.bk);
     return a.used;
@@ -115,7 +130,7 @@ static size_t FAI_T(fwd_carve)(const fai_problem *pr, fai_tiles tl,
  * MR), each stored transposed, so that row r's element p lies at q[(r - r % P) dqk + p P + r % P].
  * The GEMM kernel then reads one contiguous stream of A per row block instead of MR rows at
  * once, which the hardware prefetchers follow: on Emerald Rapids the Q K^T products of a strip
- * ran at 146 GFLOP/s from row-major Q and 153.5 from panels (src/core/plan.c's bench, 2026-12-01).
+ * ran at 146 GFLOP/s from row-major Q and 153.5 from panels (NOTES.md, 2026-12-01).
  */
 static void FAI_T(load_q_panels)(const fai_problem *pr, int64_t b, int64_t h, int64_t i0,
                                  int64_t nq, FAI_T(fwd_ws) *w)
@@ -123,8 +138,10 @@ static void FAI_T(load_q_panels)(const fai_problem *pr, int64_t b, int64_t h, in
     const int64_t panel = FT_PANEL(w->kern), dqk = pr->dqk;
     for (int64_t r = 0; r < nq; r += panel) {
         const int64_t m = nq - r < panel ? nq - r : panel;
-        FAI_T(load_rows)(w->kern, pr->io.q, pr->dtype, b, h, i0 + r, m, dqk, w->qrows);
-        FT_TRANSPOSE(w->kern, m, dqk, w->qrows, dqk, w->q + r * dqk, panel);
+        int64_t ld;
+        const FT *rows = FAI_T(rows_view)(w->kern, pr->io.q, pr->dtype, b, h, i0 + r, m, dqk,
+                                          w->qrows, &ld);
+        FT_TRANSPOSE(w->kern, m, dqk, rows, ld, w->q + r * dqk, panel);
     }
 }
 
@@ -273,7 +290,7 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
     const int64_t hk = h / pr->group, nq = i1 - i0, dv = pr->dv;
     const fai_dropout drop = fai_dropout_for(pr, b, h);
     FAI_T(fwd_ktile) tile = {.slope = (FT)fai_slope(pr, h), .drop = &drop};
-    tile.scale_only = pr->score.softcap == 0 && tile.slope == 0;
+    tile.scale_only = FAI_T(scale_only)(pr, tile.slope);
 
     FAI_T(load_q_panels)(pr, b, h, i0, nq, w);
     for (int64_t r = 0; r < nq; r++) {
@@ -302,7 +319,8 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
         FAI_T(load_rows)(w->kern, pr->io.v, pr->dtype, b, hk, tile.j0, tile.n, dv, w->v);
         tile.selective = (tile.cls != FAI_TILE_FULL || drop.threshold) &&
                        !FT_FINITE(w->kern, tile.n * dv, w->v);
-        /* strips on a grid of br rows from the tile's first (br is a multiple of the panels) */
+        /* strips on a grid of br rows from the tile's first row (the plan's br is a multiple
+         * of every kernel's MR, so its strips start on panel boundaries; any br works) */
         for (int64_t g = r0 - r0 % tl.br; g < r1; g += tl.br) {
             const int64_t s0 = g > r0 ? g : r0, s1 = g + tl.br < r1 ? g + tl.br : r1;
             int64_t a0, a1; /* the strip's rows that see the tile */
@@ -319,12 +337,13 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
         const FT f = FT_FINALIZE(w->m[r], w->l[r], keep_scale, &lse);
         /* an empty row is exactly 0, whatever acc holds; + 0 turns -0 into +0, so the sign of
          * a zero does not depend on which rows the row-span skip left out */
-        if (f == 0)
+        if (f == 0) {
             memset(acc, 0, (size_t)dv * sizeof(FT));
-        else
+        } else {
 #pragma omp simd
             for (int64_t d = 0; d < dv; d++)
                 acc[d] = acc[d] * f + 0;
+        }
         FT_STORE(w->kern, fai_row(pr->io.out, b, i0 + r, h), pr->dtype, dv, acc);
         if (pr->io.lse)
             fai_lse_store(pr->io.lse, b, h, i0 + r, lse);
@@ -333,13 +352,10 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
 
 static fa_status FAI_T(forward)(fa_context *ctx, const fai_problem *pr, fai_tiles tl)
 {
-    /* Enough tasks for the threads: the query tile a task takes halves (down to one strip)
-     * while there are fewer than four per thread. A row's result does not depend on the query
-     * tile; the workspace keeps the plan's size, so it does not depend on the problem. */
-    int64_t bq = tl.bq;
-    while (bq / 2 >= tl.br &&
-           pr->b * pr->hq * ((pr->sq + bq - 1) / bq) < 4 * (int64_t)ctx->num_threads)
-        bq /= 2;
+    /* the rows a task takes (forced tiles are taken as they are); the workspace is the plan's */
+    const int64_t bq = ctx->forced_tiles.bq > 0
+                           ? tl.bq
+                           : fai_plan_forward_rows(tl, pr->b * pr->hq, pr->sq, ctx->num_threads);
     FAI_T(fwd_ws) w;
     size_t per = FAI_T(fwd_carve)(pr, tl, ctx->kernels, NULL, &w), bytes;
     const int nt = ctx->num_threads;
@@ -389,7 +405,7 @@ typedef struct {
     FT *q, *dout, *o, *dq;       /* a block of up to bq query rows (row-major)                 */
     FT *dot, *ot;                /* dO^T and O^T of the block (dv x bq), for D                 */
     FT *di;                      /* D_i of the block's rows                                    */
-    FT *scale_rows;              /* bq copies of the score scale: the GEMM's store factors     */
+    FT *scale_rows;              /* bq copies of the score scale (bwd_block's Q K^T)           */
     double *lse;
     FT *s, *dp, *t, *p, *ds;     /* bq x bk: scores, dP, tanh(x / c), P~, scale dS             */
     unsigned char *keep;
@@ -419,9 +435,7 @@ static size_t FAI_T(bwd_carve)(const fai_problem *pr, fai_tiles tl, int single_p
     w->ot = fai_carve(&a, bq * (size_t)pr->dv * f);
     w->dq = fai_carve(&a, bq * (size_t)pr->dqk * f);
     w->di = fai_carve(&a, bq * f);
-    w->scale_rows = fai_carve(&a, bq * f);
-    for (size_t r = 0; base && r < bq; r++)
-        w->scale_rows[r] = (FT)pr->score.scale;
+    w->scale_rows = FAI_T(carve_scale_rows)(&a, pr, tl.bq);
     w->lse = fai_carve(&a, bq * sizeof(double));
     w->s = fai_carve(&a, bq * bk * f);
     w->dp = fai_carve(&a, bq * bk * f);
@@ -476,7 +490,7 @@ static int FAI_T(bwd_block)(const fai_problem *pr, fai_tiles tl, int64_t b, int6
     const int64_t ld = tl.bk;
     const FT keep_scale = (FT)(1.0 / (1.0 - pr->dropout_p)), scale = (FT)pr->score.scale;
     const FT slope = (FT)fai_slope(pr, h);
-    const int softcap = pr->score.softcap > 0, scale_only = !softcap && slope == 0;
+    const int softcap = pr->score.softcap > 0, scale_only = FAI_T(scale_only)(pr, slope);
     const fai_dropout drop = fai_dropout_for(pr, b, h);
     FT_GEMM(w->kern, nq, n, pr->dqk, w->q, pr->dqk, w->kt, ld, w->s, ld, 0,
             scale_only ? w->scale_rows : NULL); /* Q K^T, scaled as the forward's */

@@ -339,6 +339,27 @@ START_TEST(context_options_and_environment)
     ck_assert_uint_eq(strlen(line), 9);
     fa_context_destroy(ctx);
     unsetenv("FA_ISA");
+    /* FA_TILES: BQxBK or BQxBKxBR, decimal, each in [1, 4096], BR <= BQ; describe shows them */
+    static const char *const tiles_ok[] = {"64x32", "64x32x8", "4096x4096x4096", "1x1x1"};
+    for (size_t t = 0; t < sizeof tiles_ok / sizeof *tiles_ok; t++) {
+        setenv("FA_TILES", tiles_ok[t], 1);
+        ck_assert_msg(fa_context_create(NULL, &ctx) == FA_OK, "%s: %s", tiles_ok[t],
+                      fa_last_error());
+        fa_context_describe(ctx, line, sizeof line);
+        fa_context_destroy(ctx);
+        if (t == 1)
+            ck_assert_msg(strstr(line, "D=64 64x32x8/64x32"), "%s", line);
+    }
+    static const char *const tiles_bad[] = {
+        "64x32x", "64x32x0", "64x32x65", "64x 32", "64x32x8x1", "0x32",  "64",
+        "64x4097", "99999999999999999999x1", "x32", "64x32 ", "-64x32", "+64x32"};
+    for (size_t t = 0; t < sizeof tiles_bad / sizeof *tiles_bad; t++) {
+        setenv("FA_TILES", tiles_bad[t], 1);
+        ck_assert_msg(fa_context_create(NULL, &ctx) == FA_ERR_INVALID_ARGUMENT, "%s accepted",
+                      tiles_bad[t]);
+        ck_assert(strstr(fa_last_error(), "FA_TILES="));
+    }
+    unsetenv("FA_TILES");
 }
 END_TEST
 

@@ -149,9 +149,12 @@ START_TEST(backends_match_reference)
     /* ALiBi's bias grows with the distance, so |LSE| reaches slope x Sq (128 in case 7): an f32
      * LSE is then good to |LSE| 2^-24 only, which the backward's P = exp(s - LSE) carries to
      * every gradient of the row, as in backends_large_logits below (measured, case 7 dV: 1.14e-5
-     * from an f32 LSE, 7.6e-6 from an f64 one, against a bound of 1.06e-5). Those cases hand
-     * the backward an f64 LSE; the others an f32 one. */
-    const fa_dtype lse_dt = dt == FA_F64 || c->alibi ? FA_F64 : FA_F32;
+     * from an f32 LSE, 7.6e-6 from an f64 one, against a bound of 1.06e-5). ALiBi cases that
+     * reach past 128 keys hand the backward an f64 LSE; the others an f32 one. */
+    int64_t bq, bk;
+    ht_tiles(c->dqk, c->dv, dt, &bq, &bk);
+    const int far = c->alibi && (resolve(c->sq, bq, bk) > 128 || resolve(c->sk, bq, bk) > 128);
+    const fa_dtype lse_dt = dt == FA_F64 || far ? FA_F64 : FA_F32;
     sweep_one(c, dt, _i / 4, 1, -1, 1, lse_dt);
 }
 END_TEST

@@ -497,23 +497,24 @@ START_TEST(expsum_exhaustive_nonpositive)
 }
 END_TEST
 
-/* max: the largest element, NaN if any is NaN (wherever it is), -inf for none, for every
- * length around the vector widths; elements beyond n are not read into it. */
+/* max: the largest element, NaN if any is NaN (at every position, so in every running maximum
+ * and every tail), -inf for none, for every length up to past three times 64 (the AVX-512
+ * kernel's four-vector step); elements beyond n are not read into it. */
 START_TEST(max_matches_definition)
 {
     const fai_kernels_f32 *kt = kernels_or_skip(_i);
     if (!kt)
         return;
     uint64_t seed = 3;
-    float x[70];
-    for (int64_t n = 0; n <= 66; n++)
-        for (int nan_at = -1; nan_at < (n < 3 ? (int)n : 3); nan_at++) {
-            for (int64_t i = 0; i < 70; i++)
+    float x[210];
+    for (int64_t n = 0; n <= 200; n++)
+        for (int64_t nan_at = -1; nan_at < n; nan_at++) {
+            for (int64_t i = 0; i < 210; i++)
                 x[i] = rnd(&seed) * 1000;
-            for (int64_t i = n; i < 70; i++)
+            for (int64_t i = n; i < 210; i++)
                 x[i] = i % 2 ? INFINITY : NAN; /* outside: must not count */
             if (nan_at >= 0)
-                x[n - 1 - nan_at] = NAN;
+                x[nan_at] = NAN;
             float m = kt->max(n, x), want = -INFINITY;
             for (int64_t i = 0; i < n; i++)
                 want = x[i] > want || x[i] != x[i] ? x[i] : want;

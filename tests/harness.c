@@ -193,8 +193,8 @@ double ht_max_abs(const ht_tensor *x)
 void ht_tiles(int64_t dqk, int64_t dv, fa_dtype dt, int64_t *bq, int64_t *bk)
 {
     fa_context *ctx = ht_context(FA_BACKEND_TILED, 1);
-    /* powers of two: the larger of the forward's and the backward's is a multiple of the other.
-     * Query rows: the backward's tile only; the forward's results do not depend on its query
+    /* Keys: the larger of the forward's and the backward's Bk (powers of two: a multiple of the
+     * other). Query rows: the backward's tile only; the forward's results do not depend on its query
      * tile (check_semantics.c: forward_bits_independent_of_query_grouping), and its 1024 rows
      * would double the sizes (and ALiBi's reach) of the cases built on it */
     fai_tiles f = fai_tiled_tiles(ctx, dqk, dv, dt, 0), b = fai_tiled_tiles(ctx, dqk, dv, dt, 1);

@@ -99,8 +99,9 @@ static int64_t key_tile_max(const fai_cache_info *ci, int64_t dqk, int64_t dv, s
     return clamp64(floor_pow2((ci->l2 / 4) / ((dqk + dv) * (int64_t)es)), 16, 256);
 }
 
-/* Rows per strip: a multiple of every kernel set's MR (12, 6, 8), the largest whose score strip
- * (br x bk) fills at most half of L1d, at least 24. */
+/* Rows per strip: a multiple of the AVX-512, AVX2 and NEON kernels' MR (12, 6, 8), the largest
+ * whose score strip (br x bk) fills at most half of L1d, at least 24 (the forward's rule caps it
+ * at Bq). */
 int64_t fai_plan_strip(const fai_cache_info *ci, int64_t bk, size_t es)
 {
     const int64_t br = (ci->l1d / 2) / (bk * (int64_t)es) / 24 * 24;
@@ -135,7 +136,24 @@ fai_tiles fai_plan_tiles(const fai_cache_info *ci, int64_t dqk, int64_t dv, size
     int64_t bq = 4096;
     while (bq > 16 && bq * (dqk + dv) * (int64_t)es > 2 * ci->l2)
         bq /= 2;
-    return (fai_tiles){bq, bk, fai_plan_strip(ci, bk, es)};
+    const int64_t br = fai_plan_strip(ci, bk, es);
+    return (fai_tiles){bq, bk, br < bq ? br : bq};
+}
+
+/*
+ * The query rows a forward task takes: the plan's Bq, halved (down to one strip) while the
+ * (batch, head, query tile) tasks number fewer than four per thread. Tasks are whole tiles and
+ * threads take them dynamically, so four per thread bounds the imbalance by about a quarter
+ * (the backward's single-pass rule below uses the same bound). The workspace keeps the plan's
+ * size, and no row's result depends on its query tile, so results stay the same at every
+ * thread count.
+ */
+int64_t fai_plan_forward_rows(fai_tiles tl, int64_t heads, int64_t sq, int threads)
+{
+    int64_t bq = tl.bq;
+    while (bq / 2 >= tl.br && heads * ((sq + bq - 1) / bq) < 4 * (int64_t)threads)
+        bq /= 2;
+    return bq;
 }
 
 /*

@@ -21,6 +21,9 @@ void fai_cache_detect(fai_cache_info *ci);
 fai_tiles fai_plan_tiles(const fai_cache_info *ci, int64_t dqk, int64_t dv, size_t elem_size);
 /* The forward's rows per strip for key tiles of bk (also for tiles forced by FA_TILES). */
 int64_t fai_plan_strip(const fai_cache_info *ci, int64_t bk, size_t elem_size);
+/* The query rows a forward task takes for `heads` (batch x head) pairs of sq rows on `threads`
+ * threads: tl.bq, or less where there are too few tasks to share out. */
+int64_t fai_plan_forward_rows(fai_tiles tl, int64_t heads, int64_t sq, int threads);
 fai_tiles fai_plan_tiles_backward(const fai_cache_info *ci, int64_t dqk, int64_t dv,
                                   size_t elem_size);
 /* Whether the backward runs as one pass: `tasks` (b, kv head) pairs on `threads` threads, with

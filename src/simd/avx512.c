@@ -241,9 +241,9 @@ static int fa_f32_finite__avx512(int64_t n, const float *x)
     return ok == 0xffff;
 }
 
-/* Max with NaN kept: lanes that are NaN are collected in a mask and decide the result. */
-/* Four running maxima (one chain would wait on the max's latency at every vector); a NaN is
- * noted by its own compare, since vmaxps drops a NaN in its first operand. */
+/* Max with NaN kept: four running maxima (one chain would wait on the max's latency at every
+ * vector); lanes that are NaN are collected in a mask by their own compare, since vmaxps drops
+ * a NaN in its first operand, and decide the result. */
 static float fa_f32_max__avx512(int64_t n, const float *x)
 {
     __m512 vmax[4];

@@ -94,7 +94,8 @@ fa_isa fai_isa_best(void);
 void fai_gemm_f32(const fai_kernels_f32 *kt, int64_t m, int64_t n, int64_t k, const float *a,
                   int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc,
                   int accumulate, const float *cscale);
-/* The same with A stored transposed (A[i][p] at a[p * lda + i]): the backward's P^T dO and
+/* The same with A stored transposed (A[i][p] at a[p * lda + i]): the forward's Q K^T from Q
+ * packed in MR-row panels (lda = MR, the score scale in cscale), the backward's P^T dO and
  * dS^T Q without forming P^T and dS^T. Each C element's bits are those of fai_gemm_f32 on the
  * transposed copy (same terms, same order). */
 void fai_gemm_at_f32(const fai_kernels_f32 *kt, int64_t m, int64_t n, int64_t k, const float *a,
