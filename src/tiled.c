@@ -39,7 +39,8 @@
     (kern)->dsoftmax(n, s, lse, dp, di, scale, p, ds)
 #define FT_FINITE_F32(kern, n, x) (kern)->finite(n, x)
 #define FT_FINITE_F64(kern, n, x) fai_finite_f64(n, x)
-/* Rows per panel of the packed query tile: the GEMM kernel's MR (f32); f64's portable GEMM takes any. */
+/* Rows per panel of the packed query tile: the GEMM kernel's MR (f32); any for f64's portable
+ * GEMM. */
 #define FT_PANEL_F32(kern) ((kern)->mr)
 #define FT_PANEL_F64(kern) ((void)(kern), (int64_t)8)
 

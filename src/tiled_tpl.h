@@ -318,7 +318,7 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
         FT_TRANSPOSE(w->kern, tile.n, pr->dqk, k, ldk, w->kt, tl.bk);
         FAI_T(load_rows)(w->kern, pr->io.v, pr->dtype, b, hk, tile.j0, tile.n, dv, w->v);
         tile.selective = (tile.cls != FAI_TILE_FULL || drop.threshold) &&
-                       !FT_FINITE(w->kern, tile.n * dv, w->v);
+                         !FT_FINITE(w->kern, tile.n * dv, w->v);
         /* strips on a grid of br rows from the tile's first row (the plan's br is a multiple
          * of every kernel's MR, so its strips start on panel boundaries; any br works) */
         for (int64_t g = r0 - r0 % tl.br; g < r1; g += tl.br) {
@@ -336,7 +336,7 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
         double lse;
         const FT f = FT_FINALIZE(w->m[r], w->l[r], keep_scale, &lse);
         /* an empty row is exactly 0, whatever acc holds; + 0 turns -0 into +0, so the sign of
-         * a zero does not depend on which rows the row-span skip left out */
+         * a zero does not depend on which rows and columns the skips left out */
         if (f == 0) {
             memset(acc, 0, (size_t)dv * sizeof(FT));
         } else {
