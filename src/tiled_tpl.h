@@ -578,8 +578,9 @@ static void FAI_T(bwd_ktile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
                 continue;
             FT *dq = w->dq_all ? w->dq_all + ((h - hk * pr->group) * pr->sq + i0) * dqk : NULL;
             if (w->kv_finite && w->q_finite) {
-                FT_GEMM_AT(w->kern, n, dv, nq, w->p, ld, w->dout, dv, w->dv, dv, 1, NULL); /* P~^T dO */
-                FT_GEMM_AT(w->kern, n, dqk, nq, w->ds, ld, w->q, dqk, w->dk, dqk, 1, NULL); /* dS^T Q */
+                /* P~^T dO, dS^T Q */
+                FT_GEMM_AT(w->kern, n, dv, nq, w->p, ld, w->dout, dv, w->dv, dv, 1, NULL);
+                FT_GEMM_AT(w->kern, n, dqk, nq, w->ds, ld, w->q, dqk, w->dk, dqk, 1, NULL);
                 if (dq)
                     FT_GEMM(w->kern, nq, dqk, n, w->ds, ld, w->k, dqk, dq, dqk, 1, NULL);
                 continue;
