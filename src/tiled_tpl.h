@@ -99,6 +99,7 @@ typedef struct {
     FT *k, *kt, *v, *acc, *m, *l, *x;
     FT *sp;                      /* a strip's scores S, then its P in place (br x bk)           */
     FT *scale_rows;              /* FT_PANEL copies of the score scale (FAI_T(gemm_qk))         */
+    int64_t *cols;               /* a strip's rows' allowed columns, [c0, c1) pairs (br x 2)    */
     unsigned char *live, *keep;
     const fai_kernels_f32 *kern; /* the f32 path's kernel set (unused by f64) */
 } FAI_T(fwd_ws);
@@ -120,6 +121,7 @@ static size_t FAI_T(fwd_carve)(const fai_problem *pr, fai_tiles tl,
     w->x = fai_carve(&a, (size_t)tl.bq * sizeof(FT));
     w->sp = fai_carve(&a, (size_t)(tl.br * tl.bk) * sizeof(FT));
     w->scale_rows = FAI_T(carve_scale_rows)(&a, pr, panel);
+    w->cols = fai_carve(&a, (size_t)(2 * tl.br) * sizeof(int64_t));
     w->live = fai_carve(&a, (size_t)tl.bq);
     w->keep = fai_carve(&a, (size_t)tl.bk);
     return a.used;
@@ -184,12 +186,12 @@ static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, in
     const int64_t dv = pr->dv, ld = tl.bk, j0 = tile->j0, n = tile->n;
     const fai_dropout *drop = tile->drop;
     int64_t cs0 = n, cs1 = 0;
-    for (int64_t r = r0; r < r1; r++) {
-        int64_t c0, c1;
-        FAI_T(row_cols)(pr, tile->cls, i0 + r, j0, n, &c0, &c1);
-        if (c0 < c1) {
-            cs0 = c0 < cs0 ? c0 : cs0;
-            cs1 = c1 > cs1 ? c1 : cs1;
+    for (int64_t r = r0; r < r1; r++) { /* each row's allowed columns, and their union */
+        int64_t *c = w->cols + 2 * (r - r0);
+        FAI_T(row_cols)(pr, tile->cls, i0 + r, j0, n, &c[0], &c[1]);
+        if (c[0] < c[1]) {
+            cs0 = c[0] < cs0 ? c[0] : cs0;
+            cs1 = c[1] > cs1 ? c[1] : cs1;
         }
     }
     FAI_T(gemm_qk)(w, r0, r1, cs0, cs1, pr->dqk, ld, tile->scale_only);
@@ -197,8 +199,7 @@ static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, in
     for (int64_t r = r0; r < r1; r++) { /* 2. block max, new reference, rescale exponent */
         const int64_t i = i0 + r;
         FT *s = w->sp + (r - r0) * ld, bmax = -INFINITY;
-        int64_t c0, c1;
-        FAI_T(row_cols)(pr, tile->cls, i, j0, n, &c0, &c1);
+        const int64_t c0 = w->cols[2 * (r - r0)], c1 = w->cols[2 * (r - r0) + 1];
         if (c0 < c1 && tile->scale_only) /* scaled by the GEMM */
             bmax = FT_MAX(w->kern, c1 - c0, s + c0);
         else
@@ -218,8 +219,7 @@ static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, in
     for (int64_t r = r0; r < r1; r++) { /* 3. P (over S) and l */
         const int64_t i = i0 + r;
         FT *p = w->sp + (r - r0) * ld, *acc = w->acc + r * dv;
-        int64_t c0, c1;
-        FAI_T(row_cols)(pr, tile->cls, i, j0, n, &c0, &c1);
+        const int64_t c0 = w->cols[2 * (r - r0)], c1 = w->cols[2 * (r - r0) + 1];
         if (c0 >= c1) { /* this row sees nothing here: a masked tile inside a live row */
             memset(p + cs0, 0, (size_t)(cs1 - cs0) * sizeof(FT));
             continue;
