@@ -87,13 +87,20 @@ static void compare(const char *what, const char *label, const ht_tensor *conv,
     ck_assert_msg(c.pass, "%s %s: tiled error %.3g > %s", label, what, c.max_abs, c.rule);
 }
 
-/* Inputs drawn N(0, 1) (or uniform [lo, hi) for the large-logit case) and rounded to dt. */
+/* Inputs drawn N(0, 1) (or uniform [lo, hi) for the large-logit case) and rounded to dt; the
+ * backward gets an LSE of lse_dt, but f64 where ALiBi reaches past 128 keys: its bias grows
+ * with the distance, so |LSE| reaches slope x Sq (128 in case 7), and an f32 LSE is then good
+ * to |LSE| 2^-24 only, which the backward's P = exp(s - LSE) carries to every gradient of the
+ * row, as in backends_large_logits below (measured, case 7 dV: 1.14e-5 from an f32 LSE, 7.6e-6
+ * from an f64 one, against a bound of 1.06e-5). */
 static void sweep_one(const ht_sweep_case *c, fa_dtype dt, int idx, double lo, double hi,
                       double kscale, fa_dtype lse_dt)
 {
     int64_t bq, bk;
     ht_tiles(c->dqk, c->dv, dt, &bq, &bk);
     const int64_t sq = resolve(c->sq, bq, bk), sk = resolve(c->sk, bq, bk);
+    if (c->alibi && (sq > 128 || sk > 128))
+        lse_dt = FA_F64;
     const float slopes[8] = {0.5f, 0.25f, 0.125f, 0.0625f, 0.03125f, 0.015625f, 0.0078125f, 0.004f};
     fa_params p;
     fa_params_init(&p);
@@ -144,18 +151,8 @@ static void sweep_one(const ht_sweep_case *c, fa_dtype dt, int idx, double lo, d
 
 START_TEST(backends_match_reference)
 {
-    const ht_sweep_case *c = &cases[_i / 4];
     const fa_dtype dt = dtypes[_i % 4]; /* lo > hi below: N(0, 1) inputs */
-    /* ALiBi's bias grows with the distance, so |LSE| reaches slope x Sq (128 in case 7): an f32
-     * LSE is then good to |LSE| 2^-24 only, which the backward's P = exp(s - LSE) carries to
-     * every gradient of the row, as in backends_large_logits below (measured, case 7 dV: 1.14e-5
-     * from an f32 LSE, 7.6e-6 from an f64 one, against a bound of 1.06e-5). ALiBi cases that
-     * reach past 128 keys hand the backward an f64 LSE; the others an f32 one. */
-    int64_t bq, bk;
-    ht_tiles(c->dqk, c->dv, dt, &bq, &bk);
-    const int far = c->alibi && (resolve(c->sq, bq, bk) > 128 || resolve(c->sk, bq, bk) > 128);
-    const fa_dtype lse_dt = dt == FA_F64 || far ? FA_F64 : FA_F32;
-    sweep_one(c, dt, _i / 4, 1, -1, 1, lse_dt);
+    sweep_one(&cases[_i / 4], dt, _i / 4, 1, -1, 1, dt == FA_F64 ? FA_F64 : FA_F32);
 }
 END_TEST
 
