@@ -12,6 +12,7 @@ wall time. FLOPs per DESIGN.md §5: forward 4 B H Sq Sk D (halved for causal), b
 """
 import argparse
 import ctypes as C
+import os
 import statistics
 import sys
 import time
@@ -147,12 +148,17 @@ def fwd_flops(B, H, N, D, causal):
     return f / 2 if causal else f
 
 
-def fwd_row(lib, B, H, N, D, causal, reps, check=True):
+def fwd_row(lib, B, H, N, D, causal, reps, check=True, mma=False):
     q, k, v = inputs(B, H, N, D)
     out = torch.empty_like(q)
     lse = torch.empty(B, H, N, device="cuda", dtype=torch.float32)
     ours = time_ms(lambda: lib.forward(q, k, v, out, lse, causal), reps)
     res = {"ours": ours}
+    if mma:  # the mma.sync kernel instead of wgmma (read at each call)
+        os.environ["FA_CUDA_KERNEL"] = "mma"
+        res["mma"] = time_ms(lambda: lib.forward(q, k, v, out, lse, causal), reps)
+        del os.environ["FA_CUDA_KERNEL"]
+        lib.forward(q, k, v, out, lse, causal)  # the output checked below is the default's
     for name, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
         try:
             res[name] = time_ms(lambda: sdpa(be, q, k, v, causal), reps)
@@ -183,12 +189,13 @@ def main():
         return
     if a.only_bar:
         for causal, N in ((False, 8192), (True, 16384)):
-            r = fwd_row(lib, 2, 8, N, 128, causal, a.reps)
+            r = fwd_row(lib, 2, 8, N, 128, causal, a.reps, mma=True)
             fl = fwd_flops(2, 8, N, 128, causal) / 1e9
-            print("bar fwd causal=%d N=%d: ours %.3f ms %.1f TF/s | flash %.3f ms %.1f | cudnn %.3f ms "
-                  "%.1f | x%.2f flash x%.2f cudnn | maxdiff %.2e" % (
-                      causal, N, r["ours"], fl / r["ours"], r["flash"], fl / r["flash"], r["cudnn"],
-                      fl / r["cudnn"], r["flash"] / r["ours"], r["cudnn"] / r["ours"], r["maxdiff"]))
+            print("bar fwd causal=%d N=%d: ours %.3f ms %.1f TF/s | mma.sync %.3f ms %.1f | flash %.3f ms "
+                  "%.1f | cudnn %.3f ms %.1f | x%.2f flash x%.2f cudnn | maxdiff %.2e" % (
+                      causal, N, r["ours"], fl / r["ours"], r["mma"], fl / r["mma"], r["flash"],
+                      fl / r["flash"], r["cudnn"], fl / r["cudnn"], r["flash"] / r["ours"],
+                      r["cudnn"] / r["ours"], r["maxdiff"]))
         return
     print("\n== forward, B=2 H=8 D=128 bf16 causal (ms, TFLOP/s; ratio = torch time / ours)")
     print("%6s %9s %7s %9s %7s %9s %7s %7s %7s %9s" % ("N", "ours ms", "TF/s", "flash ms", "TF/s",

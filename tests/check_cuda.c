@@ -138,6 +138,12 @@ static const ht_sweep_case cases[] = {
     {1, 100, 161, 2, 2, 256, 256, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
     {1, 77, 77, 2, 1, 256, 256, 0, 10, 10, 1, 20, 1, 0.1, HT_BSHD, FA_ALIBI_THEN_SOFTCAP},
     {1, 300, 100, 2, 2, 128, 128, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI}, /* 200 empty rows */
+    /* the wgmma forward's shapes (scale only, D 64 / 128): several query blocks of 128 rows
+     * and key tiles of 128, windows cutting tiles on both sides, both causal alignments */
+    {1, 300, 517, 2, 1, 128, 128, 0, 100, 37, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
+    {2, 257, 385, 4, 2, 64, 64, 1, -1, -1, 0, 0, 0, 0, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
+    {1, 385, 129, 2, 2, 128, 128, 1, -1, -1, 1, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
+    {1, 200, 700, 2, 2, 128, 128, 0, -1, -1, 0, 0, 0, 0, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
 };
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 static const fa_dtype dtypes[4] = {FA_F64, FA_F32, FA_F16, FA_BF16};
@@ -161,7 +167,7 @@ static void params_for(const ht_sweep_case *c, int idx, fa_params *p)
 
 /* q in [lo, hi] and k in [klo, khi]; v and dout in [-1, 1] */
 static void sweep_run(const ht_sweep_case *c, fa_dtype dt, int idx, double lo, double hi,
-                      double klo, double khi, fa_dtype lse_dt, int generic, int det)
+                      double klo, double khi, fa_dtype lse_dt, const char *kernel, int det)
 {
     fa_params p;
     params_for(c, idx, &p);
@@ -177,15 +183,15 @@ static void sweep_run(const ht_sweep_case *c, fa_dtype dt, int idx, double lo, d
     run_cpu(FA_BACKEND_REFERENCE, &p, &conv, &ref, 1);
     ht_free(&gpu.q), ht_free(&gpu.k), ht_free(&gpu.v), ht_free(&gpu.dout);
     gpu.q = conv.q, gpu.k = conv.k, gpu.v = conv.v, gpu.dout = conv.dout; /* shared inputs */
-    if (generic)
-        setenv("FA_CUDA_KERNEL", "generic", 1);
+    if (kernel)
+        setenv("FA_CUDA_KERNEL", kernel, 1);
     fa_context *ctx = cuda_context(det);
     run_cuda(ctx, &p, &gpu, 1);
     fa_context_destroy(ctx);
     unsetenv("FA_CUDA_KERNEL");
     char label[200];
-    snprintf(label, sizeof label, "case %d %s%s%s (B%ld Sq%ld Sk%ld H%ld/%ld D%ld/%ld)", idx,
-             fa_dtype_name(dt), generic ? " generic" : "", det ? " deterministic" : "", (long)c->b, (long)c->sq, (long)c->sk,
+    snprintf(label, sizeof label, "case %d %s%s%s%s (B%ld Sq%ld Sk%ld H%ld/%ld D%ld/%ld)", idx,
+             fa_dtype_name(dt), kernel ? " " : "", kernel ? kernel : "", det ? " deterministic" : "", (long)c->b, (long)c->sq, (long)c->sk,
              (long)c->hq, (long)c->hk, (long)c->dqk, (long)c->dv);
     compare("out", label, &conv.out, &gpu.out, &ref.out, 0);
     compare("lse", label, &conv.lse, &gpu.lse, &ref.lse, 0);
@@ -212,15 +218,15 @@ static void sweep_run(const ht_sweep_case *c, fa_dtype dt, int idx, double lo, d
 }
 
 static void sweep_one(const ht_sweep_case *c, fa_dtype dt, int idx, double lo, double hi,
-                      fa_dtype lse_dt, int generic, int det)
+                      fa_dtype lse_dt, const char *kernel, int det)
 {
-    sweep_run(c, dt, idx, lo, hi, lo, hi, lse_dt, generic, det);
+    sweep_run(c, dt, idx, lo, hi, lo, hi, lse_dt, kernel, det);
 }
 
 START_TEST(cuda_matches_reference)
 {
     const fa_dtype dt = dtypes[_i % 4];
-    sweep_one(&cases[_i / 4], dt, _i / 4, 1, -1, dt == FA_F64 ? FA_F64 : FA_F32, 0, 0);
+    sweep_one(&cases[_i / 4], dt, _i / 4, 1, -1, dt == FA_F64 ? FA_F64 : FA_F32, NULL, 0);
 }
 END_TEST
 
@@ -228,7 +234,18 @@ END_TEST
 START_TEST(cuda_generic_matches_reference)
 {
     const fa_dtype dt = dtypes[2 + _i % 2];
-    sweep_one(&cases[20 + _i / 2], dt, 20 + _i / 2, 1, -1, FA_F32, 1, 0);
+    sweep_one(&cases[20 + _i / 2], dt, 20 + _i / 2, 1, -1, FA_F32, "generic", 0);
+}
+END_TEST
+
+/* The mma.sync forward on the shapes that the wgmma kernel takes on Hopper (FA_CUDA_KERNEL=mma;
+ * on other GPUs the same kernel the plain sweep ran). */
+static const int wgmma_cases[] = {3, 17, 19, 25, 28, 29, 30, 31};
+START_TEST(cuda_mma_matches_reference)
+{
+    const fa_dtype dt = dtypes[2 + _i % 2];
+    const int idx = wgmma_cases[_i / 2];
+    sweep_one(&cases[idx], dt, idx, 1, -1, FA_F32, "mma", 0);
 }
 END_TEST
 
@@ -236,7 +253,7 @@ END_TEST
 START_TEST(cuda_deterministic_matches_reference)
 {
     const fa_dtype dt = dtypes[2 + _i % 2];
-    sweep_one(&cases[20 + _i / 2], dt, 20 + _i / 2, 1, -1, FA_F32, 0, 1);
+    sweep_one(&cases[20 + _i / 2], dt, 20 + _i / 2, 1, -1, FA_F32, NULL, 1);
 }
 END_TEST
 
@@ -248,7 +265,7 @@ START_TEST(cuda_large_logits)
         {1, 90, 70, 1, 1, 64, 64, 1, -1, -1, 0, 0, 0, 0.2, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
     };
     const double a = sqrt(90 / 8.0), b = sqrt(100 / 8.0);
-    sweep_one(&big[_i / 4], dtypes[_i % 4], 100 + _i / 4, a, b, FA_F64, 0, _i >= 6);
+    sweep_one(&big[_i / 4], dtypes[_i % 4], 100 + _i / 4, a, b, FA_F64, NULL, _i >= 6);
 }
 END_TEST
 
@@ -269,7 +286,7 @@ START_TEST(cuda_negative_logits_padding_keys)
                           FA_SOFTCAP_THEN_ALIBI};
     /* q.k / sqrt(D) = -sqrt(D) x with x in [a^2, b^2] */
     const double a = sqrt(90 / sqrt((double)d)), b = sqrt(100 / sqrt((double)d));
-    sweep_run(&c, dt, 200 + _i, a, b, -b, -a, FA_F32, 0, det);
+    sweep_run(&c, dt, 200 + _i, a, b, -b, -a, FA_F32, NULL, det);
 }
 END_TEST
 
@@ -418,6 +435,34 @@ START_TEST(cuda_host_pointers_refused)
     ck_assert_msg(strstr(fa_last_error(), "out->data") != NULL, "%s", fa_last_error());
     ck_assert(ht_is_poisoned(&x.out));
     d_free(&q), d_free(&k), d_free(&v);
+    fa_context_destroy(ctx);
+    ht_bundle_free(&x);
+}
+END_TEST
+
+/* An FA_CUDA_KERNEL value that names no kernel choice is refused by name, before anything is
+ * launched or written. */
+START_TEST(cuda_bad_kernel_choice_refused)
+{
+    const ht_sweep_case c = {1, 10, 10, 1, 1, 64, 64, 0, -1, -1, 0, 0, 0, 0, HT_BSHD,
+                          FA_SOFTCAP_THEN_ALIBI};
+    ht_bundle x;
+    ht_bundle_alloc(&x, FA_BF16, &c, c.sq, c.sk, HT_BSHD, FA_F32);
+    ht_fill(&x.q, 1, 1, -1), ht_fill(&x.k, 2, 1, -1), ht_fill(&x.v, 3, 1, -1);
+    ht_poison(&x.out), ht_poison(&x.lse);
+    dtensor q, k, v, out, lse;
+    d_up(&q, &x.q), d_up(&k, &x.k), d_up(&v, &x.v), d_up(&out, &x.out), d_up(&lse, &x.lse);
+    fa_params p;
+    fa_params_init(&p);
+    fa_context *ctx = cuda_context(0);
+    setenv("FA_CUDA_KERNEL", "wgmma", 1);
+    const fa_status s = fa_forward(ctx, &p, &q.t, &k.t, &v.t, &out.t, &lse.t);
+    unsetenv("FA_CUDA_KERNEL");
+    ck_assert_int_eq(s, FA_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fa_last_error(), "FA_CUDA_KERNEL=wgmma") != NULL, "%s", fa_last_error());
+    d_down(&out), d_down(&lse);
+    ck_assert(ht_is_poisoned(&x.out) && ht_is_poisoned(&x.lse));
+    d_free(&q), d_free(&k), d_free(&v), d_free(&out), d_free(&lse);
     fa_context_destroy(ctx);
     ht_bundle_free(&x);
 }
@@ -583,7 +628,7 @@ static Suite *make_cuda_suite(void)
     if (small) {
         tcase_add_loop_test(tc, cuda_matches_reference, 4 * 3, 4 * 10);
         tcase_add_loop_test(tc, cuda_matches_reference, 4 * 19, 4 * 22);
-        tcase_add_loop_test(tc, cuda_matches_reference, 4 * 25, 4 * 27);
+        tcase_add_loop_test(tc, cuda_matches_reference, 4 * 25, 4 * 29);
         tcase_add_loop_test(tc, cuda_generic_matches_reference, 0, 2);
         tcase_add_loop_test(tc, cuda_deterministic_matches_reference, 0, 2);
         tcase_add_loop_test(tc, cuda_masked_nonfinite_never_reaches_output, 0, 4);
@@ -596,11 +641,14 @@ static Suite *make_cuda_suite(void)
     tcase_add_loop_test(tc, cuda_matches_reference, 0, 4 * NCASES);
     tcase_add_loop_test(tc, cuda_generic_matches_reference, 0, 2 * (NCASES - 20));
     tcase_add_loop_test(tc, cuda_deterministic_matches_reference, 0, 2 * (NCASES - 20));
+    tcase_add_loop_test(tc, cuda_mma_matches_reference, 0,
+                        2 * (int)(sizeof wgmma_cases / sizeof *wgmma_cases));
     tcase_add_loop_test(tc, cuda_large_logits, 0, 8);
     tcase_add_loop_test(tc, cuda_negative_logits_padding_keys, 0, 32);
     tcase_add_loop_test(tc, cuda_dropout_mask_exact, 0, 2);
     tcase_add_loop_test(tc, cuda_masked_nonfinite_never_reaches_output, 0, 4);
     tcase_add_test(tc, cuda_host_pointers_refused);
+    tcase_add_test(tc, cuda_bad_kernel_choice_refused);
     tcase_add_test(tc, cuda_deterministic_memory_auto);
     tcase_add_test(tc, cuda_empty_sequences);
     tcase_add_test(tc, cuda_unsupported_head_dim);

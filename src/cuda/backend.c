@@ -119,7 +119,15 @@ static fa_status fill(fa_context *ctx, const fai_problem *pr, fai_cuda_args *a)
     a->stream = ctx->cuda_stream;
     a->deterministic = ctx->deterministic;
     const char *k = getenv("FA_CUDA_KERNEL");
-    a->force_generic = k && strcmp(k, "generic") == 0;
+    if (k && *k) {
+        if (strcmp(k, "generic") == 0)
+            a->kernel = FAI_CUDA_KERNEL_GENERIC;
+        else if (strcmp(k, "mma") == 0)
+            a->kernel = FAI_CUDA_KERNEL_MMA;
+        else
+            return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                            "FA_CUDA_KERNEL=%s: expected generic or mma (or unset)", k);
+    }
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e != cudaSuccess) {

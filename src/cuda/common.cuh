@@ -122,8 +122,10 @@ fai_cuda_result fai_cuda_backward_mma_prepare(const fai_cuda_args *a, const fai_
 fai_cuda_result fai_cuda_backward_mma(const fai_cuda_args *a, const fai_cuda_bwd_ws *w, char *err,
                                       size_t n);
 
-/* The tensor-core forward (fwd_mma.cu): FAI_CUDA_UNSUPPORTED when the problem is not one of
- * its shapes (then the generic path runs). */
+/* The tensor-core forwards, wgmma (fwd_wgmma.cu, Hopper) and mma.sync (fwd_mma.cu):
+ * FAI_CUDA_UNSUPPORTED when the problem is not one of their shapes (then the next runs: wgmma,
+ * mma.sync, generic). */
+fai_cuda_result fai_cuda_forward_wgmma(const fai_cuda_args *a, char *err, size_t n);
 fai_cuda_result fai_cuda_forward_mma(const fai_cuda_args *a, char *err, size_t n);
 
 #endif

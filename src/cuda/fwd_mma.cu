@@ -20,19 +20,11 @@
  * computed. The shared-memory rows are XOR-swizzled in 16-byte chunks so that the 8 row
  * addresses of every ldmatrix phase hit 8 different bank groups.
  *
- * The recurrence is the one of core/recurrence.h in base 2: m2 = max x, l = sum 2^(x - m2), so
- * exp(s - m) = 2^(x - m2) with m = m2 ln 2, and the final LSE = m2 ln 2 + ln l, O = acc / l
- * (times 1/(1-p)); a row whose running max is still -inf skips the tile (never -inf - -inf).
- *
- * Masked terms are dropped by selection (x = -inf, so P = 0) -- but P = 0 times a non-finite V
- * element inside the MMA would still be NaN. In every tile that is not fully allowed for the
- * whole block, or when dropout is on, the block therefore scans the V tile in shared memory,
- * replaces non-finite elements by 0 and flags their keys; the few flagged (row, key) pairs
- * that are allowed (and kept) are then added back exactly, P times the original V from global
- * memory, outside the MMA. Full tiles without dropout need no scan: every term is allowed and
- * multiplies, as in the reference.
+ * The row work between the GEMMs (mask, online softmax, the exact terms of non-finite V
+ * elements) and the final store live in fwd_tile.cuh, shared with the wgmma kernel.
  */
 #include "common.cuh"
+#include "fwd_tile.cuh"
 #include "mma.cuh"
 
 #include <stdint.h>
@@ -72,8 +64,6 @@ __global__ void __launch_bounds__(32 * WARPS)
     T *vs = ks + 2 * BK * L::pitch; /* [2][BK][pitch] */
     unsigned char *bad = smem + cfg::flags_off; /* BK bits: keys with a non-finite V element */
     const fai_mask mask = a.mask;
-    const fai_score sc = a.score;
-    const fai_drop dr = fai_drop_of(a);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tg = lane & 3, sw = L::lane_swz(lane);
@@ -87,7 +77,8 @@ __global__ void __launch_bounds__(32 * WARPS)
 
     for (int64_t bh = blockIdx.y; bh < a.b * a.hq; bh += gridDim.y) {
         const int64_t b = bh / a.hq, h = bh % a.hq, hk = h / a.group;
-        const float slope = a.slopes ? a.slopes[h] : 0.0f;
+        const fwd_rows rows = {mask, a.score, fai_drop_of(a), a.slopes ? a.slopes[h] : 0.0f,
+                               scale2, wi0, b, h, g, tg};
         const T *qg = fai_at<T>(a.tq, b, 0, h), *kg = fai_at<T>(a.tk, b, 0, hk),
                 *vg = fai_at<T>(a.tv, b, 0, hk);
 
@@ -97,16 +88,6 @@ __global__ void __launch_bounds__(32 * WARPS)
          * and j / 4 in common, so one Philox call covers both (and extra keys are masked) */
         klo = klo / BK * BK;
         const int ntiles = klo < khi ? (int)((khi - klo + BK - 1) / BK) : 0;
-
-        /* the allowed key columns [lo, hi) of the thread's row rr within the tile at j0,
-         * recomputed where needed (partial tiles) rather than held in registers */
-        auto cols = [&](int rr, int64_t j0, int *lo, int *hi) {
-            int64_t x, y;
-            fai_mask_row(&mask, wi0 + 8 * rr + g, &x, &y);
-            x -= j0, y -= j0;
-            *lo = x < 0 ? 0 : x > BK ? BK : (int)x;
-            *hi = y < 0 ? 0 : y > BK ? BK : (int)y;
-        };
 
         __syncthreads(); /* the previous (b, h)'s readers are done with shared memory */
         /* Q tile, rows past Sq zero-filled */
@@ -158,35 +139,12 @@ __global__ void __launch_bounds__(32 * WARPS)
                     for (int kk = 0; kk < KQ; kk++)
                         ldA(qf[cfg::qreg ? mt : 0][cfg::qreg ? kk : 0], mt, kk);
 
-            /* scan V for non-finite values where P = 0 may meet them (see the top) */
+            /* scan V for non-finite values where P = 0 may meet them (fwd_tile.cuh) */
             const fai_tile_class bcls = fai_mask_classify(&mask, i0, i1, j0, j0 + BK);
             bool fix = false;
-            if (bcls != FAI_TILE_FULL || (!FAST && dr.threshold)) {
-                if (tid < (BK + 31) / 32)
-                    ((uint32_t *)bad)[tid] = 0;
-                __syncthreads();
-                int any = 0;
-                for (int c = tid; c < BK * (D / 8); c += cfg::threads) {
-                    const int r = c / (D / 8), ch = c % (D / 8);
-                    uint16_t *p = (uint16_t *)(vt + L::off(r, ch));
-                    uint4 w = *(uint4 *)p;
-                    uint32_t wd[4] = {w.x, w.y, w.z, w.w};
-                    int hit = 0;
-#pragma unroll
-                    for (int x = 0; x < 4; x++) {
-                        if (M::nonfinite((uint16_t)wd[x]))
-                            wd[x] &= 0xffff0000u, hit = 1;
-                        if (M::nonfinite((uint16_t)(wd[x] >> 16)))
-                            wd[x] &= 0x0000ffffu, hit = 1;
-                    }
-                    if (hit) {
-                        *(uint4 *)p = make_uint4(wd[0], wd[1], wd[2], wd[3]);
-                        atomicOr((unsigned int *)(bad + 4 * (r >> 5)), 1u << (r & 31));
-                        any = 1;
-                    }
-                }
-                fix = __syncthreads_or(any) != 0;
-            }
+            if (bcls != FAI_TILE_FULL || (!FAST && rows.dr.threshold))
+                fix = fwd_scan_v<T, D, BK, cfg::threads>(
+                    vt, bad, tid, [](int r, int ch) { return L::off(r, ch); });
 
             const fai_tile_class wcls =
                 wi0 < wi1 ? fai_mask_classify(&mask, wi0, wi1, j0, j0 + BK) : FAI_TILE_EMPTY;
@@ -222,138 +180,9 @@ __global__ void __launch_bounds__(32 * WARPS)
                         }
                     }
                 }
-                /* scores to base-2 logits, mask, row max, in separate passes, so that the common full FAST tile runs none of them */
-                if (!FAST)
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                        for (int n = 0; n < NT; n++)
-#pragma unroll
-                            for (int e = 0; e < 4; e++) {
-                                const int rr = 2 * mt + (e >> 1), c = 8 * n + 2 * tg + (e & 1);
-                                s[mt][n][e] = fai_score_f32(&sc, s[mt][n][e], slope,
-                                                            wi0 + 8 * rr + g, j0 + c, nullptr) *
-                                              kLog2e;
-                            }
-                if (wcls == FAI_TILE_PARTIAL) {
-                    int lo_c[R], hi_c[R];
-#pragma unroll
-                    for (int rr = 0; rr < R; rr++)
-                        cols(rr, j0, &lo_c[rr], &hi_c[rr]);
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                        for (int n = 0; n < NT; n++)
-#pragma unroll
-                            for (int e = 0; e < 4; e++) {
-                                const int rr = 2 * mt + (e >> 1), c = 8 * n + 2 * tg + (e & 1);
-                                if (!(c >= lo_c[rr] && c < hi_c[rr]))
-                                    s[mt][n][e] = -INFINITY; /* masked: by selection */
-                            }
-                }
-                /* Row max by FMNMX, which skips NaN; a NaN score still reaches the row through
-                 * its P = 2^(NaN - m) in l and O, except in a row whose tile holds nothing but
-                 * NaN and -inf: that rare case is caught below, so NaN always propagates. */
-                float bmax[R];
-#pragma unroll
-                for (int rr = 0; rr < R; rr++)
-                    bmax[rr] = -INFINITY;
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                    for (int n = 0; n < NT; n++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++)
-                            bmax[2 * mt + (e >> 1)] = fmaxf(bmax[2 * mt + (e >> 1)], s[mt][n][e]);
-                /* FAST: the row max of the raw scores times scale2 > 0 is the max of the
-                 * logits, so x = s scale2 - m is one FMA inside exp2 */
-                const float xs = FAST ? scale2 : 1.0f;
-                float alpha[R];
                 bool live[R];
-#pragma unroll
-                for (int rr = 0; rr < R; rr++) {
-                    bmax[rr] = fmaxf(bmax[rr], __shfl_xor_sync(0xffffffffu, bmax[rr], 1));
-                    bmax[rr] = fmaxf(bmax[rr], __shfl_xor_sync(0xffffffffu, bmax[rr], 2));
-                    /* core/recurrence.h's rescale, base 2: skip while nothing finite is seen */
-                    float mn = fai_nanmax(m[rr], bmax[rr] * xs);
-                    live[rr] = mn != -INFINITY;
-                    if (__any_sync(0xffffffffu, !live[rr])) { /* rare: NaN-only rows? */
-                        int nan = 0;
-#pragma unroll
-                        for (int n = 0; n < NT; n++)
-#pragma unroll
-                            for (int e = 0; e < 2; e++)
-                                nan |= s[rr >> 1][n][2 * (rr & 1) + e] != s[rr >> 1][n][2 * (rr & 1) + e];
-                        nan |= __shfl_xor_sync(0xffffffffu, nan, 1);
-                        nan |= __shfl_xor_sync(0xffffffffu, nan, 2);
-                        if (!live[rr] && nan)
-                            mn = NAN, live[rr] = true;
-                    }
-                    alpha[rr] = live[rr] ? ex2(m[rr] - mn) : 1.0f;
-                    if (live[rr])
-                        m[rr] = mn;
-                }
-                float rs[R];
-                uint32_t pos[R]; /* bit 2n + (e & 1): P of column 8n + 2tg + (e & 1) is > 0 */
-#pragma unroll
-                for (int rr = 0; rr < R; rr++)
-                    rs[rr] = 0, pos[rr] = 0;
-#pragma unroll
-                for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                    for (int n = 0; n < NT; n++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            const int rr = 2 * mt + (e >> 1);
-                            const float p = live[rr] ? ex2(fmaf(s[mt][n][e], xs, -m[rr])) : 0.0f;
-                            rs[rr] += p;
-                            s[mt][n][e] = p;
-                        }
-                bool rescale = false;
-#pragma unroll
-                for (int rr = 0; rr < R; rr++) {
-                    l[rr] = alpha[rr] * l[rr] + rs[rr]; /* quad-partial; reduced at the end */
-                    rescale |= alpha[rr] != 1.0f;
-                }
-                /* O *= alpha, skipped when no row of the warp moved its max (most tiles) */
-                if (__any_sync(0xffffffffu, rescale))
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                        for (int d = 0; d < DT; d++) {
-                            o[mt][d][0] *= alpha[2 * mt], o[mt][d][1] *= alpha[2 * mt];
-                            o[mt][d][2] *= alpha[2 * mt + 1], o[mt][d][3] *= alpha[2 * mt + 1];
-                        }
-                /* dropout by selection: P~ = keep ? P : 0 (the 1/(1-p) comes at the end) */
-                if (!FAST && dr.threshold) {
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                        for (int n = 0; n < NT; n++)
-#pragma unroll
-                            for (int r = 0; r < 2; r++) {
-                                const int64_t i = wi0 + 16 * mt + 8 * r + g, j = j0 + 8 * n + 2 * tg;
-                                /* keys j, j+1 (j even) share one Philox call (counter j/4) */
-                                fai_u32x4 ctr = {{(uint32_t)(j >> 2), (uint32_t)i,
-                                                  (uint32_t)(b * dr.hq + h), dr.offset}};
-                                fai_u32x4 u = fai_philox4x32_10(ctr, dr.k0, dr.k1);
-                                const uint32_t w0 = (j & 2) ? u.v[2] : u.v[0];
-                                const uint32_t w1 = (j & 2) ? u.v[3] : u.v[1];
-                                if (w0 < dr.threshold)
-                                    s[mt][n][2 * r] = 0;
-                                if (w1 < dr.threshold)
-                                    s[mt][n][2 * r + 1] = 0;
-                            }
-                }
-                if (fix)
-#pragma unroll
-                    for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-                        for (int n = 0; n < NT; n++)
-#pragma unroll
-                            for (int e = 0; e < 4; e++)
-                                if (s[mt][n][e] > 0)
-                                    pos[2 * mt + (e >> 1)] |= 1u << (2 * n + (e & 1));
+                uint32_t pos[R];
+                fwd_softmax<MT, NT, DT, BK, FAST>(rows, s, o, m, l, live, pos, j0, wcls, fix);
                 /* O += P V: P's accumulator tiles n = 2 kk, 2 kk + 1 are the A fragment of
                  * k-step kk: a0 = (row g, keys 2tg..) of tile 2kk, a1 = (row g+8, ..) of tile
                  * 2kk, a2, a3 = the same of tile 2kk+1 */
@@ -383,77 +212,14 @@ __global__ void __launch_bounds__(32 * WARPS)
                         }
                     }
                 }
-                /* the flagged keys' exact terms (rare path). The scan zeroed V's non-finite
-                 * elements; an allowed, kept term P v with v non-finite is inf or NaN whatever
-                 * P's size, and NaN exactly when P = 0: so add (P > 0 ? 1 : 0) v for them.
-                 * Column c's P > 0 bit lives in lane 4g + (c mod 8)/2, bit 2 (c/8) + (c mod 2) */
-                if (fix) {
-                    int lo_c[R], hi_c[R];
-#pragma unroll
-                    for (int rr = 0; rr < R; rr++)
-                        cols(rr, j0, &lo_c[rr], &hi_c[rr]);
-                    for (int c = 0; c < BK; c++) {
-                        if (!(bad[c >> 3] >> (c & 7) & 1))
-                            continue;
-                        const int64_t j = j0 + c;
-                        const T *vr = vg + j * a.tv.ss;
-                        const int src = 4 * g + ((c & 7) >> 1);
-#pragma unroll
-                        for (int rr = 0; rr < R; rr++) {
-                            const uint32_t bits = __shfl_sync(0xffffffffu, pos[rr], src);
-                            const int64_t i = wi0 + 8 * rr + g;
-                            if (!live[rr] || !(c >= lo_c[rr] && c < hi_c[rr]))
-                                continue;
-                            if (!FAST && dr.threshold && !fai_keep(dr, b, h, i, j))
-                                continue;
-                            const float p = (bits >> (2 * (c >> 3) + (c & 1)) & 1) ? 1.0f : 0.0f;
-                            const int mt = rr >> 1, r = rr & 1;
-#pragma unroll
-                            for (int d = 0; d < DT; d++) {
-                                const float v0 = fai_storage<T>::load(vr[8 * d + 2 * tg]);
-                                const float v1 = fai_storage<T>::load(vr[8 * d + 2 * tg + 1]);
-                                /* only the elements the scan zeroed */
-                                if (!isfinite(v0))
-                                    o[mt][d][2 * r] += p * v0;
-                                if (!isfinite(v1))
-                                    o[mt][d][2 * r + 1] += p * v1;
-                            }
-                        }
-                    }
-                }
+                if (fix)
+                    fwd_add_back<T, MT, DT, BK, FAST>(rows, o, live, pos, bad, j0, vg, a.tv.ss);
             }
             __syncthreads(); /* buffer t & 1 is reloaded by the next iteration */
         }
         cp_async_wait<0>(); /* the Q copy when there was no tile */
 
-        /* finalize (core/recurrence.h's fai_online_finalize in base 2) and store */
-#pragma unroll
-        for (int rr = 0; rr < R; rr++) {
-            l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 1);
-            l[rr] += __shfl_xor_sync(0xffffffffu, l[rr], 2);
-            const int64_t i = wi0 + 8 * rr + g;
-            const int mt = rr >> 1, r = rr & 1;
-            double lse;
-            float f;
-            if (!(l[rr] != 0)) { /* nothing absorbed: O = 0, LSE = -inf */
-                lse = -INFINITY;
-                f = 0;
-            } else {
-                lse = (double)m[rr] * 0.6931471805599453 + log((double)l[rr]);
-                f = (float)a.keep_scale / l[rr];
-            }
-            if (i >= a.sq)
-                continue;
-            T *orow = fai_at<T>(a.tout, b, i, h);
-#pragma unroll
-            for (int d = 0; d < DT; d++) {
-                const float x0 = f == 0 ? 0.0f : o[mt][d][2 * r] * f;
-                const float x1 = f == 0 ? 0.0f : o[mt][d][2 * r + 1] * f;
-                *(uint32_t *)(orow + 8 * d + 2 * tg) = M::pack(x0, x1);
-            }
-            if (a.tlse.data && tg == 0)
-                fai_lse_put(a.tlse, a.lse_f64, b, h, i, lse);
-        }
+        fwd_store<T, MT, DT>(a, rows, o, m, l);
     }
 }
 

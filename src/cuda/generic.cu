@@ -432,8 +432,10 @@ fai_cuda_result by_dtype(const fai_cuda_args &a, char *err, size_t n)
 
 extern "C" fai_cuda_result fai_cuda_forward(const fai_cuda_args *a, char *err, size_t n)
 {
-    if (!a->force_generic) {
-        fai_cuda_result r = fai_cuda_forward_mma(a, err, n);
+    if (a->kernel != FAI_CUDA_KERNEL_GENERIC) {
+        fai_cuda_result r = fai_cuda_forward_wgmma(a, err, n);
+        if (r == FAI_CUDA_UNSUPPORTED)
+            r = fai_cuda_forward_mma(a, err, n);
         if (r != FAI_CUDA_UNSUPPORTED)
             return r;
     }

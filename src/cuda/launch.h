@@ -36,8 +36,13 @@ typedef struct {
     void *work;                   /* device workspace of fai_cuda_backward_workspace bytes */
     void *stream;                 /* cudaStream_t */
     int deterministic;
-    int force_generic;            /* FA_CUDA_KERNEL=generic: the FMA path for every dtype */
+    int kernel;                   /* fai_cuda_kernel, from FA_CUDA_KERNEL */
 } fai_cuda_args;
+
+/* Which kernels may run (FA_CUDA_KERNEL, for tests and measurements): the fastest that applies
+ * (unset), the mma.sync tensor-core kernels and below ("mma": no wgmma), or the FMA path for
+ * every dtype ("generic"). */
+typedef enum { FAI_CUDA_KERNEL_AUTO, FAI_CUDA_KERNEL_MMA, FAI_CUDA_KERNEL_GENERIC } fai_cuda_kernel;
 
 typedef enum { FAI_CUDA_OK, FAI_CUDA_UNSUPPORTED, FAI_CUDA_DEVICE_ERROR } fai_cuda_result;
 

@@ -1,0 +1,161 @@
+/* Hopper's warpgroup MMA (wgmma, sm_90a only): PTX wrappers, shared-memory matrix descriptors
+ * and the 128-byte-swizzled tile layout they read. Internal to src/cuda/.
+ *
+ * Everything here exists only in the sm_90a device pass (FAI_WGMMA); the kernels that use it
+ * compile to an empty body elsewhere, and the host launches them only on a 9.0 device of a
+ * build that has the sm_90a image (fwd_wgmma.cu). */
+#ifndef FAI_CUDA_WGMMA_CUH
+#define FAI_CUDA_WGMMA_CUH
+
+#include "mma.cuh"
+
+#if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#define FAI_WGMMA 1
+#endif
+
+namespace {
+
+/*
+ * The tile layout wgmma reads with 128-byte swizzling: a tile of ROWS rows x D 16-bit elements
+ * (D a multiple of 64) is D / 64 slabs, slab k holding columns [64 k, 64 k + 64) of every row
+ * as one 128-byte line per row, ROWS lines in a row. Within each group of 8 lines (a 1024-byte
+ * swizzle atom, which must start 1024-byte aligned), 16-byte chunk c of line r sits at chunk
+ * position c ^ (r mod 8) -- the address bits [4, 7) XOR bits [7, 10), which is what the
+ * hardware undoes when the descriptor says 128-byte swizzle. The same XOR spreads the 8 rows
+ * of a cp.async phase over 8 bank groups.
+ */
+template <int D, int ROWS> struct slab_layout {
+    static_assert(D % 64 == 0, "slab_layout: D is a multiple of 64");
+    static constexpr int pitch = 64; /* elements from a line to the next within a slab */
+    static constexpr int slab = ROWS * 64;
+    /* element offset of chunk ch (8 elements) of row r */
+    __device__ static int off(int r, int ch)
+    {
+        return (ch >> 3) * slab + r * 64 + (((ch & 7) ^ (r & 7)) << 3);
+    }
+};
+
+#ifdef FAI_WGMMA
+
+/*
+ * Shared-memory matrix descriptor, 128-byte swizzle (layout type 1 in bits 62-63): start
+ * address, leading-dimension byte offset (LBO) and stride-dimension byte offset (SBO), each in
+ * 16-byte units.
+ *   K-major operand (Q and K in S = Q K^T: rows of M or N, K contiguous): SBO = 1024, the step
+ *     from one 8-row atom to the next; LBO is unused while an instruction's 16 K-elements stay
+ *     inside one 128-byte line. The k-th 16-element step of a slab starts 32 k bytes in: the
+ *     hardware applies the swizzle to the address it forms, so an offset start inside the
+ *     atom reads the right chunks.
+ *   MN-major operand (V in O += P V: rows of K = keys, N = value dims contiguous, transposed
+ *     by the instruction's trans-b): LBO = the step from one 64-column slab to the next along
+ *     N, SBO = 1024, the step from 8 keys to the next 8.
+ */
+__device__ __forceinline__ uint64_t wg_desc(const void *p, uint32_t lbo, uint32_t sbo)
+{
+    const uint64_t a = smem_addr(p);
+    return ((a & 0x3ffff) >> 4) | (uint64_t)(lbo >> 4) << 16 | (uint64_t)(sbo >> 4) << 32 |
+           1ull << 62;
+}
+
+/* wgmma.fence before the first wgmma of a group whose accumulators or A registers other
+ * instructions wrote; commit closes a group; wait<N> until at most N groups are pending. */
+__device__ __forceinline__ void wgmma_fence()
+{
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_commit()
+{
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void wgmma_wait()
+{
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+}
+
+/* Pins accumulator registers in program order around the asynchronous MMAs: the compiler may
+ * not move an access of d across this point (the MMA writes d behind its back until the
+ * wait). */
+template <int NT> __device__ __forceinline__ void wgmma_pin(float (&d)[NT][4])
+{
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            asm volatile("" : "+f"(d[n][e])::"memory");
+}
+
+#define FAI_D4(n) "+f"(d[n][0]), "+f"(d[n][1]), "+f"(d[n][2]), "+f"(d[n][3])
+#define FAI_D64 FAI_D4(0), FAI_D4(1), FAI_D4(2), FAI_D4(3), FAI_D4(4), FAI_D4(5), FAI_D4(6), FAI_D4(7)
+#define FAI_D128 FAI_D64, FAI_D4(8), FAI_D4(9), FAI_D4(10), FAI_D4(11), FAI_D4(12), FAI_D4(13), \
+                 FAI_D4(14), FAI_D4(15)
+#define FAI_R32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, " \
+                "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
+#define FAI_R64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, " \
+                "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "   \
+                "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, "   \
+                "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "   \
+                "%62, %63}"
+
+/*
+ * d (m64 x N, f32, the warpgroup's accumulator: warp w of the group holds rows 16 w .. 16 w +
+ * 15 in the m16n8 layout, d[n][e] as in fwd_tile.cuh) = (acc ? d : 0) + A B, one k16 step.
+ *   ss: A (64 x 16) and B (16 x N) both from shared memory, both K-major.
+ *   rs: A from registers (the m16k16 A fragment of the warp's 16 rows), B MN-major;
+ *             always accumulates.
+ * The accumulate flag is a run-time predicate (the first step of a product starts from 0).
+ */
+template <typename T, int N> struct wgmma_op;
+
+#define FAI_WGMMA_OPS(TYPE, PTXT)                                                                \
+    template <> struct wgmma_op<TYPE, 64> {                                                      \
+        __device__ static void ss(float (&d)[8][4], uint64_t a, uint64_t b, int acc)            \
+        {                                                                                        \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                            \
+                         "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTXT "." PTXT " " FAI_R32 \
+                         ", %32, %33, p, 1, 1, 0, 0;\n}\n"                                       \
+                         : FAI_D64                                                               \
+                         : "l"(a), "l"(b), "r"(acc));                                           \
+        }                                                                                        \
+        __device__ static void rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b)          \
+        {                                                                                        \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                            \
+                         "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTXT "." PTXT " " FAI_R32 \
+                         ", {%32, %33, %34, %35}, %36, p, 1, 1, 1;\n}\n"                         \
+                         : FAI_D64                                                               \
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));         \
+        }                                                                                        \
+    };                                                                                           \
+    template <> struct wgmma_op<TYPE, 128> {                                                     \
+        __device__ static void ss(float (&d)[16][4], uint64_t a, uint64_t b, int acc)           \
+        {                                                                                        \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                            \
+                         "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTXT "." PTXT " " FAI_R64 \
+                         ", %64, %65, p, 1, 1, 0, 0;\n}\n"                                       \
+                         : FAI_D128                                                              \
+                         : "l"(a), "l"(b), "r"(acc));                                           \
+        }                                                                                        \
+        __device__ static void rs(float (&d)[16][4], const uint32_t (&a)[4], uint64_t b)         \
+        {                                                                                        \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                            \
+                         "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTXT "." PTXT " " FAI_R64 \
+                         ", {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"                         \
+                         : FAI_D128                                                              \
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));         \
+        }                                                                                        \
+    };
+
+FAI_WGMMA_OPS(__nv_bfloat16, "bf16")
+FAI_WGMMA_OPS(__half, "f16")
+
+#undef FAI_WGMMA_OPS
+#undef FAI_D4
+#undef FAI_D64
+#undef FAI_D128
+#undef FAI_R32
+#undef FAI_R64
+
+#endif /* FAI_WGMMA */
+
+} // namespace
+
+#endif
