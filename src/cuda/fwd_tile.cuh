@@ -56,19 +56,16 @@ __device__ __forceinline__ void fwd_cols(const fwd_rows &c, int rr, int64_t j0, 
 }
 
 /*
- * Block-wide: zero the non-finite elements of the V tile (BK keys x D, element (r, chunk ch)
- * at vt + off(r, ch)) and set bit r of `bad` (BK bits) for their keys. Returns whether any
- * key was flagged, the same in every thread. Starts and ends with a barrier; the writing
- * threads fence the async proxy, so tensor-core reads (wgmma) after the final barrier see the
- * zeros.
+ * Zero the non-finite elements of the V tile (BK keys x D, element (r, chunk ch) at
+ * vt + off(r, ch)) and set bit r of `bad` (BK bits, cleared beforehand) for their keys, the
+ * THREADS threads tid = 0 .. THREADS-1 sharing the work. Returns whether this thread flagged a
+ * key; a thread that did has fenced the async proxy, so tensor-core reads (wgmma) ordered
+ * after it by a barrier see the zeros.
  */
 template <typename T, int D, int BK, int THREADS, class Off>
-__device__ __forceinline__ bool fwd_scan_v(T *vt, unsigned char *bad, int tid, Off off)
+__device__ __forceinline__ int fwd_scan_v_part(T *vt, unsigned char *bad, int tid, Off off)
 {
     using M = mma_t<T>;
-    if (tid < (BK + 31) / 32)
-        ((uint32_t *)bad)[tid] = 0;
-    __syncthreads();
     int any = 0;
     for (int c = tid; c < BK * (D / 8); c += THREADS) {
         const int r = c / (D / 8), ch = c % (D / 8);
@@ -91,7 +88,18 @@ __device__ __forceinline__ bool fwd_scan_v(T *vt, unsigned char *bad, int tid, O
     }
     if (any)
         fence_proxy_async();
-    return __syncthreads_or(any) != 0;
+    return any;
+}
+
+/* fwd_scan_v_part by the whole block (THREADS threads), flags cleared first; returns whether
+ * any key was flagged, the same in every thread. Starts and ends with a barrier. */
+template <typename T, int D, int BK, int THREADS, class Off>
+__device__ __forceinline__ bool fwd_scan_v(T *vt, unsigned char *bad, int tid, Off off)
+{
+    if (tid < (BK + 31) / 32)
+        ((uint32_t *)bad)[tid] = 0;
+    __syncthreads();
+    return __syncthreads_or(fwd_scan_v_part<T, D, BK, THREADS>(vt, bad, tid, off)) != 0;
 }
 
 /*

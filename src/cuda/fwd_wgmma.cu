@@ -1,27 +1,25 @@
 /*
- * Tensor-core forward on Hopper's warpgroup MMA (wgmma, sm_90a) for f16 / bf16 storage,
- * D = 64 or 128, the scale-only score pipeline without dropout (the FAST case of fwd_mma.cu,
- * which handles everything else).
+ * Tensor-core forward on Hopper (sm_90a): warpgroup MMA (wgmma), TMA copies and warp
+ * specialization, for f16 / bf16 storage, D = 64 or 128, the scale-only score pipeline without
+ * dropout (the FAST case of fwd_mma.cu, which handles everything else).
  *
- * A block owns BQ = 64 NWG query rows of one (batch, head): NWG warpgroups of 4 warps, group w
- * owning rows [64 w, 64 w + 64), each warp 16 of them. Per key tile of BK keys:
+ * A block owns BQ = 128 query rows of one (batch, head) and has three warpgroups:
  *
- *   S  = Q K^T     D / 16 wgmma m64nBKk16, A (the group's Q rows) and B (the K tile) read
- *                  from shared memory through descriptors; S lands in registers in the
- *                  m16n8 layout per warp, the layout fwd_tile.cuh's row code takes
- *   P  = the online softmax of fwd_tile.cuh, per warp, exactly as in fwd_mma.cu
- *   O += P V       BK / 16 wgmma m64nDk16, A = P converted to 16 bits in registers (the
- *                  accumulator layout of two n8 tiles is the A fragment of a k16 step), B = the
- *                  V tile from shared memory, read transposed (MN-major)
+ *   producer   (warpgroup 0, its registers given away to the others): one thread issues the
+ *              TMA copies of Q once and of K and V tile by tile into STAGES shared-memory
+ *              stages, each completing on its `full` mbarrier and reissued when the consumers
+ *              have released the stage on its `empty` mbarrier. On tiles that not every row of
+ *              the block fully sees, its 128 threads then scan V for non-finite elements
+ *              (fwd_tile.cuh) and release the tile on `scanned`.
+ *   consumers  (warpgroups 1 and 2, rows [0, 64) and [64, 128)): per key tile of BK keys
+ *                S  = Q K^T   D / 16 wgmma m64nBKk16, both operands from shared memory
+ *                P  = the online softmax of fwd_tile.cuh, per warp, as in fwd_mma.cu
+ *                O += P V     BK / 16 wgmma m64nDk16, A = P in registers, B = V read
+ *                             transposed (MN-major) from shared memory
  *
- * Compared with mma.sync (fwd_mma.cu), one instruction covers 64 rows x N columns of a whole
- * warpgroup and reads its operands from shared memory itself: no ldmatrix, and the 128 query
- * rows of a block cost each thread 64 accumulators of S instead of 128.
- *
- * K and V tiles are double-buffered with cp.async by all threads: tile t + 1 is in flight
- * while tile t is computed. Tiles sit in shared memory in wgmma's 128-byte-swizzled slab
- * layout (wgmma.cuh). The recurrence, masking and the exact treatment of non-finite V under
- * masks are fwd_tile.cuh's.
+ * The two consumers never wait for each other, only for data: while one runs its softmax,
+ * the tensor cores serve the other's products. Tiles sit in shared memory in the 128-byte-
+ * swizzled slab layout that TMA writes and wgmma reads (wgmma.cuh).
  */
 #include "common.cuh"
 #include "fwd_tile.cuh"
@@ -29,26 +27,38 @@
 
 #include "config.h"
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <stdint.h>
 
 namespace {
 
-template <int D, int BK, int NWG> struct wg_cfg {
-    static constexpr int BQ = 64 * NWG;
-    static constexpr int threads = 128 * NWG;
-    using LQ = slab_layout<D, BQ>;
-    using LK = slab_layout<D, BK>;
-    /* Q, K x2, V x2 (each 1024-byte aligned: multiples of 8 KiB), then BK key flags; 1 KiB
-     * of slack to align the dynamic shared memory's start */
-    static constexpr size_t flags_off = (size_t)(BQ + 4 * BK) * D * 2;
-    static constexpr size_t smem_bytes = flags_off + (BK + 31) / 32 * 4 + 1024;
+/* The TMA descriptors of Q, K and V: 4-d (d, s, h, b) views with boxes of 64 dims (one
+ * 128-byte slab line) x BQ or BK rows. */
+struct fwd_maps {
+    CUtensorMap q, k, v;
 };
 
-template <typename T, int D, int BK, int NWG>
-__global__ void __launch_bounds__(128 * NWG, 1) fa_fwd_kernel_wgmma__sm90a(const fai_cuda_args a)
+template <int D, int BK, int STAGES> struct wg_cfg {
+    static constexpr int BQ = 128;
+    static constexpr int threads = 384;
+    using LQ = slab_layout<D, BQ>;
+    using LK = slab_layout<D, BK>;
+    static constexpr uint32_t q_bytes = BQ * D * 2, kv_bytes = BK * D * 2;
+    /* Q, K x STAGES, V x STAGES (each a multiple of 8 KiB: 1024-byte aligned), the key flags
+     * of each stage (16 bytes), then the mbarriers; 1 KiB of slack to align the start */
+    static constexpr size_t flags_off = q_bytes + 2 * STAGES * (size_t)kv_bytes;
+    static constexpr size_t bars_off = flags_off + 16 * STAGES;
+    static constexpr int nbars = 1 + 4 * STAGES; /* q, then per stage k, v, scanned, empty */
+    static constexpr size_t smem_bytes = bars_off + 8 * nbars + 1024;
+};
+
+template <typename T, int D, int BK, int STAGES>
+__global__ void __launch_bounds__(384, 1)
+    fa_fwd_kernel_wgmma__sm90a(const fai_cuda_args a, const __grid_constant__ fwd_maps maps)
 {
 #ifdef FAI_WGMMA
-    using cfg = wg_cfg<D, BK, NWG>;
+    using cfg = wg_cfg<D, BK, STAGES>;
     using LQ = typename cfg::LQ;
     using LK = typename cfg::LK;
     using M = mma_t<T>;
@@ -60,153 +70,237 @@ __global__ void __launch_bounds__(128 * NWG, 1) fa_fwd_kernel_wgmma__sm90a(const
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char *smem = smem_raw + (-smem_addr(smem_raw) & 1023u);
     T *qs = (T *)smem;
-    T *ks = qs + BQ * D; /* [2][BK * D] */
-    T *vs = ks + 2 * BK * D; /* [2][BK * D] */
-    unsigned char *bad = smem + cfg::flags_off; /* BK bits: keys with a non-finite V element */
+    T *ks = qs + BQ * D;          /* [STAGES][BK * D] */
+    T *vs = ks + STAGES * BK * D; /* [STAGES][BK * D] */
+    unsigned char *flags = smem + cfg::flags_off; /* [STAGES][16]: keys with non-finite V */
+    uint64_t *bars = (uint64_t *)(smem + cfg::bars_off);
+    uint64_t *full_q = bars, *full_k = bars + 1, *full_v = full_k + STAGES,
+             *scanned = full_v + STAGES, *empty = scanned + STAGES;
     const fai_mask mask = a.mask;
 
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wg = warp >> 2;
+    /* the warp index from lane 0: then the compiler knows it (and every branch on it) is
+     * warp-uniform, as wgmma needs */
+    const int tid = threadIdx.x, lane = tid & 31, warp = __shfl_sync(0xffffffffu, tid >> 5, 0),
+              wg = warp >> 2;
     const int64_t nqt = (a.sq + BQ - 1) / BQ;
     /* heavy tiles first: under a causal mask the last query tiles see the most keys */
     const int64_t qt = nqt - 1 - blockIdx.x;
     const int64_t i0 = qt * BQ, i1 = i0 + BQ < a.sq ? i0 + BQ : a.sq;
-    /* the group's rows [gi0, gi1) and the warp's [wi0, wi1) */
-    const int64_t gi0 = i0 + 64 * wg, gi1 = gi0 + 64 < i1 ? gi0 + 64 : i1;
-    const int64_t wi0 = gi0 + 16 * (warp & 3), wi1 = wi0 + 16 < i1 ? wi0 + 16 : i1;
-    fwd_rows rows = {mask, a.score, fai_drop_of(a), 0.0f, (float)a.score.scale * kLog2e,
-                     wi0, 0, 0, lane >> 2, lane & 3};
+    const int64_t bh = blockIdx.y, b = bh / a.hq, h = bh % a.hq, hk = h / a.group;
 
-    for (int64_t bh = blockIdx.y; bh < a.b * a.hq; bh += gridDim.y) {
-        const int64_t b = bh / a.hq, h = bh % a.hq, hk = h / a.group;
-        rows.b = b, rows.h = h;
-        const T *qg = fai_at<T>(a.tq, b, 0, h), *kg = fai_at<T>(a.tk, b, 0, hk),
-                *vg = fai_at<T>(a.tv, b, 0, hk);
+    int64_t klo, khi; /* keys any row of the block may see */
+    fai_mask_key_span(&mask, i0, i1, &klo, &khi);
+    klo = klo / BK * BK; /* tiles on the grid of BK, as in fwd_mma.cu */
+    const int ntiles = klo < khi ? (int)((khi - klo + BK - 1) / BK) : 0;
+    /* tiles not fully allowed for the whole block get their V scanned (fwd_tile.cuh) */
+    auto needs_scan = [&](int t) {
+        const int64_t j0 = klo + (int64_t)t * BK;
+        return fai_mask_classify(&mask, i0, i1, j0, j0 + BK) != FAI_TILE_FULL;
+    };
 
-        int64_t klo, khi; /* keys any row of the block may see */
-        fai_mask_key_span(&mask, i0, i1, &klo, &khi);
-        klo = klo / BK * BK; /* tiles on the grid of BK, as in fwd_mma.cu */
-        const int ntiles = klo < khi ? (int)((khi - klo + BK - 1) / BK) : 0;
-
-        __syncthreads(); /* the previous (b, h)'s readers are done with shared memory */
-        /* Q tile, rows past Sq zero-filled */
-        tile_load<D, BQ, cfg::threads, LQ>(qs, qg + i0 * a.tq.ss, a.tq.ss, a.sq - i0, tid);
-        cp_async_commit();
-        auto load_kv = [&](int t) {
-            const int64_t j0 = klo + (int64_t)t * BK;
-            T *kd = ks + (t & 1) * BK * D, *vd = vs + (t & 1) * BK * D;
-            tile_load<D, BK, cfg::threads, LK>(kd, kg + j0 * a.tk.ss, a.tk.ss, a.sk - j0, tid);
-            tile_load<D, BK, cfg::threads, LK>(vd, vg + j0 * a.tv.ss, a.tv.ss, a.sk - j0, tid);
-            cp_async_commit();
-        };
-        if (ntiles > 0)
-            load_kv(0);
-
-        float o[1][DT][4];
-        float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
-#pragma unroll
-        for (int d = 0; d < DT; d++)
-            o[0][d][0] = o[0][d][1] = o[0][d][2] = o[0][d][3] = 0;
-
-        for (int t = 0; t < ntiles; t++) {
-            const int64_t j0 = klo + (int64_t)t * BK;
-            if (t + 1 < ntiles) {
-                load_kv(t + 1);
-                cp_async_wait<1>();
-            } else {
-                cp_async_wait<0>();
-            }
-            fence_proxy_async(); /* this thread's cp.async data, before wgmma reads it */
-            __syncthreads();
-            const T *kt = ks + (t & 1) * BK * D;
-            T *vt = vs + (t & 1) * BK * D;
-
-            /* scan V for non-finite values where P = 0 may meet them (fwd_tile.cuh) */
-            const fai_tile_class bcls = fai_mask_classify(&mask, i0, i1, j0, j0 + BK);
-            bool fix = false;
-            if (bcls != FAI_TILE_FULL)
-                fix = fwd_scan_v<T, D, BK, cfg::threads>(
-                    vt, bad, tid, [](int r, int ch) { return LK::off(r, ch); });
-
-            /* wgmma is collective over the group: it skips a tile only when none of its 64
-             * rows sees it; a warp none of whose rows does takes part masked (PARTIAL) */
-            const fai_tile_class gcls =
-                gi0 < gi1 ? fai_mask_classify(&mask, gi0, gi1, j0, j0 + BK) : FAI_TILE_EMPTY;
-            if (gcls != FAI_TILE_EMPTY) {
-                /* S = Q K^T */
-                float s[1][NT][4];
-                wgmma_fence();
-#pragma unroll
-                for (int kk = 0; kk < KQ; kk++) {
-                    const int sl = kk >> 2, k16 = (kk & 3) * 16;
-                    const uint64_t da = wg_desc(qs + sl * LQ::slab + 64 * 64 * wg + k16, 16, 1024);
-                    const uint64_t db = wg_desc(kt + sl * LK::slab + k16, 16, 1024);
-                    W::ss(s[0], da, db, kk > 0);
-                }
-                wgmma_commit();
-                wgmma_wait<0>();
-                wgmma_pin(s[0]);
-
-                const fai_tile_class wcls =
-                    wi0 < wi1 ? fai_mask_classify(&mask, wi0, wi1, j0, j0 + BK) : FAI_TILE_EMPTY;
-                bool live[2];
-                uint32_t pos[2];
-                fwd_softmax<1, NT, DT, BK, true>(rows, s, o, m, l, live, pos, j0,
-                                                 wcls == FAI_TILE_EMPTY ? FAI_TILE_PARTIAL : wcls,
-                                                 fix);
-                /* O += P V: P's accumulator tiles n = 2 kk, 2 kk + 1 are the A fragment of
-                 * k-step kk (as in fwd_mma.cu) */
-                uint32_t pa[KP][4];
-#pragma unroll
-                for (int kk = 0; kk < KP; kk++) {
-                    pa[kk][0] = M::pack(s[0][2 * kk][0], s[0][2 * kk][1]);
-                    pa[kk][1] = M::pack(s[0][2 * kk][2], s[0][2 * kk][3]);
-                    pa[kk][2] = M::pack(s[0][2 * kk + 1][0], s[0][2 * kk + 1][1]);
-                    pa[kk][3] = M::pack(s[0][2 * kk + 1][2], s[0][2 * kk + 1][3]);
-                }
-                wgmma_pin(o[0]);
-                wgmma_fence();
-#pragma unroll
-                for (int kk = 0; kk < KP; kk++)
-                    WO::rs(o[0], pa[kk], wg_desc(vt + 16 * kk * 64, BK * 128, 1024));
-                wgmma_commit();
-                wgmma_wait<0>();
-                wgmma_pin(o[0]);
-                if (fix)
-                    fwd_add_back<T, 1, DT, BK, true>(rows, o, live, pos, bad, j0, vg, a.tv.ss);
-            }
-            __syncthreads(); /* buffer t & 1 is reloaded by the next iteration */
+    if (tid == 0) {
+        mbar_init(full_q, 1);
+        for (int s = 0; s < STAGES; s++) {
+            mbar_init(full_k + s, 1);
+            mbar_init(full_v + s, 1);
+            mbar_init(scanned + s, 128);
+            mbar_init(empty + s, 256);
         }
-        cp_async_wait<0>(); /* the Q copy when there was no tile */
-
-        fwd_store<T, 1, DT>(a, rows, o, m, l);
+        fence_mbarrier_init();
     }
+    __syncthreads();
+
+    if (wg == 0) { /* ------------------------------------------------ producer */
+        setmaxnreg_dec<40>();
+        if (ntiles == 0)
+            return;
+        const int c_h = (int)h, c_hk = (int)hk, c_b = (int)b;
+        if (tid == 0) {
+            mbar_arrive_tx(full_q, cfg::q_bytes);
+            for (int sl = 0; sl < D / 64; sl++)
+                tma_load_4d(qs + sl * LQ::slab, &maps.q, 64 * sl, (int)i0, c_h, c_b, full_q);
+        }
+        for (int t = 0; t < ntiles; t++) {
+            const int s = t % STAGES;
+            const int j0 = (int)(klo + (int64_t)t * BK);
+            T *kd = ks + s * BK * D, *vd = vs + s * BK * D;
+            if (t >= STAGES) /* the consumers are done with tile t - STAGES */
+                mbar_wait(empty + s, (t / STAGES - 1) & 1);
+            if (tid == 0) {
+                mbar_arrive_tx(full_k + s, cfg::kv_bytes);
+                for (int sl = 0; sl < D / 64; sl++)
+                    tma_load_4d(kd + sl * LK::slab, &maps.k, 64 * sl, j0, c_hk, c_b, full_k + s);
+                mbar_arrive_tx(full_v + s, cfg::kv_bytes);
+                for (int sl = 0; sl < D / 64; sl++)
+                    tma_load_4d(vd + sl * LK::slab, &maps.v, 64 * sl, j0, c_hk, c_b, full_v + s);
+            }
+            if (needs_scan(t)) {
+                unsigned char *bad = flags + 16 * s;
+                if (tid < 4)
+                    ((uint32_t *)bad)[tid] = 0;
+                mbar_wait(full_v + s, (t / STAGES) & 1);
+                named_barrier(1, 128); /* the flags are clear */
+                fwd_scan_v_part<T, D, BK, 128>(vd, bad, tid,
+                                               [](int r, int ch) { return LK::off(r, ch); });
+                mbar_arrive(scanned + s);
+            }
+        }
+        return;
+    }
+
+    /* ------------------------------------------------------------ consumers */
+    setmaxnreg_inc<232>();
+    const int cw = wg - 1; /* 0 or 1: rows [64 cw, 64 cw + 64) of the block */
+    /* the group's rows [gi0, gi1) and the warp's [wi0, wi1) */
+    const int64_t gi0 = i0 + 64 * cw, gi1 = gi0 + 64 < i1 ? gi0 + 64 : i1;
+    const int64_t wi0 = gi0 + 16 * (warp & 3), wi1 = wi0 + 16 < i1 ? wi0 + 16 : i1;
+    const fwd_rows rows = {mask, a.score, fai_drop_of(a), 0.0f, (float)a.score.scale * kLog2e,
+                           wi0, b, h, lane >> 2, lane & 3};
+    const T *vg = fai_at<T>(a.tv, b, 0, hk);
+
+    float o[1][DT][4];
+    float m[2] = {-INFINITY, -INFINITY}, l[2] = {0, 0};
+#pragma unroll
+    for (int d = 0; d < DT; d++)
+        o[0][d][0] = o[0][d][1] = o[0][d][2] = o[0][d][3] = 0;
+
+    if (ntiles > 0)
+        mbar_wait(full_q, 0);
+    uint32_t scan_par = 0; /* bit s: parity of stage s's next `scanned` phase */
+    for (int t = 0; t < ntiles; t++) {
+        const int s = t % STAGES;
+        const uint32_t par = (t / STAGES) & 1;
+        const int64_t j0 = klo + (int64_t)t * BK;
+        const T *kt = ks + s * BK * D, *vt = vs + s * BK * D;
+        const bool scan = needs_scan(t);
+        /* wgmma is collective over the group: it skips a tile only when none of its 64 rows
+         * sees it; a warp none of whose rows does takes part masked (PARTIAL) */
+        const bool sees =
+            gi0 < gi1 && fai_mask_classify(&mask, gi0, gi1, j0, j0 + BK) != FAI_TILE_EMPTY;
+        mbar_wait(full_k + s, par);
+        mbar_wait(full_v + s, par);
+        bool fix = false;
+        if (scan) {
+            mbar_wait(scanned + s, (scan_par >> s) & 1);
+            scan_par ^= 1u << s;
+            const uint4 f = *(const uint4 *)(flags + 16 * s);
+            fix = (f.x | f.y | f.z | f.w) != 0;
+        }
+        if (sees) {
+            /* S = Q K^T */
+            float sc[1][NT][4];
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < KQ; kk++) {
+                const int sl = kk >> 2, k16 = (kk & 3) * 16;
+                W::ss(sc[0], wg_desc(qs + sl * LQ::slab + 64 * 64 * cw + k16, 16, 1024),
+                      wg_desc(kt + sl * LK::slab + k16, 16, 1024), kk > 0);
+            }
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_pin(sc[0]);
+
+            const fai_tile_class wcls =
+                wi0 < wi1 ? fai_mask_classify(&mask, wi0, wi1, j0, j0 + BK) : FAI_TILE_EMPTY;
+            bool live[2];
+            uint32_t pos[2];
+            fwd_softmax<1, NT, DT, BK, true>(rows, sc, o, m, l, live, pos, j0,
+                                             wcls == FAI_TILE_EMPTY ? FAI_TILE_PARTIAL : wcls,
+                                             fix);
+            /* O += P V: P's accumulator tiles n = 2 kk, 2 kk + 1 are the A fragment of k-step
+             * kk (as in fwd_mma.cu) */
+            uint32_t pa[KP][4];
+#pragma unroll
+            for (int kk = 0; kk < KP; kk++) {
+                pa[kk][0] = M::pack(sc[0][2 * kk][0], sc[0][2 * kk][1]);
+                pa[kk][1] = M::pack(sc[0][2 * kk][2], sc[0][2 * kk][3]);
+                pa[kk][2] = M::pack(sc[0][2 * kk + 1][0], sc[0][2 * kk + 1][1]);
+                pa[kk][3] = M::pack(sc[0][2 * kk + 1][2], sc[0][2 * kk + 1][3]);
+            }
+            wgmma_pin(o[0]);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < KP; kk++)
+                WO::rs(o[0], pa[kk], wg_desc(vt + 16 * kk * 64, BK * 128, 1024));
+            wgmma_commit();
+            wgmma_wait<0>();
+            wgmma_pin(o[0]);
+            if (fix)
+                fwd_add_back<T, 1, DT, BK, true>(rows, o, live, pos, flags + 16 * s, j0, vg,
+                                                 a.tv.ss);
+        }
+        mbar_arrive(empty + s); /* this thread is done with stage s */
+    }
+    fwd_store<T, 1, DT>(a, rows, o, m, l);
 #endif
 }
 
-template <typename T, int D, int BK, int NWG>
+/* ------------------------------------------------------------------ launch */
+
+/* cuTensorMapEncodeTiled through the runtime (no link against the driver library). */
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder()
+{
+    static PFN_cuTensorMapEncodeTiled_v12000 f = [] {
+        void *p = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
+                                             cudaEnableDefault, &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess) {
+            (void)cudaGetLastError();
+            p = nullptr;
+        }
+        return (PFN_cuTensorMapEncodeTiled_v12000)p;
+    }();
+    return f;
+}
+
+/* The 4-d map of view t (s rows, h heads) with boxes of 64 dims x rows rows. */
+bool make_map(CUtensorMap *m, const fai_cuda_view &t, int dtype, int64_t d, int64_t s,
+              int64_t h, int64_t b, int rows)
+{
+    PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
+    if (!enc)
+        return false;
+    const cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)s, (cuuint64_t)h, (cuuint64_t)b};
+    const cuuint64_t strides[3] = {(cuuint64_t)t.ss * 2, (cuuint64_t)t.sh * 2,
+                                   (cuuint64_t)t.sb * 2};
+    const cuuint32_t box[4] = {64, (cuuint32_t)rows, 1, 1}, one[4] = {1, 1, 1, 1};
+    return enc(m,
+               dtype == FA_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+               4, t.data, dims, strides, box, one, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <typename T, int D, int BK, int STAGES>
 fai_cuda_result launch(const fai_cuda_args &a, char *err, size_t n)
 {
-    using cfg = wg_cfg<D, BK, NWG>;
-    auto k = fa_fwd_kernel_wgmma__sm90a<T, D, BK, NWG>;
+    using cfg = wg_cfg<D, BK, STAGES>;
+    fwd_maps maps;
+    if (!make_map(&maps.q, a.tq, a.dtype, D, a.sq, a.hq, a.b, cfg::BQ) ||
+        !make_map(&maps.k, a.tk, a.dtype, D, a.sk, a.hk, a.b, BK) ||
+        !make_map(&maps.v, a.tv, a.dtype, D, a.sk, a.hk, a.b, BK))
+        return FAI_CUDA_UNSUPPORTED;
+    auto k = fa_fwd_kernel_wgmma__sm90a<T, D, BK, STAGES>;
     const size_t sm = cfg::smem_bytes;
     if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) !=
         cudaSuccess)
         return fai_cuda_check_launch("wgmma forward: shared memory", err, n);
-    const int64_t nqt = (a.sq + cfg::BQ - 1) / cfg::BQ, bh = a.b * a.hq;
-    dim3 grid((unsigned)nqt, (unsigned)(bh < 65535 ? bh : 65535));
-    k<<<grid, cfg::threads, sm, (cudaStream_t)a.stream>>>(a);
+    const int64_t nqt = (a.sq + cfg::BQ - 1) / cfg::BQ;
+    dim3 grid((unsigned)nqt, (unsigned)(a.b * a.hq));
+    k<<<grid, cfg::threads, sm, (cudaStream_t)a.stream>>>(a, maps);
     return fai_cuda_check_launch("wgmma forward", err, n);
 }
 
-/* FA_CUDA_WG=NWGxBK chooses the configuration for the tile experiment (temporary). */
+/* FA_CUDA_WG=BKxSTAGES chooses the configuration for the tile experiment (temporary). */
 template <typename T, int D>
 fai_cuda_result by_cfg(const fai_cuda_args &a, char *err, size_t n)
 {
     const char *e = getenv("FA_CUDA_WG");
-    if (e && strcmp(e, "2x64") == 0)
-        return launch<T, D, 64, 2>(a, err, n);
-    if (e && strcmp(e, "3x64") == 0)
-        return launch<T, D, 64, 3>(a, err, n);
+    if (e && strcmp(e, "64x4") == 0)
+        return launch<T, D, 64, 4>(a, err, n);
+    if (e && strcmp(e, "128x3") == 0)
+        return launch<T, D, 128, 3>(a, err, n);
     return launch<T, D, 128, 2>(a, err, n);
 }
 
@@ -218,7 +312,8 @@ fai_cuda_result by_dim(const fai_cuda_args &a, char *err, size_t n)
 
 /* Whether the wgmma kernel applies: a build with the sm_90a image, a 9.0 device, 16-bit
  * storage, Dqk = Dv in {64, 128}, the scale-only pipeline without dropout, every row 16-byte
- * aligned (base and strides) for cp.async. */
+ * aligned (base and strides) for TMA, sizes that TMA's 32-bit coordinates and the grid
+ * reach. */
 bool applies(const fai_cuda_args &a)
 {
 #ifndef FA_CUDA_HAVE_SM90A
@@ -231,6 +326,8 @@ bool applies(const fai_cuda_args &a)
     if (a.dqk != a.dv || (a.dqk != 64 && a.dqk != 128))
         return false;
     if (a.score.softcap != 0 || a.slopes != nullptr || a.drop_threshold != 0)
+        return false;
+    if (a.sq >= INT32_MAX || a.sk >= INT32_MAX || a.b * a.hq > 65535)
         return false;
     const fai_cuda_view *vs[4] = {&a.tq, &a.tk, &a.tv, &a.tout};
     for (int t = 0; t < 4; t++) {

@@ -84,6 +84,73 @@ template <int NT> __device__ __forceinline__ void wgmma_pin(float (&d)[NT][4])
             asm volatile("" : "+f"(d[n][e])::"memory");
 }
 
+/* ------------------------------------------------------------------ mbarriers and TMA */
+
+/* A shared-memory mbarrier: init (by one thread, then fence_mbarrier_init and a block barrier),
+ * arrive, arrive announcing tx bytes that a TMA copy will complete, and the wait for the
+ * phase of the given parity to complete. */
+__device__ __forceinline__ void mbar_init(uint64_t *b, uint32_t count)
+{
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(b)), "r"(count)
+                 : "memory");
+}
+__device__ __forceinline__ void fence_mbarrier_init()
+{
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint64_t *b)
+{
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.shared::cta.b64 st, [%0];\n}\n" ::"r"(
+                     smem_addr(b))
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_arrive_tx(uint64_t *b, uint32_t bytes)
+{
+    asm volatile("{\n.reg .b64 st;\nmbarrier.arrive.expect_tx.shared::cta.b64 st, [%0], %1;\n}\n" ::
+                     "r"(smem_addr(b)),
+                 "r"(bytes)
+                 : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint64_t *b, uint32_t parity)
+{
+    uint32_t done;
+    do {
+        asm volatile("{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+                     "selp.u32 %0, 1, 0, p;\n}\n"
+                     : "=r"(done)
+                     : "r"(smem_addr(b)), "r"(parity)
+                     : "memory");
+    } while (!done);
+}
+
+/* TMA: the box of tensor map m at coordinates (c0, c1, c2, c3) into shared memory at dst,
+ * completing tx bytes on barrier b. */
+__device__ __forceinline__ void tma_load_4d(void *dst, const void *m, int c0, int c1, int c2,
+                                            int c3, uint64_t *b)
+{
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
+                 " [%0], [%1, {%2, %3, %4, %5}], [%6];\n" ::"r"(smem_addr(dst)),
+                 "l"(m), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(smem_addr(b))
+                 : "memory");
+}
+
+/* Hand registers between warpgroups (the block's allocation must start capped: launch bounds
+ * with a minimum of one block). */
+template <int N> __device__ __forceinline__ void setmaxnreg_inc()
+{
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N> __device__ __forceinline__ void setmaxnreg_dec()
+{
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+
+/* A barrier among the `threads` threads (a multiple of 32) that use barrier id (1 .. 15). */
+__device__ __forceinline__ void named_barrier(int id, int threads)
+{
+    asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+
 #define FAI_D4(n) "+f"(d[n][0]), "+f"(d[n][1]), "+f"(d[n][2]), "+f"(d[n][3])
 #define FAI_D64 FAI_D4(0), FAI_D4(1), FAI_D4(2), FAI_D4(3), FAI_D4(4), FAI_D4(5), FAI_D4(6), FAI_D4(7)
 #define FAI_D128 FAI_D64, FAI_D4(8), FAI_D4(9), FAI_D4(10), FAI_D4(11), FAI_D4(12), FAI_D4(13), \
