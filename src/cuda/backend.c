@@ -118,7 +118,6 @@ static fa_status fill(fa_context *ctx, const fai_problem *pr, fai_cuda_args *a)
     a->keep_scale = 1.0 / (1.0 - pr->dropout_p);
     a->stream = ctx->cuda_stream;
     a->deterministic = ctx->deterministic;
-    a->exp_serial = getenv("FA_CUDA_EXP") != NULL; /* EXPERIMENT */
     const char *k = getenv("FA_CUDA_KERNEL");
     if (k && *k) {
         if (strcmp(k, "generic") == 0)

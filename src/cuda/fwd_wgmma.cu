@@ -292,22 +292,16 @@ fai_cuda_result launch(const fai_cuda_args &a, char *err, size_t n)
     return fai_cuda_check_launch("wgmma forward", err, n);
 }
 
-/* FA_CUDA_WG=BKxSTAGES chooses the configuration for the tile experiment (temporary). */
-template <typename T, int D>
-fai_cuda_result by_cfg(const fai_cuda_args &a, char *err, size_t n)
-{
-    const char *e = getenv("FA_CUDA_WG");
-    if (e && strcmp(e, "64x4") == 0)
-        return launch<T, D, 64, 4>(a, err, n);
-    if (e && strcmp(e, "128x3") == 0)
-        return launch<T, D, 128, 3>(a, err, n);
-    return launch<T, D, 128, 2>(a, err, n);
-}
-
+/*
+ * Tiles (docs/notes/cuda.md has the runs): 128 query rows (two consumer warpgroups of 64) x
+ * 128-key tiles, 2 stages, for D = 64 and 128. At D = 128, bf16, N = 8192 non-causal: 489
+ * TFLOP/s; 3 stages the same (488: the producer is never the limit); 64-key tiles x 4 stages
+ * 384 (twice the barrier round trips and softmax bookkeeping per key).
+ */
 template <typename T>
 fai_cuda_result by_dim(const fai_cuda_args &a, char *err, size_t n)
 {
-    return a.dqk == 64 ? by_cfg<T, 64>(a, err, n) : by_cfg<T, 128>(a, err, n);
+    return a.dqk == 64 ? launch<T, 64, 128, 2>(a, err, n) : launch<T, 128, 128, 2>(a, err, n);
 }
 
 /* Whether the wgmma kernel applies: a build with the sm_90a image, a 9.0 device, 16-bit

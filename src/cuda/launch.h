@@ -37,7 +37,6 @@ typedef struct {
     void *stream;                 /* cudaStream_t */
     int deterministic;
     int kernel;                   /* fai_cuda_kernel, from FA_CUDA_KERNEL */
-    int exp_serial; /* EXPERIMENT */
 } fai_cuda_args;
 
 /* Which kernels may run (FA_CUDA_KERNEL, for tests and measurements): the fastest that applies

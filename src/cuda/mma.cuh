@@ -123,17 +123,16 @@ template <int D> struct layout {
 };
 
 /*
- * Rows [0, ROWS) of a tile into its swizzled shared-memory image (layout L: layout<D> or
- * wgmma's slab_layout) with cp.async: row r comes from src + r * ss and is zero-filled when
- * r >= nvalid. When the THREADS threads cover whole rows in steps of a multiple of 8, each
- * thread keeps one chunk column and one swizzle (in both layouts the swizzle depends on
- * r mod 8 alone, and row r + 1 of a chunk column sits L::pitch elements after row r), so its addresses are a base plus
- * constant steps (no per-chunk division or 64-bit multiply).
+ * Rows [0, ROWS) of a tile into its swizzled shared-memory image with cp.async: row r comes
+ * from src + r * ss and is zero-filled when r >= nvalid. When the THREADS threads cover whole
+ * rows in steps of a multiple of 8, each thread keeps one chunk column and one swizzle, so its
+ * addresses are a base plus constant steps (no per-chunk division or 64-bit multiply).
  */
-template <int D, int ROWS, int THREADS, class L = layout<D>, typename T>
+template <int D, int ROWS, int THREADS, typename T>
 __device__ __forceinline__ void tile_load(T *dst, const T *src, int64_t ss, int64_t nvalid,
                                           int tid)
 {
+    using L = layout<D>;
     constexpr int CH = D / 8;
     if constexpr (THREADS % CH == 0 && (THREADS / CH) % 8 == 0 && ROWS % (THREADS / CH) == 0) {
         constexpr int RS = THREADS / CH;

@@ -21,13 +21,12 @@ namespace {
  * as one 128-byte line per row, ROWS lines in a row. Within each group of 8 lines (a 1024-byte
  * swizzle atom, which must start 1024-byte aligned), 16-byte chunk c of line r sits at chunk
  * position c ^ (r mod 8) -- the address bits [4, 7) XOR bits [7, 10), which is what the
- * hardware undoes when the descriptor says 128-byte swizzle. The same XOR spreads the 8 rows
- * of a cp.async phase over 8 bank groups.
+ * hardware undoes when the descriptor says 128-byte swizzle, and what TMA writes with
+ * CU_TENSOR_MAP_SWIZZLE_128B from a box of 64 columns.
  */
 template <int D, int ROWS> struct slab_layout {
     static_assert(D % 64 == 0, "slab_layout: D is a multiple of 64");
-    static constexpr int pitch = 64; /* elements from a line to the next within a slab */
-    static constexpr int slab = ROWS * 64;
+    static constexpr int slab = ROWS * 64; /* elements */
     /* element offset of chunk ch (8 elements) of row r */
     __device__ static int off(int r, int ch)
     {
