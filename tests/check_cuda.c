@@ -409,6 +409,48 @@ START_TEST(cuda_masked_nonfinite_never_reaches_output)
 }
 END_TEST
 
+/*
+ * The other half of the V scan: an infinite V element of a key that rows do see, in a tile
+ * that is not fully allowed (causal diagonal), is zeroed in shared memory for the MMA and must
+ * come back exactly: O = +inf in that dim for every row that sees the key, finite everywhere
+ * else, as in the reference. Both tensor-core forwards (FA_CUDA_KERNEL unset / mma), D 64 and
+ * 128, bf16 and f16; _i: kernel, D, dtype.
+ */
+START_TEST(cuda_allowed_inf_v_reaches_output)
+{
+    const char *kernel = _i & 1 ? "mma" : NULL;
+    const int64_t D = _i & 2 ? 128 : 64, bad = 150, bad_d = 3;
+    const fa_dtype dt = _i & 4 ? FA_F16 : FA_BF16;
+    const ht_sweep_case c = {1, 200, 200, 4, 2, D, D, 1, -1, -1, 0, 0, 0, 0, HT_BSHD,
+                          FA_SOFTCAP_THEN_ALIBI};
+    ht_bundle x;
+    ht_bundle_alloc(&x, dt, &c, c.sq, c.sk, HT_BSHD, FA_F32);
+    ht_fill(&x.q, 21, 1, -1), ht_fill(&x.k, 22, 1, -1), ht_fill(&x.v, 23, 1, -1);
+    ht_fill(&x.dout, 24, 1, -1);
+    for (int64_t h = 0; h < c.hk; h++)
+        ht_set(&x.v, 0, bad, h, bad_d, INFINITY);
+    fa_params p;
+    fa_params_init(&p);
+    p.causal = 1;
+    if (kernel)
+        setenv("FA_CUDA_KERNEL", kernel, 1);
+    fa_context *ctx = cuda_context(0);
+    run_cuda(ctx, &p, &x, 0);
+    fa_context_destroy(ctx);
+    unsetenv("FA_CUDA_KERNEL");
+    for (int64_t i = 0; i < c.sq; i++)
+        for (int64_t h = 0; h < c.hq; h++)
+            for (int64_t d = 0; d < D; d++) {
+                const double o = ht_get(&x.out, 0, i, h, d);
+                const int inf_expected = i >= bad && d == bad_d;
+                ck_assert_msg(inf_expected ? o == INFINITY : isfinite(o),
+                              "%s D%ld %s row %ld h%ld d%ld: out %g", kernel ? kernel : "auto",
+                              (long)D, fa_dtype_name(dt), (long)i, (long)h, (long)d, o);
+            }
+    ht_bundle_free(&x);
+}
+END_TEST
+
 /* ------------------------------------------------------------------ API behaviour */
 
 /* Host pointers are refused with FA_ERR_INVALID_ARGUMENT, and nothing is written. */
@@ -632,6 +674,7 @@ static Suite *make_cuda_suite(void)
         tcase_add_loop_test(tc, cuda_generic_matches_reference, 0, 2);
         tcase_add_loop_test(tc, cuda_deterministic_matches_reference, 0, 2);
         tcase_add_loop_test(tc, cuda_masked_nonfinite_never_reaches_output, 0, 4);
+        tcase_add_loop_test(tc, cuda_allowed_inf_v_reaches_output, 0, 8);
         tcase_add_test(tc, cuda_host_pointers_refused);
         tcase_add_test(tc, cuda_empty_sequences);
         tcase_add_test(tc, cuda_deterministic_memory_auto);
@@ -647,6 +690,7 @@ static Suite *make_cuda_suite(void)
     tcase_add_loop_test(tc, cuda_negative_logits_padding_keys, 0, 32);
     tcase_add_loop_test(tc, cuda_dropout_mask_exact, 0, 2);
     tcase_add_loop_test(tc, cuda_masked_nonfinite_never_reaches_output, 0, 4);
+    tcase_add_loop_test(tc, cuda_allowed_inf_v_reaches_output, 0, 8);
     tcase_add_test(tc, cuda_host_pointers_refused);
     tcase_add_test(tc, cuda_bad_kernel_choice_refused);
     tcase_add_test(tc, cuda_deterministic_memory_auto);
