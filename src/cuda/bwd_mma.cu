@@ -602,7 +602,8 @@ fai_cuda_result run(const fai_cuda_args &a, const fai_cuda_bwd_ws &w, char *err,
 
 bool fai_cuda_backward_mma_applies(const fai_cuda_args *a)
 {
-    if (a->kernel == FAI_CUDA_KERNEL_GENERIC || (a->dtype != FA_BF16 && a->dtype != FA_F16) || a->dqk != a->dv)
+    if (a->kernel == FAI_CUDA_KERNEL_GENERIC || (a->dtype != FA_BF16 && a->dtype != FA_F16) ||
+        a->dqk != a->dv)
         return false;
     if (a->dqk != 32 && a->dqk != 64 && a->dqk != 96 && a->dqk != 128)
         return false;
