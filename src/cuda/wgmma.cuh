@@ -1,5 +1,6 @@
-/* Hopper's warpgroup MMA (wgmma, sm_90a only): PTX wrappers, shared-memory matrix descriptors
- * and the 128-byte-swizzled tile layout they read. Internal to src/cuda/.
+/* Hopper's building blocks (sm_90a only): warpgroup MMA (wgmma) wrappers and shared-memory
+ * matrix descriptors, mbarriers, TMA copies, setmaxnreg, named barriers, and the
+ * 128-byte-swizzled tile layout that TMA writes and wgmma reads. Internal to src/cuda/.
  *
  * Everything here exists only in the sm_90a device pass (FAI_WGMMA); the kernels that use it
  * compile to an empty body elsewhere, and the host launches them only on a 9.0 device of a
@@ -18,7 +19,7 @@ namespace {
 /*
  * The tile layout wgmma reads with 128-byte swizzling: a tile of ROWS rows x D 16-bit elements
  * (D a multiple of 64) is D / 64 slabs, slab k holding columns [64 k, 64 k + 64) of every row
- * as one 128-byte line per row, ROWS lines in a row. Within each group of 8 lines (a 1024-byte
+ * as one 128-byte line per row, the ROWS lines one after another. Within each group of 8 lines (a 1024-byte
  * swizzle atom, which must start 1024-byte aligned), 16-byte chunk c of line r sits at chunk
  * position c ^ (r mod 8) -- the address bits [4, 7) XOR bits [7, 10), which is what the
  * hardware undoes when the descriptor says 128-byte swizzle, and what TMA writes with
