@@ -122,6 +122,17 @@ fai_cuda_result fai_cuda_backward_mma_prepare(const fai_cuda_args *a, const fai_
 fai_cuda_result fai_cuda_backward_mma(const fai_cuda_args *a, const fai_cuda_bwd_ws *w, char *err,
                                       size_t n);
 
+/* Whether q, k, v and out start on 16-byte boundaries and step in whole 16-byte chunks (16-bit
+ * elements): what cp.async and TMA need to move rows as 16-byte chunks. */
+static inline bool fai_cuda_rows_aligned16(const fai_cuda_args &a)
+{
+    const fai_cuda_view *vs[4] = {&a.tq, &a.tk, &a.tv, &a.tout};
+    for (int t = 0; t < 4; t++)
+        if ((uintptr_t)vs[t]->data % 16 != 0 || vs[t]->sb % 8 || vs[t]->ss % 8 || vs[t]->sh % 8)
+            return false;
+    return true;
+}
+
 /* The tensor-core forwards, wgmma (fwd_wgmma.cu, Hopper) and mma.sync (fwd_mma.cu):
  * FAI_CUDA_UNSUPPORTED when the problem is not one of their shapes (then the next runs: wgmma,
  * mma.sync, generic). */

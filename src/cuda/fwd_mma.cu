@@ -272,14 +272,7 @@ bool applies(const fai_cuda_args &a)
         return false;
     if (a.dqk != 32 && a.dqk != 64 && a.dqk != 96 && a.dqk != 128 && a.dqk != 256)
         return false;
-    const fai_cuda_view *vs[4] = {&a.tq, &a.tk, &a.tv, &a.tout};
-    for (int t = 0; t < 4; t++) {
-        if ((uintptr_t)vs[t]->data % 16 != 0)
-            return false;
-        if (vs[t]->sb % 8 || vs[t]->ss % 8 || vs[t]->sh % 8)
-            return false;
-    }
-    return true;
+    return fai_cuda_rows_aligned16(a);
 }
 
 } // namespace

@@ -323,13 +323,8 @@ bool applies(const fai_cuda_args &a)
         return false;
     if (a.sq >= INT32_MAX || a.sk >= INT32_MAX || a.b * a.hq > 65535)
         return false;
-    const fai_cuda_view *vs[4] = {&a.tq, &a.tk, &a.tv, &a.tout};
-    for (int t = 0; t < 4; t++) {
-        if ((uintptr_t)vs[t]->data % 16 != 0)
-            return false;
-        if (vs[t]->sb % 8 || vs[t]->ss % 8 || vs[t]->sh % 8)
-            return false;
-    }
+    if (!fai_cuda_rows_aligned16(a))
+        return false;
     int dev = 0, major = 0, minor = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
         cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
