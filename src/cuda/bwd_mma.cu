@@ -571,14 +571,20 @@ template <typename T, int D>
 fai_cuda_result by_mode(const fai_cuda_args &a, const fai_cuda_bwd_ws &w, char *err, size_t n)
 {
     const bool fast = a.score.softcap == 0 && a.slopes == nullptr && a.drop_threshold == 0;
-    if (a.deterministic) { /* dK, dV here; dQ by its own ordered kernel */
-        fai_cuda_result r = fast ? launch<T, D, true, false>(a, w, err, n)
-                                 : launch<T, D, false, false>(a, w, err, n);
-        if (r != FAI_CUDA_OK)
-            return r;
-        return fast ? launch_dq<T, D, true>(a, w, err, n) : launch_dq<T, D, false>(a, w, err, n);
+    /* dK, dV, and dQ's sums unless deterministic: the Hopper kernel where it applies */
+    fai_cuda_result r = fai_cuda_backward_wgmma(&a, &w, err, n);
+    if (r == FAI_CUDA_UNSUPPORTED) {
+        if (a.deterministic)
+            r = fast ? launch<T, D, true, false>(a, w, err, n)
+                     : launch<T, D, false, false>(a, w, err, n);
+        else
+            r = fast ? launch<T, D, true, true>(a, w, err, n)
+                     : launch<T, D, false, true>(a, w, err, n);
     }
-    return fast ? launch<T, D, true, true>(a, w, err, n) : launch<T, D, false, true>(a, w, err, n);
+    if (r != FAI_CUDA_OK || !a.deterministic)
+        return r;
+    /* deterministic mode: dQ by its own ordered kernel */
+    return fast ? launch_dq<T, D, true>(a, w, err, n) : launch_dq<T, D, false>(a, w, err, n);
 }
 
 template <typename T>

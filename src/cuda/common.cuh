@@ -121,6 +121,10 @@ fai_cuda_result fai_cuda_backward_mma_prepare(const fai_cuda_args *a, const fai_
                                               char *err, size_t n);
 fai_cuda_result fai_cuda_backward_mma(const fai_cuda_args *a, const fai_cuda_bwd_ws *w, char *err,
                                       size_t n);
+/* The Hopper dK/dV kernel (bwd_wgmma.cu), tried first by fai_cuda_backward_mma where that
+ * applies; FAI_CUDA_UNSUPPORTED (nothing launched) outside its shapes. */
+fai_cuda_result fai_cuda_backward_wgmma(const fai_cuda_args *a, const fai_cuda_bwd_ws *w,
+                                        char *err, size_t n);
 
 /* Whether q, k, v and out start on 16-byte boundaries and step in whole 16-byte chunks (16-bit
  * elements): what cp.async and TMA need to move rows as 16-byte chunks. */

@@ -27,8 +27,6 @@
 
 #include "config.h"
 
-#include <cuda.h>
-#include <cudaTypedefs.h>
 #include <stdint.h>
 
 namespace {
@@ -237,49 +235,14 @@ __global__ void __launch_bounds__(384, 1)
 
 /* ------------------------------------------------------------------ launch */
 
-/* cuTensorMapEncodeTiled through the runtime (no link against the driver library). */
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder()
-{
-    static PFN_cuTensorMapEncodeTiled_v12000 f = [] {
-        void *p = nullptr;
-        cudaDriverEntryPointQueryResult q;
-        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
-                                             cudaEnableDefault, &q) != cudaSuccess ||
-            q != cudaDriverEntryPointSuccess) {
-            (void)cudaGetLastError();
-            p = nullptr;
-        }
-        return (PFN_cuTensorMapEncodeTiled_v12000)p;
-    }();
-    return f;
-}
-
-/* The 4-d map of view t (s rows, h heads) with boxes of 64 dims x rows rows. */
-bool make_map(CUtensorMap *m, const fai_cuda_view &t, int dtype, int64_t d, int64_t s,
-              int64_t h, int64_t b, int rows)
-{
-    PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
-    if (!enc)
-        return false;
-    const cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)s, (cuuint64_t)h, (cuuint64_t)b};
-    const cuuint64_t strides[3] = {(cuuint64_t)t.ss * 2, (cuuint64_t)t.sh * 2,
-                                   (cuuint64_t)t.sb * 2};
-    const cuuint32_t box[4] = {64, (cuuint32_t)rows, 1, 1}, one[4] = {1, 1, 1, 1};
-    const CUtensorMapDataType type =
-        dtype == FA_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
-    return enc(m, type, 4, t.data, dims, strides, box, one, CU_TENSOR_MAP_INTERLEAVE_NONE,
-               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
-}
-
 template <typename T, int D, int BK, int STAGES>
 fai_cuda_result launch(const fai_cuda_args &a, char *err, size_t n)
 {
     using cfg = wg_cfg<D, BK, STAGES>;
     fwd_maps maps;
-    if (!make_map(&maps.q, a.tq, a.dtype, D, a.sq, a.hq, a.b, cfg::BQ) ||
-        !make_map(&maps.k, a.tk, a.dtype, D, a.sk, a.hk, a.b, BK) ||
-        !make_map(&maps.v, a.tv, a.dtype, D, a.sk, a.hk, a.b, BK))
+    if (!tma_map_4d(&maps.q, a.tq, a.dtype, D, a.sq, a.hq, a.b, cfg::BQ) ||
+        !tma_map_4d(&maps.k, a.tk, a.dtype, D, a.sk, a.hk, a.b, BK) ||
+        !tma_map_4d(&maps.v, a.tv, a.dtype, D, a.sk, a.hk, a.b, BK))
         return FAI_CUDA_UNSUPPORTED;
     auto k = fa_fwd_kernel_wgmma__sm90a<T, D, BK, STAGES>;
     const size_t sm = cfg::smem_bytes;
@@ -323,16 +286,7 @@ bool applies(const fai_cuda_args &a)
         return false;
     if (a.sq >= INT32_MAX || a.sk >= INT32_MAX || a.b * a.hq > 65535)
         return false;
-    if (!fai_cuda_rows_aligned16(a))
-        return false;
-    int dev = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
-        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
-        (void)cudaGetLastError();
-        return false;
-    }
-    return major == 9 && minor == 0;
+    return fai_cuda_rows_aligned16(a) && device_is_sm90();
 }
 
 } // namespace

@@ -215,6 +215,14 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_dkdv_kernel_rowwarp(const 
                         dot_row<S, C>(vs, fai_at<S>(a.tdout, b, i, h), a.dv),
                         fai_lse_get(a.tlse, a.lse_f64, b, h, i), delta[i], slope, &pt, &ds);
                 const int n = ihi - i0 < 32 ? (int)(ihi - i0) : 32;
+                /* Two-level summation: the chunk's 32 terms apart, then into the total. One
+                 * running sum over thousands of rows grows its rounding error with their count
+                 * (f32: past 3x the conventional path's GEMM error at a GQA group of 4 x 333
+                 * rows). */
+                C pk[NV], pv[NV];
+#pragma unroll
+                for (int c = 0; c < NV; c++)
+                    pk[c] = pv[c] = 0;
                 for (int t = 0; t < n; t++) {
                     const C pt_t = __shfl_sync(0xffffffffu, pt, t);
                     const C ds_t = __shfl_sync(0xffffffffu, ds, t);
@@ -225,11 +233,14 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_dkdv_kernel_rowwarp(const 
                     for (int c = 0; c < NV; c++) {
                         const int64_t d = lane + 32 * c;
                         if (d < a.dqk)
-                            dk[c] += ds_t * fai_storage<S>::load(qr[d]);
+                            pk[c] += ds_t * fai_storage<S>::load(qr[d]);
                         if (d < a.dv)
-                            dv[c] += pt_t * fai_storage<S>::load(gr[d]);
+                            pv[c] += pt_t * fai_storage<S>::load(gr[d]);
                     }
                 }
+#pragma unroll
+                for (int c = 0; c < NV; c++)
+                    dk[c] += pk[c], dv[c] += pv[c];
             }
         }
         S *dkr = fai_at<S>(a.tdk, b, j, hk), *dvr = fai_at<S>(a.tdv, b, j, hk);
@@ -286,6 +297,10 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_dq_kernel_rowwarp(const fa
                                         dot_row<S, C>(gs, fai_at<S>(a.tv, b, j, hk), a.dv), lse, di,
                                         slope, &pt, &ds);
             const int n = hi - j0 < 32 ? (int)(hi - j0) : 32;
+            C part[NV]; /* two-level summation, as in dK and dV */
+#pragma unroll
+            for (int c = 0; c < NV; c++)
+                part[c] = 0;
             for (int t = 0; t < n; t++) {
                 const C ds_t = __shfl_sync(0xffffffffu, ds, t);
                 if (!__shfl_sync(0xffffffffu, live, t))
@@ -295,9 +310,12 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_dq_kernel_rowwarp(const fa
                 for (int c = 0; c < NV; c++) {
                     const int64_t d = lane + 32 * c;
                     if (d < a.dqk)
-                        dq[c] += ds_t * fai_storage<S>::load(kr[d]);
+                        part[c] += ds_t * fai_storage<S>::load(kr[d]);
                 }
             }
+#pragma unroll
+            for (int c = 0; c < NV; c++)
+                dq[c] += part[c];
         }
         S *dqr = fai_at<S>(a.tdq, b, i, h);
 #pragma unroll

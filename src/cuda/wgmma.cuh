@@ -2,13 +2,17 @@
  * matrix descriptors, mbarriers, TMA copies, setmaxnreg, named barriers, and the
  * 128-byte-swizzled tile layout that TMA writes and wgmma reads. Internal to src/cuda/.
  *
- * Everything here exists only in the sm_90a device pass (FAI_WGMMA); the kernels that use it
+ * The device side exists only in the sm_90a device pass (FAI_WGMMA); the kernels that use it
  * compile to an empty body elsewhere, and the host launches them only on a 9.0 device of a
- * build that has the sm_90a image (fwd_wgmma.cu). */
+ * build that has the sm_90a image (device_is_sm90, FA_CUDA_HAVE_SM90A). The host side (tensor
+ * maps, the device check) is in every pass. */
 #ifndef FAI_CUDA_WGMMA_CUH
 #define FAI_CUDA_WGMMA_CUH
 
 #include "mma.cuh"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
 
 #if defined(__CUDA_ARCH__) && defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #define FAI_WGMMA 1
@@ -35,6 +39,56 @@ template <int D, int ROWS> struct slab_layout {
     }
 };
 
+/* ------------------------------------------------------------------ host side */
+
+/* cuTensorMapEncodeTiled through the runtime (no link against the driver library). */
+PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder()
+{
+    static PFN_cuTensorMapEncodeTiled_v12000 f = [] {
+        void *p = nullptr;
+        cudaDriverEntryPointQueryResult q;
+        if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000,
+                                             cudaEnableDefault, &q) != cudaSuccess ||
+            q != cudaDriverEntryPointSuccess) {
+            (void)cudaGetLastError();
+            p = nullptr;
+        }
+        return (PFN_cuTensorMapEncodeTiled_v12000)p;
+    }();
+    return f;
+}
+
+/* The 4-d TMA map of view t (s rows, h heads) with boxes of 64 dims x rows rows. */
+bool tma_map_4d(CUtensorMap *m, const fai_cuda_view &t, int dtype, int64_t d, int64_t s,
+                int64_t h, int64_t b, int rows)
+{
+    PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
+    if (!enc)
+        return false;
+    const cuuint64_t dims[4] = {(cuuint64_t)d, (cuuint64_t)s, (cuuint64_t)h, (cuuint64_t)b};
+    const cuuint64_t strides[3] = {(cuuint64_t)t.ss * 2, (cuuint64_t)t.sh * 2,
+                                   (cuuint64_t)t.sb * 2};
+    const cuuint32_t box[4] = {64, (cuuint32_t)rows, 1, 1}, one[4] = {1, 1, 1, 1};
+    const CUtensorMapDataType type =
+        dtype == FA_BF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16;
+    return enc(m, type, 4, t.data, dims, strides, box, one, CU_TENSOR_MAP_INTERLEAVE_NONE,
+               CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+/* Whether the current device is a 9.0 (Hopper) one, the only target of the sm_90a image. */
+bool device_is_sm90()
+{
+    int dev = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return major == 9 && minor == 0;
+}
+
 #ifdef FAI_WGMMA
 
 /*
@@ -48,7 +102,8 @@ template <int D, int ROWS> struct slab_layout {
  *     atom reads the right chunks.
  *   MN-major operand (V in O += P V: rows of K = keys, N = value dims contiguous, transposed
  *     by the instruction's trans-b): LBO = the step from one 64-column slab to the next along
- *     N, SBO = 1024, the step from 8 keys to the next 8.
+ *     N, SBO = 1024, the step from 8 keys to the next 8. An MN-major A (trans-a) is read the
+ *     same way, M in the place of N.
  */
 __device__ __forceinline__ uint64_t wg_desc(const void *p, uint32_t lbo, uint32_t sbo)
 {
@@ -166,7 +221,9 @@ __device__ __forceinline__ void named_barrier(int id, int threads)
 /*
  * d (m64 x N, f32, the warpgroup's accumulator: warp w of the group holds rows 16 w .. 16 w +
  * 15 in the m16n8 layout, d[n][e] as in fwd_tile.cuh) = (acc ? d : 0) + A B, one k16 step.
- *   ss: A (64 x 16) and B (16 x N) both from shared memory, both K-major.
+ *   ss: A (64 x 16) and B (16 x N) both from shared memory, K-major unless TA / TB say
+ *       MN-major (transposed: A stored as its K rows, M contiguous; B as K rows, N
+ *       contiguous).
  *   rs: A from registers (the m16k16 A fragment of the warp's 16 rows), B MN-major;
  *             always accumulates.
  * The accumulate flag is a run-time predicate (the first step of a product starts from 0).
@@ -175,13 +232,14 @@ template <typename T, int N> struct wgmma_op;
 
 #define FAI_WGMMA_OPS(TYPE, PTXT)                                                                \
     template <> struct wgmma_op<TYPE, 64> {                                                      \
+        template <int TA = 0, int TB = 0>                                                        \
         __device__ static void ss(float (&d)[8][4], uint64_t a, uint64_t b, int acc)            \
         {                                                                                        \
             asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"                            \
                          "wgmma.mma_async.sync.aligned.m64n64k16.f32." PTXT "." PTXT " " FAI_R32 \
-                         ", %32, %33, p, 1, 1, 0, 0;\n}\n"                                       \
+                         ", %32, %33, p, 1, 1, %35, %36;\n}\n"                                   \
                          : FAI_D64                                                               \
-                         : "l"(a), "l"(b), "r"(acc));                                           \
+                         : "l"(a), "l"(b), "r"(acc), "n"(TA), "n"(TB));                         \
         }                                                                                        \
         __device__ static void rs(float (&d)[8][4], const uint32_t (&a)[4], uint64_t b)          \
         {                                                                                        \
@@ -193,13 +251,14 @@ template <typename T, int N> struct wgmma_op;
         }                                                                                        \
     };                                                                                           \
     template <> struct wgmma_op<TYPE, 128> {                                                     \
+        template <int TA = 0, int TB = 0>                                                        \
         __device__ static void ss(float (&d)[16][4], uint64_t a, uint64_t b, int acc)           \
         {                                                                                        \
             asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"                            \
                          "wgmma.mma_async.sync.aligned.m64n128k16.f32." PTXT "." PTXT " " FAI_R64 \
-                         ", %64, %65, p, 1, 1, 0, 0;\n}\n"                                       \
+                         ", %64, %65, p, 1, 1, %67, %68;\n}\n"                                   \
                          : FAI_D128                                                              \
-                         : "l"(a), "l"(b), "r"(acc));                                           \
+                         : "l"(a), "l"(b), "r"(acc), "n"(TA), "n"(TB));                         \
         }                                                                                        \
         __device__ static void rs(float (&d)[16][4], const uint32_t (&a)[4], uint64_t b)         \
         {                                                                                        \
