@@ -294,8 +294,11 @@ def backward_table(lib, lib_det):
         libpeak = lib.mem()[1]
         tbd = time_ms(lambda: lib_det.backward(q, k, v, out, lse, dout, dq, dk, dv, causal), 3, warmup=1)
         os.environ["FA_CUDA_KERNEL"] = "mma"  # the mma.sync backward, for the version table
-        tbm = time_ms(lambda: lib.backward(q, k, v, out, lse, dout, dq, dk, dv, causal), 3, warmup=1)
-        del os.environ["FA_CUDA_KERNEL"]
+        try:
+            tbm = time_ms(lambda: lib.backward(q, k, v, out, lse, dout, dq, dk, dv, causal), 3,
+                          warmup=1)
+        finally:
+            del os.environ["FA_CUDA_KERNEL"]
         lib.backward(q, k, v, out, lse, dout, dq, dk, dv, causal)  # the default's, compared below
         fl = fwd_flops(B, H, N, D, causal) / 1e9
         # torch: autograd through the flash backend
@@ -318,9 +321,10 @@ def backward_table(lib, lib_det):
                  (dk.float() - res["flash"][3][1].float()).abs().max().item(),
                  (dv.float() - res["flash"][3][2].float()).abs().max().item()) if "flash" in res else float("nan")
         print("causal=%d ours: fwd %.3f ms, bwd %.3f ms (%.1f TF/s), bwd/fwd %.2f, library peak %.1f MiB, "
-              "max|grad - flash grad| %.2e; deterministic bwd %.3f ms (%.1f TF/s); mma.sync bwd %.3f ms "
-              "(%.1f TF/s)" % (causal, tf, tb, 2.5 * fl / tb, tb / tf, libpeak / 2**20, gd, tbd,
-                               2.5 * fl / tbd, tbm, 2.5 * fl / tbm))
+              "max|grad - flash grad| %.2e; deterministic bwd %.3f ms (%.1f TF/s); "
+              "mma.sync bwd %.3f ms (%.1f TF/s)" % (
+                  causal, tf, tb, 2.5 * fl / tb, tb / tf, libpeak / 2**20, gd, tbd,
+                  2.5 * fl / tbd, tbm, 2.5 * fl / tbm))
         for name, (tfw, tbw, pk, _) in res.items():
             print("causal=%d %s: fwd %.3f ms, bwd %.3f ms (%.1f TF/s), bwd/fwd %.2f, bwd peak %.1f MiB; "
                   "ours bwd speed = %.3fx %s" % (causal, name, tfw, tbw, 2.5 * fl / tbw, tbw / tfw,

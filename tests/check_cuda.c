@@ -146,6 +146,9 @@ static const ht_sweep_case cases[] = {
     {1, 200, 700, 2, 2, 128, 128, 0, -1, -1, 0, 0, 0, 0, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
     /* the wgmma backward's: key blocks of 128 over query tiles of 64 of a GQA group of 4 */
     {2, 333, 333, 4, 1, 128, 128, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
+    /* one key block whose second group holds only padding keys, one partial query tile, 10
+     * empty rows */
+    {1, 50, 40, 2, 2, 128, 128, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
 };
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 static const fa_dtype dtypes[4] = {FA_F64, FA_F32, FA_F16, FA_BF16};
@@ -242,7 +245,7 @@ END_TEST
 
 /* The mma.sync kernels on the shapes that the wgmma kernels take on Hopper (FA_CUDA_KERNEL=mma;
  * on other GPUs the same kernels the plain sweep ran). */
-static const int wgmma_cases[] = {3, 17, 19, 25, 28, 29, 30, 31, 32};
+static const int wgmma_cases[] = {3, 17, 19, 25, 28, 29, 30, 31, 32, 33};
 START_TEST(cuda_mma_matches_reference)
 {
     const fa_dtype dt = dtypes[2 + _i % 2];
@@ -676,6 +679,7 @@ static Suite *make_cuda_suite(void)
         tcase_add_loop_test(tc, cuda_generic_matches_reference, 0, 2);
         tcase_add_loop_test(tc, cuda_deterministic_matches_reference, 0, 2);
         tcase_add_loop_test(tc, cuda_deterministic_matches_reference, 16, 18); /* wgmma's */
+        tcase_add_loop_test(tc, cuda_matches_reference, 4 * 32 + 2, 4 * 34); /* 32: f16, bf16 */
         tcase_add_loop_test(tc, cuda_masked_nonfinite_never_reaches_output, 0, 4);
         tcase_add_loop_test(tc, cuda_allowed_inf_v_reaches_output, 0, 8);
         tcase_add_test(tc, cuda_host_pointers_refused);

@@ -23,6 +23,9 @@
  * runs only when q, k, v and dout are finite (a pre-pass sets a device flag; the generic
  * kernels, launched behind the same flag, take the other case): with finite inputs a selected
  * 0 times any operand is 0, so the MMAs cannot carry a masked NaN or inf into another row.
+ *
+ * fai_cuda_backward_mma tries the Hopper kernel of bwd_wgmma.cu first (D = 128, scale only);
+ * the dK/dV kernel here runs where that does not apply.
  */
 #include "common.cuh"
 #include "mma.cuh"
@@ -570,7 +573,7 @@ fai_cuda_result launch(const fai_cuda_args &a, const fai_cuda_bwd_ws &w, char *e
 template <typename T, int D>
 fai_cuda_result by_mode(const fai_cuda_args &a, const fai_cuda_bwd_ws &w, char *err, size_t n)
 {
-    const bool fast = a.score.softcap == 0 && a.slopes == nullptr && a.drop_threshold == 0;
+    const bool fast = fai_cuda_scale_only(a);
     /* dK, dV, and dQ's sums unless deterministic: the Hopper kernel where it applies */
     fai_cuda_result r = fai_cuda_backward_wgmma(&a, &w, err, n);
     if (r == FAI_CUDA_UNSUPPORTED) {

@@ -46,35 +46,37 @@ struct bwd_maps {
     CUtensorMap q, dout, k, v;
 };
 
-template <int D> struct bwg_cfg {
+template <int D, bool DQ = true> struct bwg_cfg {
     static constexpr int BK = 128, BQ = 64, STAGES = 2, threads = 384;
     using LK = slab_layout<D, BK>;  /* K, V */
     using LQ = slab_layout<D, BQ>;  /* Q, dO tiles */
     using LS = slab_layout<64, BK>; /* dS^T: the block's keys x the tile's 64 queries */
     static constexpr uint32_t kv_bytes = BK * D * 2, q_bytes = BQ * D * 2, ds_bytes = BK * BQ * 2;
-    /* K, V, Q x STAGES, dO x STAGES, dS^T x 2 (multiples of 8 KiB: 1024-byte aligned), the
+    /* K, V, Q x STAGES, dO x STAGES, dS^T x 2 with DQ (multiples of 8 KiB: 1024-byte aligned), the
      * per-stage row values (LSE_i log2(e), D_i: 2 BQ floats), the mbarriers; 1 KiB of slack to
      * align the start */
     static constexpr size_t q_off = 2 * (size_t)kv_bytes;
     static constexpr size_t g_off = q_off + STAGES * (size_t)q_bytes;
     static constexpr size_t ds_off = g_off + STAGES * (size_t)q_bytes;
-    static constexpr size_t rows_off = ds_off + 2 * (size_t)ds_bytes;
+    static constexpr size_t rows_off = ds_off + (DQ ? 2 : 0) * (size_t)ds_bytes;
     static constexpr size_t bars_off = rows_off + STAGES * 2 * BQ * sizeof(float);
     static constexpr int nbars = 1 + 2 * STAGES; /* K and V, then per stage full, empty */
     static constexpr size_t smem_bytes = bars_off + 8 * nbars + 1024;
 };
 
 template <typename T, int D, bool DQ>
-__global__ void __launch_bounds__(384, 1)
+__global__ void __launch_bounds__(bwg_cfg<D>::threads, 1)
     fa_bwd_kernel_wgmma__sm90a(const fai_cuda_args a, const __grid_constant__ bwd_maps maps,
                                const float *delta, const float *lse2, float *dqacc,
                                const int *flag)
 {
 #ifdef FAI_WGMMA
     static_assert(D == 128, "dQ splits D into the two groups' halves of 64 dims");
+    static_assert(bwg_cfg<D>::BK == 128 && bwg_cfg<D>::BQ == 64 && bwg_cfg<D>::threads == 384,
+                  "two consumer groups of 64 keys; the producer's 128 threads copy 2 BQ values");
     if (*flag)
         return; /* non-finite input: the generic kernels run instead */
-    using cfg = bwg_cfg<D>;
+    using cfg = bwg_cfg<D, DQ>;
     using LK = typename cfg::LK;
     using LQ = typename cfg::LQ;
     using LS = typename cfg::LS;
@@ -82,7 +84,8 @@ __global__ void __launch_bounds__(384, 1)
     using W64 = wgmma_op<T, 64>; /* S^T, dP^T (64 keys x 64 queries); dQ (64 queries x 64 dims) */
     using WD = wgmma_op<T, D>;   /* dV, dK (64 keys x D) */
     constexpr int BK = cfg::BK, BQ = cfg::BQ, STAGES = cfg::STAGES;
-    constexpr int NQ = BQ / 8, DT = D / 8, KD = D / 16, KQ = BQ / 16, KK = BK / 16;
+    /* accumulator tiles over queries and dims; k-steps over dims, queries, the block's keys */
+    constexpr int NQ = BQ / 8, DT = D / 8, KD = D / 16, KQ = BQ / 16, KB = BK / 16;
     constexpr float kLog2e = 1.4426950408889634f;
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
@@ -95,6 +98,8 @@ __global__ void __launch_bounds__(384, 1)
     uint64_t *full_kv = bars, *full = bars + 1, *empty = full + STAGES;
     const fai_mask mask = a.mask;
 
+    /* the warp index from lane 0: then the compiler knows it (and every branch on it) is
+     * warp-uniform, as wgmma needs */
     const int tid = threadIdx.x, lane = tid & 31, warp = __shfl_sync(0xffffffffu, tid >> 5, 0),
               wg = warp >> 2;
     const int64_t j0 = (int64_t)blockIdx.x * BK, j1 = j0 + BK < a.sk ? j0 + BK : a.sk;
@@ -105,7 +110,8 @@ __global__ void __launch_bounds__(384, 1)
     qlo = qlo / BQ * BQ;
     const int ntiles = qlo < qhi ? (int)((qhi - qlo + BQ - 1) / BQ) : 0;
     const int total = ntiles * (int)a.group;
-    /* query tile u of the group's sweep: head hk group + u / ntiles, rows from i0 */
+    /* query tile u of the GQA group's sweep: head hk group + u / ntiles, its rows from
+     * qlo + (u mod ntiles) BQ */
     auto tile_head = [&](int u) { return hk * a.group + u / ntiles; };
     auto tile_row = [&](int u) { return qlo + (int64_t)(u % ntiles) * BQ; };
 
@@ -214,9 +220,10 @@ __global__ void __launch_bounds__(384, 1)
         wgmma_pin(st);
         wgmma_pin(dp);
 
-        /* P^T, dS^T; element (n, e) is key row 8 (e / 2) + g of the warp, query column
-         * 8 n + 2 tg + (e mod 2). FULL over the warp's keys clipped to Sk and the tile's rows
-         * clipped to Sq says nothing of the padding, which the i < Sq, j < Sk tests drop. */
+        /* P^T and dS^T, written over st and dp; element (n, e) is key row 8 (e / 2) + g of the
+         * warp, query column 8 n + 2 tg + (e mod 2). FULL over the warp's keys clipped to Sk
+         * and the tile's rows clipped to Sq says nothing of the padding, which the c < qn
+         * (i < Sq) and 8 r + g < kn (j < Sk) tests drop. */
         const fai_tile_class wcls =
             wj0 < wj1 ? fai_mask_classify(&mask, i0, i1, wj0, wj1) : FAI_TILE_EMPTY;
         const int qn = (int)(i1 - i0), kn = (int)(wj1 - wj0); /* rows, keys inside Sq, Sk */
@@ -250,21 +257,18 @@ __global__ void __launch_bounds__(384, 1)
                 pa[kk][x] = M::pack(st[n][e], st[n][e + 1]);
                 da[kk][x] = M::pack(dp[n][e], dp[n][e + 1]);
             }
+        T *dsb = dss + (u & 1) * BK * BQ;
         wgmma_pin(dv);
         wgmma_pin(dk);
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < KQ; kk++)
             WD::rs(dv, pa[kk], wg_desc(gt + 16 * kk * 64, BQ * 128, 1024));
-#pragma unroll
-        for (int kk = 0; kk < KQ; kk++)
-            WD::rs(dk, da[kk], wg_desc(qt + 16 * kk * 64, BQ * 128, 1024));
-        wgmma_commit();
-
         if (DQ) {
-            /* dS^T into shared memory: fragment word x of k-step kk is key row 16 wl + 8 (x mod
-             * 2) + g of the group, queries 8 (2 kk + x / 2) + 2 tg, + 1 */
-            T *dsb = dss + (u & 1) * BK * BQ;
+            /* dS^T into shared memory while dV's MMAs run, and before dK's take da (an
+             * in-flight wgmma's A registers may not be accessed until its wait): fragment word
+             * x of k-step kk is key row 16 wl + 8 (x mod 2) + g of the group, queries
+             * 8 (2 kk + x / 2) + 2 tg, + 1 */
 #pragma unroll
             for (int kk = 0; kk < KQ; kk++)
 #pragma unroll
@@ -273,13 +277,20 @@ __global__ void __launch_bounds__(384, 1)
                     *(uint32_t *)(dsb + LS::off(row, 2 * kk + (x >> 1)) + 2 * tg) = da[kk][x];
                 }
             fence_proxy_async();
+        }
+#pragma unroll
+        for (int kk = 0; kk < KQ; kk++)
+            WD::rs(dk, da[kk], wg_desc(qt + 16 * kk * 64, BQ * 128, 1024));
+        wgmma_commit();
+
+        if (DQ) {
             named_barrier(1, 256); /* both groups' dS^T are in */
 
             /* dQ[:, 64 cw ..] (64 queries x 64 dims) = dS (64 x 128 keys) K[:, 64 cw ..] */
             float dq[8][4];
             wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < KK; kk++)
+            for (int kk = 0; kk < KB; kk++)
                 W64::template ss<1, 1>(dq, wg_desc(dsb + 16 * kk * 64, BK * 128, 1024),
                                        wg_desc(ks + cw * LK::slab + 16 * kk * 64, BK * 128, 1024),
                                        kk > 0);
@@ -331,7 +342,7 @@ template <typename T, bool DQ>
 fai_cuda_result launch(const fai_cuda_args &a, const fai_cuda_bwd_ws &w, char *err, size_t n)
 {
     constexpr int D = 128;
-    using cfg = bwg_cfg<D>;
+    using cfg = bwg_cfg<D, DQ>;
     bwd_maps maps;
     if (!tma_map_4d(&maps.q, a.tq, a.dtype, D, a.sq, a.hq, a.b, cfg::BQ) ||
         !tma_map_4d(&maps.dout, a.tdout, a.dtype, D, a.sq, a.hq, a.b, cfg::BQ) ||
@@ -350,20 +361,21 @@ fai_cuda_result launch(const fai_cuda_args &a, const fai_cuda_bwd_ws &w, char *e
     return fai_cuda_check_launch("wgmma backward", err, n);
 }
 
-/* Whether the wgmma kernel applies, beyond what fai_cuda_backward_mma_applies already holds
- * (16-bit storage, Dqk = Dv, every row 16-byte aligned): a build with the sm_90a image, a 9.0
- * device, D = 128, the scale-only pipeline without dropout, sizes that TMA's 32-bit coordinates
- * and the grid reach. */
+/* Whether the wgmma kernel applies: where the mma.sync backward does (16-bit storage, Dqk = Dv,
+ * every row 16-byte aligned), with a build that has the sm_90a image, a 9.0 device, D = 128,
+ * the scale-only pipeline without dropout, and sizes that TMA's 32-bit coordinates, the grid
+ * and the int count of query tiles reach. */
 bool applies(const fai_cuda_args &a)
 {
 #ifndef FA_CUDA_HAVE_SM90A
     return false;
 #endif
-    if (a.kernel != FAI_CUDA_KERNEL_AUTO || a.dqk != 128)
+    if (a.kernel != FAI_CUDA_KERNEL_AUTO || a.dqk != 128 || !fai_cuda_backward_mma_applies(&a))
         return false;
-    if (a.score.softcap != 0 || a.slopes != nullptr || a.drop_threshold != 0)
+    if (!fai_cuda_scale_only(a))
         return false;
-    if (a.sq >= INT32_MAX || a.sk >= INT32_MAX || a.b * a.hk > 65535)
+    if (a.sq >= INT32_MAX || a.sk >= INT32_MAX || a.b * a.hk > 65535 ||
+        (a.sq / 64 + 1) * a.group >= INT32_MAX)
         return false;
     return device_is_sm90();
 }

@@ -121,10 +121,18 @@ fai_cuda_result fai_cuda_backward_mma_prepare(const fai_cuda_args *a, const fai_
                                               char *err, size_t n);
 fai_cuda_result fai_cuda_backward_mma(const fai_cuda_args *a, const fai_cuda_bwd_ws *w, char *err,
                                       size_t n);
-/* The Hopper dK/dV kernel (bwd_wgmma.cu), tried first by fai_cuda_backward_mma where that
- * applies; FAI_CUDA_UNSUPPORTED (nothing launched) outside its shapes. */
+/* The Hopper backward kernel (bwd_wgmma.cu: dK, dV, and dQ's sums unless deterministic),
+ * tried first by fai_cuda_backward_mma; FAI_CUDA_UNSUPPORTED (nothing launched) outside its
+ * shapes. */
 fai_cuda_result fai_cuda_backward_wgmma(const fai_cuda_args *a, const fai_cuda_bwd_ws *w,
                                         char *err, size_t n);
+
+/* Whether the score pipeline is the scale alone and dropout is off: the FAST variants, and
+ * the only case of the wgmma kernels. */
+static inline bool fai_cuda_scale_only(const fai_cuda_args &a)
+{
+    return a.score.softcap == 0 && a.slopes == nullptr && a.drop_threshold == 0;
+}
 
 /* Whether q, k, v and out start on 16-byte boundaries and step in whole 16-byte chunks (16-bit
  * elements): what cp.async and TMA need to move rows as 16-byte chunks. */

@@ -229,7 +229,7 @@ template <typename T, int D, int BK, int WARPS, int MT>
 fai_cuda_result launch(const fai_cuda_args &a, char *err, size_t n)
 {
     using cfg = fwd_cfg<T, D, BK, WARPS, MT>;
-    const bool fast = a.score.softcap == 0 && a.slopes == nullptr && a.drop_threshold == 0;
+    const bool fast = fai_cuda_scale_only(a);
     auto k = fast ? fa_fwd_kernel_mma__sm80<T, D, BK, WARPS, MT, true>
                   : fa_fwd_kernel_mma__sm80<T, D, BK, WARPS, MT, false>;
     const size_t sm = cfg::smem_bytes;

@@ -282,7 +282,7 @@ bool applies(const fai_cuda_args &a)
         return false;
     if (a.dqk != a.dv || (a.dqk != 64 && a.dqk != 128))
         return false;
-    if (a.score.softcap != 0 || a.slopes != nullptr || a.drop_threshold != 0)
+    if (!fai_cuda_scale_only(a))
         return false;
     if (a.sq >= INT32_MAX || a.sk >= INT32_MAX || a.b * a.hq > 65535)
         return false;

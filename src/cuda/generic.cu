@@ -46,12 +46,24 @@ __device__ __forceinline__ double score(const fai_score *sc, double dot, double 
 __device__ __forceinline__ float fexp(float x) { return expf(x); }
 __device__ __forceinline__ double fexp(double x) { return exp(x); }
 
-template <typename S, typename C>
-__device__ __forceinline__ C dot_row(const C *x, const S *y, int64_t n)
+/* x . y over n elements; in f32 in two levels, chunks of 16 terms apart and then the chunks
+ * (rounding error growing with n / 16 + 16 rather than n: one running f32 sum at D = 128 put
+ * dQ past 3x the conventional path's GEMM error). f64 keeps one running sum, as before (in
+ * two levels one large-logit f64 forward crossed the tolerance floor, by the luck of its
+ * roundings). D_i and dP go through it alike, so that where they cancel exactly on the CPU
+ * they do here. */
+template <typename C, typename X, typename Y>
+__device__ __forceinline__ C dot2(const X *x, const Y *y, int64_t n)
 {
+    constexpr int64_t chunk = sizeof(C) == 4 ? 16 : INT64_MAX;
     C acc = 0;
-    for (int64_t d = 0; d < n; d++)
-        acc += x[d] * fai_storage<S>::load(y[d]);
+    for (int64_t d0 = 0; d0 < n; d0 += chunk) {
+        const int64_t d1 = n - d0 > chunk ? d0 + chunk : n;
+        C part = 0;
+        for (int64_t d = d0; d < d1; d++)
+            part += (C)fai_storage<X>::load(x[d]) * (C)fai_storage<Y>::load(y[d]);
+        acc += part;
+    }
     return acc;
 }
 
@@ -88,7 +100,7 @@ __global__ void __launch_bounds__(kWarps * 32) fa_fwd_kernel_rowwarp(const fai_c
             const bool valid = j < hi;
             C s = -INFINITY;
             if (valid)
-                s = score(&sc, dot_row<S, C>(qs, fai_at<S>(a.tk, b, j, hk), a.dqk), slope, i,
+                s = score(&sc, dot2<C>(qs, fai_at<S>(a.tk, b, j, hk), a.dqk), slope, i,
                           j, (C *)nullptr);
             C alpha;
             if (!rescale(&m, fai_warp_max(s), &alpha)) /* uniform: the max is the warp's */
@@ -129,8 +141,8 @@ __global__ void __launch_bounds__(kWarps * 32) fa_fwd_kernel_rowwarp(const fai_c
 
 /* ------------------------------------------------------------------ backward */
 
-/* D_i = dO_i . O_i, in the compute type, one thread per row, summed in order d = 0, 1, ...:
- * the order of dot_row's dP = dO_i . v_j, so that where O_i = z v_j exactly (one allowed key,
+/* D_i = dO_i . O_i, in the compute type, one thread per row, summed by dot2: the order of
+ * dP = dO_i . v_j, so that where O_i = z v_j exactly (one allowed key,
  * P = 1, z a power of two) D_i and z dP cancel exactly, as on the CPU. work[(b hq + h) sq + i] */
 template <typename S, typename C>
 __global__ void __launch_bounds__(kWarps * 32) fa_bwd_delta_kernel(const fai_cuda_args a)
@@ -141,10 +153,7 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_delta_kernel(const fai_cud
     for (int64_t bh = blockIdx.y; bh < a.b * a.hq; bh += gridDim.y) {
         const int64_t b = bh / a.hq, h = bh % a.hq;
         const S *o = fai_at<S>(a.tout, b, i, h), *g = fai_at<S>(a.tdout, b, i, h);
-        C acc = 0;
-        for (int64_t d = 0; d < a.dv; d++)
-            acc += fai_storage<S>::load(g[d]) * fai_storage<S>::load(o[d]);
-        ((C *)a.work)[bh * a.sq + i] = acc;
+        ((C *)a.work)[bh * a.sq + i] = dot2<C>(g, o, a.dv);
     }
 }
 
@@ -211,8 +220,8 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_dkdv_kernel_rowwarp(const 
                 int live = 0;
                 if (i < ihi)
                     live = pair_grads<S, C>(
-                        sc, dr, (C)a.keep_scale, b, h, i, j, dot_row<S, C>(ks, fai_at<S>(a.tq, b, i, h), a.dqk),
-                        dot_row<S, C>(vs, fai_at<S>(a.tdout, b, i, h), a.dv),
+                        sc, dr, (C)a.keep_scale, b, h, i, j, dot2<C>(ks, fai_at<S>(a.tq, b, i, h), a.dqk),
+                        dot2<C>(vs, fai_at<S>(a.tdout, b, i, h), a.dv),
                         fai_lse_get(a.tlse, a.lse_f64, b, h, i), delta[i], slope, &pt, &ds);
                 const int n = ihi - i0 < 32 ? (int)(ihi - i0) : 32;
                 /* Two-level summation: the chunk's 32 terms apart, then into the total. One
@@ -293,8 +302,8 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_dq_kernel_rowwarp(const fa
             int live = 0;
             if (j < hi)
                 live = pair_grads<S, C>(sc, dr, (C)a.keep_scale, b, h, i, j,
-                                        dot_row<S, C>(qs, fai_at<S>(a.tk, b, j, hk), a.dqk),
-                                        dot_row<S, C>(gs, fai_at<S>(a.tv, b, j, hk), a.dv), lse, di,
+                                        dot2<C>(qs, fai_at<S>(a.tk, b, j, hk), a.dqk),
+                                        dot2<C>(gs, fai_at<S>(a.tv, b, j, hk), a.dv), lse, di,
                                         slope, &pt, &ds);
             const int n = hi - j0 < 32 ? (int)(hi - j0) : 32;
             C part[NV]; /* two-level summation, as in dK and dV */

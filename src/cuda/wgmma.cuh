@@ -1,4 +1,4 @@
-/* Hopper's building blocks (sm_90a only): warpgroup MMA (wgmma) wrappers and shared-memory
+/* Hopper's building blocks: warpgroup MMA (wgmma) wrappers and shared-memory
  * matrix descriptors, mbarriers, TMA copies, setmaxnreg, named barriers, and the
  * 128-byte-swizzled tile layout that TMA writes and wgmma reads. Internal to src/cuda/.
  *
@@ -42,7 +42,7 @@ template <int D, int ROWS> struct slab_layout {
 /* ------------------------------------------------------------------ host side */
 
 /* cuTensorMapEncodeTiled through the runtime (no link against the driver library). */
-PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder()
+inline PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder()
 {
     static PFN_cuTensorMapEncodeTiled_v12000 f = [] {
         void *p = nullptr;
@@ -59,8 +59,8 @@ PFN_cuTensorMapEncodeTiled_v12000 tensor_map_encoder()
 }
 
 /* The 4-d TMA map of view t (s rows, h heads) with boxes of 64 dims x rows rows. */
-bool tma_map_4d(CUtensorMap *m, const fai_cuda_view &t, int dtype, int64_t d, int64_t s,
-                int64_t h, int64_t b, int rows)
+inline bool tma_map_4d(CUtensorMap *m, const fai_cuda_view &t, int dtype, int64_t d,
+                       int64_t s, int64_t h, int64_t b, int rows)
 {
     PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
     if (!enc)
@@ -77,7 +77,7 @@ bool tma_map_4d(CUtensorMap *m, const fai_cuda_view &t, int dtype, int64_t d, in
 }
 
 /* Whether the current device is a 9.0 (Hopper) one, the only target of the sm_90a image. */
-bool device_is_sm90()
+inline bool device_is_sm90()
 {
     int dev = 0, major = 0, minor = 0;
     if (cudaGetDevice(&dev) != cudaSuccess ||
