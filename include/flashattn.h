@@ -82,7 +82,15 @@ typedef enum {
     FA_BACKEND_CUDA
 } fa_backend;
 
-typedef enum { FA_ISA_AUTO, FA_ISA_SCALAR, FA_ISA_AVX2, FA_ISA_AVX512, FA_ISA_NEON } fa_isa;
+/* FA_ISA_AMX: the AVX-512 kernels plus AMX tile products for the forward of bf16 storage. */
+typedef enum {
+    FA_ISA_AUTO,
+    FA_ISA_SCALAR,
+    FA_ISA_AVX2,
+    FA_ISA_AVX512,
+    FA_ISA_NEON,
+    FA_ISA_AMX
+} fa_isa;
 
 typedef struct {
     fa_backend backend;

@@ -67,7 +67,7 @@ const char *fa_dtype_name(fa_dtype d)
 }
 
 static const char *const backend_names[] = {"auto", "reference", "conventional", "tiled", "cuda"};
-static const char *const isa_names[] = {"auto", "scalar", "avx2", "avx512", "neon"};
+static const char *const isa_names[] = {"auto", "scalar", "avx2", "avx512", "neon", "amx"};
 
 const char *fa_backend_name(fa_backend b)
 {
@@ -220,7 +220,7 @@ fa_status fa_context_create(const fa_options *o, fa_context **out)
     if ((unsigned)opt.backend > FA_BACKEND_CUDA)
         return fai_fail(FA_ERR_INVALID_ARGUMENT, "options->backend: %d is not a fa_backend",
                         (int)opt.backend);
-    if ((unsigned)opt.isa > FA_ISA_NEON)
+    if ((unsigned)opt.isa > FA_ISA_AMX)
         return fai_fail(FA_ERR_INVALID_ARGUMENT, "options->isa: %d is not a fa_isa", (int)opt.isa);
     if (opt.num_threads < 0)
         return fai_fail(FA_ERR_INVALID_ARGUMENT,
@@ -314,11 +314,13 @@ fa_status fa_context_describe(const fa_context *ctx, char *buf, size_t n)
     for (int k = 0; k < 4; k++) /* D = 64, 128; forward, backward */
         t[k] = fai_tiled_tiles(ctx, 64 << (k / 2), 64 << (k / 2), FA_F32, k % 2);
     snprintf(buf, n,
-             "flashattn %s: backend=%s isa=%s kernels=%s,%s threads=%d L1d=%lldKiB L2=%lldKiB (%s) "
+             "flashattn %s: backend=%s isa=%s kernels=%s,%s%s%s threads=%d L1d=%lldKiB "
+             "L2=%lldKiB (%s) "
              "tiles f32 BqxBkxBr fwd/BqxBk bwd: D=64 %lldx%lldx%lld/%lldx%lld, "
              "D=128 %lldx%lldx%lld/%lldx%lld",
              PACKAGE_VERSION, fa_backend_name(ctx->backend), fa_isa_name(ctx->isa),
-             ctx->kernels->gemm_name, ctx->kernels->exp_name, ctx->num_threads,
+             ctx->kernels->gemm_name, ctx->kernels->exp_name, ctx->kernels->bf16 ? "," : "",
+             ctx->kernels->bf16 ? ctx->kernels->bf16->name : "", ctx->num_threads,
              (long long)(ctx->cache.l1d / 1024), (long long)(ctx->cache.l2 / 1024),
              ctx->cache.source, (long long)t[0].bq, (long long)t[0].bk, (long long)t[0].br,
              (long long)t[1].bq, (long long)t[1].bk, (long long)t[2].bq, (long long)t[2].bk,

@@ -2,7 +2,8 @@
  * The tiled backend: the article's algorithm (query tiles, a running (m, l, acc) per row, score
  * and probability tiles that never leave the thread's working set). The loop nest is in
  * tiled_tpl.h, instantiated here for float (f32, f16, bf16 storage: f32 accumulation, the
- * ISA's kernels from src/simd/) and double (f64 storage, portable). Tile sizes: core/plan.c.
+ * ISA's kernels from src/simd/; with AMX, the forward's two products of bf16 storage on tile
+ * registers) and double (f64 storage, portable). Tile sizes: core/plan.c.
  *
  * Extra memory: one workspace per thread, O(Bq x D + Bk x D + Br x Bk) for the forward (the
  * backward's holds five Bq x Bk tiles), independent of sequence length; the backward's single
@@ -43,6 +44,24 @@
  * GEMM. */
 #define FT_PANEL_F32(kern) ((kern)->mr)
 #define FT_PANEL_F64(kern) ((void)(kern), (int64_t)8)
+/* The kernel set's tile products (AMX) where they take a forward: bf16 storage, Dqk a multiple
+ * of 32 and Dv of 16 (their k and n steps); else NULL. f64 never has them (its calls compile
+ * to nothing). */
+static const fai_kernels_bf16 *tile_products(const fai_kernels_f32 *kern, fa_dtype dt,
+                                             int64_t dqk, int64_t dv)
+{
+    const fai_kernels_bf16 *t = kern->bf16;
+    return t && dt == FA_BF16 && dqk % 32 == 0 && dv % 16 == 0 ? t : NULL;
+}
+#define FT_TILES_F32(pr, kern) tile_products(kern, (pr)->dtype, (pr)->dqk, (pr)->dv)
+#define FT_TILES_F64(pr, kern) ((void)(pr), (void)(kern), (const fai_kernels_bf16 *)NULL)
+#define FT_TILES_QK_F32(t, m, c0, c1, d, q, ldq, kt, ldt, s, lds, scale)                       \
+    (t)->qk(m, c0, c1, d, q, ldq, kt, ldt, s, lds, scale)
+#define FT_TILES_QK_F64(t, m, c0, c1, d, q, ldq, kt, ldt, s, lds, scale)                       \
+    ((void)(t), (void)(scale))
+#define FT_TILES_PV_F32(t, m, c0, c1, nk, dv, p, ldp, vt, acc, ldacc, a, scratch)              \
+    (t)->pv(m, c0, c1, nk, dv, p, ldp, vt, acc, ldacc, a, scratch)
+#define FT_TILES_PV_F64(t, m, c0, c1, nk, dv, p, ldp, vt, acc, ldacc, a, scratch) ((void)(t))
 
 static void dsoftmax_f64(int64_t n, const double *s, double lse, const double *dp, double di,
                          double scale, double *p, double *ds)
@@ -86,6 +105,9 @@ static double max_f64(int64_t n, const double *x)
 #define FT_DSOFTMAX FT_DSOFTMAX_F32
 #define FT_FINITE FT_FINITE_F32
 #define FT_PANEL FT_PANEL_F32
+#define FT_TILES FT_TILES_F32
+#define FT_TILES_QK FT_TILES_QK_F32
+#define FT_TILES_PV FT_TILES_PV_F32
 #define FT_LOAD(kern, src, dt, n, dst) (kern)->widen(src, dt, n, dst)
 #define FT_STORE(kern, dst, dt, n, src) (kern)->narrow(dst, dt, n, src)
 #define FT_SCORE fai_score_f32
@@ -109,6 +131,9 @@ static double max_f64(int64_t n, const double *x)
 #undef FT_DSOFTMAX
 #undef FT_FINITE
 #undef FT_PANEL
+#undef FT_TILES
+#undef FT_TILES_QK
+#undef FT_TILES_PV
 
 #define FT double
 #define FAI_T(name) name##_f64
@@ -122,6 +147,9 @@ static double max_f64(int64_t n, const double *x)
 #define FT_DSOFTMAX FT_DSOFTMAX_F64
 #define FT_FINITE FT_FINITE_F64
 #define FT_PANEL FT_PANEL_F64
+#define FT_TILES FT_TILES_F64
+#define FT_TILES_QK FT_TILES_QK_F64
+#define FT_TILES_PV FT_TILES_PV_F64
 #define FT_LOAD(kern, src, dt, n, dst) fai_load_f64(src, dt, n, dst)
 #define FT_STORE(kern, dst, dt, n, src) fai_store_f64(dst, dt, n, src)
 #define FT_SCORE fai_score_f64
@@ -133,16 +161,24 @@ fai_tiles fai_tiled_tiles(const fa_context *ctx, int64_t dqk, int64_t dv, fa_dty
                           int backward)
 {
     const size_t es = d == FA_F64 ? sizeof(double) : sizeof(float);
+    const int strip_tiles = !backward && tile_products(ctx->kernels, d, dqk, dv);
     if (ctx->forced_tiles.bq > 0) {
         fai_tiles t = ctx->forced_tiles;
         if (t.br == 0) {
-            const int64_t br = fai_plan_strip(&ctx->cache, t.bk, es);
+            const int64_t br = strip_tiles ? fai_plan_strip_tiles(&ctx->cache, t.bk)
+                                           : fai_plan_strip(&ctx->cache, t.bk, es);
             t.br = br < t.bq ? br : t.bq;
         }
         return t;
     }
-    return backward ? fai_plan_tiles_backward(&ctx->cache, dqk, dv, es)
-                    : fai_plan_tiles(&ctx->cache, dqk, dv, es);
+    if (backward)
+        return fai_plan_tiles_backward(&ctx->cache, dqk, dv, es);
+    fai_tiles t = fai_plan_tiles(&ctx->cache, dqk, dv, es);
+    if (strip_tiles) {
+        const int64_t br = fai_plan_strip_tiles(&ctx->cache, t.bk);
+        t.br = br < t.bq ? br : t.bq;
+    }
+    return t;
 }
 
 static fa_status tiled_forward(fa_context *ctx, const fai_problem *pr)

@@ -11,6 +11,9 @@
  *   FT_TRANSPOSE, FT_COLDOT,    a max, a transpose, dots of columns, the
  *   FT_DSOFTMAX, FT_FINITE      backward's row, a finiteness test
  *   FT_PANEL                    rows per panel of the forward's packed Q (the GEMM kernel's MR)
+ *   FT_TILES, FT_TILES_QK,      the kernel set's tile products where they take the problem
+ *   FT_TILES_PV                 (AMX, bf16 storage), and their two calls (NULL and nothing
+ *                               for double)
  *   FT_MOVE, FT_FINALIZE        the recurrence (core/recurrence.h)
  *
  * Every sum runs in a fixed order (over d for scores, over keys for accumulators; the kernels
@@ -102,6 +105,12 @@ typedef struct {
     int64_t *cols;               /* a strip's rows' allowed columns, [c0, c1) pairs (br x 2)    */
     unsigned char *live, *keep;
     const fai_kernels_f32 *kern; /* the f32 path's kernel set (unused by f64) */
+    int64_t ld;                  /* row pitch of sp: bk, or bk rounded up to 32 with tiles     */
+    /* bf16 storage on tile products (FT_TILES): Q rows as stored (nq rounded up to 16,
+     * then 16 zero rows), K^T and V as the kernels pack them, their scratch; NULL otherwise */
+    const fai_kernels_bf16 *tiles;
+    uint16_t *qb, *ktb, *vb;
+    void *tile_scratch;
 } FAI_T(fwd_ws);
 
 static size_t FAI_T(fwd_carve)(const fai_problem *pr, fai_tiles tl,
@@ -109,17 +118,31 @@ static size_t FAI_T(fwd_carve)(const fai_problem *pr, fai_tiles tl,
 {
     fai_arena a = {base, 0};
     w->kern = kern;
+    w->tiles = FT_TILES(pr, kern);
+    w->ld = w->tiles ? (tl.bk + 31) / 32 * 32 : tl.bk;
+    const int64_t br_up = w->tiles ? (tl.br + 15) / 16 * 16 : tl.br;
+    w->qb = w->ktb = w->vb = NULL;
+    w->tile_scratch = NULL;
+    if (w->tiles) {
+        w->qb = fai_carve(&a, (size_t)(((tl.bq + 15) / 16 * 16 + 16) * pr->dqk) * 2);
+        w->ktb = fai_carve(&a, (size_t)(w->ld * pr->dqk) * 2);
+        w->vb = fai_carve(&a, (size_t)(w->ld * pr->dv) * 2);
+        w->tile_scratch = fai_carve(&a, (size_t)(16 * (4 * w->ld + 4 * pr->dv)));
+    }
     const int64_t panel = FT_PANEL(w->kern), bq_up = (tl.bq + panel - 1) / panel * panel;
-    w->q = fai_carve(&a, (size_t)(bq_up * pr->dqk) * sizeof(FT));
-    w->qrows = fai_carve(&a, (size_t)(panel * pr->dqk) * sizeof(FT));
-    w->k = fai_carve(&a, (size_t)(tl.bk * pr->dqk) * sizeof(FT));
-    w->kt = fai_carve(&a, (size_t)(tl.bk * pr->dqk) * sizeof(FT));
+    w->q = w->qrows = w->k = w->kt = NULL; /* Q and K for the GEMM kernels: not with tiles */
+    if (!w->tiles) {
+        w->q = fai_carve(&a, (size_t)(bq_up * pr->dqk) * sizeof(FT));
+        w->qrows = fai_carve(&a, (size_t)(panel * pr->dqk) * sizeof(FT));
+        w->k = fai_carve(&a, (size_t)(tl.bk * pr->dqk) * sizeof(FT));
+        w->kt = fai_carve(&a, (size_t)(tl.bk * pr->dqk) * sizeof(FT));
+    }
     w->v = fai_carve(&a, (size_t)(tl.bk * pr->dv) * sizeof(FT));
     w->acc = fai_carve(&a, (size_t)(tl.bq * pr->dv) * sizeof(FT));
     w->m = fai_carve(&a, (size_t)tl.bq * sizeof(FT));
     w->l = fai_carve(&a, (size_t)tl.bq * sizeof(FT));
     w->x = fai_carve(&a, (size_t)tl.bq * sizeof(FT));
-    w->sp = fai_carve(&a, (size_t)(tl.br * tl.bk) * sizeof(FT));
+    w->sp = fai_carve(&a, (size_t)(br_up * w->ld) * sizeof(FT));
     w->scale_rows = FAI_T(carve_scale_rows)(&a, pr, panel);
     w->cols = fai_carve(&a, (size_t)(2 * tl.br) * sizeof(int64_t));
     w->live = fai_carve(&a, (size_t)tl.bq);
@@ -147,6 +170,17 @@ static void FAI_T(load_q_panels)(const fai_problem *pr, int64_t b, int64_t h, in
     }
 }
 
+/* Rows [0, nq) of the query tile into w->qb as stored (bf16), then 16 zero rows: the tile
+ * products read Q in blocks of 16 rows from any row of the tile. */
+static void FAI_T(load_q_rows)(const fai_problem *pr, int64_t b, int64_t h, int64_t i0,
+                               int64_t nq, FAI_T(fwd_ws) *w)
+{
+    const size_t row = (size_t)pr->dqk * 2;
+    for (int64_t r = 0; r < nq; r++)
+        memcpy(w->qb + r * pr->dqk, fai_row(pr->io.q, b, i0 + r, h), row);
+    memset(w->qb + nq * pr->dqk, 0, 16 * row);
+}
+
 /* S rows [0, r1 - r0), columns [c0, c1) (leading dimension ld) = Q rows [r0, r1) from the
  * panels times those columns of the packed K^T, each product times the score scale if scaled:
  * the GEMM kernel with A stored transposed, one panel at a time (the kernel's bits do not
@@ -154,6 +188,12 @@ static void FAI_T(load_q_panels)(const fai_problem *pr, int64_t b, int64_t h, in
 static void FAI_T(gemm_qk)(FAI_T(fwd_ws) *w, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
                            int64_t dqk, int64_t ld, int scaled)
 {
+    if (w->tiles) { /* Q rows as stored, K^T in pairs (the rows and columns around are junk) */
+        const float scale = (float)w->scale_rows[0];
+        FT_TILES_QK(w->tiles, r1 - r0, c0, c1, dqk, w->qb + r0 * dqk, dqk, w->ktb, w->ld, w->sp,
+                    ld, scaled ? &scale : NULL);
+        return;
+    }
     const int64_t panel = FT_PANEL(w->kern);
     for (int64_t r = r0; r < r1;) {
         const int64_t off = r % panel, m = panel - off < r1 - r ? panel - off : r1 - r;
@@ -170,6 +210,8 @@ typedef struct {
     FT slope;             /* ALiBi slope of the head */
     int scale_only;       /* the score pipeline is x scale */
     int selective;        /* P V by selection: V holds inf/NaN and P has masked/dropped zeros */
+    int pv_tiles;         /* P V by the tile products: V finite and packed in w->vb */
+    int64_t nk;           /* with them: key chunks of 32 over the whole key tile */
     const fai_dropout *drop;
 } FAI_T(fwd_ktile);
 
@@ -183,7 +225,7 @@ typedef struct {
 static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, int64_t r0,
                              int64_t r1, const FAI_T(fwd_ktile) *tile, FAI_T(fwd_ws) *w)
 {
-    const int64_t dv = pr->dv, ld = tl.bk, j0 = tile->j0, n = tile->n;
+    const int64_t dv = pr->dv, ld = w->ld, j0 = tile->j0, n = tile->n;
     const fai_dropout *drop = tile->drop;
     int64_t cs0 = n, cs1 = 0;
     for (int64_t r = r0; r < r1; r++) { /* each row's allowed columns, and their union */
@@ -257,14 +299,18 @@ static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, in
             ca = cb;
         }
     }
-    if (!tile->selective) /* 4. acc = diag(a) acc + P V */
+    if (tile->pv_tiles) /* 4. acc = diag(a) acc + P V */
+        FT_TILES_PV(w->tiles, r1 - r0, cs0, cs1, tile->nk, dv, w->sp, ld, w->vb,
+                    w->acc + r0 * dv, dv, w->x + r0, w->tile_scratch);
+    else if (!tile->selective)
         FT_GEMM(w->kern, r1 - r0, dv, cs1 - cs0, w->sp + cs0, ld, w->v + cs0 * dv, dv,
                 w->acc + r0 * dv, dv, 1, w->x + r0);
 }
 
 /*
  * One query tile [i0, i1) of head h of batch b: the article's loop, on tiles. Per key tile,
- * packed once for the whole query tile (K^T by transposes, V by copies), and per strip of br
+ * packed once for the whole query tile (K^T by transposes, V by copies; for the tile products
+ * of bf16 storage, K^T and V as bf16 pairs, with Q kept as stored), and per strip of br
  * rows of the query tile, so that the strip's scores stay in L1 from their GEMM to P V:
  *   1. S = Q K^T by the GEMM kernel over the packed K^T;
  *   2. per row the score pipeline and the max over the row's allowed keys, which moves the
@@ -292,7 +338,10 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
     FAI_T(fwd_ktile) tile = {.slope = (FT)fai_slope(pr, h), .drop = &drop};
     tile.scale_only = FAI_T(scale_only)(pr, tile.slope);
 
-    FAI_T(load_q_panels)(pr, b, h, i0, nq, w);
+    if (w->tiles)
+        FAI_T(load_q_rows)(pr, b, h, i0, nq, w);
+    else
+        FAI_T(load_q_panels)(pr, b, h, i0, nq, w);
     for (int64_t r = 0; r < nq; r++) {
         w->m[r] = -INFINITY;
         w->l[r] = 0;
@@ -312,15 +361,32 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
         FAI_T(row_span)(pr, tile.cls, i0, nq, tile.j0, tile.n, &r0, &r1);
         if (r0 == r1)
             continue;
-        int64_t ldk;
-        const FT *k = FAI_T(rows_view)(w->kern, pr->io.k, pr->dtype, b, hk, tile.j0, tile.n,
-                                       pr->dqk, w->k, &ldk);
-        FT_TRANSPOSE(w->kern, tile.n, pr->dqk, k, ldk, w->kt, tl.bk);
-        FAI_T(load_rows)(w->kern, pr->io.v, pr->dtype, b, hk, tile.j0, tile.n, dv, w->v);
-        tile.selective = (tile.cls != FAI_TILE_FULL || drop.threshold) &&
-                         !FT_FINITE(w->kern, tile.n * dv, w->v);
+        if (w->tiles) {
+            w->tiles->pack_kt(tile.n, pr->dqk, fai_row(pr->io.k, b, tile.j0, hk),
+                              pr->io.k->seq_stride, w->ktb, w->ld);
+        } else {
+            int64_t ldk;
+            const FT *k = FAI_T(rows_view)(w->kern, pr->io.k, pr->dtype, b, hk, tile.j0, tile.n,
+                                           pr->dqk, w->k, &ldk);
+            FT_TRANSPOSE(w->kern, tile.n, pr->dqk, k, ldk, w->kt, tl.bk);
+        }
+        /* With tile products, P V takes them or the f32 kernels by whether V is finite, and
+         * the two round differently: so that a row's bits do not depend on its query tile,
+         * the test covers the whole key tile (not only the keys this query tile sees), and the
+         * products run over all of its key chunks. */
+        const int64_t nv = w->tiles ? (pr->sk - tile.j0 < tl.bk ? pr->sk - tile.j0 : tl.bk)
+                                    : tile.n;
+        FAI_T(load_rows)(w->kern, pr->io.v, pr->dtype, b, hk, tile.j0, nv, dv, w->v);
+        const int v_finite = FT_FINITE(w->kern, nv * dv, w->v);
+        tile.selective = (tile.cls != FAI_TILE_FULL || drop.threshold) && !v_finite;
+        tile.pv_tiles = w->tiles && v_finite;
+        tile.nk = (nv + 31) / 32 * 32;
+        if (tile.pv_tiles)
+            w->tiles->pack_v(tile.n, tile.nk, dv, fai_row(pr->io.v, b, tile.j0, hk),
+                             pr->io.v->seq_stride, w->vb);
         /* strips on a grid of br rows from the tile's first row (the plan's br is a multiple
-         * of every kernel's MR, so its strips start on panel boundaries; any br works) */
+         * of every kernel's MR, so its strips start on panel boundaries, or with the tile
+         * products of 16; any br works) */
         for (int64_t g = r0 - r0 % tl.br; g < r1; g += tl.br) {
             const int64_t s0 = g > r0 ? g : r0, s1 = g + tl.br < r1 ? g + tl.br : r1;
             int64_t a0, a1; /* the strip's rows that see the tile */

@@ -127,7 +127,8 @@ static void sweep_one(const ht_sweep_case *c, fa_dtype dt, int idx, double lo, d
     run(FA_BACKEND_CONVENTIONAL, &p, &conv);
     run_reference(&p, &conv, &ref);
     /* the tiled path with every kernel set this CPU runs */
-    static const fa_isa isas[] = {FA_ISA_SCALAR, FA_ISA_AVX2, FA_ISA_AVX512, FA_ISA_NEON};
+    static const fa_isa isas[] = {FA_ISA_SCALAR, FA_ISA_AVX2, FA_ISA_AVX512, FA_ISA_NEON,
+                                  FA_ISA_AMX};
     for (size_t t = 0; t < sizeof isas / sizeof *isas; t++) {
         if (!ht_isa_runs(isas[t]))
             continue;

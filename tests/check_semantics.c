@@ -8,6 +8,7 @@
 
 #include <math.h>
 #include <omp.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -101,6 +102,23 @@ END_TEST
 static int same_bits(const ht_tensor *a, const ht_tensor *b)
 {
     return a->nbytes == b->nbytes && memcmp(a->buf, b->buf, a->nbytes) == 0;
+}
+
+/* Where two tensors of one shape first differ, for a failure message: "s<i> h<h> d<d>: x vs y"
+ * (batch 0 of a dense BSHD tensor), or "equal". */
+static const char *first_difference(const ht_tensor *a, const ht_tensor *b, char *buf, size_t n)
+{
+    const size_t es = a->t.dtype == FA_F64 ? 8 : a->t.dtype == FA_F32 ? 4 : 2;
+    const int64_t hd = a->t.heads * a->t.headdim;
+    for (size_t x = 0; x < a->nbytes / es; x++)
+        if (memcmp((const char *)a->buf + x * es, (const char *)b->buf + x * es, es)) {
+            const int64_t s = (int64_t)x / hd, h = (int64_t)x % hd / a->t.headdim,
+                          d = (int64_t)x % a->t.headdim;
+            snprintf(buf, n, "s%lld h%lld d%lld: %.9g vs %.9g", (long long)s, (long long)h,
+                     (long long)d, ht_get(a, 0, s, h, d), ht_get(b, 0, s, h, d));
+            return buf;
+        }
+    return "equal";
 }
 
 /* Same value, to the bit for the tiled path; for the reference up to float64 rounding, since a
@@ -354,14 +372,17 @@ END_TEST
  * of 7), give the bits of one tile holding every row, for a fixed key tile. Causal in both
  * alignments (partial tiles start strips mid-panel), a window with ALiBi and dropout, and
  * NaN/inf in masked K/V rows (the selection path) with dropout; f32 with every kernel set this
- * CPU runs (their panels differ: MR 4, 6, 8, 12), and f64. */
+ * CPU runs (their panels differ: MR 4, 6, 8, 12), f64, and bf16 on AMX's tile products (rows
+ * in blocks of 16 from any row, Dqk 64 and Dv 32 so that they run). */
 START_TEST(forward_bits_independent_of_query_grouping)
 {
-    static const fa_isa isas[] = {FA_ISA_SCALAR, FA_ISA_AVX2, FA_ISA_AVX512, FA_ISA_NEON};
-    const fa_dtype dt = _i == 4 ? FA_F64 : FA_F32;
-    if (dt == FA_F32 && !ht_isa_runs(isas[_i]))
+    static const fa_isa isas[] = {FA_ISA_SCALAR, FA_ISA_AVX2,  FA_ISA_AVX512,
+                                  FA_ISA_NEON,   FA_ISA_AUTO, FA_ISA_AMX};
+    const fa_dtype dt = _i == 4 ? FA_F64 : _i == 5 ? FA_BF16 : FA_F32;
+    if (dt != FA_F64 && !ht_isa_runs(isas[_i]))
         return;
-    ht_isa = dt == FA_F32 ? isas[_i] : FA_ISA_AUTO;
+    ht_isa = isas[_i];
+    const int64_t dqk = _i == 5 ? 64 : 40, dv = _i == 5 ? 32 : 24;
     const float slopes[2] = {0.5f, 0.125f};
     static const char *const tiles[] = {"7x32x5", "48x32x24", "64x32x13", "30x32x30"};
     for (int c = 0; c < 3; c++) {
@@ -375,7 +396,7 @@ START_TEST(forward_bits_independent_of_query_grouping)
         p.dropout_p = c != 0 ? 0.2 : 0;
         p.dropout_seed = 9;
         set whole;
-        set_alloc(&whole, dt, 1, 100, 90, 2, 1, 40, 24);
+        set_alloc(&whole, dt, 1, 100, 90, 2, 1, dqk, dv);
         if (c == 2) /* top-left causal: rows < 60 never see keys 60 .. 89 */
             for (int64_t j = 60; j < 90; j++)
                 for (int64_t d = 0; d < 24; d++) {
@@ -387,13 +408,15 @@ START_TEST(forward_bits_independent_of_query_grouping)
                              &whole.o.t, &whole.l.t) == FA_OK);
         for (size_t t = 0; t < sizeof tiles / sizeof *tiles; t++) {
             set x;
-            set_alloc(&x, dt, 1, 100, 90, 2, 1, 40, 24);
+            set_alloc(&x, dt, 1, 100, 90, 2, 1, dqk, dv);
             memcpy(x.k.buf, whole.k.buf, x.k.nbytes);
             memcpy(x.v.buf, whole.v.buf, x.v.nbytes);
             setenv("FA_TILES", tiles[t], 1);
             ck_assert(ht_forward(FA_BACKEND_TILED, 2, &p, &x.q.t, &x.k.t, &x.v.t, &x.o.t,
                                  &x.l.t) == FA_OK);
-            ck_assert_msg(same_bits(&whole.o, &x.o), "case %d tiles %s: out differs", c, tiles[t]);
+            char at[160];
+            ck_assert_msg(same_bits(&whole.o, &x.o), "case %d tiles %s: out differs at %s", c,
+                          tiles[t], first_difference(&whole.o, &x.o, at, sizeof at));
             ck_assert_msg(same_bits(&whole.l, &x.l), "case %d tiles %s: lse differs", c, tiles[t]);
             set_free(&x);
         }
@@ -549,7 +572,7 @@ Suite *make_semantics_suite(void)
     tcase_add_loop_test(tc, dropout_mask_replayed_exactly, 0, 12);
     tcase_add_test(tc, dropout_keep_rate);
     tcase_add_loop_test(tc, backward_one_pass_equals_two, 0, 2);
-    tcase_add_loop_test(tc, forward_bits_independent_of_query_grouping, 0, 5);
+    tcase_add_loop_test(tc, forward_bits_independent_of_query_grouping, 0, 6);
     tcase_add_loop_test(tc, deterministic_across_threads, 0, 6);
     tcase_add_test(tc, shared_context_concurrent_calls);
     tcase_add_test(tc, allowed_zero_probability_times_inf);

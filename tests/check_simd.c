@@ -524,6 +524,157 @@ START_TEST(max_matches_definition)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ AMX tile products */
+
+static const fai_kernels_bf16 *tiles_or_skip(void)
+{
+    const fai_kernels_f32 *k = fai_kernels_f32_for(FA_ISA_AMX);
+    if (!k) {
+        fprintf(stderr, "check_simd: amx kernels not runnable here: skipped\n");
+        return NULL;
+    }
+    ck_assert_ptr_nonnull(k->bf16);
+    return k->bf16;
+}
+
+/* bf16 bits of x, rounded to nearest even (x finite), and back */
+static uint16_t bf16_of(float x)
+{
+    uint32_t u;
+    memcpy(&u, &x, 4);
+    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
+}
+static double bf16_value(uint16_t h)
+{
+    const uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, 4);
+    return x;
+}
+
+/*
+ * S = Q K^T on tiles: every element of rows [0, m) and columns [c0, c1) within f32 summation's
+ * bound of the exact sum of its d exact products ((d + 2) 2^-24 sum |q k|, then the scale's
+ * one rounding), for m and the column range on and off the 16 x 16 tile grid, d 32 .. 128,
+ * K's rows read at a stride and its padding columns zero.
+ */
+START_TEST(amx_qk_matches_float64)
+{
+    const fai_kernels_bf16 *t = tiles_or_skip();
+    if (!t)
+        return;
+    static const int64_t ds[] = {32, 64, 128}, ms[] = {1, 15, 16, 17, 40};
+    static const int64_t ranges[][3] = {{7, 0, 7}, {64, 0, 64}, {100, 3, 97}, {200, 37, 150}};
+    uint64_t seed = 21;
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 5; b++)
+            for (int c = 0; c < 4; c++) {
+                const int64_t d = ds[a], m = ms[b], n = ranges[c][0], c0 = ranges[c][1],
+                              c1 = ranges[c][2], ldk = d + 6, ldt = (n + 31) / 32 * 32;
+                const int64_t mq = (m + 15) / 16 * 16, lds = ldt + 8;
+                uint16_t *q = malloc((size_t)(mq * d) * 2), *k = malloc((size_t)(n * ldk) * 2);
+                uint16_t *kt = malloc((size_t)(ldt * d) * 2);
+                float *s = malloc((size_t)(mq * lds) * sizeof(float));
+                for (int64_t x = 0; x < mq * d; x++)
+                    q[x] = bf16_of(rnd(&seed) * 3);
+                for (int64_t x = 0; x < n * ldk; x++)
+                    k[x] = bf16_of(rnd(&seed) * 3);
+                t->pack_kt(n, d, k, ldk, kt, ldt);
+                for (int64_t j = n; j < ldt; j++)
+                    for (int64_t p = 0; p < d; p++)
+                        ck_assert_int_eq(kt[((p / 2) * ldt + j) * 2 + p % 2], 0);
+                const float scale = 0.125f * 1.1f;
+                for (int scaled = 0; scaled < 2; scaled++) {
+                    t->qk(m, c0, c1, d, q, d, kt, ldt, s, lds, scaled ? &scale : NULL);
+                    for (int64_t r = 0; r < m; r++)
+                        for (int64_t j = c0; j < c1; j++) {
+                            double exact = 0, mag = 0;
+                            for (int64_t p = 0; p < d; p++) {
+                                const double x = bf16_value(q[r * d + p]) *
+                                                 bf16_value(k[j * ldk + p]);
+                                exact += x;
+                                mag += fabs(x);
+                            }
+                            const double f = scaled ? scale : 1;
+                            const double bound = (double)(d + 2) * 0x1p-24 * mag * f +
+                                                 0x1p-24 * fabs(exact * f);
+                            ck_assert_msg(fabs(s[r * lds + j] - exact * f) <= bound,
+                                          "d%ld m%ld [%ld, %ld) r%ld j%ld scaled %d: %.9g vs %.9g",
+                                          (long)d, (long)m, (long)c0, (long)c1, (long)r,
+                                          (long)j, scaled, s[r * lds + j], exact * f);
+                        }
+                }
+                free(q), free(k), free(kt), free(s);
+            }
+}
+END_TEST
+
+/*
+ * acc = diag(a) acc + P V on tiles, P split into bf16 hi + lo: rows [0, m) within 2^-16 of
+ * sum |p v| (the split) plus f32 summation's bound of the exact result; P outside [c0, c1)
+ * (NaN here) never read; rows of acc from m on untouched, bit for bit (they belong to other
+ * strips); V's padding keys zero.
+ */
+START_TEST(amx_pv_matches_float64)
+{
+    const fai_kernels_bf16 *t = tiles_or_skip();
+    if (!t)
+        return;
+    static const int64_t dvs[] = {16, 48, 64, 128}, ms[] = {1, 16, 17, 35};
+    static const int64_t ranges[][3] = {{5, 0, 5}, {64, 0, 64}, {90, 13, 77}, {256, 30, 250}};
+    uint64_t seed = 23;
+    for (int a = 0; a < 4; a++)
+        for (int b = 0; b < 4; b++)
+            for (int c = 0; c < 4; c++) {
+                const int64_t dv = dvs[a], m = ms[b], n = ranges[c][0], c0 = ranges[c][1],
+                              c1 = ranges[c][2], ldv = dv + 2, nk = (n + 31) / 32 * 32;
+                const int64_t ldp = nk + 32, rows = m + 3;
+                uint16_t *v = malloc((size_t)(n * ldv) * 2), *vt = malloc((size_t)(nk * dv) * 2);
+                float *p = malloc((size_t)(m * ldp) * sizeof(float));
+                float *acc = malloc((size_t)(rows * dv) * sizeof(float));
+                float *acc0 = malloc((size_t)(rows * dv) * sizeof(float)), af[40];
+                void *scratch = malloc((size_t)(16 * (4 * ldp + 4 * dv)));
+                for (int64_t x = 0; x < n * ldv; x++)
+                    v[x] = bf16_of(rnd(&seed) * 2);
+                for (int64_t r = 0; r < m; r++)
+                    for (int64_t j = 0; j < ldp; j++)
+                        p[r * ldp + j] = j >= c0 && j < c1 ? (rnd(&seed) + 1) / 2 : NAN;
+                for (int64_t x = 0; x < rows * dv; x++)
+                    acc[x] = acc0[x] = rnd(&seed) * 4;
+                for (int64_t r = 0; r < m; r++)
+                    af[r] = (rnd(&seed) + 1.5f) / 2.5f;
+                t->pack_v(n, nk, dv, v, ldv, vt);
+                for (int64_t j = n; j < nk; j++)
+                    for (int64_t x = 0; x < dv; x++)
+                        ck_assert_int_eq(vt[((j / 2) * dv + x) * 2 + j % 2], 0);
+                t->pv(m, c0, c1, nk, dv, p, ldp, vt, acc, dv, af, scratch);
+                for (int64_t r = 0; r < rows; r++)
+                    for (int64_t x = 0; x < dv; x++) {
+                        const float got = acc[r * dv + x];
+                        if (r >= m) {
+                            ck_assert_msg(memcmp(&got, &acc0[r * dv + x], 4) == 0,
+                                          "row %ld past m %ld changed", (long)r, (long)m);
+                            continue;
+                        }
+                        double exact = (double)(af[r] * acc0[r * dv + x]), mag = fabs(exact);
+                        double pv = 0;
+                        for (int64_t j = c0; j < c1; j++) {
+                            const double y = (double)p[r * ldp + j] * bf16_value(v[j * ldv + x]);
+                            exact += y;
+                            pv += fabs(y);
+                        }
+                        mag += pv;
+                        const double bound = 0x1p-16 * pv + (double)(2 * nk + 4) * 0x1p-24 * mag;
+                        ck_assert_msg(fabs(got - exact) <= bound,
+                                      "dv%ld m%ld [%ld, %ld) r%ld x%ld: %.9g vs %.9g (bound %.3g)",
+                                      (long)dv, (long)m, (long)c0, (long)c1, (long)r, (long)x,
+                                      got, exact, bound);
+                    }
+                free(v), free(vt), free(p), free(acc), free(acc0), free(scratch);
+            }
+}
+END_TEST
+
 Suite *make_simd_suite(void)
 {
     Suite *s = suite_create("simd");
@@ -542,6 +693,8 @@ Suite *make_simd_suite(void)
     tcase_add_loop_test(tc, narrow_rounds_as_portable, 0, NISA);
     tcase_add_loop_test(tc, max_matches_definition, 0, NISA);
     tcase_add_loop_test(tc, expsum_exhaustive_nonpositive, 0, NISA);
+    tcase_add_test(tc, amx_qk_matches_float64);
+    tcase_add_test(tc, amx_pv_matches_float64);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -37,8 +37,8 @@ static int usage(FILE *f, int code)
 static void cpu_features(void)
 {
     static const char *const wanted[] = {"avx2", "fma", "f16c", "avx512f", "avx512bw",
-                                         "avx512vl", "avx512_bf16", "asimd", "fphp", "bf16",
-                                         NULL};
+                                         "avx512vl", "avx512_bf16", "amx_tile", "amx_bf16",
+                                         "asimd", "fphp", "bf16", NULL};
     char line[8192], model[256] = "unknown";
     FILE *f = fopen("/proc/cpuinfo", "r");
     printf("cpu features:");

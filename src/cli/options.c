@@ -83,7 +83,7 @@ void cli_usage(FILE *f, const char *cmd)
             "                            writes and backward reads the LSE in its convention\n"
             "  --threads T               0: all\n");
     if (strcmp(cmd, "check"))
-        fprintf(f, "  --backend reference|conventional|tiled   --isa scalar|avx2|avx512|neon\n");
+        fprintf(f, "  --backend reference|conventional|tiled   --isa scalar|avx2|avx512|neon|amx\n");
     fprintf(f, "  --help\n");
 }
 
@@ -285,8 +285,8 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
             o->backend = (fa_backend)k;
         } else if (!strcmp(a, "--isa")) {
             int k;
-            if (enum_from_name(v, FA_ISA_SCALAR, FA_ISA_NEON, isa_name, &k))
-                return bad(cmd, a, v, "expected scalar, avx2, avx512 or neon");
+            if (enum_from_name(v, FA_ISA_SCALAR, FA_ISA_AMX, isa_name, &k))
+                return bad(cmd, a, v, "expected scalar, avx2, avx512, neon or amx");
             o->isa = (fa_isa)k;
         }
     }

@@ -109,6 +109,22 @@ int64_t fai_plan_strip(const fai_cache_info *ci, int64_t bk, size_t es)
 }
 
 /*
+ * Rows per strip for the tile products (AMX, bf16 storage), which take a strip in blocks of 16
+ * rows: the largest multiple of 16 whose score strip fills at most 2/3 of L1d, at least 16
+ * (32 rows with 256-key tiles and 48 KiB; fai_plan_strip's 24 left half of the second block
+ * idle).
+ * Measured (bench_attention, N=4096 H=8 D=128 bf16, 1 thread, best of 3, two rounds; the GPU
+ * machine's Xeon with AMX, 48 KiB L1d / 2 MiB L2, 2026-12-01, host noisy by +-20%): strips of
+ * 24 -> 210.8 / 195.4 GFLOP/s, 32 -> 263.2 / 293.0, 48 -> 239.2 / 189.1 (f32 storage in the
+ * same rounds: 102.9 / 121.7).
+ */
+int64_t fai_plan_strip_tiles(const fai_cache_info *ci, int64_t bk)
+{
+    const int64_t br = (ci->l1d * 2 / 3) / (bk * (int64_t)sizeof(float)) / 16 * 16;
+    return br > 16 ? br : 16;
+}
+
+/*
  * Forward. A query tile packs each key tile it visits once (K^T by transposes, V by copies)
  * and takes it in strips of br rows, each strip's scores formed, exponentiated and multiplied
  * by V while they are in L1. So Bk is the panel bound, and Bq is what amortizes the packing,

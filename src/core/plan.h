@@ -19,8 +19,10 @@ typedef struct {
 void fai_cache_detect(fai_cache_info *ci);
 /* Tiles of the forward and of the backward's two passes (their trade-offs differ: plan.c). */
 fai_tiles fai_plan_tiles(const fai_cache_info *ci, int64_t dqk, int64_t dv, size_t elem_size);
-/* The forward's rows per strip for key tiles of bk (also for tiles forced by FA_TILES). */
+/* The forward's rows per strip for key tiles of bk (also for tiles forced by FA_TILES); with
+ * the tile products of bf16 storage (AMX), fai_plan_strip_tiles. */
 int64_t fai_plan_strip(const fai_cache_info *ci, int64_t bk, size_t elem_size);
+int64_t fai_plan_strip_tiles(const fai_cache_info *ci, int64_t bk);
 /* The query rows a forward task takes for `heads` (batch x head) pairs of sq rows on `threads`
  * threads: tl.bq, or less where there are too few tasks to share out. */
 int64_t fai_plan_forward_rows(fai_tiles tl, int64_t heads, int64_t sq, int threads);

@@ -1,7 +1,8 @@
 /*
  * Which kernel sets this CPU can run: CPUID for the instructions, XGETBV for the OS's promise
  * to save the registers (an AVX instruction on an OS that does not save YMM/ZMM state would
- * corrupt other threads' registers). Detected once; every thread then reads the same answer.
+ * corrupt other threads' registers), and for AMX the OS's permission. Detected once; every
+ * thread then reads the same answer.
  */
 #include "config.h"
 
@@ -11,8 +12,24 @@
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
+#if defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+#endif
 
-static int cpu_avx2, cpu_avx512;
+static int cpu_avx2, cpu_avx512, cpu_amx;
+
+/* Linux keeps the AMX tile data (XTILEDATA, state component 18) off until a process asks for
+ * it; without the permission the first tile instruction faults. Granted process-wide. */
+static int amx_permitted(void)
+{
+#if defined(__linux__) && defined(SYS_arch_prctl)
+    const long req_xcomp_perm = 0x1023, xfeature_xtiledata = 18;
+    return syscall(SYS_arch_prctl, req_xcomp_perm, xfeature_xtiledata) == 0;
+#else
+    return 0;
+#endif
+}
 
 static uint64_t xgetbv0(void)
 {
@@ -39,6 +56,15 @@ static void detect(void)
               avx512bw = (b >> 30) & 1, avx512vl = (b >> 31) & 1;
     cpu_avx2 = os_ymm && avx && avx2 && fma && f16c;
     cpu_avx512 = os_zmm && cpu_avx2 && avx512f && avx512dq && avx512bw && avx512vl;
+    /* AMX: the tile instructions and bf16 products (leaf 7 EDX), AVX512_BF16 for the P split
+     * (leaf 7 subleaf 1 EAX), the OS saving tile config and data (XCR0 bits 17, 18) */
+    const int amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1;
+    const int os_tiles = ((xcr0 >> 17) & 3) == 3;
+    if (!cpu_avx512 || !amx_bf16 || !amx_tile || !os_tiles ||
+        !__get_cpuid_count(7, 1, &a, &b, &c, &d))
+        return;
+    const int avx512_bf16 = (a >> 5) & 1;
+    cpu_amx = avx512_bf16 && amx_permitted();
 }
 #else
 static void detect(void) {}
@@ -54,6 +80,7 @@ int fai_cpu_supports(fa_isa isa)
 #if defined(__x86_64__) || defined(__i386__)
     case FA_ISA_AVX2: return cpu_avx2;
     case FA_ISA_AVX512: return cpu_avx512;
+    case FA_ISA_AMX: return cpu_amx;
 #endif
 #if defined(__aarch64__)
     case FA_ISA_NEON: return 1; /* Advanced SIMD is part of every AArch64 core */
@@ -77,13 +104,16 @@ const fai_kernels_f32 *fai_kernels_f32_for(fa_isa isa)
 #ifdef FA_HAVE_NEON_KERNELS
     case FA_ISA_NEON: return fai_kernels_f32_neon();
 #endif
+#if defined(FA_HAVE_AMX_KERNELS) && defined(FA_HAVE_AVX512_KERNELS)
+    case FA_ISA_AMX: return fai_kernels_f32_amx();
+#endif
     default: return NULL;
     }
 }
 
 fa_isa fai_isa_best(void)
 {
-    static const fa_isa newest_first[] = {FA_ISA_AVX512, FA_ISA_AVX2, FA_ISA_NEON};
+    static const fa_isa newest_first[] = {FA_ISA_AMX, FA_ISA_AVX512, FA_ISA_AVX2, FA_ISA_NEON};
     for (size_t i = 0; i < sizeof newest_first / sizeof *newest_first; i++)
         if (fai_kernels_f32_for(newest_first[i]))
             return newest_first[i];

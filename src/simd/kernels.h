@@ -61,6 +61,32 @@ typedef float (*fai_expsum_f32)(int64_t n, const float *x, float m, float *y);
 /* max x[i] for i < n: NaN if any x[i] is NaN, -inf for n = 0. */
 typedef float (*fai_max_f32)(int64_t n, const float *x);
 
+/*
+ * Tile products for bf16 storage (AMX): the forward's S = Q K^T and O += P V on bf16 operands
+ * (simd/amx.c has the formats and the rounding). NULL in every set but AMX's. The tiled
+ * forward uses them for bf16 storage with Dqk a multiple of 32 and Dv of 16, P V only over V
+ * tiles without inf or NaN (P = hi + lo times an infinite v would give NaN where P v is inf).
+ */
+typedef struct fai_kernels_bf16_s {
+    const char *name;
+    /* K rows j < n (row stride ldk elements), d dims, into K^T as pairs along d, ldt columns */
+    void (*pack_kt)(int64_t n, int64_t d, const uint16_t *k, int64_t ldk, uint16_t *kt,
+                    int64_t ldt);
+    /* V rows j < n, zero rows up to nk (a multiple of 32), into pairs of keys */
+    void (*pack_v)(int64_t n, int64_t nk, int64_t dv, const uint16_t *v, int64_t ldv,
+                   uint16_t *vt);
+    /* S rows [0, m) (rounded up to 16: q holds that many), columns [c0, c1) (rounded out to
+     * 16, within lds) = Q K^T, times *scale over [0, m) x [c0, c1) when scale is not NULL */
+    void (*qk)(int64_t m, int64_t c0, int64_t c1, int64_t d, const uint16_t *q, int64_t ldq,
+               const uint16_t *kt, int64_t ldt, float *s, int64_t lds, const float *scale);
+    /* acc rows [0, m) = diag(a) acc + P[:, c0:c1] V[c0:c1], over the key chunks of 32 in
+     * [0, nk) (nk <= ldp: all of the packed keys, so that every row gets the same chunks);
+     * scratch holds 16 x (4 ldp + 4 dv) bytes */
+    void (*pv)(int64_t m, int64_t c0, int64_t c1, int64_t nk, int64_t dv, const float *p,
+               int64_t ldp, const uint16_t *vt, float *acc, int64_t ldacc, const float *a,
+               void *scratch);
+} fai_kernels_bf16;
+
 typedef struct fai_kernels_f32_s {
     fa_isa isa;
     const char *gemm_name, *exp_name;
@@ -74,6 +100,7 @@ typedef struct fai_kernels_f32_s {
     fai_finite_f32 finite;
     fai_widen_f32 widen;
     fai_narrow_f32 narrow;
+    const fai_kernels_bf16 *bf16; /* tile products for bf16 storage, or NULL */
 } fai_kernels_f32;
 
 /* The kernel sets this build carries (NULL where not built). */
@@ -81,12 +108,13 @@ extern const fai_kernels_f32 fai_kernels_f32_scalar;
 const fai_kernels_f32 *fai_kernels_f32_avx2(void);
 const fai_kernels_f32 *fai_kernels_f32_avx512(void);
 const fai_kernels_f32 *fai_kernels_f32_neon(void);
+const fai_kernels_f32 *fai_kernels_f32_amx(void);
 
 /* Whether this CPU (and OS) can run an ISA's kernels; detected once, thread-safely. */
 int fai_cpu_supports(fa_isa isa);
 /* The kernel set for isa (never AUTO), or NULL if it is not built or not supported here. */
 const fai_kernels_f32 *fai_kernels_f32_for(fa_isa isa);
-/* Newest supported ISA first: avx512, avx2, neon, scalar. */
+/* Newest supported ISA first: amx, avx512, avx2, neon, scalar. */
 fa_isa fai_isa_best(void);
 
 /* C[m x n] (+)= A[m x k] B[k x n] with any m, n: the framework's loop over MR x NR tiles.

@@ -1,0 +1,253 @@
+/*
+ * AMX kernels (AMX-TILE, AMX-BF16): the tiled forward's two products for bf16 storage on
+ * tile registers, completing the AVX-512 set (whose f32 kernels do everything else). Built
+ * with -mamx-tile -mamx-bf16 -mavx512bf16 and the AVX-512 flags; called only when the CPU, the
+ * OS (XCR0) and Linux's per-process permission for the tile data allow it (src/simd/cpu.c).
+ *
+ * One TDPBF16PS multiplies a 16 x 32 bf16 tile by a 32 x 16 one (stored as 16 rows of 16
+ * pairs) into 16 x 16 f32: 8192 products, against 32 of an AVX-512 FMA.
+ *   S  = Q K^T:  A = 16 rows of Q (bf16 as stored: its products are exact in f32), B = K^T
+ *                packed as pairs along d; C stored into the score strip.
+ *   O += P V:    P (f32) is split into bf16 hi + lo (hi = P rounded, lo = P - hi rounded:
+ *                P to 16 significant bits, relative error <= 2^-17, far below the bf16
+ *                output's 2^-9), both multiplied by V packed as pairs of keys; C is acc,
+ *                rescaled by the online softmax's factor on the way in.
+ * The tiles' sums run in an order fixed by the hardware and the loop below (not the f32
+ * kernels' order), so the results do not depend on the thread count.
+ */
+#include "config.h"
+
+#include <immintrin.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "internal.h"
+#include "simd/kernels.h"
+
+/* Tile configuration (palette 1): every one of the 8 tiles 16 rows x 64 bytes. A tile
+ * register keeps its configuration per thread; each kernel call sets it, so no caller state
+ * is assumed. */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+static void tiles_configure(void)
+{
+    tile_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        c.colsb[t] = 64;
+        c.rows[t] = 16;
+    }
+    _tile_loadconfig(&c);
+}
+
+/* kt[(p ldt + j) 2 + t] = k[j ldk + 2 p + t] for j < n, 0 for j in [n, ldt): K^T as 32-bit pairs
+ * of dims, the B operand of Q K^T. */
+static void fa_bf16_pack_kt__amx(int64_t n, int64_t d, const uint16_t *k, int64_t ldk,
+                                 uint16_t *kt, int64_t ldt)
+{
+    uint32_t *dst = (uint32_t *)kt;
+    for (int64_t j = 0; j < ldt; j++)
+        for (int64_t p = 0; p < d / 2; p++) {
+            uint32_t w = 0;
+            if (j < n)
+                memcpy(&w, k + j * ldk + 2 * p, sizeof w);
+            dst[p * ldt + j] = w;
+        }
+}
+
+/* vt[(p dv + c) 2 + t] = v[(2 p + t) ldv + c] for keys 2 p + t < n, 0 up to nk keys: V as
+ * pairs of keys, the B operand of P V. */
+static void fa_bf16_pack_v__amx(int64_t n, int64_t nk, int64_t dv, const uint16_t *v,
+                                int64_t ldv, uint16_t *vt)
+{
+    for (int64_t j = 0; j < nk; j++)
+        for (int64_t c = 0; c < dv; c++)
+            vt[((j / 2) * dv + c) * 2 + (j & 1)] = j < n ? v[j * ldv + c] : 0;
+}
+
+/*
+ * s[r][c] = sum_p q[r][p] kt[p][c] for rows r < m rounded up to 16 and columns [c0, c1) rounded
+ * out to 16 (the rest of those rows and columns are written too, and are junk to the caller);
+ * then, with scale, s[r][c] *= *scale for r < m, c in [c0, c1), rounded once. q must hold m
+ * rounded up to 16 rows (those past m only reach junk rows of s).
+ */
+static void fa_bf16_qk_16x64__amx(int64_t m, int64_t c0, int64_t c1, int64_t d, const uint16_t *q,
+                                  int64_t ldq, const uint16_t *kt, int64_t ldt, float *s,
+                                  int64_t lds, const float *scale)
+{
+    tiles_configure();
+    const int64_t j0 = c0 & ~(int64_t)15, j1 = (c1 + 15) & ~(int64_t)15;
+    for (int64_t r = 0; r < m; r += 16)
+        for (int64_t j = j0; j < j1; j += 64) {
+            const int64_t nb = (j1 - j) / 16 < 4 ? (j1 - j) / 16 : 4;
+            const uint16_t *b = kt + 2 * j;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int64_t p = 0; p < d; p += 32) {
+                const uint16_t *bp = b + p * ldt; /* pair row p / 2 */
+                _tile_loadd(4, q + r * ldq + p, ldq * 2);
+                _tile_loadd(5, bp, ldt * 4);
+                _tile_dpbf16ps(0, 4, 5);
+                if (nb > 1) {
+                    _tile_loadd(6, bp + 32, ldt * 4);
+                    _tile_dpbf16ps(1, 4, 6);
+                }
+                if (nb > 2) {
+                    _tile_loadd(7, bp + 64, ldt * 4);
+                    _tile_dpbf16ps(2, 4, 7);
+                }
+                if (nb > 3) {
+                    _tile_loadd(5, bp + 96, ldt * 4);
+                    _tile_dpbf16ps(3, 4, 5);
+                }
+            }
+            float *out = s + r * lds + j;
+            _tile_stored(0, out, lds * 4);
+            if (nb > 1)
+                _tile_stored(1, out + 16, lds * 4);
+            if (nb > 2)
+                _tile_stored(2, out + 32, lds * 4);
+            if (nb > 3)
+                _tile_stored(3, out + 48, lds * 4);
+        }
+    if (!scale)
+        return;
+    const __m512 f = _mm512_set1_ps(*scale);
+    for (int64_t r = 0; r < m; r++)
+        for (int64_t c = c0; c < c1; c += 16) {
+            const __mmask16 mk = c1 - c >= 16 ? 0xffff : (__mmask16)((1u << (c1 - c)) - 1);
+            float *x = s + r * lds + c;
+            _mm512_mask_storeu_ps(x, mk, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, x), f));
+        }
+}
+
+/* 16 bf16 of x rounded to nearest even, and the f32 value they stand for. */
+static inline __m256i to_bf16(__m512 x, __m512 *back)
+{
+    const __m256i h = (__m256i)_mm512_cvtneps_pbh(x);
+    *back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return h;
+}
+
+/*
+ * acc[r][:] = a[r] acc[r][:] + sum_{c in [c0, c1)} p[r][c] v[c][:] for rows r < m, with P as
+ * bf16 hi + lo, read as 0 outside [c0, c1), over every key chunk of 32 in [0, nk): the same
+ * chunks whatever [c0, c1) is. That keeps a row's bits independent of the rows it is grouped
+ * with: the tiles flush subnormal sums to 0 (and may not keep a NaN's payload), so even an
+ * all-zero chunk can change acc, and it must be applied to every row alike. V's packed keys
+ * must be finite. dv is a multiple of 16. scratch: 16 (2 ldp bf16 + dv f32). Rows go by 16:
+ * staged (rescaled; zero past m), multiplied, and only rows < m copied back.
+ */
+static void fa_bf16_pv_16x64__amx(int64_t m, int64_t c0, int64_t c1, int64_t nk, int64_t dv,
+                                  const float *p, int64_t ldp, const uint16_t *vt, float *acc,
+                                  int64_t ldacc, const float *a, void *scratch)
+{
+    tiles_configure();
+    const int64_t k0 = 0, k1 = nk;
+    uint16_t *hi = scratch, *lo = hi + 16 * ldp;
+    float *stage = (float *)(lo + 16 * ldp);
+    for (int64_t r = 0; r < m; r += 16) {
+        const int64_t rows = m - r < 16 ? m - r : 16;
+        for (int64_t i = 0; i < 16; i++) {
+            float *st = stage + i * dv;
+            if (i >= rows) {
+                memset(st, 0, (size_t)dv * sizeof(float));
+                memset(hi + i * ldp + k0, 0, (size_t)(k1 - k0) * 2);
+                memset(lo + i * ldp + k0, 0, (size_t)(k1 - k0) * 2);
+                continue;
+            }
+            const __m512 f = _mm512_set1_ps(a[r + i]);
+            const float *ar = acc + (r + i) * ldacc;
+            for (int64_t c = 0; c < dv; c += 16)
+                _mm512_storeu_ps(st + c, _mm512_mul_ps(_mm512_loadu_ps(ar + c), f));
+            const float *pr = p + (r + i) * ldp;
+            for (int64_t c = k0; c < k1; c += 16) {
+                /* lanes of [c, c + 16) inside [c0, c1) */
+                const uint32_t below = c0 > c ? (c0 - c < 16 ? (1u << (c0 - c)) - 1 : 0xffff) : 0;
+                const uint32_t upto = c1 - c >= 16 ? 0xffff : c1 > c ? (1u << (c1 - c)) - 1 : 0;
+                const __mmask16 mk = (__mmask16)(upto & ~below);
+                const __m512 x = _mm512_maskz_loadu_ps(mk, pr + c);
+                __m512 xh, xl;
+                const __m256i h = to_bf16(x, &xh);
+                const __m256i l = to_bf16(_mm512_sub_ps(x, xh), &xl);
+                _mm256_storeu_si256((__m256i *)(hi + i * ldp + c), h);
+                _mm256_storeu_si256((__m256i *)(lo + i * ldp + c), l);
+            }
+        }
+        for (int64_t d0 = 0; d0 < dv; d0 += 64) {
+            const int64_t nb = (dv - d0) / 16 < 4 ? (dv - d0) / 16 : 4;
+            float *cd = stage + d0;
+            _tile_loadd(0, cd, dv * 4);
+            if (nb > 1)
+                _tile_loadd(1, cd + 16, dv * 4);
+            if (nb > 2)
+                _tile_loadd(2, cd + 32, dv * 4);
+            if (nb > 3)
+                _tile_loadd(3, cd + 48, dv * 4);
+            for (int64_t k = k0; k < k1; k += 32) {
+                const uint16_t *b = vt + ((k / 2) * dv + d0) * 2;
+                _tile_loadd(4, hi + k, ldp * 2);
+                _tile_loadd(5, lo + k, ldp * 2);
+                _tile_loadd(6, b, dv * 4);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(0, 5, 6);
+                if (nb > 1) {
+                    _tile_loadd(7, b + 32, dv * 4);
+                    _tile_dpbf16ps(1, 4, 7);
+                    _tile_dpbf16ps(1, 5, 7);
+                }
+                if (nb > 2) {
+                    _tile_loadd(6, b + 64, dv * 4);
+                    _tile_dpbf16ps(2, 4, 6);
+                    _tile_dpbf16ps(2, 5, 6);
+                }
+                if (nb > 3) {
+                    _tile_loadd(7, b + 96, dv * 4);
+                    _tile_dpbf16ps(3, 4, 7);
+                    _tile_dpbf16ps(3, 5, 7);
+                }
+            }
+            _tile_stored(0, cd, dv * 4);
+            if (nb > 1)
+                _tile_stored(1, cd + 16, dv * 4);
+            if (nb > 2)
+                _tile_stored(2, cd + 32, dv * 4);
+            if (nb > 3)
+                _tile_stored(3, cd + 48, dv * 4);
+        }
+        for (int64_t i = 0; i < rows; i++)
+            memcpy(acc + (r + i) * ldacc, stage + i * dv, (size_t)dv * sizeof(float));
+    }
+}
+
+static const fai_kernels_bf16 amx_bf16 = {
+    .name = "fa_bf16_qk_16x64__amx,fa_bf16_pv_16x64__amx",
+    .pack_kt = fa_bf16_pack_kt__amx,
+    .pack_v = fa_bf16_pack_v__amx,
+    .qk = fa_bf16_qk_16x64__amx,
+    .pv = fa_bf16_pv_16x64__amx,
+};
+
+/* The AVX-512 set with these products added: filled once. */
+static fai_kernels_f32 amx_set;
+
+static void amx_set_fill(void)
+{
+    amx_set = *fai_kernels_f32_avx512();
+    amx_set.isa = FA_ISA_AMX;
+    amx_set.bf16 = &amx_bf16;
+}
+
+const fai_kernels_f32 *fai_kernels_f32_amx(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, amx_set_fill);
+    return &amx_set;
+}
