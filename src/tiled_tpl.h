@@ -100,15 +100,16 @@ typedef struct {
     FT *q;                       /* the query tile, in panels of FT_PANEL rows (FAI_T(gemm_qk)) */
     FT *qrows;                   /* FT_PANEL rows of Q converted from storage, before packing   */
     FT *k, *kt, *v, *acc, *m, *l, *x;
-    FT *sp;                      /* a strip's scores S, then its P in place (br x bk)           */
+    FT *sp;                      /* a strip's scores S, then its P in place (br x sp_ld; with
+                                  * the tile products br rounded up to 16 rows)              */
     FT *scale_rows;              /* FT_PANEL copies of the score scale (FAI_T(gemm_qk))         */
     int64_t *cols;               /* a strip's rows' allowed columns, [c0, c1) pairs (br x 2)    */
     unsigned char *live, *keep;
     const fai_kernels_f32 *kern; /* the f32 path's kernel set (unused by f64) */
-    int64_t ld;                  /* row pitch of sp: bk, or bk rounded up to 32 with tiles     */
-    /* bf16 storage on tile products (FT_TILES): Q rows as stored (nq rounded up to 16,
-     * then 16 zero rows), K^T and V as the kernels pack them, their scratch; NULL otherwise */
-    const fai_kernels_bf16 *tiles;
+    int64_t sp_ld;               /* row pitch of sp: bk, or bk rounded up to 32 with tiles     */
+    /* bf16 storage on the tile products (FT_TILES, AMX; NULL otherwise): Q rows as stored
+     * (nq rows, then 16 zero rows), K^T and V as the kernels pack them, their scratch */
+    const fai_kernels_bf16 *bf16;
     uint16_t *qb, *ktb, *vb;
     void *tile_scratch;
 } FAI_T(fwd_ws);
@@ -118,20 +119,20 @@ static size_t FAI_T(fwd_carve)(const fai_problem *pr, fai_tiles tl,
 {
     fai_arena a = {base, 0};
     w->kern = kern;
-    w->tiles = FT_TILES(pr, kern);
-    w->ld = w->tiles ? (tl.bk + 31) / 32 * 32 : tl.bk;
-    const int64_t br_up = w->tiles ? (tl.br + 15) / 16 * 16 : tl.br;
+    w->bf16 = FT_TILES(pr, kern);
+    w->sp_ld = w->bf16 ? (tl.bk + 31) / 32 * 32 : tl.bk;
+    const int64_t br_up = w->bf16 ? (tl.br + 15) / 16 * 16 : tl.br;
     w->qb = w->ktb = w->vb = NULL;
     w->tile_scratch = NULL;
-    if (w->tiles) {
+    if (w->bf16) {
         w->qb = fai_carve(&a, (size_t)(((tl.bq + 15) / 16 * 16 + 16) * pr->dqk) * 2);
-        w->ktb = fai_carve(&a, (size_t)(w->ld * pr->dqk) * 2);
-        w->vb = fai_carve(&a, (size_t)(w->ld * pr->dv) * 2);
-        w->tile_scratch = fai_carve(&a, (size_t)(16 * (4 * w->ld + 4 * pr->dv)));
+        w->ktb = fai_carve(&a, (size_t)(w->sp_ld * pr->dqk) * 2);
+        w->vb = fai_carve(&a, (size_t)(w->sp_ld * pr->dv) * 2);
+        w->tile_scratch = fai_carve(&a, (size_t)(16 * (4 * w->sp_ld + 4 * pr->dv)));
     }
     const int64_t panel = FT_PANEL(w->kern), bq_up = (tl.bq + panel - 1) / panel * panel;
     w->q = w->qrows = w->k = w->kt = NULL; /* Q and K for the GEMM kernels: not with tiles */
-    if (!w->tiles) {
+    if (!w->bf16) {
         w->q = fai_carve(&a, (size_t)(bq_up * pr->dqk) * sizeof(FT));
         w->qrows = fai_carve(&a, (size_t)(panel * pr->dqk) * sizeof(FT));
         w->k = fai_carve(&a, (size_t)(tl.bk * pr->dqk) * sizeof(FT));
@@ -142,7 +143,7 @@ static size_t FAI_T(fwd_carve)(const fai_problem *pr, fai_tiles tl,
     w->m = fai_carve(&a, (size_t)tl.bq * sizeof(FT));
     w->l = fai_carve(&a, (size_t)tl.bq * sizeof(FT));
     w->x = fai_carve(&a, (size_t)tl.bq * sizeof(FT));
-    w->sp = fai_carve(&a, (size_t)(br_up * w->ld) * sizeof(FT));
+    w->sp = fai_carve(&a, (size_t)(br_up * w->sp_ld) * sizeof(FT));
     w->scale_rows = FAI_T(carve_scale_rows)(&a, pr, panel);
     w->cols = fai_carve(&a, (size_t)(2 * tl.br) * sizeof(int64_t));
     w->live = fai_carve(&a, (size_t)tl.bq);
@@ -184,14 +185,14 @@ static void FAI_T(load_q_rows)(const fai_problem *pr, int64_t b, int64_t h, int6
 /* S rows [0, r1 - r0), columns [c0, c1) (leading dimension ld) = Q rows [r0, r1) from the
  * panels times those columns of the packed K^T, each product times the score scale if scaled:
  * the GEMM kernel with A stored transposed, one panel at a time (the kernel's bits do not
- * depend on how rows or columns are grouped). */
+ * depend on how rows or columns are grouped); or the tile products' Q K^T on bf16 storage. */
 static void FAI_T(gemm_qk)(FAI_T(fwd_ws) *w, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
                            int64_t dqk, int64_t ld, int scaled)
 {
-    if (w->tiles) { /* Q rows as stored, K^T in pairs (the rows and columns around are junk) */
+    if (w->bf16) { /* Q rows as stored, K^T in pairs (the rows and columns around are junk) */
         const float scale = (float)w->scale_rows[0];
-        FT_TILES_QK(w->tiles, r1 - r0, c0, c1, dqk, w->qb + r0 * dqk, dqk, w->ktb, w->ld, w->sp,
-                    ld, scaled ? &scale : NULL);
+        FT_TILES_QK(w->bf16, r1 - r0, c0, c1, dqk, w->qb + r0 * dqk, dqk, w->ktb, w->sp_ld,
+                    w->sp, ld, scaled ? &scale : NULL);
         return;
     }
     const int64_t panel = FT_PANEL(w->kern);
@@ -205,13 +206,13 @@ static void FAI_T(gemm_qk)(FAI_T(fwd_ws) *w, int64_t r0, int64_t r1, int64_t c0,
 
 /* What a key tile's strips share: the tile, its class, and how its rows treat it. */
 typedef struct {
-    int64_t j0, n;        /* keys [j0, j0 + n), packed in w->kt and w->v */
+    int64_t j0, n;        /* keys [j0, j0 + n), packed in w->kt and w->v (tiles: w->ktb, w->vb) */
     fai_tile_class cls;
     FT slope;             /* ALiBi slope of the head */
     int scale_only;       /* the score pipeline is x scale */
     int selective;        /* P V by selection: V holds inf/NaN and P has masked/dropped zeros */
     int pv_tiles;         /* P V by the tile products: V finite and packed in w->vb */
-    int64_t nk;           /* with them: key chunks of 32 over the whole key tile */
+    int64_t nk;           /* with them: the whole key tile's keys rounded up to 32 (P V's chunks) */
     const fai_dropout *drop;
 } FAI_T(fwd_ktile);
 
@@ -220,12 +221,13 @@ typedef struct {
  * packed key tile: their scores are formed, turned into P and consumed while they are in L1.
  * Both GEMMs run over the tile's columns [cs0, cs1) that some row of the strip sees (on a
  * causal diagonal, about half): outside them P is 0 for every row, and a term 0 x v leaves
- * acc as it is (but for the sign of a zero, which the finalization makes +0).
+ * acc as it is (but for the sign of a zero, which the finalization makes +0). The tile
+ * products' P V runs over every key chunk of the tile instead (simd/amx.c says why).
  */
 static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, int64_t r0,
                              int64_t r1, const FAI_T(fwd_ktile) *tile, FAI_T(fwd_ws) *w)
 {
-    const int64_t dv = pr->dv, ld = w->ld, j0 = tile->j0, n = tile->n;
+    const int64_t dv = pr->dv, ld = w->sp_ld, j0 = tile->j0, n = tile->n;
     const fai_dropout *drop = tile->drop;
     int64_t cs0 = n, cs1 = 0;
     for (int64_t r = r0; r < r1; r++) { /* each row's allowed columns, and their union */
@@ -300,7 +302,7 @@ static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, in
         }
     }
     if (tile->pv_tiles) /* 4. acc = diag(a) acc + P V */
-        FT_TILES_PV(w->tiles, r1 - r0, cs0, cs1, tile->nk, dv, w->sp, ld, w->vb,
+        FT_TILES_PV(w->bf16, r1 - r0, cs0, cs1, tile->nk, dv, w->sp, ld, w->vb,
                     w->acc + r0 * dv, dv, w->x + r0, w->tile_scratch);
     else if (!tile->selective)
         FT_GEMM(w->kern, r1 - r0, dv, cs1 - cs0, w->sp + cs0, ld, w->v + cs0 * dv, dv,
@@ -312,13 +314,14 @@ static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, in
  * packed once for the whole query tile (K^T by transposes, V by copies; for the tile products
  * of bf16 storage, K^T and V as bf16 pairs, with Q kept as stored), and per strip of br
  * rows of the query tile, so that the strip's scores stay in L1 from their GEMM to P V:
- *   1. S = Q K^T by the GEMM kernel over the packed K^T;
+ *   1. S = Q K^T by the GEMM kernel over the packed K^T (or the tile products);
  *   2. per row the score pipeline and the max over the row's allowed keys, which moves the
  *      row's reference m (core/recurrence.h); the rescale factors a = exp(m_old - m_new) of
  *      the strip's rows then come from one call of the vector exp;
  *   3. per row l = a l + sum P with P = exp(S - m) by the exp kernel, written over S, exactly
  *      0 outside the allowed keys and where dropout drops;
- *   4. acc = diag(a) acc + P V by the GEMM kernel, the rescale fused into its load of acc.
+ *   4. acc = diag(a) acc + P V by the GEMM kernel, the rescale fused into its load of acc (or
+ *      by the tile products, where the key tile's V is finite).
  * Key tiles outside the mask's key span are never visited; FULL tiles need no per-element
  * test, PARTIAL ones use each row's allowed interval, and only the rows from the first to the
  * last that see any key of the tile take part (per strip): a row that sees none would have
@@ -338,7 +341,7 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
     FAI_T(fwd_ktile) tile = {.slope = (FT)fai_slope(pr, h), .drop = &drop};
     tile.scale_only = FAI_T(scale_only)(pr, tile.slope);
 
-    if (w->tiles)
+    if (w->bf16)
         FAI_T(load_q_rows)(pr, b, h, i0, nq, w);
     else
         FAI_T(load_q_panels)(pr, b, h, i0, nq, w);
@@ -361,9 +364,9 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
         FAI_T(row_span)(pr, tile.cls, i0, nq, tile.j0, tile.n, &r0, &r1);
         if (r0 == r1)
             continue;
-        if (w->tiles) {
-            w->tiles->pack_kt(tile.n, pr->dqk, fai_row(pr->io.k, b, tile.j0, hk),
-                              pr->io.k->seq_stride, w->ktb, w->ld);
+        if (w->bf16) {
+            w->bf16->pack_kt(tile.n, pr->dqk, fai_row(pr->io.k, b, tile.j0, hk),
+                             pr->io.k->seq_stride, w->ktb, w->sp_ld);
         } else {
             int64_t ldk;
             const FT *k = FAI_T(rows_view)(w->kern, pr->io.k, pr->dtype, b, hk, tile.j0, tile.n,
@@ -374,16 +377,16 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
          * the two round differently: so that a row's bits do not depend on its query tile,
          * the test covers the whole key tile (not only the keys this query tile sees), and the
          * products run over all of its key chunks. */
-        const int64_t nv = w->tiles ? (pr->sk - tile.j0 < tl.bk ? pr->sk - tile.j0 : tl.bk)
+        const int64_t nv = w->bf16 ? (pr->sk - tile.j0 < tl.bk ? pr->sk - tile.j0 : tl.bk)
                                     : tile.n;
         FAI_T(load_rows)(w->kern, pr->io.v, pr->dtype, b, hk, tile.j0, nv, dv, w->v);
         const int v_finite = FT_FINITE(w->kern, nv * dv, w->v);
         tile.selective = (tile.cls != FAI_TILE_FULL || drop.threshold) && !v_finite;
-        tile.pv_tiles = w->tiles && v_finite;
+        tile.pv_tiles = w->bf16 && v_finite;
         tile.nk = (nv + 31) / 32 * 32;
         if (tile.pv_tiles)
-            w->tiles->pack_v(tile.n, tile.nk, dv, fai_row(pr->io.v, b, tile.j0, hk),
-                             pr->io.v->seq_stride, w->vb);
+            w->bf16->pack_v(tile.n, tile.nk, dv, fai_row(pr->io.v, b, tile.j0, hk),
+                            pr->io.v->seq_stride, w->vb);
         /* strips on a grid of br rows from the tile's first row (the plan's br is a multiple
          * of every kernel's MR, so its strips start on panel boundaries, or with the tile
          * products of 16; any br works) */
@@ -454,8 +457,9 @@ static fa_status FAI_T(forward)(fa_context *ctx, const fai_problem *pr, fai_tile
  *           heads and all query rows in a fixed order;
  *   pass 2, per (b, head, query tile): dQ of the tile, summed over key tiles in order.
  * Both work on a block of query rows against a key tile: S = Q K^T and dP = dO V^T by the GEMM
- * kernel (the same kernel and order as the forward, so S is recomputed to the bit), then per
- * row P = exp(S - LSE), P~ = P z and dS = P (dP z - D) with D_i = dO_i . O_i (§1), then
+ * kernel (the same kernel and order as the forward, so S is recomputed to the bit; not so
+ * for bf16 storage on AMX, whose forward forms S on tile products: there to f32 rounding),
+ * then per row P = exp(S - LSE), P~ = P z and dS = P (dP z - D) with D_i = dO_i . O_i (§1), then
  * dV += P~^T dO, dK += scale dS^T Q (pass 1) or dQ += scale dS K (pass 2) by the GEMM kernel.
  * No atomics, no reduction across threads. Where enough (b, kv head) tasks share out, one pass
  * does both (bwd_kv_head below): pass 1 over a kv head's key tiles in order, adding each

@@ -145,14 +145,19 @@ START_TEST(masked_nonfinite_never_reaches_output)
     for (int middle = 0; middle < 2; middle++) {
         const int64_t sq = middle ? 100 : 40, sk = 100, bad_lo = middle ? 50 : 40,
                       bad_hi = middle ? 51 : 100;
-        set clean, dirty; /* GQA 4/2 and dropout: the reference's row path meets the blocked */
-        set_alloc(&clean, dt, 1, sq, sk, 4, 2, 16, 16);
-        set_alloc(&dirty, dt, 1, sq, sk, 4, 2, 16, 16);
+        /* GQA 4/2 and dropout: the reference's row path meets the blocked. D = 16 keeps bf16
+         * off AMX's tile products (Dqk must be a multiple of 32): there the poisoned V sends
+         * its key tile to the f32 kernels, whose bits differ from the clean run's tiles */
+        const int64_t dqk = 16, dv = 16;
+        set clean, dirty;
+        set_alloc(&clean, dt, 1, sq, sk, 4, 2, dqk, dv);
+        set_alloc(&dirty, dt, 1, sq, sk, 4, 2, dqk, dv);
         for (int64_t j = bad_lo; j < bad_hi; j++)
             for (int64_t h = 0; h < 2; h++)
-                for (int64_t d = 0; d < 16; d++) {
+                for (int64_t d = 0; d < dqk; d++) {
                     ht_set(&dirty.k, 0, j, h, d, (j & 1) ? NAN : INFINITY);
-                    ht_set(&dirty.v, 0, j, h, d, (j & 1) ? -INFINITY : NAN);
+                    if (d < dv)
+                        ht_set(&dirty.v, 0, j, h, d, (j & 1) ? -INFINITY : NAN);
                 }
         fa_params p;
         fa_params_init(&p);
@@ -166,10 +171,10 @@ START_TEST(masked_nonfinite_never_reaches_output)
         for (int64_t i = 0; i < bad_lo && i < sq; i++)
             for (int64_t h = 0; h < 4; h++) {
                 ck_assert(same_value(be, ht_get(&clean.l, 0, i, h, 0), ht_get(&dirty.l, 0, i, h, 0)));
-                for (int64_t d = 0; d < 16; d++) {
-                    ck_assert_msg(
-                        same_value(be, ht_get(&clean.o, 0, i, h, d), ht_get(&dirty.o, 0, i, h, d)),
-                        "middle=%d row %ld: out changed", middle, (long)i);
+                for (int64_t d = 0; d < dqk; d++) {
+                    ck_assert_msg(d >= dv || same_value(be, ht_get(&clean.o, 0, i, h, d),
+                                                        ht_get(&dirty.o, 0, i, h, d)),
+                                  "middle=%d row %ld: out changed", middle, (long)i);
                     ck_assert(same_value(be, ht_get(&clean.dq, 0, i, h, d),
                                          ht_get(&dirty.dq, 0, i, h, d)));
                 }
@@ -177,11 +182,11 @@ START_TEST(masked_nonfinite_never_reaches_output)
         /* keys no row may see: their gradients are 0 and the others' are unchanged */
         for (int64_t j = 0; !middle && j < sk; j++)
             for (int64_t h = 0; h < 2; h++)
-                for (int64_t d = 0; d < 16; d++) {
+                for (int64_t d = 0; d < dqk; d++) {
                     ck_assert(same_value(be, ht_get(&clean.dk, 0, j, h, d),
                                          ht_get(&dirty.dk, 0, j, h, d)));
-                    ck_assert(same_value(be, ht_get(&clean.dv, 0, j, h, d),
-                                         ht_get(&dirty.dv, 0, j, h, d)));
+                    ck_assert(d >= dv || same_value(be, ht_get(&clean.dv, 0, j, h, d),
+                                                    ht_get(&dirty.dv, 0, j, h, d)));
                 }
         set_free(&clean), set_free(&dirty);
     }
@@ -294,8 +299,10 @@ START_TEST(deterministic_across_threads)
 {
     const fa_backend be = cpu_backends[_i / 2];
     const fa_dtype dt = _i % 2 ? FA_BF16 : FA_F32;
+    /* bf16 at Dqk 64, Dv 32: AMX's tile products where the CPU has them */
+    const int64_t dqk = dt == FA_BF16 ? 64 : 40, dv = dt == FA_BF16 ? 32 : 24;
     set first;
-    set_alloc(&first, dt, 2, 150, 170, 4, 2, 40, 24);
+    set_alloc(&first, dt, 2, 150, 170, 4, 2, dqk, dv);
     fa_params p;
     fa_params_init(&p);
     p.causal = 1;
@@ -306,7 +313,7 @@ START_TEST(deterministic_across_threads)
     const int threads[4] = {1, 2, 3, 2};
     for (int t = 0; t < 4; t++) {
         set again;
-        set_alloc(&again, dt, 2, 150, 170, 4, 2, 40, 24);
+        set_alloc(&again, dt, 2, 150, 170, 4, 2, dqk, dv);
         set_run(be, threads[t], &p, &again);
         ck_assert_msg(same_bits(&first.o, &again.o), "%s out differs at %d threads",
                       fa_backend_name(be), threads[t]);
@@ -373,7 +380,8 @@ END_TEST
  * alignments (partial tiles start strips mid-panel), a window with ALiBi and dropout, and
  * NaN/inf in masked K/V rows (the selection path) with dropout; f32 with every kernel set this
  * CPU runs (their panels differ: MR 4, 6, 8, 12), f64, and bf16 on AMX's tile products (rows
- * in blocks of 16 from any row, Dqk 64 and Dv 32 so that they run). */
+ * in blocks of 16 from any row; Dqk 64 and Dv 32 so that they run, and 64-key tiles so that
+ * P V has more than one chunk of 32 keys). */
 START_TEST(forward_bits_independent_of_query_grouping)
 {
     static const fa_isa isas[] = {FA_ISA_SCALAR, FA_ISA_AVX2,  FA_ISA_AVX512,
@@ -382,9 +390,9 @@ START_TEST(forward_bits_independent_of_query_grouping)
     if (dt != FA_F64 && !ht_isa_runs(isas[_i]))
         return;
     ht_isa = isas[_i];
-    const int64_t dqk = _i == 5 ? 64 : 40, dv = _i == 5 ? 32 : 24;
+    const int64_t dqk = _i == 5 ? 64 : 40, dv = _i == 5 ? 32 : 24, bk = _i == 5 ? 64 : 32;
     const float slopes[2] = {0.5f, 0.125f};
-    static const char *const tiles[] = {"7x32x5", "48x32x24", "64x32x13", "30x32x30"};
+    static const int64_t tiles[][2] = {{7, 5}, {48, 24}, {64, 13}, {30, 30}}; /* Bq, Br */
     for (int c = 0; c < 3; c++) {
         fa_params p;
         fa_params_init(&p);
@@ -399,11 +407,14 @@ START_TEST(forward_bits_independent_of_query_grouping)
         set_alloc(&whole, dt, 1, 100, 90, 2, 1, dqk, dv);
         if (c == 2) /* top-left causal: rows < 60 never see keys 60 .. 89 */
             for (int64_t j = 60; j < 90; j++)
-                for (int64_t d = 0; d < 24; d++) {
+                for (int64_t d = 0; d < dqk; d++) {
                     ht_set(&whole.k, 0, j, 0, d, NAN);
-                    ht_set(&whole.v, 0, j, 0, d, INFINITY);
+                    if (d < dv)
+                        ht_set(&whole.v, 0, j, 0, d, INFINITY);
                 }
-        setenv("FA_TILES", "100x32x100", 1);
+        char spec[64];
+        snprintf(spec, sizeof spec, "100x%lldx100", (long long)bk);
+        setenv("FA_TILES", spec, 1);
         ck_assert(ht_forward(FA_BACKEND_TILED, 1, &p, &whole.q.t, &whole.k.t, &whole.v.t,
                              &whole.o.t, &whole.l.t) == FA_OK);
         for (size_t t = 0; t < sizeof tiles / sizeof *tiles; t++) {
@@ -411,13 +422,15 @@ START_TEST(forward_bits_independent_of_query_grouping)
             set_alloc(&x, dt, 1, 100, 90, 2, 1, dqk, dv);
             memcpy(x.k.buf, whole.k.buf, x.k.nbytes);
             memcpy(x.v.buf, whole.v.buf, x.v.nbytes);
-            setenv("FA_TILES", tiles[t], 1);
+            snprintf(spec, sizeof spec, "%lldx%lldx%lld", (long long)tiles[t][0], (long long)bk,
+                     (long long)tiles[t][1]);
+            setenv("FA_TILES", spec, 1);
             ck_assert(ht_forward(FA_BACKEND_TILED, 2, &p, &x.q.t, &x.k.t, &x.v.t, &x.o.t,
                                  &x.l.t) == FA_OK);
             char at[160];
             ck_assert_msg(same_bits(&whole.o, &x.o), "case %d tiles %s: out differs at %s", c,
-                          tiles[t], first_difference(&whole.o, &x.o, at, sizeof at));
-            ck_assert_msg(same_bits(&whole.l, &x.l), "case %d tiles %s: lse differs", c, tiles[t]);
+                          spec, first_difference(&whole.o, &x.o, at, sizeof at));
+            ck_assert_msg(same_bits(&whole.l, &x.l), "case %d tiles %s: lse differs", c, spec);
             set_free(&x);
         }
         unsetenv("FA_TILES");

@@ -83,7 +83,8 @@ void cli_usage(FILE *f, const char *cmd)
             "                            writes and backward reads the LSE in its convention\n"
             "  --threads T               0: all\n");
     if (strcmp(cmd, "check"))
-        fprintf(f, "  --backend reference|conventional|tiled   --isa scalar|avx2|avx512|neon|amx\n");
+        fprintf(f, "  --backend reference|conventional|tiled\n"
+                   "  --isa scalar|avx2|avx512|neon|amx\n");
     fprintf(f, "  --help\n");
 }
 

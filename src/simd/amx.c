@@ -10,10 +10,18 @@
  *                packed as pairs along d; C stored into the score strip.
  *   O += P V:    P (f32) is split into bf16 hi + lo (hi = P rounded, lo = P - hi rounded:
  *                P to 16 significant bits, relative error <= 2^-17, far below the bf16
- *                output's 2^-9), both multiplied by V packed as pairs of keys; C is acc,
- *                rescaled by the online softmax's factor on the way in.
+ *                output's rounding, 2^-8), both multiplied by V packed as pairs of keys; C is
+ *                acc, rescaled by the online softmax's factor on the way in.
  * The tiles' sums run in an order fixed by the hardware and the loop below (not the f32
- * kernels' order), so the results do not depend on the thread count.
+ * kernels' order), so the results do not depend on the thread count; they differ from the f32
+ * path's in the last bits, and the backward (f32 kernels) recomputes S to f32 rounding rather
+ * than to the bit.
+ *
+ * Where the tiles differ from the f32 path in kind: TDPBF16PS reads subnormal bf16 inputs as 0
+ * and flushes subnormal results to 0. So a Q, K or V element below 2^-126 in magnitude counts
+ * as 0 (an inf times it gives NaN, not inf; a row whose allowed V are all subnormal gives 0,
+ * not ~1e-39), and P below 2^-126 is 0. Such inputs are far outside attention's working range;
+ * the f32 kernels (FA_ISA=avx512) keep them.
  */
 #include "config.h"
 
@@ -21,12 +29,12 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "internal.h"
 #include "simd/kernels.h"
 
 /* Tile configuration (palette 1): every one of the 8 tiles 16 rows x 64 bytes. A tile
- * register keeps its configuration per thread; each kernel call sets it, so no caller state
- * is assumed. */
+ * register keeps its configuration per thread; each kernel call sets it and releases the tiles
+ * at its end (so no caller state is assumed, and a thread does not carry 8 KiB of live tile
+ * state through its context switches and signals afterwards). */
 typedef struct {
     uint8_t palette, start_row, reserved[14];
     uint16_t colsb[16];
@@ -117,6 +125,7 @@ static void fa_bf16_qk_16x64__amx(int64_t m, int64_t c0, int64_t c1, int64_t d, 
             if (nb > 3)
                 _tile_stored(3, out + 48, lds * 4);
         }
+    _tile_release();
     if (!scale)
         return;
     const __m512 f = _mm512_set1_ps(*scale);
@@ -150,7 +159,6 @@ static void fa_bf16_pv_16x64__amx(int64_t m, int64_t c0, int64_t c1, int64_t nk,
                                   int64_t ldacc, const float *a, void *scratch)
 {
     tiles_configure();
-    const int64_t k0 = 0, k1 = nk;
     uint16_t *hi = scratch, *lo = hi + 16 * ldp;
     float *stage = (float *)(lo + 16 * ldp);
     for (int64_t r = 0; r < m; r += 16) {
@@ -159,8 +167,8 @@ static void fa_bf16_pv_16x64__amx(int64_t m, int64_t c0, int64_t c1, int64_t nk,
             float *st = stage + i * dv;
             if (i >= rows) {
                 memset(st, 0, (size_t)dv * sizeof(float));
-                memset(hi + i * ldp + k0, 0, (size_t)(k1 - k0) * 2);
-                memset(lo + i * ldp + k0, 0, (size_t)(k1 - k0) * 2);
+                memset(hi + i * ldp, 0, (size_t)nk * 2);
+                memset(lo + i * ldp, 0, (size_t)nk * 2);
                 continue;
             }
             const __m512 f = _mm512_set1_ps(a[r + i]);
@@ -168,7 +176,7 @@ static void fa_bf16_pv_16x64__amx(int64_t m, int64_t c0, int64_t c1, int64_t nk,
             for (int64_t c = 0; c < dv; c += 16)
                 _mm512_storeu_ps(st + c, _mm512_mul_ps(_mm512_loadu_ps(ar + c), f));
             const float *pr = p + (r + i) * ldp;
-            for (int64_t c = k0; c < k1; c += 16) {
+            for (int64_t c = 0; c < nk; c += 16) {
                 /* lanes of [c, c + 16) inside [c0, c1) */
                 const uint32_t below = c0 > c ? (c0 - c < 16 ? (1u << (c0 - c)) - 1 : 0xffff) : 0;
                 const uint32_t upto = c1 - c >= 16 ? 0xffff : c1 > c ? (1u << (c1 - c)) - 1 : 0;
@@ -191,7 +199,7 @@ static void fa_bf16_pv_16x64__amx(int64_t m, int64_t c0, int64_t c1, int64_t nk,
                 _tile_loadd(2, cd + 32, dv * 4);
             if (nb > 3)
                 _tile_loadd(3, cd + 48, dv * 4);
-            for (int64_t k = k0; k < k1; k += 32) {
+            for (int64_t k = 0; k < nk; k += 32) {
                 const uint16_t *b = vt + ((k / 2) * dv + d0) * 2;
                 _tile_loadd(4, hi + k, ldp * 2);
                 _tile_loadd(5, lo + k, ldp * 2);
@@ -225,6 +233,7 @@ static void fa_bf16_pv_16x64__amx(int64_t m, int64_t c0, int64_t c1, int64_t nk,
         for (int64_t i = 0; i < rows; i++)
             memcpy(acc + (r + i) * ldacc, stage + i * dv, (size_t)dv * sizeof(float));
     }
+    _tile_release();
 }
 
 static const fai_kernels_bf16 amx_bf16 = {

@@ -19,17 +19,25 @@
 
 static int cpu_avx2, cpu_avx512, cpu_amx;
 
-/* Linux keeps the AMX tile data (XTILEDATA, state component 18) off until a process asks for
- * it; without the permission the first tile instruction faults. Granted process-wide. */
-static int amx_permitted(void)
+/*
+ * Linux keeps the AMX tile data (XTILEDATA, state component 18) off until a process asks for
+ * it; without the permission the first tile instruction faults. The grant is process-wide and
+ * has a cost (every signal frame grows by the 8 KiB of tile state, and so does the minimum
+ * alternate signal stack), so it is asked for only when the AMX set is about to be chosen,
+ * once, and only by a build that carries AMX kernels.
+ */
+#ifdef FA_HAVE_AMX_KERNELS
+static int amx_granted;
+static pthread_once_t amx_requested = PTHREAD_ONCE_INIT;
+
+static void amx_request(void)
 {
 #if defined(__linux__) && defined(SYS_arch_prctl)
     const long req_xcomp_perm = 0x1023, xfeature_xtiledata = 18;
-    return syscall(SYS_arch_prctl, req_xcomp_perm, xfeature_xtiledata) == 0;
-#else
-    return 0;
+    amx_granted = syscall(SYS_arch_prctl, req_xcomp_perm, xfeature_xtiledata) == 0;
 #endif
 }
+#endif
 
 static uint64_t xgetbv0(void)
 {
@@ -63,8 +71,7 @@ static void detect(void)
     if (!cpu_avx512 || !amx_bf16 || !amx_tile || !os_tiles ||
         !__get_cpuid_count(7, 1, &a, &b, &c, &d))
         return;
-    const int avx512_bf16 = (a >> 5) & 1;
-    cpu_amx = avx512_bf16 && amx_permitted();
+    cpu_amx = (a >> 5) & 1; /* AVX512_BF16 */
 }
 #else
 static void detect(void) {}
@@ -80,7 +87,14 @@ int fai_cpu_supports(fa_isa isa)
 #if defined(__x86_64__) || defined(__i386__)
     case FA_ISA_AVX2: return cpu_avx2;
     case FA_ISA_AVX512: return cpu_avx512;
-    case FA_ISA_AMX: return cpu_amx;
+    case FA_ISA_AMX: /* the hardware, and the OS's permission (asked for here, once) */
+#ifdef FA_HAVE_AMX_KERNELS
+        if (cpu_amx)
+            pthread_once(&amx_requested, amx_request);
+        return cpu_amx && amx_granted;
+#else
+        return cpu_amx; /* no kernels to run: nothing to ask the OS for */
+#endif
 #endif
 #if defined(__aarch64__)
     case FA_ISA_NEON: return 1; /* Advanced SIMD is part of every AArch64 core */

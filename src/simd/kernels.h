@@ -63,7 +63,8 @@ typedef float (*fai_max_f32)(int64_t n, const float *x);
 
 /*
  * Tile products for bf16 storage (AMX): the forward's S = Q K^T and O += P V on bf16 operands
- * (simd/amx.c has the formats and the rounding). NULL in every set but AMX's. The tiled
+ * (simd/amx.c has the formats, the rounding, and where subnormals differ from the f32
+ * kernels). NULL in every set but AMX's. The tiled
  * forward uses them for bf16 storage with Dqk a multiple of 32 and Dv of 16, P V only over V
  * tiles without inf or NaN (P = hi + lo times an infinite v would give NaN where P v is inf).
  */
@@ -75,8 +76,9 @@ typedef struct fai_kernels_bf16_s {
     /* V rows j < n, zero rows up to nk (a multiple of 32), into pairs of keys */
     void (*pack_v)(int64_t n, int64_t nk, int64_t dv, const uint16_t *v, int64_t ldv,
                    uint16_t *vt);
-    /* S rows [0, m) (rounded up to 16: q holds that many), columns [c0, c1) (rounded out to
-     * 16, within lds) = Q K^T, times *scale over [0, m) x [c0, c1) when scale is not NULL */
+    /* S rows [0, m) (rounded up to 16: q and s hold that many), columns [c0, c1) (rounded
+     * out to 16, within ldt and lds) = Q K^T, times *scale over [0, m) x [c0, c1) when scale
+     * is not NULL */
     void (*qk)(int64_t m, int64_t c0, int64_t c1, int64_t d, const uint16_t *q, int64_t ldq,
                const uint16_t *kt, int64_t ldt, float *s, int64_t lds, const float *scale);
     /* acc rows [0, m) = diag(a) acc + P[:, c0:c1] V[c0:c1], over the key chunks of 32 in
