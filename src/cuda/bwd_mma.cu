@@ -335,19 +335,7 @@ __global__ void __launch_bounds__(kThreads)
         }
         cp_async_wait<0>();
 
-        /* dK, dV rows of the warp's keys */
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            const int64_t j = wj0 + 8 * r + g;
-            if (j >= a.sk)
-                continue;
-            T *kr = fai_at<T>(a.tdk, b, j, hk), *vr = fai_at<T>(a.tdv, b, j, hk);
-#pragma unroll
-            for (int d = 0; d < DT; d++) {
-                *(uint32_t *)(kr + 8 * d + 2 * tg) = M::pack(dk[d][2 * r], dk[d][2 * r + 1]);
-                *(uint32_t *)(vr + 8 * d + 2 * tg) = M::pack(dv[d][2 * r], dv[d][2 * r + 1]);
-            }
-        }
+        store_dk_dv<T, DT>(a, b, hk, wj0, g, tg, dk, dv); /* the warp's keys */
     }
 }
 

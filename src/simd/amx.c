@@ -5,7 +5,7 @@
  * OS (XCR0) and Linux's per-process permission for the tile data allow it (src/simd/cpu.c).
  *
  * One TDPBF16PS multiplies a 16 x 32 bf16 tile by a 32 x 16 one (stored as 16 rows of 16
- * pairs) into 16 x 16 f32: 8192 products, against 32 of an AVX-512 FMA.
+ * pairs) into 16 x 16 f32: 8192 products, against 16 of an AVX-512 FMA.
  *   S  = Q K^T:  A = 16 rows of Q (bf16 as stored: its products are exact in f32), B = K^T
  *                packed as pairs along d; C stored into the score strip.
  *   O += P V:    P (f32) is split into bf16 hi + lo (hi = P rounded, lo = P - hi rounded:
