@@ -537,21 +537,6 @@ static const fai_kernels_bf16 *tiles_or_skip(void)
     return k->bf16;
 }
 
-/* bf16 bits of x, rounded to nearest even (x finite), and back */
-static uint16_t bf16_of(float x)
-{
-    uint32_t u;
-    memcpy(&u, &x, 4);
-    return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
-}
-static double bf16_value(uint16_t h)
-{
-    const uint32_t u = (uint32_t)h << 16;
-    float x;
-    memcpy(&x, &u, 4);
-    return x;
-}
-
 /*
  * S = Q K^T on tiles: every element of rows [0, m) and columns [c0, c1) within f32 summation's
  * bound of the exact sum of its d exact products ((d + 2) 2^-24 sum |q k|, then the scale's
@@ -576,9 +561,9 @@ START_TEST(amx_qk_matches_float64)
                 uint16_t *kt = malloc((size_t)(ldt * d) * 2);
                 float *s = malloc((size_t)(mq * lds) * sizeof(float));
                 for (int64_t x = 0; x < mq * d; x++)
-                    q[x] = bf16_of(rnd(&seed) * 3);
+                    q[x] = fai_f64_to_bf16(rnd(&seed) * 3);
                 for (int64_t x = 0; x < n * ldk; x++)
-                    k[x] = bf16_of(rnd(&seed) * 3);
+                    k[x] = fai_f64_to_bf16(rnd(&seed) * 3);
                 t->pack_kt(n, d, k, ldk, kt, ldt);
                 for (int64_t j = n; j < ldt; j++)
                     for (int64_t p = 0; p < d; p++)
@@ -590,8 +575,8 @@ START_TEST(amx_qk_matches_float64)
                         for (int64_t j = c0; j < c1; j++) {
                             double exact = 0, mag = 0;
                             for (int64_t p = 0; p < d; p++) {
-                                const double x = bf16_value(q[r * d + p]) *
-                                                 bf16_value(k[j * ldk + p]);
+                                const double x = fai_bf16_to_f64(q[r * d + p]) *
+                                                 fai_bf16_to_f64(k[j * ldk + p]);
                                 exact += x;
                                 mag += fabs(x);
                             }
@@ -635,7 +620,7 @@ START_TEST(amx_pv_matches_float64)
                 float *acc0 = malloc((size_t)(rows * dv) * sizeof(float)), af[40];
                 void *scratch = malloc((size_t)(16 * (4 * ldp + 4 * dv)));
                 for (int64_t x = 0; x < n * ldv; x++)
-                    v[x] = bf16_of(rnd(&seed) * 2);
+                    v[x] = fai_f64_to_bf16(rnd(&seed) * 2);
                 for (int64_t r = 0; r < m; r++)
                     for (int64_t j = 0; j < ldp; j++)
                         p[r * ldp + j] = j >= c0 && j < c1 ? (rnd(&seed) + 1) / 2 : NAN;
@@ -659,7 +644,8 @@ START_TEST(amx_pv_matches_float64)
                         double exact = (double)(af[r] * acc0[r * dv + x]), mag = fabs(exact);
                         double pv = 0;
                         for (int64_t j = c0; j < c1; j++) {
-                            const double y = (double)p[r * ldp + j] * bf16_value(v[j * ldv + x]);
+                            const double y =
+                                (double)p[r * ldp + j] * fai_bf16_to_f64(v[j * ldv + x]);
                             exact += y;
                             pv += fabs(y);
                         }
