@@ -100,14 +100,25 @@ static double sgemm_gflops(const sgemm_timer *g)
     return 2.0 * SGEMM_N * SGEMM_N * (double)SGEMM_N / g->best_s * 1e-9;
 }
 
+/* One configuration's run (run_config); main goes over the lists below, threads outermost. */
 typedef struct {
     long heads, dim, threads, reps;
-    int causal, backward, conventional, sweep;
+    long conv_upto; /* the conventional path runs where N <= conv_upto (0: never) */
+    int causal, backward, sweep;
     fa_dtype dtype;
     long seqlens[32];
     int nlens;
     FILE *csv;
 } opts;
+
+/* The values main goes over (--headdim 64,128 --dtype f32,bf16 --threads 1,0 --causal both;
+ * --matrix sets the issue's whole table). */
+typedef struct {
+    long dims[8], threads[8];
+    fa_dtype dtypes[8];
+    int causals[2];
+    int ndims, nthreads, ndtypes, ncausals;
+} lists;
 
 typedef struct {
     double fwd_ms, bwd_ms;
@@ -171,13 +182,150 @@ static int parse_long(const char *s, long lo, long hi, long *out)
     return 0;
 }
 
+/* "a,b,c" into out (at most max values in [lo, hi]): the count, 0 if malformed. */
+static int parse_list(const char *s, long lo, long hi, long *out, int max)
+{
+    char buf[512];
+    int n = 0;
+    snprintf(buf, sizeof buf, "%s", s);
+    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ","))
+        if (n == max || parse_long(tok, lo, hi, &out[n++]))
+            return 0;
+    return n;
+}
+
 static int usage(void)
 {
     fprintf(stderr,
-            "usage: bench_attention [--seqlens N1,N2,...] [--heads H] [--headdim D]\n"
-            "       [--dtype f32|bf16|f16|f64] [--causal] [--threads T] [--reps R] [--backward]\n"
-            "       [--no-conventional] [--tile-sweep] [--csv FILE]\n");
+            "usage: bench_attention [--seqlens N1,N2,...] [--heads H] [--headdim D1,D2,...]\n"
+            "       [--dtype f32|bf16|f16|f64[,...]] [--causal | --causal both]\n"
+            "       [--threads T1,T2,... (0: all)] [--reps R] [--backward]\n"
+            "       [--no-conventional | --conventional-upto N] [--tile-sweep] [--matrix]\n"
+            "       [--csv FILE]\n"
+            "--matrix: f32 and bf16, D = 64 and 128, causal and not, 1 and all threads,\n"
+            "N = 512 ... 8192 (unless --seqlens), forward and backward, the conventional\n"
+            "path up to N = 4096 (unless --conventional-upto or --no-conventional)\n");
     return 2;
+}
+
+/* One configuration (threads, dtype, head dim, mask) over the sequence lengths: a table
+ * on stdout, rows appended to the CSV. */
+static int run_config(const opts *o)
+{
+    fa_options fo;
+    fa_options_init(&fo);
+    fo.num_threads = (int)o->threads;
+    fa_context *ctx;
+    char line[512];
+    fa_status s = fa_context_create(&fo, &ctx);
+    if (s != FA_OK)
+        return fail(s, "context");
+    fa_context_describe(ctx, line, sizeof line);
+    int threads = 0;
+    sscanf(strstr(line, "threads=") + 8, "%d", &threads);
+    fa_context_destroy(ctx);
+    printf("%s\nOpenBLAS core %s: SGEMM %dx%dx%d on %d threads, timed before each repetition\n",
+           line, core_name(), SGEMM_N, SGEMM_N, SGEMM_N, threads);
+    printf("B=1 H=%ld D=%ld %s%s; FLOPs per DESIGN.md §5; best of %ld\n\n", o->heads, o->dim,
+           fa_dtype_name(o->dtype), o->causal ? " causal" : "", o->reps);
+    printf("%7s %8s %10s %8s %8s %12s %12s %12s %9s %9s %9s %8s %8s\n", "N", "SGEMM GF", "tiled ms",
+           "GFLOP/s", "/SGEMM", "tiled peak", "conv ms", "conv peak", "conv/til", "mem x", "bwd ms",
+           "bwd GF/s", "/SGEMM");
+
+    const size_t es = o->dtype == FA_F64 ? 8 : o->dtype == FA_F32 ? 4 : 2;
+    for (int si = 0; si < o->nlens; si++) {
+        const long N = o->seqlens[si];
+        const size_t n = (size_t)N * (size_t)o->heads * (size_t)o->dim;
+        void *buf[9];
+        fa_tensor t[9];
+        for (int k = 0; k < 9; k++) {
+            buf[k] = calloc(k == 4 ? (size_t)N * (size_t)o->heads : n, k == 4 ? 4 : es);
+            if (!buf[k]) {
+                fprintf(stderr, "bench: out of memory at N=%ld\n", N);
+                return 1;
+            }
+            fa_tensor_init(&t[k], buf[k], k == 4 ? FA_F32 : o->dtype, 1, N, o->heads,
+                           k == 4 ? 1 : o->dim, 0);
+        }
+        /* inputs: N(0,1)-like values; bf16/f16 get their bit patterns from a small range */
+        unsigned seed = 1;
+        for (int k = 0; k < 9; k++) {
+            if (k == 3 || k == 4)
+                continue;
+            for (size_t i = 0; i < n; i++) {
+                seed = seed * 1103515245u + 12345u;
+                double x = ((seed >> 8) & 0xffff) / 32768.0 - 1.0;
+                if (o->dtype == FA_F32)
+                    ((float *)buf[k])[i] = (float)x;
+                else if (o->dtype == FA_F64)
+                    ((double *)buf[k])[i] = x;
+                else if (o->dtype == FA_BF16) {
+                    float f = (float)x;
+                    uint32_t u;
+                    memcpy(&u, &f, 4);
+                    ((uint16_t *)buf[k])[i] = (uint16_t)(u >> 16);
+                } else /* f16: sign, exponent 14 or 15, random mantissa: values in +-[0.5, 2) */
+                    ((uint16_t *)buf[k])[i] = (uint16_t)(((seed >> 3) & 0x8000u) |
+                                                         (((seed >> 5) & 1u) ? 0x3800u : 0x3c00u) |
+                                                         ((seed >> 9) & 0x3ffu));
+            }
+        }
+        double flops = 4.0 * (double)o->heads * (double)N * (double)N * (double)o->dim;
+        if (o->causal)
+            flops /= 2;
+        timing tl, cv = {0, 0, 0, 0};
+        sgemm_timer sg;
+        if (sgemm_init(&sg, threads)) {
+            fprintf(stderr, "bench: out of memory for the SGEMM\n");
+            return 1;
+        }
+        if (time_backend(o, FA_BACKEND_TILED, t, &tl, &sg))
+            return 1;
+        const int conv = N <= o->conv_upto;
+        if (conv && time_backend(o, FA_BACKEND_CONVENTIONAL, t, &cv, NULL))
+            return 1;
+        const double gemm = sgemm_gflops(&sg);
+        free(sg.a), free(sg.b), free(sg.c);
+        const double gf = flops / (tl.fwd_ms * 1e-3) * 1e-9;
+        const double bgf = o->backward ? 2.5 * flops / (tl.bwd_ms * 1e-3) * 1e-9 : 0.0;
+        printf("%7ld %8.1f %10.1f %8.2f %8.3f %10.2fMB %10.1f %10.2fMB %9.2f %9.1f %9.1f %8.2f "
+               "%8.3f\n",
+               N, gemm, tl.fwd_ms, gf, gf / gemm, tl.fwd_peak / 1048576.0, cv.fwd_ms,
+               cv.fwd_peak / 1048576.0, conv ? cv.fwd_ms / tl.fwd_ms : 0.0,
+               conv ? (double)cv.fwd_peak / (double)tl.fwd_peak : 0.0,
+               o->backward ? tl.bwd_ms : 0.0, bgf, bgf / gemm);
+        fflush(stdout);
+        if (o->csv)
+            fprintf(o->csv,
+                    "%ld,%ld,%ld,%s,%d,%d,%s,%.3f,%.3f,%.3f,%zu,%.3f,%zu,%.3f,%.3f,%zu,%.3f,%zu\n",
+                    N, o->heads, o->dim, fa_dtype_name(o->dtype), o->causal, threads, core_name(),
+                    gemm, tl.fwd_ms, gf, tl.fwd_peak, cv.fwd_ms, cv.fwd_peak,
+                    o->backward ? tl.bwd_ms : 0.0, bgf, tl.bwd_peak, o->backward ? cv.bwd_ms : 0.0,
+                    cv.bwd_peak);
+        if (o->sweep) {
+            /* BQxBK, or BQxBKxBR with the forward's rows per strip */
+            static const char *tiles[] = {"64x64",       "128x128",     "256x128",   "256x256",
+                                          "512x128",     "512x256",     "1024x64",   "1024x128",
+                                          "1024x256",    "2048x128",    "2048x256",  "4096x256",
+                                          "1024x256x48", "1024x256x96", NULL};
+            opts so = *o;
+            so.backward = 0;
+            printf("  tile sweep (forward ms, best of %ld):", o->reps);
+            for (int k = 0; tiles[k]; k++) {
+                timing ts;
+                setenv("FA_TILES", tiles[k], 1);
+                if (time_backend(&so, FA_BACKEND_TILED, t, &ts, NULL))
+                    return 1;
+                printf(" %s=%.1f", tiles[k], ts.fwd_ms);
+            }
+            unsetenv("FA_TILES");
+            printf("  (plan's choice above: %.1f)\n", tl.fwd_ms);
+        }
+        for (int k = 0; k < 9; k++)
+            free(buf[k]);
+    }
+    printf("\n");
+    return 0;
 }
 
 int main(int argc, char **argv)
@@ -199,32 +347,60 @@ int main(int argc, char **argv)
             unsetenv("OPENBLAS_CORETYPE");
         }
     }
-    opts o = {8, 128, 0, 2, 0, 0, 1, 0, FA_F32, {512, 1024, 2048}, 3, NULL};
+    opts o = {.heads = 8, .dim = 128, .reps = 2, .conv_upto = 1 << 22, .dtype = FA_F32,
+              .seqlens = {512, 1024, 2048}, .nlens = 3};
+    lists l = {{128}, {0}, {FA_F32}, {0}, 1, 1, 1, 1};
+    int seqlens_given = 0, conv_given = 0, matrix = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
-        if (!strcmp(a, "--causal"))
-            o.causal = 1;
+        if (!strcmp(a, "--causal") && !strcmp(v, "both")) {
+            l.causals[0] = 0, l.causals[1] = 1, l.ncausals = 2;
+            i++;
+        } else if (!strcmp(a, "--causal"))
+            l.causals[0] = 1, l.ncausals = 1;
         else if (!strcmp(a, "--backward"))
             o.backward = 1;
         else if (!strcmp(a, "--no-conventional"))
-            o.conventional = 0;
+            o.conv_upto = 0, conv_given = 1;
+        else if (!strcmp(a, "--conventional-upto") && !parse_long(v, 0, 1 << 22, &o.conv_upto))
+            conv_given = 1, i++;
         else if (!strcmp(a, "--tile-sweep"))
             o.sweep = 1;
-        else if (!strcmp(a, "--heads") && !parse_long(v, 1, 1024, &o.heads))
+        else if (!strcmp(a, "--matrix")) {
+            l = (lists){{64, 128}, {1, 0}, {FA_F32, FA_BF16}, {0, 1}, 2, 2, 2, 2};
+            if (!seqlens_given) {
+                static const long n[] = {512, 1024, 2048, 4096, 8192};
+                memcpy(o.seqlens, n, sizeof n);
+                o.nlens = 5;
+            }
+            o.backward = 1;
+            matrix = 1;
+        } else if (!strcmp(a, "--heads") && !parse_long(v, 1, 1024, &o.heads))
             i++;
-        else if (!strcmp(a, "--headdim") && !parse_long(v, 1, 4096, &o.dim))
+        else if (!strcmp(a, "--headdim") && !(l.ndims = parse_list(v, 1, 4096, l.dims, 8)))
+            return usage();
+        else if (!strcmp(a, "--headdim"))
             i++;
-        else if (!strcmp(a, "--threads") && !parse_long(v, 0, 4096, &o.threads))
+        else if (!strcmp(a, "--threads") && !(l.nthreads = parse_list(v, 0, 4096, l.threads, 8)))
+            return usage();
+        else if (!strcmp(a, "--threads"))
             i++;
         else if (!strcmp(a, "--reps") && !parse_long(v, 1, 1000, &o.reps))
             i++;
         else if (!strcmp(a, "--dtype")) {
-            int k = FA_F32; /* the library's own names */
-            while (k <= FA_BF16 && strcmp(v, fa_dtype_name((fa_dtype)k)))
-                k++;
-            if (k > FA_BF16)
+            char buf[128];
+            snprintf(buf, sizeof buf, "%s", v);
+            l.ndtypes = 0;
+            for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
+                int k = FA_F32; /* the library's own names */
+                while (k <= FA_BF16 && strcmp(tok, fa_dtype_name((fa_dtype)k)))
+                    k++;
+                if (k > FA_BF16 || l.ndtypes == 8)
+                    return usage();
+                l.dtypes[l.ndtypes++] = (fa_dtype)k;
+            }
+            if (!l.ndtypes)
                 return usage();
-            o.dtype = (fa_dtype)k;
             i++;
         } else if (!strcmp(a, "--csv")) {
             if (!(o.csv = fopen(v, "w"))) {
@@ -233,133 +409,30 @@ int main(int argc, char **argv)
             }
             i++;
         } else if (!strcmp(a, "--seqlens")) {
-            char buf[512];
-            snprintf(buf, sizeof buf, "%s", v);
-            o.nlens = 0;
-            for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ","))
-                if (o.nlens == 32 || parse_long(tok, 1, 1 << 22, &o.seqlens[o.nlens++]))
-                    return usage();
+            if (!(o.nlens = parse_list(v, 1, 1 << 22, o.seqlens, 32)))
+                return usage();
+            seqlens_given = 1;
             i++;
         } else
             return usage();
     }
 
-    fa_options fo;
-    fa_options_init(&fo);
-    fo.num_threads = (int)o.threads;
-    fa_context *ctx;
-    char line[512];
-    fa_status s = fa_context_create(&fo, &ctx);
-    if (s != FA_OK)
-        return fail(s, "context");
-    fa_context_describe(ctx, line, sizeof line);
-    int threads = 0;
-    sscanf(strstr(line, "threads=") + 8, "%d", &threads);
-    fa_context_destroy(ctx);
-    printf("%s\nOpenBLAS core %s: SGEMM %dx%dx%d on %d threads, timed before each repetition\n",
-           line, core_name(), SGEMM_N, SGEMM_N, SGEMM_N, threads);
-    printf("B=1 H=%ld D=%ld %s%s; FLOPs per DESIGN.md §5; best of %ld\n\n", o.heads, o.dim,
-           fa_dtype_name(o.dtype), o.causal ? " causal" : "", o.reps);
-    printf("%7s %8s %10s %8s %8s %12s %12s %12s %9s %9s %9s %8s %8s\n", "N", "SGEMM GF", "tiled ms",
-           "GFLOP/s", "/SGEMM", "tiled peak", "conv ms", "conv peak", "conv/til", "mem x", "bwd ms",
-           "bwd GF/s", "/SGEMM");
+    if (matrix && !conv_given) /* its time at N = 8192 would be most of the run's */
+        o.conv_upto = 4096;
     if (o.csv)
         fprintf(o.csv, "N,heads,headdim,dtype,causal,threads,openblas_core,sgemm_gflops,"
                        "tiled_fwd_ms,tiled_fwd_gflops,tiled_fwd_peak_bytes,conv_fwd_ms,"
                        "conv_fwd_peak_bytes,tiled_bwd_ms,tiled_bwd_gflops,tiled_bwd_peak_bytes,"
                        "conv_bwd_ms,conv_bwd_peak_bytes\n");
-
-    const size_t es = o.dtype == FA_F64 ? 8 : o.dtype == FA_F32 ? 4 : 2;
-    for (int si = 0; si < o.nlens; si++) {
-        const long N = o.seqlens[si];
-        const size_t n = (size_t)N * (size_t)o.heads * (size_t)o.dim;
-        void *buf[9];
-        fa_tensor t[9];
-        for (int k = 0; k < 9; k++) {
-            buf[k] = calloc(k == 4 ? (size_t)N * (size_t)o.heads : n, k == 4 ? 4 : es);
-            if (!buf[k]) {
-                fprintf(stderr, "bench: out of memory at N=%ld\n", N);
-                return 1;
-            }
-            fa_tensor_init(&t[k], buf[k], k == 4 ? FA_F32 : o.dtype, 1, N, o.heads,
-                           k == 4 ? 1 : o.dim, 0);
-        }
-        /* inputs: N(0,1)-like values; bf16/f16 get their bit patterns from a small range */
-        unsigned seed = 1;
-        for (int k = 0; k < 9; k++) {
-            if (k == 3 || k == 4)
-                continue;
-            for (size_t i = 0; i < n; i++) {
-                seed = seed * 1103515245u + 12345u;
-                double x = ((seed >> 8) & 0xffff) / 32768.0 - 1.0;
-                if (o.dtype == FA_F32)
-                    ((float *)buf[k])[i] = (float)x;
-                else if (o.dtype == FA_F64)
-                    ((double *)buf[k])[i] = x;
-                else if (o.dtype == FA_BF16) {
-                    float f = (float)x;
-                    uint32_t u;
-                    memcpy(&u, &f, 4);
-                    ((uint16_t *)buf[k])[i] = (uint16_t)(u >> 16);
-                } else /* f16: sign, exponent 14 or 15, random mantissa: values in +-[0.5, 2) */
-                    ((uint16_t *)buf[k])[i] = (uint16_t)(((seed >> 3) & 0x8000u) |
-                                                         (((seed >> 5) & 1u) ? 0x3800u : 0x3c00u) |
-                                                         ((seed >> 9) & 0x3ffu));
-            }
-        }
-        double flops = 4.0 * (double)o.heads * (double)N * (double)N * (double)o.dim;
-        if (o.causal)
-            flops /= 2;
-        timing tl, cv = {0, 0, 0, 0};
-        sgemm_timer sg;
-        if (sgemm_init(&sg, threads)) {
-            fprintf(stderr, "bench: out of memory for the SGEMM\n");
-            return 1;
-        }
-        if (time_backend(&o, FA_BACKEND_TILED, t, &tl, &sg))
-            return 1;
-        if (o.conventional && time_backend(&o, FA_BACKEND_CONVENTIONAL, t, &cv, NULL))
-            return 1;
-        const double gemm = sgemm_gflops(&sg);
-        free(sg.a), free(sg.b), free(sg.c);
-        const double gf = flops / (tl.fwd_ms * 1e-3) * 1e-9;
-        const double bgf = o.backward ? 2.5 * flops / (tl.bwd_ms * 1e-3) * 1e-9 : 0.0;
-        printf("%7ld %8.1f %10.1f %8.2f %8.3f %10.2fMB %10.1f %10.2fMB %9.2f %9.1f %9.1f %8.2f "
-               "%8.3f\n",
-               N, gemm, tl.fwd_ms, gf, gf / gemm, tl.fwd_peak / 1048576.0, cv.fwd_ms,
-               cv.fwd_peak / 1048576.0, o.conventional ? cv.fwd_ms / tl.fwd_ms : 0.0,
-               o.conventional ? (double)cv.fwd_peak / (double)tl.fwd_peak : 0.0,
-               o.backward ? tl.bwd_ms : 0.0, bgf, bgf / gemm);
-        fflush(stdout);
-        if (o.csv)
-            fprintf(o.csv,
-                    "%ld,%ld,%ld,%s,%d,%d,%s,%.3f,%.3f,%.3f,%zu,%.3f,%zu,%.3f,%.3f,%zu,%.3f,%zu\n",
-                    N, o.heads, o.dim, fa_dtype_name(o.dtype), o.causal, threads, core_name(),
-                    gemm, tl.fwd_ms, gf, tl.fwd_peak, cv.fwd_ms, cv.fwd_peak,
-                    o.backward ? tl.bwd_ms : 0.0, bgf, tl.bwd_peak, o.backward ? cv.bwd_ms : 0.0,
-                    cv.bwd_peak);
-        if (o.sweep) {
-            /* BQxBK, or BQxBKxBR with the forward's rows per strip */
-            static const char *tiles[] = {"64x64",       "128x128",     "256x128",   "256x256",
-                                          "512x128",     "512x256",     "1024x64",   "1024x128",
-                                          "1024x256",    "2048x128",    "2048x256",  "4096x256",
-                                          "1024x256x48", "1024x256x96", NULL};
-            opts so = o;
-            so.backward = 0;
-            printf("  tile sweep (forward ms, best of %ld):", o.reps);
-            for (int k = 0; tiles[k]; k++) {
-                timing ts;
-                setenv("FA_TILES", tiles[k], 1);
-                if (time_backend(&so, FA_BACKEND_TILED, t, &ts, NULL))
-                    return 1;
-                printf(" %s=%.1f", tiles[k], ts.fwd_ms);
-            }
-            unsetenv("FA_TILES");
-            printf("  (plan's choice above: %.1f)\n", tl.fwd_ms);
-        }
-        for (int k = 0; k < 9; k++)
-            free(buf[k]);
-    }
+    for (int ti = 0; ti < l.nthreads; ti++)
+        for (int di = 0; di < l.ndtypes; di++)
+            for (int hi = 0; hi < l.ndims; hi++)
+                for (int ci = 0; ci < l.ncausals; ci++) {
+                    o.threads = l.threads[ti], o.dtype = l.dtypes[di], o.dim = l.dims[hi];
+                    o.causal = l.causals[ci];
+                    if (run_config(&o))
+                        return 1;
+                }
     if (o.csv)
         fclose(o.csv);
     return 0;

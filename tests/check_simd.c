@@ -269,44 +269,52 @@ START_TEST(widen_every_half)
 }
 END_TEST
 
-/* narrow: the bits of the portable rounding (NaN: any NaN) for every 4369th float, and for
- * every finite f16 value's neighbourhood in f32 (the value, the halfway point to the next one
- * and one f32 ulp either side of it: where ties to even decide; the last one is the overflow
- * threshold 65520), at every tail length 0..15; nothing written beyond n. */
+/* narrow: the bits of the portable rounding (f16 NaN: any NaN; bf16: the same bits, NaN
+ * included) for every 4369th float, and for every finite f16 or bf16 value's neighbourhood in
+ * f32 (the value, the halfway point to the next one and one f32 ulp either side of it: where
+ * ties to even decide; the last one is the overflow threshold), at every tail length 0..15;
+ * nothing written beyond n. */
 START_TEST(narrow_rounds_as_portable)
 {
     const fai_kernels_f32 *kt = kernels_or_skip(_i);
     if (!kt)
         return;
-    const int64_t cap = (1 << 20) + 5 * 0x7c00;
+    const int64_t cap = (1 << 20) + 5 * 0x7f80;
     float *x = malloc(sizeof(float) * (size_t)cap);
     uint16_t *got = malloc(sizeof(uint16_t) * (size_t)(cap + 1));
     uint16_t *want = malloc(sizeof(uint16_t) * (size_t)(cap + 1));
-    int64_t n = 0;
-    for (uint64_t u = 0; u <= 0xffffffffu; u += 257 * 17) {
-        uint32_t v = (uint32_t)u;
-        memcpy(&x[n++], &v, 4);
-    }
-    uint32_t h = 0;
-    for (; h < 0x7c00u && n + 5 <= cap; h++) {
-        const float a = (float)fai_f16_to_f64((uint16_t)h), b = (float)fai_f16_to_f64((uint16_t)(h + 1));
-        const float mid = a + (b - a) / 2; /* exact: a, b and the midpoint fit in f32 */
-        const float pts[5] = {a, mid, nextafterf(mid, 0), nextafterf(mid, INFINITY), -mid};
-        for (int k = 0; k < 5; k++)
-            x[n++] = pts[k];
-    }
-    ck_assert(h == 0x7c00u); /* every finite f16 got its points (0x7bff's mid is 65520) */
-    for (int64_t len = n; len >= n - 15; len--) {
-        got[len] = want[len] = 0xabcd;
-        kt->narrow(got, FA_F16, len, x);
-        fai_store_f32(want, FA_F16, len, x);
-        ck_assert(got[len] == 0xabcd);
-        for (int64_t i = 0; i < len; i++) {
-            const int nan_g = (got[i] & 0x7c00u) == 0x7c00u && (got[i] & 0x3ffu);
-            const int nan_w = (want[i] & 0x7c00u) == 0x7c00u && (want[i] & 0x3ffu);
-            ck_assert_msg(nan_g == nan_w && (nan_g || got[i] == want[i]),
-                          "%s: %a -> %04x, portable %04x", fa_isa_name(kt->isa), (double)x[i],
-                          got[i], want[i]);
+    const fa_dtype dts[2] = {FA_F16, FA_BF16};
+    for (int t = 0; t < 2; t++) {
+        const int bf = dts[t] == FA_BF16;
+        const uint32_t inf = bf ? 0x7f80u : 0x7c00u; /* the first non-finite bit pattern */
+        int64_t n = 0;
+        for (uint64_t u = 0; u <= 0xffffffffu; u += 257 * 17) {
+            uint32_t v = (uint32_t)u;
+            memcpy(&x[n++], &v, 4);
+        }
+        uint32_t h = 0;
+        for (; h < inf && n + 5 <= cap; h++) {
+            const uint16_t h0 = (uint16_t)h, h1 = (uint16_t)(h + 1);
+            const float a = (float)(bf ? fai_bf16_to_f64(h0) : fai_f16_to_f64(h0));
+            const float b = (float)(bf ? fai_bf16_to_f64(h1) : fai_f16_to_f64(h1));
+            const float mid = a + (b - a) / 2; /* exact: a, b and the midpoint fit in f32 */
+            const float pts[5] = {a, mid, nextafterf(mid, 0), nextafterf(mid, INFINITY), -mid};
+            for (int k = 0; k < 5; k++)
+                x[n++] = pts[k];
+        }
+        ck_assert(h == inf); /* every finite value got its points (the last mid overflows) */
+        for (int64_t len = n; len >= n - 15; len--) {
+            got[len] = want[len] = 0xabcd;
+            kt->narrow(got, dts[t], len, x);
+            fai_store_f32(want, dts[t], len, x);
+            ck_assert(got[len] == 0xabcd);
+            for (int64_t i = 0; i < len; i++) {
+                const int nan_g = (got[i] & 0x7c00u) == 0x7c00u && (got[i] & 0x3ffu);
+                const int nan_w = (want[i] & 0x7c00u) == 0x7c00u && (want[i] & 0x3ffu);
+                ck_assert_msg(bf ? got[i] == want[i] : nan_g == nan_w && (nan_g || got[i] == want[i]),
+                              "%s %s: %a -> %04x, portable %04x", fa_isa_name(kt->isa),
+                              fa_dtype_name(dts[t]), (double)x[i], got[i], want[i]);
+            }
         }
     }
     free(x), free(got), free(want);
@@ -537,6 +545,55 @@ static const fai_kernels_bf16 *tiles_or_skip(void)
     return k->bf16;
 }
 
+/* The packing of K^T and V for the tiles takes only AVX-512 (BW): tested wherever that runs. */
+static const fai_kernels_bf16 *packs_or_skip(void)
+{
+#if defined(FA_HAVE_AMX_KERNELS) && defined(FA_HAVE_AVX512_KERNELS)
+    if (fai_cpu_supports(FA_ISA_AVX512))
+        return fai_kernels_f32_amx()->bf16;
+#endif
+    fprintf(stderr, "check_simd: amx packing not runnable here: skipped\n");
+    return NULL;
+}
+
+/* Every element of the packed K^T (pairs of dims) and V (pairs of keys) against the layouts'
+ * formulas, the padding zero, at key counts on and off the vector and pair grids, K's row
+ * stride even (the 32-bit transpose) and odd (the element loop), V's columns on and off the
+ * 32-column grid. */
+START_TEST(amx_packs_match_layout)
+{
+    const fai_kernels_bf16 *t = packs_or_skip();
+    if (!t)
+        return;
+    static const int64_t ns[] = {1, 15, 16, 17, 63, 200}, ds[] = {32, 64, 128, 16, 48, 80};
+    uint16_t *src = malloc((size_t)(200 * 140) * 2), *dst = malloc((size_t)(224 * 128) * 2);
+    for (int64_t x = 0; x < 200 * 140; x++)
+        src[x] = (uint16_t)(x * 40503u >> 3); /* any bits: packing moves them unchanged */
+    for (int a = 0; a < 6; a++)
+        for (int b = 0; b < 6; b++)
+            for (int odd = 0; odd < 2; odd++) {
+                const int64_t n = ns[a], d = ds[b], ld = d + 6 + odd, ldt = (n + 31) / 32 * 32;
+                if (b < 3) { /* K^T: d is a multiple of 32 there */
+                    t->pack_kt(n, d, src, ld, dst, ldt);
+                    for (int64_t j = 0; j < ldt; j++)
+                        for (int64_t p = 0; p < d; p++)
+                            ck_assert_msg(dst[((p / 2) * ldt + j) * 2 + p % 2] ==
+                                              (j < n ? src[j * ld + p] : 0),
+                                          "kt n%ld d%ld ld%ld j%ld p%ld", (long)n, (long)d,
+                                          (long)ld, (long)j, (long)p);
+                }
+                t->pack_v(n, ldt, d, src, ld, dst); /* V: dv a multiple of 16 */
+                for (int64_t j = 0; j < ldt; j++)
+                    for (int64_t c = 0; c < d; c++)
+                        ck_assert_msg(dst[((j / 2) * d + c) * 2 + j % 2] ==
+                                          (j < n ? src[j * ld + c] : 0),
+                                      "v n%ld dv%ld ld%ld j%ld c%ld", (long)n, (long)d, (long)ld,
+                                      (long)j, (long)c);
+            }
+    free(src), free(dst);
+}
+END_TEST
+
 /*
  * S = Q K^T on tiles: every element of rows [0, m) and columns [c0, c1) within f32 summation's
  * bound of the exact sum of its d exact products ((d + 2) 2^-24 sum |q k|, then the scale's
@@ -679,6 +736,7 @@ Suite *make_simd_suite(void)
     tcase_add_loop_test(tc, narrow_rounds_as_portable, 0, NISA);
     tcase_add_loop_test(tc, max_matches_definition, 0, NISA);
     tcase_add_loop_test(tc, expsum_exhaustive_nonpositive, 0, NISA);
+    tcase_add_test(tc, amx_packs_match_layout);
     tcase_add_test(tc, amx_qk_matches_float64);
     tcase_add_test(tc, amx_pv_matches_float64);
     suite_add_tcase(s, tc);

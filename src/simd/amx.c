@@ -54,11 +54,18 @@ static void tiles_configure(void)
 }
 
 /* kt[(p ldt + j) 2 + t] = k[j ldk + 2 p + t] for j < n, 0 for j in [n, ldt): K^T as 32-bit pairs
- * of dims, the B operand of Q K^T. */
+ * of dims, the B operand of Q K^T. A pair is one 32-bit word, so with ldk even this is the
+ * AVX-512 set's transpose of 32-bit elements (it moves bits; no arithmetic touches them). */
 static void fa_bf16_pack_kt__amx(int64_t n, int64_t d, const uint16_t *k, int64_t ldk,
                                  uint16_t *kt, int64_t ldt)
 {
     uint32_t *dst = (uint32_t *)kt;
+    if (ldk % 2 == 0) {
+        fai_kernels_f32_avx512()->transpose(n, d / 2, (const float *)k, ldk / 2, (float *)kt, ldt);
+        for (int64_t p = 0; p < d / 2; p++)
+            memset(dst + p * ldt + n, 0, (size_t)(ldt - n) * sizeof *dst);
+        return;
+    }
     for (int64_t j = 0; j < ldt; j++)
         for (int64_t p = 0; p < d / 2; p++) {
             uint32_t w = 0;
@@ -69,13 +76,34 @@ static void fa_bf16_pack_kt__amx(int64_t n, int64_t d, const uint16_t *k, int64_
 }
 
 /* vt[(p dv + c) 2 + t] = v[(2 p + t) ldv + c] for keys 2 p + t < n, 0 up to nk keys: V as
- * pairs of keys, the B operand of P V. */
+ * pairs of keys, the B operand of P V. Two rows interleave 32 columns at a time by one
+ * two-source word permute; a last odd row pairs with zeros, and so do the keys up to nk. */
 static void fa_bf16_pack_v__amx(int64_t n, int64_t nk, int64_t dv, const uint16_t *v,
                                 int64_t ldv, uint16_t *vt)
 {
-    for (int64_t j = 0; j < nk; j++)
-        for (int64_t c = 0; c < dv; c++)
-            vt[((j / 2) * dv + c) * 2 + (j & 1)] = j < n ? v[j * ldv + c] : 0;
+    __m512i lo_idx, hi_idx; /* out[2i + t] = row t's column i (+ 16 for the high half) */
+    uint16_t lo[32], hi[32];
+    for (int i = 0; i < 32; i++) {
+        lo[i] = (uint16_t)((i & 1 ? 32 : 0) + i / 2);
+        hi[i] = (uint16_t)(lo[i] + 16);
+    }
+    memcpy(&lo_idx, lo, sizeof lo);
+    memcpy(&hi_idx, hi, sizeof hi);
+    for (int64_t j = 0; j < nk; j += 2) {
+        uint16_t *out = vt + (j / 2) * dv * 2;
+        for (int64_t c = 0; c < dv; c += 32) {
+            const __mmask32 mk = dv - c >= 32 ? 0xffffffffu : (__mmask32)((1ull << (dv - c)) - 1);
+            const __m512i a = j < n ? _mm512_maskz_loadu_epi16(mk, v + j * ldv + c)
+                                    : _mm512_setzero_si512();
+            const __m512i b = j + 1 < n ? _mm512_maskz_loadu_epi16(mk, v + (j + 1) * ldv + c)
+                                        : _mm512_setzero_si512();
+            const __mmask32 m0 = dv - c >= 16 ? 0xffffffffu : (__mmask32)((1ull << (2 * (dv - c))) - 1);
+            const __mmask32 m1 = dv - c >= 32 ? 0xffffffffu
+                                 : dv - c > 16 ? (__mmask32)((1ull << (2 * (dv - c - 16))) - 1) : 0;
+            _mm512_mask_storeu_epi16(out + 2 * c, m0, _mm512_permutex2var_epi16(a, lo_idx, b));
+            _mm512_mask_storeu_epi16(out + 2 * c + 32, m1, _mm512_permutex2var_epi16(a, hi_idx, b));
+        }
+    }
 }
 
 /*
@@ -124,17 +152,17 @@ static void fa_bf16_qk_16x64__amx(int64_t m, int64_t c0, int64_t c1, int64_t d, 
                 _tile_stored(2, out + 32, lds * 4);
             if (nb > 3)
                 _tile_stored(3, out + 48, lds * 4);
+            if (!scale)
+                continue;
+            /* the block just stored, while it is in L1, in whole vectors: beyond [0, m) x
+             * [c0, c1) it is junk either way */
+            const __m512 f = _mm512_set1_ps(*scale);
+            for (int64_t i = 0; i < 16; i++)
+                for (int64_t c = 0; c < 16 * nb; c += 16)
+                    _mm512_storeu_ps(out + i * lds + c,
+                                     _mm512_mul_ps(_mm512_loadu_ps(out + i * lds + c), f));
         }
     _tile_release();
-    if (!scale)
-        return;
-    const __m512 f = _mm512_set1_ps(*scale);
-    for (int64_t r = 0; r < m; r++)
-        for (int64_t c = c0; c < c1; c += 16) {
-            const __mmask16 mk = c1 - c >= 16 ? 0xffff : (__mmask16)((1u << (c1 - c)) - 1);
-            float *x = s + r * lds + c;
-            _mm512_mask_storeu_ps(x, mk, _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, x), f));
-        }
 }
 
 /* 16 bf16 of x rounded to nearest even, and the f32 value they stand for. */

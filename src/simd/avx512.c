@@ -332,18 +332,32 @@ static void fa_f32_widen__avx512(const void *src, fa_dtype d, int64_t n, float *
     }
 }
 
-/* f16 by the conversion instruction under round-to-nearest-even: one rounding from f32. */
+/* f16 by the conversion instruction under round-to-nearest-even: one rounding from f32. bf16
+ * by the portable rounding's integer arithmetic on the bits (dtype.c): a NaN keeps its sign
+ * and top payload bits and is made quiet; any other value adds 0x7fff plus the kept part's
+ * lowest bit (ties to even, inf stays inf, overflow carries into inf) and keeps the top half. */
 static void fa_f32_narrow__avx512(void *dst, fa_dtype d, int64_t n, const float *src)
 {
-    if (d != FA_F16) {
+    if (d != FA_F16 && d != FA_BF16) {
         fai_store_f32(dst, d, n, src);
         return;
     }
     uint16_t *h = dst;
     for (int64_t i = 0; i < n; i += 16) {
         const __mmask16 mk = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
-        const __m256i y = _mm512_cvtps_ph(_mm512_maskz_loadu_ps(mk, src + i),
-                                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512 x = _mm512_maskz_loadu_ps(mk, src + i);
+        __m256i y;
+        if (d == FA_F16) {
+            y = _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        } else {
+            const __m512i u = _mm512_castps_si512(x), top = _mm512_srli_epi32(u, 16);
+            const __m512i odd = _mm512_and_si512(top, _mm512_set1_epi32(1));
+            const __m512i rounded = _mm512_srli_epi32(
+                _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff))), 16);
+            const __m512i quiet = _mm512_or_si512(top, _mm512_set1_epi32(0x40));
+            y = _mm512_cvtepi32_epi16(
+                _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), rounded, quiet));
+        }
         _mm256_mask_storeu_epi16(h + i, mk, y);
     }
 }
