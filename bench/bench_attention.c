@@ -3,7 +3,10 @@
  * Reports, per sequence length: time, GFLOP/s as a fraction of OpenBLAS SGEMM measured in the
  * same run on the same threads, fused vs conventional time, and each path's peak allocation
  * (fa_memory_stats). --tile-sweep times the tiled forward over a list of forced tiles
- * (FA_TILES) beside the plan's own choice. Table on stdout, CSV with --csv FILE.
+ * (FA_TILES) beside the plan's own choice. Head dims, dtypes and thread counts take lists,
+ * --causal both runs either mask, and --matrix is the issue's whole table (f32 and bf16,
+ * D = 64 and 128, causal and not, 1 and all threads, N = 512 ... 8192, forward and
+ * backward), one table per configuration. Tables on stdout, one CSV with --csv FILE.
  *
  * Run it through `make bench`, which clears OPENBLAS_CORETYPE and OPENBLAS_L2_SIZE so that
  * OpenBLAS picks its kernels for this CPU; the core it chose is printed beside every figure.

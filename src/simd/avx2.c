@@ -174,17 +174,42 @@ static inline __m256 exp__avx2(__m256 x)
     return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
 }
 
-/* y = exp(x - m), summed in 8 lanes, then the lanes in order. */
+/* A load and a store of 8 lanes, whole (FULL) or masked: vmaskmovps costs more than a plain
+ * move (a uop on a vector ALU port besides the load on Intel cores), so loops take whole
+ * vectors without masks and only their tail with one (see the AVX-512 GEMM kernel). */
+static inline __attribute__((always_inline)) __m256 load_lanes__avx2(const int FULL, __m256i mk,
+                                                                     const float *x)
+{
+    return FULL ? _mm256_loadu_ps(x) : _mm256_maskload_ps(x, mk);
+}
+
+static inline __attribute__((always_inline)) void store_lanes__avx2(const int FULL, __m256i mk,
+                                                                    float *x, __m256 v)
+{
+    if (FULL)
+        _mm256_storeu_ps(x, v);
+    else
+        _mm256_maskstore_ps(x, mk, v);
+}
+
+/* y = exp(x - m), summed in 8 lanes (masked-off lanes add 0), then the lanes in order. */
+static inline __attribute__((always_inline)) __m256
+expsum_vec__avx2(const int FULL, __m256i mk, const float *x, __m256 vm, float *y, __m256 vsum)
+{
+    const __m256 e = exp__avx2(_mm256_sub_ps(load_lanes__avx2(FULL, mk, x), vm));
+    store_lanes__avx2(FULL, mk, y, e);
+    return _mm256_add_ps(vsum, FULL ? e : _mm256_and_ps(e, _mm256_castsi256_ps(mk)));
+}
+
 static float fa_f32_expsum__avx2(int64_t n, const float *x, float m, float *y)
 {
     const __m256 vm = _mm256_set1_ps(m);
     __m256 vsum = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n; i += 8) {
-        const __m256i mk = lanes_below(n - i);
-        const __m256 e = exp__avx2(_mm256_sub_ps(_mm256_maskload_ps(x + i, mk), vm));
-        _mm256_maskstore_ps(y + i, mk, e);
-        vsum = _mm256_add_ps(vsum, _mm256_and_ps(e, _mm256_castsi256_ps(mk)));
-    }
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        vsum = expsum_vec__avx2(1, _mm256_setzero_si256(), x + i, vm, y + i, vsum);
+    if (i < n)
+        vsum = expsum_vec__avx2(0, lanes_below(n - i), x + i, vm, y + i, vsum);
     float lanes[8], sum = 0;
     _mm256_storeu_ps(lanes, vsum);
     for (int l = 0; l < 8; l++)
@@ -194,17 +219,40 @@ static float fa_f32_expsum__avx2(int64_t n, const float *x, float m, float *y)
 
 /* 8 columns per vector, one FMA chain per column in p order from 0 (the GEMM kernel's
  * rounding). */
+static inline __attribute__((always_inline)) void
+coldot_cols__avx2(const int FULL, __m256i mk, int64_t k, const float *a, int64_t lda,
+                  const float *b, int64_t ldb, float *out)
+{
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t p = 0; p < k; p++)
+        acc = _mm256_fmadd_ps(load_lanes__avx2(FULL, mk, a + p * lda),
+                              load_lanes__avx2(FULL, mk, b + p * ldb), acc);
+    store_lanes__avx2(FULL, mk, out, acc);
+}
+
 static void fa_f32_coldot__avx2(int64_t n, int64_t k, const float *a, int64_t lda,
                                 const float *b, int64_t ldb, float *out)
 {
-    for (int64_t j = 0; j < n; j += 8) {
-        const __m256i mk = lanes_below(n - j);
-        __m256 acc = _mm256_setzero_ps();
-        for (int64_t p = 0; p < k; p++)
-            acc = _mm256_fmadd_ps(_mm256_maskload_ps(a + p * lda + j, mk),
-                                  _mm256_maskload_ps(b + p * ldb + j, mk), acc);
-        _mm256_maskstore_ps(out + j, mk, acc);
-    }
+    for (int64_t j = 0; j < n; j += 8)
+        if (n - j >= 8)
+            coldot_cols__avx2(1, _mm256_setzero_si256(), k, a + j, lda, b + j, ldb, out + j);
+        else
+            coldot_cols__avx2(0, lanes_below(n - j), k, a + j, lda, b + j, ldb, out + j);
+}
+
+/* The backward's row on 8 lanes: P = exp(s - lse) with the subtraction in double (two halves
+ * of 4), ds = scale P (dp - di). */
+static inline __attribute__((always_inline)) void
+dsoftmax_vec__avx2(const int FULL, __m256i mk, const float *s, __m256d vl, const float *dp,
+                   __m256 vdi, __m256 vscale, float *p, float *ds)
+{
+    const __m256 sv = load_lanes__avx2(FULL, mk, s);
+    const __m128 lo = _mm256_cvtpd_ps(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(sv)), vl));
+    const __m128 hi = _mm256_cvtpd_ps(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(sv, 1)), vl));
+    const __m256 P = exp__avx2(_mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1));
+    const __m256 g = _mm256_mul_ps(P, _mm256_sub_ps(load_lanes__avx2(FULL, mk, dp), vdi));
+    store_lanes__avx2(FULL, mk, p, P);
+    store_lanes__avx2(FULL, mk, ds, _mm256_mul_ps(vscale, g));
 }
 
 static void fa_f32_dsoftmax__avx2(int64_t n, const float *s, double lse, const float *dp,
@@ -212,16 +260,12 @@ static void fa_f32_dsoftmax__avx2(int64_t n, const float *s, double lse, const f
 {
     const __m256d vl = _mm256_set1_pd(lse);
     const __m256 vdi = _mm256_set1_ps(di), vscale = _mm256_set1_ps(scale);
-    for (int64_t c = 0; c < n; c += 8) {
-        const __m256i mk = lanes_below(n - c);
-        const __m256 sv = _mm256_maskload_ps(s + c, mk);
-        const __m128 lo = _mm256_cvtpd_ps(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(sv)), vl));
-        const __m128 hi = _mm256_cvtpd_ps(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(sv, 1)), vl));
-        const __m256 P = exp__avx2(_mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1));
-        const __m256 g = _mm256_mul_ps(P, _mm256_sub_ps(_mm256_maskload_ps(dp + c, mk), vdi));
-        _mm256_maskstore_ps(p + c, mk, P);
-        _mm256_maskstore_ps(ds + c, mk, _mm256_mul_ps(vscale, g));
-    }
+    int64_t c = 0;
+    for (; c + 8 <= n; c += 8)
+        dsoftmax_vec__avx2(1, _mm256_setzero_si256(), s + c, vl, dp + c, vdi, vscale, p + c,
+                           ds + c);
+    if (c < n)
+        dsoftmax_vec__avx2(0, lanes_below(n - c), s + c, vl, dp + c, vdi, vscale, p + c, ds + c);
 }
 
 /* x - x is 0 for finite x and NaN for inf and NaN (masked-off lanes load 0). */
