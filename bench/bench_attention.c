@@ -206,8 +206,8 @@ static int usage(void)
             "       [--no-conventional | --conventional-upto N] [--tile-sweep] [--matrix]\n"
             "       [--csv FILE]\n"
             "--matrix: f32 and bf16, D = 64 and 128, causal and not, 1 and all threads,\n"
-            "N = 512 ... 8192 (unless --seqlens), forward and backward, the conventional\n"
-            "path up to N = 4096 (unless --conventional-upto or --no-conventional)\n");
+            "N = 512 ... 8192, forward and backward, the conventional path up to N = 4096;\n"
+            "the options given explicitly win over these\n");
     return 2;
 }
 
@@ -352,8 +352,8 @@ int main(int argc, char **argv)
     }
     opts o = {.heads = 8, .dim = 128, .reps = 2, .conv_upto = 1 << 22, .dtype = FA_F32,
               .seqlens = {512, 1024, 2048}, .nlens = 3};
-    lists l = {{128}, {0}, {FA_F32}, {0}, 1, 1, 1, 1};
-    int seqlens_given = 0, conv_given = 0, matrix = 0;
+    lists l = {0}; /* filled by the options, then by --matrix or the defaults below */
+    int matrix = 0, seqlens_given = 0, conv_given = 0; /* explicit options win over --matrix */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
         if (!strcmp(a, "--causal") && !strcmp(v, "both")) {
@@ -369,16 +369,9 @@ int main(int argc, char **argv)
             conv_given = 1, i++;
         else if (!strcmp(a, "--tile-sweep"))
             o.sweep = 1;
-        else if (!strcmp(a, "--matrix")) {
-            l = (lists){{64, 128}, {1, 0}, {FA_F32, FA_BF16}, {0, 1}, 2, 2, 2, 2};
-            if (!seqlens_given) {
-                static const long n[] = {512, 1024, 2048, 4096, 8192};
-                memcpy(o.seqlens, n, sizeof n);
-                o.nlens = 5;
-            }
-            o.backward = 1;
+        else if (!strcmp(a, "--matrix"))
             matrix = 1;
-        } else if (!strcmp(a, "--heads") && !parse_long(v, 1, 1024, &o.heads))
+        else if (!strcmp(a, "--heads") && !parse_long(v, 1, 1024, &o.heads))
             i++;
         else if (!strcmp(a, "--headdim") && !(l.ndims = parse_list(v, 1, 4096, l.dims, 8)))
             return usage();
@@ -420,8 +413,30 @@ int main(int argc, char **argv)
             return usage();
     }
 
-    if (matrix && !conv_given) /* its time at N = 8192 would be most of the run's */
-        o.conv_upto = 4096;
+    if (matrix) {
+        static const long n[] = {512, 1024, 2048, 4096, 8192}, dims[] = {64, 128}, th[] = {1, 0};
+        if (!seqlens_given)
+            memcpy(o.seqlens, n, sizeof n), o.nlens = 5;
+        if (!conv_given) /* its time at N = 8192 would be most of the run's */
+            o.conv_upto = 4096;
+        if (!l.ndims)
+            memcpy(l.dims, dims, sizeof dims), l.ndims = 2;
+        if (!l.nthreads)
+            memcpy(l.threads, th, sizeof th), l.nthreads = 2;
+        if (!l.ndtypes)
+            l.dtypes[0] = FA_F32, l.dtypes[1] = FA_BF16, l.ndtypes = 2;
+        if (!l.ncausals)
+            l.causals[0] = 0, l.causals[1] = 1, l.ncausals = 2;
+        o.backward = 1;
+    }
+    if (!l.ndims) /* the defaults of a single run */
+        l.dims[0] = 128, l.ndims = 1;
+    if (!l.nthreads)
+        l.threads[0] = 0, l.nthreads = 1;
+    if (!l.ndtypes)
+        l.dtypes[0] = FA_F32, l.ndtypes = 1;
+    if (!l.ncausals)
+        l.causals[0] = 0, l.ncausals = 1;
     if (o.csv)
         fprintf(o.csv, "N,heads,headdim,dtype,causal,threads,openblas_core,sgemm_gflops,"
                        "tiled_fwd_ms,tiled_fwd_gflops,tiled_fwd_peak_bytes,conv_fwd_ms,"

@@ -224,40 +224,42 @@ static float fa_f32_expsum__avx512(int64_t n, const float *x, float m, float *y)
 
 /* 16 columns per vector, one FMA chain per column in p order from 0: the GEMM kernel's
  * rounding of an element. Whole vectors load without a mask (see the GEMM kernel). */
+static inline __attribute__((always_inline)) void
+coldot_cols__avx512(const int FULL, __mmask16 mk, int64_t k, const float *a, int64_t lda,
+                    const float *b, int64_t ldb, float *out)
+{
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t p = 0; p < k; p++)
+        acc = _mm512_fmadd_ps(load_cols__avx512(FULL, mk, a + p * lda),
+                              load_cols__avx512(FULL, mk, b + p * ldb), acc);
+    store_cols__avx512(FULL, mk, out, acc);
+}
+
 static void fa_f32_coldot__avx512(int64_t n, int64_t k, const float *a, int64_t lda,
                                   const float *b, int64_t ldb, float *out)
 {
-    for (int64_t j = 0; j < n; j += 16) {
-        __m512 acc = _mm512_setzero_ps();
-        if (n - j >= 16) {
-            for (int64_t p = 0; p < k; p++)
-                acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + p * lda + j),
-                                      _mm512_loadu_ps(b + p * ldb + j), acc);
-            _mm512_storeu_ps(out + j, acc);
-        } else {
-            const __mmask16 mk = (__mmask16)((1u << (n - j)) - 1);
-            for (int64_t p = 0; p < k; p++)
-                acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, a + p * lda + j),
-                                      _mm512_maskz_loadu_ps(mk, b + p * ldb + j), acc);
-            _mm512_mask_storeu_ps(out + j, mk, acc);
-        }
-    }
+    for (int64_t j = 0; j < n; j += 16)
+        if (n - j >= 16)
+            coldot_cols__avx512(1, 0xffff, k, a + j, lda, b + j, ldb, out + j);
+        else
+            coldot_cols__avx512(0, (__mmask16)((1u << (n - j)) - 1), k, a + j, lda, b + j, ldb,
+                                out + j);
 }
 
 /* The backward's row on 16 lanes: P = exp(s - lse) with the subtraction in double (two halves
  * of 8), ds = scale P (dp - di). Whole vectors without masks, then one masked tail. */
 static inline __attribute__((always_inline)) void
-dsoftmax_vec__avx512(__mmask16 mk, const float *s, __m512d vl, const float *dp, __m512 vdi,
-                     __m512 vscale, float *p, float *ds)
+dsoftmax_vec__avx512(const int FULL, __mmask16 mk, const float *s, __m512d vl, const float *dp,
+                     __m512 vdi, __m512 vscale, float *p, float *ds)
 {
-    const __m512 sv = _mm512_maskz_loadu_ps(mk, s);
+    const __m512 sv = load_cols__avx512(FULL, mk, s);
     const __m256 lo = _mm512_cvtpd_ps(_mm512_sub_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(sv)), vl));
     const __m256 hi = _mm512_cvtpd_ps(
         _mm512_sub_pd(_mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(sv), 1))), vl));
     const __m512 P = exp__avx512(_mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1));
-    const __m512 g = _mm512_mul_ps(P, _mm512_sub_ps(_mm512_maskz_loadu_ps(mk, dp), vdi));
-    _mm512_mask_storeu_ps(p, mk, P);
-    _mm512_mask_storeu_ps(ds, mk, _mm512_mul_ps(vscale, g));
+    const __m512 g = _mm512_mul_ps(P, _mm512_sub_ps(load_cols__avx512(FULL, mk, dp), vdi));
+    store_cols__avx512(FULL, mk, p, P);
+    store_cols__avx512(FULL, mk, ds, _mm512_mul_ps(vscale, g));
 }
 
 static void fa_f32_dsoftmax__avx512(int64_t n, const float *s, double lse, const float *dp,
@@ -266,10 +268,10 @@ static void fa_f32_dsoftmax__avx512(int64_t n, const float *s, double lse, const
     const __m512d vl = _mm512_set1_pd(lse);
     const __m512 vdi = _mm512_set1_ps(di), vscale = _mm512_set1_ps(scale);
     int64_t c = 0;
-    for (; c + 16 <= n; c += 16) /* a constant all-ones mask: the compiler drops it */
-        dsoftmax_vec__avx512(0xffff, s + c, vl, dp + c, vdi, vscale, p + c, ds + c);
+    for (; c + 16 <= n; c += 16)
+        dsoftmax_vec__avx512(1, 0xffff, s + c, vl, dp + c, vdi, vscale, p + c, ds + c);
     if (c < n)
-        dsoftmax_vec__avx512((__mmask16)((1u << (n - c)) - 1), s + c, vl, dp + c, vdi, vscale,
+        dsoftmax_vec__avx512(0, (__mmask16)((1u << (n - c)) - 1), s + c, vl, dp + c, vdi, vscale,
                              p + c, ds + c);
 }
 
