@@ -150,6 +150,7 @@ static int time_backend(const opts *o, fa_backend be, fa_tensor *t, timing *r, s
     fa_params_init(&p);
     p.causal = o->causal;
     r->fwd_ms = r->bwd_ms = 1e30;
+    r->fwd_peak = r->bwd_peak = 0;
     for (long rep = 0; rep < o->reps; rep++) {
         if (gemm)
             sgemm_time_once(gemm);
@@ -185,21 +186,26 @@ static int parse_long(const char *s, long lo, long hi, long *out)
     return 0;
 }
 
-/* "a,b,c" into out (at most max values in [lo, hi]): the count, 0 if malformed. */
+/* "a,b,c" into out (at most max values in [lo, hi], no empty fields): the count, 0 if
+ * malformed. */
 static int parse_list(const char *s, long lo, long hi, long *out, int max)
 {
-    char buf[512];
-    int n = 0;
-    snprintf(buf, sizeof buf, "%s", s);
-    for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ","))
-        if (n == max || parse_long(tok, lo, hi, &out[n++]))
+    for (int n = 0;;) {
+        char *end;
+        const long v = strtol(s, &end, 10);
+        if (end == s || v < lo || v > hi || n == max || (*end != ',' && *end != '\0'))
             return 0;
-    return n;
+        out[n++] = v;
+        if (*end == '\0')
+            return n;
+        s = end + 1; /* past the comma */
+    }
 }
 
-static int usage(void)
+/* The usage on stderr for a bad command line (status 2), on stdout for --help (status 0). */
+static int usage(FILE *to, int status)
 {
-    fprintf(stderr,
+    fprintf(to,
             "usage: bench_attention [--seqlens N1,N2,...] [--heads H] [--headdim D1,D2,...]\n"
             "       [--dtype f32|bf16|f16|f64[,...]] [--causal | --causal both]\n"
             "       [--threads T1,T2,... (0: all)] [--reps R] [--backward]\n"
@@ -208,7 +214,7 @@ static int usage(void)
             "--matrix: f32 and bf16, D = 64 and 128, causal and not, 1 and all threads,\n"
             "N = 512 ... 8192, forward and backward, the conventional path up to N = 4096;\n"
             "the options given explicitly win over these\n");
-    return 2;
+    return status;
 }
 
 /* One configuration (threads, dtype, head dim, mask) over the sequence lengths: a table
@@ -356,7 +362,9 @@ int main(int argc, char **argv)
     int matrix = 0, seqlens_given = 0, conv_given = 0; /* explicit options win over --matrix */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : "";
-        if (!strcmp(a, "--causal") && !strcmp(v, "both")) {
+        if (!strcmp(a, "--help") || !strcmp(a, "-h"))
+            return usage(stdout, 0);
+        else if (!strcmp(a, "--causal") && !strcmp(v, "both")) {
             l.causals[0] = 0, l.causals[1] = 1, l.ncausals = 2;
             i++;
         } else if (!strcmp(a, "--causal"))
@@ -374,29 +382,31 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--heads") && !parse_long(v, 1, 1024, &o.heads))
             i++;
         else if (!strcmp(a, "--headdim") && !(l.ndims = parse_list(v, 1, 4096, l.dims, 8)))
-            return usage();
+            return usage(stderr, 2);
         else if (!strcmp(a, "--headdim"))
             i++;
         else if (!strcmp(a, "--threads") && !(l.nthreads = parse_list(v, 0, 4096, l.threads, 8)))
-            return usage();
+            return usage(stderr, 2);
         else if (!strcmp(a, "--threads"))
             i++;
         else if (!strcmp(a, "--reps") && !parse_long(v, 1, 1000, &o.reps))
             i++;
         else if (!strcmp(a, "--dtype")) {
             char buf[128];
-            snprintf(buf, sizeof buf, "%s", v);
+            if (snprintf(buf, sizeof buf, "%s", v) >= (int)sizeof buf || strstr(v, ",,") ||
+                v[0] == ',' || (v[0] && v[strlen(v) - 1] == ','))
+                return usage(stderr, 2);
             l.ndtypes = 0;
             for (char *tok = strtok(buf, ","); tok; tok = strtok(NULL, ",")) {
                 int k = FA_F32; /* the library's own names */
                 while (k <= FA_BF16 && strcmp(tok, fa_dtype_name((fa_dtype)k)))
                     k++;
                 if (k > FA_BF16 || l.ndtypes == 8)
-                    return usage();
+                    return usage(stderr, 2);
                 l.dtypes[l.ndtypes++] = (fa_dtype)k;
             }
             if (!l.ndtypes)
-                return usage();
+                return usage(stderr, 2);
             i++;
         } else if (!strcmp(a, "--csv")) {
             if (!(o.csv = fopen(v, "w"))) {
@@ -406,11 +416,11 @@ int main(int argc, char **argv)
             i++;
         } else if (!strcmp(a, "--seqlens")) {
             if (!(o.nlens = parse_list(v, 1, 1 << 22, o.seqlens, 32)))
-                return usage();
+                return usage(stderr, 2);
             seqlens_given = 1;
             i++;
         } else
-            return usage();
+            return usage(stderr, 2);
     }
 
     if (matrix) {

@@ -297,12 +297,15 @@ START_TEST(narrow_rounds_as_portable)
             const uint16_t h0 = (uint16_t)h, h1 = (uint16_t)(h + 1);
             const float a = (float)(bf ? fai_bf16_to_f64(h0) : fai_f16_to_f64(h0));
             const float b = (float)(bf ? fai_bf16_to_f64(h1) : fai_f16_to_f64(h1));
-            const float mid = a + (b - a) / 2; /* exact: a, b and the midpoint fit in f32 */
+            /* exact: a, b and the midpoint fit in f32; past the largest finite value (b = inf)
+             * the midpoint is the overflow threshold, half its ulp above it */
+            const float ulp = h1 < inf ? b - a : a - x[n - 5];
+            const float mid = a + ulp / 2;
             const float pts[5] = {a, mid, nextafterf(mid, 0), nextafterf(mid, INFINITY), -mid};
             for (int k = 0; k < 5; k++)
                 x[n++] = pts[k];
         }
-        ck_assert(h == inf); /* every finite value got its points (the last mid overflows) */
+        ck_assert(h == inf); /* every finite value got its points */
         for (int64_t len = n; len >= n - 15; len--) {
             got[len] = want[len] = 0xabcd;
             kt->narrow(got, dts[t], len, x);

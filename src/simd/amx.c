@@ -60,7 +60,7 @@ static void fa_bf16_pack_kt__amx(int64_t n, int64_t d, const uint16_t *k, int64_
                                  uint16_t *kt, int64_t ldt)
 {
     uint32_t *dst = (uint32_t *)kt;
-    if (ldk % 2 == 0) {
+    if (ldk % 2 == 0 && (uintptr_t)k % 4 == 0) { /* rows of whole, aligned words */
         fai_kernels_f32_avx512()->transpose(n, d / 2, (const float *)k, ldk / 2, (float *)kt, ldt);
         for (int64_t p = 0; p < d / 2; p++)
             memset(dst + p * ldt + n, 0, (size_t)(ldt - n) * sizeof *dst);
@@ -76,32 +76,30 @@ static void fa_bf16_pack_kt__amx(int64_t n, int64_t d, const uint16_t *k, int64_
 }
 
 /* vt[(p dv + c) 2 + t] = v[(2 p + t) ldv + c] for keys 2 p + t < n, 0 up to nk keys: V as
- * pairs of keys, the B operand of P V. Two rows interleave 32 columns at a time by one
- * two-source word permute; a last odd row pairs with zeros, and so do the keys up to nk. */
+ * pairs of keys, the B operand of P V. Two rows interleave 32 columns at a time (16 at the
+ * end of a row: dv is a multiple of 16) by two-source word permutes; a last odd row pairs
+ * with zeros, and so do the keys up to nk. */
 static void fa_bf16_pack_v__amx(int64_t n, int64_t nk, int64_t dv, const uint16_t *v,
                                 int64_t ldv, uint16_t *vt)
 {
-    __m512i lo_idx, hi_idx; /* out[2i + t] = row t's column i (+ 16 for the high half) */
-    uint16_t lo[32], hi[32];
-    for (int i = 0; i < 32; i++) {
-        lo[i] = (uint16_t)((i & 1 ? 32 : 0) + i / 2);
-        hi[i] = (uint16_t)(lo[i] + 16);
-    }
-    memcpy(&lo_idx, lo, sizeof lo);
-    memcpy(&hi_idx, hi, sizeof hi);
+    /* word 2i + t of the output: column i (lo) or 16 + i (hi) of row t (t = 1: source b) */
+    static const uint16_t lo[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
+                                    8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+    static const uint16_t hi[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+                                    24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+    const __m512i lo_idx = _mm512_loadu_si512(lo), hi_idx = _mm512_loadu_si512(hi);
     for (int64_t j = 0; j < nk; j += 2) {
         uint16_t *out = vt + (j / 2) * dv * 2;
         for (int64_t c = 0; c < dv; c += 32) {
-            const __mmask32 mk = dv - c >= 32 ? 0xffffffffu : (__mmask32)((1ull << (dv - c)) - 1);
+            const int whole = dv - c >= 32; /* else 16 columns left */
+            const __mmask32 mk = whole ? 0xffffffffu : 0xffffu;
             const __m512i a = j < n ? _mm512_maskz_loadu_epi16(mk, v + j * ldv + c)
                                     : _mm512_setzero_si512();
             const __m512i b = j + 1 < n ? _mm512_maskz_loadu_epi16(mk, v + (j + 1) * ldv + c)
                                         : _mm512_setzero_si512();
-            const __mmask32 m0 = dv - c >= 16 ? 0xffffffffu : (__mmask32)((1ull << (2 * (dv - c))) - 1);
-            const __mmask32 m1 = dv - c >= 32 ? 0xffffffffu
-                                 : dv - c > 16 ? (__mmask32)((1ull << (2 * (dv - c - 16))) - 1) : 0;
-            _mm512_mask_storeu_epi16(out + 2 * c, m0, _mm512_permutex2var_epi16(a, lo_idx, b));
-            _mm512_mask_storeu_epi16(out + 2 * c + 32, m1, _mm512_permutex2var_epi16(a, hi_idx, b));
+            _mm512_storeu_si512(out + 2 * c, _mm512_permutex2var_epi16(a, lo_idx, b));
+            if (whole)
+                _mm512_storeu_si512(out + 2 * c + 32, _mm512_permutex2var_epi16(a, hi_idx, b));
         }
     }
 }
@@ -109,8 +107,8 @@ static void fa_bf16_pack_v__amx(int64_t n, int64_t nk, int64_t dv, const uint16_
 /*
  * s[r][c] = sum_p q[r][p] kt[p][c] for rows r < m rounded up to 16 and columns [c0, c1) rounded
  * out to 16 (the rest of those rows and columns are written too, and are junk to the caller);
- * then, with scale, s[r][c] *= *scale for r < m, c in [c0, c1), rounded once. q must hold m
- * rounded up to 16 rows (those past m only reach junk rows of s).
+ * then, with scale, every element written times *scale, rounded once. q must hold m rounded up
+ * to 16 rows (those past m only reach junk rows of s).
  */
 static void fa_bf16_qk_16x64__amx(int64_t m, int64_t c0, int64_t c1, int64_t d, const uint16_t *q,
                                   int64_t ldq, const uint16_t *kt, int64_t ldt, float *s,

@@ -177,14 +177,14 @@ static inline __m256 exp__avx2(__m256 x)
 /* A load and a store of 8 lanes, whole (FULL) or masked: vmaskmovps costs more than a plain
  * move (a uop on a vector ALU port besides the load on Intel cores), so loops take whole
  * vectors without masks and only their tail with one (see the AVX-512 GEMM kernel). */
-static inline __attribute__((always_inline)) __m256 load_lanes__avx2(const int FULL, __m256i mk,
-                                                                     const float *x)
+static inline __attribute__((always_inline)) __m256 load_cols__avx2(const int FULL, __m256i mk,
+                                                                   const float *x)
 {
     return FULL ? _mm256_loadu_ps(x) : _mm256_maskload_ps(x, mk);
 }
 
-static inline __attribute__((always_inline)) void store_lanes__avx2(const int FULL, __m256i mk,
-                                                                    float *x, __m256 v)
+static inline __attribute__((always_inline)) void store_cols__avx2(const int FULL, __m256i mk,
+                                                                  float *x, __m256 v)
 {
     if (FULL)
         _mm256_storeu_ps(x, v);
@@ -196,8 +196,8 @@ static inline __attribute__((always_inline)) void store_lanes__avx2(const int FU
 static inline __attribute__((always_inline)) __m256
 expsum_vec__avx2(const int FULL, __m256i mk, const float *x, __m256 vm, float *y, __m256 vsum)
 {
-    const __m256 e = exp__avx2(_mm256_sub_ps(load_lanes__avx2(FULL, mk, x), vm));
-    store_lanes__avx2(FULL, mk, y, e);
+    const __m256 e = exp__avx2(_mm256_sub_ps(load_cols__avx2(FULL, mk, x), vm));
+    store_cols__avx2(FULL, mk, y, e);
     return _mm256_add_ps(vsum, FULL ? e : _mm256_and_ps(e, _mm256_castsi256_ps(mk)));
 }
 
@@ -225,9 +225,9 @@ coldot_cols__avx2(const int FULL, __m256i mk, int64_t k, const float *a, int64_t
 {
     __m256 acc = _mm256_setzero_ps();
     for (int64_t p = 0; p < k; p++)
-        acc = _mm256_fmadd_ps(load_lanes__avx2(FULL, mk, a + p * lda),
-                              load_lanes__avx2(FULL, mk, b + p * ldb), acc);
-    store_lanes__avx2(FULL, mk, out, acc);
+        acc = _mm256_fmadd_ps(load_cols__avx2(FULL, mk, a + p * lda),
+                              load_cols__avx2(FULL, mk, b + p * ldb), acc);
+    store_cols__avx2(FULL, mk, out, acc);
 }
 
 static void fa_f32_coldot__avx2(int64_t n, int64_t k, const float *a, int64_t lda,
@@ -246,13 +246,13 @@ static inline __attribute__((always_inline)) void
 dsoftmax_vec__avx2(const int FULL, __m256i mk, const float *s, __m256d vl, const float *dp,
                    __m256 vdi, __m256 vscale, float *p, float *ds)
 {
-    const __m256 sv = load_lanes__avx2(FULL, mk, s);
+    const __m256 sv = load_cols__avx2(FULL, mk, s);
     const __m128 lo = _mm256_cvtpd_ps(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(sv)), vl));
     const __m128 hi = _mm256_cvtpd_ps(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(sv, 1)), vl));
     const __m256 P = exp__avx2(_mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1));
-    const __m256 g = _mm256_mul_ps(P, _mm256_sub_ps(load_lanes__avx2(FULL, mk, dp), vdi));
-    store_lanes__avx2(FULL, mk, p, P);
-    store_lanes__avx2(FULL, mk, ds, _mm256_mul_ps(vscale, g));
+    const __m256 g = _mm256_mul_ps(P, _mm256_sub_ps(load_cols__avx2(FULL, mk, dp), vdi));
+    store_cols__avx2(FULL, mk, p, P);
+    store_cols__avx2(FULL, mk, ds, _mm256_mul_ps(vscale, g));
 }
 
 static void fa_f32_dsoftmax__avx2(int64_t n, const float *s, double lse, const float *dp,

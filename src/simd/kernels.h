@@ -77,8 +77,8 @@ typedef struct fai_kernels_bf16_s {
     void (*pack_v)(int64_t n, int64_t nk, int64_t dv, const uint16_t *v, int64_t ldv,
                    uint16_t *vt);
     /* S rows [0, m) (rounded up to 16: q and s hold that many), columns [c0, c1) (rounded
-     * out to 16, within ldt and lds) = Q K^T, times *scale over [0, m) x [c0, c1) when scale
-     * is not NULL */
+     * out to 16, within ldt and lds) = Q K^T, times *scale when scale is not NULL (the rows
+     * and columns beyond those are written too, and are junk) */
     void (*qk)(int64_t m, int64_t c0, int64_t c1, int64_t d, const uint16_t *q, int64_t ldq,
                const uint16_t *kt, int64_t ldt, float *s, int64_t lds, const float *scale);
     /* acc rows [0, m) = diag(a) acc + P[:, c0:c1] V[c0:c1], over the key chunks of 32 in
