@@ -96,6 +96,24 @@ GEMM_UKERNEL(fa_f32_gemm_at_ukernel_6x16__avx2, 1)
 #undef GEMM_UKERNEL
 #undef GEMM_ROWS_CASE
 
+/* A load and a store of 8 lanes, whole (FULL) or masked: vmaskmovps costs more than a plain
+ * move (a uop on a vector ALU port besides the load on Intel cores), so loops take whole
+ * vectors without masks and only their tail with one (see the AVX-512 GEMM kernel). */
+static inline __attribute__((always_inline)) __m256 load_cols__avx2(const int FULL, __m256i mk,
+                                                                   const float *x)
+{
+    return FULL ? _mm256_loadu_ps(x) : _mm256_maskload_ps(x, mk);
+}
+
+static inline __attribute__((always_inline)) void store_cols__avx2(const int FULL, __m256i mk,
+                                                                  float *x, __m256 v)
+{
+    if (FULL)
+        _mm256_storeu_ps(x, v);
+    else
+        _mm256_maskstore_ps(x, mk, v);
+}
+
 /*
  * A block of up to 8 x 8 in registers (the AVX-512 block's rounds on 8 lanes): rows r < rr
  * with columns c < cc are loaded (the rest is 0); output rows c < cc are stored, lanes r < rr.
@@ -103,14 +121,14 @@ GEMM_UKERNEL(fa_f32_gemm_at_ukernel_6x16__avx2, 1)
  *   column 4h + t of rows 4g .. 4g + 3; 3. the halves of u[t] and u[4 + t] joined: row 4h + t.
  */
 static inline __attribute__((always_inline)) void
-transpose_block__avx2(const float *src, int64_t lds, int64_t rr, int64_t cc, float *dst,
-                      int64_t ldd)
+transpose_block__avx2(const int FULL, const float *src, int64_t lds, int64_t rr, int64_t cc,
+                      float *dst, int64_t ldd)
 {
     const __m256i cm = lanes_below(cc), rm = lanes_below(rr);
     __m256 x[8], t[8], u[8];
 #pragma GCC unroll 8
     for (int i = 0; i < 8; i++)
-        x[i] = i < rr ? _mm256_maskload_ps(src + i * lds, cm) : _mm256_setzero_ps();
+        x[i] = i < rr ? load_cols__avx2(FULL, cm, src + i * lds) : _mm256_setzero_ps();
 #pragma GCC unroll 4
     for (int g = 0; g < 4; g++) {
         t[2 * g] = _mm256_unpacklo_ps(x[2 * g], x[2 * g + 1]);
@@ -128,10 +146,10 @@ transpose_block__avx2(const float *src, int64_t lds, int64_t rr, int64_t cc, flo
 #pragma GCC unroll 4
     for (int k = 0; k < 4; k++) {
         if (k < cc)
-            _mm256_maskstore_ps(dst + k * ldd, rm, _mm256_permute2f128_ps(u[k], u[4 + k], 0x20));
+            store_cols__avx2(FULL, rm, dst + k * ldd, _mm256_permute2f128_ps(u[k], u[4 + k], 0x20));
         if (4 + k < cc)
-            _mm256_maskstore_ps(dst + (4 + k) * ldd, rm,
-                                _mm256_permute2f128_ps(u[k], u[4 + k], 0x31));
+            store_cols__avx2(FULL, rm, dst + (4 + k) * ldd,
+                             _mm256_permute2f128_ps(u[k], u[4 + k], 0x31));
     }
 }
 
@@ -140,8 +158,11 @@ static void fa_f32_transpose__avx2(int64_t rows, int64_t cols, const float *src,
 {
     for (int64_t r = 0; r < rows; r += 8)
         for (int64_t c = 0; c < cols; c += 8)
-            transpose_block__avx2(src + r * lds + c, lds, rows - r, cols - c, dst + c * ldd + r,
-                                  ldd);
+            if (rows - r >= 8 && cols - c >= 8) /* a whole block: plain loads and stores */
+                transpose_block__avx2(1, src + r * lds + c, lds, 8, 8, dst + c * ldd + r, ldd);
+            else
+                transpose_block__avx2(0, src + r * lds + c, lds, rows - r, cols - c,
+                                      dst + c * ldd + r, ldd);
 }
 
 /*
@@ -172,24 +193,6 @@ static inline __m256 exp__avx2(__m256 x)
     const __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n1, bias), 23));
     const __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(n2, bias), 23));
     return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
-}
-
-/* A load and a store of 8 lanes, whole (FULL) or masked: vmaskmovps costs more than a plain
- * move (a uop on a vector ALU port besides the load on Intel cores), so loops take whole
- * vectors without masks and only their tail with one (see the AVX-512 GEMM kernel). */
-static inline __attribute__((always_inline)) __m256 load_cols__avx2(const int FULL, __m256i mk,
-                                                                   const float *x)
-{
-    return FULL ? _mm256_loadu_ps(x) : _mm256_maskload_ps(x, mk);
-}
-
-static inline __attribute__((always_inline)) void store_cols__avx2(const int FULL, __m256i mk,
-                                                                  float *x, __m256 v)
-{
-    if (FULL)
-        _mm256_storeu_ps(x, v);
-    else
-        _mm256_maskstore_ps(x, mk, v);
 }
 
 /* y = exp(x - m), summed in 8 lanes (masked-off lanes add 0), then the lanes in order. */
