@@ -53,6 +53,32 @@ static void tiles_configure(void)
     _tile_loadconfig(&c);
 }
 
+/* The accumulator tiles 0 .. nb - 1 (nb <= 4; each 16 x 16 f32) from or to the 16 x 16 nb
+ * block of f32 at c, side by side, rows ld floats apart. Tile numbers are immediates: hence
+ * the ifs rather than a loop. */
+static inline __attribute__((always_inline)) void acc_tiles_load(int64_t nb, const float *c,
+                                                                 int64_t ld)
+{
+    _tile_loadd(0, c, ld * 4);
+    if (nb > 1)
+        _tile_loadd(1, c + 16, ld * 4);
+    if (nb > 2)
+        _tile_loadd(2, c + 32, ld * 4);
+    if (nb > 3)
+        _tile_loadd(3, c + 48, ld * 4);
+}
+
+static inline __attribute__((always_inline)) void acc_tiles_store(int64_t nb, float *c, int64_t ld)
+{
+    _tile_stored(0, c, ld * 4);
+    if (nb > 1)
+        _tile_stored(1, c + 16, ld * 4);
+    if (nb > 2)
+        _tile_stored(2, c + 32, ld * 4);
+    if (nb > 3)
+        _tile_stored(3, c + 48, ld * 4);
+}
+
 /* kt[(p ldt + j) 2 + t] = k[j ldk + 2 p + t] for j < n, 0 for j in [n, ldt): K^T as 32-bit pairs
  * of dims, the B operand of Q K^T. A pair is one 32-bit word, so with ldk even this is the
  * AVX-512 set's transpose of 32-bit elements (it moves bits; no arithmetic touches them). */
@@ -143,13 +169,7 @@ static void fa_bf16_qk_16x64__amx(int64_t m, int64_t c0, int64_t c1, int64_t d, 
                 }
             }
             float *out = s + r * lds + j;
-            _tile_stored(0, out, lds * 4);
-            if (nb > 1)
-                _tile_stored(1, out + 16, lds * 4);
-            if (nb > 2)
-                _tile_stored(2, out + 32, lds * 4);
-            if (nb > 3)
-                _tile_stored(3, out + 48, lds * 4);
+            acc_tiles_store(nb, out, lds);
             if (!scale)
                 continue;
             /* the block just stored, while it is in L1, in whole vectors: beyond [0, m) x
@@ -218,13 +238,7 @@ static void fa_bf16_pv_16x64__amx(int64_t m, int64_t c0, int64_t c1, int64_t nk,
         for (int64_t d0 = 0; d0 < dv; d0 += 64) {
             const int64_t nb = (dv - d0) / 16 < 4 ? (dv - d0) / 16 : 4;
             float *cd = stage + d0;
-            _tile_loadd(0, cd, dv * 4);
-            if (nb > 1)
-                _tile_loadd(1, cd + 16, dv * 4);
-            if (nb > 2)
-                _tile_loadd(2, cd + 32, dv * 4);
-            if (nb > 3)
-                _tile_loadd(3, cd + 48, dv * 4);
+            acc_tiles_load(nb, cd, dv);
             for (int64_t k = 0; k < nk; k += 32) {
                 const uint16_t *b = vt + ((k / 2) * dv + d0) * 2;
                 _tile_loadd(4, hi + k, ldp * 2);
@@ -248,13 +262,7 @@ static void fa_bf16_pv_16x64__amx(int64_t m, int64_t c0, int64_t c1, int64_t nk,
                     _tile_dpbf16ps(3, 5, 7);
                 }
             }
-            _tile_stored(0, cd, dv * 4);
-            if (nb > 1)
-                _tile_stored(1, cd + 16, dv * 4);
-            if (nb > 2)
-                _tile_stored(2, cd + 32, dv * 4);
-            if (nb > 3)
-                _tile_stored(3, cd + 48, dv * 4);
+            acc_tiles_store(nb, cd, dv);
         }
         for (int64_t i = 0; i < rows; i++)
             memcpy(acc + (r + i) * ldacc, stage + i * dv, (size_t)dv * sizeof(float));
