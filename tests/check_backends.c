@@ -127,19 +127,17 @@ static void sweep_one(const ht_sweep_case *c, fa_dtype dt, int idx, double lo, d
     run(FA_BACKEND_CONVENTIONAL, &p, &conv);
     run_reference(&p, &conv, &ref);
     /* the tiled path with every kernel set this CPU runs */
-    static const fa_isa isas[] = {FA_ISA_SCALAR, FA_ISA_AVX2, FA_ISA_AVX512, FA_ISA_NEON,
-                                  FA_ISA_AMX};
-    for (size_t t = 0; t < sizeof isas / sizeof *isas; t++) {
-        if (!ht_isa_runs(isas[t]))
+    for (int t = 0; t < ht_nisas; t++) {
+        if (!ht_isa_runs(ht_isas[t]))
             continue;
         ht_bundle in = conv;
         in.out = tiled.out, in.lse = tiled.lse, in.dq = tiled.dq, in.dk = tiled.dk, in.dv = tiled.dv;
-        ht_isa = isas[t];
+        ht_isa = ht_isas[t];
         run(FA_BACKEND_TILED, &p, &in);
         ht_isa = FA_ISA_AUTO;
         char label[200];
         snprintf(label, sizeof label, "case %d %s %s (B%ld Sq%ld Sk%ld H%ld/%ld D%ld/%ld)", idx,
-                 fa_dtype_name(dt), fa_isa_name(isas[t]), (long)c->b, (long)sq, (long)sk,
+                 fa_dtype_name(dt), fa_isa_name(ht_isas[t]), (long)c->b, (long)sq, (long)sk,
                  (long)c->hq, (long)c->hk, (long)c->dqk, (long)c->dv);
         compare("out", label, &conv.out, &tiled.out, &ref.out, dt, 0);
         compare("lse", label, &conv.lse, &tiled.lse, &ref.lse, dt, 0);

@@ -8,7 +8,8 @@
 
 #include "core/recurrence.h"
 #include "harness.h"
-#include "internal.h"
+#include "backends/tiled/plan.h"
+#include "base/dtype.h"
 
 /* Random123's known-answer vectors for Philox4x32-10 (kat_vectors), as DESIGN.md §1 lists. */
 START_TEST(philox_known_answers)
@@ -265,7 +266,8 @@ START_TEST(plan_fits_caches)
             for (size_t es = 4; es <= 8; es += 4) {
                 const int64_t D = dims[d], e = (int64_t)es, l2 = l2s[c];
                 fai_cache_info ci = {l1s[c], l2, "test"};
-                fai_tiles f = fai_plan_tiles(&ci, D, D, es), b = fai_plan_tiles_backward(&ci, D, D, es);
+                fai_tiles f = fai_plan_forward_tiles(&ci, D, D, es, 12),
+                          b = fai_plan_backward_tiles(&ci, D, D, es);
                 ck_assert(is_pow2(f.bq) && is_pow2(f.bk) && is_pow2(b.bq) && is_pow2(b.bk));
                 ck_assert(f.bk >= 16 && f.bk <= 256 && f.bq >= 16 && f.bq <= 4096);
                 ck_assert(b.bk >= 16 && b.bk <= 256 && b.bq >= 16 && b.bq <= 256);

@@ -14,6 +14,7 @@
 
 #include "core/philox.h"
 #include "harness.h"
+#include "kernels/kernels.h"
 
 static const fa_backend cpu_backends[3] = {FA_BACKEND_REFERENCE, FA_BACKEND_CONVENTIONAL,
                                            FA_BACKEND_TILED};
@@ -379,18 +380,21 @@ END_TEST
  * of 7), give the bits of one tile holding every row, for a fixed key tile. Causal in both
  * alignments (partial tiles start strips mid-panel), a window with ALiBi and dropout, and
  * NaN/inf in masked K/V rows (the selection path) with dropout; f32 with every kernel set this
- * CPU runs (their panels differ: MR 4, 6, 8, 12), f64, and bf16 on AMX's tile products (rows
- * in blocks of 16 from any row; Dqk 64 and Dv 32 so that they run, and 64-key tiles so that
- * P V has more than one chunk of 32 keys). */
+ * CPU runs (their panels differ: MR 4, 6, 8, 12), bf16 on the sets with tile products (AMX:
+ * rows in blocks of 16 from any row; Dqk 64 and Dv 32 so that they run, and 64-key tiles so
+ * that P V has more than one chunk of 32 keys), and f64. _i: f32 on ht_isas[_i], bf16 on
+ * ht_isas[_i - ht_nisas], f64 at 2 ht_nisas. */
 START_TEST(forward_bits_independent_of_query_grouping)
 {
-    static const fa_isa isas[] = {FA_ISA_SCALAR, FA_ISA_AVX2,  FA_ISA_AVX512,
-                                  FA_ISA_NEON,   FA_ISA_AUTO, FA_ISA_AMX};
-    const fa_dtype dt = _i == 4 ? FA_F64 : _i == 5 ? FA_BF16 : FA_F32;
-    if (dt != FA_F64 && !ht_isa_runs(isas[_i]))
+    const fa_dtype dt = _i < ht_nisas ? FA_F32 : _i < 2 * ht_nisas ? FA_BF16 : FA_F64;
+    const fa_isa isa = dt == FA_F64 ? FA_ISA_AUTO : ht_isas[_i % ht_nisas];
+    if (dt != FA_F64 && !ht_isa_runs(isa))
         return;
-    ht_isa = isas[_i];
-    const int64_t dqk = _i == 5 ? 64 : 40, dv = _i == 5 ? 32 : 24, bk = _i == 5 ? 64 : 32;
+    if (dt == FA_BF16 && !fai_kernels_for(isa)->bf16)
+        return; /* no tile products: its bf16 runs the f32 kernels, tested above */
+    ht_isa = isa;
+    const int tiles_run = dt == FA_BF16;
+    const int64_t dqk = tiles_run ? 64 : 40, dv = tiles_run ? 32 : 24, bk = tiles_run ? 64 : 32;
     const float slopes[2] = {0.5f, 0.125f};
     static const int64_t tiles[][2] = {{7, 5}, {48, 24}, {64, 13}, {30, 30}}; /* Bq, Br */
     for (int c = 0; c < 3; c++) {
@@ -585,7 +589,7 @@ Suite *make_semantics_suite(void)
     tcase_add_loop_test(tc, dropout_mask_replayed_exactly, 0, 12);
     tcase_add_test(tc, dropout_keep_rate);
     tcase_add_loop_test(tc, backward_one_pass_equals_two, 0, 2);
-    tcase_add_loop_test(tc, forward_bits_independent_of_query_grouping, 0, 6);
+    tcase_add_loop_test(tc, forward_bits_independent_of_query_grouping, 0, 2 * ht_nisas + 1);
     tcase_add_loop_test(tc, deterministic_across_threads, 0, 6);
     tcase_add_test(tc, shared_context_concurrent_calls);
     tcase_add_test(tc, allowed_zero_probability_times_inf);

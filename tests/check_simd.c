@@ -1,5 +1,5 @@
 /*
- * The kernel sets of src/simd/, each ISA this CPU runs (others are skipped, and say so):
+ * The kernel sets of src/kernels/, each ISA this CPU runs (others are skipped, and say so):
  * the GEMM micro-kernels against float64 on sizes below, at and above their MR x NR tile;
  * the summation-order contract the backward relies on (a C element's bits do not depend on
  * which other rows and columns are computed with it); and the vector exp over every float
@@ -13,17 +13,16 @@
 #include <string.h>
 
 #include "harness.h"
-#include "internal.h"
-#include "simd/kernels.h"
+#include "base/dtype.h"
+#include "kernels/kernels.h"
 
-static const fa_isa isas[] = {FA_ISA_SCALAR, FA_ISA_AVX2, FA_ISA_AVX512, FA_ISA_NEON};
-#define NISA 4
-
+/* The f32 set of ht_isas[i] (every set of the registry), or NULL where it cannot run here. */
 static const fai_kernels_f32 *kernels_or_skip(int i)
 {
-    const fai_kernels_f32 *k = fai_kernels_f32_for(isas[i]);
+    const fai_kernels_f32 *k = fai_kernels_for(ht_isas[i]);
     if (!k)
-        fprintf(stderr, "check_simd: %s kernels not runnable here: skipped\n", fa_isa_name(isas[i]));
+        fprintf(stderr, "check_simd: %s kernels not runnable here: skipped\n",
+                fa_isa_name(ht_isas[i]));
     return k;
 }
 
@@ -479,9 +478,9 @@ START_TEST(expsum_exhaustive_nonpositive)
         free(x), free(y);
     }
     fprintf(stderr, "check_simd: %s: max error over %s floats <= 0: %.3f ULP (at x = %a)\n",
-            kt->exp_name, stride > 1 ? "every FA_TEST_EXP_STRIDE-th of the" : "all", worst,
+            kt->expsum_name, stride > 1 ? "every FA_TEST_EXP_STRIDE-th of the" : "all", worst,
             (double)worst_x);
-    ck_assert_msg(worst <= 1.0, "%s: %.3f ULP at x = %a", kt->exp_name, worst, (double)worst_x);
+    ck_assert_msg(worst <= 1.0, "%s: %.3f ULP at x = %a", kt->expsum_name, worst, (double)worst_x);
     ck_assert(!bad_sum);
     /* x > 0 reaches the kernel too (the backward's s - LSE rounds above 0; a caller's LSE may
      * be anything): every 97th float up to the overflow threshold, within the same bound,
@@ -499,7 +498,7 @@ START_TEST(expsum_exhaustive_nonpositive)
             worst = e > worst ? e : worst;
         }
     }
-    ck_assert_msg(worst <= 1.0, "%s: %.3f ULP for x > 0", kt->exp_name, worst);
+    ck_assert_msg(worst <= 1.0, "%s: %.3f ULP for x > 0", kt->expsum_name, worst);
     const float over[4] = {88.7229f, 100.0f, INFINITY, NAN};
     kt->expsum(4, over, 0.0f, ys);
     ck_assert(ys[0] == INFINITY && ys[1] == INFINITY && ys[2] == INFINITY && isnan(ys[3]));
@@ -541,7 +540,7 @@ END_TEST
 
 static const fai_kernels_bf16 *tiles_or_skip(void)
 {
-    const fai_kernels_f32 *k = fai_kernels_f32_for(FA_ISA_AMX);
+    const fai_kernels_f32 *k = fai_kernels_for(FA_ISA_AMX);
     if (!k) {
         fprintf(stderr, "check_simd: amx kernels not runnable here: skipped\n");
         return NULL;
@@ -553,9 +552,9 @@ static const fai_kernels_bf16 *tiles_or_skip(void)
 /* The packing of K^T and V for the tiles takes only AVX-512 (BW): tested wherever that runs. */
 static const fai_kernels_bf16 *packs_or_skip(void)
 {
-#if defined(FA_HAVE_AMX_KERNELS) && defined(FA_HAVE_AVX512_KERNELS)
+#if FA_HAVE_AMX_KERNELS
     if (fai_cpu_supports(FA_ISA_AVX512))
-        return fai_kernels_f32_amx()->bf16;
+        return fai_kernels_amx()->bf16;
 #endif
     fprintf(stderr, "check_simd: amx packing not runnable here: skipped\n");
     return NULL;
@@ -728,19 +727,19 @@ Suite *make_simd_suite(void)
     Suite *s = suite_create("simd");
     TCase *tc = tcase_create("simd");
     tcase_set_timeout(tc, 900);
-    tcase_add_loop_test(tc, gemm_matches_float64, 0, NISA);
-    tcase_add_loop_test(tc, gemm_element_independent_of_blocking, 0, NISA);
-    tcase_add_loop_test(tc, gemm_store_scale_rounds_once, 0, NISA);
-    tcase_add_loop_test(tc, gemm_at_matches_gemm_on_transpose, 0, NISA);
-    tcase_add_loop_test(tc, gemm_k_split_same_bits, 0, NISA);
-    tcase_add_loop_test(tc, transpose_exact, 0, NISA);
-    tcase_add_loop_test(tc, coldot_rounds_as_gemm, 0, NISA);
-    tcase_add_loop_test(tc, dsoftmax_matches_definition, 0, NISA);
-    tcase_add_loop_test(tc, finite_detects_each_position, 0, NISA);
-    tcase_add_loop_test(tc, widen_every_half, 0, NISA);
-    tcase_add_loop_test(tc, narrow_rounds_as_portable, 0, NISA);
-    tcase_add_loop_test(tc, max_matches_definition, 0, NISA);
-    tcase_add_loop_test(tc, expsum_exhaustive_nonpositive, 0, NISA);
+    tcase_add_loop_test(tc, gemm_matches_float64, 0, ht_nisas);
+    tcase_add_loop_test(tc, gemm_element_independent_of_blocking, 0, ht_nisas);
+    tcase_add_loop_test(tc, gemm_store_scale_rounds_once, 0, ht_nisas);
+    tcase_add_loop_test(tc, gemm_at_matches_gemm_on_transpose, 0, ht_nisas);
+    tcase_add_loop_test(tc, gemm_k_split_same_bits, 0, ht_nisas);
+    tcase_add_loop_test(tc, transpose_exact, 0, ht_nisas);
+    tcase_add_loop_test(tc, coldot_rounds_as_gemm, 0, ht_nisas);
+    tcase_add_loop_test(tc, dsoftmax_matches_definition, 0, ht_nisas);
+    tcase_add_loop_test(tc, finite_detects_each_position, 0, ht_nisas);
+    tcase_add_loop_test(tc, widen_every_half, 0, ht_nisas);
+    tcase_add_loop_test(tc, narrow_rounds_as_portable, 0, ht_nisas);
+    tcase_add_loop_test(tc, max_matches_definition, 0, ht_nisas);
+    tcase_add_loop_test(tc, expsum_exhaustive_nonpositive, 0, ht_nisas);
     tcase_add_test(tc, amx_packs_match_layout);
     tcase_add_test(tc, amx_qk_matches_float64);
     tcase_add_test(tc, amx_pv_matches_float64);

@@ -6,7 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "internal.h" /* fai_tiled_tiles, conversions */
+#include "backends/tiled/plan.h" /* fai_tiled_tiles */
+#include "base/dtype.h"
 
 static uint64_t splitmix(uint64_t *s)
 {
@@ -109,6 +110,13 @@ int ht_is_poisoned(const ht_tensor *x)
 }
 
 fa_isa ht_isa = FA_ISA_AUTO;
+
+const fa_isa ht_isas[] = {
+#define FAI_ISA(name, NAME) FA_ISA_##NAME,
+#include "kernels/isas.def"
+#undef FAI_ISA
+};
+const int ht_nisas = (int)(sizeof ht_isas / sizeof *ht_isas);
 
 int ht_isa_runs(fa_isa isa)
 {

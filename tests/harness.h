@@ -39,6 +39,9 @@ void ht_alloc_lse(ht_tensor *x, fa_dtype dt, int64_t B, int64_t S, int64_t H);
  * whether an ISA's kernels run here. */
 extern fa_isa ht_isa;
 int ht_isa_runs(fa_isa isa);
+/* Every ISA of the registry (src/kernels/isas.def), newest first: the tests' ISA loops. */
+extern const fa_isa ht_isas[];
+extern const int ht_nisas;
 fa_context *ht_context(fa_backend be, int threads);
 fa_status ht_forward(fa_backend be, int threads, const fa_params *p, const fa_tensor *q,
                      const fa_tensor *k, const fa_tensor *v, fa_tensor *out, fa_tensor *lse);

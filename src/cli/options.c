@@ -37,6 +37,38 @@ const cli_profile *cli_profile_find(const char *name)
     return NULL;
 }
 
+
+/* The backend or ISA named v: one of the values from 1 on that the library's name function
+ * knows (it says "invalid" past the last), so every name it has is accepted here. */
+static int enum_from_name(const char *v, const char *(*name)(int), int *out)
+{
+    for (int k = 1; strcmp(name(k), "invalid"); k++)
+        if (!strcmp(v, name(k))) {
+            *out = k;
+            return 0;
+        }
+    return 1;
+}
+
+/* Those names joined by sep (the last pair by last_sep), for --help and errors. */
+static const char *enum_names(const char *(*name)(int), const char *sep, const char *last_sep,
+                              char *buf, size_t n)
+{
+    size_t used = 0;
+    buf[0] = 0;
+    for (int k = 1; strcmp(name(k), "invalid"); k++) {
+        const char *s = k == 1 ? "" : strcmp(name(k + 1), "invalid") ? sep : last_sep;
+        int w = snprintf(buf + used, n - used, "%s%s", s, name(k));
+        if (w < 0 || (size_t)w >= n - used)
+            break;
+        used += (size_t)w;
+    }
+    return buf;
+}
+
+static const char *backend_name(int b) { return fa_backend_name((fa_backend)b); }
+static const char *isa_name(int i) { return fa_isa_name((fa_isa)i); }
+
 void cli_usage(FILE *f, const char *cmd)
 {
     if (!strcmp(cmd, "forward"))
@@ -82,9 +114,11 @@ void cli_usage(FILE *f, const char *cmd)
             "  --profile NAME            conventions of a kernel family (see README); forward\n"
             "                            writes and backward reads the LSE in its convention\n"
             "  --threads T               0: all\n");
-    if (strcmp(cmd, "check"))
-        fprintf(f, "  --backend reference|conventional|tiled\n"
-                   "  --isa scalar|avx2|avx512|neon|amx\n");
+    char names[200];
+    if (strcmp(cmd, "check")) {
+        fprintf(f, "  --backend %s\n", enum_names(backend_name, "|", "|", names, sizeof names));
+        fprintf(f, "  --isa %s\n", enum_names(isa_name, "|", "|", names, sizeof names));
+    }
     fprintf(f, "  --help\n");
 }
 
@@ -97,20 +131,6 @@ int cli_dtype_from_name(const char *v, fa_dtype *dt)
         }
     return 1;
 }
-
-/* The backend (from FA_BACKEND_REFERENCE on) or ISA (from FA_ISA_SCALAR on) named v. */
-static int enum_from_name(const char *v, int first, int last, const char *(*name)(int), int *out)
-{
-    for (int k = first; k <= last; k++)
-        if (!strcmp(v, name(k))) {
-            *out = k;
-            return 0;
-        }
-    return 1;
-}
-
-static const char *backend_name(int b) { return fa_backend_name((fa_backend)b); }
-static const char *isa_name(int i) { return fa_isa_name((fa_isa)i); }
 
 static int bad(const char *cmd, const char *opt, const char *val, const char *why)
 {
@@ -281,13 +301,21 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
                            "expected flashattn, fa2, fa3, pytorch, flashinfer, xformers or ggml");
         } else if (!strcmp(a, "--backend")) {
             int k;
-            if (enum_from_name(v, FA_BACKEND_REFERENCE, FA_BACKEND_CUDA, backend_name, &k))
-                return bad(cmd, a, v, "expected reference, conventional, tiled or cuda");
+            char names[200], why[220];
+            if (enum_from_name(v, backend_name, &k)) {
+                snprintf(why, sizeof why, "expected %s",
+                         enum_names(backend_name, ", ", " or ", names, sizeof names));
+                return bad(cmd, a, v, why);
+            }
             o->backend = (fa_backend)k;
         } else if (!strcmp(a, "--isa")) {
             int k;
-            if (enum_from_name(v, FA_ISA_SCALAR, FA_ISA_AMX, isa_name, &k))
-                return bad(cmd, a, v, "expected scalar, avx2, avx512, neon or amx");
+            char names[200], why[220];
+            if (enum_from_name(v, isa_name, &k)) {
+                snprintf(why, sizeof why, "expected %s",
+                         enum_names(isa_name, ", ", " or ", names, sizeof names));
+                return bad(cmd, a, v, why);
+            }
             o->isa = (fa_isa)k;
         }
     }

@@ -38,7 +38,7 @@ FA_HOST_DEVICE static inline fai_u32x4 fai_philox4x32_10(fai_u32x4 ctr, uint32_t
     return ctr;
 }
 
-/* Where one attention row's dropout decisions come from. */
+/* Where one (batch, head)'s dropout decisions come from. */
 typedef struct {
     uint32_t k0, k1;      /* seed, low and high words                   */
     uint32_t head;        /* b * Hq + h                                 */
@@ -47,22 +47,59 @@ typedef struct {
 } fai_dropout;
 
 /* threshold 0 keeps everything: callers test `threshold != 0` to know dropout is on. */
-static inline uint32_t fai_dropout_threshold(double p)
+FA_HOST_DEVICE static inline uint32_t fai_dropout_threshold(double p)
 {
     return (uint32_t)(p * 4294967296.0); /* p in [0, 1): exact floor, < 2^32 */
 }
 
+/* The factor 1 / (1 - p) of the kept terms (1 without dropout): formed once per call. */
+FA_HOST_DEVICE static inline double fai_dropout_keep_scale(double p) { return 1.0 / (1.0 - p); }
+
+/* The stream of head `head` (= b * Hq + h) for the call's seed and offset. */
+FA_HOST_DEVICE static inline fai_dropout fai_dropout_make(uint64_t seed, uint64_t offset,
+                                                          uint32_t threshold, int64_t head)
+{
+    fai_dropout d;
+    d.k0 = (uint32_t)seed;
+    d.k1 = (uint32_t)(seed >> 32);
+    d.head = (uint32_t)head;
+    d.offset = (uint32_t)offset;
+    d.threshold = threshold;
+    return d;
+}
+
+/* The Philox output block that holds the draws of keys 4 (j / 4) .. 4 (j / 4) + 3 of query
+ * row i: counter {j / 4, i, head, offset}. */
+FA_HOST_DEVICE static inline fai_u32x4 fai_dropout_block(const fai_dropout *d, int64_t i,
+                                                         int64_t j)
+{
+    fai_u32x4 ctr = {{(uint32_t)(j >> 2), (uint32_t)i, d->head, d->offset}};
+    return fai_philox4x32_10(ctr, d->k0, d->k1);
+}
+
+/* Key j's draw in its block: word j % 4 (chosen by selects, so that a device keeps u in
+ * registers rather than indexing it in local memory). */
+FA_HOST_DEVICE static inline uint32_t fai_dropout_word(fai_u32x4 u, int64_t j)
+{
+    return (j & 2) ? ((j & 1) ? u.v[3] : u.v[2]) : ((j & 1) ? u.v[1] : u.v[0]);
+}
+
+/* The keep decision of (query row i, key j): one Philox call. */
+FA_HOST_DEVICE static inline int fai_dropout_keep(const fai_dropout *d, int64_t i, int64_t j)
+{
+    return fai_dropout_word(fai_dropout_block(d, i, j), j) >= d->threshold;
+}
+
 /*
- * keep[c] = 1 if key j0 + c of query row i is kept, for c in [0, n). One Philox call serves
- * four consecutive keys (j / 4 is the first counter word).
+ * keep[c] = fai_dropout_keep(d, i, j0 + c) for c in [0, n), one Philox call per block of four
+ * consecutive keys.
  */
 FA_HOST_DEVICE static inline void fai_dropout_keep_row(const fai_dropout *d, int64_t i,
                                                        int64_t j0, int64_t n, unsigned char *keep)
 {
     int64_t j = j0, end = j0 + n;
     while (j < end) {
-        fai_u32x4 ctr = {{(uint32_t)(j >> 2), (uint32_t)i, d->head, d->offset}};
-        fai_u32x4 u = fai_philox4x32_10(ctr, d->k0, d->k1);
+        fai_u32x4 u = fai_dropout_block(d, i, j);
         for (int w = (int)(j & 3); w < 4 && j < end; w++, j++)
             keep[j - j0] = u.v[w] >= d->threshold;
     }

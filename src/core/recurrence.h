@@ -51,7 +51,7 @@
  */
 FA_HOST_DEVICE static inline int fai_online_move_f32(float *m, float b, float *x)
 {
-    float m_new = b > *m || b != b ? b : *m;
+    float m_new = fai_nanmax_f32(*m, b);
     if (m_new == -INFINITY)
         return 0;
     *x = *m - m_new;
@@ -61,7 +61,7 @@ FA_HOST_DEVICE static inline int fai_online_move_f32(float *m, float b, float *x
 
 FA_HOST_DEVICE static inline int fai_online_move_f64(double *m, double b, double *x)
 {
-    double m_new = b > *m || b != b ? b : *m;
+    double m_new = fai_nanmax_f64(*m, b);
     if (m_new == -INFINITY)
         return 0;
     *x = *m - m_new;
@@ -119,6 +119,26 @@ FA_HOST_DEVICE static inline double fai_online_finalize_f64(double m, double l, 
 }
 
 /*
+ * The same recurrence in base 2 (the CUDA tensor-core kernels, whose exponential is exp2).
+ * Measure scores in base-2 units, x_j = s_j log2(e), and keep m in those units: then
+ * exp(s_j - m ln 2) = 2^(x_j - m), so with every exp replaced by exp2 the state, the move
+ * (fai_online_move: a = 2^x) and its invariant (I) are the ones above, term for term; only
+ * the end changes, LSE = ln sum_j exp(s_j) = ln(2^m l) = m ln 2 + ln l. The scale and log2(e)
+ * fold into one factor of the raw dot products (scale2 = scale log2(e)), and the backward's
+ * P = exp(s - LSE) becomes 2^(x - LSE log2(e)).
+ */
+FA_HOST_DEVICE static inline float fai_online_finalize_base2_f32(float m, float l,
+                                                                 float keep_scale, double *lse)
+{
+    if (!(l != 0)) {
+        *lse = -INFINITY;
+        return 0;
+    }
+    *lse = (double)m * 0.6931471805599453 + fai_log((double)l); /* ln 2 */
+    return keep_scale / l;
+}
+
+/*
  * Merge of finished states over disjoint key sets, in LSE form (split-KV, ring attention).
  * With M = max_k LSE_k: LSE = M + ln sum_k exp(LSE_k - M), and state k's weight is
  * exp(LSE_k - LSE). The same argument as above: every exponent is <= 0. The empty state
@@ -132,8 +152,7 @@ FA_HOST_DEVICE static inline double fai_merge_lse_f64(const double *lse, int n)
 {
     double M = -INFINITY;
     for (int k = 0; k < n; k++)
-        if (lse[k] > M || lse[k] != lse[k])
-            M = lse[k];
+        M = fai_nanmax_f64(M, lse[k]);
     if (M == -INFINITY)
         return -INFINITY;
     double sum = 0;

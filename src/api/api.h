@@ -1,0 +1,31 @@
+/*
+ * What the files of the API layer share. This layer defines every public fa_ function: it
+ * checks the arguments (arguments.c), turns options and the environment into a context
+ * (context.c), runs an op on the chosen backend (ops.c), and holds the public helpers that
+ * run on no backend (merge.c, compare.c, convert.c, names.c).
+ */
+#ifndef FAI_API_API_H
+#define FAI_API_API_H
+
+#include "backends/backend.h"
+
+/* The backends by fa_backend (ops.c): the table of b, or NULL for AUTO and for a value that is
+ * none; the backend of a name (FA_BACKEND_AUTO if none). */
+const fai_backend *fai_backend_of(fa_backend b);
+fa_backend fai_backend_from_name(const char *name);
+
+/* Argument checks (arguments.c). A tensor is an input or an output (an output must not
+ * overlap itself); an LSE tensor is f32 or f64 with headdim 1. `name` names it in the error. */
+typedef enum { FAI_INPUT, FAI_OUTPUT } fai_tensor_use;
+fa_status fai_check_tensor(const fa_tensor *t, const char *name, fai_tensor_use use, int is_lse);
+/* t is batch x seqlen x heads x headdim as given (headdim not checked when d < 0); `ref`
+ * names where the dims come from. */
+fa_status fai_check_shape(const fa_tensor *t, const char *name, int64_t b, int64_t s,
+                          int64_t h, int64_t d, const char *ref);
+fa_status fai_check_dtype(const fa_tensor *t, const char *name, fa_dtype want);
+/* Checks q, k, v and params and fills the problem's dims, mask, score and dropout (its
+ * tensors: q, k and v; the op sets the others). */
+fa_status fai_problem_make(fai_problem *pr, const fa_params *p, const fa_tensor *q,
+                           const fa_tensor *k, const fa_tensor *v);
+
+#endif

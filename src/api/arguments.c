@@ -1,0 +1,275 @@
+/*
+ * The arguments of the ops: fa_params and fa_tensor, their defaults and their checks, and the
+ * validated problem a backend receives (backends/backend.h). Every check names the argument
+ * and the reason in the error detail; nothing here writes an output.
+ */
+#include "config.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "api/api.h"
+
+/* Largest accepted dimension. It keeps every index expression of the kernels (i + off + R,
+ * products of two dims) far from int64 overflow; no real tensor comes near it. */
+#define FAI_DIM_MAX ((int64_t)1 << 40)
+
+void fa_params_init(fa_params *p)
+{
+    if (!p)
+        return;
+    memset(p, 0, sizeof *p);
+    p->scale = 0;
+    p->window_left = -1;
+    p->window_right = -1;
+    p->align = FA_ALIGN_BOTTOM_RIGHT;
+}
+
+void fa_tensor_init(fa_tensor *t, void *data, fa_dtype dtype, int64_t batch, int64_t seqlen,
+                    int64_t heads, int64_t headdim, int bhsd)
+{
+    if (!t)
+        return;
+    t->data = data;
+    t->dtype = dtype;
+    t->batch = batch;
+    t->seqlen = seqlen;
+    t->heads = heads;
+    t->headdim = headdim;
+    t->headdim_stride = 1;
+    t->batch_stride = seqlen * heads * headdim;
+    if (bhsd) {
+        t->head_stride = seqlen * headdim;
+        t->seq_stride = headdim;
+    } else {
+        t->seq_stride = heads * headdim;
+        t->head_stride = headdim;
+    }
+}
+
+
+static int valid_dtype(fa_dtype d) { return (unsigned)d <= FA_BF16; }
+
+/* a * b + c for non-negative int64, 0 on overflow. */
+static int mad64(int64_t a, int64_t b, int64_t c, int64_t *out)
+{
+    if (a != 0 && b > (INT64_MAX - c) / a)
+        return 0;
+    *out = a * b + c;
+    return 1;
+}
+
+typedef struct {
+    int64_t size, stride;
+} dim_desc;
+
+/*
+ * Outputs must not have two index tuples on one address. Sufficient and the usual rule
+ * (NumPy's): ordered by stride, each dimension's stride exceeds the largest offset reachable
+ * with the dimensions before it.
+ */
+static int non_overlapping(const fa_tensor *t)
+{
+    dim_desc d[4] = {{t->batch, t->batch_stride},
+                     {t->seqlen, t->seq_stride},
+                     {t->heads, t->head_stride},
+                     {t->headdim, 1}};
+    for (int i = 1; i < 4; i++) /* insertion sort by stride */
+        for (int j = i; j > 0 && d[j].stride < d[j - 1].stride; j--) {
+            dim_desc x = d[j];
+            d[j] = d[j - 1];
+            d[j - 1] = x;
+        }
+    int64_t reach = 0; /* largest offset reachable with the dims so far */
+    for (int i = 0; i < 4; i++) {
+        if (d[i].size <= 1)
+            continue;
+        if (d[i].stride <= reach)
+            return 0;
+        reach += d[i].stride * (d[i].size - 1);
+    }
+    return 1;
+}
+
+fa_status fai_check_tensor(const fa_tensor *t, const char *name, fai_tensor_use use, int is_lse)
+{
+    if (!t)
+        return fai_fail(FA_ERR_NULL_POINTER, "%s is NULL", name);
+    if (!valid_dtype(t->dtype))
+        return fai_fail(FA_ERR_DTYPE, "%s->dtype: %d is not a fa_dtype", name, (int)t->dtype);
+    if (is_lse && t->dtype != FA_F32 && t->dtype != FA_F64)
+        return fai_fail(FA_ERR_DTYPE, "%s->dtype: %s; an LSE tensor is f32 or f64", name,
+                        fa_dtype_name(t->dtype));
+    const int64_t dims[4] = {t->batch, t->seqlen, t->heads, t->headdim};
+    const char *const dn[4] = {"batch", "seqlen", "heads", "headdim"};
+    for (int i = 0; i < 4; i++) {
+        if (dims[i] < 0)
+            return fai_fail(FA_ERR_SHAPE, "%s->%s = %lld is negative", name, dn[i],
+                            (long long)dims[i]);
+        if (dims[i] > FAI_DIM_MAX)
+            return fai_fail(FA_ERR_OVERFLOW, "%s->%s = %lld exceeds the limit 2^40", name, dn[i],
+                            (long long)dims[i]);
+    }
+    if (t->heads < 1)
+        return fai_fail(FA_ERR_SHAPE, "%s->heads = %lld; at least 1 head is needed", name,
+                        (long long)t->heads);
+    if (is_lse && t->headdim != 1)
+        return fai_fail(FA_ERR_SHAPE, "%s->headdim = %lld; an LSE tensor has headdim 1", name,
+                        (long long)t->headdim);
+    if (t->headdim < 1)
+        return fai_fail(FA_ERR_SHAPE, "%s->headdim = %lld; at least 1 is needed", name,
+                        (long long)t->headdim);
+    if (t->headdim_stride != 0 && t->headdim_stride != 1)
+        return fai_fail(FA_ERR_STRIDE,
+                        "%s->headdim_stride = %lld; headdim must be contiguous (0 or 1)", name,
+                        (long long)t->headdim_stride);
+    const int64_t strides[3] = {t->batch_stride, t->seq_stride, t->head_stride};
+    const char *const sn[3] = {"batch_stride", "seq_stride", "head_stride"};
+    for (int i = 0; i < 3; i++)
+        if (strides[i] < 0)
+            return fai_fail(FA_ERR_STRIDE, "%s->%s = %lld is negative", name, sn[i],
+                            (long long)strides[i]);
+
+    int64_t nelem = 1, last = t->headdim - 1; /* largest element offset */
+    for (int i = 0; i < 3; i++) {
+        int64_t n;
+        if (!mad64(dims[i], i == 0 ? 1 : nelem, 0, &n) ||
+            (dims[i] > 0 && !mad64(dims[i] - 1, strides[i], last, &last)))
+            return fai_fail(FA_ERR_OVERFLOW, "%s: the extent along %s overflows int64", name,
+                            dn[i]);
+        nelem = n;
+    }
+    if (!mad64(nelem, t->headdim, 0, &nelem) ||
+        (uint64_t)last + 1 > (uint64_t)PTRDIFF_MAX / fai_dtype_size(t->dtype))
+        return fai_fail(FA_ERR_OVERFLOW, "%s: its byte extent overflows the address space", name);
+    if (nelem > 0 && !t->data)
+        return fai_fail(FA_ERR_NULL_POINTER, "%s->data is NULL", name);
+    if (use == FAI_OUTPUT && nelem > 0 && !non_overlapping(t))
+        return fai_fail(FA_ERR_STRIDE,
+                        "%s: its strides map two elements to one address; an output must not "
+                        "overlap itself", name);
+    return FA_OK;
+}
+
+static fa_status expect_dim(const char *name, const char *what, int64_t got, const char *ref,
+                            int64_t want)
+{
+    if (got == want)
+        return FA_OK;
+    return fai_fail(FA_ERR_SHAPE, "%s->%s = %lld does not match %s = %lld", name, what,
+                    (long long)got, ref, (long long)want);
+}
+
+fa_status fai_check_shape(const fa_tensor *t, const char *name, int64_t b, int64_t s,
+                          int64_t h, int64_t d, const char *ref)
+{
+    char r[64];
+    snprintf(r, sizeof r, "%s->batch", ref);
+    FAI_TRY(expect_dim(name, "batch", t->batch, r, b));
+    snprintf(r, sizeof r, "%s->seqlen", ref);
+    FAI_TRY(expect_dim(name, "seqlen", t->seqlen, r, s));
+    snprintf(r, sizeof r, "%s->heads", ref);
+    FAI_TRY(expect_dim(name, "heads", t->heads, r, h));
+    if (d >= 0) {
+        snprintf(r, sizeof r, "%s->headdim", ref);
+        FAI_TRY(expect_dim(name, "headdim", t->headdim, r, d));
+    }
+    return FA_OK;
+}
+
+fa_status fai_check_dtype(const fa_tensor *t, const char *name, fa_dtype want)
+{
+    if (t->dtype == want)
+        return FA_OK;
+    return fai_fail(FA_ERR_DTYPE, "%s->dtype = %s but q->dtype = %s; q, k, v, out and the "
+                                  "gradients share one storage dtype",
+                    name, fa_dtype_name(t->dtype), fa_dtype_name(want));
+}
+
+static fa_status check_params(const fa_params *p, int64_t hq)
+{
+    if (!p)
+        return fai_fail(FA_ERR_NULL_POINTER, "params is NULL");
+    if (!(p->scale >= 0) || isinf(p->scale))
+        return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                        "params->scale = %g; it must be finite and >= 0 (0: 1/sqrt(Dqk))",
+                        p->scale);
+    if (p->window_left < -1)
+        return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                        "params->window_left = %lld; it must be >= -1 (-1: unbounded)",
+                        (long long)p->window_left);
+    if (p->window_right < -1)
+        return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                        "params->window_right = %lld; it must be >= -1 (-1: unbounded)",
+                        (long long)p->window_right);
+    if (p->causal && p->window_right > 0)
+        return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                        "params->window_right = %lld with causal set; causal means "
+                        "window_right = 0",
+                        (long long)p->window_right);
+    if (p->align != FA_ALIGN_BOTTOM_RIGHT && p->align != FA_ALIGN_TOP_LEFT)
+        return fai_fail(FA_ERR_INVALID_ARGUMENT, "params->align = %d is not a fa_align",
+                        (int)p->align);
+    if (p->score_order != FA_SOFTCAP_THEN_ALIBI && p->score_order != FA_ALIBI_THEN_SOFTCAP)
+        return fai_fail(FA_ERR_INVALID_ARGUMENT, "params->score_order = %d is not a fa_score_order",
+                        (int)p->score_order);
+    if (!(p->softcap >= 0) || isinf(p->softcap))
+        return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                        "params->softcap = %g; it must be finite and >= 0 (0: off)", p->softcap);
+    if (!(p->dropout_p >= 0 && p->dropout_p < 1))
+        return fai_fail(FA_ERR_INVALID_ARGUMENT, "params->dropout_p = %g is outside [0, 1)",
+                        p->dropout_p);
+    if (p->alibi_slopes)
+        for (int64_t h = 0; h < hq; h++)
+            if (!isfinite(p->alibi_slopes[h]))
+                return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                                "params->alibi_slopes[%lld] = %g is not finite", (long long)h,
+                                (double)p->alibi_slopes[h]);
+    return FA_OK;
+}
+
+fa_status fai_problem_make(fai_problem *pr, const fa_params *p, const fa_tensor *q,
+                           const fa_tensor *k, const fa_tensor *v)
+{
+    FAI_TRY(fai_check_tensor(q, "q", FAI_INPUT, 0));
+    FAI_TRY(fai_check_tensor(k, "k", FAI_INPUT, 0));
+    FAI_TRY(fai_check_tensor(v, "v", FAI_INPUT, 0));
+    FAI_TRY(fai_check_dtype(k, "k", q->dtype));
+    FAI_TRY(fai_check_dtype(v, "v", q->dtype));
+    FAI_TRY(expect_dim("k", "batch", k->batch, "q->batch", q->batch));
+    FAI_TRY(expect_dim("k", "headdim", k->headdim, "q->headdim", q->headdim));
+    FAI_TRY(fai_check_shape(v, "v", k->batch, k->seqlen, k->heads, -1, "k"));
+    if (q->heads % k->heads != 0)
+        return fai_fail(FA_ERR_SHAPE,
+                        "q->heads = %lld is not a multiple of k->heads = %lld (GQA groups must "
+                        "be whole)", (long long)q->heads, (long long)k->heads);
+    FAI_TRY(check_params(p, q->heads));
+
+    memset(pr, 0, sizeof *pr);
+    pr->b = q->batch;
+    pr->hq = q->heads;
+    pr->hk = k->heads;
+    pr->group = q->heads / k->heads;
+    pr->sq = q->seqlen;
+    pr->sk = k->seqlen;
+    pr->dqk = q->headdim;
+    pr->dv = v->headdim;
+    pr->dtype = q->dtype;
+    pr->mask = fai_mask_make(pr->sq, pr->sk, p->causal != 0, p->window_left, p->window_right,
+                             p->align == FA_ALIGN_TOP_LEFT);
+    pr->score.scale = p->scale > 0 ? p->scale : 1.0 / sqrt((double)pr->dqk);
+    pr->score.softcap = p->softcap;
+    pr->score.off = pr->mask.off;
+    pr->score.alibi_first = p->score_order == FA_ALIBI_THEN_SOFTCAP;
+    pr->slopes = p->alibi_slopes;
+    pr->dropout_p = p->dropout_p;
+    pr->seed = p->dropout_seed;
+    pr->offset = p->dropout_offset;
+    pr->drop_threshold = fai_dropout_threshold(p->dropout_p);
+    pr->keep_scale = fai_dropout_keep_scale(p->dropout_p);
+    pr->io[FAI_Q] = q;
+    pr->io[FAI_K] = k;
+    pr->io[FAI_V] = v;
+    return FA_OK;
+}

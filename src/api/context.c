@@ -1,0 +1,216 @@
+/*
+ * Contexts: fa_options and the environment turned into a resolved backend, ISA and kernel set,
+ * thread count, cache sizes and the tiled backend's forced tiles; its memory counters and its
+ * one-line description. The environment variables (DESIGN.md §2): FA_BACKEND and FA_ISA
+ * override an AUTO option; FA_TILES and FA_BACKWARD_PASSES force the tiled backend's plan.
+ */
+#include "config.h"
+
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api/api.h"
+#include "backends/tiled/plan.h"
+#include "kernels/kernels.h"
+
+void fa_options_init(fa_options *o)
+{
+    if (!o)
+        return;
+    memset(o, 0, sizeof *o);
+    o->backend = FA_BACKEND_AUTO;
+    o->isa = FA_ISA_AUTO;
+}
+
+/* "a, b or c": the names of values 1 .. of an enum, from its name function (which answers
+ * "invalid" past the last), for the error of a bad environment variable. */
+static const char *names_list(const char *(*name)(int), char *buf, size_t n)
+{
+    size_t used = 0;
+    buf[0] = 0;
+    for (int i = 1; strcmp(name(i), "invalid") != 0; i++) {
+        const char *sep = i == 1 ? "" : strcmp(name(i + 1), "invalid") == 0 ? " or " : ", ";
+        int w = snprintf(buf + used, n - used, "%s%s", sep, name(i));
+        if (w < 0 || (size_t)w >= n - used)
+            break;
+        used += (size_t)w;
+    }
+    return buf;
+}
+
+static const char *backend_name(int i) { return fa_backend_name((fa_backend)i); }
+static const char *isa_name(int i) { return fa_isa_name((fa_isa)i); }
+
+/* FA_BACKEND and FA_ISA: unset or empty leaves *b / *isa alone; else a name ("auto" is not). */
+static fa_status env_backend(fa_backend *b)
+{
+    const char *v = getenv("FA_BACKEND");
+    if (!v || !*v)
+        return FA_OK;
+    const fa_backend x = fai_backend_from_name(v);
+    char list[200];
+    if (x == FA_BACKEND_AUTO)
+        return fai_fail(FA_ERR_INVALID_ARGUMENT, "FA_BACKEND=%s: expected %s", v,
+                        names_list(backend_name, list, sizeof list));
+    *b = x;
+    return FA_OK;
+}
+
+static fa_status env_isa(fa_isa *isa)
+{
+    const char *v = getenv("FA_ISA");
+    if (!v || !*v)
+        return FA_OK;
+    const fa_isa x = fai_isa_from_name(v);
+    char list[200];
+    if (x == FA_ISA_AUTO)
+        return fai_fail(FA_ERR_INVALID_ARGUMENT, "FA_ISA=%s: expected %s", v,
+                        names_list(isa_name, list, sizeof list));
+    *isa = x;
+    return FA_OK;
+}
+
+/* FA_TILES=BQxBK[xBR], each in [1, 4096], BR <= BQ (BR 0: the plan's strip for BK); and
+ * FA_BACKWARD_PASSES=1|2. */
+static fa_status env_tiled(fai_tiled_forced *f)
+{
+    memset(f, 0, sizeof *f);
+    const char *env = getenv("FA_TILES");
+    if (env && *env) {
+        int64_t size[3] = {0, 0, 0};
+        const char *at = env;
+        int fields = 0, ok = 1;
+        while (ok && fields < 3) {
+            ok = *at >= '1' && *at <= '9';
+            int64_t v = 0;
+            for (; ok && *at >= '0' && *at <= '9'; at++)
+                v = v > 4096 ? v : v * 10 + (*at - '0'); /* saturates above the bound */
+            size[fields++] = v;
+            ok = ok && v <= 4096;
+            if (!ok || *at != 'x')
+                break;
+            at++;
+        }
+        if (!ok || *at != 0 || fields < 2 || (fields == 3 && size[2] > size[0]))
+            return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                            "FA_TILES=%s: expected BQxBK or BQxBKxBR, e.g. 64x32 or 64x32x8, "
+                            "each in [1, 4096], BR <= BQ", env);
+        f->bq = size[0], f->bk = size[1], f->br = size[2];
+    }
+    env = getenv("FA_BACKWARD_PASSES");
+    if (env && *env) {
+        if (strcmp(env, "1") && strcmp(env, "2"))
+            return fai_fail(FA_ERR_INVALID_ARGUMENT, "FA_BACKWARD_PASSES=%s: expected 1 or 2", env);
+        f->backward_passes = env[0] - '0';
+    }
+    return FA_OK;
+}
+
+fa_status fa_context_create(const fa_options *o, fa_context **out)
+{
+    if (!out)
+        return fai_fail(FA_ERR_NULL_POINTER, "fa_context_create: ctx (the output pointer) is NULL");
+    fa_options opt;
+    if (o)
+        opt = *o;
+    else
+        fa_options_init(&opt);
+
+    if (opt.backend != FA_BACKEND_AUTO && !fai_backend_of(opt.backend))
+        return fai_fail(FA_ERR_INVALID_ARGUMENT, "options->backend: %d is not a fa_backend",
+                        (int)opt.backend);
+    if (opt.isa != FA_ISA_AUTO && strcmp(fai_isa_name(opt.isa), "invalid") == 0)
+        return fai_fail(FA_ERR_INVALID_ARGUMENT, "options->isa: %d is not a fa_isa", (int)opt.isa);
+    if (opt.num_threads < 0)
+        return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                        "options->num_threads: %d is negative (0 means OpenMP's default)",
+                        opt.num_threads);
+
+    if (opt.backend == FA_BACKEND_AUTO)
+        FAI_TRY(env_backend(&opt.backend));
+    const int backend_auto = opt.backend == FA_BACKEND_AUTO;
+    if (opt.backend == FA_BACKEND_AUTO)
+        opt.backend = FA_BACKEND_TILED;
+    if (opt.backend == FA_BACKEND_CUDA && !fai_cuda_available())
+        return FA_ERR_BACKEND_UNAVAILABLE; /* the detail is set */
+    if (opt.isa == FA_ISA_AUTO)
+        FAI_TRY(env_isa(&opt.isa));
+    if (opt.isa == FA_ISA_AUTO)
+        opt.isa = fai_isa_best();
+    const fai_kernels_f32 *kernels = fai_kernels_for(opt.isa);
+    if (!kernels)
+        return fai_fail(FA_ERR_BACKEND_UNAVAILABLE,
+                        "ISA %s: %s", fa_isa_name(opt.isa),
+                        fai_cpu_supports(opt.isa) ? "this build carries no kernels for it"
+                                                  : "this CPU (or its OS) does not support it");
+    fai_tiled_forced forced;
+    FAI_TRY(env_tiled(&forced));
+
+    fa_context *ctx = calloc(1, sizeof *ctx);
+    if (!ctx)
+        return fai_fail(FA_ERR_NO_MEMORY, "fa_context_create: out of memory");
+    atomic_init(&ctx->mem.current, 0);
+    atomic_init(&ctx->mem.peak, 0);
+    ctx->backend = opt.backend;
+    ctx->backend_auto = backend_auto;
+    ctx->isa = opt.isa;
+    ctx->kernels = kernels;
+    ctx->num_threads = opt.num_threads > 0 ? opt.num_threads : omp_get_max_threads();
+    fai_cache_detect(&ctx->cache);
+    ctx->tiled = forced;
+    ctx->cuda.stream = opt.cuda_stream;
+    ctx->cuda.deterministic = opt.deterministic != 0;
+    *out = ctx;
+    return FA_OK;
+}
+
+void fa_context_destroy(fa_context *ctx) { free(ctx); }
+
+fa_status fa_context_describe(const fa_context *ctx, char *buf, size_t n)
+{
+    if (!ctx || !buf)
+        return fai_fail(FA_ERR_NULL_POINTER, "fa_context_describe: %s is NULL",
+                        ctx ? "buf" : "ctx");
+    if (n == 0)
+        return FA_OK;
+    fai_tiles t[4];
+    for (int k = 0; k < 4; k++) /* D = 64, 128; forward, backward */
+        t[k] = fai_tiled_tiles(ctx, 64 << (k / 2), 64 << (k / 2), FA_F32, k % 2);
+    const fai_kernels_f32 *ks = ctx->kernels;
+    char products[160] = ""; /* the tile products, where the set has them */
+    if (ks->bf16)
+        snprintf(products, sizeof products, ",%s,%s", ks->bf16->qk_name, ks->bf16->pv_name);
+    snprintf(buf, n,
+             "flashattn %s: backend=%s isa=%s kernels=%s,%s%s threads=%d L1d=%lldKiB "
+             "L2=%lldKiB (%s) "
+             "tiles f32 BqxBkxBr fwd/BqxBk bwd: D=64 %lldx%lldx%lld/%lldx%lld, "
+             "D=128 %lldx%lldx%lld/%lldx%lld",
+             PACKAGE_VERSION, fa_backend_name(ctx->backend), fa_isa_name(ctx->isa),
+             ks->gemm_name, ks->expsum_name, products, ctx->num_threads, (long long)(ctx->cache.l1d / 1024),
+             (long long)(ctx->cache.l2 / 1024), ctx->cache.source, (long long)t[0].bq,
+             (long long)t[0].bk, (long long)t[0].br, (long long)t[1].bq, (long long)t[1].bk,
+             (long long)t[2].bq, (long long)t[2].bk, (long long)t[2].br, (long long)t[3].bq,
+             (long long)t[3].bk);
+    return FA_OK;
+}
+
+fa_status fa_memory_stats(const fa_context *ctx, size_t *current, size_t *peak)
+{
+    if (!ctx)
+        return fai_fail(FA_ERR_NULL_POINTER, "fa_memory_stats: ctx is NULL");
+    if (current)
+        *current = atomic_load(&ctx->mem.current);
+    if (peak)
+        *peak = atomic_load(&ctx->mem.peak);
+    return FA_OK;
+}
+
+fa_status fa_memory_stats_reset(fa_context *ctx)
+{
+    if (!ctx)
+        return fai_fail(FA_ERR_NULL_POINTER, "fa_memory_stats_reset: ctx is NULL");
+    atomic_store(&ctx->mem.peak, atomic_load(&ctx->mem.current));
+    return FA_OK;
+}

@@ -1,0 +1,145 @@
+/*
+ * The ops: fa_forward and fa_backward check every argument (arguments.c), choose the backend,
+ * answer what DESIGN.md §1 defines without computing (empty problems), and hand the backend a
+ * validated problem. A backend without an op (a NULL slot) gets FA_ERR_UNSUPPORTED here, the
+ * one place that answers it.
+ */
+#include "config.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "api/api.h"
+
+/* ------------------------------------------------------------------ the backends */
+
+static const fai_backend *const backends[] = {
+    [FA_BACKEND_REFERENCE] = &fai_backend_reference,
+    [FA_BACKEND_CONVENTIONAL] = &fai_backend_conventional,
+    [FA_BACKEND_TILED] = &fai_backend_tiled,
+    [FA_BACKEND_CUDA] = &fai_backend_cuda,
+};
+#define NBACKENDS ((int)(sizeof backends / sizeof *backends))
+
+const fai_backend *fai_backend_of(fa_backend b)
+{
+    return (unsigned)b < (unsigned)NBACKENDS ? backends[b] : NULL;
+}
+
+fa_backend fai_backend_from_name(const char *name)
+{
+    for (int b = 0; b < NBACKENDS; b++)
+        if (backends[b] && strcmp(backends[b]->name, name) == 0)
+            return (fa_backend)b;
+    return FA_BACKEND_AUTO;
+}
+
+/* The backend of a call: the context's, but AUTO runs a call on CUDA when its q is device
+ * memory (never in a build without CUDA). */
+static const fai_backend *backend_for(const fa_context *ctx, const fa_tensor *q)
+{
+    if (ctx->backend_auto && fai_cuda_is_device_pointer(q->data))
+        return &fai_backend_cuda;
+    return fai_backend_of(ctx->backend);
+}
+
+/* FA_OK when the backend has the op; the one FA_ERR_UNSUPPORTED for a missing one. */
+static fa_status has_op(const fai_backend *be, int present, const char *op)
+{
+    if (present)
+        return FA_OK;
+    return fai_fail(FA_ERR_UNSUPPORTED, "backend %s: %s is not implemented", be->name, op);
+}
+
+/* ------------------------------------------------------------------ the ops */
+
+/* Zeroes the rows of t (used where §1 defines the result without computing anything). */
+static void zero_tensor(const fa_tensor *t)
+{
+    size_t es = fai_dtype_size(t->dtype);
+    for (int64_t b = 0; b < t->batch; b++)
+        for (int64_t s = 0; s < t->seqlen; s++)
+            for (int64_t h = 0; h < t->heads; h++)
+                memset(fai_row(t, b, s, h), 0, (size_t)t->headdim * es);
+}
+
+fa_status fa_forward(fa_context *ctx, const fa_params *p, const fa_tensor *q, const fa_tensor *k,
+                     const fa_tensor *v, fa_tensor *out, fa_tensor *lse)
+{
+    if (!ctx)
+        return fai_fail(FA_ERR_NULL_POINTER, "ctx is NULL");
+    fai_problem pr;
+    FAI_TRY(fai_problem_make(&pr, p, q, k, v));
+    FAI_TRY(fai_check_tensor(out, "out", FAI_OUTPUT, 0));
+    FAI_TRY(fai_check_dtype(out, "out", q->dtype));
+    FAI_TRY(fai_check_shape(out, "out", pr.b, pr.sq, pr.hq, pr.dv, "q (headdim: v)"));
+    if (lse) {
+        FAI_TRY(fai_check_tensor(lse, "lse", FAI_OUTPUT, 1));
+        FAI_TRY(fai_check_shape(lse, "lse", pr.b, pr.sq, pr.hq, 1, "q"));
+    }
+    pr.io[FAI_OUT] = out;
+    pr.io[FAI_LSE] = lse;
+    const fai_backend *be = backend_for(ctx, q);
+    FAI_TRY(has_op(be, be->forward != NULL, "the forward"));
+    if (pr.b == 0 || pr.sq == 0)
+        return FA_OK;
+    if (pr.sk == 0 && !be->device_memory) { /* every row is empty (§1): O = 0, LSE = -inf */
+        zero_tensor(out);
+        if (lse)
+            for (int64_t b = 0; b < pr.b; b++)
+                for (int64_t h = 0; h < pr.hq; h++)
+                    for (int64_t i = 0; i < pr.sq; i++)
+                        fai_lse_store(lse, b, h, i, -INFINITY);
+        return FA_OK;
+    }
+    return be->forward(ctx, &pr);
+}
+
+fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
+                      const fa_tensor *k, const fa_tensor *v, const fa_tensor *out,
+                      const fa_tensor *lse, const fa_tensor *dout, fa_tensor *dq, fa_tensor *dk,
+                      fa_tensor *dv)
+{
+    if (!ctx)
+        return fai_fail(FA_ERR_NULL_POINTER, "ctx is NULL");
+    fai_problem pr;
+    FAI_TRY(fai_problem_make(&pr, p, q, k, v));
+    FAI_TRY(fai_check_tensor(out, "out", FAI_INPUT, 0));
+    FAI_TRY(fai_check_dtype(out, "out", q->dtype));
+    FAI_TRY(fai_check_shape(out, "out", pr.b, pr.sq, pr.hq, pr.dv, "q (headdim: v)"));
+    FAI_TRY(fai_check_tensor(lse, "lse", FAI_INPUT, 1));
+    FAI_TRY(fai_check_shape(lse, "lse", pr.b, pr.sq, pr.hq, 1, "q"));
+    if (q->dtype == FA_F64 && lse->dtype != FA_F64) /* P = exp(s - LSE) is only as exact as LSE */
+        return fai_fail(FA_ERR_DTYPE, "lse->dtype = %s with f64 storage; the backward needs an "
+                                      "f64 LSE to keep f64 accuracy", fa_dtype_name(lse->dtype));
+    FAI_TRY(fai_check_tensor(dout, "dout", FAI_INPUT, 0));
+    FAI_TRY(fai_check_dtype(dout, "dout", q->dtype));
+    FAI_TRY(fai_check_shape(dout, "dout", pr.b, pr.sq, pr.hq, pr.dv, "out"));
+    FAI_TRY(fai_check_tensor(dq, "dq", FAI_OUTPUT, 0));
+    FAI_TRY(fai_check_tensor(dk, "dk", FAI_OUTPUT, 0));
+    FAI_TRY(fai_check_tensor(dv, "dv", FAI_OUTPUT, 0));
+    FAI_TRY(fai_check_dtype(dq, "dq", q->dtype));
+    FAI_TRY(fai_check_dtype(dk, "dk", q->dtype));
+    FAI_TRY(fai_check_dtype(dv, "dv", q->dtype));
+    FAI_TRY(fai_check_shape(dq, "dq", pr.b, pr.sq, pr.hq, pr.dqk, "q"));
+    FAI_TRY(fai_check_shape(dk, "dk", pr.b, pr.sk, pr.hk, pr.dqk, "k"));
+    FAI_TRY(fai_check_shape(dv, "dv", pr.b, pr.sk, pr.hk, pr.dv, "v"));
+    pr.io[FAI_OUT] = out;
+    pr.io[FAI_LSE] = lse;
+    pr.io[FAI_DOUT] = dout;
+    pr.io[FAI_DQ] = dq;
+    pr.io[FAI_DK] = dk;
+    pr.io[FAI_DV] = dv;
+    const fai_backend *be = backend_for(ctx, q);
+    FAI_TRY(has_op(be, be->backward != NULL, "the backward"));
+    if (pr.b == 0)
+        return FA_OK;
+    if ((pr.sq == 0 || pr.sk == 0) && !be->device_memory) { /* no (query, key) pair: every
+                                                               gradient is 0 */
+        zero_tensor(dq);
+        zero_tensor(dk);
+        zero_tensor(dv);
+        return FA_OK;
+    }
+    return be->backward(ctx, &pr);
+}

@@ -1,0 +1,161 @@
+/*
+ * The interface between the API layer (src/api/) and the backends: the context a call runs
+ * with, the validated problem, and the table a backend registers. The API layer checks every
+ * argument and resolves every default before a backend sees the problem, so a backend never
+ * has to validate, and a failed check never reaches code that writes an output.
+ */
+#ifndef FAI_BACKENDS_BACKEND_H
+#define FAI_BACKENDS_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "flashattn.h"
+#include "base/base.h"
+#include "base/dtype.h"
+#include "core/philox.h"
+#include "core/score.h"
+#include "kernels/kernels.h"
+
+/* ------------------------------------------------------------------ the context */
+
+/* What the environment forces on the tiled backend, for tile sweeps: FA_TILES=BQxBK[xBR]
+ * (bq = 0: not forced) and FA_BACKWARD_PASSES=1|2 (0: planned). */
+typedef struct {
+    int64_t bq, bk, br;
+    int backward_passes;
+} fai_tiled_forced;
+
+struct fa_context {
+    fai_mem mem;                    /* the bytes allocated for this context (fa_memory_stats) */
+    fa_backend backend;             /* resolved: never AUTO */
+    int backend_auto;               /* AUTO was asked: a call whose q is device memory runs on
+                                       CUDA, when it is built */
+    fa_isa isa;                     /* resolved: never AUTO */
+    const fai_kernels_f32 *kernels; /* the ISA's kernel set */
+    int num_threads;                /* > 0 */
+    fai_cache_info cache;
+    fai_tiled_forced tiled;
+    struct {
+        void *stream;      /* fa_options.cuda_stream */
+        int deterministic; /* fa_options.deterministic */
+    } cuda;
+};
+
+/* ------------------------------------------------------------------ a validated problem */
+
+/* The tensors of a call, by role. */
+typedef enum { FAI_Q, FAI_K, FAI_V, FAI_OUT, FAI_LSE, FAI_DOUT, FAI_DQ, FAI_DK, FAI_DV } fai_role;
+
+/*
+ * Everything a backend needs, checked and resolved by the API layer: dims, mask, score
+ * parameters, dropout, and the tensors (NULL where the op has none: forward has no dout, dq,
+ * dk, dv; lse may be NULL in a forward).
+ */
+typedef struct {
+    int64_t b, hq, hk, sq, sk, dqk, dv, group; /* group = Hq / Hk */
+    fa_dtype dtype;
+    fai_mask mask;
+    fai_score score;
+    const float *slopes; /* Hq, or NULL */
+    double dropout_p;
+    double keep_scale;   /* 1 / (1 - dropout_p) (core/philox.h) */
+    uint64_t seed, offset;
+    uint32_t drop_threshold; /* 0: dropout off */
+    const fa_tensor *io[FAI_DV + 1];
+} fai_problem;
+
+/* The tensor of a role: for what a backend asks of it besides its rows (is there one, its
+ * dtype); rows go through the accessors below. */
+static inline const fa_tensor *fai_io(const fai_problem *pr, fai_role r) { return pr->io[r]; }
+
+/*
+ * Where rows are: row s of (b, head h) of the tensor of role r, and, for a run of n rows,
+ * row s + c at c * *ld elements past it (c < n; ld may be NULL). Query-side roles (q, out,
+ * dout, dq) take a query head and row; key-side ones (k, v, dk, dv) a kv head and key. Every
+ * row the host backends read or write is addressed here and nowhere else, so another layout
+ * changes these functions alone: a paged KV cache fai_kv_rows (where a run may then have to
+ * stay within a page), variable-length batches both.
+ */
+static inline void *fai_q_rows(const fai_problem *pr, fai_role r, int64_t b, int64_t h,
+                               int64_t i, int64_t n, int64_t *ld)
+{
+    (void)n;
+    const fa_tensor *t = pr->io[r];
+    if (ld)
+        *ld = t->seq_stride;
+    return fai_row(t, b, i, h);
+}
+
+static inline void *fai_kv_rows(const fai_problem *pr, fai_role r, int64_t b, int64_t hk,
+                                int64_t j, int64_t n, int64_t *ld)
+{
+    (void)n;
+    const fa_tensor *t = pr->io[r];
+    if (ld)
+        *ld = t->seq_stride;
+    return fai_row(t, b, j, hk);
+}
+
+static inline void *fai_q_row(const fai_problem *pr, fai_role r, int64_t b, int64_t h, int64_t i)
+{
+    return fai_q_rows(pr, r, b, h, i, 1, NULL);
+}
+
+static inline void *fai_kv_row(const fai_problem *pr, fai_role r, int64_t b, int64_t hk,
+                               int64_t j)
+{
+    return fai_kv_rows(pr, r, b, hk, j, 1, NULL);
+}
+
+/* The LSE of row i of (b, h) (f32 or f64 storage). */
+static inline void fai_lse_put(const fai_problem *pr, int64_t b, int64_t h, int64_t i, double x)
+{
+    fai_lse_store(pr->io[FAI_LSE], b, h, i, x);
+}
+
+static inline double fai_lse_get(const fai_problem *pr, int64_t b, int64_t h, int64_t i)
+{
+    return fai_lse_load(pr->io[FAI_LSE], b, h, i);
+}
+
+static inline float fai_slope(const fai_problem *pr, int64_t h)
+{
+    return pr->slopes ? pr->slopes[h] : 0.0f;
+}
+
+/* The dropout stream of (b, h). */
+static inline fai_dropout fai_dropout_for(const fai_problem *pr, int64_t b, int64_t h)
+{
+    return fai_dropout_make(pr->seed, pr->offset, pr->drop_threshold, b * pr->hq + h);
+}
+
+/* ------------------------------------------------------------------ backends */
+
+/*
+ * A backend: its name, and one slot per op. A NULL slot is an op the backend does not have:
+ * the API layer answers FA_ERR_UNSUPPORTED for it (api/ops.c). An op is called only with a
+ * validated, non-empty problem and may fail only with FA_ERR_NO_MEMORY (checked before any
+ * output is written), FA_ERR_UNSUPPORTED, FA_ERR_INVALID_ARGUMENT (checks only the backend can
+ * make, before anything is written: the CUDA one's device pointers) or FA_ERR_DEVICE (a device
+ * runtime error, the CUDA backend's).
+ */
+typedef struct {
+    const char *name; /* as fa_backend_name */
+    int device_memory; /* its tensors are device memory: the API layer never touches them, and
+                          the backend writes even an empty problem's results itself */
+    fa_status (*forward)(fa_context *ctx, const fai_problem *pr);
+    fa_status (*backward)(fa_context *ctx, const fai_problem *pr);
+} fai_backend;
+
+extern const fai_backend fai_backend_reference;
+extern const fai_backend fai_backend_conventional;
+extern const fai_backend fai_backend_tiled;
+extern const fai_backend fai_backend_cuda; /* backends/cuda/stub.c when CUDA is not built */
+
+/* Whether the CUDA backend can run here (built, and a device present); on 0 the error detail
+ * says why. Whether p is device (or managed) memory: always 0 without CUDA. */
+int fai_cuda_available(void);
+int fai_cuda_is_device_pointer(const void *p);
+
+#endif

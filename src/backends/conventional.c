@@ -1,0 +1,464 @@
+/*
+ * The conventional path, kept to be measured against: S = scale Q K^T and P = softmax(S) are
+ * materialized for every (batch, head) at once, through OpenBLAS GEMMs, and every intermediate
+ * is rounded to the storage dtype T after each step, as a framework's unfused path does
+ * (GEMMs accumulate in f32, or f64 for f64 storage; softmax reduces in the same type).
+ *
+ * Its memory grows as B H Sq Sk; its error is the yardstick of the tolerance rule (DESIGN.md
+ * §4). One deliberate difference from the fused paths, inherited from the GEMM formulation:
+ * masked and dropped probabilities are exact zeros that are *multiplied* with V (and K, Q in
+ * the backward), so a NaN or inf in a masked-out row of K or V can reach the output here.
+ */
+#include "config.h"
+
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "backends/backend.h"
+#include "backends/blas.h"
+
+#define CONV_ROWS 64 /* query rows per GEMM block: bounds the f32 staging of f16/bf16 tiles */
+
+typedef struct {
+    const fai_problem *pr;
+    fa_dtype t;   /* storage dtype of S, P, dP */
+    int wide;     /* compute in double (f64 storage) rather than float */
+    size_t cs;    /* compute element size */
+    size_t ts;    /* storage element size */
+    int nt;
+} conv;
+
+static double round_t(const conv *cv, double x)
+{
+    switch (cv->t) {
+    case FA_F64: return x;
+    case FA_F32: return (float)x;
+    case FA_F16: return fai_f16_to_f64(fai_f64_to_f16(x));
+    case FA_BF16: return fai_bf16_to_f64(fai_f64_to_bf16(x));
+    }
+    return x;
+}
+
+static void gemm(const conv *cv, int ta, int tb, int64_t m, int64_t n, int64_t k, double alpha,
+                 const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c,
+                 int64_t ldc)
+{
+    fai_gemm(cv->wide, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+}
+
+/* Where the rows of a role's tensor are: fai_q_row (query side) or fai_kv_row (key side). */
+typedef void *(*rows_at)(const fai_problem *, fai_role, int64_t, int64_t, int64_t);
+
+/* Packs rows [0, n) of head h of batch b of role r (dim columns) into dst, compute type. */
+static void pack(const conv *cv, rows_at at, fai_role r, int64_t b, int64_t h, int64_t n,
+                 int64_t dim, void *dst)
+{
+    for (int64_t s = 0; s < n; s++) {
+        void *row = (char *)dst + (size_t)(s * dim) * cv->cs;
+        if (cv->wide)
+            fai_load_f64(at(cv->pr, r, b, h, s), cv->pr->dtype, dim, row);
+        else
+            fai_load_f32(at(cv->pr, r, b, h, s), cv->pr->dtype, dim, row);
+    }
+}
+
+/* Stores n compute-type rows (dim columns) from src as rows [r0, r0 + n) of head h of role r. */
+static void unpack(const conv *cv, rows_at at, fai_role r, int64_t b, int64_t h, int64_t r0,
+                   int64_t n, int64_t dim, const void *src)
+{
+    for (int64_t s = 0; s < n; s++) {
+        const void *row = (const char *)src + (size_t)(s * dim) * cv->cs;
+        if (cv->wide)
+            fai_store_f64(at(cv->pr, r, b, h, r0 + s), cv->pr->dtype, dim, row);
+        else
+            fai_store_f32(at(cv->pr, r, b, h, r0 + s), cv->pr->dtype, dim, row);
+    }
+}
+
+/* Rows [r0, r0 + n) of a T matrix with `cols` columns as a compute-type matrix: the storage
+ * itself when T is the compute type, else converted into `stage`. */
+static const void *as_compute(const conv *cv, const void *mat, int64_t r0, int64_t n,
+                              int64_t cols, void *stage)
+{
+    const char *src = (const char *)mat + (size_t)(r0 * cols) * cv->ts;
+    if (cv->ts == cv->cs)
+        return src;
+    fai_load_f32(src, cv->t, n * cols, stage);
+    return stage;
+}
+
+/* Where a GEMM writes rows [r0, r0 + n) of a T matrix: in place, or `stage` then commit(). */
+static void *gemm_target(const conv *cv, void *mat, int64_t r0, int64_t cols, void *stage)
+{
+    return cv->ts == cv->cs ? (char *)mat + (size_t)(r0 * cols) * cv->ts : stage;
+}
+
+static void commit(const conv *cv, void *mat, int64_t r0, int64_t n, int64_t cols,
+                   const void *stage)
+{
+    if (cv->ts != cv->cs)
+        fai_store_f32((char *)mat + (size_t)(r0 * cols) * cv->ts, cv->t, n * cols, stage);
+}
+
+typedef struct {
+    void *qp, *kp, *vp, *dop; /* packed Q, K, V, and dO (backward only)                  */
+    void *stage, *stage2;     /* CONV_ROWS x max(Sk, D) and CONV_ROWS x D staging blocks */
+    void *dk, *dv;            /* backward: a kv head's dK, dV accumulators               */
+    double *row[3];           /* one row of S, P, dP (or tanh) widened to double         */
+    unsigned char *keep;      /* one row of dropout decisions                            */
+} conv_pack;
+
+/* Row i of a T matrix with Sk columns, widened to double, and its store (values already
+ * rounded to T by round_t, so the store is exact). */
+static void row_load(const conv *cv, const void *mat, int64_t i, double *dst)
+{
+    fai_load_f64((const char *)mat + (size_t)(i * cv->pr->sk) * cv->ts, cv->t, cv->pr->sk, dst);
+}
+
+static void row_store(const conv *cv, void *mat, int64_t i, const double *src)
+{
+    fai_store_f64((char *)mat + (size_t)(i * cv->pr->sk) * cv->ts, cv->t, cv->pr->sk, src);
+}
+
+/*
+ * S for head (b, h) = scale Q K^T into `s` (Sq x Sk, T), then the elementwise steps 2-4 of §1,
+ * each rounded to T: softcap (its tanh saved in `tc` when not NULL, for the backward) and ALiBi
+ * in the problem's order, and the mask written as -inf.
+ */
+static void scores(const conv *cv, const conv_pack *w, int64_t h, void *s, void *tc)
+{
+    const fai_problem *pr = cv->pr;
+    for (int64_t r0 = 0; r0 < pr->sq; r0 += CONV_ROWS) {
+        int64_t n = pr->sq - r0 < CONV_ROWS ? pr->sq - r0 : CONV_ROWS;
+        void *c = gemm_target(cv, s, r0, pr->sk, w->stage);
+        gemm(cv, 0, 1, n, pr->sk, pr->dqk, pr->score.scale,
+             (const char *)w->qp + (size_t)(r0 * pr->dqk) * cv->cs, pr->dqk, w->kp, pr->dqk, 0.0,
+             c, pr->sk);
+        commit(cv, s, r0, n, pr->sk, c);
+    }
+    const double cap = pr->score.softcap, slope = fai_slope(pr, h);
+    double *x = w->row[0], *t = w->row[1];
+    for (int64_t i = 0; i < pr->sq; i++) {
+        int64_t lo, hi;
+        fai_mask_row(&pr->mask, i, &lo, &hi);
+        row_load(cv, s, i, x);
+        for (int64_t j = 0; j < pr->sk; j++) {
+            t[j] = 0;
+            if (j < lo || j >= hi) {
+                x[j] = -INFINITY;
+                continue;
+            }
+            if (slope != 0 && pr->score.alibi_first)
+                x[j] = round_t(cv, x[j] - slope * fai_alibi_distance(&pr->score, i, j));
+            if (cap > 0) {
+                t[j] = round_t(cv, tanh(x[j] / cap));
+                x[j] = round_t(cv, cap * t[j]);
+            }
+            if (slope != 0 && !pr->score.alibi_first)
+                x[j] = round_t(cv, x[j] - slope * fai_alibi_distance(&pr->score, i, j));
+        }
+        row_store(cv, s, i, x);
+        if (tc)
+            row_store(cv, tc, i, t);
+    }
+}
+
+/*
+ * P = softmax(S) row by row (reductions in the compute type) and, if write_lse, the LSE.
+ * Writes P to `p` and, when dropout is on, P~ = keep P / (1 - p) to `pd`, which may be `p`
+ * itself (then P~ replaces P). s and p may be the same buffer.
+ */
+static void softmax(const conv *cv, const conv_pack *w, int64_t b, int64_t h, const void *s,
+                    void *p, void *pd, int write_lse)
+{
+    const fai_problem *pr = cv->pr;
+    const double inv_keep = pr->keep_scale;
+    const fai_dropout drop = fai_dropout_for(pr, b, h);
+    double *x = w->row[0], *xd = w->row[1];
+    for (int64_t i = 0; i < pr->sq; i++) {
+        double mx = -INFINITY, sum = 0;
+        float sumf = 0;
+        row_load(cv, s, i, x);
+        for (int64_t j = 0; j < pr->sk; j++)
+            mx = fai_nanmax_f64(mx, x[j]);
+        for (int64_t j = 0; j < pr->sk; j++) {
+            x[j] = mx == -INFINITY ? 0 : exp(x[j] - mx);
+            if (cv->wide)
+                sum += x[j];
+            else
+                sumf += (float)x[j];
+        }
+        if (!cv->wide)
+            sum = sumf;
+        if (write_lse)
+            fai_lse_put(pr, b, h, i, sum == 0 ? -INFINITY : mx + log(sum));
+        if (drop.threshold)
+            fai_dropout_keep_row(&drop, i, 0, pr->sk, w->keep);
+        for (int64_t j = 0; j < pr->sk; j++) {
+            x[j] = sum == 0 ? 0 : round_t(cv, x[j] / sum);
+            if (drop.threshold)
+                xd[j] = w->keep[j] ? round_t(cv, x[j] * inv_keep) : 0;
+        }
+        row_store(cv, p, i, x);
+        if (drop.threshold)
+            row_store(cv, pd, i, xd);
+    }
+}
+
+/*
+ * Each thread's packed operands and staging blocks, compute type, in one counted allocation
+ * (*block, *bytes) that starts with the array of their descriptions, *pk (thread t: (*pk)[t]).
+ */
+static fa_status pack_alloc(fa_context *ctx, const conv *cv, conv_pack **pk, int backward,
+                            void **block, size_t *bytes)
+{
+    const fai_problem *pr = cv->pr;
+    const int64_t d = pr->dqk > pr->dv ? pr->dqk : pr->dv, wide = pr->sk > d ? pr->sk : d;
+    /* packed operands and staging (compute type), then the rows (double) and keep flags */
+    const size_t cs = cv->cs, sk = (size_t)pr->sk;
+    const size_t bytes_of[11] = {
+        (size_t)(pr->sq * pr->dqk) * cs, (size_t)(pr->sk * pr->dqk) * cs,
+        (size_t)(pr->sk * pr->dv) * cs, backward ? (size_t)(pr->sq * pr->dv) * cs : 0,
+        (size_t)(CONV_ROWS * wide) * cs, (size_t)(CONV_ROWS * d) * cs,
+        backward ? (size_t)(pr->sk * pr->dqk) * cs : 0, backward ? (size_t)(pr->sk * pr->dv) * cs : 0,
+        sk * sizeof(double), sk * sizeof(double) * 2, sk};
+    size_t per = 0, head = ((size_t)cv->nt * sizeof(conv_pack) + 63) & ~(size_t)63;
+    for (int i = 0; i < 11; i++)
+        per += (bytes_of[i] + 63) & ~(size_t)63;
+    if (!fai_mul_size(per, (size_t)cv->nt, bytes) || *bytes + head < *bytes)
+        return fai_fail(FA_ERR_OVERFLOW, "conventional: packed operand size overflows");
+    *bytes += head;
+    *block = fai_alloc(&ctx->mem, *bytes);
+    if (!*block)
+        return fai_fail(FA_ERR_NO_MEMORY, "conventional: %zu bytes for packed operands", *bytes);
+    *pk = *block;
+    for (int t = 0; t < cv->nt; t++) {
+        conv_pack *w = &(*pk)[t];
+        void *rows0, *rows12, *keep;
+        void **dst[11] = {&w->qp, &w->kp, &w->vp, &w->dop, &w->stage,
+                          &w->stage2, &w->dk, &w->dv, &rows0, &rows12, &keep};
+        char *at = (char *)*block + head + (size_t)t * per;
+        for (int i = 0; i < 11; i++) {
+            *dst[i] = at;
+            at += (bytes_of[i] + 63) & ~(size_t)63;
+        }
+        w->row[0] = rows0;
+        w->row[1] = rows12;
+        w->row[2] = w->row[1] + sk;
+        w->keep = keep;
+    }
+    return FA_OK;
+}
+
+/* Bytes of `count` B x Hq x Sq x Sk matrices in T; FA_ERR_OVERFLOW if that does not fit. */
+static fa_status quadratic_bytes(const conv *cv, int count, size_t *bytes)
+{
+    const fai_problem *pr = cv->pr;
+    size_t n;
+    if (!fai_mul_size((size_t)(pr->b * pr->hq), (size_t)pr->sq, &n) ||
+        !fai_mul_size(n, (size_t)pr->sk, &n) || !fai_mul_size(n, cv->ts * (size_t)count, bytes))
+        return fai_fail(FA_ERR_OVERFLOW,
+                        "conventional: %d x B x Hq x Sq x Sk intermediates overflow size_t",
+                        count);
+    return FA_OK;
+}
+
+/* CBLAS takes int dimensions and leading dimensions. */
+static fa_status blas_sizes(const conv *cv)
+{
+    if (fai_blas_dims_fit(cv->pr))
+        return FA_OK;
+    return fai_fail(FA_ERR_UNSUPPORTED,
+                    "conventional: a dimension exceeds the BLAS int range (Sq %lld, Sk %lld)",
+                    (long long)cv->pr->sq, (long long)cv->pr->sk);
+}
+
+static conv conv_make(fa_context *ctx, const fai_problem *pr)
+{
+    conv cv;
+    cv.pr = pr;
+    cv.t = pr->dtype;
+    cv.wide = pr->dtype == FA_F64;
+    cv.cs = cv.wide ? sizeof(double) : sizeof(float);
+    cv.ts = fai_dtype_size(pr->dtype);
+    cv.nt = ctx->num_threads;
+    return cv;
+}
+
+static fa_status conv_forward(fa_context *ctx, const fai_problem *pr)
+{
+    conv cv = conv_make(ctx, pr);
+    size_t qbytes, pbytes;
+    void *packs;
+    conv_pack *pk;
+    fa_status st = blas_sizes(&cv);
+    if (st == FA_OK)
+        st = quadratic_bytes(&cv, 2, &qbytes);
+    if (st != FA_OK)
+        return st;
+    char *sp = fai_alloc(&ctx->mem, qbytes); /* S and P, for every (b, h) */
+    if (!sp)
+        return fai_fail(FA_ERR_NO_MEMORY, "conventional: %zu bytes for S and P", qbytes);
+    if ((st = pack_alloc(ctx, &cv, &pk, 0, &packs, &pbytes)) != FA_OK) {
+        fai_free(&ctx->mem, sp, qbytes);
+        return st;
+    }
+    const size_t head = (size_t)(pr->sq * pr->sk) * cv.ts;
+    char *S = sp, *P = sp + qbytes / 2;
+#pragma omp parallel for num_threads(cv.nt) schedule(dynamic, 1)
+    for (int64_t bh = 0; bh < pr->b * pr->hq; bh++) {
+        const int64_t b = bh / pr->hq, h = bh % pr->hq, hk = h / pr->group;
+        const conv_pack *w = &pk[omp_get_thread_num()];
+        const size_t at = (size_t)bh * head;
+        pack(&cv, fai_q_row, FAI_Q, b, h, pr->sq, pr->dqk, w->qp);
+        pack(&cv, fai_kv_row, FAI_K, b, hk, pr->sk, pr->dqk, w->kp);
+        pack(&cv, fai_kv_row, FAI_V, b, hk, pr->sk, pr->dv, w->vp);
+        scores(&cv, w, h, S + at, NULL);
+        softmax(&cv, w, b, h, S + at, P + at, P + at, fai_io(pr, FAI_LSE) != NULL);
+        for (int64_t r0 = 0; r0 < pr->sq; r0 += CONV_ROWS) { /* O = P~ V, rounded to T */
+            const int64_t n = pr->sq - r0 < CONV_ROWS ? pr->sq - r0 : CONV_ROWS;
+            const void *pb = as_compute(&cv, P + at, r0, n, pr->sk, w->stage);
+            gemm(&cv, 0, 0, n, pr->dv, pr->sk, 1.0, pb, pr->sk, w->vp, pr->dv, 0.0, w->stage2,
+                 pr->dv);
+            unpack(&cv, fai_q_row, FAI_OUT, b, h, r0, n, pr->dv, w->stage2);
+        }
+    }
+    fai_free(&ctx->mem, packs, pbytes);
+    fai_free(&ctx->mem, sp, qbytes);
+    return FA_OK;
+}
+
+/*
+ * dS = P (g - D) row by row, with g = dP keep / (1 - p) (dropout's backward) and
+ * D_i = sum_j g_ij P_ij (softmax's backward, as frameworks compute it), then the softcap chain
+ * (1 - tanh^2); each step rounded to T. dp holds dP on entry and dS on return.
+ */
+static void softmax_backward(const conv *cv, const conv_pack *w, int64_t b, int64_t h,
+                             const void *p, void *dp, const void *tc)
+{
+    const fai_problem *pr = cv->pr;
+    const double inv_keep = pr->keep_scale;
+    const fai_dropout drop = fai_dropout_for(pr, b, h);
+    double *g = w->row[0], *pp = w->row[1], *t = w->row[2];
+    for (int64_t i = 0; i < pr->sq; i++) {
+        row_load(cv, dp, i, g);
+        row_load(cv, p, i, pp);
+        if (drop.threshold) {
+            fai_dropout_keep_row(&drop, i, 0, pr->sk, w->keep);
+            for (int64_t j = 0; j < pr->sk; j++)
+                g[j] = w->keep[j] ? round_t(cv, g[j] * inv_keep) : 0;
+        }
+        double D = 0;
+        float Df = 0;
+        for (int64_t j = 0; j < pr->sk; j++) {
+            if (cv->wide)
+                D += g[j] * pp[j];
+            else
+                Df += (float)(g[j] * pp[j]);
+        }
+        if (!cv->wide)
+            D = Df;
+        if (tc)
+            row_load(cv, tc, i, t);
+        for (int64_t j = 0; j < pr->sk; j++) {
+            g[j] = round_t(cv, pp[j] * (g[j] - D));
+            if (tc)
+                g[j] = round_t(cv, g[j] * (1 - t[j] * t[j]));
+        }
+        row_store(cv, dp, i, g);
+    }
+}
+
+static fa_status conv_backward(fa_context *ctx, const fai_problem *pr)
+{
+    conv cv = conv_make(ctx, pr);
+    const int nbuf = 2 + (pr->drop_threshold != 0) + (pr->score.softcap > 0);
+    size_t qbytes, pbytes;
+    void *packs;
+    conv_pack *pk;
+    fa_status st = blas_sizes(&cv);
+    if (st == FA_OK)
+        st = quadratic_bytes(&cv, nbuf, &qbytes);
+    if (st != FA_OK)
+        return st;
+    /* per (b, h): X (S, then dP, then dS), P, and P~ and tanh when needed: what autograd keeps */
+    char *big = fai_alloc(&ctx->mem, qbytes);
+    if (!big)
+        return fai_fail(FA_ERR_NO_MEMORY, "conventional: %zu bytes for S, P, dP", qbytes);
+    if ((st = pack_alloc(ctx, &cv, &pk, 1, &packs, &pbytes)) != FA_OK) {
+        fai_free(&ctx->mem, big, qbytes);
+        return st;
+    }
+    const size_t head = (size_t)(pr->sq * pr->sk) * cv.ts, all = qbytes / (size_t)nbuf;
+    char *X = big, *P = big + all, *rest = big + 2 * all, *Pd = P, *Tc = NULL;
+    if (pr->drop_threshold) {
+        Pd = rest;
+        rest += all;
+    }
+    if (pr->score.softcap > 0)
+        Tc = rest;
+    /* one task per (b, kv head): the group's dK, dV sum in one thread, in head order */
+#pragma omp parallel for num_threads(cv.nt) schedule(dynamic, 1)
+    for (int64_t bk = 0; bk < pr->b * pr->hk; bk++) {
+        const int64_t b = bk / pr->hk, hk = bk % pr->hk;
+        const conv_pack *w = &pk[omp_get_thread_num()];
+        memset(w->dk, 0, (size_t)(pr->sk * pr->dqk) * cv.cs);
+        memset(w->dv, 0, (size_t)(pr->sk * pr->dv) * cv.cs);
+        pack(&cv, fai_kv_row, FAI_K, b, hk, pr->sk, pr->dqk, w->kp);
+        pack(&cv, fai_kv_row, FAI_V, b, hk, pr->sk, pr->dv, w->vp);
+        for (int64_t h = hk * pr->group; h < (hk + 1) * pr->group; h++) {
+            const size_t at = (size_t)(b * pr->hq + h) * head;
+            char *x = X + at, *p = P + at, *pd = Pd + at, *tc = Tc ? Tc + at : NULL;
+            pack(&cv, fai_q_row, FAI_Q, b, h, pr->sq, pr->dqk, w->qp);
+            pack(&cv, fai_q_row, FAI_DOUT, b, h, pr->sq, pr->dv, w->dop);
+            scores(&cv, w, h, x, tc);
+            softmax(&cv, w, b, h, x, p, pd, 0); /* lse is an input here */
+            for (int64_t r0 = 0; r0 < pr->sq; r0 += CONV_ROWS) {
+                const int64_t n = pr->sq - r0 < CONV_ROWS ? pr->sq - r0 : CONV_ROWS;
+                const void *dob = (const char *)w->dop + (size_t)(r0 * pr->dv) * cv.cs;
+                /* dV += P~^T dO */
+                gemm(&cv, 1, 0, pr->sk, pr->dv, n, 1.0,
+                     as_compute(&cv, pd, r0, n, pr->sk, w->stage), pr->sk, dob, pr->dv, 1.0,
+                     w->dv, pr->dv);
+                /* dP = dO V^T */
+                void *c = gemm_target(&cv, x, r0, pr->sk, w->stage);
+                gemm(&cv, 0, 1, n, pr->sk, pr->dv, 1.0, dob, pr->dv, w->vp, pr->dv, 0.0, c, pr->sk);
+                commit(&cv, x, r0, n, pr->sk, c);
+            }
+            softmax_backward(&cv, w, b, h, p, x, tc);
+            for (int64_t r0 = 0; r0 < pr->sq; r0 += CONV_ROWS) {
+                const int64_t n = pr->sq - r0 < CONV_ROWS ? pr->sq - r0 : CONV_ROWS;
+                const void *dsb = as_compute(&cv, x, r0, n, pr->sk, w->stage);
+                const void *qb = (const char *)w->qp + (size_t)(r0 * pr->dqk) * cv.cs;
+                /* dQ = scale dS K ; dK += scale dS^T Q */
+                gemm(&cv, 0, 0, n, pr->dqk, pr->sk, pr->score.scale, dsb, pr->sk, w->kp, pr->dqk,
+                     0.0, w->stage2, pr->dqk);
+                unpack(&cv, fai_q_row, FAI_DQ, b, h, r0, n, pr->dqk, w->stage2);
+                gemm(&cv, 1, 0, pr->sk, pr->dqk, n, pr->score.scale, dsb, pr->sk, qb, pr->dqk, 1.0,
+                     w->dk, pr->dqk);
+            }
+        }
+        unpack(&cv, fai_kv_row, FAI_DK, b, hk, 0, pr->sk, pr->dqk, w->dk);
+        unpack(&cv, fai_kv_row, FAI_DV, b, hk, 0, pr->sk, pr->dv, w->dv);
+    }
+    fai_free(&ctx->mem, packs, pbytes);
+    fai_free(&ctx->mem, big, qbytes);
+    return FA_OK;
+}
+
+static fa_status conventional_forward(fa_context *ctx, const fai_problem *pr)
+{
+    return fai_with_serial_blas(conv_forward, ctx, pr);
+}
+
+static fa_status conventional_backward(fa_context *ctx, const fai_problem *pr)
+{
+    return fai_with_serial_blas(conv_backward, ctx, pr);
+}
+
+const fai_backend fai_backend_conventional = {
+    .name = "conventional",
+    .forward = conventional_forward,
+    .backward = conventional_backward,
+};

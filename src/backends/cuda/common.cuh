@@ -1,0 +1,158 @@
+/* Device-side helpers shared by the CUDA translation units: storage conversions, warp
+ * reductions, element addressing. Internal to src/cuda/. */
+#ifndef FAI_CUDA_COMMON_CUH
+#define FAI_CUDA_COMMON_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+
+#include "flashattn.h"
+#include "launch.h"
+#include "core/gradient.h"
+#include "core/philox.h"
+#include "core/recurrence.h"
+#include "core/score.h"
+
+/* Storage <-> compute: loads are exact, stores round to nearest even once (§1). */
+template <typename S> struct fai_storage;
+template <> struct fai_storage<float> {
+    __device__ static float load(float x) { return x; }
+    __device__ static float store(float x) { return x; }
+};
+template <> struct fai_storage<double> {
+    __device__ static double load(double x) { return x; }
+    __device__ static double store(double x) { return x; }
+};
+template <> struct fai_storage<__half> {
+    __device__ static float load(__half x) { return __half2float(x); }
+    __device__ static __half store(float x) { return __float2half_rn(x); }
+};
+template <> struct fai_storage<__nv_bfloat16> {
+    __device__ static float load(__nv_bfloat16 x) { return __bfloat162float(x); }
+    __device__ static __nv_bfloat16 store(float x) { return __float2bfloat16_rn(x); }
+};
+
+template <typename S>
+__device__ __forceinline__ S *fai_at(const fai_cuda_view &t, int64_t b, int64_t s, int64_t h)
+{
+    return (S *)t.data + b * t.sb + s * t.ss + h * t.sh;
+}
+
+/* core's NaN-sticky max (core/fmath.h), by type, for the templates below. */
+__device__ __forceinline__ float fai_nanmax(float m, float x) { return fai_nanmax_f32(m, x); }
+__device__ __forceinline__ double fai_nanmax(double m, double x) { return fai_nanmax_f64(m, x); }
+
+template <typename C> __device__ __forceinline__ C fai_warp_max(C x)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        x = fai_nanmax(x, __shfl_xor_sync(0xffffffffu, x, o));
+    return x;
+}
+
+template <typename C> __device__ __forceinline__ C fai_warp_sum(C x)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        x += __shfl_xor_sync(0xffffffffu, x, o);
+    return x;
+}
+
+/* LSE element (b, h, i): f32 or f64 storage. */
+__device__ __forceinline__ void fai_lse_put(const fai_cuda_view t, int f64, int64_t b, int64_t h,
+                                            int64_t i, double x)
+{
+    if (f64)
+        *fai_at<double>(t, b, i, h) = x;
+    else
+        *fai_at<float>(t, b, i, h) = (float)x;
+}
+
+__device__ __forceinline__ double fai_lse_get(const fai_cuda_view t, int f64, int64_t b,
+                                              int64_t h, int64_t i)
+{
+    return f64 ? *fai_at<double>(t, b, i, h) : (double)*fai_at<float>(t, b, i, h);
+}
+
+/* The dropout stream, copied out of the kernel parameter (taking the address of a __global__
+ * parameter would copy it to local memory): head 0's, and Hq to make (b, h)'s. */
+struct fai_drop {
+    fai_dropout base;
+    int64_t hq;
+};
+__device__ __forceinline__ fai_drop fai_drop_of(const fai_cuda_args &a)
+{
+    fai_drop d = {a.drop, a.hq};
+    return d;
+}
+
+/* The stream of head (b, h), and its keep decision of (row i, key j): core/philox.h's. */
+__device__ __forceinline__ fai_dropout fai_drop_head(const fai_drop d, int64_t b, int64_t h)
+{
+    fai_dropout x = d.base;
+    x.head = (uint32_t)(b * d.hq + h);
+    return x;
+}
+
+__device__ __forceinline__ bool fai_keep(const fai_drop d, int64_t b, int64_t h, int64_t i,
+                                         int64_t j)
+{
+    const fai_dropout x = fai_drop_head(d, b, h);
+    return fai_dropout_keep(&x, i, j);
+}
+
+/* Records a launch failure in err; returns the result code. */
+static inline fai_cuda_result fai_cuda_check_launch(const char *what, char *err, size_t n)
+{
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess)
+        return FAI_CUDA_OK;
+    snprintf(err, n, "backend cuda: %s: %s", what, cudaGetErrorString(e));
+    return FAI_CUDA_DEVICE_ERROR;
+}
+
+/* The tensor-core backward (bwd_mma.cu) and its workspace, carved from fai_cuda_args.work:
+ * D_i and LSE_i log2(e) (f32, B Hq Sq each), the f32 dQ accumulator (B Hq Sq Dqk; NULL in
+ * deterministic mode), and the non-finite-input flag that chooses between it and the generic
+ * kernels on the device. */
+typedef struct {
+    float *delta, *lse2, *dqacc;
+    int *flag;
+} fai_cuda_bwd_ws;
+bool fai_cuda_backward_mma_applies(const fai_cuda_args *a);
+fai_cuda_result fai_cuda_backward_mma_prepare(const fai_cuda_args *a, const fai_cuda_bwd_ws *w,
+                                              char *err, size_t n);
+fai_cuda_result fai_cuda_backward_mma(const fai_cuda_args *a, const fai_cuda_bwd_ws *w, char *err,
+                                      size_t n);
+/* The Hopper backward kernel (bwd_wgmma.cu: dK, dV, and dQ's sums unless deterministic),
+ * tried first by fai_cuda_backward_mma; FAI_CUDA_UNSUPPORTED (nothing launched) outside its
+ * shapes. */
+fai_cuda_result fai_cuda_backward_wgmma(const fai_cuda_args *a, const fai_cuda_bwd_ws *w,
+                                        char *err, size_t n);
+
+/* Whether the score pipeline is the scale alone and dropout is off: the FAST variants, and
+ * the only case of the wgmma kernels. */
+static inline bool fai_cuda_scale_only(const fai_cuda_args &a)
+{
+    return a.score.softcap == 0 && a.slopes == nullptr && a.drop.threshold == 0;
+}
+
+/* Whether q, k, v and out start on 16-byte boundaries and step in whole 16-byte chunks (16-bit
+ * elements): what cp.async and TMA need to move rows as 16-byte chunks. */
+static inline bool fai_cuda_rows_aligned16(const fai_cuda_args &a)
+{
+    const fai_cuda_view *vs[4] = {&a.tq, &a.tk, &a.tv, &a.tout};
+    for (int t = 0; t < 4; t++)
+        if ((uintptr_t)vs[t]->data % 16 != 0 || vs[t]->sb % 8 || vs[t]->ss % 8 || vs[t]->sh % 8)
+            return false;
+    return true;
+}
+
+/* The tensor-core forwards, wgmma (fwd_wgmma.cu, Hopper) and mma.sync (fwd_mma.cu):
+ * FAI_CUDA_UNSUPPORTED when the problem is not one of their shapes (then the next runs: wgmma,
+ * mma.sync, generic). */
+fai_cuda_result fai_cuda_forward_wgmma(const fai_cuda_args *a, char *err, size_t n);
+fai_cuda_result fai_cuda_forward_mma(const fai_cuda_args *a, char *err, size_t n);
+
+#endif

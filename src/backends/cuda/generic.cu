@@ -1,0 +1,493 @@
+/*
+ * The CUDA backend's generic path: exact §1 semantics for every storage dtype (f64 computes in
+ * f64, the others in f32) and any head dims up to 512, by FMA, one warp per attention row.
+ * It is the path for f32/f64 storage, for head dims the tensor-core kernels do not cover, and
+ * for strides they cannot load with 16-byte copies; it is also what the tensor-core forward is
+ * checked against on the device. The backward is three deterministic launches (no atomics):
+ * D_i = dO_i . O_i; dK, dV per key row (summing the GQA group in registers); dQ per query row.
+ *
+ * Row-warp layout: lane L owns head-dim elements d = L + 32 c (c < NV) of the row's
+ * accumulator, so a V row is read by the warp in one coalesced sweep; while scoring, lane L
+ * owns key j0 + L of the current 32-key block, and the block's probabilities are broadcast
+ * back one key at a time with a shuffle.
+ */
+#include "common.cuh"
+
+namespace {
+
+constexpr int kWarps = 4; /* rows per block */
+
+__device__ __forceinline__ int rescale(float *m, float b, float *al)
+{
+    return fai_online_rescale_f32(m, b, al);
+}
+__device__ __forceinline__ int rescale(double *m, double b, double *al)
+{
+    return fai_online_rescale_f64(m, b, al);
+}
+__device__ __forceinline__ float finalize(float m, float l, float ks, double *lse)
+{
+    return fai_online_finalize_f32(m, l, ks, lse);
+}
+__device__ __forceinline__ double finalize(double m, double l, double ks, double *lse)
+{
+    return fai_online_finalize_f64(m, l, ks, lse);
+}
+__device__ __forceinline__ float score(const fai_score *sc, float dot, float slope, int64_t i,
+                                       int64_t j, float *t)
+{
+    return fai_score_f32(sc, dot, slope, i, j, t);
+}
+__device__ __forceinline__ double score(const fai_score *sc, double dot, double slope, int64_t i,
+                                        int64_t j, double *t)
+{
+    return fai_score_f64(sc, dot, slope, i, j, t);
+}
+__device__ __forceinline__ float dscore(float p, float dp, float z, float di, float t, int capped)
+{
+    return fai_dscore_f32(p, dp, z, di, t, capped);
+}
+__device__ __forceinline__ double dscore(double p, double dp, double z, double di, double t,
+                                         int capped)
+{
+    return fai_dscore_f64(p, dp, z, di, t, capped);
+}
+__device__ __forceinline__ float fexp(float x) { return expf(x); }
+__device__ __forceinline__ double fexp(double x) { return exp(x); }
+
+/* x . y over n elements; in f32 in two levels, chunks of 16 terms apart and then the chunks
+ * (rounding error growing with n / 16 + 16 rather than n: one running f32 sum at D = 128 put
+ * dQ past 3x the conventional path's GEMM error). f64 keeps one running sum, as before (in
+ * two levels one large-logit f64 forward crossed the tolerance floor, by the luck of its
+ * roundings). D_i and dP go through it alike, so that where they cancel exactly on the CPU
+ * they do here. */
+template <typename C, typename X, typename Y>
+__device__ __forceinline__ C dot2(const X *x, const Y *y, int64_t n)
+{
+    constexpr int64_t chunk = sizeof(C) == 4 ? 16 : INT64_MAX;
+    C acc = 0;
+    for (int64_t d0 = 0; d0 < n; d0 += chunk) {
+        const int64_t d1 = n - d0 > chunk ? d0 + chunk : n;
+        C part = 0;
+        for (int64_t d = d0; d < d1; d++)
+            part += (C)fai_storage<X>::load(x[d]) * (C)fai_storage<Y>::load(y[d]);
+        acc += part;
+    }
+    return acc;
+}
+
+/* ------------------------------------------------------------------ forward */
+
+template <typename S, typename C, int NV>
+__global__ void __launch_bounds__(kWarps * 32) fa_fwd_kernel_rowwarp(const fai_cuda_args a)
+{
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const fai_mask mask = a.mask;
+    const fai_score sc = a.score;
+    const fai_drop dr = fai_drop_of(a);
+    C *qs = (C *)smem + warp * a.dqk;
+    const int64_t i = (int64_t)blockIdx.x * kWarps + warp;
+    if (i >= a.sq)
+        return; /* whole warps only; no block barrier below */
+    for (int64_t bh = blockIdx.y; bh < a.b * a.hq; bh += gridDim.y) {
+        const int64_t b = bh / a.hq, h = bh % a.hq, hk = h / a.group;
+        const S *qrow = fai_at<S>(a.tq, b, i, h);
+        __syncwarp();
+        for (int64_t d = lane; d < a.dqk; d += 32)
+            qs[d] = fai_storage<S>::load(qrow[d]);
+        __syncwarp();
+        const C slope = a.slopes ? (C)a.slopes[h] : (C)0;
+        int64_t lo, hi;
+        fai_mask_row(&mask, i, &lo, &hi);
+        C m = -INFINITY, l = 0, acc[NV];
+#pragma unroll
+        for (int c = 0; c < NV; c++)
+            acc[c] = 0;
+        for (int64_t j0 = lo; j0 < hi; j0 += 32) {
+            const int64_t j = j0 + lane;
+            const bool valid = j < hi;
+            C s = -INFINITY;
+            if (valid)
+                s = score(&sc, dot2<C>(qs, fai_at<S>(a.tk, b, j, hk), a.dqk), slope, i,
+                          j, (C *)nullptr);
+            C alpha;
+            if (!rescale(&m, fai_warp_max(s), &alpha)) /* uniform: the max is the warp's */
+                continue;
+            const C p = valid ? fexp(s - m) : (C)0;
+            l = alpha * l + fai_warp_sum(p);
+#pragma unroll
+            for (int c = 0; c < NV; c++)
+                acc[c] *= alpha;
+            const int kept = valid && (!a.drop.threshold || fai_keep(dr, b, h, i, j));
+            const int n = hi - j0 < 32 ? (int)(hi - j0) : 32;
+            for (int t = 0; t < n; t++) {
+                const C pt = __shfl_sync(0xffffffffu, p, t);
+                if (!__shfl_sync(0xffffffffu, kept, t)) /* dropped: by selection */
+                    continue;
+                const S *vr = fai_at<S>(a.tv, b, j0 + t, hk);
+#pragma unroll
+                for (int c = 0; c < NV; c++) {
+                    const int64_t d = lane + 32 * c;
+                    if (d < a.dv)
+                        acc[c] += pt * fai_storage<S>::load(vr[d]);
+                }
+            }
+        }
+        double lse;
+        const C f = finalize(m, l, (C)a.keep_scale, &lse);
+        S *orow = fai_at<S>(a.tout, b, i, h);
+#pragma unroll
+        for (int c = 0; c < NV; c++) {
+            const int64_t d = lane + 32 * c;
+            if (d < a.dv)
+                orow[d] = fai_storage<S>::store(f == 0 ? (C)0 : acc[c] * f);
+        }
+        if (a.tlse.data && lane == 0)
+            fai_lse_put(a.tlse, a.lse_f64, b, h, i, lse);
+    }
+}
+
+/* ------------------------------------------------------------------ backward */
+
+/* D_i = dO_i . O_i, in the compute type, one thread per row, summed by dot2: the order of
+ * dP = dO_i . v_j, so that where O_i = z v_j exactly (one allowed key,
+ * P = 1, z a power of two) D_i and z dP cancel exactly, as on the CPU. work[(b hq + h) sq + i] */
+template <typename S, typename C>
+__global__ void __launch_bounds__(kWarps * 32) fa_bwd_delta_kernel(const fai_cuda_args a)
+{
+    const int64_t i = (int64_t)blockIdx.x * kWarps * 32 + threadIdx.x;
+    if (i >= a.sq)
+        return;
+    for (int64_t bh = blockIdx.y; bh < a.b * a.hq; bh += gridDim.y) {
+        const int64_t b = bh / a.hq, h = bh % a.hq;
+        const S *o = fai_at<S>(a.tout, b, i, h), *g = fai_at<S>(a.tdout, b, i, h);
+        ((C *)a.work)[bh * a.sq + i] = dot2<C>(g, o, a.dv);
+    }
+}
+
+/*
+ * One allowed pair (i, j): P = exp(s - LSE) (the subtraction in double, as the CPU paths), the
+ * dropout-scaled P~ that multiplies dO into dV, and dS = scale * P (dP z - D_i) (1 - t^2) that
+ * multiplies q into dK and k into dQ (§1's backward). Returns 0 if the row is empty (LSE -inf:
+ * every gradient through it is 0).
+ */
+template <typename S, typename C>
+__device__ __forceinline__ int pair_grads(const fai_score &sc, const fai_drop &dr, C keep_scale,
+                                          int64_t b, int64_t h, int64_t i, int64_t j, C sdot,
+                                          C dp, double lse, C di, C slope, C *pt, C *ds)
+{
+    if (lse == -INFINITY)
+        return 0;
+    C t = 0;
+    const C s = score(&sc, sdot, slope, i, j, &t);
+    const C p = fexp((C)((double)s - lse));
+    const C z = (dr.base.threshold && !fai_keep(dr, b, h, i, j)) ? (C)0 : keep_scale;
+    *pt = p * z;
+    *ds = (C)sc.scale * dscore(p, dp, z, di, t, sc.softcap > 0);
+    return 1;
+}
+
+/* dK_j, dV_j: one warp per key row of a KV head, summing over the group's query heads. */
+template <typename S, typename C, int NV>
+__global__ void __launch_bounds__(kWarps * 32) fa_bwd_dkdv_kernel_rowwarp(const fai_cuda_args a, const int *gate)
+{
+    if (gate && !*gate)
+        return; /* the tensor-core kernel has this problem */
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const fai_mask mask = a.mask;
+    const fai_score sc = a.score;
+    const fai_drop dr = fai_drop_of(a);
+    C *ks = (C *)smem + warp * (a.dqk + a.dv), *vs = ks + a.dqk;
+    const int64_t j = (int64_t)blockIdx.x * kWarps + warp;
+    if (j >= a.sk)
+        return;
+    int64_t ilo, ihi; /* the rows that may see key j */
+    fai_mask_query_span(&mask, a.sq, j, j + 1, &ilo, &ihi);
+    for (int64_t bh = blockIdx.y; bh < a.b * a.hk; bh += gridDim.y) {
+        const int64_t b = bh / a.hk, hk = bh % a.hk;
+        __syncwarp();
+        for (int64_t d = lane; d < a.dqk; d += 32)
+            ks[d] = fai_storage<S>::load(fai_at<S>(a.tk, b, j, hk)[d]);
+        for (int64_t d = lane; d < a.dv; d += 32)
+            vs[d] = fai_storage<S>::load(fai_at<S>(a.tv, b, j, hk)[d]);
+        __syncwarp();
+        C dk[NV], dv[NV];
+#pragma unroll
+        for (int c = 0; c < NV; c++)
+            dk[c] = dv[c] = 0;
+        for (int64_t h = hk * a.group; h < (hk + 1) * a.group; h++) {
+            const C slope = a.slopes ? (C)a.slopes[h] : (C)0;
+            const C *delta = (const C *)a.work + (b * a.hq + h) * a.sq;
+            for (int64_t i0 = ilo; i0 < ihi; i0 += 32) {
+                const int64_t i = i0 + lane;
+                C pt = 0, ds = 0;
+                int live = 0;
+                if (i < ihi)
+                    live = pair_grads<S, C>(
+                        sc, dr, (C)a.keep_scale, b, h, i, j, dot2<C>(ks, fai_at<S>(a.tq, b, i, h), a.dqk),
+                        dot2<C>(vs, fai_at<S>(a.tdout, b, i, h), a.dv),
+                        fai_lse_get(a.tlse, a.lse_f64, b, h, i), delta[i], slope, &pt, &ds);
+                const int n = ihi - i0 < 32 ? (int)(ihi - i0) : 32;
+                /* Two-level summation: the chunk's 32 terms apart, then into the total. One
+                 * running sum over thousands of rows grows its rounding error with their count
+                 * (f32: past 3x the conventional path's GEMM error at a GQA group of 4 x 333
+                 * rows). */
+                C pk[NV], pv[NV];
+#pragma unroll
+                for (int c = 0; c < NV; c++)
+                    pk[c] = pv[c] = 0;
+                for (int t = 0; t < n; t++) {
+                    const C pt_t = __shfl_sync(0xffffffffu, pt, t);
+                    const C ds_t = __shfl_sync(0xffffffffu, ds, t);
+                    if (!__shfl_sync(0xffffffffu, live, t))
+                        continue;
+                    const S *qr = fai_at<S>(a.tq, b, i0 + t, h), *gr = fai_at<S>(a.tdout, b, i0 + t, h);
+#pragma unroll
+                    for (int c = 0; c < NV; c++) {
+                        const int64_t d = lane + 32 * c;
+                        if (d < a.dqk)
+                            pk[c] += ds_t * fai_storage<S>::load(qr[d]);
+                        if (d < a.dv)
+                            pv[c] += pt_t * fai_storage<S>::load(gr[d]);
+                    }
+                }
+#pragma unroll
+                for (int c = 0; c < NV; c++)
+                    dk[c] += pk[c], dv[c] += pv[c];
+            }
+        }
+        S *dkr = fai_at<S>(a.tdk, b, j, hk), *dvr = fai_at<S>(a.tdv, b, j, hk);
+#pragma unroll
+        for (int c = 0; c < NV; c++) {
+            const int64_t d = lane + 32 * c;
+            if (d < a.dqk)
+                dkr[d] = fai_storage<S>::store(dk[c]);
+            if (d < a.dv)
+                dvr[d] = fai_storage<S>::store(dv[c]);
+        }
+    }
+}
+
+/* dQ_i: one warp per query row. */
+template <typename S, typename C, int NV>
+__global__ void __launch_bounds__(kWarps * 32) fa_bwd_dq_kernel_rowwarp(const fai_cuda_args a, const int *gate)
+{
+    if (gate && !*gate)
+        return; /* the tensor-core kernel has this problem */
+    extern __shared__ __align__(16) unsigned char smem[];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const fai_mask mask = a.mask;
+    const fai_score sc = a.score;
+    const fai_drop dr = fai_drop_of(a);
+    C *qs = (C *)smem + warp * (a.dqk + a.dv), *gs = qs + a.dqk;
+    const int64_t i = (int64_t)blockIdx.x * kWarps + warp;
+    if (i >= a.sq)
+        return;
+    for (int64_t bh = blockIdx.y; bh < a.b * a.hq; bh += gridDim.y) {
+        const int64_t b = bh / a.hq, h = bh % a.hq, hk = h / a.group;
+        __syncwarp();
+        for (int64_t d = lane; d < a.dqk; d += 32)
+            qs[d] = fai_storage<S>::load(fai_at<S>(a.tq, b, i, h)[d]);
+        for (int64_t d = lane; d < a.dv; d += 32)
+            gs[d] = fai_storage<S>::load(fai_at<S>(a.tdout, b, i, h)[d]);
+        __syncwarp();
+        const C slope = a.slopes ? (C)a.slopes[h] : (C)0;
+        const double lse = fai_lse_get(a.tlse, a.lse_f64, b, h, i);
+        const C di = ((const C *)a.work)[bh * a.sq + i];
+        int64_t lo, hi;
+        fai_mask_row(&mask, i, &lo, &hi);
+        C dq[NV];
+#pragma unroll
+        for (int c = 0; c < NV; c++)
+            dq[c] = 0;
+        for (int64_t j0 = lo; j0 < hi; j0 += 32) {
+            const int64_t j = j0 + lane;
+            C pt = 0, ds = 0;
+            int live = 0;
+            if (j < hi)
+                live = pair_grads<S, C>(sc, dr, (C)a.keep_scale, b, h, i, j,
+                                        dot2<C>(qs, fai_at<S>(a.tk, b, j, hk), a.dqk),
+                                        dot2<C>(gs, fai_at<S>(a.tv, b, j, hk), a.dv), lse, di,
+                                        slope, &pt, &ds);
+            const int n = hi - j0 < 32 ? (int)(hi - j0) : 32;
+            C part[NV]; /* two-level summation, as in dK and dV */
+#pragma unroll
+            for (int c = 0; c < NV; c++)
+                part[c] = 0;
+            for (int t = 0; t < n; t++) {
+                const C ds_t = __shfl_sync(0xffffffffu, ds, t);
+                if (!__shfl_sync(0xffffffffu, live, t))
+                    continue;
+                const S *kr = fai_at<S>(a.tk, b, j0 + t, hk);
+#pragma unroll
+                for (int c = 0; c < NV; c++) {
+                    const int64_t d = lane + 32 * c;
+                    if (d < a.dqk)
+                        part[c] += ds_t * fai_storage<S>::load(kr[d]);
+                }
+            }
+#pragma unroll
+            for (int c = 0; c < NV; c++)
+                dq[c] += part[c];
+        }
+        S *dqr = fai_at<S>(a.tdq, b, i, h);
+#pragma unroll
+        for (int c = 0; c < NV; c++) {
+            const int64_t d = lane + 32 * c;
+            if (d < a.dqk)
+                dqr[d] = fai_storage<S>::store(dq[c]);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------ launch */
+
+constexpr int64_t kMaxGridY = 65535;
+
+dim3 grid_for(int64_t rows, int64_t heads)
+{
+    return dim3((unsigned)((rows + kWarps - 1) / kWarps),
+                (unsigned)(heads < kMaxGridY ? heads : kMaxGridY));
+}
+
+template <typename S, typename C, int NV>
+fai_cuda_result run_forward(const fai_cuda_args &a, char *err, size_t n)
+{
+    cudaStream_t st = (cudaStream_t)a.stream;
+    const size_t sm = (size_t)kWarps * a.dqk * sizeof(C);
+    fa_fwd_kernel_rowwarp<S, C, NV><<<grid_for(a.sq, a.b * a.hq), kWarps * 32, sm, st>>>(a);
+    return fai_cuda_check_launch("generic forward", err, n);
+}
+
+/* The tensor-core backward's workspace (fai_cuda_bwd_ws), in floats before the flag: D_i and
+ * LSE_i log2(e) (B Hq Sq each), then the f32 dQ accumulator (B Hq Sq Dqk), which deterministic
+ * mode does without. fai_cuda_backward_workspace sizes it, run_backward carves it. */
+int64_t mma_ws_floats(const fai_cuda_args &a)
+{
+    return (2 + (a.deterministic ? 0 : a.dqk)) * (a.b * a.hq * a.sq);
+}
+
+/*
+ * The backward. With the tensor-core kernel (16-bit storage, its head dims and alignment) the
+ * generic dK/dV and dQ kernels are launched behind its device-side flag and return at once
+ * unless some input was non-finite. (Deterministic mode: the tensor-core path computes dQ with
+ * its own ordered kernel instead of atomics.)
+ */
+template <typename S, typename C, int NV>
+fai_cuda_result run_backward(const fai_cuda_args &a, char *err, size_t n)
+{
+    cudaStream_t st = (cudaStream_t)a.stream;
+    const size_t sm = (size_t)kWarps * (a.dqk + a.dv) * sizeof(C);
+    const bool mma = a.sq > 0 && a.sk > 0 && fai_cuda_backward_mma_applies(&a);
+    const int64_t bhs = a.b * a.hq * a.sq;
+    float *ws = (float *)a.work;
+    fai_cuda_bwd_ws w = {ws, ws + bhs, a.deterministic ? nullptr : ws + 2 * bhs,
+                         (int *)(ws + mma_ws_floats(a))};
+    fai_cuda_result r;
+    if (mma && (r = fai_cuda_backward_mma_prepare(&a, &w, err, n)) != FAI_CUDA_OK)
+        return r;
+    if (a.sq > 0) {
+        const int64_t bh = a.b * a.hq;
+        fa_bwd_delta_kernel<S, C><<<dim3((unsigned)((a.sq + kWarps * 32 - 1) / (kWarps * 32)),
+                                         (unsigned)(bh < kMaxGridY ? bh : kMaxGridY)),
+                                    kWarps * 32, 0, st>>>(a);
+        if ((r = fai_cuda_check_launch("backward D = dO . O", err, n)) != FAI_CUDA_OK)
+            return r;
+    }
+    if (mma && (r = fai_cuda_backward_mma(&a, &w, err, n)) != FAI_CUDA_OK)
+        return r;
+    const int *gate = mma ? w.flag : nullptr;
+    if (a.sq > 0) {
+        fa_bwd_dq_kernel_rowwarp<S, C, NV><<<grid_for(a.sq, a.b * a.hq), kWarps * 32, sm, st>>>(
+            a, gate);
+        if ((r = fai_cuda_check_launch("generic backward dQ", err, n)) != FAI_CUDA_OK)
+            return r;
+    }
+    if (a.sk > 0) {
+        fa_bwd_dkdv_kernel_rowwarp<S, C, NV>
+            <<<grid_for(a.sk, a.b * a.hk), kWarps * 32, sm, st>>>(a, gate);
+        if ((r = fai_cuda_check_launch("generic backward dK dV", err, n)) != FAI_CUDA_OK)
+            return r;
+    }
+    return FAI_CUDA_OK;
+}
+
+/* NV (accumulators per lane) = ceil(D / 32) rounded up to a power of two, D <= 512. */
+template <typename S, typename C, template <typename, typename, int> class Run>
+fai_cuda_result by_width(const fai_cuda_args &a, char *err, size_t n)
+{
+    const int64_t d = a.dqk > a.dv ? a.dqk : a.dv;
+    if (d <= 32)
+        return Run<S, C, 1>::go(a, err, n);
+    if (d <= 64)
+        return Run<S, C, 2>::go(a, err, n);
+    if (d <= 128)
+        return Run<S, C, 4>::go(a, err, n);
+    if (d <= 256)
+        return Run<S, C, 8>::go(a, err, n);
+    return Run<S, C, 16>::go(a, err, n);
+}
+
+template <typename S, typename C, int NV> struct Fwd {
+    static fai_cuda_result go(const fai_cuda_args &a, char *e, size_t n)
+    {
+        return run_forward<S, C, NV>(a, e, n);
+    }
+};
+template <typename S, typename C, int NV> struct Bwd {
+    static fai_cuda_result go(const fai_cuda_args &a, char *e, size_t n)
+    {
+        return run_backward<S, C, NV>(a, e, n);
+    }
+};
+
+template <template <typename, typename, int> class Run>
+fai_cuda_result by_dtype(const fai_cuda_args &a, char *err, size_t n)
+{
+    if (a.dqk > 512 || a.dv > 512) {
+        snprintf(err, n,
+                 "backend cuda: head dims %lld/%lld; the CUDA backend supports head dims up to "
+                 "512",
+                 (long long)a.dqk, (long long)a.dv);
+        return FAI_CUDA_UNSUPPORTED;
+    }
+    switch (a.dtype) {
+    case FA_F32: return by_width<float, float, Run>(a, err, n);
+    case FA_F64: return by_width<double, double, Run>(a, err, n);
+    case FA_F16: return by_width<__half, float, Run>(a, err, n);
+    default: return by_width<__nv_bfloat16, float, Run>(a, err, n);
+    }
+}
+
+} // namespace
+
+extern "C" fai_cuda_result fai_cuda_forward(const fai_cuda_args *a, char *err, size_t n)
+{
+    if (a->kernel != FAI_CUDA_KERNEL_GENERIC) {
+        fai_cuda_result r = fai_cuda_forward_wgmma(a, err, n);
+        if (r == FAI_CUDA_UNSUPPORTED)
+            r = fai_cuda_forward_mma(a, err, n);
+        if (r != FAI_CUDA_UNSUPPORTED)
+            return r;
+    }
+    if (a->sq == 0 || a->b * a->hq == 0)
+        return FAI_CUDA_OK;
+    return by_dtype<Fwd>(*a, err, n);
+}
+
+extern "C" fai_cuda_result fai_cuda_backward(const fai_cuda_args *a, char *err, size_t n)
+{
+    if (a->b * a->hq == 0)
+        return FAI_CUDA_OK;
+    return by_dtype<Bwd>(*a, err, n);
+}
+
+extern "C" size_t fai_cuda_backward_workspace(const fai_cuda_args *a)
+{
+    const size_t bhs = (size_t)(a->b * a->hq * a->sq);
+    if (a->sq > 0 && a->sk > 0 && fai_cuda_backward_mma_applies(a)) /* + the flag */
+        return (size_t)mma_ws_floats(*a) * sizeof(float) + 16;
+    return bhs * (a->dtype == FA_F64 ? sizeof(double) : sizeof(float));
+}

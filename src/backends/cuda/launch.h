@@ -1,0 +1,60 @@
+/*
+ * The boundary between the CUDA backend's host side (backend.c, C: argument checks, device
+ * memory, the context's counters) and its kernels (*.cu, C++ through nvcc). Everything crosses
+ * as plain data: resolved dims, the mask and score of src/core/score.h, the Philox key, and
+ * device pointers with element strides. No fa_context (its atomics are C11 only) crosses.
+ */
+#ifndef FAI_CUDA_LAUNCH_H
+#define FAI_CUDA_LAUNCH_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "core/philox.h"
+#include "core/score.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* One tensor on the device: element (b, s, h, d) is at data + b*sb + s*ss + h*sh + d. */
+typedef struct {
+    void *data;
+    int64_t sb, ss, sh;
+} fai_cuda_view;
+
+typedef struct {
+    int dtype;   /* fa_dtype of q, k, v, out, dout, dq, dk, dv */
+    int lse_f64; /* the LSE tensor is f64 (else f32) */
+    int64_t b, hq, hk, sq, sk, dqk, dv, group;
+    fai_mask mask;
+    fai_score score;
+    const float *slopes;          /* device copy of the Hq ALiBi slopes, or NULL */
+    fai_dropout drop;             /* the dropout stream of head 0 (threshold 0: off); a kernel's
+                                     (b, h) sets its head to b Hq + h (common.cuh: fai_keep) */
+    double keep_scale;            /* 1 / (1 - p) */
+    fai_cuda_view tq, tk, tv, tout, tlse, tdout, tdq, tdk, tdv; /* the tensors */
+    void *work;                   /* device workspace of fai_cuda_backward_workspace bytes */
+    void *stream;                 /* cudaStream_t */
+    int deterministic;
+    int kernel;                   /* fai_cuda_kernel, from FA_CUDA_KERNEL */
+} fai_cuda_args;
+
+/* Which kernels may run (FA_CUDA_KERNEL, for tests and measurements): the fastest that applies
+ * (unset), the mma.sync tensor-core kernels and below ("mma": no wgmma), or the FMA path for
+ * every dtype ("generic"). */
+typedef enum { FAI_CUDA_KERNEL_AUTO, FAI_CUDA_KERNEL_MMA, FAI_CUDA_KERNEL_GENERIC } fai_cuda_kernel;
+
+typedef enum { FAI_CUDA_OK, FAI_CUDA_UNSUPPORTED, FAI_CUDA_DEVICE_ERROR } fai_cuda_result;
+
+/* Launch the forward / backward on a->stream. On failure `err` (n bytes) says why. Nothing is
+ * launched when the result is FAI_CUDA_UNSUPPORTED. */
+fai_cuda_result fai_cuda_forward(const fai_cuda_args *a, char *err, size_t n);
+fai_cuda_result fai_cuda_backward(const fai_cuda_args *a, char *err, size_t n);
+/* Device workspace bytes the backward needs for these args (0 for none). */
+size_t fai_cuda_backward_workspace(const fai_cuda_args *a);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

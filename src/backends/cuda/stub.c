@@ -1,0 +1,33 @@
+/* The CUDA backend of a build without CUDA: every call reports it unavailable, so no other
+ * file needs to know whether CUDA was built. */
+#include "config.h"
+
+#include "backends/backend.h"
+
+#define FAI_NO_CUDA "backend cuda: this build has no CUDA backend (configure --enable-cuda)"
+
+int fai_cuda_available(void)
+{
+    fai_fail(FA_ERR_BACKEND_UNAVAILABLE, FAI_NO_CUDA);
+    return 0;
+}
+
+int fai_cuda_is_device_pointer(const void *p)
+{
+    (void)p;
+    return 0;
+}
+
+static fa_status unavailable(fa_context *ctx, const fai_problem *pr)
+{
+    (void)ctx;
+    (void)pr;
+    return fai_fail(FA_ERR_BACKEND_UNAVAILABLE, FAI_NO_CUDA);
+}
+
+const fai_backend fai_backend_cuda = {
+    .name = "cuda",
+    .device_memory = 1,
+    .forward = unavailable,
+    .backward = unavailable,
+};

@@ -1,0 +1,509 @@
+/*
+ * The float64 oracle: DESIGN.md §1 computed in double throughout, in two passes over each
+ * query row's keys (the maximum, then the exponentials), never tiled over keys and never
+ * rescaled online. Two ways to evaluate the same formulas:
+ *
+ *  - blocked (the usual path): a block of query rows at a time, with the dot products and the
+ *    P V / gradient products done by float64 GEMMs (one per block, on the calling thread; see
+ *    blas.c) and the score pipeline, mask, softmax and dropout applied elementwise in between.
+ *    GEMMs multiply masked and dropped entries by an exact 0, which is exact only when the
+ *    other operand is finite, so this path is taken only for heads whose inputs are finite.
+ *  - row by row: each row's dot products and sums written out, masked and dropped terms
+ *    skipped by selection. It serves heads with a NaN or inf anywhere in their inputs, where
+ *    §1's "masked NaN never reaches the output" must hold to the bit, and dimensions beyond
+ *    BLAS's int range.
+ *
+ * Each output element is computed by one thread in an order fixed by the problem alone, so the
+ * result does not depend on the thread count; the row block size changes only the GEMMs'
+ * float64 rounding.
+ */
+#include "config.h"
+
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "backends/backend.h"
+#include "backends/blas.h"
+#include "core/gradient.h"
+
+#define REF_ROWS 64 /* query rows per block: the S block is 64 x Sk doubles (4 MiB at 8192) */
+
+static double dot64(const double *a, const double *b, int64_t n)
+{
+    double s = 0;
+    for (int64_t d = 0; d < n; d++)
+        s += a[d] * b[d];
+    return s;
+}
+
+/* Whether `rows` rows of dim elements, row s at p(pr, role, b, h, s), hold no NaN or inf. */
+static int all_finite(const fai_problem *pr, void *(*p)(const fai_problem *, fai_role, int64_t,
+                                                        int64_t, int64_t),
+                      fai_role role, int64_t b, int64_t h, int64_t rows, int64_t dim,
+                      double *row)
+{
+    for (int64_t s = 0; s < rows; s++) {
+        fai_load_f64(p(pr, role, b, h, s), pr->dtype, dim, row);
+        for (int64_t d = 0; d < dim; d++)
+            if (!isfinite(row[d]))
+                return 0;
+    }
+    return 1;
+}
+
+/* ================================================================== row by row */
+
+/* Per-thread scratch of the row path: a row of scores and their tanh (softcap), and rows of
+ * q, dq, o, dO and one of k or v. */
+typedef struct {
+    double *s, *t, *q, *kv, *o, *dout, *dq;
+} row_ws;
+
+static void row_carve(const fai_problem *pr, fai_arena *a, row_ws *w)
+{
+    const size_t d = sizeof(double);
+    w->s = fai_carve(a, (size_t)pr->sk * d);
+    w->t = fai_carve(a, (size_t)pr->sk * d);
+    w->q = fai_carve(a, (size_t)pr->dqk * d);
+    w->dq = fai_carve(a, (size_t)pr->dqk * d);
+    w->o = fai_carve(a, (size_t)pr->dv * d);
+    w->dout = fai_carve(a, (size_t)pr->dv * d);
+    w->kv = fai_carve(a, (size_t)(pr->dqk > pr->dv ? pr->dqk : pr->dv) * d);
+}
+
+/*
+ * Steps 1-5 of §1 for row i of (b, h): fills w->s[j] (and w->t[j]) for allowed j in [*lo, *hi)
+ * and returns LSE_i; -inf for an empty row (no allowed key, or all allowed scores -inf), NaN
+ * if an allowed score is NaN. Fills keep[lo, hi) when dropout is on.
+ */
+static double row_scores(const fai_problem *pr, int64_t b, int64_t h, int64_t i, row_ws *w,
+                         unsigned char *keep, int64_t *lo, int64_t *hi)
+{
+    const int64_t hk = h / pr->group;
+    const double slope = fai_slope(pr, h);
+    fai_mask_row(&pr->mask, i, lo, hi);
+    fai_load_f64(fai_q_row(pr, FAI_Q, b, h, i), pr->dtype, pr->dqk, w->q);
+    double mx = -INFINITY;
+    for (int64_t j = *lo; j < *hi; j++) {
+        fai_load_f64(fai_kv_row(pr, FAI_K, b, hk, j), pr->dtype, pr->dqk, w->kv);
+        w->s[j] = fai_score_f64(&pr->score, dot64(w->q, w->kv, pr->dqk), slope, i, j, &w->t[j]);
+        mx = fai_nanmax_f64(mx, w->s[j]);
+    }
+    if (pr->drop_threshold && *lo < *hi) {
+        fai_dropout d = fai_dropout_for(pr, b, h);
+        fai_dropout_keep_row(&d, i, *lo, *hi - *lo, keep + *lo);
+    }
+    if (isnan(mx) || mx == -INFINITY)
+        return mx;
+    double sum = 0;
+    for (int64_t j = *lo; j < *hi; j++)
+        sum += exp(w->s[j] - mx);
+    return mx + log(sum);
+}
+
+/* O_i = sum_{allowed, kept j} exp(s_j - LSE) / (1 - p) v_j, into w->o (0 for an empty row). */
+static void row_output(const fai_problem *pr, int64_t b, int64_t h, double lse, int64_t lo,
+                       int64_t hi, const unsigned char *keep, row_ws *w)
+{
+    const int64_t hk = h / pr->group;
+    memset(w->o, 0, (size_t)pr->dv * sizeof(double));
+    if (lse == -INFINITY)
+        return;
+    for (int64_t j = lo; j < hi; j++) {
+        if (pr->drop_threshold && !keep[j]) /* dropped by selection, like masked keys */
+            continue;
+        double pt = exp(w->s[j] - lse) * pr->keep_scale;
+        fai_load_f64(fai_kv_row(pr, FAI_V, b, hk, j), pr->dtype, pr->dv, w->kv);
+        for (int64_t d = 0; d < pr->dv; d++)
+            w->o[d] += pt * w->kv[d];
+    }
+}
+
+/* Forward of row i of (b, h), row by row. */
+static void row_forward(const fai_problem *pr, int64_t b, int64_t h, int64_t i, row_ws *w,
+                        unsigned char *keep)
+{
+    int64_t lo, hi;
+    double lse = row_scores(pr, b, h, i, w, keep, &lo, &hi);
+    row_output(pr, b, h, lse, lo, hi, keep, w);
+    fai_store_f64(fai_q_row(pr, FAI_OUT, b, h, i), pr->dtype, pr->dv, w->o);
+    if (fai_io(pr, FAI_LSE))
+        fai_lse_put(pr, b, h, i, lse);
+}
+
+/* Backward of the group of kv head (b, hk), row by row, dK and dV summed in dk, dv (Sk x D). */
+static void row_backward_group(const fai_problem *pr, int64_t b, int64_t hk, row_ws *w,
+                               unsigned char *keep, double *dk, double *dv)
+{
+    const double scale = pr->score.scale;
+    for (int64_t h = hk * pr->group; h < (hk + 1) * pr->group; h++)
+        for (int64_t i = 0; i < pr->sq; i++) {
+            int64_t lo, hi;
+            double lse = row_scores(pr, b, h, i, w, keep, &lo, &hi);
+            memset(w->dq, 0, (size_t)pr->dqk * sizeof(double));
+            if (lse != -INFINITY) {
+                row_output(pr, b, h, lse, lo, hi, keep, w);
+                fai_load_f64(fai_q_row(pr, FAI_DOUT, b, h, i), pr->dtype, pr->dv, w->dout);
+                const double Di = dot64(w->dout, w->o, pr->dv);
+                for (int64_t j = lo; j < hi; j++) {
+                    const double P = exp(w->s[j] - lse);
+                    const double z = !pr->drop_threshold || keep[j] ? pr->keep_scale : 0.0;
+                    fai_load_f64(fai_kv_row(pr, FAI_V, b, hk, j), pr->dtype, pr->dv, w->kv);
+                    const double dP = dot64(w->dout, w->kv, pr->dv);
+                    if (z != 0)
+                        for (int64_t d = 0; d < pr->dv; d++)
+                            dv[j * pr->dv + d] += P * z * w->dout[d];
+                    const double dS =
+                        fai_dscore_f64(P, dP, z, Di, w->t[j], pr->score.softcap > 0);
+                    fai_load_f64(fai_kv_row(pr, FAI_K, b, hk, j), pr->dtype, pr->dqk, w->kv);
+                    for (int64_t d = 0; d < pr->dqk; d++) {
+                        w->dq[d] += scale * dS * w->kv[d];
+                        dk[j * pr->dqk + d] += scale * dS * w->q[d];
+                    }
+                }
+            }
+            fai_store_f64(fai_q_row(pr, FAI_DQ, b, h, i), pr->dtype, pr->dqk, w->dq);
+        }
+}
+
+/* ================================================================== blocked */
+
+/* Per-thread scratch of the blocked path; k and v hold the kv head (b * Hk + hk) == packed. */
+typedef struct {
+    double *q, *dout, *o, *dq;  /* REF_ROWS rows of the query side                   */
+    double *s, *pd, *dp, *t;    /* REF_ROWS x Sk: scores -> P, P~, dP -> dS, tanh     */
+    double *k, *v;              /* the kv head, Sk x Dqk and Sk x Dv                  */
+    unsigned char *keep;        /* Sk dropout decisions of one row                     */
+    int64_t packed;
+} blk_ws;
+
+static void blk_carve(const fai_problem *pr, fai_arena *a, int backward, blk_ws *w)
+{
+    const size_t d = sizeof(double), R = REF_ROWS, sk = (size_t)pr->sk;
+    w->q = fai_carve(a, R * (size_t)pr->dqk * d);
+    w->o = fai_carve(a, R * (size_t)pr->dv * d);
+    w->s = fai_carve(a, R * sk * d);
+    w->k = fai_carve(a, sk * (size_t)pr->dqk * d);
+    w->v = fai_carve(a, sk * (size_t)pr->dv * d);
+    w->keep = fai_carve(a, sk);
+    w->dout = backward ? fai_carve(a, R * (size_t)pr->dv * d) : NULL;
+    w->dq = backward ? fai_carve(a, R * (size_t)pr->dqk * d) : NULL;
+    w->pd = backward ? fai_carve(a, R * sk * d) : NULL;
+    w->dp = backward ? fai_carve(a, R * sk * d) : NULL;
+    w->t = backward && pr->score.softcap > 0 ? fai_carve(a, R * sk * d) : NULL;
+    w->packed = -1;
+}
+
+/* Rows [r0, r0 + n) of (b, head h) of role r's tensor, rows at p (fai_q_row or fai_kv_row),
+ * widened into dst (n x dim). */
+static void pack_rows(const fai_problem *pr,
+                      void *(*p)(const fai_problem *, fai_role, int64_t, int64_t, int64_t),
+                      fai_role r, int64_t b, int64_t h, int64_t r0, int64_t n, int64_t dim,
+                      double *dst)
+{
+    for (int64_t s = 0; s < n; s++)
+        fai_load_f64(p(pr, r, b, h, r0 + s), pr->dtype, dim, dst + s * dim);
+}
+
+static void pack_kv(const fai_problem *pr, int64_t b, int64_t hk, blk_ws *w)
+{
+    if (w->packed == b * pr->hk + hk)
+        return;
+    pack_rows(pr, fai_kv_row, FAI_K, b, hk, 0, pr->sk, pr->dqk, w->k);
+    pack_rows(pr, fai_kv_row, FAI_V, b, hk, 0, pr->sk, pr->dv, w->v);
+    w->packed = b * pr->hk + hk;
+}
+
+/*
+ * Rows [i0, i0 + n) of (b, h) against keys [jlo, jlo + nk), the block's key span: S by GEMM,
+ * then per row the pipeline over its allowed keys, the two passes, and P = exp(s - max) / sum
+ * (w->s, row stride nk, exact 0 outside the row's allowed keys). If pd is not NULL it receives
+ * P~ = P keep / (1 - p) and t (if not NULL) tanh(s / c). lse[r] gets each row's LSE (-inf for
+ * an empty row, NaN for a row with a NaN score).
+ */
+static void blk_probs(const fai_problem *pr, int64_t b, int64_t h, int64_t i0, int64_t n,
+                      int64_t jlo, int64_t nk, blk_ws *w, double *pd, double *t, double *lse)
+{
+    const double slope = fai_slope(pr, h);
+    const fai_dropout drop = fai_dropout_for(pr, b, h);
+    fai_gemm(1, 0, 1, n, nk, pr->dqk, 1.0, w->q, pr->dqk, w->k + jlo * pr->dqk, pr->dqk, 0.0, w->s,
+             nk);
+    for (int64_t r = 0; r < n; r++) {
+        const int64_t i = i0 + r;
+        double *s = w->s + r * nk, *tr = t ? t + r * nk : NULL, mx = -INFINITY, sum = 0;
+        int64_t lo, hi;
+        fai_mask_row(&pr->mask, i, &lo, &hi);
+        lo = (lo > jlo ? lo : jlo) - jlo; /* the row's allowed keys as block columns */
+        hi = (hi < jlo + nk ? hi : jlo + nk) - jlo;
+        for (int64_t c = lo; c < hi; c++) {
+            s[c] = fai_score_f64(&pr->score, s[c], slope, i, jlo + c, tr ? &tr[c] : NULL);
+            mx = fai_nanmax_f64(mx, s[c]);
+        }
+        if (mx != -INFINITY && !isnan(mx)) {
+            for (int64_t c = lo; c < hi; c++)
+                sum += s[c] = exp(s[c] - mx);
+            for (int64_t c = lo; c < hi; c++)
+                s[c] /= sum;
+            lse[r] = mx + log(sum);
+        } else {
+            for (int64_t c = lo; c < hi; c++) /* empty: P = 0; NaN: P = NaN */
+                s[c] = isnan(mx) ? NAN : 0;
+            lse[r] = mx;
+        }
+        for (int64_t c = 0; c < nk; c++) /* masked entries are exact zeros */
+            if (c < lo || c >= hi) {
+                s[c] = 0;
+                if (tr)
+                    tr[c] = 0;
+            }
+        if (!pd && !drop.threshold)
+            continue;
+        double *dst = pd ? pd + r * nk : s; /* without pd, P~ replaces P */
+        if (drop.threshold && lo < hi)
+            fai_dropout_keep_row(&drop, i, jlo + lo, hi - lo, w->keep + lo);
+        for (int64_t c = 0; c < nk; c++)
+            dst[c] = c < lo || c >= hi || (drop.threshold && !w->keep[c]) ? 0
+                                                                           : s[c] * pr->keep_scale;
+    }
+}
+
+static void blk_forward(const fai_problem *pr, int64_t b, int64_t h, int64_t i0, int64_t n,
+                        blk_ws *w)
+{
+    double lse[REF_ROWS];
+    int64_t jlo, jhi;
+    fai_mask_key_span(&pr->mask, i0, i0 + n, &jlo, &jhi);
+    const int64_t nk = jhi > jlo ? jhi - jlo : 0;
+    pack_kv(pr, b, h / pr->group, w);
+    pack_rows(pr, fai_q_row, FAI_Q, b, h, i0, n, pr->dqk, w->q);
+    memset(w->o, 0, (size_t)(n * pr->dv) * sizeof(double));
+    if (nk > 0) {
+        blk_probs(pr, b, h, i0, n, jlo, nk, w, NULL, NULL, lse); /* P~ in place in w->s */
+        fai_gemm(1, 0, 0, n, pr->dv, nk, 1.0, w->s, nk, w->v + jlo * pr->dv, pr->dv, 0.0, w->o,
+                 pr->dv);
+    } else {
+        for (int64_t r = 0; r < n; r++)
+            lse[r] = -INFINITY;
+    }
+    for (int64_t r = 0; r < n; r++) {
+        fai_store_f64(fai_q_row(pr, FAI_OUT, b, h, i0 + r), pr->dtype, pr->dv, w->o + r * pr->dv);
+        if (fai_io(pr, FAI_LSE))
+            fai_lse_put(pr, b, h, i0 + r, lse[r]);
+    }
+}
+
+/* Backward of the group of kv head (b, hk), blocked; dK and dV summed in dk, dv (Sk x D). */
+static void blk_backward_group(const fai_problem *pr, int64_t b, int64_t hk, blk_ws *w,
+                               double *dk, double *dv)
+{
+    const double scale = pr->score.scale;
+    const int64_t dqk = pr->dqk, dvd = pr->dv;
+    pack_kv(pr, b, hk, w);
+    for (int64_t h = hk * pr->group; h < (hk + 1) * pr->group; h++)
+        for (int64_t i0 = 0; i0 < pr->sq; i0 += REF_ROWS) {
+            const int64_t n = pr->sq - i0 < REF_ROWS ? pr->sq - i0 : REF_ROWS;
+            double lse[REF_ROWS];
+            int64_t jlo, jhi;
+            fai_mask_key_span(&pr->mask, i0, i0 + n, &jlo, &jhi);
+            const int64_t nk = jhi > jlo ? jhi - jlo : 0;
+            memset(w->dq, 0, (size_t)(n * dqk) * sizeof(double));
+            if (nk > 0) {
+                pack_rows(pr, fai_q_row, FAI_Q, b, h, i0, n, dqk, w->q);
+                pack_rows(pr, fai_q_row, FAI_DOUT, b, h, i0, n, dvd, w->dout);
+                blk_probs(pr, b, h, i0, n, jlo, nk, w, w->pd, w->t, lse);
+                const double *vb = w->v + jlo * dvd, *kb = w->k + jlo * dqk;
+                /* O = P~ V (recomputed in float64), D_i = dO_i . O_i */
+                fai_gemm(1, 0, 0, n, dvd, nk, 1.0, w->pd, nk, vb, dvd, 0.0, w->o, dvd);
+                /* dP = dO V^T */
+                fai_gemm(1, 0, 1, n, nk, dvd, 1.0, w->dout, dvd, vb, dvd, 0.0, w->dp, nk);
+                /* dS = P (dP keep / (1 - p) - D_i), chained through softcap; 0 where P is */
+                const fai_dropout drop = fai_dropout_for(pr, b, h);
+                for (int64_t r = 0; r < n; r++) {
+                    const double Di = dot64(w->dout + r * dvd, w->o + r * dvd, dvd);
+                    const double *P = w->s + r * nk;
+                    double *g = w->dp + r * nk;
+                    if (drop.threshold)
+                        fai_dropout_keep_row(&drop, i0 + r, jlo, nk, w->keep);
+                    for (int64_t c = 0; c < nk; c++) {
+                        const double z = drop.threshold && !w->keep[c] ? 0.0 : pr->keep_scale;
+                        g[c] = fai_dscore_f64(P[c], g[c], z, Di, w->t ? w->t[r * nk + c] : 0,
+                                              w->t != NULL);
+                    }
+                }
+                /* dV += P~^T dO ; dQ = scale dS K ; dK += scale dS^T Q */
+                fai_gemm(1, 1, 0, nk, dvd, n, 1.0, w->pd, nk, w->dout, dvd, 1.0, dv + jlo * dvd,
+                         dvd);
+                fai_gemm(1, 0, 0, n, dqk, nk, scale, w->dp, nk, kb, dqk, 0.0, w->dq, dqk);
+                fai_gemm(1, 1, 0, nk, dqk, n, scale, w->dp, nk, w->q, dqk, 1.0, dk + jlo * dqk,
+                         dqk);
+            }
+            for (int64_t r = 0; r < n; r++)
+                fai_store_f64(fai_q_row(pr, FAI_DQ, b, h, i0 + r), pr->dtype, dqk, w->dq + r * dqk);
+        }
+}
+
+/* ================================================================== entry points */
+
+/*
+ * fast[b * Hk + hk] = 1 when the blocked path is exact for the group of kv head (b, hk): its
+ * K and V (and, for the backward, the group's Q and dO) hold no NaN or inf, and every
+ * dimension fits BLAS's int.
+ */
+static fa_status fast_heads(fa_context *ctx, const fai_problem *pr, int backward,
+                            unsigned char **fast, size_t *bytes)
+{
+    const int64_t n = pr->b * pr->hk, d = pr->dqk > pr->dv ? pr->dqk : pr->dv;
+    size_t per = (size_t)d * sizeof(double);
+    char *rows;
+    size_t rows_bytes;
+    fa_status st =
+        fai_thread_scratch(&ctx->mem, "reference", &per, ctx->num_threads, &rows, &rows_bytes);
+    if (st != FA_OK)
+        return st;
+    *bytes = (size_t)n;
+    if (!(*fast = fai_alloc(&ctx->mem, *bytes))) {
+        fai_free(&ctx->mem, rows, rows_bytes);
+        return fai_fail(FA_ERR_NO_MEMORY, "reference: %zu bytes of head flags", *bytes);
+    }
+    const int fit = fai_blas_dims_fit(pr);
+#pragma omp parallel for num_threads(ctx->num_threads) schedule(dynamic, 1)
+    for (int64_t t = 0; t < n; t++) {
+        const int64_t b = t / pr->hk, hk = t % pr->hk;
+        double *row = (double *)(rows + (size_t)omp_get_thread_num() * per);
+        int ok = fit && all_finite(pr, fai_kv_row, FAI_K, b, hk, pr->sk, pr->dqk, row) &&
+                 all_finite(pr, fai_kv_row, FAI_V, b, hk, pr->sk, pr->dv, row);
+        for (int64_t h = hk * pr->group; backward && ok && h < (hk + 1) * pr->group; h++)
+            ok = all_finite(pr, fai_q_row, FAI_Q, b, h, pr->sq, pr->dqk, row) &&
+                 all_finite(pr, fai_q_row, FAI_DOUT, b, h, pr->sq, pr->dv, row);
+        (*fast)[t] = (unsigned char)ok;
+    }
+    fai_free(&ctx->mem, rows, rows_bytes);
+    return FA_OK;
+}
+
+/* Per-thread workspace: the row path's, the blocked path's, one row of keep flags, and for the
+ * backward the group's dK, dV accumulators. */
+typedef struct {
+    row_ws row;
+    blk_ws blk;
+    unsigned char *keep;
+    double *dk, *dv;
+} ref_ws;
+
+static size_t ref_carve(const fai_problem *pr, int backward, char *base, ref_ws *w)
+{
+    fai_arena a = {base, 0};
+    row_carve(pr, &a, &w->row);
+    blk_carve(pr, &a, backward, &w->blk);
+    w->keep = fai_carve(&a, (size_t)pr->sk);
+    w->dk = backward ? fai_carve(&a, (size_t)(pr->sk * pr->dqk) * sizeof(double)) : NULL;
+    w->dv = backward ? fai_carve(&a, (size_t)(pr->sk * pr->dv) * sizeof(double)) : NULL;
+    return a.used;
+}
+
+/* What a run of either direction allocates before it writes anything: every thread's
+ * workspace (base, per bytes each) and the per-head path flags. */
+typedef struct {
+    char *base;
+    size_t per, bytes, fbytes;
+    unsigned char *fast;
+} ref_run;
+
+static fa_status ref_run_begin(fa_context *ctx, const fai_problem *pr, int backward, ref_run *run)
+{
+    ref_ws w;
+    run->per = ref_carve(pr, backward, NULL, &w);
+    fa_status st = fai_thread_scratch(&ctx->mem, "reference", &run->per, ctx->num_threads,
+                                      &run->base, &run->bytes);
+    if (st == FA_OK && (st = fast_heads(ctx, pr, backward, &run->fast, &run->fbytes)) != FA_OK)
+        fai_free(&ctx->mem, run->base, run->bytes);
+    return st;
+}
+
+static void ref_run_end(fa_context *ctx, ref_run *run)
+{
+    fai_free(&ctx->mem, run->fast, run->fbytes);
+    fai_free(&ctx->mem, run->base, run->bytes);
+}
+
+static fa_status ref_forward_run(fa_context *ctx, const fai_problem *pr)
+{
+    ref_run run;
+    fa_status st = ref_run_begin(ctx, pr, 0, &run);
+    if (st != FA_OK)
+        return st;
+    const int64_t nblk = (pr->sq + REF_ROWS - 1) / REF_ROWS, tasks = pr->b * pr->hq * nblk;
+#pragma omp parallel num_threads(ctx->num_threads)
+    {
+        ref_ws mine;
+        ref_carve(pr, 0, run.base + (size_t)omp_get_thread_num() * run.per, &mine);
+        /* static: consecutive blocks of one head stay on one thread and reuse its packed K, V */
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < tasks; task++) {
+            const int64_t blk = task % nblk, h = (task / nblk) % pr->hq,
+                          b = task / (nblk * pr->hq);
+            const int64_t i0 = blk * REF_ROWS, n = pr->sq - i0 < REF_ROWS ? pr->sq - i0 : REF_ROWS;
+            if (run.fast[b * pr->hk + h / pr->group])
+                blk_forward(pr, b, h, i0, n, &mine.blk);
+            else
+                for (int64_t i = i0; i < i0 + n; i++)
+                    row_forward(pr, b, h, i, &mine.row, mine.keep);
+        }
+    }
+    ref_run_end(ctx, &run);
+    return FA_OK;
+}
+
+/*
+ * Backward, per (batch, kv head): the group's dK, dV accumulate in float64 over its query heads
+ * and rows in a fixed order, so no two threads touch one gradient. out and lse are recomputed
+ * here in float64 rather than read: the oracle's gradient is that of the exact function.
+ */
+static fa_status ref_backward_run(fa_context *ctx, const fai_problem *pr)
+{
+    ref_run run;
+    fa_status st = ref_run_begin(ctx, pr, 1, &run);
+    if (st != FA_OK)
+        return st;
+    const int64_t tasks = pr->b * pr->hk;
+#pragma omp parallel num_threads(ctx->num_threads)
+    {
+        ref_ws mine;
+        ref_carve(pr, 1, run.base + (size_t)omp_get_thread_num() * run.per, &mine);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < tasks; task++) {
+            const int64_t b = task / pr->hk, hk = task % pr->hk;
+            memset(mine.dk, 0, (size_t)(pr->sk * pr->dqk) * sizeof(double));
+            memset(mine.dv, 0, (size_t)(pr->sk * pr->dv) * sizeof(double));
+            if (run.fast[task])
+                blk_backward_group(pr, b, hk, &mine.blk, mine.dk, mine.dv);
+            else
+                row_backward_group(pr, b, hk, &mine.row, mine.keep, mine.dk, mine.dv);
+            for (int64_t j = 0; j < pr->sk; j++) {
+                fai_store_f64(fai_kv_row(pr, FAI_DK, b, hk, j), pr->dtype, pr->dqk,
+                              mine.dk + j * pr->dqk);
+                fai_store_f64(fai_kv_row(pr, FAI_DV, b, hk, j), pr->dtype, pr->dv,
+                              mine.dv + j * pr->dv);
+            }
+        }
+    }
+    ref_run_end(ctx, &run);
+    return FA_OK;
+}
+
+static fa_status ref_forward(fa_context *ctx, const fai_problem *pr)
+{
+    return fai_with_serial_blas(ref_forward_run, ctx, pr);
+}
+
+static fa_status ref_backward(fa_context *ctx, const fai_problem *pr)
+{
+    return fai_with_serial_blas(ref_backward_run, ctx, pr);
+}
+
+const fai_backend fai_backend_reference = {
+    .name = "reference",
+    .forward = ref_forward,
+    .backward = ref_backward,
+};

@@ -1,0 +1,338 @@
+/* ------------------------------------------------------------------ backward */
+
+/*
+ * Backward by recomputation, in two passes so that every gradient element has one owner:
+ *   pass 1, per (b, kv head, key tile): dK and dV of the tile, summed over the group's query
+ *           heads and all query rows in a fixed order;
+ *   pass 2, per (b, head, query tile): dQ of the tile, summed over key tiles in order.
+ * Both work on a block of query rows against a key tile: S = Q K^T and dP = dO V^T by the GEMM
+ * kernel (the same kernel and order as the forward, so S is recomputed to the bit; not so
+ * for bf16 storage on AMX, whose forward forms S on tile products: there to f32 rounding),
+ * then per row P = exp(S - LSE), P~ = P z and dS = P (dP z - D) with D_i = dO_i . O_i
+ * (core/gradient.h), then
+ * dV += P~^T dO, dK += scale dS^T Q (pass 1) or dQ += scale dS K (pass 2) by the GEMM kernel.
+ * No atomics, no reduction across threads. Where enough (b, kv head) tasks share out, one pass
+ * does both (bwd_kv_head below): pass 1 over a kv head's key tiles in order, adding each
+ * tile's dQ terms to the head group's dQ rows as it goes, with the same bits.
+ *
+ * The GEMMs multiply the exact zeros of P~ and dS (masked, dropped) with rows of dO, Q and K.
+ * Where any of those rows holds inf or NaN, the products are formed by selection instead, in
+ * the same order, so the result has the same bits as without the non-finite rows.
+ */
+typedef struct {
+    FT *k, *kt, *vt, *vrow;      /* key tile: K (n x dqk), K^T (dqk x bk), V^T (dv x bk), V   */
+    FT *dk, *dv;                 /* pass 1: the key tile's gradients (n x dqk, n x dv)        */
+    FT *q, *dout, *o, *dq;       /* a block of up to bq query rows (row-major)                 */
+    FT *dot, *ot;                /* dO^T and O^T of the block (dv x bq), for D                 */
+    FT *di;                      /* D_i of the block's rows                                    */
+    FT *scale_rows;              /* bq copies of the score scale (bwd_block's Q K^T)           */
+    double *lse;
+    FT *s, *dp, *t, *p, *ds;     /* bq x bk: scores, dP, tanh(x / c), P~, scale dS             */
+    unsigned char *keep;
+    FT *dq_all;                  /* single pass: dQ of the group's heads (group x Sq x Dqk),
+                                    else NULL                                                  */
+    int q_finite, kv_finite;     /* whether the loaded Q and dO, K and V hold no inf or NaN    */
+    const FAI_T(fai_kernels) *kern;
+} FAI_T(bwd_ws);
+
+static size_t FAI_T(bwd_carve)(const fai_problem *pr, fai_tiles tl, int single_pass, char *base,
+                               FAI_T(bwd_ws) *w)
+{
+    fai_arena a = {base, 0};
+    w->dq_all = single_pass ? fai_carve(&a, (size_t)(pr->group * pr->sq * pr->dqk) * sizeof(FT))
+                            : NULL;
+    const size_t bk = (size_t)tl.bk, bq = (size_t)tl.bq, f = sizeof(FT);
+    w->k = fai_carve(&a, bk * (size_t)pr->dqk * f);
+    w->kt = fai_carve(&a, bk * (size_t)pr->dqk * f);
+    w->vt = fai_carve(&a, bk * (size_t)pr->dv * f);
+    w->vrow = fai_carve(&a, bk * (size_t)pr->dv * f);
+    w->dk = fai_carve(&a, bk * (size_t)pr->dqk * f);
+    w->dv = fai_carve(&a, bk * (size_t)pr->dv * f);
+    w->q = fai_carve(&a, bq * (size_t)pr->dqk * f);
+    w->dout = fai_carve(&a, bq * (size_t)pr->dv * f);
+    w->o = fai_carve(&a, bq * (size_t)pr->dv * f);
+    w->dot = fai_carve(&a, bq * (size_t)pr->dv * f);
+    w->ot = fai_carve(&a, bq * (size_t)pr->dv * f);
+    w->dq = fai_carve(&a, bq * (size_t)pr->dqk * f);
+    w->di = fai_carve(&a, bq * f);
+    w->scale_rows = FAI_T(carve_scale_rows)(&a, pr, tl.bq);
+    w->lse = fai_carve(&a, bq * sizeof(double));
+    w->s = fai_carve(&a, bq * bk * f);
+    w->dp = fai_carve(&a, bq * bk * f);
+    w->t = fai_carve(&a, bq * bk * f);
+    w->p = fai_carve(&a, bq * bk * f);
+    w->ds = fai_carve(&a, bq * bk * f);
+    w->keep = fai_carve(&a, bk);
+    return a.used;
+}
+
+/* Loads query rows [i0, i0 + nq) of (b, h): q, dO (and whether both are finite), LSE and
+ * D_i = dO_i . O_i (O as stored, as FA). D_i goes through the column dots of dO^T and O^T,
+ * which round as the GEMM kernel rounds dP = dO V^T: where dP z - D_i is 0 in exact arithmetic
+ * (a row with one key), the two sums round alike and the difference stays 0. */
+static void FAI_T(load_query_block)(const fai_problem *pr, int64_t b, int64_t h, int64_t i0,
+                                    int64_t nq, int64_t bq, FAI_T(bwd_ws) *w)
+{
+    const int64_t dv = pr->dv;
+    int64_t lq, lg, lo, ldo;
+    const void *q = fai_q_rows(pr, FAI_Q, b, h, i0, nq, &lq);
+    const void *g = fai_q_rows(pr, FAI_DOUT, b, h, i0, nq, &lg);
+    const void *out = fai_q_rows(pr, FAI_OUT, b, h, i0, nq, &lo);
+    FAI_T(load_run)(w->kern, q, lq, pr->dtype, nq, pr->dqk, w->q);
+    FAI_T(load_run)(w->kern, g, lg, pr->dtype, nq, dv, w->dout);
+    const FT *o = FAI_T(view_run)(w->kern, out, lo, pr->dtype, nq, dv, w->o, &ldo);
+    w->kern->transpose(nq, dv, w->dout, dv, w->dot, bq);
+    w->kern->transpose(nq, dv, o, ldo, w->ot, bq);
+    w->kern->coldot(nq, dv, w->dot, bq, w->ot, bq, w->di);
+    w->q_finite = w->kern->finite(nq * pr->dqk, w->q) && w->kern->finite(nq * dv, w->dout);
+    for (int64_t r = 0; r < nq; r++)
+        w->lse[r] = fai_lse_get(pr, b, h, i0 + r);
+}
+
+/* Loads key tile [j0, j0 + n) of (b, hk): K and K^T, V and V^T, and whether they are finite. */
+static void FAI_T(load_key_tile)(const fai_problem *pr, fai_tiles tl, int64_t b, int64_t hk,
+                                 int64_t j0, int64_t n, FAI_T(bwd_ws) *w)
+{
+    int64_t ldk, ldv;
+    const void *k = fai_kv_rows(pr, FAI_K, b, hk, j0, n, &ldk);
+    const void *v = fai_kv_rows(pr, FAI_V, b, hk, j0, n, &ldv);
+    FAI_T(load_run)(w->kern, k, ldk, pr->dtype, n, pr->dqk, w->k);
+    FAI_T(load_run)(w->kern, v, ldv, pr->dtype, n, pr->dv, w->vrow);
+    w->kern->transpose(n, pr->dqk, w->k, pr->dqk, w->kt, tl.bk);
+    w->kern->transpose(n, pr->dv, w->vrow, pr->dv, w->vt, tl.bk);
+    w->kv_finite = w->kern->finite(n * pr->dqk, w->k) && w->kern->finite(n * pr->dv, w->vrow);
+}
+
+/*
+ * Rows [i0, i0 + nq) of (b, h) (loaded in w) against key tile [j0, j0 + n): S and dP by the
+ * GEMM kernel, then per row over its allowed keys P~ into w->p and scale dS into w->ds, exact
+ * zeros elsewhere (and in rows that are empty or see no key here). Returns whether any row
+ * contributes.
+ */
+static int FAI_T(bwd_block)(const fai_problem *pr, fai_tiles tl, int64_t b, int64_t h,
+                            int64_t i0, int64_t nq, int64_t j0, int64_t n, fai_tile_class cls,
+                            FAI_T(bwd_ws) *w)
+{
+    const int64_t ld = tl.bk;
+    const FT keep_scale = (FT)pr->keep_scale, scale = (FT)pr->score.scale;
+    const FT slope = (FT)fai_slope(pr, h);
+    const int softcap = pr->score.softcap > 0, scale_only = FAI_T(scale_only)(pr, slope);
+    const fai_dropout drop = fai_dropout_for(pr, b, h);
+    FAI_T(fai_gemm)(w->kern, nq, n, pr->dqk, w->q, pr->dqk, w->kt, ld, w->s, ld, 0,
+            scale_only ? w->scale_rows : NULL); /* Q K^T, scaled as the forward's */
+    FAI_T(fai_gemm)(w->kern, nq, n, pr->dv, w->dout, pr->dv, w->vt, ld, w->dp, ld, 0, NULL); /* dO V^T */
+    int any = 0;
+    for (int64_t r = 0; r < nq; r++) {
+        const int64_t i = i0 + r;
+        const double lse = w->lse[r]; /* P = exp(s - LSE) with the subtraction in double */
+        FT *s = w->s + r * ld, *dp = w->dp + r * ld, *t = w->t + r * ld, *p = w->p + r * ld,
+           *ds = w->ds + r * ld;
+        int64_t c0, c1;
+        FAI_T(row_cols)(pr, cls, i, j0, n, &c0, &c1);
+        if (c0 >= c1 || lse == -INFINITY) { /* -inf: empty row, every gradient through it is 0 */
+            memset(p, 0, (size_t)n * sizeof(FT));
+            memset(ds, 0, (size_t)n * sizeof(FT));
+            continue;
+        }
+        memset(p, 0, (size_t)c0 * sizeof(FT));
+        memset(ds, 0, (size_t)c0 * sizeof(FT));
+        memset(p + c1, 0, (size_t)(n - c1) * sizeof(FT));
+        memset(ds + c1, 0, (size_t)(n - c1) * sizeof(FT));
+        any = 1;
+        /* the forward's pipeline, operation for operation (scale_only: done by the GEMM) */
+        if (!scale_only)
+            for (int64_t c = c0; c < c1; c++)
+                s[c] = FAI_T(fai_score)(&pr->score, s[c], slope, i, j0 + c,
+                                        softcap ? &t[c] : NULL);
+        if (!softcap && !drop.threshold) { /* P~ = P, dS = P (dP - D) by one kernel */
+            w->kern->dsoftmax(c1 - c0, s + c0, lse, dp + c0, w->di[r], scale, p + c0, ds + c0);
+            continue;
+        }
+        if (drop.threshold)
+            fai_dropout_keep_row(&drop, i, j0 + c0, c1 - c0, w->keep + c0);
+        for (int64_t c = c0; c < c1; c++) /* P = exp(s - LSE) by the exp kernel, in place */
+            p[c] = (FT)((double)s[c] - lse);
+        w->kern->expsum(c1 - c0, p + c0, 0, p + c0);
+        for (int64_t c = c0; c < c1; c++) {
+            const FT P = p[c];
+            const FT z = (drop.threshold && !w->keep[c]) ? 0 : keep_scale;
+            const FT g = FAI_T(fai_dscore)(P, dp[c], z, w->di[r], softcap ? t[c] : 0, softcap);
+            p[c] = P * z;
+            ds[c] = scale * g;
+        }
+    }
+    return any;
+}
+
+/* dq (nq rows) += scale dS K by selection: each row over its allowed keys only, so that inf or
+ * NaN in K or Q rows that the row does not see stays out (the terms, in order, of the GEMM). */
+static void FAI_T(dq_by_selection)(const fai_problem *pr, fai_tiles tl, fai_tile_class cls,
+                                   int64_t i0, int64_t nq, int64_t j0, int64_t n,
+                                   const FAI_T(bwd_ws) *w, FT *dq)
+{
+    const int64_t dqk = pr->dqk, ld = tl.bk;
+    for (int64_t r = 0; r < nq; r++) {
+        int64_t c0, c1;
+        FAI_T(row_cols)(pr, cls, i0 + r, j0, n, &c0, &c1);
+        if (c0 < c1 && w->lse[r] != -INFINITY)
+            FAI_T(fai_gemm)(w->kern, 1, dqk, c1 - c0, w->ds + r * ld + c0, ld, w->k + c0 * dqk, dqk,
+                    dq + r * dqk, dqk, 1, NULL);
+    }
+}
+
+/* Pass 1: dK and dV of key tile [j0, j0 + n) of (b, hk); in the single pass also the tile's
+ * terms of dQ, added to w->dq_all. */
+static void FAI_T(bwd_ktile)(const fai_problem *pr, fai_tiles tl, int64_t b, int64_t hk,
+                             int64_t j0, int64_t n, FAI_T(bwd_ws) *w)
+{
+    const int64_t dqk = pr->dqk, dv = pr->dv, ld = tl.bk;
+    FAI_T(load_key_tile)(pr, tl, b, hk, j0, n, w);
+    memset(w->dk, 0, (size_t)(n * dqk) * sizeof(FT));
+    memset(w->dv, 0, (size_t)(n * dv) * sizeof(FT));
+
+    int64_t ilo, ihi;
+    fai_mask_query_span(&pr->mask, pr->sq, j0, j0 + n, &ilo, &ihi);
+    for (int64_t h = hk * pr->group; h < (hk + 1) * pr->group; h++)
+        for (int64_t i0 = ilo; i0 < ihi; i0 += tl.bq) {
+            const int64_t nq = ihi - i0 < tl.bq ? ihi - i0 : tl.bq;
+            const fai_tile_class cls = fai_mask_classify(&pr->mask, i0, i0 + nq, j0, j0 + n);
+            if (cls == FAI_TILE_EMPTY)
+                continue;
+            FAI_T(load_query_block)(pr, b, h, i0, nq, tl.bq, w);
+            if (!FAI_T(bwd_block)(pr, tl, b, h, i0, nq, j0, n, cls, w))
+                continue;
+            FT *dq = w->dq_all ? w->dq_all + ((h - hk * pr->group) * pr->sq + i0) * dqk : NULL;
+            if (w->kv_finite && w->q_finite) {
+                /* P~^T dO, dS^T Q */
+                FAI_T(fai_gemm_at)(w->kern, n, dv, nq, w->p, ld, w->dout, dv, w->dv, dv, 1, NULL);
+                FAI_T(fai_gemm_at)(w->kern, n, dqk, nq, w->ds, ld, w->q, dqk, w->dk, dqk, 1, NULL);
+                if (dq)
+                    FAI_T(fai_gemm)(w->kern, nq, dqk, n, w->ds, ld, w->k, dqk, dq, dqk, 1, NULL);
+                continue;
+            }
+            if (dq)
+                FAI_T(dq_by_selection)(pr, tl, cls, i0, nq, j0, n, w, dq);
+            /* by selection, rows in order: each (row, key) term one kernel step, as above;
+             * masked and dropped terms skipped (an allowed P of 0 still multiplies dO) */
+            const fai_dropout drop = fai_dropout_for(pr, b, h);
+            for (int64_t r = 0; r < nq; r++) {
+                int64_t c0, c1;
+                FAI_T(row_cols)(pr, cls, i0 + r, j0, n, &c0, &c1);
+                if (w->lse[r] == -INFINITY || c0 >= c1)
+                    continue;
+                if (drop.threshold)
+                    fai_dropout_keep_row(&drop, i0 + r, j0 + c0, c1 - c0, w->keep + c0);
+                for (int64_t c = c0; c < c1; c++) {
+                    const FT *pc = w->p + r * ld + c, *dsc = w->ds + r * ld + c;
+                    if (!drop.threshold || w->keep[c])
+                        FAI_T(fai_gemm)(w->kern, 1, dv, 1, pc, 1, w->dout + r * dv, dv, w->dv + c * dv,
+                                dv, 1, NULL);
+                    FAI_T(fai_gemm)(w->kern, 1, dqk, 1, dsc, 1, w->q + r * dqk, dqk, w->dk + c * dqk,
+                            dqk, 1, NULL);
+                }
+            }
+        }
+    for (int64_t c = 0; c < n; c++) {
+        w->kern->narrow(fai_kv_row(pr, FAI_DK, b, hk, j0 + c), pr->dtype, dqk, w->dk + c * dqk);
+        w->kern->narrow(fai_kv_row(pr, FAI_DV, b, hk, j0 + c), pr->dtype, dv, w->dv + c * dv);
+    }
+}
+
+/* Stores dQ rows [i0, i0 + nq) of (b, h) from dq (nq x Dqk). + 0 makes a -0 +0: a masked
+ * key's exact 0 term is added by the GEMM but skipped by selection, and the two passes and
+ * the one pass split rows and keys differently, so only then do they agree on zeros' signs. */
+static void FAI_T(store_dq)(const fai_problem *pr, int64_t b, int64_t h, int64_t i0, int64_t nq,
+                            FT *dq, const FAI_T(bwd_ws) *w)
+{
+    for (int64_t r = 0; r < nq; r++) {
+        FT *row = dq + r * pr->dqk;
+#pragma omp simd
+        for (int64_t d = 0; d < pr->dqk; d++)
+            row[d] += 0;
+        w->kern->narrow(fai_q_row(pr, FAI_DQ, b, h, i0 + r), pr->dtype, pr->dqk, row);
+    }
+}
+
+/* Pass 2: dQ of query tile [i0, i1) of (b, h). */
+static void FAI_T(bwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int64_t h,
+                             int64_t i0, int64_t i1, FAI_T(bwd_ws) *w)
+{
+    const int64_t hk = h / pr->group, nq = i1 - i0, dqk = pr->dqk, ld = tl.bk;
+    FAI_T(load_query_block)(pr, b, h, i0, nq, tl.bq, w);
+    memset(w->dq, 0, (size_t)(nq * dqk) * sizeof(FT));
+
+    int64_t jlo, jhi;
+    fai_mask_key_span(&pr->mask, i0, i1, &jlo, &jhi);
+    for (int64_t j0 = jlo; j0 < jhi; j0 += tl.bk) {
+        const int64_t n = jhi - j0 < tl.bk ? jhi - j0 : tl.bk;
+        const fai_tile_class cls = fai_mask_classify(&pr->mask, i0, i1, j0, j0 + n);
+        if (cls == FAI_TILE_EMPTY)
+            continue;
+        FAI_T(load_key_tile)(pr, tl, b, hk, j0, n, w);
+        if (!FAI_T(bwd_block)(pr, tl, b, h, i0, nq, j0, n, cls, w))
+            continue;
+        if (w->q_finite && w->kv_finite) /* dQ += scale dS K */
+            FAI_T(fai_gemm)(w->kern, nq, dqk, n, w->ds, ld, w->k, dqk, w->dq, dqk, 1, NULL);
+        else
+            FAI_T(dq_by_selection)(pr, tl, cls, i0, nq, j0, n, w, w->dq);
+    }
+    FAI_T(store_dq)(pr, b, h, i0, nq, w->dq, w);
+}
+
+/*
+ * The single pass: one task per (b, kv head) runs pass 1 over its key tiles in order and adds
+ * each tile's dQ terms to the group's dQ rows as it goes (5 tile GEMMs per block pair instead
+ * of 7, and no second reading of K and V per query tile). Each dQ element receives the terms
+ * of pass 2, in pass 2's order (key tiles ascending, keys ascending within a tile; the GEMM
+ * kernel's k split over calls keeps the bits), so both ways give the same bits.
+ */
+static void FAI_T(bwd_kv_head)(const fai_problem *pr, fai_tiles tl, int64_t b, int64_t hk,
+                               FAI_T(bwd_ws) *w)
+{
+    const int64_t dqk = pr->dqk;
+    memset(w->dq_all, 0, (size_t)(pr->group * pr->sq * dqk) * sizeof(FT));
+    for (int64_t j0 = 0; j0 < pr->sk; j0 += tl.bk)
+        FAI_T(bwd_ktile)(pr, tl, b, hk, j0, pr->sk - j0 < tl.bk ? pr->sk - j0 : tl.bk, w);
+    for (int64_t g = 0; g < pr->group; g++)
+        FAI_T(store_dq)(pr, b, hk * pr->group + g, 0, pr->sq, w->dq_all + g * pr->sq * dqk, w);
+}
+
+static fa_status FAI_T(backward)(fa_context *ctx, const fai_problem *pr,
+                                  const FAI_T(fai_kernels) *kern, const fai_tiled_plan *plan)
+{
+    FAI_T(bwd_ws) w;
+    const fai_tiles tl = plan->tl;
+    const int nt = ctx->num_threads, single = plan->single_pass;
+    size_t per = FAI_T(bwd_carve)(pr, tl, single, NULL, &w), bytes;
+    char *base;
+    fa_status st = fai_thread_scratch(&ctx->mem, "tiled", &per, nt, &base, &bytes);
+    if (st != FA_OK)
+        return st;
+    const int64_t head_tasks = single ? pr->b * pr->hk : 0;
+    const int64_t nkt = (pr->sk + tl.bk - 1) / tl.bk, ktasks = single ? 0 : pr->b * pr->hk * nkt;
+    const int64_t nqt = (pr->sq + tl.bq - 1) / tl.bq, qtasks = single ? 0 : pr->b * pr->hq * nqt;
+#pragma omp parallel num_threads(nt)
+    {
+        FAI_T(bwd_ws) mine;
+        FAI_T(bwd_carve)(pr, tl, single, base + (size_t)omp_get_thread_num() * per, &mine);
+        mine.kern = kern;
+        /* the single pass, or else the two passes (the loops of the others run no task) */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < head_tasks; task++)
+            FAI_T(bwd_kv_head)(pr, tl, task / pr->hk, task % pr->hk, &mine);
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < ktasks; task++) {
+            const int64_t kt = task % nkt, hk = (task / nkt) % pr->hk, b = task / (nkt * pr->hk);
+            const int64_t j0 = kt * tl.bk, n = pr->sk - j0 < tl.bk ? pr->sk - j0 : tl.bk;
+            FAI_T(bwd_ktile)(pr, tl, b, hk, j0, n, &mine);
+        }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < qtasks; task++) {
+            const int64_t qt = task % nqt, h = (task / nqt) % pr->hq, b = task / (nqt * pr->hq);
+            const int64_t i0 = qt * tl.bq, i1 = i0 + tl.bq < pr->sq ? i0 + tl.bq : pr->sq;
+            FAI_T(bwd_qtile)(pr, tl, b, h, i0, i1, &mine);
+        }
+    }
+    fai_free(&ctx->mem, base, bytes);
+    return FA_OK;
+}

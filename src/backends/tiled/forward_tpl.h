@@ -1,0 +1,367 @@
+/* ------------------------------------------------------------------ forward */
+
+typedef struct {
+    FT *q;                       /* the query tile, in panels of MR rows (FAI_T(gemm_qk))       */
+    FT *qrows;                   /* MR rows of Q converted from storage, before packing         */
+    FT *k, *kt, *v, *acc, *m, *l, *x;
+    FT *sp;                      /* a strip's scores S, then its P in place (br x sp_ld; with
+                                  * the tile products br rounded up to their rows)           */
+    FT *scale_rows;              /* MR copies of the score scale (FAI_T(gemm_qk))               */
+    int64_t *cols;               /* a strip's rows' allowed columns, [c0, c1) pairs (br x 2)    */
+    unsigned char *live, *keep;
+    const FAI_T(fai_kernels) *kern;
+    int64_t sp_ld;               /* row pitch of sp: bk, or bk rounded up to the tile products'
+                                  * key chunk                                                */
+    /* bf16 storage on the tile products (the plan's; NULL otherwise): Q rows as stored (nq
+     * rows, then a block of zero rows), K^T and V as the kernels pack them, their scratch */
+    const fai_kernels_bf16 *bf16;
+    uint16_t *qb, *ktb, *vb;
+    void *tile_scratch;
+} FAI_T(fwd_ws);
+
+static int64_t FAI_T(round_up)(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+static size_t FAI_T(fwd_carve)(const fai_problem *pr, const fai_tiled_plan *plan,
+                               const FAI_T(fai_kernels) *kern, char *base, FAI_T(fwd_ws) *w)
+{
+    const fai_tiles tl = plan->tl;
+    fai_arena a = {base, 0};
+    w->kern = kern;
+    w->bf16 = plan->tile_products;
+    const fai_kernels_bf16 *t = w->bf16;
+    w->sp_ld = t ? FAI_T(round_up)(tl.bk, t->keys) : tl.bk;
+    const int64_t br_up = t ? FAI_T(round_up)(tl.br, t->rows) : tl.br;
+    w->qb = w->ktb = w->vb = NULL;
+    w->tile_scratch = NULL;
+    if (t) {
+        w->qb = fai_carve(&a, (size_t)((FAI_T(round_up)(tl.bq, t->rows) + t->rows) * pr->dqk) * 2);
+        w->ktb = fai_carve(&a, (size_t)(w->sp_ld * pr->dqk) * 2);
+        w->vb = fai_carve(&a, (size_t)(w->sp_ld * pr->dv) * 2);
+        w->tile_scratch = fai_carve(&a, (size_t)(t->rows * (4 * w->sp_ld + 4 * pr->dv)));
+    }
+    const int64_t panel = w->kern->mr, bq_up = FAI_T(round_up)(tl.bq, panel);
+    w->q = w->qrows = w->k = w->kt = NULL; /* Q and K for the GEMM kernels: not with tiles */
+    if (!w->bf16) {
+        w->q = fai_carve(&a, (size_t)(bq_up * pr->dqk) * sizeof(FT));
+        w->qrows = fai_carve(&a, (size_t)(panel * pr->dqk) * sizeof(FT));
+        w->k = fai_carve(&a, (size_t)(tl.bk * pr->dqk) * sizeof(FT));
+        w->kt = fai_carve(&a, (size_t)(tl.bk * pr->dqk) * sizeof(FT));
+    }
+    w->v = fai_carve(&a, (size_t)(tl.bk * pr->dv) * sizeof(FT));
+    w->acc = fai_carve(&a, (size_t)(tl.bq * pr->dv) * sizeof(FT));
+    w->m = fai_carve(&a, (size_t)tl.bq * sizeof(FT));
+    w->l = fai_carve(&a, (size_t)tl.bq * sizeof(FT));
+    w->x = fai_carve(&a, (size_t)tl.bq * sizeof(FT));
+    w->sp = fai_carve(&a, (size_t)(br_up * w->sp_ld) * sizeof(FT));
+    w->scale_rows = FAI_T(carve_scale_rows)(&a, pr, panel);
+    w->cols = fai_carve(&a, (size_t)(2 * tl.br) * sizeof(int64_t));
+    w->live = fai_carve(&a, (size_t)tl.bq);
+    w->keep = fai_carve(&a, (size_t)tl.bk);
+    return a.used;
+}
+
+/*
+ * Packs rows [0, nq) of the query tile into w->q: panels of MR rows (the GEMM kernel's), each
+ * stored transposed, so that row r's element p lies at q[(r - r % P) dqk + p P + r % P]. The
+ * GEMM kernel then reads one contiguous stream of A per row block instead of MR rows at once,
+ * which the hardware prefetchers follow: on Emerald Rapids the Q K^T products of a strip ran
+ * 5% faster from panels than from row-major Q (docs/notes/tiles.md).
+ */
+static void FAI_T(load_q_panels)(const fai_problem *pr, int64_t b, int64_t h, int64_t i0,
+                                 int64_t nq, FAI_T(fwd_ws) *w)
+{
+    const int64_t panel = w->kern->mr, dqk = pr->dqk;
+    for (int64_t r = 0; r < nq; r += panel) {
+        const int64_t m = nq - r < panel ? nq - r : panel;
+        int64_t lq, ld;
+        const void *q = fai_q_rows(pr, FAI_Q, b, h, i0 + r, m, &lq);
+        const FT *rows = FAI_T(view_run)(w->kern, q, lq, pr->dtype, m, dqk, w->qrows, &ld);
+        w->kern->transpose(m, dqk, rows, ld, w->q + r * dqk, panel);
+    }
+}
+
+/* Rows [0, nq) of the query tile into w->qb as stored (bf16), then a block of zero rows: the
+ * tile products read Q in blocks of their rows from any row of the tile. */
+static void FAI_T(load_q_rows)(const fai_problem *pr, int64_t b, int64_t h, int64_t i0,
+                               int64_t nq, FAI_T(fwd_ws) *w)
+{
+    const size_t row = (size_t)pr->dqk * 2;
+    for (int64_t r = 0; r < nq; r++)
+        memcpy(w->qb + r * pr->dqk, fai_q_row(pr, FAI_Q, b, h, i0 + r), row);
+    memset(w->qb + nq * pr->dqk, 0, (size_t)w->bf16->rows * row);
+}
+
+/* S rows [0, r1 - r0), columns [c0, c1) (leading dimension ld) = Q rows [r0, r1) from the
+ * panels times those columns of the packed K^T, each product times the score scale if scaled:
+ * the GEMM kernel with A stored transposed, one panel at a time (the kernel's bits do not
+ * depend on how rows or columns are grouped); or the tile products' Q K^T on bf16 storage. */
+static void FAI_T(gemm_qk)(FAI_T(fwd_ws) *w, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                           int64_t dqk, int64_t ld, int scaled)
+{
+#if FT_TILE_PRODUCTS
+    if (w->bf16) { /* Q rows as stored, K^T in pairs (the rows and columns around are junk) */
+        const float scale = (float)w->scale_rows[0];
+        w->bf16->qk(r1 - r0, c0, c1, dqk, w->qb + r0 * dqk, dqk, w->ktb, w->sp_ld, w->sp, ld,
+                    scaled ? &scale : NULL);
+        return;
+    }
+#endif
+    const int64_t panel = w->kern->mr;
+    for (int64_t r = r0; r < r1;) {
+        const int64_t off = r % panel, m = panel - off < r1 - r ? panel - off : r1 - r;
+        FAI_T(fai_gemm_at)(w->kern, m, c1 - c0, dqk, w->q + (r - off) * dqk + off, panel,
+                           w->kt + c0, ld, w->sp + (r - r0) * ld + c0, ld, 0,
+                           scaled ? w->scale_rows : NULL);
+        r += m;
+    }
+}
+
+/* What a key tile's strips share: the tile, its class, and how its rows treat it. */
+typedef struct {
+    int64_t j0, n;        /* keys [j0, j0 + n), packed in w->kt and w->v (tiles: w->ktb, w->vb) */
+    fai_tile_class cls;
+    FT slope;             /* ALiBi slope of the head */
+    int scale_only;       /* the score pipeline is x scale */
+    int selective;        /* P V by selection: V holds inf/NaN and P has masked/dropped zeros */
+    int pv_tiles;         /* P V by the tile products: V finite and packed in w->vb */
+    int64_t nk;           /* with them: the whole key tile's keys rounded up to their chunk */
+    const fai_dropout *drop;
+} FAI_T(fwd_ktile);
+
+/*
+ * Steps 1-4 below for rows [r0, r1) of the query tile at i0 (at most br of them) against the
+ * packed key tile: their scores are formed, turned into P and consumed while they are in L1.
+ * Both GEMMs run over the tile's columns [cs0, cs1) that some row of the strip sees (on a
+ * causal diagonal, about half): outside them P is 0 for every row, and a term 0 x v leaves
+ * acc as it is (but for the sign of a zero, which the finalization makes +0). The tile
+ * products' P V runs over every key chunk of the tile instead (kernels/amx.c says why).
+ */
+static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, int64_t r0,
+                             int64_t r1, const FAI_T(fwd_ktile) *tile, FAI_T(fwd_ws) *w)
+{
+    const int64_t dv = pr->dv, ld = w->sp_ld, j0 = tile->j0, n = tile->n;
+    const fai_dropout *drop = tile->drop;
+    int64_t cs0 = n, cs1 = 0;
+    for (int64_t r = r0; r < r1; r++) { /* each row's allowed columns, and their union */
+        int64_t *c = w->cols + 2 * (r - r0);
+        FAI_T(row_cols)(pr, tile->cls, i0 + r, j0, n, &c[0], &c[1]);
+        if (c[0] < c[1]) {
+            cs0 = c[0] < cs0 ? c[0] : cs0;
+            cs1 = c[1] > cs1 ? c[1] : cs1;
+        }
+    }
+    FAI_T(gemm_qk)(w, r0, r1, cs0, cs1, pr->dqk, ld, tile->scale_only);
+
+    for (int64_t r = r0; r < r1; r++) { /* 2. block max, new reference, rescale exponent */
+        const int64_t i = i0 + r;
+        FT *s = w->sp + (r - r0) * ld, bmax = -INFINITY;
+        const int64_t c0 = w->cols[2 * (r - r0)], c1 = w->cols[2 * (r - r0) + 1];
+        if (c0 < c1 && tile->scale_only) /* scaled by the GEMM */
+            bmax = w->kern->max(c1 - c0, s + c0);
+        else
+            for (int64_t c = c0; c < c1; c++) {
+                s[c] = FAI_T(fai_score)(&pr->score, s[c], tile->slope, i, j0 + c, NULL);
+                bmax = FAI_T(fai_nanmax)(bmax, s[c]);
+            }
+        /* A row that sees nothing here, or only -inf before anything finite, leaves its
+         * state alone (a = 1) and P at 0; its allowed terms 0 * v still enter acc below
+         * or in the GEMM, as they do in the reference. */
+        w->live[r] = (unsigned char)FAI_T(fai_online_move)(&w->m[r], bmax, &w->x[r]);
+        if (!w->live[r])
+            w->x[r] = 0;
+    }
+    w->kern->expsum(r1 - r0, w->x + r0, 0, w->x + r0); /* x <- a = exp(x); exp(0) = 1 */
+
+    for (int64_t r = r0; r < r1; r++) { /* 3. P (over S) and l */
+        const int64_t i = i0 + r;
+        FT *p = w->sp + (r - r0) * ld, *acc = w->acc + r * dv;
+        const int64_t c0 = w->cols[2 * (r - r0)], c1 = w->cols[2 * (r - r0) + 1];
+        if (c0 >= c1) { /* this row sees nothing here: a masked tile inside a live row */
+            memset(p + cs0, 0, (size_t)(cs1 - cs0) * sizeof(FT));
+            continue;
+        }
+        if (c0 > cs0 || c1 < cs1) { /* a PARTIAL tile's masked columns */
+            memset(p + cs0, 0, (size_t)(c0 - cs0) * sizeof(FT));
+            memset(p + c1, 0, (size_t)(cs1 - c1) * sizeof(FT));
+        }
+        if (drop->threshold)
+            fai_dropout_keep_row(drop, i, j0 + c0, c1 - c0, w->keep + c0);
+        if (w->live[r]) {
+            w->l[r] = w->l[r] * w->x[r] + w->kern->expsum(c1 - c0, p + c0, w->m[r], p + c0);
+            for (int64_t c = c0; c < c1 && drop->threshold; c++)
+                if (!w->keep[c]) /* l keeps the dropped terms: LSE is pre-dropout */
+                    p[c] = 0;
+        } else {
+            memset(p + c0, 0, (size_t)(c1 - c0) * sizeof(FT));
+        }
+        if (!tile->selective)
+            continue;
+        /* by selection: the GEMM kernel over each run of allowed, kept keys. The terms and
+         * their order are those of the tile's GEMM less its masked and dropped zeros, so
+         * the bits are the same as without the non-finite rows */
+        for (int64_t d = 0; d < dv; d++)
+            acc[d] *= w->x[r];
+        for (int64_t ca = c0; ca < c1;) {
+            while (ca < c1 && drop->threshold && !w->keep[ca])
+                ca++;
+            int64_t cb = ca;
+            while (cb < c1 && !(drop->threshold && !w->keep[cb]))
+                cb++;
+            if (cb > ca)
+                FAI_T(fai_gemm)(w->kern, 1, dv, cb - ca, p + ca, ld, w->v + ca * dv, dv, acc,
+                                dv, 1, NULL);
+            ca = cb;
+        }
+    }
+#if FT_TILE_PRODUCTS
+    if (tile->pv_tiles) { /* 4. acc = diag(a) acc + P V */
+        w->bf16->pv(r1 - r0, cs0, cs1, tile->nk, dv, w->sp, ld, w->vb, w->acc + r0 * dv, dv,
+                    w->x + r0, w->tile_scratch);
+        return;
+    }
+#endif
+    if (!tile->selective)
+        FAI_T(fai_gemm)(w->kern, r1 - r0, dv, cs1 - cs0, w->sp + cs0, ld, w->v + cs0 * dv, dv,
+                        w->acc + r0 * dv, dv, 1, w->x + r0);
+}
+
+/*
+ * One query tile [i0, i1) of head h of batch b: the article's loop, on tiles. Per key tile,
+ * packed once for the whole query tile (K^T by transposes, V by copies; for the tile products
+ * of bf16 storage, K^T and V as bf16 pairs, with Q kept as stored), and per strip of br
+ * rows of the query tile, so that the strip's scores stay in L1 from their GEMM to P V:
+ *   1. S = Q K^T by the GEMM kernel over the packed K^T (or the tile products);
+ *   2. per row the score pipeline and the max over the row's allowed keys, which moves the
+ *      row's reference m (core/recurrence.h); the rescale factors a = exp(m_old - m_new) of
+ *      the strip's rows then come from one call of the vector exp;
+ *   3. per row l = a l + sum P with P = exp(S - m) by the exp kernel, written over S, exactly
+ *      0 outside the allowed keys and where dropout drops;
+ *   4. acc = diag(a) acc + P V by the GEMM kernel, the rescale fused into its load of acc (or
+ *      by the tile products, where the key tile's V is finite).
+ * Key tiles outside the mask's key span are never visited; FULL tiles need no per-element
+ * test, PARTIAL ones use each row's allowed interval, and only the rows from the first to the
+ * last that see any key of the tile take part (per strip): a row that sees none would have
+ * a = 1 and P = 0, which leaves its state as it is (acc + 0 is acc, but for the sign of a zero,
+ * which the output's finalization makes +0). On the diagonal of a causal mask that skips up to
+ * half of the tile's work. Every row's result is independent of the strip it falls in.
+ *
+ * The GEMM multiplies the zeros of P with V. That is exact while V is finite; for a tile whose
+ * V holds inf or NaN and that has masked or dropped entries, the rows accumulate P V by
+ * selection instead, so that §1's "masked NaN never reaches the output" holds to the bit.
+ */
+static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int64_t h,
+                             int64_t i0, int64_t i1, FAI_T(fwd_ws) *w)
+{
+    const int64_t hk = h / pr->group, nq = i1 - i0, dv = pr->dv;
+    const fai_dropout drop = fai_dropout_for(pr, b, h);
+    FAI_T(fwd_ktile) tile = {.slope = (FT)fai_slope(pr, h), .drop = &drop};
+    tile.scale_only = FAI_T(scale_only)(pr, tile.slope);
+
+    if (w->bf16)
+        FAI_T(load_q_rows)(pr, b, h, i0, nq, w);
+    else
+        FAI_T(load_q_panels)(pr, b, h, i0, nq, w);
+    for (int64_t r = 0; r < nq; r++) {
+        w->m[r] = -INFINITY;
+        w->l[r] = 0;
+    }
+    memset(w->acc, 0, (size_t)(nq * dv) * sizeof(FT));
+
+    int64_t jlo, jhi;
+    fai_mask_key_span(&pr->mask, i0, i1, &jlo, &jhi);
+    /* key tiles on the grid of multiples of Bk, whatever the query tile: where the online
+     * softmax rescales then does not depend on how the query rows are grouped */
+    for (tile.j0 = jlo - jlo % tl.bk; tile.j0 < jhi; tile.j0 += tl.bk) {
+        tile.n = jhi - tile.j0 < tl.bk ? jhi - tile.j0 : tl.bk;
+        tile.cls = fai_mask_classify(&pr->mask, i0, i1, tile.j0, tile.j0 + tile.n);
+        if (tile.cls == FAI_TILE_EMPTY)
+            continue;
+        int64_t r0, r1;
+        FAI_T(row_span)(pr, tile.cls, i0, nq, tile.j0, tile.n, &r0, &r1);
+        if (r0 == r1)
+            continue;
+        int64_t ldk, ldv;
+        const void *k = fai_kv_rows(pr, FAI_K, b, hk, tile.j0, tile.n, &ldk);
+        if (w->bf16) {
+            w->bf16->pack_kt(tile.n, pr->dqk, k, ldk, w->ktb, w->sp_ld);
+        } else {
+            int64_t ld;
+            const FT *kr = FAI_T(view_run)(w->kern, k, ldk, pr->dtype, tile.n, pr->dqk, w->k, &ld);
+            w->kern->transpose(tile.n, pr->dqk, kr, ld, w->kt, tl.bk);
+        }
+        /* With tile products, P V takes them or the f32 kernels by whether V is finite, and
+         * the two round differently: so that a row's bits do not depend on its query tile,
+         * the test covers the whole key tile (not only the keys this query tile sees), and the
+         * products run over all of its key chunks. */
+        const int64_t nv = w->bf16 ? (pr->sk - tile.j0 < tl.bk ? pr->sk - tile.j0 : tl.bk)
+                                    : tile.n;
+        const void *v = fai_kv_rows(pr, FAI_V, b, hk, tile.j0, nv, &ldv);
+        FAI_T(load_run)(w->kern, v, ldv, pr->dtype, nv, dv, w->v);
+        const int v_finite = w->kern->finite(nv * dv, w->v);
+        tile.selective = (tile.cls != FAI_TILE_FULL || drop.threshold) && !v_finite;
+        tile.pv_tiles = w->bf16 && v_finite;
+        if (tile.pv_tiles) {
+            tile.nk = FAI_T(round_up)(nv, w->bf16->keys);
+            w->bf16->pack_v(tile.n, tile.nk, dv, v, ldv, w->vb);
+        }
+        /* strips on a grid of br rows from the tile's first row (the plan's br is a multiple
+         * of the kernel's MR, so its strips start on panel boundaries, or of the tile
+         * products' rows; any br works) */
+        for (int64_t g = r0 - r0 % tl.br; g < r1; g += tl.br) {
+            const int64_t s0 = g > r0 ? g : r0, s1 = g + tl.br < r1 ? g + tl.br : r1;
+            int64_t a0, a1; /* the strip's rows that see the tile */
+            FAI_T(row_span)(pr, tile.cls, i0 + s0, s1 - s0, tile.j0, tile.n, &a0, &a1);
+            if (a0 < a1)
+                FAI_T(fwd_strip)(pr, tl, i0, s0 + a0, s0 + a1, &tile, w);
+        }
+    }
+
+    const FT keep_scale = (FT)pr->keep_scale;
+    for (int64_t r = 0; r < nq; r++) {
+        FT *acc = w->acc + r * dv;
+        double lse;
+        const FT f = FAI_T(fai_online_finalize)(w->m[r], w->l[r], keep_scale, &lse);
+        /* an empty row is exactly 0, whatever acc holds; + 0 turns -0 into +0, so the sign of
+         * a zero does not depend on which rows and columns the skips left out */
+        if (f == 0) {
+            memset(acc, 0, (size_t)dv * sizeof(FT));
+        } else {
+#pragma omp simd
+            for (int64_t d = 0; d < dv; d++)
+                acc[d] = acc[d] * f + 0;
+        }
+        w->kern->narrow(fai_q_row(pr, FAI_OUT, b, h, i0 + r), pr->dtype, dv, acc);
+        if (fai_io(pr, FAI_LSE))
+            fai_lse_put(pr, b, h, i0 + r, lse);
+    }
+}
+
+static fa_status FAI_T(forward)(fa_context *ctx, const fai_problem *pr,
+                                 const FAI_T(fai_kernels) *kern, const fai_tiled_plan *plan)
+{
+    const fai_tiles tl = plan->tl;
+    const int64_t bq = plan->task_rows; /* the workspace is sized by tl.bq */
+    FAI_T(fwd_ws) w;
+    size_t per = FAI_T(fwd_carve)(pr, plan, kern, NULL, &w), bytes;
+    const int nt = ctx->num_threads;
+    char *base;
+    fa_status st = fai_thread_scratch(&ctx->mem, "tiled", &per, nt, &base, &bytes);
+    if (st != FA_OK)
+        return st;
+    const int64_t nqt = (pr->sq + bq - 1) / bq, tasks = pr->b * pr->hq * nqt;
+#pragma omp parallel num_threads(nt)
+    {
+        FAI_T(fwd_ws) mine;
+        FAI_T(fwd_carve)(pr, plan, kern, base + (size_t)omp_get_thread_num() * per, &mine);
+        /* dynamic: causal and windowed tiles differ in cost; each task's result is fixed */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < tasks; task++) {
+            const int64_t qt = task % nqt, h = (task / nqt) % pr->hq, b = task / (nqt * pr->hq);
+            const int64_t i0 = qt * bq, i1 = i0 + bq < pr->sq ? i0 + bq : pr->sq;
+            FAI_T(fwd_qtile)(pr, tl, b, h, i0, i1, &mine);
+        }
+    }
+    fai_free(&ctx->mem, base, bytes);
+    return FA_OK;
+}
+

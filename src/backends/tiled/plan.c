@@ -1,0 +1,196 @@
+/*
+ * The tiled backend's plan: every tile size and every choice of loop its templates read, in one
+ * place, each rule with the measurement behind it (the dated tables: docs/notes/tiles.md).
+ *
+ * The loop nest works on a query tile of Bq rows against a key tile of Bk keys: the scores
+ * S = Q K^T, their probabilities P and the product P V are formed by the kernel set's GEMM
+ * micro-kernel (kernels/), which streams the packed K^T panel (Dqk x Bk) and V panel
+ * (Bk x Dv) once per MR rows. The forward forms S and P a strip of Br rows at a time (Br x Bk
+ * in L1); the backward holds whole Bq x Bk tiles. Each has its own rule below.
+ */
+#include "config.h"
+
+#include "backends/tiled/plan.h"
+
+static int64_t floor_pow2(int64_t x)
+{
+    int64_t p = 1;
+    while (p * 2 <= x)
+        p *= 2;
+    return p;
+}
+
+static int64_t clamp64(int64_t x, int64_t lo, int64_t hi)
+{
+    return x < lo ? lo : x > hi ? hi : x;
+}
+
+static int64_t gcd64(int64_t a, int64_t b) { return b ? gcd64(b, a % b) : a; }
+
+/* The key-tile bound both directions start from: the two key panels, K^T and V, fill at most
+ * 1/4 of L2 (256 KiB of a 1 MiB L2), a power of two in [16, 256]. */
+static int64_t key_tile_max(const fai_cache_info *ci, int64_t dqk, int64_t dv, size_t es)
+{
+    return clamp64(floor_pow2((ci->l2 / 4) / ((dqk + dv) * (int64_t)es)), 16, 256);
+}
+
+/*
+ * Rows per strip on the GEMM kernels: the largest multiple of q whose score strip (br x bk)
+ * fills at most half of L1d, at least q, with q = lcm(MR, 24): a strip starts on a boundary of
+ * the packed Q's MR-row panels, and 24 rows are as fast as 48 or 96 (measured on Emerald
+ * Rapids, H=2 D=128; tiles.md), so no set takes fewer (every set's MR divides 24 today: the
+ * AVX-512 12, NEON 8, AVX2 6, portable 4 and f64 8).
+ */
+static int64_t strip_rows(const fai_cache_info *ci, int64_t bk, size_t es, int64_t mr)
+{
+    const int64_t q = mr / gcd64(mr, 24) * 24;
+    const int64_t br = (ci->l1d / 2) / (bk * (int64_t)es) / q * q;
+    return br > q ? br : q;
+}
+
+/*
+ * Rows per strip on the tile products (AMX, bf16 storage), which take a strip in blocks of
+ * `rows` (16): the largest multiple of it whose f32 score strip fills at most 2/3 of L1d, at
+ * least one block: 32 rows with 256-key tiles and 48 KiB (the GEMM rule's 24 left half of the
+ * second block idle). On the GPU machine's Xeon (D=128 bf16, 1 thread), 32-row strips ran at
+ * 263-293 GFLOP/s, 24-row ones at 195-211, 48-row ones at 189-239 (tiles.md).
+ */
+static int64_t strip_rows_tiles(const fai_cache_info *ci, int64_t bk, int64_t rows)
+{
+    const int64_t br = (ci->l1d * 2 / 3) / (bk * (int64_t)sizeof(float)) / rows * rows;
+    return br > rows ? br : rows;
+}
+
+/*
+ * Forward. A query tile packs each key tile it visits once (K^T by transposes, V by copies)
+ * and takes it in strips of br rows, each strip's scores formed, exponentiated and multiplied
+ * by V while they are in L1. So Bk is the panel bound, and Bq is what amortizes the packing,
+ * whose reads are K and V rows at the tensor's sequence stride (4 KiB for H=8, D=128 f32: one
+ * row per page, which the hardware prefetchers do not follow). Against that, each key tile
+ * streams the query tile's Q panels and acc through L2, sequentially, which they do follow;
+ * so Bq is the largest power of two up to 4096 whose Q and acc take at most twice L2 (4096 rows
+ * at D=128 with 2 MiB of L2; the workspace stays a few MiB a thread). Measured on Emerald
+ * Rapids, H=8 N=4096, 1 thread: 4096x256 the fastest of 14 tiles at D=128 and D=64 (2048x256
+ * within 1%; 512x128, the best tile before strips, 9% slower); at H=2, where the packing's
+ * stride is 1 KiB, 1024 to 4096 rows are alike (tiles.md).
+ */
+fai_tiles fai_plan_forward_tiles(const fai_cache_info *ci, int64_t dqk, int64_t dv, size_t es,
+                                 int64_t mr)
+{
+    const int64_t bk = key_tile_max(ci, dqk, dv, es);
+    int64_t bq = 4096;
+    while (bq > 16 && bq * (dqk + dv) * (int64_t)es > 2 * ci->l2)
+        bq /= 2;
+    const int64_t br = strip_rows(ci, bk, es, mr);
+    return (fai_tiles){bq, bk, br < bq ? br : bq};
+}
+
+/*
+ * The query rows a forward task takes: the plan's Bq, halved (down to one strip) while the
+ * (batch, head, query tile) tasks number fewer than four per thread. Tasks are whole tiles and
+ * threads take them dynamically, so four per thread bounds the imbalance by about a quarter
+ * (the backward's single-pass rule below uses the same bound). The workspace keeps the plan's
+ * size, and no row's result depends on its query tile, so results stay the same at every
+ * thread count.
+ */
+static int64_t forward_task_rows(fai_tiles tl, int64_t heads, int64_t sq, int threads)
+{
+    int64_t bq = tl.bq;
+    while (bq / 2 >= tl.br && heads * ((sq + bq - 1) / bq) < 4 * (int64_t)threads)
+        bq /= 2;
+    return bq;
+}
+
+/*
+ * Backward. Each pass holds five Bq x Bk tiles (S, dP, tanh, P~, dS) next to the key tile's
+ * K, K^T, V, V^T and gradients and the query block's Q, dO, O, their transposes and dQ. Bk is
+ * the panel bound; Bq the largest power of two up to 256 whose five tiles fit in 2/3 of L2.
+ * Measured on Emerald Rapids (2 MiB L2, H=8 N=4096): the rule's 256x256 the fastest of five
+ * tiles at D=128 and of four at D=64, by 1-4% over the next; on Zen 5 (1 MiB L2, D=128, H=4
+ * N=2048) its 128x256 took 19% less time than 128x64 (tiles.md).
+ */
+fai_tiles fai_plan_backward_tiles(const fai_cache_info *ci, int64_t dqk, int64_t dv, size_t es)
+{
+    const int64_t bk = key_tile_max(ci, dqk, dv, es);
+    const int64_t bq = floor_pow2((ci->l2 / 3 * 2) / (5 * bk * (int64_t)es));
+    return (fai_tiles){clamp64(bq, 16, 256), bk, 0}; /* br: forward only */
+}
+
+/*
+ * The backward in one pass (dQ accumulated per (b, kv head) as its key tiles go by) or in two
+ * (dK/dV per key tile, then dQ per query tile, each recomputing S and dP): one pass does 5 tile
+ * GEMMs per block pair where two do 7, and reads K and V once. It holds dQ of a kv head's
+ * query heads (group x Sq x Dqk) per thread, so it is taken while that stays within 8 MiB and
+ * while there are enough (b, kv head) tasks to share out: a multiple of the thread count, or
+ * at least four per thread (the tasks are whole heads, so that bounds the imbalance by 1/4).
+ * Measured on Emerald Rapids (H=8 N=4096 f32, 1 thread): one pass takes 30% less time than two
+ * at D=128 (0.76 of SGEMM against 0.53) and 22% less at D=64 (tiles.md).
+ */
+static int backward_single_pass(int64_t tasks, int threads, int64_t dq_bytes)
+{
+    return dq_bytes <= ((int64_t)8 << 20) && (tasks % threads == 0 || tasks >= 4 * threads);
+}
+
+/* The set's tile products where they take a forward: bf16 storage, Dqk and Dv multiples of
+ * their k and n steps; else NULL. */
+static const fai_kernels_bf16 *tile_products(const fa_context *ctx, fa_dtype d, int64_t dqk,
+                                             int64_t dv)
+{
+    const fai_kernels_bf16 *t = ctx->kernels->bf16;
+    return t && d == FA_BF16 && dqk % t->dqk_step == 0 && dv % t->dv_step == 0 ? t : NULL;
+}
+
+/* The GEMM kernel's MR for storage dtype d: the context's set, or the f64 one. */
+static int64_t kernel_mr(const fa_context *ctx, fa_dtype d)
+{
+    return d == FA_F64 ? fai_kernels_f64_portable()->mr : ctx->kernels->mr;
+}
+
+fai_tiles fai_tiled_tiles(const fa_context *ctx, int64_t dqk, int64_t dv, fa_dtype d,
+                          int backward)
+{
+    const size_t es = d == FA_F64 ? sizeof(double) : sizeof(float);
+    const fai_kernels_bf16 *tiles = backward ? NULL : tile_products(ctx, d, dqk, dv);
+    fai_tiles t;
+    if (ctx->tiled.bq > 0) { /* forced (FA_TILES): taken as given, but for a missing strip */
+        t = (fai_tiles){ctx->tiled.bq, ctx->tiled.bk, ctx->tiled.br};
+        if (t.br == 0) {
+            const int64_t br = tiles ? strip_rows_tiles(&ctx->cache, t.bk, tiles->rows)
+                                     : strip_rows(&ctx->cache, t.bk, es, kernel_mr(ctx, d));
+            t.br = br < t.bq ? br : t.bq;
+        }
+        return t;
+    }
+    if (backward)
+        return fai_plan_backward_tiles(&ctx->cache, dqk, dv, es);
+    t = fai_plan_forward_tiles(&ctx->cache, dqk, dv, es, kernel_mr(ctx, d));
+    if (tiles) {
+        const int64_t br = strip_rows_tiles(&ctx->cache, t.bk, tiles->rows);
+        t.br = br < t.bq ? br : t.bq;
+    }
+    return t;
+}
+
+fai_tiled_plan fai_tiled_plan_forward(const fa_context *ctx, const fai_problem *pr)
+{
+    fai_tiled_plan p = {0};
+    p.tl = fai_tiled_tiles(ctx, pr->dqk, pr->dv, pr->dtype, 0);
+    p.tile_products = tile_products(ctx, pr->dtype, pr->dqk, pr->dv);
+    /* forced tiles are taken as they are; the workspace is sized by p.tl either way */
+    p.task_rows = ctx->tiled.bq > 0
+                      ? p.tl.bq
+                      : forward_task_rows(p.tl, pr->b * pr->hq, pr->sq, ctx->num_threads);
+    return p;
+}
+
+fai_tiled_plan fai_tiled_plan_backward(const fa_context *ctx, const fai_problem *pr)
+{
+    fai_tiled_plan p = {0};
+    p.tl = fai_tiled_tiles(ctx, pr->dqk, pr->dv, pr->dtype, 1);
+    const int64_t es = pr->dtype == FA_F64 ? (int64_t)sizeof(double) : (int64_t)sizeof(float);
+    p.single_pass = ctx->tiled.backward_passes
+                        ? ctx->tiled.backward_passes == 1
+                        : backward_single_pass(pr->b * pr->hk, ctx->num_threads,
+                                               pr->group * pr->sq * pr->dqk * es);
+    return p;
+}

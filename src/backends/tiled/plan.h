@@ -1,0 +1,43 @@
+/*
+ * The tiled backend's plan: every tiling decision its loop nest reads, made once per call
+ * (backends/tiled/plan.c has the rules and the measurements behind them). The templates only
+ * read a fai_tiled_plan; nothing below it decides again.
+ */
+#ifndef FAI_TILED_PLAN_H
+#define FAI_TILED_PLAN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backends/backend.h"
+
+typedef struct {
+    int64_t bq; /* query rows per tile */
+    int64_t bk; /* keys per tile       */
+    int64_t br; /* forward: query rows whose scores are formed and consumed at once */
+} fai_tiles;
+
+typedef struct {
+    fai_tiles tl;      /* the tiles, which size each thread's workspace */
+    int64_t task_rows; /* forward: the query rows a task takes (tl.bq, or fewer where there are
+                          too few tasks to share out; a multiple of tl.br) */
+    const fai_kernels_bf16 *tile_products; /* forward: the set's tile products, where they
+                                              take the problem (bf16 storage), else NULL */
+    int single_pass;   /* backward: dQ accumulated per kv head in one pass, else two passes */
+} fai_tiled_plan;
+
+fai_tiled_plan fai_tiled_plan_forward(const fa_context *ctx, const fai_problem *pr);
+fai_tiled_plan fai_tiled_plan_backward(const fa_context *ctx, const fai_problem *pr);
+
+/* The tiles of a forward or a backward with these head dims and storage dtype in ctx (forced
+ * tiles included): what fa_context_describe prints and the tests size their cases by. */
+fai_tiles fai_tiled_tiles(const fa_context *ctx, int64_t dqk, int64_t dv, fa_dtype d,
+                          int backward);
+
+/* The rules themselves, from cache sizes (tested on made-up caches): the forward's tiles for
+ * element size es and a GEMM kernel of mr rows, and the backward's. */
+fai_tiles fai_plan_forward_tiles(const fai_cache_info *ci, int64_t dqk, int64_t dv, size_t es,
+                                 int64_t mr);
+fai_tiles fai_plan_backward_tiles(const fai_cache_info *ci, int64_t dqk, int64_t dv, size_t es);
+
+#endif

@@ -1,0 +1,96 @@
+/*
+ * The tiled loop nest's row helpers, shared by its forward (forward_tpl.h) and backward
+ * (backward_tpl.h). The three templates are written once for a compute type FT and included
+ * by backends/tiled/tiled.c once per type: float (f32, f16 and bf16 storage, with the
+ * context's kernel set) and double (f64 storage, with the portable f64 set). The includer
+ * defines:
+ *   FT                 the compute type
+ *   FAI_T(name)        name with the type's suffix (_f32 or _f64): the template's own
+ *                      functions, and the per-type names it calls: the kernel table
+ *                      FAI_T(fai_kernels) (kernels/kernels.h) and its GEMM loops
+ *                      FAI_T(fai_gemm), FAI_T(fai_gemm_at); the score pipeline FAI_T(fai_score)
+ *                      (core/score.h); the recurrence FAI_T(fai_online_move),
+ *                      FAI_T(fai_online_finalize) (core/recurrence.h); the gradient
+ *                      FAI_T(fai_dscore) (core/gradient.h)
+ *   FT_DTYPE           the storage dtype that is FT itself (read in place, without conversion)
+ *   FT_TILE_PRODUCTS   1 where the kernel set may have tile products (float), else 0
+ * Everything the loops decide about tiles comes from the plan (backends/tiled/plan.h).
+ *
+ * Every sum runs in a fixed order (over d for scores, over keys for accumulators; the kernels
+ * keep that order, kernels/kernels.h), so results are the same at every thread count.
+ */
+
+/* The keys of tile [j0, j0 + n) that row i may see, as tile columns [*c0, *c1). */
+static void FAI_T(row_cols)(const fai_problem *pr, fai_tile_class cls, int64_t i, int64_t j0,
+                            int64_t n, int64_t *c0, int64_t *c1)
+{
+    if (cls == FAI_TILE_FULL) {
+        *c0 = 0;
+        *c1 = n;
+        return;
+    }
+    int64_t lo, hi;
+    fai_mask_row(&pr->mask, i, &lo, &hi);
+    *c0 = lo > j0 ? lo - j0 : 0;
+    *c1 = hi < j0 + n ? hi - j0 : n;
+}
+
+/* Rows [*r0, *r1) of the nq rows from i0: from the first to the last that sees any of the
+ * keys [j0, j0 + n) (all nq for a FULL tile; *r0 == *r1 if none does). */
+static void FAI_T(row_span)(const fai_problem *pr, fai_tile_class cls, int64_t i0, int64_t nq,
+                            int64_t j0, int64_t n, int64_t *r0, int64_t *r1)
+{
+    int64_t lo = 0, hi = nq, c0, c1;
+    for (; cls != FAI_TILE_FULL && lo < hi; lo++) {
+        FAI_T(row_cols)(pr, cls, i0 + lo, j0, n, &c0, &c1);
+        if (c0 < c1)
+            break;
+    }
+    for (; cls != FAI_TILE_FULL && hi > lo; hi--) {
+        FAI_T(row_cols)(pr, cls, i0 + hi - 1, j0, n, &c0, &c1);
+        if (c0 < c1)
+            break;
+    }
+    *r0 = lo;
+    *r1 = hi;
+}
+
+/* Loads n rows of dim elements of storage dtype dt, row c at src + c ld elements (a run from
+ * an accessor of backends/backend.h), into dst (n x dim, row-major). */
+static void FAI_T(load_run)(const FAI_T(fai_kernels) *kern, const void *src, int64_t ld,
+                            fa_dtype dt, int64_t n, int64_t dim, FT *dst)
+{
+    const int64_t es = (int64_t)fai_dtype_size(dt);
+    for (int64_t c = 0; c < n; c++)
+        kern->widen((const char *)src + c * ld * es, dt, dim, dst + c * dim);
+}
+
+/* The same rows as a row-major matrix to read from: the run itself when its dtype is FT (with
+ * its stride as *ldv), else converted into buf (*ldv = dim). */
+static const FT *FAI_T(view_run)(const FAI_T(fai_kernels) *kern, const void *src, int64_t ld,
+                                 fa_dtype dt, int64_t n, int64_t dim, FT *buf, int64_t *ldv)
+{
+    if (dt == FT_DTYPE) {
+        *ldv = ld;
+        return (const FT *)src;
+    }
+    FAI_T(load_run)(kern, src, ld, dt, n, dim, buf);
+    *ldv = dim;
+    return buf;
+}
+
+/* Whether head h's score pipeline is the scale alone (no softcap, no ALiBi): the Q K^T GEMM then
+ * applies it in its store, with the single rounding of the pipeline's multiply. */
+static int FAI_T(scale_only)(const fai_problem *pr, FT slope)
+{
+    return pr->score.softcap == 0 && slope == 0;
+}
+
+/* n copies of the score scale from the arena: the GEMM's store factors (filled once carved). */
+static FT *FAI_T(carve_scale_rows)(fai_arena *a, const fai_problem *pr, int64_t n)
+{
+    FT *rows = fai_carve(a, (size_t)n * sizeof(FT));
+    for (int64_t r = 0; rows && r < n; r++)
+        rows[r] = (FT)pr->score.scale;
+    return rows;
+}

@@ -1,0 +1,63 @@
+/*
+ * The tiled backend: the article's algorithm (query tiles, a running (m, l, acc) per row, score
+ * and probability tiles that never leave the thread's working set). Its loop nest is written
+ * once (rows_tpl.h, forward_tpl.h, backward_tpl.h) and instantiated here for float (f32, f16,
+ * bf16 storage: f32 accumulation on the context's kernel set; with AMX, the forward's two
+ * products of bf16 storage on tile registers) and double (f64 storage, on the portable f64
+ * set). Every tiling decision comes from the plan (plan.c), made once per call.
+ *
+ * Extra memory: one workspace per thread, O(Bq x D + Bk x D + Br x Bk) for the forward (the
+ * backward's holds five Bq x Bk tiles), independent of sequence length; the backward's single
+ * pass adds dQ of a kv head's query heads, group x Sq x Dqk, up to 8 MiB a thread.
+ */
+#include "config.h"
+
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "backends/backend.h"
+#include "backends/tiled/plan.h"
+#include "core/gradient.h"
+#include "core/recurrence.h"
+#include "kernels/kernels.h"
+
+#define FT float
+#define FAI_T(name) name##_f32
+#define FT_DTYPE FA_F32
+#define FT_TILE_PRODUCTS 1
+#include "backends/tiled/rows_tpl.h"
+#include "backends/tiled/forward_tpl.h"
+#include "backends/tiled/backward_tpl.h"
+#undef FT
+#undef FAI_T
+#undef FT_DTYPE
+#undef FT_TILE_PRODUCTS
+
+#define FT double
+#define FAI_T(name) name##_f64
+#define FT_DTYPE FA_F64
+#define FT_TILE_PRODUCTS 0
+#include "backends/tiled/rows_tpl.h"
+#include "backends/tiled/forward_tpl.h"
+#include "backends/tiled/backward_tpl.h"
+
+static fa_status tiled_forward(fa_context *ctx, const fai_problem *pr)
+{
+    const fai_tiled_plan plan = fai_tiled_plan_forward(ctx, pr);
+    return pr->dtype == FA_F64 ? forward_f64(ctx, pr, fai_kernels_f64_portable(), &plan)
+                               : forward_f32(ctx, pr, ctx->kernels, &plan);
+}
+
+static fa_status tiled_backward(fa_context *ctx, const fai_problem *pr)
+{
+    const fai_tiled_plan plan = fai_tiled_plan_backward(ctx, pr);
+    return pr->dtype == FA_F64 ? backward_f64(ctx, pr, fai_kernels_f64_portable(), &plan)
+                               : backward_f32(ctx, pr, ctx->kernels, &plan);
+}
+
+const fai_backend fai_backend_tiled = {
+    .name = "tiled",
+    .forward = tiled_forward,
+    .backward = tiled_backward,
+};

@@ -1,0 +1,184 @@
+/*
+ * Storage dtype conversions. Loads widen exactly. Stores round to nearest, ties to even,
+ * straight from the source precision: an f64 value is rounded once to f16/bf16, never through
+ * f32 first (double rounding would break ties such as 1 + 2^-11 + 2^-40 in f16).
+ */
+#include "config.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "base/dtype.h"
+
+size_t fai_dtype_size(fa_dtype d)
+{
+    switch (d) {
+    case FA_F64: return 8;
+    case FA_F32: return 4;
+    case FA_F16:
+    case FA_BF16: return 2;
+    }
+    return 0;
+}
+
+static inline float f32_from_bits(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+static inline uint32_t f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    return u;
+}
+
+/* IEEE binary16: 1 sign, 5 exponent (bias 15), 10 fraction bits. Exact in f32. */
+static inline float f16_to_f32(uint16_t h)
+{
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0) { /* zero or subnormal: m * 2^-24 */
+        float f = (float)m * 0x1p-24f;
+        return sign ? -f : f;
+    }
+    if (e == 31) /* inf; NaN with its payload, quieted as IEEE conversions and F16C do */
+        return f32_from_bits(sign | 0x7f800000u | (m << 13) | (m ? 0x00400000u : 0));
+    return f32_from_bits(sign | ((e + 127 - 15) << 23) | (m << 13));
+}
+
+static inline float bf16_to_f32(uint16_t h)
+{
+    return f32_from_bits((uint32_t)h << 16);
+}
+
+double fai_f16_to_f64(uint16_t h) { return f16_to_f32(h); }
+double fai_bf16_to_f64(uint16_t h) { return bf16_to_f32(h); }
+
+/*
+ * Round |x| (finite, >= 0) to `frac` fraction bits with minimum normal exponent emin, ties to
+ * even: the spacing of the target format at |x| is ulp = 2^(max(E, emin) - frac) where
+ * 2^E <= |x| < 2^(E+1); x / ulp is exact, nearbyint rounds it under the default
+ * round-to-nearest-even mode, and the product is exact again.
+ */
+static double round_to_format(double a, int frac, int emin)
+{
+    int e;
+    frexp(a, &e); /* a = f 2^e, f in [0.5, 1): E = e - 1 */
+    int E = e - 1 < emin ? emin : e - 1;
+    double ulp = ldexp(1.0, E - frac);
+    return nearbyint(a / ulp) * ulp;
+}
+
+/* Encodes a value already representable in a (1, ebits, frac) format with bias. */
+static uint16_t encode_exact(double r, int frac, int emin, int bias)
+{
+    if (r < ldexp(1.0, emin)) /* zero or subnormal */
+        return (uint16_t)ldexp(r, frac - emin);
+    int e;
+    double f = frexp(r, &e); /* r = f 2^e, f in [0.5, 1) */
+    uint16_t biased = (uint16_t)(e - 1 + bias);
+    uint16_t m = (uint16_t)ldexp(2 * f - 1, frac);
+    return (uint16_t)((biased << frac) | m);
+}
+
+uint16_t fai_f64_to_f16(double x)
+{
+    uint16_t sign = signbit(x) ? 0x8000u : 0;
+    if (isnan(x))
+        return sign | 0x7e00u;
+    double a = fabs(x);
+    /* 65504 is the largest f16; 65520 is halfway to 2^16 and rounds (to even) up to inf */
+    if (a >= 65520.0)
+        return sign | 0x7c00u;
+    return sign | encode_exact(round_to_format(a, 10, -14), 10, -14, 15);
+}
+
+uint16_t fai_f64_to_bf16(double x)
+{
+    uint16_t sign = signbit(x) ? 0x8000u : 0;
+    if (isnan(x))
+        return sign | 0x7fc0u;
+    double a = fabs(x);
+    /* largest bf16 (2 - 2^-7) 2^127; halfway above it, (2 - 2^-8) 2^127, rounds to inf */
+    if (a >= 0x1.ffp127)
+        return sign | 0x7f80u;
+    return sign | encode_exact(round_to_format(a, 7, -126), 7, -126, 127);
+}
+
+/* f32 -> bf16, ties to even, by integer arithmetic on the bits (same result as above). */
+static inline uint16_t f32_to_bf16(float f)
+{
+    uint32_t u = f32_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return (uint16_t)((u >> 16) | 0x40u); /* quiet the NaN, keep its sign */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+void fai_load_f32(const void *src, fa_dtype d, int64_t n, float *dst)
+{
+    switch (d) {
+    case FA_F32: memcpy(dst, src, (size_t)n * sizeof(float)); break;
+    case FA_F64:
+        /* A narrowing load; no path of the library takes it (f64 storage computes in f64),
+         * but the function stays total over fa_dtype. */
+        for (int64_t i = 0; i < n; i++) dst[i] = (float)((const double *)src)[i];
+        break;
+    case FA_F16:
+        for (int64_t i = 0; i < n; i++) dst[i] = f16_to_f32(((const uint16_t *)src)[i]);
+        break;
+    case FA_BF16:
+        for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(((const uint16_t *)src)[i]);
+        break;
+    }
+}
+
+void fai_load_f64(const void *src, fa_dtype d, int64_t n, double *dst)
+{
+    switch (d) {
+    case FA_F64: memcpy(dst, src, (size_t)n * sizeof(double)); break;
+    case FA_F32:
+        for (int64_t i = 0; i < n; i++) dst[i] = ((const float *)src)[i];
+        break;
+    case FA_F16:
+        for (int64_t i = 0; i < n; i++) dst[i] = f16_to_f32(((const uint16_t *)src)[i]);
+        break;
+    case FA_BF16:
+        for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(((const uint16_t *)src)[i]);
+        break;
+    }
+}
+
+void fai_store_f32(void *dst, fa_dtype d, int64_t n, const float *src)
+{
+    switch (d) {
+    case FA_F32: memcpy(dst, src, (size_t)n * sizeof(float)); break;
+    case FA_F64:
+        for (int64_t i = 0; i < n; i++) ((double *)dst)[i] = src[i];
+        break;
+    case FA_F16:
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = fai_f64_to_f16(src[i]);
+        break;
+    case FA_BF16:
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = f32_to_bf16(src[i]);
+        break;
+    }
+}
+
+void fai_store_f64(void *dst, fa_dtype d, int64_t n, const double *src)
+{
+    switch (d) {
+    case FA_F64: memcpy(dst, src, (size_t)n * sizeof(double)); break;
+    case FA_F32:
+        for (int64_t i = 0; i < n; i++) ((float *)dst)[i] = (float)src[i];
+        break;
+    case FA_F16:
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = fai_f64_to_f16(src[i]);
+        break;
+    case FA_BF16:
+        for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = fai_f64_to_bf16(src[i]);
+        break;
+    }
+}

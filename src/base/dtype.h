@@ -1,0 +1,49 @@
+/*
+ * Storage dtypes (base/dtype.c): element sizes and row conversions, exact when widening and
+ * rounded once to nearest even when narrowing (DESIGN.md §1); and where a tensor's rows are.
+ */
+#ifndef FAI_BASE_DTYPE_H
+#define FAI_BASE_DTYPE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "flashattn.h"
+
+size_t fai_dtype_size(fa_dtype d);
+/* Row conversions: loads are exact; stores round to nearest even (f16/bf16 directly from the
+ * source precision, never through a second rounding). */
+void fai_load_f32(const void *src, fa_dtype d, int64_t n, float *dst);
+void fai_load_f64(const void *src, fa_dtype d, int64_t n, double *dst);
+void fai_store_f32(void *dst, fa_dtype d, int64_t n, const float *src);
+void fai_store_f64(void *dst, fa_dtype d, int64_t n, const double *src);
+uint16_t fai_f64_to_f16(double x);
+uint16_t fai_f64_to_bf16(double x);
+double fai_f16_to_f64(uint16_t h);
+double fai_bf16_to_f64(uint16_t h);
+
+/* Address of row s of head h of batch b of t (the headdim elements are contiguous from it). */
+static inline void *fai_row(const fa_tensor *t, int64_t b, int64_t s, int64_t h)
+{
+    return (char *)t->data +
+           (b * t->batch_stride + s * t->seq_stride + h * t->head_stride) *
+               (int64_t)fai_dtype_size(t->dtype);
+}
+
+/* The LSE of (b, h, row i): stored as f32 or f64. */
+static inline void fai_lse_store(const fa_tensor *t, int64_t b, int64_t h, int64_t i, double x)
+{
+    void *p = fai_row(t, b, i, h);
+    if (t->dtype == FA_F64)
+        *(double *)p = x;
+    else
+        *(float *)p = (float)x;
+}
+
+static inline double fai_lse_load(const fa_tensor *t, int64_t b, int64_t h, int64_t i)
+{
+    const void *p = fai_row(t, b, i, h);
+    return t->dtype == FA_F64 ? *(const double *)p : (double)*(const float *)p;
+}
+
+#endif

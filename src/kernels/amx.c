@@ -1,0 +1,299 @@
+/*
+ * AMX kernels (AMX-TILE, AMX-BF16): the tiled forward's two products for bf16 storage on
+ * tile registers, completing the AVX-512 set (whose f32 kernels do everything else). Built
+ * with -mamx-tile -mamx-bf16 -mavx512bf16 and the AVX-512 flags; called only when the CPU, the
+ * OS (XCR0) and Linux's per-process permission for the tile data allow it (kernels/cpu.c).
+ *
+ * One TDPBF16PS multiplies a 16 x 32 bf16 tile by a 32 x 16 one (stored as 16 rows of 16
+ * pairs) into 16 x 16 f32: 8192 products, against 16 of an AVX-512 FMA.
+ *   S  = Q K^T:  A = 16 rows of Q (bf16 as stored: its products are exact in f32), B = K^T
+ *                packed as pairs along d; C stored into the score strip.
+ *   O += P V:    P (f32) is split into bf16 hi + lo (hi = P rounded, lo = P - hi rounded:
+ *                P to 16 significant bits, relative error <= 2^-17, far below the bf16
+ *                output's rounding, 2^-8), both multiplied by V packed as pairs of keys; C is
+ *                acc, rescaled by the online softmax's factor on the way in.
+ * The tiles' sums run in an order fixed by the hardware and the loop below (not the f32
+ * kernels' order), so the results do not depend on the thread count; they differ from the f32
+ * path's in the last bits, and the backward (f32 kernels) recomputes S to f32 rounding rather
+ * than to the bit.
+ *
+ * Where the tiles differ from the f32 path in kind: TDPBF16PS reads subnormal bf16 inputs as 0
+ * and flushes subnormal results to 0. So a Q, K or V element below 2^-126 in magnitude counts
+ * as 0 (an inf times it gives NaN, not inf; a row whose allowed V are all subnormal gives 0,
+ * not ~1e-39), and P below 2^-126 is 0. Such inputs are far outside attention's working range;
+ * the f32 kernels (FA_ISA=avx512) keep them.
+ */
+#include "config.h"
+
+#include <immintrin.h>
+#include <pthread.h>
+#include <string.h>
+
+#include "kernels/kernels.h"
+
+/* Tile configuration (palette 1): every one of the 8 tiles 16 rows x 64 bytes. A tile
+ * register keeps its configuration per thread; each kernel call sets it and releases the tiles
+ * at its end (so no caller state is assumed, and a thread does not carry 8 KiB of live tile
+ * state through its context switches and signals afterwards). */
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+static void tiles_configure(void)
+{
+    tile_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        c.colsb[t] = 64;
+        c.rows[t] = 16;
+    }
+    _tile_loadconfig(&c);
+}
+
+/* The accumulator tiles 0 .. nb - 1 (nb <= 4; each 16 x 16 f32) from or to the 16 x 16 nb
+ * block of f32 at c, side by side, rows ld floats apart. Tile numbers are immediates: hence
+ * the ifs rather than a loop. */
+static inline __attribute__((always_inline)) void acc_tiles_load(int64_t nb, const float *c,
+                                                                 int64_t ld)
+{
+    _tile_loadd(0, c, ld * 4);
+    if (nb > 1)
+        _tile_loadd(1, c + 16, ld * 4);
+    if (nb > 2)
+        _tile_loadd(2, c + 32, ld * 4);
+    if (nb > 3)
+        _tile_loadd(3, c + 48, ld * 4);
+}
+
+static inline __attribute__((always_inline)) void acc_tiles_store(int64_t nb, float *c, int64_t ld)
+{
+    _tile_stored(0, c, ld * 4);
+    if (nb > 1)
+        _tile_stored(1, c + 16, ld * 4);
+    if (nb > 2)
+        _tile_stored(2, c + 32, ld * 4);
+    if (nb > 3)
+        _tile_stored(3, c + 48, ld * 4);
+}
+
+/* kt[(p ldt + j) 2 + t] = k[j ldk + 2 p + t] for j < n, 0 for j in [n, ldt): K^T as 32-bit pairs
+ * of dims, the B operand of Q K^T. A pair is one 32-bit word, so with ldk even this is the
+ * AVX-512 set's transpose of 32-bit elements (it moves bits; no arithmetic touches them). */
+static void fa_bf16_pack_kt__amx(int64_t n, int64_t d, const uint16_t *k, int64_t ldk,
+                                 uint16_t *kt, int64_t ldt)
+{
+    uint32_t *dst = (uint32_t *)kt;
+    if (ldk % 2 == 0 && (uintptr_t)k % 4 == 0) { /* rows of whole, aligned words */
+        fai_kernels_avx512()->transpose(n, d / 2, (const float *)k, ldk / 2, (float *)kt, ldt);
+        for (int64_t p = 0; p < d / 2; p++)
+            memset(dst + p * ldt + n, 0, (size_t)(ldt - n) * sizeof *dst);
+        return;
+    }
+    for (int64_t j = 0; j < ldt; j++)
+        for (int64_t p = 0; p < d / 2; p++) {
+            uint32_t w = 0;
+            if (j < n)
+                memcpy(&w, k + j * ldk + 2 * p, sizeof w);
+            dst[p * ldt + j] = w;
+        }
+}
+
+/* vt[(p dv + c) 2 + t] = v[(2 p + t) ldv + c] for keys 2 p + t < n, 0 up to nk keys: V as
+ * pairs of keys, the B operand of P V. Two rows interleave 32 columns at a time (16 at the
+ * end of a row: dv is a multiple of 16) by two-source word permutes; a last odd row pairs
+ * with zeros, and so do the keys up to nk. */
+static void fa_bf16_pack_v__amx(int64_t n, int64_t nk, int64_t dv, const uint16_t *v,
+                                int64_t ldv, uint16_t *vt)
+{
+    /* word 2i + t of the output: column i (lo) or 16 + i (hi) of row t (t = 1: source b) */
+    static const uint16_t lo[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
+                                    8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+    static const uint16_t hi[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
+                                    24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
+    const __m512i lo_idx = _mm512_loadu_si512(lo), hi_idx = _mm512_loadu_si512(hi);
+    for (int64_t j = 0; j < nk; j += 2) {
+        uint16_t *out = vt + (j / 2) * dv * 2;
+        for (int64_t c = 0; c < dv; c += 32) {
+            const int whole = dv - c >= 32; /* else 16 columns left */
+            const __mmask32 mk = whole ? 0xffffffffu : 0xffffu;
+            const __m512i a = j < n ? _mm512_maskz_loadu_epi16(mk, v + j * ldv + c)
+                                    : _mm512_setzero_si512();
+            const __m512i b = j + 1 < n ? _mm512_maskz_loadu_epi16(mk, v + (j + 1) * ldv + c)
+                                        : _mm512_setzero_si512();
+            _mm512_storeu_si512(out + 2 * c, _mm512_permutex2var_epi16(a, lo_idx, b));
+            if (whole)
+                _mm512_storeu_si512(out + 2 * c + 32, _mm512_permutex2var_epi16(a, hi_idx, b));
+        }
+    }
+}
+
+/*
+ * s[r][c] = sum_p q[r][p] kt[p][c] for rows r < m rounded up to 16 and columns [c0, c1) rounded
+ * out to 16 (the rest of those rows and columns are written too, and are junk to the caller);
+ * then, with scale, every element written times *scale, rounded once. q must hold m rounded up
+ * to 16 rows (those past m only reach junk rows of s).
+ */
+static void fa_bf16_qk_16x64__amx(int64_t m, int64_t c0, int64_t c1, int64_t d, const uint16_t *q,
+                                  int64_t ldq, const uint16_t *kt, int64_t ldt, float *s,
+                                  int64_t lds, const float *scale)
+{
+    tiles_configure();
+    const int64_t j0 = c0 & ~(int64_t)15, j1 = (c1 + 15) & ~(int64_t)15;
+    for (int64_t r = 0; r < m; r += 16)
+        for (int64_t j = j0; j < j1; j += 64) {
+            const int64_t nb = (j1 - j) / 16 < 4 ? (j1 - j) / 16 : 4;
+            const uint16_t *b = kt + 2 * j;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_zero(2);
+            _tile_zero(3);
+            for (int64_t p = 0; p < d; p += 32) {
+                const uint16_t *bp = b + p * ldt; /* pair row p / 2 */
+                _tile_loadd(4, q + r * ldq + p, ldq * 2);
+                _tile_loadd(5, bp, ldt * 4);
+                _tile_dpbf16ps(0, 4, 5);
+                if (nb > 1) {
+                    _tile_loadd(6, bp + 32, ldt * 4);
+                    _tile_dpbf16ps(1, 4, 6);
+                }
+                if (nb > 2) {
+                    _tile_loadd(7, bp + 64, ldt * 4);
+                    _tile_dpbf16ps(2, 4, 7);
+                }
+                if (nb > 3) {
+                    _tile_loadd(5, bp + 96, ldt * 4);
+                    _tile_dpbf16ps(3, 4, 5);
+                }
+            }
+            float *out = s + r * lds + j;
+            acc_tiles_store(nb, out, lds);
+            if (!scale)
+                continue;
+            /* the block just stored, while it is in L1, in whole vectors: beyond [0, m) x
+             * [c0, c1) it is junk either way */
+            const __m512 f = _mm512_set1_ps(*scale);
+            for (int64_t i = 0; i < 16; i++)
+                for (int64_t c = 0; c < 16 * nb; c += 16)
+                    _mm512_storeu_ps(out + i * lds + c,
+                                     _mm512_mul_ps(_mm512_loadu_ps(out + i * lds + c), f));
+        }
+    _tile_release();
+}
+
+/* 16 bf16 of x rounded to nearest even, and the f32 value they stand for. */
+static inline __m256i to_bf16(__m512 x, __m512 *back)
+{
+    const __m256i h = (__m256i)_mm512_cvtneps_pbh(x);
+    *back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    return h;
+}
+
+/*
+ * acc[r][:] = a[r] acc[r][:] + sum_{c in [c0, c1)} p[r][c] v[c][:] for rows r < m, with P as
+ * bf16 hi + lo, read as 0 outside [c0, c1), over every key chunk of 32 in [0, nk): the same
+ * chunks whatever [c0, c1) is. That keeps a row's bits independent of the rows it is grouped
+ * with: the tiles flush subnormal sums to 0 (and may not keep a NaN's payload), so even an
+ * all-zero chunk can change acc, and it must be applied to every row alike. V's packed keys
+ * must be finite. dv is a multiple of 16. scratch: 16 (2 ldp bf16 + dv f32). Rows go by 16:
+ * staged (rescaled; zero past m), multiplied, and only rows < m copied back.
+ */
+static void fa_bf16_pv_16x64__amx(int64_t m, int64_t c0, int64_t c1, int64_t nk, int64_t dv,
+                                  const float *p, int64_t ldp, const uint16_t *vt, float *acc,
+                                  int64_t ldacc, const float *a, void *scratch)
+{
+    tiles_configure();
+    uint16_t *hi = scratch, *lo = hi + 16 * ldp;
+    float *stage = (float *)(lo + 16 * ldp);
+    for (int64_t r = 0; r < m; r += 16) {
+        const int64_t rows = m - r < 16 ? m - r : 16;
+        for (int64_t i = 0; i < 16; i++) {
+            float *st = stage + i * dv;
+            if (i >= rows) {
+                memset(st, 0, (size_t)dv * sizeof(float));
+                memset(hi + i * ldp, 0, (size_t)nk * 2);
+                memset(lo + i * ldp, 0, (size_t)nk * 2);
+                continue;
+            }
+            const __m512 f = _mm512_set1_ps(a[r + i]);
+            const float *ar = acc + (r + i) * ldacc;
+            for (int64_t c = 0; c < dv; c += 16)
+                _mm512_storeu_ps(st + c, _mm512_mul_ps(_mm512_loadu_ps(ar + c), f));
+            const float *pr = p + (r + i) * ldp;
+            for (int64_t c = 0; c < nk; c += 16) {
+                /* lanes of [c, c + 16) inside [c0, c1) */
+                const uint32_t below = c0 > c ? (c0 - c < 16 ? (1u << (c0 - c)) - 1 : 0xffff) : 0;
+                const uint32_t upto = c1 - c >= 16 ? 0xffff : c1 > c ? (1u << (c1 - c)) - 1 : 0;
+                const __mmask16 mk = (__mmask16)(upto & ~below);
+                const __m512 x = _mm512_maskz_loadu_ps(mk, pr + c);
+                __m512 xh, xl;
+                const __m256i h = to_bf16(x, &xh);
+                const __m256i l = to_bf16(_mm512_sub_ps(x, xh), &xl);
+                _mm256_storeu_si256((__m256i *)(hi + i * ldp + c), h);
+                _mm256_storeu_si256((__m256i *)(lo + i * ldp + c), l);
+            }
+        }
+        for (int64_t d0 = 0; d0 < dv; d0 += 64) {
+            const int64_t nb = (dv - d0) / 16 < 4 ? (dv - d0) / 16 : 4;
+            float *cd = stage + d0;
+            acc_tiles_load(nb, cd, dv);
+            for (int64_t k = 0; k < nk; k += 32) {
+                const uint16_t *b = vt + ((k / 2) * dv + d0) * 2;
+                _tile_loadd(4, hi + k, ldp * 2);
+                _tile_loadd(5, lo + k, ldp * 2);
+                _tile_loadd(6, b, dv * 4);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(0, 5, 6);
+                if (nb > 1) {
+                    _tile_loadd(7, b + 32, dv * 4);
+                    _tile_dpbf16ps(1, 4, 7);
+                    _tile_dpbf16ps(1, 5, 7);
+                }
+                if (nb > 2) {
+                    _tile_loadd(6, b + 64, dv * 4);
+                    _tile_dpbf16ps(2, 4, 6);
+                    _tile_dpbf16ps(2, 5, 6);
+                }
+                if (nb > 3) {
+                    _tile_loadd(7, b + 96, dv * 4);
+                    _tile_dpbf16ps(3, 4, 7);
+                    _tile_dpbf16ps(3, 5, 7);
+                }
+            }
+            acc_tiles_store(nb, cd, dv);
+        }
+        for (int64_t i = 0; i < rows; i++)
+            memcpy(acc + (r + i) * ldacc, stage + i * dv, (size_t)dv * sizeof(float));
+    }
+    _tile_release();
+}
+
+static const fai_kernels_bf16 amx_bf16 = {
+    .rows = 16,     /* a tile's rows */
+    .keys = 32,     /* P V's k step: 32 bf16 of P per tile row */
+    .dqk_step = 32, /* Q K^T's k step: 32 bf16 of Q per tile row */
+    .dv_step = 16,  /* P V's n step: 16 f32 columns per tile */
+    FAI_KERNEL(pack_kt, fa_bf16_pack_kt__amx),
+    FAI_KERNEL(pack_v, fa_bf16_pack_v__amx),
+    FAI_KERNEL(qk, fa_bf16_qk_16x64__amx),
+    FAI_KERNEL(pv, fa_bf16_pv_16x64__amx),
+};
+
+/* The AVX-512 set with these products added: filled once. */
+static fai_kernels_f32 amx_set;
+
+static void amx_set_fill(void)
+{
+    amx_set = *fai_kernels_avx512();
+    amx_set.isa = FA_ISA_AMX;
+    amx_set.bf16 = &amx_bf16;
+}
+
+const fai_kernels_f32 *fai_kernels_amx(void)
+{
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, amx_set_fill);
+    return &amx_set;
+}

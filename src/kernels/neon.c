@@ -1,0 +1,287 @@
+/* NEON (AArch64 Advanced SIMD) kernels. AArch64 always has them; tested on x86 build machines
+ * under qemu-aarch64 (.ci/run). */
+#include "config.h"
+
+#include <arm_neon.h>
+#include <math.h>
+#include <string.h>
+
+#include "base/dtype.h"
+#include "kernels/exp_poly.h"
+#include "kernels/kernels.h"
+
+#define MR 8
+#define NR 8 /* two q registers of f32 */
+
+/*
+ * 8 x 8: 16 accumulators, two B loads per k step, A entries by scalar-operand FMAs. The body
+ * is instantiated once per row count, every loop over rows fully unrolled, so the
+ * accumulators stay in registers (see the AVX-512 kernel). Partial column tiles go through a
+ * zero-padded copy of the B row and a staged store.
+ */
+static inline __attribute__((always_inline)) void
+gemm_rows__neon(const int ROWS, const int A_T, int64_t nr, int64_t k, const float *a,
+                int64_t lda, const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,
+                const float *cscale)
+{
+    const int64_t ars = A_T ? 1 : lda, acs = A_T ? lda : 1; /* A[i][p] = a[i ars + p acs] */
+    float32x4_t c0[MR], c1[MR];
+    float tmp[NR];
+#pragma GCC unroll 8
+    for (int i = 0; i < ROWS; i++) {
+        c0[i] = vdupq_n_f32(0);
+        c1[i] = vdupq_n_f32(0);
+        if (accumulate) {
+            memset(tmp, 0, sizeof tmp);
+            memcpy(tmp, c + i * ldc, (size_t)nr * sizeof(float));
+            c0[i] = vld1q_f32(tmp);
+            c1[i] = vld1q_f32(tmp + 4);
+            if (cscale) {
+                c0[i] = vmulq_n_f32(c0[i], cscale[i]);
+                c1[i] = vmulq_n_f32(c1[i], cscale[i]);
+            }
+        }
+    }
+    for (int64_t p = 0; p < k; p++) {
+        const float *bp = b + p * ldb;
+        if (nr < NR) {
+            memset(tmp, 0, sizeof tmp);
+            memcpy(tmp, bp, (size_t)nr * sizeof(float));
+            bp = tmp;
+        }
+        const float32x4_t b0 = vld1q_f32(bp), b1 = vld1q_f32(bp + 4);
+#pragma GCC unroll 8
+        for (int i = 0; i < ROWS; i++) {
+            const float ai = a[i * ars + p * acs];
+            c0[i] = vfmaq_n_f32(c0[i], b0, ai);
+            c1[i] = vfmaq_n_f32(c1[i], b1, ai);
+        }
+    }
+#pragma GCC unroll 8
+    for (int i = 0; i < ROWS; i++) {
+        if (!accumulate && cscale) {
+            c0[i] = vmulq_n_f32(c0[i], cscale[i]);
+            c1[i] = vmulq_n_f32(c1[i], cscale[i]);
+        }
+        vst1q_f32(tmp, c0[i]);
+        vst1q_f32(tmp + 4, c1[i]);
+        memcpy(c + i * ldc, tmp, (size_t)nr * sizeof(float));
+    }
+}
+
+/* The exported kernels, A row-major (gemm) or stored transposed (gemm_at). */
+#define GEMM_ROWS_CASE(r, A_T)                                                                 \
+    case r:                                                                                    \
+        gemm_rows__neon(r, A_T, nr, k, a, lda, b, ldb, c, ldc, accumulate, cscale);            \
+        break;
+#define GEMM_UKERNEL(name, A_T)                                                                \
+    static void name(int64_t mr, int64_t nr, int64_t k, const float *a, int64_t lda,           \
+                     const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,       \
+                     const float *cscale)                                                      \
+    {                                                                                          \
+        switch (mr) {                                                                          \
+            GEMM_ROWS_CASE(1, A_T) GEMM_ROWS_CASE(2, A_T) GEMM_ROWS_CASE(3, A_T)               \
+            GEMM_ROWS_CASE(4, A_T) GEMM_ROWS_CASE(5, A_T) GEMM_ROWS_CASE(6, A_T)               \
+            GEMM_ROWS_CASE(7, A_T) GEMM_ROWS_CASE(8, A_T)                                      \
+        }                                                                                      \
+    }
+GEMM_UKERNEL(fa_f32_gemm_ukernel_8x8__neon, 0)
+GEMM_UKERNEL(fa_f32_gemm_at_ukernel_8x8__neon, 1)
+#undef GEMM_UKERNEL
+#undef GEMM_ROWS_CASE
+
+/*
+ * exp in 4 lanes, inline: the AVX2 kernel's reduction, polynomial and two-factor 2^n (see
+ * there); FMAX/FMIN return NaN for a NaN operand, so NaN passes the clamps. Max error over the
+ * floats <= 0: measured by tests/check_simd.c (a stride of them under qemu) and held to 1 ULP.
+ */
+static inline float32x4_t exp__neon(float32x4_t x)
+{
+    x = vminq_f32(vdupq_n_f32(100.0f), vmaxq_f32(vdupq_n_f32(-110.0f), x));
+    const float32x4_t n = vrndnq_f32(vmulq_n_f32(x, 0x1.715476p+0f));
+    float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(0x1.62e43p-1f));
+    r = vfmsq_f32(r, n, vdupq_n_f32(-0x1.05c61p-29f));
+    float32x4_t p = vdupq_n_f32(FAI_EXP_Q4);
+    p = vfmaq_f32(vdupq_n_f32(FAI_EXP_Q3), p, r);
+    p = vfmaq_f32(vdupq_n_f32(FAI_EXP_Q2), p, r);
+    p = vfmaq_f32(vdupq_n_f32(FAI_EXP_Q1), p, r);
+    p = vfmaq_f32(vdupq_n_f32(FAI_EXP_Q0), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.0f), p, r);
+    p = vfmaq_f32(vdupq_n_f32(1.0f), p, r);
+    const int32x4_t ni = vcvtq_s32_f32(n), n1 = vshrq_n_s32(ni, 1), n2 = vsubq_s32(ni, n1);
+    const int32x4_t bias = vdupq_n_s32(127);
+    const float32x4_t s1 = vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(n1, bias), 23));
+    const float32x4_t s2 = vreinterpretq_f32_s32(vshlq_n_s32(vaddq_s32(n2, bias), 23));
+    return vmulq_f32(vmulq_f32(p, s1), s2);
+}
+
+/* y = exp(x - m). Sum: 4 lanes, then the lanes in order; the tail goes through a padded copy
+ * whose extra lanes are not summed. */
+static float fa_f32_expsum__neon(int64_t n, const float *x, float m, float *y)
+{
+    const float32x4_t vm = vdupq_n_f32(m);
+    float32x4_t vsum = vdupq_n_f32(0);
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        const float32x4_t e = exp__neon(vsubq_f32(vld1q_f32(x + i), vm));
+        vst1q_f32(y + i, e);
+        vsum = vaddq_f32(vsum, e);
+    }
+    float lanes[4], sum = 0;
+    vst1q_f32(lanes, vsum);
+    for (int l = 0; l < 4; l++)
+        sum += lanes[l];
+    if (i < n) {
+        float t[4] = {0, 0, 0, 0};
+        memcpy(t, x + i, (size_t)(n - i) * sizeof(float));
+        vst1q_f32(t, exp__neon(vsubq_f32(vld1q_f32(t), vm)));
+        for (int64_t l = 0; l < n - i; l++) {
+            y[i + l] = t[l];
+            sum += t[l];
+        }
+    }
+    return sum;
+}
+
+/* FMAX returns NaN when either operand is NaN, so the max keeps a NaN by itself. */
+static float fa_f32_max__neon(int64_t n, const float *x)
+{
+    float32x4_t vmax = vdupq_n_f32(-INFINITY);
+    int64_t i = 0;
+    for (; i + 4 <= n; i += 4)
+        vmax = vmaxq_f32(vmax, vld1q_f32(x + i));
+    float m = vmaxvq_f32(vmax);
+    for (; i < n; i++)
+        m = x[i] > m || x[i] != x[i] ? x[i] : m;
+    return m;
+}
+
+/* 4 x 4 blocks by two rounds of trn1/trn2 (32-bit, then 64-bit), the edges portably. */
+static void fa_f32_transpose__neon(int64_t rows, int64_t cols, const float *src, int64_t lds,
+                                   float *dst, int64_t ldd)
+{
+    int64_t r = 0;
+    for (; r + 4 <= rows; r += 4) {
+        int64_t c = 0;
+        for (; c + 4 <= cols; c += 4) {
+            const float *s = src + r * lds + c;
+            const float32x4_t x0 = vld1q_f32(s), x1 = vld1q_f32(s + lds);
+            const float32x4_t x2 = vld1q_f32(s + 2 * lds), x3 = vld1q_f32(s + 3 * lds);
+            /* t0 = (x0[0], x1[0], x0[2], x1[2]), t1 = (x0[1], x1[1], x0[3], x1[3]), ... */
+            const float64x2_t t0 = vreinterpretq_f64_f32(vtrn1q_f32(x0, x1));
+            const float64x2_t t1 = vreinterpretq_f64_f32(vtrn2q_f32(x0, x1));
+            const float64x2_t t2 = vreinterpretq_f64_f32(vtrn1q_f32(x2, x3));
+            const float64x2_t t3 = vreinterpretq_f64_f32(vtrn2q_f32(x2, x3));
+            float *d = dst + c * ldd + r;
+            vst1q_f32(d, vreinterpretq_f32_f64(vtrn1q_f64(t0, t2)));
+            vst1q_f32(d + ldd, vreinterpretq_f32_f64(vtrn1q_f64(t1, t3)));
+            vst1q_f32(d + 2 * ldd, vreinterpretq_f32_f64(vtrn2q_f64(t0, t2)));
+            vst1q_f32(d + 3 * ldd, vreinterpretq_f32_f64(vtrn2q_f64(t1, t3)));
+        }
+        fai_transpose_f32_portable(4, cols - c, src + r * lds + c, lds, dst + c * ldd + r, ldd);
+    }
+    fai_transpose_f32_portable(rows - r, cols, src + r * lds, lds, dst + r, ldd);
+}
+
+/* 4 columns per vector, one FMA chain per column in p order from 0 (the GEMM kernel's
+ * rounding); the last columns through zero-padded copies. */
+static void fa_f32_coldot__neon(int64_t n, int64_t k, const float *a, int64_t lda,
+                                const float *b, int64_t ldb, float *out)
+{
+    for (int64_t j = 0; j < n; j += 4) {
+        const int64_t w = n - j < 4 ? n - j : 4;
+        float32x4_t acc = vdupq_n_f32(0);
+        for (int64_t p = 0; p < k; p++) {
+            float ta[4] = {0, 0, 0, 0}, tb[4] = {0, 0, 0, 0};
+            const float *pa = a + p * lda + j, *pb = b + p * ldb + j;
+            if (w < 4) {
+                memcpy(ta, pa, (size_t)w * sizeof(float));
+                memcpy(tb, pb, (size_t)w * sizeof(float));
+                pa = ta, pb = tb;
+            }
+            acc = vfmaq_f32(acc, vld1q_f32(pa), vld1q_f32(pb));
+        }
+        float t[4];
+        vst1q_f32(t, acc);
+        memcpy(out + j, t, (size_t)w * sizeof(float));
+    }
+}
+
+static void fa_f32_dsoftmax__neon(int64_t n, const float *s, double lse, const float *dp,
+                                  float di, float scale, float *p, float *ds)
+{
+    const float64x2_t vl = vdupq_n_f64(lse);
+    for (int64_t c = 0; c < n; c += 4) {
+        const int64_t w = n - c < 4 ? n - c : 4;
+        float ts[4] = {0, 0, 0, 0}, tdp[4] = {0, 0, 0, 0}, tp[4], tds[4];
+        memcpy(ts, s + c, (size_t)w * sizeof(float));
+        memcpy(tdp, dp + c, (size_t)w * sizeof(float));
+        const float32x4_t sv = vld1q_f32(ts);
+        const float32x2_t lo = vcvt_f32_f64(vsubq_f64(vcvt_f64_f32(vget_low_f32(sv)), vl));
+        const float32x2_t hi = vcvt_f32_f64(vsubq_f64(vcvt_high_f64_f32(sv), vl));
+        const float32x4_t P = exp__neon(vcombine_f32(lo, hi));
+        const float32x4_t g = vmulq_f32(P, vsubq_f32(vld1q_f32(tdp), vdupq_n_f32(di)));
+        vst1q_f32(tp, P);
+        vst1q_f32(tds, vmulq_n_f32(g, scale));
+        memcpy(p + c, tp, (size_t)w * sizeof(float));
+        memcpy(ds + c, tds, (size_t)w * sizeof(float));
+    }
+}
+
+/* f16 by FCVTL, bf16 by a 16-bit left shift into 32 bits: both exact, NaN payloads kept. The
+ * last partial vector goes through zero-padded copies. */
+static void fa_f32_widen__neon(const void *src, fa_dtype d, int64_t n, float *dst)
+{
+    if (d != FA_F16 && d != FA_BF16) {
+        fai_load_f32(src, d, n, dst);
+        return;
+    }
+    const uint16_t *h = src;
+    for (int64_t i = 0; i < n; i += 4) {
+        const int64_t w = n - i < 4 ? n - i : 4;
+        uint16_t t[4] = {0, 0, 0, 0};
+        memcpy(t, h + i, (size_t)w * sizeof(uint16_t));
+        const uint16x4_t x = vld1_u16(t);
+        const float32x4_t y = d == FA_F16 ? vcvt_f32_f16(vreinterpret_f16_u16(x))
+                                          : vreinterpretq_f32_u32(vshll_n_u16(x, 16));
+        float o[4];
+        vst1q_f32(o, y);
+        memcpy(dst + i, o, (size_t)w * sizeof(float));
+    }
+}
+
+/* f16 by FCVTN under the default round-to-nearest-even mode: one rounding from f32. */
+static void fa_f32_narrow__neon(void *dst, fa_dtype d, int64_t n, const float *src)
+{
+    if (d != FA_F16) {
+        fai_store_f32(dst, d, n, src);
+        return;
+    }
+    uint16_t *h = dst;
+    for (int64_t i = 0; i < n; i += 4) {
+        const int64_t w = n - i < 4 ? n - i : 4;
+        float t[4] = {0, 0, 0, 0};
+        uint16_t o[4];
+        memcpy(t, src + i, (size_t)w * sizeof(float));
+        vst1_u16(o, vreinterpret_u16_f16(vcvt_f16_f32(vld1q_f32(t))));
+        memcpy(h + i, o, (size_t)w * sizeof(uint16_t));
+    }
+}
+
+static const fai_kernels_f32 neon = {
+    .isa = FA_ISA_NEON,
+    .mr = MR,
+    .nr = NR,
+    FAI_KERNEL(gemm, fa_f32_gemm_ukernel_8x8__neon),
+    FAI_KERNEL(gemm_at, fa_f32_gemm_at_ukernel_8x8__neon),
+    FAI_KERNEL(expsum, fa_f32_expsum__neon),
+    FAI_KERNEL(max, fa_f32_max__neon),
+    FAI_KERNEL(transpose, fa_f32_transpose__neon),
+    FAI_KERNEL(coldot, fa_f32_coldot__neon),
+    FAI_KERNEL(dsoftmax, fa_f32_dsoftmax__neon),
+    FAI_KERNEL(finite, fai_finite_f32_portable),
+    FAI_KERNEL(widen, fa_f32_widen__neon),
+    FAI_KERNEL(narrow, fa_f32_narrow__neon),
+};
+
+const fai_kernels_f32 *fai_kernels_neon(void) { return &neon; }
