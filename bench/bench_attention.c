@@ -1,5 +1,5 @@
 /*
- * Benchmark (DESIGN.md §5): the tiled and conventional paths on the same inputs in one run.
+ * Benchmark (docs/DESIGN.md §5): the tiled and conventional paths on the same inputs in one run.
  * Reports, per sequence length: time, GFLOP/s as a fraction of OpenBLAS SGEMM measured in the
  * same run on the same threads, fused vs conventional time, and each path's peak allocation
  * (fa_memory_stats). --tile-sweep times the tiled forward over a list of forced tiles
@@ -235,7 +235,7 @@ static int run_config(const opts *o)
     fa_context_destroy(ctx);
     printf("%s\nOpenBLAS core %s: SGEMM %dx%dx%d on %d threads, timed before each repetition\n",
            line, core_name(), SGEMM_N, SGEMM_N, SGEMM_N, threads);
-    printf("B=1 H=%ld D=%ld %s%s; FLOPs per DESIGN.md §5; best of %ld\n\n", o->heads, o->dim,
+    printf("B=1 H=%ld D=%ld %s%s; FLOPs per docs/DESIGN.md §5; best of %ld\n\n", o->heads, o->dim,
            fa_dtype_name(o->dtype), o->causal ? " causal" : "", o->reps);
     printf("%7s %8s %10s %8s %8s %12s %12s %12s %9s %9s %9s %8s %8s\n", "N", "SGEMM GF", "tiled ms",
            "GFLOP/s", "/SGEMM", "tiled peak", "conv ms", "conv peak", "conv/til", "mem x", "bwd ms",

@@ -8,7 +8,7 @@ warm-up). Loads libflashattn.so through ctypes; needs PyTorch with CUDA.
 Tables: the article's forward table (B=2, H=8, D=128, bf16, causal, N=512..32768), the bar
 points (non-causal N=8192 forward; causal N=16384; backward N=8192), the head-dim sweep at
 N=8192 with H*D fixed, forward+backward at B=1, H=8, N=8192 with peak memory, and device vs
-wall time. FLOPs per DESIGN.md §5: forward 4 B H Sq Sk D (halved for causal), backward 2.5x.
+wall time. FLOPs per docs/DESIGN.md §5: forward 4 B H Sq Sk D (halved for causal), backward 2.5x.
 """
 import argparse
 import ctypes as C

@@ -2,9 +2,9 @@
  * flashattn — exact attention, built the FlashAttention way.
  *
  * The semantics (score pipeline, masks, dropout stream, gradients, dtypes) are those of
- * DESIGN.md §1; this header is its API (§2). Every function returns FA_OK or a specific
- * fa_status, and a failed call writes nothing to any output; fa_last_error() then says which
- * argument was wrong and why.
+ * docs/DESIGN.md §1; this header is its API (docs/DESIGN.md §2). Every function returns FA_OK or a
+ * specific fa_status, and a failed call writes nothing to any output; fa_last_error() then says
+ * which argument was wrong and why.
  */
 #ifndef FLASHATTN_H
 #define FLASHATTN_H
@@ -58,8 +58,8 @@ typedef struct {
 
 typedef enum { FA_ALIGN_BOTTOM_RIGHT, FA_ALIGN_TOP_LEFT } fa_align;
 
-/* Where ALiBi sits in the score pipeline (§1 steps 2-3). The default is the order of
- * FlashAttention-2 and ggml; FlashInfer adds the bias before the cap. */
+/* Where ALiBi sits in the score pipeline (docs/DESIGN.md §1, steps 2-3). The default is the
+ * order of FlashAttention-2 and ggml; FlashInfer adds the bias before the cap. */
 typedef enum { FA_SOFTCAP_THEN_ALIBI, FA_ALIBI_THEN_SOFTCAP } fa_score_order;
 
 typedef struct {
@@ -114,7 +114,7 @@ FA_API fa_status fa_context_create(const fa_options *o, fa_context **ctx);
 FA_API void      fa_context_destroy(fa_context *ctx);
 
 /*
- * out = attention(q, k, v) per DESIGN.md §1; lse (may be NULL) receives the natural-log
+ * out = attention(q, k, v) per docs/DESIGN.md §1; lse (may be NULL) receives the natural-log
  * log-sum-exp of each row (pre-dropout), -inf for rows with no allowed key. Outputs must not
  * overlap inputs.
  */
@@ -153,7 +153,7 @@ FA_API fa_status fa_memory_stats_reset(fa_context *ctx);
 FA_API fa_status fa_context_describe(const fa_context *ctx, char *buf, size_t n);
 
 /*
- * Comparing a candidate against a reference: the tolerance rule of DESIGN.md §4 as a function.
+ * Comparing a candidate against a reference: the tolerance rule of docs/DESIGN.md §4 as a function.
  *
  * Default rule (FlashAttention's): the candidate's max |cand - ref| must be at most
  * `factor` x max |baseline - ref| + floor, where baseline is the conventional path computed in

@@ -1,5 +1,5 @@
 /*
- * Every backend against the float64 reference over the shape/feature sweep of DESIGN.md §4,
+ * Every backend against the float64 reference over the shape/feature sweep of docs/DESIGN.md §4,
  * forward (out, LSE) and backward (dq, dk, dv), in every storage dtype, under the tolerance
  * rule (fa_compare): the tiled path's max error is at most 2x (3x for gradients) the
  * conventional path's error in the same dtype on the same inputs, plus a floor. The

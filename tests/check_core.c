@@ -11,7 +11,7 @@
 #include "backends/tiled/plan.h"
 #include "base/dtype.h"
 
-/* Random123's known-answer vectors for Philox4x32-10 (kat_vectors), as DESIGN.md §1 lists. */
+/* Random123's known-answer vectors for Philox4x32-10 (kat_vectors), as docs/DESIGN.md §1 lists. */
 START_TEST(philox_known_answers)
 {
     static const struct {
@@ -81,7 +81,7 @@ START_TEST(mask_geometry_matches_brute_force)
         int any = 0, all = 1;
         for (int64_t i = i0; i < i1; i++)
             for (int64_t j = j0; j < j1; j++) {
-                /* the definition, written out again: off, L, R as in §1 */
+                /* the definition, written out again: off, L, R as in docs/DESIGN.md §1 */
                 int ok = (m.left < 0 || j >= i + m.off - m.left) &&
                          (m.right < 0 || j <= i + m.off + m.right);
                 ck_assert_int_eq(ok, fai_mask_allowed(&m, i, j));

@@ -1,6 +1,6 @@
 /*
  * The CUDA backend against the float64 reference: the sweep of check_backends.c (every
- * feature of DESIGN.md §1, every storage dtype, sizes around the kernels' tiles, primes,
+ * feature of docs/DESIGN.md §1, every storage dtype, sizes around the kernels' tiles, primes,
  * Sq != Sk both ways, head dims not multiple of 8) plus the tensor-core head dims 32..256,
  * under the same tolerance rule (fa_compare against the conventional path in the same dtype);
  * dropout decisions identical to the CPU reference's; empty rows exactly 0 with LSE -inf;

@@ -210,9 +210,9 @@ START_TEST(reference_backward_finite_differences)
 END_TEST
 
 /*
- * The reference's two evaluations of §1 agree: kv heads 0 and 1 hold the same values except a
- * NaN in a key row no query may see (top-left causal, key >= Sq), which sends head 1's group to
- * the row-by-row path while head 0's takes the blocked GEMM path.
+ * The reference's two evaluations of docs/DESIGN.md §1 agree: kv heads 0 and 1 hold the same values
+ * except a NaN in a key row no query may see (top-left causal, key >= Sq), which sends head 1's
+ * group to the row-by-row path while head 0's takes the blocked GEMM path.
  */
 START_TEST(reference_blocked_matches_rows)
 {

@@ -1,5 +1,5 @@
 /*
- * The semantic rules of DESIGN.md §1 that a tolerance cannot see: empty rows exactly 0 with
+ * The semantic rules of docs/DESIGN.md §1 that a tolerance cannot see: empty rows exactly 0 with
  * LSE -inf and zero gradients; masked-out NaN/inf never reaching the output; NaN in an allowed
  * score propagating; the dropout mask replayed exactly from the Philox stream, and its keep
  * rate; bitwise determinism across calls and thread counts; merging of partial states.
@@ -444,7 +444,8 @@ START_TEST(forward_bits_independent_of_query_grouping)
 }
 END_TEST
 
-/* One context used from two threads at once (§2): each call's result equals a lone call's. */
+/* One context used from two threads at once (docs/DESIGN.md §2): each call's result equals a lone
+ * call's. */
 START_TEST(shared_context_concurrent_calls)
 {
     set lone, conc[2];

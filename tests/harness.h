@@ -1,5 +1,5 @@
 /* Test harness: tensors in any dtype and layout with an exact float64 twin, backend runners,
- * error measures and the tolerance rule of DESIGN.md §4. */
+ * error measures and the tolerance rule of docs/DESIGN.md §4. */
 #ifndef FA_TEST_HARNESS_H
 #define FA_TEST_HARNESS_H
 
@@ -69,7 +69,7 @@ Suite *make_semantics_suite(void);
 Suite *make_memory_suite(void);
 Suite *make_compare_suite(void);
 Suite *make_npy_suite(void);
-Suite *make_simd_suite(void);
+Suite *make_kernels_suite(void);
 
 /* One case of the backend sweeps (CPU and CUDA): shape, mask, score and dropout switches. */
 typedef struct {

@@ -8,6 +8,7 @@ Run: python3 tests/test_cli.py path/to/flashattn
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -173,6 +174,25 @@ def isa():
     check(o, l, code=0)
     run("forward", *qkv_args(), "--out", path("x.npy"), "--isa", "neon", code=3)
     run("forward", *qkv_args(), "--out", path("x.npy"), "--isa", "sse", code=2)
+
+
+@test
+def isa_names():
+    """Every ISA --help lists (the library's names, from its registry) is accepted by --isa:
+    the run passes the check, or the ISA is refused as unavailable here with its name, never as
+    an unknown spelling; an unknown one is refused with all of them listed."""
+    names = re.search(r"--isa (\S+)", run("forward", "--help", code=0).stdout).group(1).split("|")
+    assert {"scalar", "avx2", "avx512", "neon", "amx"} <= set(names), names
+    for name in names:
+        p = run("forward", *qkv_args(), "--out", path("x.npy"), "--lse", path("xl.npy"),
+                "--isa", name)
+        assert p.returncode in (0, 3), (name, p.returncode, p.stderr)
+        if p.returncode == 0:
+            check(path("x.npy"), path("xl.npy"), code=0)
+        else:
+            assert name in p.stderr, (name, p.stderr)
+    p = run("forward", *qkv_args(), "--out", path("x.npy"), "--isa", "sse", code=2)
+    assert all(name in p.stderr for name in names), p.stderr
 
 
 @test

@@ -9,11 +9,6 @@
 
 #include "backends/backend.h"
 
-/* The backends by fa_backend (ops.c): the table of b, or NULL for AUTO and for a value that is
- * none; the backend of a name (FA_BACKEND_AUTO if none). */
-const fai_backend *fai_backend_of(fa_backend b);
-fa_backend fai_backend_from_name(const char *name);
-
 /* Argument checks (arguments.c). A tensor is an input or an output (an output must not
  * overlap itself); an LSE tensor is f32 or f64 with headdim 1. `name` names it in the error. */
 typedef enum { FAI_INPUT, FAI_OUTPUT } fai_tensor_use;

@@ -263,7 +263,6 @@ fa_status fai_problem_make(fai_problem *pr, const fa_params *p, const fa_tensor 
     pr->score.off = pr->mask.off;
     pr->score.alibi_first = p->score_order == FA_ALIBI_THEN_SOFTCAP;
     pr->slopes = p->alibi_slopes;
-    pr->dropout_p = p->dropout_p;
     pr->seed = p->dropout_seed;
     pr->offset = p->dropout_offset;
     pr->drop_threshold = fai_dropout_threshold(p->dropout_p);

@@ -1,5 +1,5 @@
 /*
- * fa_compare: the tolerance rule of DESIGN.md §4, shared by `flashattn check` and the tests.
+ * fa_compare: the tolerance rule of docs/DESIGN.md §4, shared by `flashattn check` and the tests.
  * Everything is read through float64, element by element, in (batch, seq, head, dim) order.
  */
 #include "config.h"

@@ -1,7 +1,7 @@
 /*
  * Contexts: fa_options and the environment turned into a resolved backend, ISA and kernel set,
  * thread count, cache sizes and the tiled backend's forced tiles; its memory counters and its
- * one-line description. The environment variables (DESIGN.md §2): FA_BACKEND and FA_ISA
+ * one-line description. The environment variables (docs/DESIGN.md §2): FA_BACKEND and FA_ISA
  * override an AUTO option; FA_TILES and FA_BACKWARD_PASSES force the tiled backend's plan.
  */
 #include "config.h"

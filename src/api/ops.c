@@ -1,8 +1,8 @@
 /*
  * The ops: fa_forward and fa_backward check every argument (arguments.c), choose the backend,
- * answer what DESIGN.md §1 defines without computing (empty problems), and hand the backend a
- * validated problem. A backend without an op (a NULL slot) gets FA_ERR_UNSUPPORTED here, the
- * one place that answers it.
+ * answer what docs/DESIGN.md §1 defines without computing (empty problems), and hand the
+ * backend a validated problem (a backend without the op answers FA_ERR_UNSUPPORTED through
+ * fai_backend_op, backends/registry.c).
  */
 #include "config.h"
 
@@ -10,29 +10,6 @@
 #include <string.h>
 
 #include "api/api.h"
-
-/* ------------------------------------------------------------------ the backends */
-
-static const fai_backend *const backends[] = {
-    [FA_BACKEND_REFERENCE] = &fai_backend_reference,
-    [FA_BACKEND_CONVENTIONAL] = &fai_backend_conventional,
-    [FA_BACKEND_TILED] = &fai_backend_tiled,
-    [FA_BACKEND_CUDA] = &fai_backend_cuda,
-};
-#define NBACKENDS ((int)(sizeof backends / sizeof *backends))
-
-const fai_backend *fai_backend_of(fa_backend b)
-{
-    return (unsigned)b < (unsigned)NBACKENDS ? backends[b] : NULL;
-}
-
-fa_backend fai_backend_from_name(const char *name)
-{
-    for (int b = 0; b < NBACKENDS; b++)
-        if (backends[b] && strcmp(backends[b]->name, name) == 0)
-            return (fa_backend)b;
-    return FA_BACKEND_AUTO;
-}
 
 /* The backend of a call: the context's, but AUTO runs a call on CUDA when its q is device
  * memory (never in a build without CUDA). */
@@ -43,17 +20,10 @@ static const fai_backend *backend_for(const fa_context *ctx, const fa_tensor *q)
     return fai_backend_of(ctx->backend);
 }
 
-/* FA_OK when the backend has the op; the one FA_ERR_UNSUPPORTED for a missing one. */
-static fa_status has_op(const fai_backend *be, int present, const char *op)
-{
-    if (present)
-        return FA_OK;
-    return fai_fail(FA_ERR_UNSUPPORTED, "backend %s: %s is not implemented", be->name, op);
-}
-
 /* ------------------------------------------------------------------ the ops */
 
-/* Zeroes the rows of t (used where §1 defines the result without computing anything). */
+/* Zeroes the rows of t (used where docs/DESIGN.md §1 defines the result without computing
+ * anything). */
 static void zero_tensor(const fa_tensor *t)
 {
     size_t es = fai_dtype_size(t->dtype);
@@ -80,7 +50,8 @@ fa_status fa_forward(fa_context *ctx, const fa_params *p, const fa_tensor *q, co
     pr.io[FAI_OUT] = out;
     pr.io[FAI_LSE] = lse;
     const fai_backend *be = backend_for(ctx, q);
-    FAI_TRY(has_op(be, be->forward != NULL, "the forward"));
+    fai_op_fn run;
+    FAI_TRY(fai_backend_op(be, FAI_OP_FORWARD, "forward", &run));
     if (pr.b == 0 || pr.sq == 0)
         return FA_OK;
     if (pr.sk == 0 && !be->device_memory) { /* every row is empty (§1): O = 0, LSE = -inf */
@@ -92,7 +63,7 @@ fa_status fa_forward(fa_context *ctx, const fa_params *p, const fa_tensor *q, co
                         fai_lse_store(lse, b, h, i, -INFINITY);
         return FA_OK;
     }
-    return be->forward(ctx, &pr);
+    return run(ctx, &pr);
 }
 
 fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
@@ -131,7 +102,8 @@ fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
     pr.io[FAI_DK] = dk;
     pr.io[FAI_DV] = dv;
     const fai_backend *be = backend_for(ctx, q);
-    FAI_TRY(has_op(be, be->backward != NULL, "the backward"));
+    fai_op_fn run;
+    FAI_TRY(fai_backend_op(be, FAI_OP_BACKWARD, "backward", &run));
     if (pr.b == 0)
         return FA_OK;
     if ((pr.sq == 0 || pr.sk == 0) && !be->device_memory) { /* no (query, key) pair: every
@@ -141,5 +113,5 @@ fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
         zero_tensor(dv);
         return FA_OK;
     }
-    return be->backward(ctx, &pr);
+    return run(ctx, &pr);
 }

@@ -58,8 +58,7 @@ typedef struct {
     fai_mask mask;
     fai_score score;
     const float *slopes; /* Hq, or NULL */
-    double dropout_p;
-    double keep_scale;   /* 1 / (1 - dropout_p) (core/philox.h) */
+    double keep_scale;   /* 1 / (1 - dropout_p): kept terms' factor (core/philox.h) */
     uint64_t seed, offset;
     uint32_t drop_threshold; /* 0: dropout off */
     const fa_tensor *io[FAI_DV + 1];
@@ -133,20 +132,30 @@ static inline fai_dropout fai_dropout_for(const fai_problem *pr, int64_t b, int6
 /* ------------------------------------------------------------------ backends */
 
 /*
- * A backend: its name, and one slot per op. A NULL slot is an op the backend does not have:
- * the API layer answers FA_ERR_UNSUPPORTED for it (api/ops.c). An op is called only with a
+ * A backend: its name, and one slot per op (fai_op). A NULL slot is an op the backend does not
+ * have: fai_backend_op answers FA_ERR_UNSUPPORTED for it. An op is called only with a
  * validated, non-empty problem and may fail only with FA_ERR_NO_MEMORY (checked before any
  * output is written), FA_ERR_UNSUPPORTED, FA_ERR_INVALID_ARGUMENT (checks only the backend can
  * make, before anything is written: the CUDA one's device pointers) or FA_ERR_DEVICE (a device
  * runtime error, the CUDA backend's).
  */
+typedef fa_status (*fai_op_fn)(fa_context *ctx, const fai_problem *pr);
+typedef enum { FAI_OP_FORWARD, FAI_OP_BACKWARD, FAI_NOPS } fai_op;
+
 typedef struct {
-    const char *name; /* as fa_backend_name */
+    const char *name;  /* as fa_backend_name */
     int device_memory; /* its tensors are device memory: the API layer never touches them, and
                           the backend writes even an empty problem's results itself */
-    fa_status (*forward)(fa_context *ctx, const fai_problem *pr);
-    fa_status (*backward)(fa_context *ctx, const fai_problem *pr);
+    fai_op_fn ops[FAI_NOPS]; /* by fai_op (designated: [FAI_OP_FORWARD] = ...) */
 } fai_backend;
+
+/* backends/registry.c: the table of b, or NULL for AUTO and for a value that is none; the
+ * backend of a name (FA_BACKEND_AUTO if none); a backend's function for an op: *fn, or
+ * FA_ERR_UNSUPPORTED (the detail naming the backend and `what`, the op) where its slot is
+ * NULL. */
+const fai_backend *fai_backend_of(fa_backend b);
+fa_backend fai_backend_from_name(const char *name);
+fa_status fai_backend_op(const fai_backend *be, fai_op op, const char *what, fai_op_fn *fn);
 
 extern const fai_backend fai_backend_reference;
 extern const fai_backend fai_backend_conventional;

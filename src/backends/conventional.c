@@ -5,9 +5,9 @@
  * (GEMMs accumulate in f32, or f64 for f64 storage; softmax reduces in the same type).
  *
  * Its memory grows as B H Sq Sk; its error is the yardstick of the tolerance rule (DESIGN.md
- * §4). One deliberate difference from the fused paths, inherited from the GEMM formulation:
- * masked and dropped probabilities are exact zeros that are *multiplied* with V (and K, Q in
- * the backward), so a NaN or inf in a masked-out row of K or V can reach the output here.
+ * docs/DESIGN.md §4). One deliberate difference from the fused paths, inherited from the GEMM
+ * formulation: masked and dropped probabilities are exact zeros that are *multiplied* with V (and
+ * K, Q in the backward), so a NaN or inf in a masked-out row of K or V can reach the output here.
  */
 #include "config.h"
 
@@ -122,9 +122,9 @@ static void row_store(const conv *cv, void *mat, int64_t i, const double *src)
 }
 
 /*
- * S for head (b, h) = scale Q K^T into `s` (Sq x Sk, T), then the elementwise steps 2-4 of §1,
- * each rounded to T: softcap (its tanh saved in `tc` when not NULL, for the backward) and ALiBi
- * in the problem's order, and the mask written as -inf.
+ * S for head (b, h) = scale Q K^T into `s` (Sq x Sk, T), then the elementwise steps 2-4 of
+ * docs/DESIGN.md §1, each rounded to T: softcap (its tanh saved in `tc` when not NULL, for the
+ * backward) and ALiBi in the problem's order, and the mask written as -inf.
  */
 static void scores(const conv *cv, const conv_pack *w, int64_t h, void *s, void *tc)
 {
@@ -459,6 +459,5 @@ static fa_status conventional_backward(fa_context *ctx, const fai_problem *pr)
 
 const fai_backend fai_backend_conventional = {
     .name = "conventional",
-    .forward = conventional_forward,
-    .backward = conventional_backward,
+    .ops = {[FAI_OP_FORWARD] = conventional_forward, [FAI_OP_BACKWARD] = conventional_backward},
 };

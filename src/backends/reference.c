@@ -1,5 +1,5 @@
 /*
- * The float64 oracle: DESIGN.md §1 computed in double throughout, in two passes over each
+ * The float64 oracle: docs/DESIGN.md §1 computed in double throughout, in two passes over each
  * query row's keys (the maximum, then the exponentials), never tiled over keys and never
  * rescaled online. Two ways to evaluate the same formulas:
  *
@@ -10,7 +10,8 @@
  *    other operand is finite, so this path is taken only for heads whose inputs are finite.
  *  - row by row: each row's dot products and sums written out, masked and dropped terms
  *    skipped by selection. It serves heads with a NaN or inf anywhere in their inputs, where
- *    §1's "masked NaN never reaches the output" must hold to the bit, and dimensions beyond
+ *    docs/DESIGN.md §1's "masked NaN never reaches the output" must hold to the bit, and dimensions
+ * beyond
  *    BLAS's int range.
  *
  * Each output element is computed by one thread in an order fixed by the problem alone, so the
@@ -73,9 +74,9 @@ static void row_carve(const fai_problem *pr, fai_arena *a, row_ws *w)
 }
 
 /*
- * Steps 1-5 of §1 for row i of (b, h): fills w->s[j] (and w->t[j]) for allowed j in [*lo, *hi)
- * and returns LSE_i; -inf for an empty row (no allowed key, or all allowed scores -inf), NaN
- * if an allowed score is NaN. Fills keep[lo, hi) when dropout is on.
+ * Steps 1-5 of docs/DESIGN.md §1 for row i of (b, h): fills w->s[j] (and w->t[j]) for allowed j in
+ * [*lo, *hi) and returns LSE_i; -inf for an empty row (no allowed key, or all allowed scores -inf),
+ * NaN if an allowed score is NaN. Fills keep[lo, hi) when dropout is on.
  */
 static double row_scores(const fai_problem *pr, int64_t b, int64_t h, int64_t i, row_ws *w,
                          unsigned char *keep, int64_t *lo, int64_t *hi)
@@ -504,6 +505,5 @@ static fa_status ref_backward(fa_context *ctx, const fai_problem *pr)
 
 const fai_backend fai_backend_reference = {
     .name = "reference",
-    .forward = ref_forward,
-    .backward = ref_backward,
+    .ops = {[FAI_OP_FORWARD] = ref_forward, [FAI_OP_BACKWARD] = ref_backward},
 };

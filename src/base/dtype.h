@@ -1,6 +1,6 @@
 /*
  * Storage dtypes (base/dtype.c): element sizes and row conversions, exact when widening and
- * rounded once to nearest even when narrowing (DESIGN.md §1); and where a tensor's rows are.
+ * rounded once to nearest even when narrowing (docs/DESIGN.md §1); and where a tensor's rows are.
  */
 #ifndef FAI_BASE_DTYPE_H
 #define FAI_BASE_DTYPE_H

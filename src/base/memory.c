@@ -1,5 +1,5 @@
 /* Counted allocations: every byte the library allocates for a context enters its fai_mem, which
- * is how fa_memory_stats measures peak memory (DESIGN.md §5). */
+ * is how fa_memory_stats measures peak memory (docs/DESIGN.md §5). */
 #include "config.h"
 
 #include <stdlib.h>

@@ -7,11 +7,11 @@
  *    softcap, the recurrence's log, the merge; the portable f32 and f64 kernels' exp) runs
  *    SLEEF's 1.0-ULP scalar functions, so those results do not depend on the libm linked;
  *  - the vector kernels run their own exp (kernels/exp_poly.h, 0.882 ULP, tested
- *    exhaustively in tests/check_simd.c);
+ *    exhaustively in tests/check_kernels.c);
  *  - the reference (backends/reference.c: its softmax's exp and log) and the conventional
  *    path (backends/conventional.c: exp, log, tanh) call the C library's double functions,
  *    as the frameworks they stand for do: their last bits follow the libm (glibc's exp and log
- *    are within 1 ULP), which the tolerance rule of DESIGN.md §4 is far above;
+ *    are within 1 ULP), which the tolerance rule of docs/DESIGN.md §4 is far above;
  *  - nvcc sees CUDA's own functions (and the tensor-core kernels exp2 by ex2.approx).
  */
 #ifndef FAI_CORE_FMATH_H
@@ -35,10 +35,10 @@ static inline double fai_tanh(double x) { return Sleef_tanh_u10(x); }
 #endif
 
 /*
- * The running maximum of DESIGN.md §1, where a NaN sticks: x if x > m or x is NaN, else m.
- * Once m is NaN every later x leaves it NaN (x > NaN is false), so one NaN score makes its
- * row's max NaN whatever comes before or after it, and the row is NaN (§1); fmax would drop
- * it. Start from m = -inf: a row with no score, or only -inf ones, has max -inf.
+ * The running maximum of docs/DESIGN.md §1, where a NaN sticks: x if x > m or x is NaN, else m.
+ * Once m is NaN every later x leaves it NaN (x > NaN is false), so one NaN score makes its row's
+ * max NaN whatever comes before or after it, and the row is NaN (docs/DESIGN.md §1); fmax would
+ * drop it. Start from m = -inf: a row with no score, or only -inf ones, has max -inf.
  */
 FA_HOST_DEVICE static inline float fai_nanmax_f32(float m, float x)
 {

@@ -1,5 +1,5 @@
 /*
- * The backward's per-element formula (DESIGN.md §1, "Backward"), written once for every
+ * The backward's per-element formula (docs/DESIGN.md §1, "Backward"), written once for every
  * backend: the float64 reference, the tiled loop nest (f32 and f64), the portable kernels and
  * the CUDA kernels call it; the vector kernels' dsoftmax (kernels/kernels.h) is its z = 1,
  * capless case in vectors. The conventional path is the exception on purpose: it computes

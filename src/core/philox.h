@@ -1,5 +1,5 @@
 /*
- * The dropout stream of DESIGN.md §1: Philox4x32-10 (Salmon et al., SC'11, "Parallel random
+ * The dropout stream of docs/DESIGN.md §1: Philox4x32-10 (Salmon et al., SC'11, "Parallel random
  * numbers: as easy as 1, 2, 3"), counter = {j / 4, i, b * Hq + h, offset}, key = seed, output
  * word j % 4 compared with floor(p * 2^32). Every backend draws its keep decisions from here,
  * so the same (seed, offset) drops the same elements everywhere.

@@ -23,7 +23,7 @@
  *
  *     LSE = m + ln l,      O = acc / (l (1 - p))
  *
- * which is ln sum exp(s_j) and sum_j keep_j P_j v_j / (1 - p): §1's steps 5-7.
+ * which is ln sum exp(s_j) and sum_j keep_j P_j v_j / (1 - p): docs/DESIGN.md §1's steps 5-7.
  *
  * Edge cases, each stated so no backend has to rediscover it:
  *  - A block with no allowed key, or whose allowed scores are all -inf, has b = -inf. If m is
@@ -33,7 +33,7 @@
  *  - A row that never absorbs a finite score ends with l = 0: it is an empty row, O = 0,
  *    LSE = -inf (fai_online_finalize).
  *  - NaN scores are not filtered: the caller's block max b is NaN if any allowed score is, a
- *    NaN b becomes m' here, and l, acc, LSE and O of the row are NaN, as §1 requires.
+ *    NaN b becomes m' here, and l, acc, LSE and O of the row are NaN (docs/DESIGN.md §1).
  *  - +inf scores give m' = +inf and exp(inf - inf) = NaN: the row is NaN, as in the reference.
  */
 #ifndef FAI_CORE_RECURRENCE_H

@@ -1,5 +1,5 @@
 /*
- * The score pipeline and the mask of DESIGN.md §1, and the classification of a
+ * The score pipeline and the mask of docs/DESIGN.md §1, and the classification of a
  * (query tile x key tile) against the mask. Every backend — the float64 reference, the
  * conventional GEMM path, the tiled kernels and CUDA — takes its mask and score transforms
  * from here; none re-derives them.
@@ -94,11 +94,11 @@ FA_HOST_DEVICE static inline fai_tile_class fai_mask_classify(const fai_mask *m,
 }
 
 /*
- * Score pipeline, steps 1-3 of §1: s = scale * dot; softcap c > 0: s = c * tanh(s / c);
- * ALiBi: s -= slope * |i + off - j| — or, with alibi_first, the bias before the cap.
- * `t` (may be NULL) receives tanh(x / c), x the cap's argument, for the backward's chain rule
- * d(c tanh(x/c))/dx = 1 - tanh^2(x/c) (the bias is additive, so the rule is the same in both
- * orders); it is 0 when softcap is off.
+ * Score pipeline, steps 1-3 of docs/DESIGN.md §1: s = scale * dot; softcap c > 0: s = c * tanh(s /
+ * c); ALiBi: s -= slope * |i + off - j| — or, with alibi_first, the bias before the cap. `t` (may
+ * be NULL) receives tanh(x / c), x the cap's argument, for the backward's chain rule d(c
+ * tanh(x/c))/dx = 1 - tanh^2(x/c) (the bias is additive, so the rule is the same in both orders);
+ * it is 0 when softcap is off.
  */
 typedef struct {
     double scale, softcap; /* softcap 0: off */

@@ -170,7 +170,7 @@ static void fa_f32_transpose__avx2(int64_t rows, int64_t cols, const float *src,
  * no scalef, so 2^n is applied in two factors 2^(n>>1) and 2^(n - (n>>1)), each a normal float
  * built in its exponent field for n in [-159, 145] (the clamps bound n); the first product is
  * exact, the second rounds once, into the subnormals or to 0 and inf where exp does. Max error
- * over every float <= 0: measured by tests/check_simd.c and held to 1 ULP.
+ * over every float <= 0: measured by tests/check_kernels.c and held to 1 ULP.
  */
 static inline __m256 exp__avx2(__m256 x)
 {

@@ -176,7 +176,7 @@ static void fa_f32_transpose__avx512(int64_t rows, int64_t cols, const float *sr
  * clamped to [-110, 100] (exp(-110) rounds to 0 and exp(100) to inf, as do the values
  * clamped), which keeps n finite for +-inf; NaN passes the clamps (max/min return their second
  * operand when either is NaN) and stays NaN. Max error over every float <= 0: 0.882 ULP
- * (tests/check_simd.c measures it and holds it to 1 ULP; SLEEF's Sleef_expf16_u10 measured
+ * (tests/check_kernels.c measures it and holds it to 1 ULP; SLEEF's Sleef_expf16_u10 measured
  * 0.986 there).
  */
 static inline __m512 exp__avx512(__m512 x)

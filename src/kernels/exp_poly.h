@@ -7,7 +7,7 @@
  * error of exp (bench/fit_exp_poly.py: iteratively reweighted least squares in 40-digit
  * arithmetic), max relative error 3.1e-9 before the coefficients are rounded to float (the
  * Taylor polynomial's truncation was 5.2e-9). Measured over every float <= 0 in float
- * arithmetic, tests/check_simd.c: 0.882 ULP with the AVX-512 kernel (0.937 with Taylor).
+ * arithmetic, tests/check_kernels.c: 0.882 ULP with the AVX-512 kernel (0.937 with Taylor).
  */
 #ifndef FAI_SIMD_EXP_POLY_H
 #define FAI_SIMD_EXP_POLY_H

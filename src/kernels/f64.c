@@ -9,6 +9,7 @@
 
 #include "base/dtype.h"
 #include "core/fmath.h"
+#include "core/gradient.h"
 #include "kernels/kernels.h"
 
 #define F64_MR 8   /* rows per panel of the forward's packed Q */
@@ -92,7 +93,7 @@ static void fa_f64_dsoftmax__portable_sleef(int64_t n, const double *s, double l
 {
     for (int64_t c = 0; c < n; c++) {
         p[c] = fai_exp(s[c] - lse);
-        ds[c] = scale * (p[c] * (dp[c] - di));
+        ds[c] = scale * fai_dscore_f64(p[c], dp[c], 1, di, 0, 0);
     }
 }
 

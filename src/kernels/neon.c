@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "base/dtype.h"
+#include "core/fmath.h"
 #include "kernels/exp_poly.h"
 #include "kernels/kernels.h"
 
@@ -93,7 +94,7 @@ GEMM_UKERNEL(fa_f32_gemm_at_ukernel_8x8__neon, 1)
 /*
  * exp in 4 lanes, inline: the AVX2 kernel's reduction, polynomial and two-factor 2^n (see
  * there); FMAX/FMIN return NaN for a NaN operand, so NaN passes the clamps. Max error over the
- * floats <= 0: measured by tests/check_simd.c (a stride of them under qemu) and held to 1 ULP.
+ * floats <= 0: measured by tests/check_kernels.c (a stride of them under qemu) and held to 1 ULP.
  */
 static inline float32x4_t exp__neon(float32x4_t x)
 {
@@ -152,7 +153,7 @@ static float fa_f32_max__neon(int64_t n, const float *x)
         vmax = vmaxq_f32(vmax, vld1q_f32(x + i));
     float m = vmaxvq_f32(vmax);
     for (; i < n; i++)
-        m = x[i] > m || x[i] != x[i] ? x[i] : m;
+        m = fai_nanmax_f32(m, x[i]);
     return m;
 }
 

@@ -6,6 +6,7 @@
 
 #include "base/dtype.h"
 #include "core/fmath.h"
+#include "core/gradient.h"
 #include "kernels/kernels.h"
 
 #define SCALAR_MR 4
@@ -73,7 +74,7 @@ static float fa_f32_max__scalar(int64_t n, const float *x)
 {
     float m = -INFINITY;
     for (int64_t i = 0; i < n; i++)
-        m = x[i] > m || x[i] != x[i] ? x[i] : m; /* a NaN sticks */
+        m = fai_nanmax_f32(m, x[i]);
     return m;
 }
 
@@ -102,7 +103,7 @@ static void fa_f32_dsoftmax__scalar(int64_t n, const float *s, double lse, const
 {
     for (int64_t c = 0; c < n; c++) {
         p[c] = fai_expf((float)((double)s[c] - lse));
-        ds[c] = scale * (p[c] * (dp[c] - di));
+        ds[c] = scale * fai_dscore_f32(p[c], dp[c], 1, di, 0, 0);
     }
 }
 

@@ -242,6 +242,5 @@ static fa_status cuda_backward(fa_context *ctx, const fai_problem *pr)
 const fai_backend fai_backend_cuda = {
     .name = "cuda",
     .device_memory = 1,
-    .forward = cuda_forward,
-    .backward = cuda_backward,
+    .ops = {[FAI_OP_FORWARD] = cuda_forward, [FAI_OP_BACKWARD] = cuda_backward},
 };

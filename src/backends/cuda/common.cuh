@@ -16,7 +16,7 @@
 #include "core/recurrence.h"
 #include "core/score.h"
 
-/* Storage <-> compute: loads are exact, stores round to nearest even once (§1). */
+/* Storage <-> compute: loads are exact, stores round to nearest even once (docs/DESIGN.md §1). */
 template <typename S> struct fai_storage;
 template <> struct fai_storage<float> {
     __device__ static float load(float x) { return x; }

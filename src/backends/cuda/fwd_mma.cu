@@ -10,7 +10,8 @@
  *   S  = Q K^T           mma.sync m16n8k16; Q fragments kept in registers where they fit
  *                        (MT D <= 128), else re-read by ldmatrix per k-step; K fragments by
  *                        ldmatrix from swizzled shared memory
- *   x  = S * scale * log2(e)      (or the full §1 pipeline, then * log2(e)): base-2 logits
+ *   x  = S * scale * log2(e)      (or the full pipeline of docs/DESIGN.md §1, then * log2(e)):
+ *                                 base-2 logits
  *   mask, row max m (4-lane quad shuffles), P = exp2(x - m), l += rowsum P
  *   O  = alpha O + P V   P converted to 16-bit in registers *is* the A operand of the second
  *                        MMA (the accumulator layout of m16n8 equals the A layout of m16k16

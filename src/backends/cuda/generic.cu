@@ -1,10 +1,10 @@
 /*
- * The CUDA backend's generic path: exact §1 semantics for every storage dtype (f64 computes in
- * f64, the others in f32) and any head dims up to 512, by FMA, one warp per attention row.
- * It is the path for f32/f64 storage, for head dims the tensor-core kernels do not cover, and
+ * The CUDA backend's generic path: exact docs/DESIGN.md §1 semantics for every storage dtype (f64
+ * computes in f64, the others in f32) and any head dims up to 512, by FMA, one warp per attention
+ * row. It is the path for f32/f64 storage, for head dims the tensor-core kernels do not cover, and
  * for strides they cannot load with 16-byte copies; it is also what the tensor-core forward is
- * checked against on the device. The backward is three deterministic launches (no atomics):
- * D_i = dO_i . O_i; dK, dV per key row (summing the GQA group in registers); dQ per query row.
+ * checked against on the device. The backward is three deterministic launches (no atomics): D_i =
+ * dO_i . O_i; dK, dV per key row (summing the GQA group in registers); dQ per query row.
  *
  * Row-warp layout: lane L owns head-dim elements d = L + 32 c (c < NV) of the row's
  * accumulator, so a V row is read by the warp in one coalesced sweep; while scoring, lane L
@@ -169,8 +169,8 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_delta_kernel(const fai_cud
 /*
  * One allowed pair (i, j): P = exp(s - LSE) (the subtraction in double, as the CPU paths), the
  * dropout-scaled P~ that multiplies dO into dV, and dS = scale * P (dP z - D_i) (1 - t^2) that
- * multiplies q into dK and k into dQ (§1's backward). Returns 0 if the row is empty (LSE -inf:
- * every gradient through it is 0).
+ * multiplies q into dK and k into dQ (docs/DESIGN.md §1's backward). Returns 0 if the row is empty
+ * (LSE -inf: every gradient through it is 0).
  */
 template <typename S, typename C>
 __device__ __forceinline__ int pair_grads(const fai_score &sc, const fai_drop &dr, C keep_scale,

@@ -28,6 +28,5 @@ static fa_status unavailable(fa_context *ctx, const fai_problem *pr)
 const fai_backend fai_backend_cuda = {
     .name = "cuda",
     .device_memory = 1,
-    .forward = unavailable,
-    .backward = unavailable,
+    .ops = {[FAI_OP_FORWARD] = unavailable, [FAI_OP_BACKWARD] = unavailable},
 };

@@ -245,9 +245,9 @@ static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, in
  * which the output's finalization makes +0). On the diagonal of a causal mask that skips up to
  * half of the tile's work. Every row's result is independent of the strip it falls in.
  *
- * The GEMM multiplies the zeros of P with V. That is exact while V is finite; for a tile whose
- * V holds inf or NaN and that has masked or dropped entries, the rows accumulate P V by
- * selection instead, so that §1's "masked NaN never reaches the output" holds to the bit.
+ * The GEMM multiplies the zeros of P with V. That is exact while V is finite; for a tile whose V
+ * holds inf or NaN and that has masked or dropped entries, the rows accumulate P V by selection
+ * instead, so that docs/DESIGN.md §1's "masked NaN never reaches the output" holds to the bit.
  */
 static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int64_t h,
                              int64_t i0, int64_t i1, FAI_T(fwd_ws) *w)

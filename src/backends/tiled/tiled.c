@@ -58,6 +58,5 @@ static fa_status tiled_backward(fa_context *ctx, const fai_problem *pr)
 
 const fai_backend fai_backend_tiled = {
     .name = "tiled",
-    .forward = tiled_forward,
-    .backward = tiled_backward,
+    .ops = {[FAI_OP_FORWARD] = tiled_forward, [FAI_OP_BACKWARD] = tiled_backward},
 };

@@ -21,7 +21,7 @@ static const fai_kernels_f32 *kernels_or_skip(int i)
 {
     const fai_kernels_f32 *k = fai_kernels_for(ht_isas[i]);
     if (!k)
-        fprintf(stderr, "check_simd: %s kernels not runnable here: skipped\n",
+        fprintf(stderr, "check_kernels: %s kernels not runnable here: skipped\n",
                 fa_isa_name(ht_isas[i]));
     return k;
 }
@@ -477,7 +477,7 @@ START_TEST(expsum_exhaustive_nonpositive)
         }
         free(x), free(y);
     }
-    fprintf(stderr, "check_simd: %s: max error over %s floats <= 0: %.3f ULP (at x = %a)\n",
+    fprintf(stderr, "check_kernels: %s: max error over %s floats <= 0: %.3f ULP (at x = %a)\n",
             kt->expsum_name, stride > 1 ? "every FA_TEST_EXP_STRIDE-th of the" : "all", worst,
             (double)worst_x);
     ck_assert_msg(worst <= 1.0, "%s: %.3f ULP at x = %a", kt->expsum_name, worst, (double)worst_x);
@@ -542,7 +542,7 @@ static const fai_kernels_bf16 *tiles_or_skip(void)
 {
     const fai_kernels_f32 *k = fai_kernels_for(FA_ISA_AMX);
     if (!k) {
-        fprintf(stderr, "check_simd: amx kernels not runnable here: skipped\n");
+        fprintf(stderr, "check_kernels: amx kernels not runnable here: skipped\n");
         return NULL;
     }
     ck_assert_ptr_nonnull(k->bf16);
@@ -556,7 +556,7 @@ static const fai_kernels_bf16 *packs_or_skip(void)
     if (fai_cpu_supports(FA_ISA_AVX512))
         return fai_kernels_amx()->bf16;
 #endif
-    fprintf(stderr, "check_simd: amx packing not runnable here: skipped\n");
+    fprintf(stderr, "check_kernels: amx packing not runnable here: skipped\n");
     return NULL;
 }
 
@@ -722,10 +722,10 @@ START_TEST(amx_pv_matches_float64)
 }
 END_TEST
 
-Suite *make_simd_suite(void)
+Suite *make_kernels_suite(void)
 {
-    Suite *s = suite_create("simd");
-    TCase *tc = tcase_create("simd");
+    Suite *s = suite_create("kernels");
+    TCase *tc = tcase_create("kernels");
     tcase_set_timeout(tc, 900);
     tcase_add_loop_test(tc, gemm_matches_float64, 0, ht_nisas);
     tcase_add_loop_test(tc, gemm_element_independent_of_blocking, 0, ht_nisas);
