@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fits the vector exp's polynomial (src/simd/exp_poly.h).
+"""Fits the vector exp's polynomial (src/kernels/exp_poly.h).
 
 After the reduction x = n ln2 + r, |r| <= ln2/2, exp(r) = 1 + r + r^2 q(r). q (degree 4) is
 fitted to g(r) = (exp(r) - 1 - r) / r^2 minimizing the max of the relative error of exp,

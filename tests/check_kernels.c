@@ -175,7 +175,7 @@ START_TEST(coldot_rounds_as_gemm)
             float c;
             fai_gemm_f32(kt, 1, 1, k, arow, k, bcol, 1, &c, 1, 0, NULL);
             ck_assert_msg(memcmp(&c, &out[j], 4) == 0, "%s n=%ld out[%ld] = %a, GEMM %a",
-                          fa_isa_name(kt->isa), (long)n, (long)j, (double)out[j], (double)c);
+                          kt->coldot_name, (long)n, (long)j, (double)out[j], (double)c);
         }
     }
     free(a), free(b);
@@ -207,7 +207,7 @@ START_TEST(dsoftmax_matches_definition)
             const float wp = c < n ? want_p[c] : 1234.5f;
             const float wds = c < n ? scale * (want_p[c] * (dp[c] - di)) : 1234.5f;
             ck_assert_msg(memcmp(&p[c], &wp, 4) == 0 && memcmp(&ds[c], &wds, 4) == 0,
-                          "%s n=%ld c=%ld: p %a (want %a) ds %a (want %a)", fa_isa_name(kt->isa),
+                          "%s n=%ld c=%ld: p %a (want %a) ds %a (want %a)", kt->dsoftmax_name,
                           (long)n, (long)c, (double)p[c], (double)wp, (double)ds[c], (double)wds);
         }
     }
@@ -227,12 +227,12 @@ START_TEST(finite_detects_each_position)
         for (int64_t i = 0; i < 41; i++)
             x[i] = i % 3 == 0 ? 0x1.fffffep127f : i % 3 == 1 ? -0x1p-149f : 0.0f;
         x[n] = NAN; /* just past the end */
-        ck_assert_msg(kt->finite(n, x), "%s n=%ld", fa_isa_name(kt->isa), (long)n);
+        ck_assert_msg(kt->finite(n, x), "%s n=%ld", kt->finite_name, (long)n);
         for (int64_t i = 0; i < n; i++)
             for (int b = 0; b < 3; b++) {
                 const float keep = x[i];
                 x[i] = bad[b];
-                ck_assert_msg(!kt->finite(n, x), "%s n=%ld: %g at %ld", fa_isa_name(kt->isa),
+                ck_assert_msg(!kt->finite(n, x), "%s n=%ld: %g at %ld", kt->finite_name,
                               (long)n, (double)bad[b], (long)i);
                 x[i] = keep;
             }
@@ -259,7 +259,7 @@ START_TEST(widen_every_half)
         kt->widen(h, ds[d], n, got);
         fai_load_f32(h, ds[d], n, want);
         ck_assert_msg(memcmp(got, want, sizeof(float) * 65536) == 0, "%s %s",
-                      fa_isa_name(kt->isa), fa_dtype_name(ds[d]));
+                      kt->widen_name, fa_dtype_name(ds[d]));
         kt->widen(h + 1, ds[d], 3, got); /* short and unaligned */
         fai_load_f32(h + 1, ds[d], 3, want);
         ck_assert(memcmp(got, want, sizeof(float) * 4) == 0);
@@ -316,7 +316,7 @@ START_TEST(narrow_rounds_as_portable)
                 const int nan_g = (got[i] & 0x7c00u) == 0x7c00u && (got[i] & 0x3ffu);
                 const int nan_w = (want[i] & 0x7c00u) == 0x7c00u && (want[i] & 0x3ffu);
                 ck_assert_msg(bf ? got[i] == want[i] : nan_g == nan_w && (nan_g || got[i] == want[i]),
-                              "%s %s: %a -> %04x, portable %04x", fa_isa_name(kt->isa),
+                              "%s %s: %a -> %04x, portable %04x", kt->narrow_name,
                               fa_dtype_name(dts[t]), (double)src[i], got[i], want[i]);
             }
         }
@@ -347,7 +347,7 @@ START_TEST(transpose_exact)
             for (int64_t c = 0; c < cols; c++)
                 for (int64_t r = 0; r < ldd; r++)
                     ck_assert_msg(dst[c * ldd + r] == (r < rows ? src[r * lds + c] : 1234.5f),
-                                  "%s %ldx%ld: dst[%ld][%ld]", fa_isa_name(kt->isa), (long)rows,
+                                  "%s %ldx%ld: dst[%ld][%ld]", kt->transpose_name, (long)rows,
                                   (long)cols, (long)c, (long)r);
             free(src), free(dst);
         }
@@ -373,7 +373,7 @@ START_TEST(gemm_k_split_same_bits)
     for (int c = 0; c < 3; c++) /* terms [cuts[c], cuts[c + 1]) */
         fai_gemm_f32(kt, m, n, cuts[c + 1] - cuts[c], A + cuts[c], k, B + cuts[c] * n, n, C2, n,
                      c > 0, NULL);
-    ck_assert_msg(memcmp(C1, C2, sizeof(float) * m * n) == 0, "%s", fa_isa_name(kt->isa));
+    ck_assert_msg(memcmp(C1, C2, sizeof(float) * m * n) == 0, "%s", kt->gemm_name);
     free(A), free(B), free(C1), free(C2);
 }
 END_TEST
@@ -409,7 +409,7 @@ START_TEST(gemm_at_matches_gemm_on_transpose)
             fai_gemm_at_f32(kt, m, n, k, At, lda_t, B, n, C1, n, accumulate, acc >= 2 ? rs : NULL);
             fai_gemm_f32(kt, m, n, k, A, k, B, n, C2, n, accumulate, acc >= 2 ? rs : NULL);
             ck_assert_msg(memcmp(C1, C2, sizeof(float) * (size_t)(m * n)) == 0, "%s m=%ld acc=%d",
-                          fa_isa_name(kt->isa), (long)m, acc);
+                          kt->gemm_at_name, (long)m, acc);
             free(At), free(A), free(B), free(C1), free(C2);
         }
 }
@@ -583,16 +583,16 @@ START_TEST(amx_packs_match_layout)
                         for (int64_t p = 0; p < d; p++)
                             ck_assert_msg(dst[((p / 2) * ldt + j) * 2 + p % 2] ==
                                               (j < n ? src[j * ld + p] : 0),
-                                          "kt n%ld d%ld ld%ld j%ld p%ld", (long)n, (long)d,
-                                          (long)ld, (long)j, (long)p);
+                                          "%s n%ld d%ld ld%ld j%ld p%ld", t->pack_kt_name,
+                                          (long)n, (long)d, (long)ld, (long)j, (long)p);
                 }
                 t->pack_v(n, ldt, d, src, ld, dst); /* V: dv a multiple of 16 */
                 for (int64_t j = 0; j < ldt; j++)
                     for (int64_t c = 0; c < d; c++)
                         ck_assert_msg(dst[((j / 2) * d + c) * 2 + j % 2] ==
                                           (j < n ? src[j * ld + c] : 0),
-                                      "v n%ld dv%ld ld%ld j%ld c%ld", (long)n, (long)d, (long)ld,
-                                      (long)j, (long)c);
+                                      "%s n%ld dv%ld ld%ld j%ld c%ld", t->pack_v_name, (long)n,
+                                      (long)d, (long)ld, (long)j, (long)c);
             }
     free(src), free(dst);
 }

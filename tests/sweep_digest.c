@@ -334,6 +334,8 @@ int main(int argc, char **argv)
     /* --quick: the cases up to 1025 rows only (for emulators) */
     const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     static const fa_dtype dtypes[4] = {FA_F64, FA_F32, FA_F16, FA_BF16};
+    /* written out, not the registry's (src/kernels/isas.def): this file builds against trees
+     * older than the registry too */
     static const fa_isa isas[] = {FA_ISA_SCALAR, FA_ISA_AVX2, FA_ISA_AVX512, FA_ISA_NEON,
                                   FA_ISA_AMX};
     config cfs[32];

@@ -18,6 +18,10 @@ fa_status fai_check_tensor(const fa_tensor *t, const char *name, fai_tensor_use 
 fa_status fai_check_shape(const fa_tensor *t, const char *name, int64_t b, int64_t s,
                           int64_t h, int64_t d, const char *ref);
 fa_status fai_check_dtype(const fa_tensor *t, const char *name, fa_dtype want);
+/* The three in that order, for a tensor of the shared storage dtype. */
+fa_status fai_check_operand(const fa_tensor *t, const char *name, fai_tensor_use use,
+                            fa_dtype dtype, int64_t b, int64_t s, int64_t h, int64_t d,
+                            const char *ref);
 /* Checks q, k, v and params and fills the problem's dims, mask, score and dropout (its
  * tensors: q, k and v; the op sets the others). */
 fa_status fai_problem_make(fai_problem *pr, const fa_params *p, const fa_tensor *q,

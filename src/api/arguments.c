@@ -187,6 +187,15 @@ fa_status fai_check_dtype(const fa_tensor *t, const char *name, fa_dtype want)
                     name, fa_dtype_name(t->dtype), fa_dtype_name(want));
 }
 
+fa_status fai_check_operand(const fa_tensor *t, const char *name, fai_tensor_use use,
+                            fa_dtype dtype, int64_t b, int64_t s, int64_t h, int64_t d,
+                            const char *ref)
+{
+    FAI_TRY(fai_check_tensor(t, name, use, 0));
+    FAI_TRY(fai_check_dtype(t, name, dtype));
+    return fai_check_shape(t, name, b, s, h, d, ref);
+}
+
 static fa_status check_params(const fa_params *p, int64_t hq)
 {
     if (!p)

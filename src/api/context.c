@@ -43,34 +43,25 @@ static const char *names_list(const char *(*name)(int), char *buf, size_t n)
 static const char *backend_name(int i) { return fa_backend_name((fa_backend)i); }
 static const char *isa_name(int i) { return fa_isa_name((fa_isa)i); }
 
-/* FA_BACKEND and FA_ISA: unset or empty leaves *b / *isa alone; else a name ("auto" is not). */
-static fa_status env_backend(fa_backend *b)
+/* FA_BACKEND or FA_ISA (var): unset or empty leaves *value alone; else one of the names of
+ * name(1), name(2), ... ("auto" is none of them), whose value from_name gives (0 if none). */
+static fa_status env_enum(const char *var, const char *(*name)(int),
+                          int (*from_name)(const char *), int *value)
 {
-    const char *v = getenv("FA_BACKEND");
+    const char *v = getenv(var);
     if (!v || !*v)
         return FA_OK;
-    const fa_backend x = fai_backend_from_name(v);
+    const int x = from_name(v);
     char list[200];
-    if (x == FA_BACKEND_AUTO)
-        return fai_fail(FA_ERR_INVALID_ARGUMENT, "FA_BACKEND=%s: expected %s", v,
-                        names_list(backend_name, list, sizeof list));
-    *b = x;
+    if (x == 0)
+        return fai_fail(FA_ERR_INVALID_ARGUMENT, "%s=%s: expected %s", var, v,
+                        names_list(name, list, sizeof list));
+    *value = x;
     return FA_OK;
 }
 
-static fa_status env_isa(fa_isa *isa)
-{
-    const char *v = getenv("FA_ISA");
-    if (!v || !*v)
-        return FA_OK;
-    const fa_isa x = fai_isa_from_name(v);
-    char list[200];
-    if (x == FA_ISA_AUTO)
-        return fai_fail(FA_ERR_INVALID_ARGUMENT, "FA_ISA=%s: expected %s", v,
-                        names_list(isa_name, list, sizeof list));
-    *isa = x;
-    return FA_OK;
-}
+static int backend_from_name(const char *v) { return (int)fai_backend_from_name(v); }
+static int isa_from_name(const char *v) { return (int)fai_isa_from_name(v); }
 
 /* FA_TILES=BQxBK[xBR], each in [1, 4096], BR <= BQ (BR 0: the plan's strip for BK); and
  * FA_BACKWARD_PASSES=1|2. */
@@ -128,15 +119,19 @@ fa_status fa_context_create(const fa_options *o, fa_context **out)
                         "options->num_threads: %d is negative (0 means OpenMP's default)",
                         opt.num_threads);
 
+    int choice = (int)opt.backend;
     if (opt.backend == FA_BACKEND_AUTO)
-        FAI_TRY(env_backend(&opt.backend));
+        FAI_TRY(env_enum("FA_BACKEND", backend_name, backend_from_name, &choice));
+    opt.backend = (fa_backend)choice;
     const int backend_auto = opt.backend == FA_BACKEND_AUTO;
     if (opt.backend == FA_BACKEND_AUTO)
         opt.backend = FA_BACKEND_TILED;
     if (opt.backend == FA_BACKEND_CUDA && !fai_cuda_available())
         return FA_ERR_BACKEND_UNAVAILABLE; /* the detail is set */
+    choice = (int)opt.isa;
     if (opt.isa == FA_ISA_AUTO)
-        FAI_TRY(env_isa(&opt.isa));
+        FAI_TRY(env_enum("FA_ISA", isa_name, isa_from_name, &choice));
+    opt.isa = (fa_isa)choice;
     if (opt.isa == FA_ISA_AUTO)
         opt.isa = fai_isa_best();
     const fai_kernels_f32 *kernels = fai_kernels_for(opt.isa);
@@ -188,11 +183,11 @@ fa_status fa_context_describe(const fa_context *ctx, char *buf, size_t n)
              "tiles f32 BqxBkxBr fwd/BqxBk bwd: D=64 %lldx%lldx%lld/%lldx%lld, "
              "D=128 %lldx%lldx%lld/%lldx%lld",
              PACKAGE_VERSION, fa_backend_name(ctx->backend), fa_isa_name(ctx->isa),
-             ks->gemm_name, ks->expsum_name, products, ctx->num_threads, (long long)(ctx->cache.l1d / 1024),
-             (long long)(ctx->cache.l2 / 1024), ctx->cache.source, (long long)t[0].bq,
-             (long long)t[0].bk, (long long)t[0].br, (long long)t[1].bq, (long long)t[1].bk,
-             (long long)t[2].bq, (long long)t[2].bk, (long long)t[2].br, (long long)t[3].bq,
-             (long long)t[3].bk);
+             ks->gemm_name, ks->expsum_name, products, ctx->num_threads,
+             (long long)(ctx->cache.l1d / 1024), (long long)(ctx->cache.l2 / 1024),
+             ctx->cache.source, (long long)t[0].bq, (long long)t[0].bk, (long long)t[0].br,
+             (long long)t[1].bq, (long long)t[1].bk, (long long)t[2].bq, (long long)t[2].bk,
+             (long long)t[2].br, (long long)t[3].bq, (long long)t[3].bk);
     return FA_OK;
 }
 

@@ -40,21 +40,20 @@ fa_status fa_forward(fa_context *ctx, const fa_params *p, const fa_tensor *q, co
         return fai_fail(FA_ERR_NULL_POINTER, "ctx is NULL");
     fai_problem pr;
     FAI_TRY(fai_problem_make(&pr, p, q, k, v));
-    FAI_TRY(fai_check_tensor(out, "out", FAI_OUTPUT, 0));
-    FAI_TRY(fai_check_dtype(out, "out", q->dtype));
-    FAI_TRY(fai_check_shape(out, "out", pr.b, pr.sq, pr.hq, pr.dv, "q (headdim: v)"));
+    FAI_TRY(fai_check_operand(out, "out", FAI_OUTPUT, q->dtype, pr.b, pr.sq, pr.hq, pr.dv,
+                              "q (headdim: v)"));
     if (lse) {
         FAI_TRY(fai_check_tensor(lse, "lse", FAI_OUTPUT, 1));
         FAI_TRY(fai_check_shape(lse, "lse", pr.b, pr.sq, pr.hq, 1, "q"));
     }
     pr.io[FAI_OUT] = out;
     pr.io[FAI_LSE] = lse;
+    if (pr.b == 0 || pr.sq == 0)
+        return FA_OK;
     const fai_backend *be = backend_for(ctx, q);
     fai_op_fn run;
     FAI_TRY(fai_backend_op(be, FAI_OP_FORWARD, "forward", &run));
-    if (pr.b == 0 || pr.sq == 0)
-        return FA_OK;
-    if (pr.sk == 0 && !be->device_memory) { /* every row is empty (§1): O = 0, LSE = -inf */
+    if (pr.sk == 0 && !be->device_memory) { /* every row is empty: O = 0, LSE = -inf */
         zero_tensor(out);
         if (lse)
             for (int64_t b = 0; b < pr.b; b++)
@@ -75,17 +74,15 @@ fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
         return fai_fail(FA_ERR_NULL_POINTER, "ctx is NULL");
     fai_problem pr;
     FAI_TRY(fai_problem_make(&pr, p, q, k, v));
-    FAI_TRY(fai_check_tensor(out, "out", FAI_INPUT, 0));
-    FAI_TRY(fai_check_dtype(out, "out", q->dtype));
-    FAI_TRY(fai_check_shape(out, "out", pr.b, pr.sq, pr.hq, pr.dv, "q (headdim: v)"));
+    FAI_TRY(fai_check_operand(out, "out", FAI_INPUT, q->dtype, pr.b, pr.sq, pr.hq, pr.dv,
+                              "q (headdim: v)"));
     FAI_TRY(fai_check_tensor(lse, "lse", FAI_INPUT, 1));
     FAI_TRY(fai_check_shape(lse, "lse", pr.b, pr.sq, pr.hq, 1, "q"));
     if (q->dtype == FA_F64 && lse->dtype != FA_F64) /* P = exp(s - LSE) is only as exact as LSE */
         return fai_fail(FA_ERR_DTYPE, "lse->dtype = %s with f64 storage; the backward needs an "
                                       "f64 LSE to keep f64 accuracy", fa_dtype_name(lse->dtype));
-    FAI_TRY(fai_check_tensor(dout, "dout", FAI_INPUT, 0));
-    FAI_TRY(fai_check_dtype(dout, "dout", q->dtype));
-    FAI_TRY(fai_check_shape(dout, "dout", pr.b, pr.sq, pr.hq, pr.dv, "out"));
+    FAI_TRY(fai_check_operand(dout, "dout", FAI_INPUT, q->dtype, pr.b, pr.sq, pr.hq, pr.dv,
+                              "out"));
     FAI_TRY(fai_check_tensor(dq, "dq", FAI_OUTPUT, 0));
     FAI_TRY(fai_check_tensor(dk, "dk", FAI_OUTPUT, 0));
     FAI_TRY(fai_check_tensor(dv, "dv", FAI_OUTPUT, 0));
@@ -101,11 +98,11 @@ fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
     pr.io[FAI_DQ] = dq;
     pr.io[FAI_DK] = dk;
     pr.io[FAI_DV] = dv;
+    if (pr.b == 0)
+        return FA_OK;
     const fai_backend *be = backend_for(ctx, q);
     fai_op_fn run;
     FAI_TRY(fai_backend_op(be, FAI_OP_BACKWARD, "backward", &run));
-    if (pr.b == 0)
-        return FA_OK;
     if ((pr.sq == 0 || pr.sk == 0) && !be->device_memory) { /* no (query, key) pair: every
                                                                gradient is 0 */
         zero_tensor(dq);

@@ -72,28 +72,34 @@ static inline const fa_tensor *fai_io(const fai_problem *pr, fai_role r) { retur
  * Where rows are: row s of (b, head h) of the tensor of role r, and, for a run of n rows,
  * row s + c at c * *ld elements past it (c < n; ld may be NULL). Query-side roles (q, out,
  * dout, dq) take a query head and row; key-side ones (k, v, dk, dv) a kv head and key. Every
- * row the host backends read or write is addressed here and nowhere else, so another layout
- * changes these functions alone: a paged KV cache fai_kv_rows (where a run may then have to
- * stay within a page), variable-length batches both.
+ * row the host backends read or write is addressed here and nowhere else: another layout
+ * enters through these functions (a paged KV cache through fai_kv_rows, variable-length
+ * batches through both). The callers ask for runs of at most a key or query tile, read at one
+ * stride (the tiled backend's load_run / view_run, the tile products' packing); a layout
+ * whose runs are shorter (a page) must also bound n there, or split the runs. The CUDA
+ * kernels address device rows through their own views (backends/cuda/launch.h).
  */
+/* The one layout today: every role's tensor strided, row s + c at c seq_stride. */
+static inline void *fai_strided_rows(const fa_tensor *t, int64_t b, int64_t h, int64_t s,
+                                     int64_t *ld)
+{
+    if (ld)
+        *ld = t->seq_stride;
+    return fai_row(t, b, s, h);
+}
+
 static inline void *fai_q_rows(const fai_problem *pr, fai_role r, int64_t b, int64_t h,
                                int64_t i, int64_t n, int64_t *ld)
 {
     (void)n;
-    const fa_tensor *t = pr->io[r];
-    if (ld)
-        *ld = t->seq_stride;
-    return fai_row(t, b, i, h);
+    return fai_strided_rows(pr->io[r], b, h, i, ld);
 }
 
 static inline void *fai_kv_rows(const fai_problem *pr, fai_role r, int64_t b, int64_t hk,
                                 int64_t j, int64_t n, int64_t *ld)
 {
     (void)n;
-    const fa_tensor *t = pr->io[r];
-    if (ld)
-        *ld = t->seq_stride;
-    return fai_row(t, b, j, hk);
+    return fai_strided_rows(pr->io[r], b, hk, j, ld);
 }
 
 static inline void *fai_q_row(const fai_problem *pr, fai_role r, int64_t b, int64_t h, int64_t i)
@@ -108,12 +114,13 @@ static inline void *fai_kv_row(const fai_problem *pr, fai_role r, int64_t b, int
 }
 
 /* The LSE of row i of (b, h) (f32 or f64 storage). */
-static inline void fai_lse_put(const fai_problem *pr, int64_t b, int64_t h, int64_t i, double x)
+static inline void fai_lse_write(const fai_problem *pr, int64_t b, int64_t h, int64_t i,
+                                 double x)
 {
     fai_lse_store(pr->io[FAI_LSE], b, h, i, x);
 }
 
-static inline double fai_lse_get(const fai_problem *pr, int64_t b, int64_t h, int64_t i)
+static inline double fai_lse_read(const fai_problem *pr, int64_t b, int64_t h, int64_t i)
 {
     return fai_lse_load(pr->io[FAI_LSE], b, h, i);
 }

@@ -15,9 +15,9 @@
 
 #include "backends/blas.h"
 
-void fai_gemm(int wide, int ta, int tb, int64_t m, int64_t n, int64_t k, double alpha,
-              const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c,
-              int64_t ldc)
+void fai_blas_gemm(int wide, int ta, int tb, int64_t m, int64_t n, int64_t k, double alpha,
+                   const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c,
+                   int64_t ldc)
 {
     if (m == 0 || n == 0)
         return;

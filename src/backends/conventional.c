@@ -4,10 +4,12 @@
  * is rounded to the storage dtype T after each step, as a framework's unfused path does
  * (GEMMs accumulate in f32, or f64 for f64 storage; softmax reduces in the same type).
  *
- * Its memory grows as B H Sq Sk; its error is the yardstick of the tolerance rule (DESIGN.md
- * docs/DESIGN.md §4). One deliberate difference from the fused paths, inherited from the GEMM
- * formulation: masked and dropped probabilities are exact zeros that are *multiplied* with V (and
- * K, Q in the backward), so a NaN or inf in a masked-out row of K or V can reach the output here.
+ * Its memory grows as B H Sq Sk; its error is the yardstick of the tolerance rule
+ * (docs/DESIGN.md §4). One deliberate difference from the fused paths, inherited from the GEMM
+ * formulation: masked and dropped probabilities are exact zeros that are *multiplied* with V
+ * (and K, Q in the backward), so a NaN or inf in a masked-out row of K or V can reach the
+ * output here. Its softmax backward is a framework's too (D_i summed over the row's dP z P,
+ * every step rounded to T), not core/gradient.h's formula.
  */
 #include "config.h"
 
@@ -44,7 +46,7 @@ static void gemm(const conv *cv, int ta, int tb, int64_t m, int64_t n, int64_t k
                  const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c,
                  int64_t ldc)
 {
-    fai_gemm(cv->wide, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    fai_blas_gemm(cv->wide, ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 }
 
 /* Where the rows of a role's tensor are: fai_q_row (query side) or fai_kv_row (key side). */
@@ -173,7 +175,7 @@ static void softmax(const conv *cv, const conv_pack *w, int64_t b, int64_t h, co
                     void *p, void *pd, int write_lse)
 {
     const fai_problem *pr = cv->pr;
-    const double inv_keep = pr->keep_scale;
+    const double keep_scale = pr->keep_scale;
     const fai_dropout drop = fai_dropout_for(pr, b, h);
     double *x = w->row[0], *xd = w->row[1];
     for (int64_t i = 0; i < pr->sq; i++) {
@@ -192,13 +194,13 @@ static void softmax(const conv *cv, const conv_pack *w, int64_t b, int64_t h, co
         if (!cv->wide)
             sum = sumf;
         if (write_lse)
-            fai_lse_put(pr, b, h, i, sum == 0 ? -INFINITY : mx + log(sum));
+            fai_lse_write(pr, b, h, i, sum == 0 ? -INFINITY : mx + log(sum));
         if (drop.threshold)
             fai_dropout_keep_row(&drop, i, 0, pr->sk, w->keep);
         for (int64_t j = 0; j < pr->sk; j++) {
             x[j] = sum == 0 ? 0 : round_t(cv, x[j] / sum);
             if (drop.threshold)
-                xd[j] = w->keep[j] ? round_t(cv, x[j] * inv_keep) : 0;
+                xd[j] = w->keep[j] ? round_t(cv, x[j] * keep_scale) : 0;
         }
         row_store(cv, p, i, x);
         if (drop.threshold)
@@ -338,7 +340,7 @@ static void softmax_backward(const conv *cv, const conv_pack *w, int64_t b, int6
                              const void *p, void *dp, const void *tc)
 {
     const fai_problem *pr = cv->pr;
-    const double inv_keep = pr->keep_scale;
+    const double keep_scale = pr->keep_scale;
     const fai_dropout drop = fai_dropout_for(pr, b, h);
     double *g = w->row[0], *pp = w->row[1], *t = w->row[2];
     for (int64_t i = 0; i < pr->sq; i++) {
@@ -347,7 +349,7 @@ static void softmax_backward(const conv *cv, const conv_pack *w, int64_t b, int6
         if (drop.threshold) {
             fai_dropout_keep_row(&drop, i, 0, pr->sk, w->keep);
             for (int64_t j = 0; j < pr->sk; j++)
-                g[j] = w->keep[j] ? round_t(cv, g[j] * inv_keep) : 0;
+                g[j] = w->keep[j] ? round_t(cv, g[j] * keep_scale) : 0;
         }
         double D = 0;
         float Df = 0;

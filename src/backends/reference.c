@@ -10,9 +10,8 @@
  *    other operand is finite, so this path is taken only for heads whose inputs are finite.
  *  - row by row: each row's dot products and sums written out, masked and dropped terms
  *    skipped by selection. It serves heads with a NaN or inf anywhere in their inputs, where
- *    docs/DESIGN.md §1's "masked NaN never reaches the output" must hold to the bit, and dimensions
- * beyond
- *    BLAS's int range.
+ *    the rule "masked NaN never reaches the output" (docs/DESIGN.md §1) must hold to the bit,
+ *    and dimensions beyond BLAS's int range.
  *
  * Each output element is computed by one thread in an order fixed by the problem alone, so the
  * result does not depend on the thread count; the row block size changes only the GEMMs'
@@ -130,7 +129,7 @@ static void row_forward(const fai_problem *pr, int64_t b, int64_t h, int64_t i, 
     row_output(pr, b, h, lse, lo, hi, keep, w);
     fai_store_f64(fai_q_row(pr, FAI_OUT, b, h, i), pr->dtype, pr->dv, w->o);
     if (fai_io(pr, FAI_LSE))
-        fai_lse_put(pr, b, h, i, lse);
+        fai_lse_write(pr, b, h, i, lse);
 }
 
 /* Backward of the group of kv head (b, hk), row by row, dK and dV summed in dk, dv (Sk x D). */
@@ -151,12 +150,14 @@ static void row_backward_group(const fai_problem *pr, int64_t b, int64_t hk, row
                     const double P = exp(w->s[j] - lse);
                     const double z = !pr->drop_threshold || keep[j] ? pr->keep_scale : 0.0;
                     fai_load_f64(fai_kv_row(pr, FAI_V, b, hk, j), pr->dtype, pr->dv, w->kv);
-                    const double dP = dot64(w->dout, w->kv, pr->dv);
+                    /* dP z is rounded on its own here (before dV's loop, apart from the
+                     * difference): the formula then takes it with z = 1 */
+                    const double dPz = dot64(w->dout, w->kv, pr->dv) * z;
                     if (z != 0)
                         for (int64_t d = 0; d < pr->dv; d++)
                             dv[j * pr->dv + d] += P * z * w->dout[d];
                     const double dS =
-                        fai_dscore_f64(P, dP, z, Di, w->t[j], pr->score.softcap > 0);
+                        fai_dscore_f64(P, dPz, 1, Di, w->t[j], pr->score.softcap > 0);
                     fai_load_f64(fai_kv_row(pr, FAI_K, b, hk, j), pr->dtype, pr->dqk, w->kv);
                     for (int64_t d = 0; d < pr->dqk; d++) {
                         w->dq[d] += scale * dS * w->kv[d];
@@ -228,8 +229,8 @@ static void blk_probs(const fai_problem *pr, int64_t b, int64_t h, int64_t i0, i
 {
     const double slope = fai_slope(pr, h);
     const fai_dropout drop = fai_dropout_for(pr, b, h);
-    fai_gemm(1, 0, 1, n, nk, pr->dqk, 1.0, w->q, pr->dqk, w->k + jlo * pr->dqk, pr->dqk, 0.0, w->s,
-             nk);
+    fai_blas_gemm(1, 0, 1, n, nk, pr->dqk, 1.0, w->q, pr->dqk, w->k + jlo * pr->dqk, pr->dqk, 0.0,
+                  w->s, nk);
     for (int64_t r = 0; r < n; r++) {
         const int64_t i = i0 + r;
         double *s = w->s + r * nk, *tr = t ? t + r * nk : NULL, mx = -INFINITY, sum = 0;
@@ -281,8 +282,8 @@ static void blk_forward(const fai_problem *pr, int64_t b, int64_t h, int64_t i0,
     memset(w->o, 0, (size_t)(n * pr->dv) * sizeof(double));
     if (nk > 0) {
         blk_probs(pr, b, h, i0, n, jlo, nk, w, NULL, NULL, lse); /* P~ in place in w->s */
-        fai_gemm(1, 0, 0, n, pr->dv, nk, 1.0, w->s, nk, w->v + jlo * pr->dv, pr->dv, 0.0, w->o,
-                 pr->dv);
+        fai_blas_gemm(1, 0, 0, n, pr->dv, nk, 1.0, w->s, nk, w->v + jlo * pr->dv, pr->dv, 0.0,
+                      w->o, pr->dv);
     } else {
         for (int64_t r = 0; r < n; r++)
             lse[r] = -INFINITY;
@@ -290,7 +291,7 @@ static void blk_forward(const fai_problem *pr, int64_t b, int64_t h, int64_t i0,
     for (int64_t r = 0; r < n; r++) {
         fai_store_f64(fai_q_row(pr, FAI_OUT, b, h, i0 + r), pr->dtype, pr->dv, w->o + r * pr->dv);
         if (fai_io(pr, FAI_LSE))
-            fai_lse_put(pr, b, h, i0 + r, lse[r]);
+            fai_lse_write(pr, b, h, i0 + r, lse[r]);
     }
 }
 
@@ -315,9 +316,9 @@ static void blk_backward_group(const fai_problem *pr, int64_t b, int64_t hk, blk
                 blk_probs(pr, b, h, i0, n, jlo, nk, w, w->pd, w->t, lse);
                 const double *vb = w->v + jlo * dvd, *kb = w->k + jlo * dqk;
                 /* O = P~ V (recomputed in float64), D_i = dO_i . O_i */
-                fai_gemm(1, 0, 0, n, dvd, nk, 1.0, w->pd, nk, vb, dvd, 0.0, w->o, dvd);
+                fai_blas_gemm(1, 0, 0, n, dvd, nk, 1.0, w->pd, nk, vb, dvd, 0.0, w->o, dvd);
                 /* dP = dO V^T */
-                fai_gemm(1, 0, 1, n, nk, dvd, 1.0, w->dout, dvd, vb, dvd, 0.0, w->dp, nk);
+                fai_blas_gemm(1, 0, 1, n, nk, dvd, 1.0, w->dout, dvd, vb, dvd, 0.0, w->dp, nk);
                 /* dS = P (dP keep / (1 - p) - D_i), chained through softcap; 0 where P is */
                 const fai_dropout drop = fai_dropout_for(pr, b, h);
                 for (int64_t r = 0; r < n; r++) {
@@ -333,11 +334,11 @@ static void blk_backward_group(const fai_problem *pr, int64_t b, int64_t hk, blk
                     }
                 }
                 /* dV += P~^T dO ; dQ = scale dS K ; dK += scale dS^T Q */
-                fai_gemm(1, 1, 0, nk, dvd, n, 1.0, w->pd, nk, w->dout, dvd, 1.0, dv + jlo * dvd,
-                         dvd);
-                fai_gemm(1, 0, 0, n, dqk, nk, scale, w->dp, nk, kb, dqk, 0.0, w->dq, dqk);
-                fai_gemm(1, 1, 0, nk, dqk, n, scale, w->dp, nk, w->q, dqk, 1.0, dk + jlo * dqk,
-                         dqk);
+                fai_blas_gemm(1, 1, 0, nk, dvd, n, 1.0, w->pd, nk, w->dout, dvd, 1.0,
+                              dv + jlo * dvd, dvd);
+                fai_blas_gemm(1, 0, 0, n, dqk, nk, scale, w->dp, nk, kb, dqk, 0.0, w->dq, dqk);
+                fai_blas_gemm(1, 1, 0, nk, dqk, n, scale, w->dp, nk, w->q, dqk, 1.0,
+                              dk + jlo * dqk, dqk);
             }
             for (int64_t r = 0; r < n; r++)
                 fai_store_f64(fai_q_row(pr, FAI_DQ, b, h, i0 + r), pr->dtype, dqk, w->dq + r * dqk);

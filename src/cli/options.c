@@ -108,7 +108,7 @@ void cli_usage(FILE *f, const char *cmd)
             "  --softcap C               s = C tanh(s / C)\n"
             "  --alibi SLOPES.npy        one slope per query head (1-D)\n"
             "  --scale S                 0 or absent: 1/sqrt(head dim)\n"
-            "  --dropout P --seed S --offset O   dropout with the Philox stream of DESIGN.md\n"
+            "  --dropout P --seed S --offset O   dropout with the Philox stream of docs/DESIGN.md\n"
             "  --layout bshd|bhsd        how Q, K, V, O files are laid out (default bshd)\n"
             "  --bf16                    read uint16 ('<u2', '|V2') arrays as bfloat16\n"
             "  --profile NAME            conventions of a kernel family (see README); forward\n"

@@ -7,7 +7,7 @@
  * unfused softmax backward does (backends/conventional.c).
  *
  * For an allowed pair (i, j) of a row with LSE_i, P = exp(s_ij - LSE_i), the dropout factor
- * z = keep_ij / (1 - p) (0 for a dropped pair) and D_i = dO_i . O_i:
+ * z = keep_ij / (1 - dropout_p) (0 for a dropped pair) and D_i = dO_i . O_i:
  *
  *     P~   = P z                            multiplies dO into dV:   dV_j += P~ dO_i
  *     dP~  = dO_i . v_j                     (the gradient of P~)
@@ -30,8 +30,8 @@
 
 #include "fmath.h"
 
-/* dS of one allowed pair: p = P, dp = dO_i . v_j, z = keep / (1 - p) (1 without dropout),
- * di = D_i, t = tanh(x / c) when `capped` (the softcap is on), else ignored. */
+/* dS of one allowed pair: p = P, dp = dO_i . v_j, z = keep / (1 - dropout_p) (1 without
+ * dropout), di = D_i, t = tanh(x / c) when `capped` (the softcap is on), else ignored. */
 FA_HOST_DEVICE static inline float fai_dscore_f32(float p, float dp, float z, float di, float t,
                                                   int capped)
 {

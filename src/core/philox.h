@@ -84,10 +84,16 @@ FA_HOST_DEVICE static inline uint32_t fai_dropout_word(fai_u32x4 u, int64_t j)
     return (j & 2) ? ((j & 1) ? u.v[3] : u.v[2]) : ((j & 1) ? u.v[1] : u.v[0]);
 }
 
+/* The decision a draw u makes: keep iff u >= floor(p 2^32) (with p = 0 every draw keeps). */
+FA_HOST_DEVICE static inline int fai_dropout_kept(const fai_dropout *d, uint32_t u)
+{
+    return u >= d->threshold;
+}
+
 /* The keep decision of (query row i, key j): one Philox call. */
 FA_HOST_DEVICE static inline int fai_dropout_keep(const fai_dropout *d, int64_t i, int64_t j)
 {
-    return fai_dropout_word(fai_dropout_block(d, i, j), j) >= d->threshold;
+    return fai_dropout_kept(d, fai_dropout_word(fai_dropout_block(d, i, j), j));
 }
 
 /*
@@ -101,7 +107,7 @@ FA_HOST_DEVICE static inline void fai_dropout_keep_row(const fai_dropout *d, int
     while (j < end) {
         fai_u32x4 u = fai_dropout_block(d, i, j);
         for (int w = (int)(j & 3); w < 4 && j < end; w++, j++)
-            keep[j - j0] = u.v[w] >= d->threshold;
+            keep[j - j0] = (unsigned char)fai_dropout_kept(d, u.v[w]);
     }
 }
 

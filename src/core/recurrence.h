@@ -89,6 +89,23 @@ FA_HOST_DEVICE static inline int fai_online_rescale_f64(double *m, double b, dou
 }
 
 /*
+ * l' = a l + s: a row's sum rescaled to its new reference and the block's sum s of
+ * exp(s_j - m') added. The two types round it differently, and keep doing so: f32 lets the
+ * compiler fuse the product into the sum (one rounding where the base instruction set has FMA,
+ * as AArch64's does), f64 rounds the product apart (two roundings, forced by the volatile).
+ * That is what the tiled loop nest did for each type before it was written once for both, and
+ * a restructuring must change no bit (docs/DESIGN.md §4); either rounding is well inside the
+ * error analysis above.
+ */
+static inline float fai_online_sum_f32(float l, float a, float s) { return l * a + s; }
+
+static inline double fai_online_sum_f64(double l, double a, double s)
+{
+    volatile double la = l * a;
+    return la + s;
+}
+
+/*
  * End of the row: returns the factor that turns acc into O (0 for an empty row, so O = 0
  * exactly) and sets *lse. keep_scale is 1 / (1 - p), or 1 without dropout.
  *
@@ -127,6 +144,10 @@ FA_HOST_DEVICE static inline double fai_online_finalize_f64(double m, double l, 
  * fold into one factor of the raw dot products (scale2 = scale log2(e)), and the backward's
  * P = exp(s - LSE) becomes 2^(x - LSE log2(e)).
  */
+#define FAI_LOG2E 1.4426950408889634    /* log2(e), the base-2 units of a natural logit */
+#define FAI_LOG2E_F 1.4426950408889634f /* the same, rounded to float                    */
+#define FAI_LN2 0.6931471805599453      /* ln 2, back to natural units                   */
+
 FA_HOST_DEVICE static inline float fai_online_finalize_base2_f32(float m, float l,
                                                                  float keep_scale, double *lse)
 {
@@ -134,8 +155,15 @@ FA_HOST_DEVICE static inline float fai_online_finalize_base2_f32(float m, float 
         *lse = -INFINITY;
         return 0;
     }
-    *lse = (double)m * 0.6931471805599453 + fai_log((double)l); /* ln 2 */
+    *lse = (double)m * FAI_LN2 + fai_log((double)l);
     return keep_scale / l;
+}
+
+/* The backward's LSE in base-2 units, LSE log2(e), so that P = 2^(x - it); +inf for an empty row
+ * (LSE -inf), so that P is 0 there instead of 2^(+inf). */
+FA_HOST_DEVICE static inline float fai_lse_base2_f32(double lse)
+{
+    return lse == -INFINITY ? INFINITY : (float)(lse * FAI_LOG2E);
 }
 
 /*

@@ -244,7 +244,7 @@ static void fa_f32_coldot__avx2(int64_t n, int64_t k, const float *a, int64_t ld
 }
 
 /* The backward's row on 8 lanes: P = exp(s - lse) with the subtraction in double (two halves
- * of 4), ds = scale P (dp - di). */
+ * of 4), ds = scale P (dp - di): core/gradient.h's dS with z = 1, no cap. */
 static inline __attribute__((always_inline)) void
 dsoftmax_vec__avx2(const int FULL, __m256i mk, const float *s, __m256d vl, const float *dp,
                    __m256 vdi, __m256 vscale, float *p, float *ds)
@@ -282,6 +282,7 @@ static int fa_f32_finite__avx2(int64_t n, const float *x)
     return _mm256_movemask_ps(bad) == 0;
 }
 
+/* core/fmath.h's NaN-sticky max over the row: a NaN lane decides the result. */
 static float fa_f32_max__avx2(int64_t n, const float *x)
 {
     const __m256 ninf = _mm256_set1_ps(-INFINITY);

@@ -247,7 +247,8 @@ static void fa_f32_coldot__avx512(int64_t n, int64_t k, const float *a, int64_t 
 }
 
 /* The backward's row on 16 lanes: P = exp(s - lse) with the subtraction in double (two halves
- * of 8), ds = scale P (dp - di). Whole vectors without masks, then one masked tail. */
+ * of 8), ds = scale P (dp - di): core/gradient.h's dS with z = 1, no cap. Whole vectors
+ * without masks, then one masked tail. */
 static inline __attribute__((always_inline)) void
 dsoftmax_vec__avx512(const int FULL, __mmask16 mk, const float *s, __m512d vl, const float *dp,
                      __m512 vdi, __m512 vscale, float *p, float *ds)
@@ -287,7 +288,7 @@ static int fa_f32_finite__avx512(int64_t n, const float *x)
     return ok == 0xffff;
 }
 
-/* Max with NaN kept: four running maxima (one chain would wait on the max's latency at every
+/* core/fmath.h's NaN-sticky max: four running maxima (one chain would wait on the max's latency at every
  * vector); lanes that are NaN are collected in a mask by their own compare, since vmaxps drops
  * a NaN in its first operand, and decide the result. */
 static float fa_f32_max__avx512(int64_t n, const float *x)

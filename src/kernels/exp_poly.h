@@ -9,8 +9,8 @@
  * Taylor polynomial's truncation was 5.2e-9). Measured over every float <= 0 in float
  * arithmetic, tests/check_kernels.c: 0.882 ULP with the AVX-512 kernel (0.937 with Taylor).
  */
-#ifndef FAI_SIMD_EXP_POLY_H
-#define FAI_SIMD_EXP_POLY_H
+#ifndef FAI_KERNELS_EXP_POLY_H
+#define FAI_KERNELS_EXP_POLY_H
 
 #define FAI_EXP_Q4 0x1.6a243p-10f  /* ~ 1/6! */
 #define FAI_EXP_Q3 0x1.1239e4p-7f  /* ~ 1/5! */

@@ -108,16 +108,16 @@ static int fa_f64_finite__portable(int64_t n, const double *x)
 static const fai_kernels_f64 portable = {
     .mr = F64_MR,
     .nr = F64_NR,
-    FAI_KERNEL(gemm, fa_f64_gemm_ukernel_8x256__portable),
-    FAI_KERNEL(gemm_at, fa_f64_gemm_at_ukernel_8x256__portable),
-    FAI_KERNEL(expsum, fa_f64_expsum__portable_sleef),
-    FAI_KERNEL(max, fa_f64_max__portable),
-    FAI_KERNEL(transpose, fa_f64_transpose__portable),
-    FAI_KERNEL(coldot, fa_f64_coldot__portable),
-    FAI_KERNEL(dsoftmax, fa_f64_dsoftmax__portable_sleef),
-    FAI_KERNEL(finite, fa_f64_finite__portable),
-    FAI_KERNEL(widen, fai_load_f64),
-    FAI_KERNEL(narrow, fai_store_f64),
+    .gemm = fa_f64_gemm_ukernel_8x256__portable,
+    .gemm_at = fa_f64_gemm_at_ukernel_8x256__portable,
+    .expsum = fa_f64_expsum__portable_sleef,
+    .max = fa_f64_max__portable,
+    .transpose = fa_f64_transpose__portable,
+    .coldot = fa_f64_coldot__portable,
+    .dsoftmax = fa_f64_dsoftmax__portable_sleef,
+    .finite = fa_f64_finite__portable,
+    .widen = fai_load_f64,
+    .narrow = fai_store_f64,
 };
 
 const fai_kernels_f64 *fai_kernels_f64_portable(void) { return &portable; }

@@ -145,18 +145,17 @@ typedef int (*fai_finite_f64)(int64_t n, const double *x);
 typedef void (*fai_widen_f64)(const void *src, fa_dtype d, int64_t n, double *dst);
 typedef void (*fai_narrow_f64)(void *dst, fa_dtype d, int64_t n, const double *src);
 
-typedef struct fai_kernels_f64_s {
+typedef struct fai_kernels_f64_s { /* one set, never reported by name: plain slots */
     int64_t mr, nr;
-    FAI_SLOT(fai_gemm_ukernel_f64, gemm);
-    FAI_SLOT(fai_gemm_ukernel_f64, gemm_at);
-    FAI_SLOT(fai_expsum_f64, expsum);
-    FAI_SLOT(fai_max_f64, max);
-    FAI_SLOT(fai_transpose_f64, transpose);
-    FAI_SLOT(fai_coldot_f64, coldot);
-    FAI_SLOT(fai_dsoftmax_f64, dsoftmax);
-    FAI_SLOT(fai_finite_f64, finite);
-    FAI_SLOT(fai_widen_f64, widen);
-    FAI_SLOT(fai_narrow_f64, narrow);
+    fai_gemm_ukernel_f64 gemm, gemm_at;
+    fai_expsum_f64 expsum;
+    fai_max_f64 max;
+    fai_transpose_f64 transpose;
+    fai_coldot_f64 coldot;
+    fai_dsoftmax_f64 dsoftmax;
+    fai_finite_f64 finite;
+    fai_widen_f64 widen;
+    fai_narrow_f64 narrow;
 } fai_kernels_f64;
 
 /* The sets this build carries: one accessor per line of kernels/isas.def (defined only where

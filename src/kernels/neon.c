@@ -144,7 +144,8 @@ static float fa_f32_expsum__neon(int64_t n, const float *x, float m, float *y)
     return sum;
 }
 
-/* FMAX returns NaN when either operand is NaN, so the max keeps a NaN by itself. */
+/* core/fmath.h's NaN-sticky max: FMAX returns NaN when either operand is NaN, so the vector
+ * part keeps a NaN by itself. */
 static float fa_f32_max__neon(int64_t n, const float *x)
 {
     float32x4_t vmax = vdupq_n_f32(-INFINITY);
@@ -208,6 +209,7 @@ static void fa_f32_coldot__neon(int64_t n, int64_t k, const float *a, int64_t ld
     }
 }
 
+/* The backward's row on 4 lanes: core/gradient.h's dS with z = 1, no cap (kernels.h). */
 static void fa_f32_dsoftmax__neon(int64_t n, const float *s, double lse, const float *dp,
                                   float di, float scale, float *p, float *ds)
 {

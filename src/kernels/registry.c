@@ -38,13 +38,15 @@ enum { NISA_LINES = 0
 };
 #undef FAI_ISA
 
-/* The registry holds each of FA_ISA_SCALAR .. FA_ISA_<last> once: the sum of 2^isa over its
- * entries is 2 + 4 + ... + 2^n = 2^(n+1) - 2 exactly when the n entries are 1 .. n. */
+/* The n entries hold the fa_isa values 1 .. n, each once: the sum of 2^isa over them is
+ * 2 + 4 + ... + 2^n = 2^(n+1) - 2 exactly then (no value twice, none skipped). A value appended
+ * to fa_isa without a line here is caught at run time instead: fa_isa_name calls it "invalid"
+ * and fa_context_create refuses it (tests/check_api.c: isa_names_round_trip). */
 #define FAI_ISA(name, NAME) +(1u << FA_ISA_##NAME)
 _Static_assert((0
 #include "kernels/isas.def"
                 ) == (2u << NISA_LINES) - 2,
-               "kernels/isas.def lists each fa_isa but FA_ISA_AUTO exactly once");
+               "kernels/isas.def must hold the fa_isa values 1 .. n, each once");
 #undef FAI_ISA
 
 static const isa_entry *entry(fa_isa isa)

@@ -71,16 +71,14 @@ __global__ void fa_bwd_finite_check_kernel(const fai_cuda_args a, int *flag)
     }
 }
 
-/* lse2[(b hq + h) sq + i] = LSE log2(e), or +inf for an empty row (LSE -inf), so that
- * 2^(x - lse2) is 0 there instead of 2^(+inf). */
+/* lse2[(b hq + h) sq + i] = LSE in base-2 units (core/recurrence.h: fai_lse_base2_f32). */
 __global__ void fa_bwd_lse2_kernel(const fai_cuda_args a, float *lse2)
 {
     const int64_t n = a.b * a.hq * a.sq;
     for (int64_t x = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; x < n;
          x += (int64_t)gridDim.x * blockDim.x) {
         const int64_t i = x % a.sq, bh = x / a.sq, b = bh / a.hq, h = bh % a.hq;
-        const double l = fai_lse_get(a.tlse, a.lse_f64, b, h, i);
-        lse2[x] = l == -INFINITY ? INFINITY : (float)(l * 1.4426950408889634);
+        lse2[x] = fai_lse_base2_f32(fai_lse_get(a.tlse, a.lse_f64, b, h, i));
     }
 }
 
@@ -110,7 +108,7 @@ __global__ void __launch_bounds__(kThreads)
     using L = typename cfg::L;
     using M = mma_t<T>;
     constexpr int NQ = kBQ / 8, DT = D / 8, KD = D / 16, KQ = kBQ / 16;
-    constexpr float kLog2e = 1.4426950408889634f;
+    constexpr float kLog2e = FAI_LOG2E_F; /* base-2 units: core/recurrence.h */
 
     extern __shared__ __align__(128) unsigned char smem[];
     T *ks = (T *)smem, *vs = ks + kBKV * L::pitch;
@@ -118,7 +116,7 @@ __global__ void __launch_bounds__(kThreads)
     T *dss = (T *)(smem + cfg::ds_off);                                /* [kBKV][dsp] */
     const fai_mask mask = a.mask;
     const fai_score sc = a.score;
-    const fai_drop dr = fai_drop_of(a);
+    const fai_drop_heads dr = fai_drop_of(a);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tg = lane & 3, sw = L::lane_swz(lane);
@@ -365,14 +363,14 @@ __global__ void __launch_bounds__(kThreads)
     using L = typename cfg::L;
     using M = mma_t<T>;
     constexpr int NT = kKB / 8, DT = D / 8, KD = D / 16, KP = kKB / 16;
-    constexpr float kLog2e = 1.4426950408889634f;
+    constexpr float kLog2e = FAI_LOG2E_F; /* base-2 units: core/recurrence.h */
 
     extern __shared__ __align__(128) unsigned char smem[];
     T *qs = (T *)smem, *gs = qs + kQB * L::pitch;
     T *ks = (T *)(smem + cfg::kv_off), *vs = ks + 2 * kKB * L::pitch; /* [2][kKB][pitch] each */
     const fai_mask mask = a.mask;
     const fai_score sc = a.score;
-    const fai_drop dr = fai_drop_of(a);
+    const fai_drop_heads dr = fai_drop_of(a);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tg = lane & 3, sw = L::lane_swz(lane);

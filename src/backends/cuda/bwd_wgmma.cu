@@ -86,7 +86,7 @@ __global__ void __launch_bounds__(bwg_cfg<D>::threads, 1)
     constexpr int BK = cfg::BK, BQ = cfg::BQ, STAGES = cfg::STAGES;
     /* accumulator tiles over queries and dims; k-steps over dims, queries, the block's keys */
     constexpr int NQ = BQ / 8, DT = D / 8, KD = D / 16, KQ = BQ / 16, KB = BK / 16;
-    constexpr float kLog2e = 1.4426950408889634f;
+    constexpr float kLog2e = FAI_LOG2E_F; /* base-2 units: core/recurrence.h */
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char *smem = smem_raw + (-smem_addr(smem_raw) & 1023u);

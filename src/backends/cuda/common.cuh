@@ -1,5 +1,5 @@
 /* Device-side helpers shared by the CUDA translation units: storage conversions, warp
- * reductions, element addressing. Internal to src/cuda/. */
+ * reductions, element addressing. Internal to src/backends/cuda/. */
 #ifndef FAI_CUDA_COMMON_CUH
 #define FAI_CUDA_COMMON_CUH
 
@@ -41,14 +41,26 @@ __device__ __forceinline__ S *fai_at(const fai_cuda_view &t, int64_t b, int64_t 
     return (S *)t.data + b * t.sb + s * t.ss + h * t.sh;
 }
 
-/* core's NaN-sticky max (core/fmath.h), by type, for the templates below. */
+/* core's per-element formulas by type, for the templates: the NaN-sticky max (core/fmath.h)
+ * and dS (core/gradient.h). */
 __device__ __forceinline__ float fai_nanmax(float m, float x) { return fai_nanmax_f32(m, x); }
 __device__ __forceinline__ double fai_nanmax(double m, double x) { return fai_nanmax_f64(m, x); }
+__device__ __forceinline__ float fai_dscore(float p, float dp, float z, float di, float t,
+                                            int capped)
+{
+    return fai_dscore_f32(p, dp, z, di, t, capped);
+}
+__device__ __forceinline__ double fai_dscore(double p, double dp, double z, double di, double t,
+                                             int capped)
+{
+    return fai_dscore_f64(p, dp, z, di, t, capped);
+}
 
+/* The max over a warp, each lane's own value taken into the other's (a NaN sticks). */
 template <typename C> __device__ __forceinline__ C fai_warp_max(C x)
 {
     for (int o = 16; o > 0; o >>= 1)
-        x = fai_nanmax(x, __shfl_xor_sync(0xffffffffu, x, o));
+        x = fai_nanmax(__shfl_xor_sync(0xffffffffu, x, o), x);
     return x;
 }
 
@@ -75,28 +87,29 @@ __device__ __forceinline__ double fai_lse_get(const fai_cuda_view t, int f64, in
     return f64 ? *fai_at<double>(t, b, i, h) : (double)*fai_at<float>(t, b, i, h);
 }
 
-/* The dropout stream, copied out of the kernel parameter (taking the address of a __global__
- * parameter would copy it to local memory): head 0's, and Hq to make (b, h)'s. */
-struct fai_drop {
+/* The dropout streams of every head, copied out of the kernel parameter (taking the address of
+ * a __global__ parameter would copy it to local memory): head 0's, and Hq to make (b, h)'s. */
+struct fai_drop_heads {
     fai_dropout base;
     int64_t hq;
 };
-__device__ __forceinline__ fai_drop fai_drop_of(const fai_cuda_args &a)
+__device__ __forceinline__ fai_drop_heads fai_drop_of(const fai_cuda_args &a)
 {
-    fai_drop d = {a.drop, a.hq};
+    fai_drop_heads d = {a.drop, a.hq};
     return d;
 }
 
 /* The stream of head (b, h), and its keep decision of (row i, key j): core/philox.h's. */
-__device__ __forceinline__ fai_dropout fai_drop_head(const fai_drop d, int64_t b, int64_t h)
+__device__ __forceinline__ fai_dropout fai_drop_head(const fai_drop_heads d, int64_t b,
+                                                     int64_t h)
 {
     fai_dropout x = d.base;
     x.head = (uint32_t)(b * d.hq + h);
     return x;
 }
 
-__device__ __forceinline__ bool fai_keep(const fai_drop d, int64_t b, int64_t h, int64_t i,
-                                         int64_t j)
+__device__ __forceinline__ bool fai_keep(const fai_drop_heads d, int64_t b, int64_t h,
+                                         int64_t i, int64_t j)
 {
     const fai_dropout x = fai_drop_head(d, b, h);
     return fai_dropout_keep(&x, i, j);

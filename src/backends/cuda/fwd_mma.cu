@@ -57,7 +57,7 @@ __global__ void __launch_bounds__(32 * WARPS)
     using L = typename cfg::L;
     using M = mma_t<T>;
     constexpr int BQ = cfg::BQ, NT = BK / 8, DT = D / 8, KQ = D / 16, KP = BK / 16, R = 2 * MT;
-    constexpr float kLog2e = 1.4426950408889634f;
+    constexpr float kLog2e = FAI_LOG2E_F; /* base-2 units: core/recurrence.h */
 
     extern __shared__ __align__(128) unsigned char smem[];
     T *qs = (T *)smem;

@@ -21,7 +21,7 @@
  * original V from global memory, outside the MMA (fwd_add_back). Full tiles without dropout
  * need no scan: every term is allowed and multiplies, as in the reference.
  *
- * Internal to src/cuda/.
+ * Internal to src/backends/cuda/.
  */
 #ifndef FAI_CUDA_FWD_TILE_CUH
 #define FAI_CUDA_FWD_TILE_CUH
@@ -35,7 +35,7 @@ namespace {
 struct fwd_rows {
     fai_mask mask;
     fai_score sc;
-    fai_drop dr;
+    fai_drop_heads dr;
     float slope;  /* ALiBi slope of the head (0 without) */
     float scale2; /* score scale * log2(e) */
     int64_t wi0;  /* the warp's first query row */
@@ -117,7 +117,7 @@ __device__ __forceinline__ void fwd_softmax(const fwd_rows &c, float (&s)[MT][NT
                                             fai_tile_class wcls, bool fix)
 {
     constexpr int R = 2 * MT;
-    constexpr float kLog2e = 1.4426950408889634f;
+    constexpr float kLog2e = FAI_LOG2E_F; /* base-2 units: core/recurrence.h */
     /* scores to base-2 logits, mask, row max, in separate passes, so that the common full
      * FAST tile runs none of them */
     if (!FAST)
@@ -233,9 +233,9 @@ __device__ __forceinline__ void fwd_softmax(const fwd_rows &c, float (&s)[MT][NT
                     const fai_dropout d = fai_drop_head(c.dr, c.b, c.h);
                     const fai_u32x4 u = fai_dropout_block(&d, i, j);
                     const uint32_t w0 = fai_dropout_word(u, j), w1 = fai_dropout_word(u, j + 1);
-                    if (w0 < c.dr.base.threshold)
+                    if (!fai_dropout_kept(&d, w0))
                         s[mt][n][2 * r] = 0;
-                    if (w1 < c.dr.base.threshold)
+                    if (!fai_dropout_kept(&d, w1))
                         s[mt][n][2 * r + 1] = 0;
                 }
     }

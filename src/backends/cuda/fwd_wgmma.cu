@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(384, 1)
     using W = wgmma_op<T, BK>;
     using WO = wgmma_op<T, D>;
     constexpr int BQ = cfg::BQ, NT = BK / 8, DT = D / 8, KQ = D / 16, KP = BK / 16;
-    constexpr float kLog2e = 1.4426950408889634f;
+    constexpr float kLog2e = FAI_LOG2E_F; /* base-2 units: core/recurrence.h */
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char *smem = smem_raw + (-smem_addr(smem_raw) & 1023u);

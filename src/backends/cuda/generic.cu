@@ -43,15 +43,6 @@ __device__ __forceinline__ double score(const fai_score *sc, double dot, double 
 {
     return fai_score_f64(sc, dot, slope, i, j, t);
 }
-__device__ __forceinline__ float dscore(float p, float dp, float z, float di, float t, int capped)
-{
-    return fai_dscore_f32(p, dp, z, di, t, capped);
-}
-__device__ __forceinline__ double dscore(double p, double dp, double z, double di, double t,
-                                         int capped)
-{
-    return fai_dscore_f64(p, dp, z, di, t, capped);
-}
 __device__ __forceinline__ float fexp(float x) { return expf(x); }
 __device__ __forceinline__ double fexp(double x) { return exp(x); }
 
@@ -85,7 +76,7 @@ __global__ void __launch_bounds__(kWarps * 32) fa_fwd_kernel_rowwarp(const fai_c
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const fai_mask mask = a.mask;
     const fai_score sc = a.score;
-    const fai_drop dr = fai_drop_of(a);
+    const fai_drop_heads dr = fai_drop_of(a);
     C *qs = (C *)smem + warp * a.dqk;
     const int64_t i = (int64_t)blockIdx.x * kWarps + warp;
     if (i >= a.sq)
@@ -173,9 +164,10 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_delta_kernel(const fai_cud
  * (LSE -inf: every gradient through it is 0).
  */
 template <typename S, typename C>
-__device__ __forceinline__ int pair_grads(const fai_score &sc, const fai_drop &dr, C keep_scale,
-                                          int64_t b, int64_t h, int64_t i, int64_t j, C sdot,
-                                          C dp, double lse, C di, C slope, C *pt, C *ds)
+__device__ __forceinline__ int pair_grads(const fai_score &sc, const fai_drop_heads &dr,
+                                          C keep_scale, int64_t b, int64_t h, int64_t i,
+                                          int64_t j, C sdot, C dp, double lse, C di, C slope,
+                                          C *pt, C *ds)
 {
     if (lse == -INFINITY)
         return 0;
@@ -184,7 +176,7 @@ __device__ __forceinline__ int pair_grads(const fai_score &sc, const fai_drop &d
     const C p = fexp((C)((double)s - lse));
     const C z = (dr.base.threshold && !fai_keep(dr, b, h, i, j)) ? (C)0 : keep_scale;
     *pt = p * z;
-    *ds = (C)sc.scale * dscore(p, dp, z, di, t, sc.softcap > 0);
+    *ds = (C)sc.scale * fai_dscore(p, dp, z, di, t, sc.softcap > 0);
     return 1;
 }
 
@@ -198,7 +190,7 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_dkdv_kernel_rowwarp(const 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const fai_mask mask = a.mask;
     const fai_score sc = a.score;
-    const fai_drop dr = fai_drop_of(a);
+    const fai_drop_heads dr = fai_drop_of(a);
     C *ks = (C *)smem + warp * (a.dqk + a.dv), *vs = ks + a.dqk;
     const int64_t j = (int64_t)blockIdx.x * kWarps + warp;
     if (j >= a.sk)
@@ -280,7 +272,7 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_dq_kernel_rowwarp(const fa
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const fai_mask mask = a.mask;
     const fai_score sc = a.score;
-    const fai_drop dr = fai_drop_of(a);
+    const fai_drop_heads dr = fai_drop_of(a);
     C *qs = (C *)smem + warp * (a.dqk + a.dv), *gs = qs + a.dqk;
     const int64_t i = (int64_t)blockIdx.x * kWarps + warp;
     if (i >= a.sq)

@@ -86,7 +86,7 @@ static void FAI_T(load_query_block)(const fai_problem *pr, int64_t b, int64_t h,
     w->kern->coldot(nq, dv, w->dot, bq, w->ot, bq, w->di);
     w->q_finite = w->kern->finite(nq * pr->dqk, w->q) && w->kern->finite(nq * dv, w->dout);
     for (int64_t r = 0; r < nq; r++)
-        w->lse[r] = fai_lse_get(pr, b, h, i0 + r);
+        w->lse[r] = fai_lse_read(pr, b, h, i0 + r);
 }
 
 /* Loads key tile [j0, j0 + n) of (b, hk): K and K^T, V and V^T, and whether they are finite. */
@@ -119,8 +119,9 @@ static int FAI_T(bwd_block)(const fai_problem *pr, fai_tiles tl, int64_t b, int6
     const int softcap = pr->score.softcap > 0, scale_only = FAI_T(scale_only)(pr, slope);
     const fai_dropout drop = fai_dropout_for(pr, b, h);
     FAI_T(fai_gemm)(w->kern, nq, n, pr->dqk, w->q, pr->dqk, w->kt, ld, w->s, ld, 0,
-            scale_only ? w->scale_rows : NULL); /* Q K^T, scaled as the forward's */
-    FAI_T(fai_gemm)(w->kern, nq, n, pr->dv, w->dout, pr->dv, w->vt, ld, w->dp, ld, 0, NULL); /* dO V^T */
+                    scale_only ? w->scale_rows : NULL); /* Q K^T, scaled as the forward's */
+    FAI_T(fai_gemm)(w->kern, nq, n, pr->dv, w->dout, pr->dv, w->vt, ld, w->dp, ld, 0,
+                    NULL); /* dO V^T */
     int any = 0;
     for (int64_t r = 0; r < nq; r++) {
         const int64_t i = i0 + r;
@@ -175,8 +176,8 @@ static void FAI_T(dq_by_selection)(const fai_problem *pr, fai_tiles tl, fai_tile
         int64_t c0, c1;
         FAI_T(row_cols)(pr, cls, i0 + r, j0, n, &c0, &c1);
         if (c0 < c1 && w->lse[r] != -INFINITY)
-            FAI_T(fai_gemm)(w->kern, 1, dqk, c1 - c0, w->ds + r * ld + c0, ld, w->k + c0 * dqk, dqk,
-                    dq + r * dqk, dqk, 1, NULL);
+            FAI_T(fai_gemm)(w->kern, 1, dqk, c1 - c0, w->ds + r * ld + c0, ld, w->k + c0 * dqk,
+                            dqk, dq + r * dqk, dqk, 1, NULL);
     }
 }
 
@@ -225,10 +226,10 @@ static void FAI_T(bwd_ktile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
                 for (int64_t c = c0; c < c1; c++) {
                     const FT *pc = w->p + r * ld + c, *dsc = w->ds + r * ld + c;
                     if (!drop.threshold || w->keep[c])
-                        FAI_T(fai_gemm)(w->kern, 1, dv, 1, pc, 1, w->dout + r * dv, dv, w->dv + c * dv,
-                                dv, 1, NULL);
-                    FAI_T(fai_gemm)(w->kern, 1, dqk, 1, dsc, 1, w->q + r * dqk, dqk, w->dk + c * dqk,
-                            dqk, 1, NULL);
+                        FAI_T(fai_gemm)(w->kern, 1, dv, 1, pc, 1, w->dout + r * dv, dv,
+                                        w->dv + c * dv, dv, 1, NULL);
+                    FAI_T(fai_gemm)(w->kern, 1, dqk, 1, dsc, 1, w->q + r * dqk, dqk,
+                                    w->dk + c * dqk, dqk, 1, NULL);
                 }
             }
         }

@@ -187,7 +187,8 @@ static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, in
         if (drop->threshold)
             fai_dropout_keep_row(drop, i, j0 + c0, c1 - c0, w->keep + c0);
         if (w->live[r]) {
-            w->l[r] = w->l[r] * w->x[r] + w->kern->expsum(c1 - c0, p + c0, w->m[r], p + c0);
+            const FT s = w->kern->expsum(c1 - c0, p + c0, w->m[r], p + c0);
+            w->l[r] = FAI_T(fai_online_sum)(w->l[r], w->x[r], s);
             for (int64_t c = c0; c < c1 && drop->threshold; c++)
                 if (!w->keep[c]) /* l keeps the dropped terms: LSE is pre-dropout */
                     p[c] = 0;
@@ -332,7 +333,7 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
         }
         w->kern->narrow(fai_q_row(pr, FAI_OUT, b, h, i0 + r), pr->dtype, dv, acc);
         if (fai_io(pr, FAI_LSE))
-            fai_lse_put(pr, b, h, i0 + r, lse);
+            fai_lse_write(pr, b, h, i0 + r, lse);
     }
 }
 

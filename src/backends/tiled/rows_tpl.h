@@ -13,7 +13,10 @@
  *                      FAI_T(fai_online_finalize) (core/recurrence.h); the gradient
  *                      FAI_T(fai_dscore) (core/gradient.h)
  *   FT_DTYPE           the storage dtype that is FT itself (read in place, without conversion)
- *   FT_TILE_PRODUCTS   1 where the kernel set may have tile products (float), else 0
+ *   FT_TILE_PRODUCTS   1 where the kernel set may have tile products (float), else 0: the two
+ *                      calls that pass them FT buffers (their Q K^T and P V take float) are
+ *                      compiled only then; with double the plan never gives tile products,
+ *                      so their other branches are dead code the compiler drops
  * Everything the loops decide about tiles comes from the plan (backends/tiled/plan.h).
  *
  * Every sum runs in a fixed order (over d for scores, over keys for accumulators; the kernels
