@@ -247,13 +247,16 @@ static int run_config(const opts *o)
         const size_t n = (size_t)N * (size_t)o->heads * (size_t)o->dim;
         void *buf[9];
         fa_tensor t[9];
+        /* t[4] is the LSE: f32, but f64 for f64 storage (the f64 backward needs it) */
+        const fa_dtype lse_dt = o->dtype == FA_F64 ? FA_F64 : FA_F32;
         for (int k = 0; k < 9; k++) {
-            buf[k] = calloc(k == 4 ? (size_t)N * (size_t)o->heads : n, k == 4 ? 4 : es);
+            buf[k] = calloc(k == 4 ? (size_t)N * (size_t)o->heads : n,
+                            k == 4 ? (lse_dt == FA_F64 ? 8 : 4) : es);
             if (!buf[k]) {
                 fprintf(stderr, "bench: out of memory at N=%ld\n", N);
                 return 1;
             }
-            fa_tensor_init(&t[k], buf[k], k == 4 ? FA_F32 : o->dtype, 1, N, o->heads,
+            fa_tensor_init(&t[k], buf[k], k == 4 ? lse_dt : o->dtype, 1, N, o->heads,
                            k == 4 ? 1 : o->dim, 0);
         }
         /* inputs: N(0,1)-like values; bf16/f16 get their bit patterns from a small range */

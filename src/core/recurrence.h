@@ -28,7 +28,7 @@
  * Edge cases, each stated so no backend has to rediscover it:
  *  - A block with no allowed key, or whose allowed scores are all -inf, has b = -inf. If m is
  *    also -inf, m' - m would be -inf - (-inf) = NaN: the block is skipped instead
- *    (fai_online_rescale returns 0 and leaves the state alone). Skipping is exact: such a block
+ *    (fai_online_move returns 0 and leaves the state alone). Skipping is exact: such a block
  *    contributes exp(-inf) = 0 to every sum.
  *  - A row that never absorbs a finite score ends with l = 0: it is an empty row, O = 0,
  *    LSE = -inf (fai_online_finalize).

@@ -54,13 +54,6 @@ FA_HOST_DEVICE static inline void fai_mask_row(const fai_mask *m, int64_t i, int
     *hi = b > m->sk ? m->sk : b;
 }
 
-FA_HOST_DEVICE static inline int fai_mask_allowed(const fai_mask *m, int64_t i, int64_t j)
-{
-    int64_t lo, hi;
-    fai_mask_row(m, i, &lo, &hi);
-    return j >= lo && j < hi;
-}
-
 /* Keys that any row of [i0, i1) may see (consequence (b)); empty when *lo >= *hi. */
 FA_HOST_DEVICE static inline void fai_mask_key_span(const fai_mask *m, int64_t i0, int64_t i1,
                                                     int64_t *lo, int64_t *hi)

@@ -27,6 +27,7 @@ static void gemm_rows_f64(int64_t ars, int64_t acs, int64_t mr, int64_t nr, int6
             ci[j] = !accumulate ? 0 : cscale ? ci[j] * cscale[i] : ci[j];
         for (int64_t p = 0; p < k; p++) { /* p in order for every C element */
             const double aip = a[i * ars + p * acs], *bp = b + p * ldb;
+#pragma GCC unroll 4
             for (int64_t j = 0; j < nr; j++)
                 ci[j] += aip * bp[j];
         }

@@ -34,7 +34,8 @@ static size_t FAI_T(fwd_carve)(const fai_problem *pr, const fai_tiled_plan *plan
     w->qb = w->ktb = w->vb = NULL;
     w->tile_scratch = NULL;
     if (t) {
-        w->qb = fai_carve(&a, (size_t)((FAI_T(round_up)(tl.bq, t->rows) + t->rows) * pr->dqk) * 2);
+        const int64_t qrows = FAI_T(round_up)(tl.bq, t->rows) + t->rows;
+        w->qb = fai_carve(&a, (size_t)(qrows * pr->dqk) * 2);
         w->ktb = fai_carve(&a, (size_t)(w->sp_ld * pr->dqk) * 2);
         w->vb = fai_carve(&a, (size_t)(w->sp_ld * pr->dv) * 2);
         w->tile_scratch = fai_carve(&a, (size_t)(t->rows * (4 * w->sp_ld + 4 * pr->dv)));

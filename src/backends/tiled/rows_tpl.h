@@ -9,7 +9,8 @@
  *                      functions, and the per-type names it calls: the kernel table
  *                      FAI_T(fai_kernels) (kernels/kernels.h) and its GEMM loops
  *                      FAI_T(fai_gemm), FAI_T(fai_gemm_at); the score pipeline FAI_T(fai_score)
- *                      (core/score.h); the recurrence FAI_T(fai_online_move),
+ *                      (core/score.h); the NaN-sticky max FAI_T(fai_nanmax) (core/fmath.h);
+ *                      the recurrence FAI_T(fai_online_move), FAI_T(fai_online_sum),
  *                      FAI_T(fai_online_finalize) (core/recurrence.h); the gradient
  *                      FAI_T(fai_dscore) (core/gradient.h)
  *   FT_DTYPE           the storage dtype that is FT itself (read in place, without conversion)
