@@ -47,6 +47,13 @@ typedef enum { FA_F32, FA_F64, FA_F16, FA_BF16 } fa_dtype;
  * elements; BHSD storage is expressed by choosing head_stride > seq_stride. headdim must be
  * contiguous: headdim_stride is 0 (meaning 1) or 1, anything else is refused with FA_ERR_STRIDE.
  * An LSE tensor is batch x heads x seqlen with headdim 1 (dtype FA_F32 or FA_F64).
+ *
+ * Aliasing: an output must share no byte with an input (the ALiBi slopes included) or with
+ * another output, and is refused with FA_ERR_STRIDE where it does. Byte ranges are compared
+ * (first to last element); views whose ranges intersect but that interleave without touching
+ * (Q, K, V or dQ, dK, dV of one packed buffer) are accepted when both have the same element
+ * size and the same strides and sizes along every dimension but the run of contiguous
+ * elements, and any other intersecting pair is refused even if no element is shared.
  */
 typedef struct {
     void    *data;
@@ -116,7 +123,7 @@ FA_API void      fa_context_destroy(fa_context *ctx);
 /*
  * out = attention(q, k, v) per docs/DESIGN.md §1; lse (may be NULL) receives the natural-log
  * log-sum-exp of each row (pre-dropout), -inf for rows with no allowed key. Outputs must not
- * overlap inputs.
+ * overlap inputs or each other (see fa_tensor).
  */
 FA_API fa_status fa_forward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
                             const fa_tensor *k, const fa_tensor *v, fa_tensor *out,
@@ -137,7 +144,9 @@ FA_API fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tenso
 /*
  * Merges n partial attention states over disjoint key sets (split-KV, ring attention):
  * LSE = ln sum_k exp(LSE_k), O = sum_k exp(LSE_k - LSE) O_k. The empty state (O = 0,
- * LSE = -inf) is neutral. out/lse may be the same tensors as outs[0]/lses[0].
+ * LSE = -inf) is neutral. out/lse may be the very tensors of a state (the same memory and
+ * strides: a merge in place); any other byte they share with a state, or with each other, is
+ * FA_ERR_STRIDE.
  */
 FA_API fa_status fa_merge_states(int n, const fa_tensor *outs, const fa_tensor *lses,
                                  fa_tensor *out, fa_tensor *lse);

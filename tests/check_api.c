@@ -102,6 +102,19 @@ MUT(m_dq_shape, s->tdq.headdim = 6)
 MUT(m_dk_dtype, s->tdk.dtype = FA_F16)
 MUT(m_dv_overlap, s->tdv.seq_stride = 1)
 MUT(m_dout_shape, s->tdout.seqlen = 3)
+/* aliasing: an output sharing bytes with an input or another output (shapes kept valid) */
+MUT(m_out_is_q, s->to.data = s->tq.data)
+MUT(m_out_is_k, s->to.data = s->tk.data)
+MUT(m_out_in_v, s->to.data = (float *)s->tv.data + 5)
+MUT(m_lse_in_out, s->tl.data = (float *)s->to.data + 8)
+MUT(m_lse_is_q, s->tl.data = s->tq.data)
+MUT(m_out_on_slopes, s->p.alibi_slopes = s->slopes; s->to.data = s->slopes)
+MUT(m_dq_is_dk, s->tdq.data = s->tdk.data)
+MUT(m_dq_is_q, s->tdq.data = s->tq.data)
+MUT(m_dv_is_v, s->tdv.data = s->tv.data)
+MUT(m_dk_is_dout, s->tdk.data = s->tdout.data)
+MUT(m_dv_in_lse, s->tdv.data = s->tl.data)
+MUT(m_dq_on_out, s->tdq.data = (float *)s->to.data + 1)
 
 static const bad_case bad[] = {
     {"q->data NULL", m_q_null_data, FA_ERR_NULL_POINTER, "q->data", 0},
@@ -147,6 +160,18 @@ static const bad_case bad[] = {
     {"dk dtype", m_dk_dtype, FA_ERR_DTYPE, "dk->dtype", 1},
     {"dv rows overlap", m_dv_overlap, FA_ERR_STRIDE, "dv", 1},
     {"dout seqlen", m_dout_shape, FA_ERR_SHAPE, "dout->seqlen", 1},
+    {"out = q", m_out_is_q, FA_ERR_STRIDE, "out overlaps q", 2},
+    {"out = k", m_out_is_k, FA_ERR_STRIDE, "out overlaps k", 2},
+    {"out inside v", m_out_in_v, FA_ERR_STRIDE, "out overlaps v", 2},
+    {"lse inside out", m_lse_in_out, FA_ERR_STRIDE, "lse overlaps out", 2},
+    {"lse = q", m_lse_is_q, FA_ERR_STRIDE, "lse overlaps q", 2},
+    {"out on the ALiBi slopes", m_out_on_slopes, FA_ERR_STRIDE, "params->alibi_slopes", 2},
+    {"dq = dk", m_dq_is_dk, FA_ERR_STRIDE, "dk overlaps dq", 1},
+    {"dq = q", m_dq_is_q, FA_ERR_STRIDE, "dq overlaps q", 1},
+    {"dv = v", m_dv_is_v, FA_ERR_STRIDE, "dv overlaps v", 1},
+    {"dk = dout", m_dk_is_dout, FA_ERR_STRIDE, "dk overlaps dout", 1},
+    {"dv inside lse", m_dv_in_lse, FA_ERR_STRIDE, "dv overlaps lse", 1},
+    {"dq inside out", m_dq_on_out, FA_ERR_STRIDE, "dq overlaps out", 1},
 };
 #define NBAD ((int)(sizeof bad / sizeof *bad))
 
@@ -182,6 +207,65 @@ START_TEST(bad_inputs_rejected_untouched)
                       c->name, fa_last_error(), c->detail);
         setup_free(&s);
     }
+}
+END_TEST
+
+/* Views that interleave without sharing a byte are not aliasing: Q, K, V of one packed QKV
+ * buffer (B, S, 3, H, D), and dQ, dK, dV of one packed dQKV, give the bits of separate
+ * tensors; the same layout with K shifted by one element into Q's run is refused. */
+START_TEST(packed_views_accepted)
+{
+    const int64_t B = 2, S = 33, H = 2, D = 16, row = 3 * H * D, n = B * S * row;
+    float *qkv = malloc(sizeof(float) * n), *dqkv = malloc(sizeof(float) * n);
+    float *sep = malloc(sizeof(float) * n), *dsep = malloc(sizeof(float) * n);
+    float *o = malloc(sizeof(float) * B * S * H * D), *o2 = malloc(sizeof(float) * B * S * H * D);
+    float *g = malloc(sizeof(float) * B * S * H * D), *l = malloc(sizeof(float) * B * H * S);
+    float *l2 = malloc(sizeof(float) * B * H * S);
+    uint64_t seed = 7;
+    for (int64_t x = 0; x < n; x++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        qkv[x] = (float)((double)(seed >> 40) / (double)(1ull << 24)) - 0.5f;
+    }
+    for (int64_t x = 0; x < B * S * H * D; x++)
+        g[x] = (float)((x * 37) % 101) / 101.0f - 0.5f;
+    fa_tensor pk[3], pd[3], tk[3], td[3], to, to2, tg, tl, tl2;
+    for (int t = 0; t < 3; t++) {
+        fa_tensor_init(&pk[t], qkv + t * H * D, FA_F32, B, S, H, D, 0);
+        pk[t].seq_stride = row, pk[t].batch_stride = S * row;
+        pd[t] = pk[t], pd[t].data = dqkv + t * H * D;
+        fa_tensor_init(&tk[t], sep + t * B * S * H * D, FA_F32, B, S, H, D, 0);
+        fa_tensor_init(&td[t], dsep + t * B * S * H * D, FA_F32, B, S, H, D, 0);
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t s = 0; s < S; s++)
+                memcpy((float *)tk[t].data + (b * S + s) * H * D,
+                       (float *)pk[t].data + b * S * row + s * row, sizeof(float) * H * D);
+    }
+    fa_tensor_init(&to, o, FA_F32, B, S, H, D, 0), fa_tensor_init(&to2, o2, FA_F32, B, S, H, D, 0);
+    fa_tensor_init(&tg, g, FA_F32, B, S, H, D, 0);
+    fa_tensor_init(&tl, l, FA_F32, B, S, H, 1, 1), fa_tensor_init(&tl2, l2, FA_F32, B, S, H, 1, 1);
+    fa_params p;
+    fa_params_init(&p);
+    p.causal = 1;
+    fa_context *ctx = ht_context(FA_BACKEND_TILED, 2);
+    ck_assert_int_eq(fa_forward(ctx, &p, &pk[0], &pk[1], &pk[2], &to, &tl), FA_OK);
+    ck_assert_int_eq(fa_forward(ctx, &p, &tk[0], &tk[1], &tk[2], &to2, &tl2), FA_OK);
+    ck_assert(memcmp(o, o2, sizeof(float) * B * S * H * D) == 0);
+    ck_assert_int_eq(fa_backward(ctx, &p, &pk[0], &pk[1], &pk[2], &to, &tl, &tg, &pd[0], &pd[1],
+                                 &pd[2]), FA_OK);
+    ck_assert_int_eq(fa_backward(ctx, &p, &tk[0], &tk[1], &tk[2], &to2, &tl2, &tg, &td[0],
+                                 &td[1], &td[2]), FA_OK);
+    for (int t = 0; t < 3; t++)
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t s = 0; s < S; s++)
+                ck_assert(memcmp((float *)td[t].data + (b * S + s) * H * D,
+                                 (float *)pd[t].data + b * S * row + s * row,
+                                 sizeof(float) * H * D) == 0);
+    pd[1].data = dqkv + H * D - 1; /* dK one element into dQ's run: refused */
+    ck_assert_int_eq(fa_backward(ctx, &p, &pk[0], &pk[1], &pk[2], &to, &tl, &tg, &pd[0], &pd[1],
+                                 &pd[2]), FA_ERR_STRIDE);
+    ck_assert_msg(strstr(fa_last_error(), "dk overlaps dq"), "%s", fa_last_error());
+    fa_context_destroy(ctx);
+    free(qkv), free(dqkv), free(sep), free(dsep), free(o), free(o2), free(g), free(l), free(l2);
 }
 END_TEST
 
@@ -489,6 +573,7 @@ Suite *make_api_suite(void)
     TCase *tc = tcase_create("api");
     tcase_add_loop_test(tc, bad_inputs_rejected_untouched, 0, 3 * NBAD);
     tcase_add_test(tc, null_pointers_rejected);
+    tcase_add_test(tc, packed_views_accepted);
     tcase_add_test(tc, zero_sizes);
     tcase_add_test(tc, f64_backward_needs_f64_lse);
     tcase_add_test(tc, backend_refusal_untouched);

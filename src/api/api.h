@@ -22,6 +22,17 @@ fa_status fai_check_dtype(const fa_tensor *t, const char *name, fa_dtype want);
 fa_status fai_check_operand(const fa_tensor *t, const char *name, fai_tensor_use use,
                             fa_dtype dtype, int64_t b, int64_t s, int64_t h, int64_t d,
                             const char *ref);
+/* FA_ERR_STRIDE, naming both, where an output shares a byte with another tensor (arguments.c
+ * says how strided views are compared); the second checks every output against every input
+ * and every other output. */
+fa_status fai_check_disjoint(const fa_tensor *out, const char *oname, const fa_tensor *other,
+                             const char *name);
+fa_status fai_check_outputs_disjoint(const fa_tensor *const *outs, const char *const *onames,
+                                     int nout, const fa_tensor *const *ins,
+                                     const char *const *inames, int nin);
+/* The ALiBi slopes (Hq floats, or none) as a tensor, for the checks above. */
+fa_tensor fai_slopes_view(const fa_params *p, int64_t hq);
+
 /* Checks q, k, v and params and fills the problem's dims, mask, score and dropout (its
  * tensors: q, k and v; the op sets the others). */
 fa_status fai_problem_make(fai_problem *pr, const fa_params *p, const fa_tensor *q,

@@ -196,6 +196,120 @@ fa_status fai_check_operand(const fa_tensor *t, const char *name, fai_tensor_use
     return fai_check_shape(t, name, b, s, h, d, ref);
 }
 
+/* ------------------------------------------------------------------ aliasing */
+
+/*
+ * Where a tensor's elements lie: the byte range [lo, hi) from its first to past its last
+ * element, and its layout as one contiguous run of `run` elements repeated over outer
+ * dimensions (size > 1, by ascending stride): headdim, with every dimension merged into the
+ * run whose stride is the run's length so far (the heads of a BSHD row, say).
+ */
+typedef struct {
+    uintptr_t lo, hi;
+    size_t es;
+    int64_t run;
+    int n;
+    dim_desc outer[3];
+} extent;
+
+/* Only for tensors that passed fai_check_tensor (the products fit int64). 0 if empty. */
+static int extent_of(const fa_tensor *t, extent *e)
+{
+    const int64_t dims[3] = {t->batch, t->seqlen, t->heads};
+    const int64_t strides[3] = {t->batch_stride, t->seq_stride, t->head_stride};
+    int64_t last = t->headdim - 1;
+    for (int i = 0; i < 3; i++) {
+        if (dims[i] == 0)
+            return 0;
+        last += (dims[i] - 1) * strides[i];
+    }
+    if (t->headdim == 0)
+        return 0;
+    e->es = fai_dtype_size(t->dtype);
+    e->lo = (uintptr_t)t->data;
+    e->hi = e->lo + (uintptr_t)(last + 1) * e->es;
+    dim_desc d[3];
+    int n = 0;
+    for (int i = 0; i < 3; i++)
+        if (dims[i] > 1)
+            d[n++] = (dim_desc){dims[i], strides[i]};
+    for (int i = 1; i < n; i++) /* insertion sort by stride */
+        for (int j = i; j > 0 && d[j].stride < d[j - 1].stride; j--) {
+            dim_desc x = d[j];
+            d[j] = d[j - 1];
+            d[j - 1] = x;
+        }
+    e->run = t->headdim;
+    e->n = 0;
+    for (int i = 0; i < n; i++) {
+        if (e->n == 0 && d[i].stride == e->run)
+            e->run *= d[i].size; /* contiguous with the run: one longer run */
+        else
+            e->outer[e->n++] = d[i];
+    }
+    return 1;
+}
+
+/*
+ * Whether two tensors share a byte. Their ranges are compared; where those intersect, two
+ * views that interleave without touching (Q, K and V of one packed QKV buffer, a packed dQKV)
+ * are told apart exactly when both have the same element size and the same outer dimensions
+ * and strides: then one's runs sit in the gaps of the other's, and they are disjoint iff the
+ * offset d between them (in elements, d >= 0 from the lower one) has run_low <= d,
+ * d + run_high <= the smallest outer stride s, and every outer stride a multiple of s (two
+ * elements then differ by a multiple of s, which no offset in [1, s) is). Any other
+ * intersecting pair counts as overlapping (a conservative refusal, docs/DESIGN.md §2).
+ */
+static int overlapping(const fa_tensor *a, const fa_tensor *b)
+{
+    extent x, y;
+    if (!extent_of(a, &x) || !extent_of(b, &y) || x.hi <= y.lo || y.hi <= x.lo)
+        return 0;
+    if (x.es != y.es || x.n != y.n || x.n == 0)
+        return 1;
+    for (int i = 0; i < x.n; i++)
+        if (x.outer[i].size != y.outer[i].size || x.outer[i].stride != y.outer[i].stride)
+            return 1;
+    const extent *low = x.lo <= y.lo ? &x : &y, *high = x.lo <= y.lo ? &y : &x;
+    if ((high->lo - low->lo) % x.es != 0)
+        return 1;
+    const int64_t d = (int64_t)((high->lo - low->lo) / x.es), s = x.outer[0].stride;
+    for (int i = 1; i < x.n; i++)
+        if (x.outer[i].stride % s != 0)
+            return 1;
+    return !(low->run <= d && d + high->run <= s);
+}
+
+fa_status fai_check_disjoint(const fa_tensor *out, const char *oname, const fa_tensor *other,
+                             const char *name)
+{
+    if (!overlapping(out, other))
+        return FA_OK;
+    return fai_fail(FA_ERR_STRIDE,
+                    "%s overlaps %s (%p and %p): an output must share no byte with an input or "
+                    "another output", oname, name, out->data, other->data);
+}
+
+fa_status fai_check_outputs_disjoint(const fa_tensor *const *outs, const char *const *onames,
+                                     int nout, const fa_tensor *const *ins,
+                                     const char *const *inames, int nin)
+{
+    for (int o = 0; o < nout; o++) {
+        for (int i = 0; i < nin; i++)
+            FAI_TRY(fai_check_disjoint(outs[o], onames[o], ins[i], inames[i]));
+        for (int p = 0; p < o; p++)
+            FAI_TRY(fai_check_disjoint(outs[o], onames[o], outs[p], onames[p]));
+    }
+    return FA_OK;
+}
+
+fa_tensor fai_slopes_view(const fa_params *p, int64_t hq)
+{
+    fa_tensor t;
+    fa_tensor_init(&t, (void *)p->alibi_slopes, FA_F32, 1, 1, 1, p->alibi_slopes ? hq : 0, 0);
+    return t;
+}
+
 static fa_status check_params(const fa_params *p, int64_t hq)
 {
     if (!p)

@@ -12,6 +12,15 @@
 #include "api/api.h"
 #include "core/recurrence.h"
 
+/* The same view of the same memory: every field alike. */
+static int same_view(const fa_tensor *a, const fa_tensor *b)
+{
+    return a->data == b->data && a->dtype == b->dtype && a->batch == b->batch &&
+           a->seqlen == b->seqlen && a->heads == b->heads && a->headdim == b->headdim &&
+           a->batch_stride == b->batch_stride && a->seq_stride == b->seq_stride &&
+           a->head_stride == b->head_stride;
+}
+
 fa_status fa_merge_states(int n, const fa_tensor *outs, const fa_tensor *lses, fa_tensor *out,
                           fa_tensor *lse)
 {
@@ -31,6 +40,20 @@ fa_status fa_merge_states(int n, const fa_tensor *outs, const fa_tensor *lses, f
         snprintf(name, sizeof name, "lses[%d]", k);
         FAI_TRY(fai_check_tensor(&lses[k], name, FAI_INPUT, 1));
         FAI_TRY(fai_check_shape(&lses[k], name, out->batch, out->seqlen, out->heads, 1, "out"));
+    }
+    /* In place: out (lse) may be the very view of a state's O (LSE), since each row reads all
+     * its states before it writes; any other shared byte is refused. */
+    FAI_TRY(fai_check_disjoint(lse, "lse", out, "out"));
+    for (int k = 0; k < n; k++) {
+        char oname[40], lname[40];
+        snprintf(oname, sizeof oname, "outs[%d]", k);
+        snprintf(lname, sizeof lname, "lses[%d]", k);
+        if (!same_view(out, &outs[k]))
+            FAI_TRY(fai_check_disjoint(out, "out", &outs[k], oname));
+        FAI_TRY(fai_check_disjoint(out, "out", &lses[k], lname));
+        if (!same_view(lse, &lses[k]))
+            FAI_TRY(fai_check_disjoint(lse, "lse", &lses[k], lname));
+        FAI_TRY(fai_check_disjoint(lse, "lse", &outs[k], oname));
     }
     const int64_t D = out->headdim, rows = out->batch * out->seqlen * out->heads;
     const int nt = omp_get_max_threads();

@@ -46,6 +46,12 @@ fa_status fa_forward(fa_context *ctx, const fa_params *p, const fa_tensor *q, co
         FAI_TRY(fai_check_tensor(lse, "lse", FAI_OUTPUT, 1));
         FAI_TRY(fai_check_shape(lse, "lse", pr.b, pr.sq, pr.hq, 1, "q"));
     }
+    {
+        const fa_tensor slopes = fai_slopes_view(p, pr.hq);
+        const fa_tensor *outs[2] = {out, lse}, *ins[4] = {q, k, v, &slopes};
+        const char *on[2] = {"out", "lse"}, *in[4] = {"q", "k", "v", "params->alibi_slopes"};
+        FAI_TRY(fai_check_outputs_disjoint(outs, on, lse ? 2 : 1, ins, in, 4));
+    }
     pr.io[FAI_OUT] = out;
     pr.io[FAI_LSE] = lse;
     if (pr.b == 0 || pr.sq == 0)
@@ -92,6 +98,13 @@ fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
     FAI_TRY(fai_check_shape(dq, "dq", pr.b, pr.sq, pr.hq, pr.dqk, "q"));
     FAI_TRY(fai_check_shape(dk, "dk", pr.b, pr.sk, pr.hk, pr.dqk, "k"));
     FAI_TRY(fai_check_shape(dv, "dv", pr.b, pr.sk, pr.hk, pr.dv, "v"));
+    {
+        const fa_tensor slopes = fai_slopes_view(p, pr.hq);
+        const fa_tensor *outs[3] = {dq, dk, dv}, *ins[7] = {q, k, v, out, lse, dout, &slopes};
+        const char *on[3] = {"dq", "dk", "dv"};
+        const char *in[7] = {"q", "k", "v", "out", "lse", "dout", "params->alibi_slopes"};
+        FAI_TRY(fai_check_outputs_disjoint(outs, on, 3, ins, in, 7));
+    }
     pr.io[FAI_OUT] = out;
     pr.io[FAI_LSE] = lse;
     pr.io[FAI_DOUT] = dout;
