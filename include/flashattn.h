@@ -77,7 +77,7 @@ typedef struct {
     double       softcap;                   /* 0: off; > 0: cap; < 0, inf or NaN: invalid     */
     const float *alibi_slopes;              /* Hq finite slopes (host memory), or NULL        */
     double       dropout_p;                 /* [0, 1)                                         */
-    uint64_t     dropout_seed, dropout_offset;
+    uint64_t     dropout_seed, dropout_offset; /* every bit drawn on (DESIGN.md §1) */
     fa_score_order score_order;             /* default FA_SOFTCAP_THEN_ALIBI                  */
 } fa_params; /* new fields are only ever appended */
 

@@ -35,25 +35,68 @@ START_TEST(philox_known_answers)
 }
 END_TEST
 
+/* The stream as docs/DESIGN.md §1 defines it, written out from Philox itself: head's key = words
+ * 0, 1 of Philox({head lo, head hi, offset lo, offset hi}, seed); the draw of (i, j) = word
+ * j % 4 of Philox({j / 4 lo, j / 4 hi, i lo, i hi}, that key). */
+static uint32_t defined_draw(uint64_t seed, uint64_t offset, uint64_t head, uint64_t i,
+                             uint64_t j)
+{
+    fai_u32x4 hc = {{(uint32_t)head, (uint32_t)(head >> 32), (uint32_t)offset,
+                     (uint32_t)(offset >> 32)}};
+    fai_u32x4 key = fai_philox4x32_10(hc, (uint32_t)seed, (uint32_t)(seed >> 32));
+    fai_u32x4 c = {{(uint32_t)(j / 4), (uint32_t)(j / 4 >> 32), (uint32_t)i, (uint32_t)(i >> 32)}};
+    return fai_philox4x32_10(c, key.v[0], key.v[1]).v[j % 4];
+}
+
 /* The row helper must give, for any start and length, the decision the contract defines per
- * element: counter {j / 4, i, head, offset}, word j % 4, keep iff u >= floor(p 2^32). */
+ * element, keep iff u >= floor(p 2^32) -- also for rows, keys, heads and offsets past 2^32. */
 START_TEST(dropout_row_matches_definition)
 {
     const uint64_t seed = 0x0123456789abcdefull;
-    fai_dropout d = {(uint32_t)seed, (uint32_t)(seed >> 32), 5, 77,
-                     fai_dropout_threshold(0.3)};
-    ck_assert_uint_eq(d.threshold, (uint32_t)floor(0.3 * 4294967296.0));
-    unsigned char keep[64];
-    for (int64_t j0 = 0; j0 < 9; j0++)
-        for (int64_t n = 1; n < 20; n++) {
-            fai_dropout_keep_row(&d, 11, j0, n, keep);
-            for (int64_t c = 0; c < n; c++) {
-                int64_t j = j0 + c;
-                fai_u32x4 ctr = {{(uint32_t)(j / 4), 11, 5, 77}};
-                fai_u32x4 u = fai_philox4x32_10(ctr, d.k0, d.k1);
-                ck_assert_int_eq(keep[c], u.v[j % 4] >= d.threshold);
+    static const struct {
+        uint64_t offset, head, i, j0;
+    } at[] = {
+        {77, 5, 11, 0},
+        {0x500000007ull, 5, 11, 0},
+        {77, 0x300000005ull, 11, 0},
+        {77, 5, 0x700000000bull, 0},
+        {77, 5, 11, 0x1400000000ull},
+        {~0ull, ~0ull >> 1, (1ull << 62) - 40, (1ull << 62) - 40},
+    };
+    for (size_t t = 0; t < sizeof at / sizeof at[0]; t++) {
+        const fai_dropout_params p = {seed, at[t].offset, fai_dropout_threshold(0.3)};
+        ck_assert_uint_eq(p.threshold, (uint32_t)floor(0.3 * 4294967296.0));
+        const fai_dropout d = fai_dropout_make(&p, at[t].head);
+        unsigned char keep[64];
+        for (int64_t j0 = 0; j0 < 9; j0++)
+            for (int64_t n = 1; n < 20; n++) {
+                const int64_t s0 = (int64_t)at[t].j0 + j0;
+                fai_dropout_keep_row(&d, (int64_t)at[t].i, s0, n, keep);
+                for (int64_t c = 0; c < n; c++) {
+                    const uint32_t u =
+                        defined_draw(seed, at[t].offset, at[t].head, at[t].i, (uint64_t)(s0 + c));
+                    ck_assert_msg(keep[c] == (u >= p.threshold), "case %zu j %lld", t,
+                                  (long long)(s0 + c));
+                }
             }
-        }
+    }
+}
+END_TEST
+
+/* Every 64-bit input reaches the draws: offsets, heads, rows and keys that agree in their low
+ * 32 bits (the 2^32-periodic stream of 15de60b) give different blocks. */
+START_TEST(dropout_stream_is_64_bit)
+{
+    const fai_dropout_params p = {99, 1, 1}, q = {99, 1 + (1ull << 32), 1};
+    const fai_dropout a = fai_dropout_make(&p, 3), b = fai_dropout_make(&q, 3),
+                      c = fai_dropout_make(&p, 3 + (1ull << 32));
+    ck_assert(a.k0 != b.k0 || a.k1 != b.k1);
+    ck_assert(a.k0 != c.k0 || a.k1 != c.k1);
+    const int64_t big = (int64_t)1 << 32;
+    const fai_u32x4 u = fai_dropout_block(&a, 7, 8), r = fai_dropout_block(&a, 7 + big, 8),
+                    k = fai_dropout_block(&a, 7, 8 + 4 * big);
+    ck_assert(memcmp(&u, &r, sizeof u) != 0);
+    ck_assert(memcmp(&u, &k, sizeof u) != 0);
 }
 END_TEST
 
@@ -302,6 +345,7 @@ Suite *make_core_suite(void)
     TCase *tc = tcase_create("core");
     tcase_add_test(tc, philox_known_answers);
     tcase_add_test(tc, dropout_row_matches_definition);
+    tcase_add_test(tc, dropout_stream_is_64_bit);
     tcase_add_test(tc, mask_geometry_matches_brute_force);
     tcase_add_test(tc, recurrence_worked_example);
     tcase_add_test(tc, merge_lse_neutral_empty_state);

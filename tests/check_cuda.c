@@ -311,7 +311,7 @@ START_TEST(cuda_dropout_mask_exact)
     fa_params p;
     params_for(&c, 77, &p);
     p.dropout_seed = 0x0123456789abcdefull;
-    p.dropout_offset = 0x55;
+    p.dropout_offset = 0x100000055ull; /* high bits too (the stream is 64-bit) */
     ht_bundle gpu, ref;
     ht_bundle_alloc(&gpu, dt, &c, c.sq, c.sk, HT_BSHD, FA_F32);
     ht_bundle_alloc(&ref, FA_F64, &c, c.sq, c.sk, HT_BSHD, FA_F64);

@@ -217,7 +217,8 @@ END_TEST
 /*
  * V = identity (Dv = Sk) makes O_ij = keep_ij P_ij / (1 - p): the zero pattern of O is the
  * drop pattern. It must equal the contract's Philox stream, evaluated here from its
- * definition: key = seed, counter {j / 4, i, b Hq + h, low 32 bits of offset}, word j % 4,
+ * definition: head b Hq + h's key = words 0, 1 of Philox({head, offset} as 64-bit halves, key
+ * seed); the draw of (i, j) = word j % 4 of Philox({j / 4, i} as 64-bit halves, head's key);
  * keep iff u >= floor(p 2^32). q = 0 keeps every P_ij > 0, so a zero can only be a drop.
  */
 START_TEST(dropout_mask_replayed_exactly)
@@ -249,9 +250,12 @@ START_TEST(dropout_mask_replayed_exactly)
         for (int64_t h = 0; h < H; h++)
             for (int64_t i = 0; i < sq; i++)
                 for (int64_t j = 0; j < sk; j++) {
-                    fai_u32x4 ctr = {{(uint32_t)(j / 4), (uint32_t)i, (uint32_t)(b * H + h),
-                                      (uint32_t)offset}};
-                    fai_u32x4 u = fai_philox4x32_10(ctr, (uint32_t)seed, (uint32_t)(seed >> 32));
+                    const uint64_t head = (uint64_t)(b * H + h);
+                    fai_u32x4 hc = {{(uint32_t)head, (uint32_t)(head >> 32), (uint32_t)offset,
+                                     (uint32_t)(offset >> 32)}};
+                    fai_u32x4 key = fai_philox4x32_10(hc, (uint32_t)seed, (uint32_t)(seed >> 32));
+                    fai_u32x4 ctr = {{(uint32_t)(j / 4), 0, (uint32_t)i, 0}};
+                    fai_u32x4 u = fai_philox4x32_10(ctr, key.v[0], key.v[1]);
                     int keep = u.v[j % 4] >= thr;
                     double x = ht_get(&o, b, i, h, j);
                     ck_assert_msg(keep == (x != 0), "b%ld h%ld i%ld j%ld: keep %d, out %g",
@@ -292,6 +296,43 @@ START_TEST(dropout_keep_rate)
         ck_assert_msg(fabs(rate - (1 - ps[t])) <= 0.01, "p=%g: keep rate %g", ps[t], rate);
     }
     ht_free(&q), ht_free(&k), ht_free(&v), ht_free(&o);
+}
+END_TEST
+
+/* The offset's high 32 bits move the stream (15de60b ignored them: offsets 1 and 1 + 2^32 gave
+ * the same drops); the seed's high bits as well. Identity V shows each call's drop pattern. */
+START_TEST(dropout_offset_and_seed_are_64_bit)
+{
+    const fa_backend be = cpu_backends[_i];
+    const int64_t n = 64;
+    ht_tensor q, k, v, o[3];
+    ht_alloc(&q, FA_F32, 1, n, 1, 4, HT_BSHD);
+    ht_alloc(&k, FA_F32, 1, n, 1, 4, HT_BSHD);
+    ht_alloc(&v, FA_F32, 1, n, 1, n, HT_BSHD);
+    for (int64_t j = 0; j < n; j++)
+        ht_set(&v, 0, j, 0, j, 1.0);
+    const uint64_t seeds[3] = {7, 7, 7 + (1ull << 32)}, offsets[3] = {1, 1 + (1ull << 32), 1};
+    for (int t = 0; t < 3; t++) {
+        ht_alloc(&o[t], FA_F32, 1, n, 1, n, HT_BSHD);
+        fa_params p;
+        fa_params_init(&p);
+        p.dropout_p = 0.5;
+        p.dropout_seed = seeds[t];
+        p.dropout_offset = offsets[t];
+        ck_assert_int_eq(ht_forward(be, 1, &p, &q.t, &k.t, &v.t, &o[t].t, NULL), FA_OK);
+    }
+    for (int t = 1; t < 3; t++) {
+        int64_t differ = 0;
+        for (int64_t i = 0; i < n; i++)
+            for (int64_t j = 0; j < n; j++)
+                differ += (ht_get(&o[0], 0, i, 0, j) != 0) != (ht_get(&o[t], 0, i, 0, j) != 0);
+        /* independent streams at p = 1/2 disagree on half the n^2 = 4096 decisions */
+        ck_assert_msg(differ > n * n / 4, "%s: call %d drops like call 0 (%lld differ)",
+                      fa_backend_name(be), t, (long long)differ);
+    }
+    ht_free(&q), ht_free(&k), ht_free(&v);
+    for (int t = 0; t < 3; t++)
+        ht_free(&o[t]);
 }
 END_TEST
 
@@ -589,6 +630,7 @@ Suite *make_semantics_suite(void)
     tcase_add_loop_test(tc, nan_in_allowed_score_propagates, 0, 12);
     tcase_add_loop_test(tc, dropout_mask_replayed_exactly, 0, 12);
     tcase_add_test(tc, dropout_keep_rate);
+    tcase_add_loop_test(tc, dropout_offset_and_seed_are_64_bit, 0, 3);
     tcase_add_loop_test(tc, backward_one_pass_equals_two, 0, 2);
     tcase_add_loop_test(tc, forward_bits_independent_of_query_grouping, 0, 2 * ht_nisas + 1);
     tcase_add_loop_test(tc, deterministic_across_threads, 0, 6);

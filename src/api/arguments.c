@@ -386,9 +386,9 @@ fa_status fai_problem_make(fai_problem *pr, const fa_params *p, const fa_tensor 
     pr->score.off = pr->mask.off;
     pr->score.alibi_first = p->score_order == FA_ALIBI_THEN_SOFTCAP;
     pr->slopes = p->alibi_slopes;
-    pr->seed = p->dropout_seed;
-    pr->offset = p->dropout_offset;
-    pr->drop_threshold = fai_dropout_threshold(p->dropout_p);
+    pr->drop.seed = p->dropout_seed;
+    pr->drop.offset = p->dropout_offset;
+    pr->drop.threshold = fai_dropout_threshold(p->dropout_p);
     pr->keep_scale = fai_dropout_keep_scale(p->dropout_p);
     pr->io[FAI_Q] = q;
     pr->io[FAI_K] = k;

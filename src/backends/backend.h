@@ -59,8 +59,7 @@ typedef struct {
     fai_score score;
     const float *slopes; /* Hq, or NULL */
     double keep_scale;   /* 1 / (1 - dropout_p): kept terms' factor (core/philox.h) */
-    uint64_t seed, offset;
-    uint32_t drop_threshold; /* 0: dropout off */
+    fai_dropout_params drop; /* threshold 0: dropout off */
     const fa_tensor *io[FAI_DV + 1];
 } fai_problem;
 
@@ -133,7 +132,7 @@ static inline float fai_slope(const fai_problem *pr, int64_t h)
 /* The dropout stream of (b, h). */
 static inline fai_dropout fai_dropout_for(const fai_problem *pr, int64_t b, int64_t h)
 {
-    return fai_dropout_make(pr->seed, pr->offset, pr->drop_threshold, b * pr->hq + h);
+    return fai_dropout_make(&pr->drop, (uint64_t)(b * pr->hq + h));
 }
 
 /* ------------------------------------------------------------------ backends */

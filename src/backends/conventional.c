@@ -375,7 +375,7 @@ static void softmax_backward(const conv *cv, const conv_pack *w, int64_t b, int6
 static fa_status conv_backward(fa_context *ctx, const fai_problem *pr)
 {
     conv cv = conv_make(ctx, pr);
-    const int nbuf = 2 + (pr->drop_threshold != 0) + (pr->score.softcap > 0);
+    const int nbuf = 2 + (pr->drop.threshold != 0) + (pr->score.softcap > 0);
     size_t qbytes, pbytes;
     void *packs;
     conv_pack *pk;
@@ -394,7 +394,7 @@ static fa_status conv_backward(fa_context *ctx, const fai_problem *pr)
     }
     const size_t head = (size_t)(pr->sq * pr->sk) * cv.ts, all = qbytes / (size_t)nbuf;
     char *X = big, *P = big + all, *rest = big + 2 * all, *Pd = P, *Tc = NULL;
-    if (pr->drop_threshold) {
+    if (pr->drop.threshold) {
         Pd = rest;
         rest += all;
     }

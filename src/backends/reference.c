@@ -90,7 +90,7 @@ static double row_scores(const fai_problem *pr, int64_t b, int64_t h, int64_t i,
         w->s[j] = fai_score_f64(&pr->score, dot64(w->q, w->kv, pr->dqk), slope, i, j, &w->t[j]);
         mx = fai_nanmax_f64(mx, w->s[j]);
     }
-    if (pr->drop_threshold && *lo < *hi) {
+    if (pr->drop.threshold && *lo < *hi) {
         fai_dropout d = fai_dropout_for(pr, b, h);
         fai_dropout_keep_row(&d, i, *lo, *hi - *lo, keep + *lo);
     }
@@ -111,7 +111,7 @@ static void row_output(const fai_problem *pr, int64_t b, int64_t h, double lse, 
     if (lse == -INFINITY)
         return;
     for (int64_t j = lo; j < hi; j++) {
-        if (pr->drop_threshold && !keep[j]) /* dropped by selection, like masked keys */
+        if (pr->drop.threshold && !keep[j]) /* dropped by selection, like masked keys */
             continue;
         double pt = exp(w->s[j] - lse) * pr->keep_scale;
         fai_load_f64(fai_kv_row(pr, FAI_V, b, hk, j), pr->dtype, pr->dv, w->kv);
@@ -148,7 +148,7 @@ static void row_backward_group(const fai_problem *pr, int64_t b, int64_t hk, row
                 const double Di = dot64(w->dout, w->o, pr->dv);
                 for (int64_t j = lo; j < hi; j++) {
                     const double P = exp(w->s[j] - lse);
-                    const double z = !pr->drop_threshold || keep[j] ? pr->keep_scale : 0.0;
+                    const double z = !pr->drop.threshold || keep[j] ? pr->keep_scale : 0.0;
                     fai_load_f64(fai_kv_row(pr, FAI_V, b, hk, j), pr->dtype, pr->dv, w->kv);
                     /* dP z is rounded on its own here (before dV's loop, apart from the
                      * difference): the formula then takes it with z = 1 */

@@ -1,8 +1,10 @@
 /*
  * The dropout stream of docs/DESIGN.md §1: Philox4x32-10 (Salmon et al., SC'11, "Parallel random
- * numbers: as easy as 1, 2, 3"), counter = {j / 4, i, b * Hq + h, offset}, key = seed, output
- * word j % 4 compared with floor(p * 2^32). Every backend draws its keep decisions from here,
- * so the same (seed, offset) drops the same elements everywhere.
+ * numbers: as easy as 1, 2, 3"). Head b * Hq + h draws from its own key, derived from (seed,
+ * offset, head) by one Philox call; the draw of (row i, key j) is word j % 4 of Philox(counter
+ * {j / 4, i} as 64-bit halves, that key), compared with floor(p * 2^32). All of seed, offset,
+ * head, row and key take part at full 64-bit width. Every backend draws its keep decisions from
+ * here, so the same (seed, offset) drops the same elements everywhere.
  */
 #ifndef FAI_CORE_PHILOX_H
 #define FAI_CORE_PHILOX_H
@@ -38,12 +40,16 @@ FA_HOST_DEVICE static inline fai_u32x4 fai_philox4x32_10(fai_u32x4 ctr, uint32_t
     return ctr;
 }
 
-/* Where one (batch, head)'s dropout decisions come from. */
+/* A call's dropout: seed and offset as the caller gave them (fa_params), and the threshold. */
 typedef struct {
-    uint32_t k0, k1;      /* seed, low and high words                   */
-    uint32_t head;        /* b * Hq + h                                 */
-    uint32_t offset;      /* low 32 bits of dropout_offset              */
-    uint32_t threshold;   /* keep iff u >= threshold = floor(p * 2^32)  */
+    uint64_t seed, offset;
+    uint32_t threshold; /* keep iff u >= threshold = floor(p * 2^32); 0: dropout off */
+} fai_dropout_params;
+
+/* One (batch, head)'s stream: its Philox key, derived from (seed, offset, head). */
+typedef struct {
+    uint32_t k0, k1;
+    uint32_t threshold;
 } fai_dropout;
 
 /* threshold 0 keeps everything: callers test `threshold != 0` to know dropout is on. */
@@ -55,25 +61,31 @@ FA_HOST_DEVICE static inline uint32_t fai_dropout_threshold(double p)
 /* The factor 1 / (1 - p) of the kept terms (1 without dropout): formed once per call. */
 FA_HOST_DEVICE static inline double fai_dropout_keep_scale(double p) { return 1.0 / (1.0 - p); }
 
-/* The stream of head `head` (= b * Hq + h) for the call's seed and offset. */
-FA_HOST_DEVICE static inline fai_dropout fai_dropout_make(uint64_t seed, uint64_t offset,
-                                                          uint32_t threshold, int64_t head)
+/*
+ * The stream of head `head` (= b * Hq + h, any value below 2^64): key = the first two words of
+ * Philox(counter {head lo, head hi, offset lo, offset hi}, key = seed). Every bit of seed,
+ * offset and head reaches the key; for a fixed seed Philox is a bijection of the 128-bit
+ * counter, so distinct (offset, head) give distinct blocks, and two of them share a stream
+ * only if the 64-bit halves collide (chance m (m - 1) / 2^65 among m streams).
+ */
+FA_HOST_DEVICE static inline fai_dropout fai_dropout_make(const fai_dropout_params *p,
+                                                          uint64_t head)
 {
-    fai_dropout d;
-    d.k0 = (uint32_t)seed;
-    d.k1 = (uint32_t)(seed >> 32);
-    d.head = (uint32_t)head;
-    d.offset = (uint32_t)offset;
-    d.threshold = threshold;
+    fai_u32x4 ctr = {{(uint32_t)head, (uint32_t)(head >> 32), (uint32_t)p->offset,
+                      (uint32_t)(p->offset >> 32)}};
+    fai_u32x4 u = fai_philox4x32_10(ctr, (uint32_t)p->seed, (uint32_t)(p->seed >> 32));
+    fai_dropout d = {u.v[0], u.v[1], p->threshold};
     return d;
 }
 
 /* The Philox output block that holds the draws of keys 4 (j / 4) .. 4 (j / 4) + 3 of query
- * row i: counter {j / 4, i, head, offset}. */
+ * row i: counter {j / 4 lo, j / 4 hi, i lo, i hi} under the head's key. Rows and keys below
+ * 2^62 each have their own counter: a head's stream does not repeat within any tensor. */
 FA_HOST_DEVICE static inline fai_u32x4 fai_dropout_block(const fai_dropout *d, int64_t i,
                                                          int64_t j)
 {
-    fai_u32x4 ctr = {{(uint32_t)(j >> 2), (uint32_t)i, d->head, d->offset}};
+    const uint64_t q = (uint64_t)j >> 2, r = (uint64_t)i;
+    fai_u32x4 ctr = {{(uint32_t)q, (uint32_t)(q >> 32), (uint32_t)r, (uint32_t)(r >> 32)}};
     return fai_philox4x32_10(ctr, d->k0, d->k1);
 }
 

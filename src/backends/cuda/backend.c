@@ -111,7 +111,7 @@ static fa_status fill(fa_context *ctx, const fai_problem *pr, fai_cuda_args *a)
     a->dqk = pr->dqk, a->dv = pr->dv, a->group = pr->group;
     a->mask = pr->mask;
     a->score = pr->score;
-    a->drop = fai_dropout_make(pr->seed, pr->offset, pr->drop_threshold, 0);
+    a->drop = pr->drop;
     a->keep_scale = pr->keep_scale;
     a->stream = ctx->cuda.stream;
     a->deterministic = ctx->cuda.deterministic;

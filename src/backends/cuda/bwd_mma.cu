@@ -116,7 +116,6 @@ __global__ void __launch_bounds__(kThreads)
     T *dss = (T *)(smem + cfg::ds_off);                                /* [kBKV][dsp] */
     const fai_mask mask = a.mask;
     const fai_score sc = a.score;
-    const fai_drop_heads dr = fai_drop_of(a);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tg = lane & 3, sw = L::lane_swz(lane);
@@ -168,6 +167,7 @@ __global__ void __launch_bounds__(kThreads)
         for (int u = 0; u < total; u++) {
             const int64_t h = hk * a.group + u / ntiles, i0 = qlo + (int64_t)(u % ntiles) * kBQ;
             const int64_t i1 = i0 + kBQ < a.sq ? i0 + kBQ : a.sq;
+            const fai_dropout dr = fai_drop_head(a, b, h);
             if (u + 1 < total) {
                 load_q(u + 1);
                 cp_async_wait<1>();
@@ -241,7 +241,7 @@ __global__ void __launch_bounds__(kThreads)
                             (wcls == FAI_TILE_FULL || (c >= lo_c[r] && c < hi_c[r]));
                         const float p = allowed ? ex2(x) : 0.0f;
                         float z = (float)a.keep_scale;
-                        if (!FAST && dr.base.threshold && !fai_keep(dr, b, h, i, j))
+                        if (!FAST && dr.threshold && !fai_dropout_keep(&dr, i, j))
                             z = 0;
                         const float gds =
                             fai_dscore_f32(p, dp[n][e], z, di, t, !FAST && sc.softcap > 0);
@@ -370,7 +370,6 @@ __global__ void __launch_bounds__(kThreads)
     T *ks = (T *)(smem + cfg::kv_off), *vs = ks + 2 * kKB * L::pitch; /* [2][kKB][pitch] each */
     const fai_mask mask = a.mask;
     const fai_score sc = a.score;
-    const fai_drop_heads dr = fai_drop_of(a);
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, tg = lane & 3, sw = L::lane_swz(lane);
@@ -381,6 +380,7 @@ __global__ void __launch_bounds__(kThreads)
 
     for (int64_t bh = blockIdx.y; bh < a.b * a.hq; bh += gridDim.y) {
         const int64_t b = bh / a.hq, h = bh % a.hq, hk = h / a.group;
+        const fai_dropout dr = fai_drop_head(a, b, h);
         const float slope = a.slopes ? a.slopes[h] : 0.0f;
         const T *kg = fai_at<T>(a.tk, b, 0, hk), *vg = fai_at<T>(a.tv, b, 0, hk);
         int64_t klo, khi;
@@ -482,7 +482,7 @@ __global__ void __launch_bounds__(kThreads)
                         const bool allowed = c >= lo_c[r] && c < hi_c[r] && j < a.sk;
                         const float p = allowed ? ex2(x) : 0.0f;
                         float z = (float)a.keep_scale;
-                        if (!FAST && dr.base.threshold && !fai_keep(dr, b, h, i, j))
+                        if (!FAST && dr.threshold && !fai_dropout_keep(&dr, i, j))
                             z = 0;
                         const float gds =
                             fai_dscore_f32(p, dp[n][e], z, di[r], t2, !FAST && sc.softcap > 0);
@@ -592,20 +592,6 @@ fai_cuda_result run(const fai_cuda_args &a, const fai_cuda_bwd_ws &w, char *err,
 }
 
 } // namespace
-
-bool fai_cuda_backward_mma_applies(const fai_cuda_args *a)
-{
-    if (a->kernel == FAI_CUDA_KERNEL_GENERIC || (a->dtype != FA_BF16 && a->dtype != FA_F16) ||
-        a->dqk != a->dv)
-        return false;
-    if (a->dqk != 32 && a->dqk != 64 && a->dqk != 96 && a->dqk != 128)
-        return false;
-    const fai_cuda_view *vs[7] = {&a->tq, &a->tk, &a->tv, &a->tdout, &a->tdq, &a->tdk, &a->tdv};
-    for (int t = 0; t < 7; t++)
-        if ((uintptr_t)vs[t]->data % 16 || vs[t]->sb % 8 || vs[t]->ss % 8 || vs[t]->sh % 8)
-            return false;
-    return true;
-}
 
 fai_cuda_result fai_cuda_backward_mma_prepare(const fai_cuda_args *a, const fai_cuda_bwd_ws *w,
                                               char *err, size_t n)

@@ -87,32 +87,13 @@ __device__ __forceinline__ double fai_lse_get(const fai_cuda_view t, int f64, in
     return f64 ? *fai_at<double>(t, b, i, h) : (double)*fai_at<float>(t, b, i, h);
 }
 
-/* The dropout streams of every head, copied out of the kernel parameter (taking the address of
- * a __global__ parameter would copy it to local memory): head 0's, and Hq to make (b, h)'s. */
-struct fai_drop_heads {
-    fai_dropout base;
-    int64_t hq;
-};
-__device__ __forceinline__ fai_drop_heads fai_drop_of(const fai_cuda_args &a)
+/* The dropout stream of head (b, h) (core/philox.h): one Philox call, made once per head where
+ * a kernel starts on it. The parameters are copied out of the kernel parameter first (taking
+ * the address of a __global__ parameter would copy it to local memory). */
+__device__ __forceinline__ fai_dropout fai_drop_head(const fai_cuda_args &a, int64_t b, int64_t h)
 {
-    fai_drop_heads d = {a.drop, a.hq};
-    return d;
-}
-
-/* The stream of head (b, h), and its keep decision of (row i, key j): core/philox.h's. */
-__device__ __forceinline__ fai_dropout fai_drop_head(const fai_drop_heads d, int64_t b,
-                                                     int64_t h)
-{
-    fai_dropout x = d.base;
-    x.head = (uint32_t)(b * d.hq + h);
-    return x;
-}
-
-__device__ __forceinline__ bool fai_keep(const fai_drop_heads d, int64_t b, int64_t h,
-                                         int64_t i, int64_t j)
-{
-    const fai_dropout x = fai_drop_head(d, b, h);
-    return fai_dropout_keep(&x, i, j);
+    const fai_dropout_params p = a.drop;
+    return fai_dropout_make(&p, (uint64_t)(b * a.hq + h));
 }
 
 /* Records a launch failure in err; returns the result code. */
@@ -133,7 +114,23 @@ typedef struct {
     float *delta, *lse2, *dqacc;
     int *flag;
 } fai_cuda_bwd_ws;
-bool fai_cuda_backward_mma_applies(const fai_cuda_args *a);
+
+/* Whether the tensor-core backward applies: 16-bit storage, Dqk = Dv in {32, 64, 96, 128},
+ * every row of q, k, v, dout, dq, dk, dv 16-byte aligned (inline here: bwd_wgmma.cu asks it
+ * too, and the objects stay free of circles, tests/layers.sh). */
+static inline bool fai_cuda_backward_mma_applies(const fai_cuda_args *a)
+{
+    if (a->kernel == FAI_CUDA_KERNEL_GENERIC || (a->dtype != FA_BF16 && a->dtype != FA_F16) ||
+        a->dqk != a->dv)
+        return false;
+    if (a->dqk != 32 && a->dqk != 64 && a->dqk != 96 && a->dqk != 128)
+        return false;
+    const fai_cuda_view *vs[7] = {&a->tq, &a->tk, &a->tv, &a->tdout, &a->tdq, &a->tdk, &a->tdv};
+    for (int t = 0; t < 7; t++)
+        if ((uintptr_t)vs[t]->data % 16 || vs[t]->sb % 8 || vs[t]->ss % 8 || vs[t]->sh % 8)
+            return false;
+    return true;
+}
 fai_cuda_result fai_cuda_backward_mma_prepare(const fai_cuda_args *a, const fai_cuda_bwd_ws *w,
                                               char *err, size_t n);
 fai_cuda_result fai_cuda_backward_mma(const fai_cuda_args *a, const fai_cuda_bwd_ws *w, char *err,

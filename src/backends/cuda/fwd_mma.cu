@@ -78,7 +78,7 @@ __global__ void __launch_bounds__(32 * WARPS)
 
     for (int64_t bh = blockIdx.y; bh < a.b * a.hq; bh += gridDim.y) {
         const int64_t b = bh / a.hq, h = bh % a.hq, hk = h / a.group;
-        const fwd_rows rows = {mask, a.score, fai_drop_of(a), a.slopes ? a.slopes[h] : 0.0f,
+        const fwd_rows rows = {mask, a.score, fai_drop_head(a, b, h), a.slopes ? a.slopes[h] : 0.0f,
                                scale2, wi0, b, h, g, tg};
         const T *qg = fai_at<T>(a.tq, b, 0, h), *kg = fai_at<T>(a.tk, b, 0, hk),
                 *vg = fai_at<T>(a.tv, b, 0, hk);
@@ -143,7 +143,7 @@ __global__ void __launch_bounds__(32 * WARPS)
             /* scan V for non-finite values where P = 0 may meet them (fwd_tile.cuh) */
             const fai_tile_class bcls = fai_mask_classify(&mask, i0, i1, j0, j0 + BK);
             bool fix = false;
-            if (bcls != FAI_TILE_FULL || (!FAST && rows.dr.base.threshold))
+            if (bcls != FAI_TILE_FULL || (!FAST && rows.dr.threshold))
                 fix = fwd_scan_v<T, D, BK, cfg::threads>(
                     vt, bad, tid, [](int r, int ch) { return L::off(r, ch); });
 

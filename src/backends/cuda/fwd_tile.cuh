@@ -35,7 +35,7 @@ namespace {
 struct fwd_rows {
     fai_mask mask;
     fai_score sc;
-    fai_drop_heads dr;
+    fai_dropout dr; /* the head's stream */
     float slope;  /* ALiBi slope of the head (0 without) */
     float scale2; /* score scale * log2(e) */
     int64_t wi0;  /* the warp's first query row */
@@ -221,7 +221,7 @@ __device__ __forceinline__ void fwd_softmax(const fwd_rows &c, float (&s)[MT][NT
                 o[mt][d][2] *= alpha[2 * mt + 1], o[mt][d][3] *= alpha[2 * mt + 1];
             }
     /* dropout by selection: P~ = keep ? P : 0 (the 1/(1-p) comes at the end) */
-    if (!FAST && c.dr.base.threshold) {
+    if (!FAST && c.dr.threshold) {
 #pragma unroll
         for (int mt = 0; mt < MT; mt++)
 #pragma unroll
@@ -230,12 +230,11 @@ __device__ __forceinline__ void fwd_softmax(const fwd_rows &c, float (&s)[MT][NT
                 for (int r = 0; r < 2; r++) {
                     const int64_t i = c.wi0 + 16 * mt + 8 * r + c.g, j = j0 + 8 * n + 2 * c.tg;
                     /* keys j, j+1 (j even) share one Philox call (counter j/4) */
-                    const fai_dropout d = fai_drop_head(c.dr, c.b, c.h);
-                    const fai_u32x4 u = fai_dropout_block(&d, i, j);
+                    const fai_u32x4 u = fai_dropout_block(&c.dr, i, j);
                     const uint32_t w0 = fai_dropout_word(u, j), w1 = fai_dropout_word(u, j + 1);
-                    if (!fai_dropout_kept(&d, w0))
+                    if (!fai_dropout_kept(&c.dr, w0))
                         s[mt][n][2 * r] = 0;
-                    if (!fai_dropout_kept(&d, w1))
+                    if (!fai_dropout_kept(&c.dr, w1))
                         s[mt][n][2 * r + 1] = 0;
                 }
     }
@@ -280,7 +279,7 @@ __device__ __forceinline__ void fwd_add_back(const fwd_rows &c, float (&o)[MT][D
             const int64_t i = c.wi0 + 8 * rr + c.g;
             if (!live[rr] || !(col >= lo_c[rr] && col < hi_c[rr]))
                 continue;
-            if (!FAST && c.dr.base.threshold && !fai_keep(c.dr, c.b, c.h, i, j))
+            if (!FAST && c.dr.threshold && !fai_dropout_keep(&c.dr, i, j))
                 continue;
             const float p = (bits >> (2 * (col >> 3) + (col & 1)) & 1) ? 1.0f : 0.0f;
             const int mt = rr >> 1, r = rr & 1;

@@ -152,7 +152,7 @@ __global__ void __launch_bounds__(384, 1)
     /* the group's rows [gi0, gi1) and the warp's [wi0, wi1) */
     const int64_t gi0 = i0 + 64 * cw, gi1 = gi0 + 64 < i1 ? gi0 + 64 : i1;
     const int64_t wi0 = gi0 + 16 * (warp & 3), wi1 = wi0 + 16 < i1 ? wi0 + 16 : i1;
-    const fwd_rows rows = {mask, a.score, fai_drop_of(a), 0.0f, (float)a.score.scale * kLog2e,
+    const fwd_rows rows = {mask, a.score, fai_drop_head(a, b, h), 0.0f, (float)a.score.scale * kLog2e,
                            wi0, b, h, lane >> 2, lane & 3};
     const T *vg = fai_at<T>(a.tv, b, 0, hk);
 

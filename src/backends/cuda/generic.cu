@@ -76,13 +76,13 @@ __global__ void __launch_bounds__(kWarps * 32) fa_fwd_kernel_rowwarp(const fai_c
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const fai_mask mask = a.mask;
     const fai_score sc = a.score;
-    const fai_drop_heads dr = fai_drop_of(a);
     C *qs = (C *)smem + warp * a.dqk;
     const int64_t i = (int64_t)blockIdx.x * kWarps + warp;
     if (i >= a.sq)
         return; /* whole warps only; no block barrier below */
     for (int64_t bh = blockIdx.y; bh < a.b * a.hq; bh += gridDim.y) {
         const int64_t b = bh / a.hq, h = bh % a.hq, hk = h / a.group;
+        const fai_dropout dr = fai_drop_head(a, b, h);
         const S *qrow = fai_at<S>(a.tq, b, i, h);
         __syncwarp();
         for (int64_t d = lane; d < a.dqk; d += 32)
@@ -110,7 +110,7 @@ __global__ void __launch_bounds__(kWarps * 32) fa_fwd_kernel_rowwarp(const fai_c
 #pragma unroll
             for (int c = 0; c < NV; c++)
                 acc[c] *= alpha;
-            const int kept = valid && (!a.drop.threshold || fai_keep(dr, b, h, i, j));
+            const int kept = valid && (!dr.threshold || fai_dropout_keep(&dr, i, j));
             const int n = hi - j0 < 32 ? (int)(hi - j0) : 32;
             for (int t = 0; t < n; t++) {
                 const C pt = __shfl_sync(0xffffffffu, p, t);
@@ -164,9 +164,8 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_delta_kernel(const fai_cud
  * (LSE -inf: every gradient through it is 0).
  */
 template <typename S, typename C>
-__device__ __forceinline__ int pair_grads(const fai_score &sc, const fai_drop_heads &dr,
-                                          C keep_scale, int64_t b, int64_t h, int64_t i,
-                                          int64_t j, C sdot, C dp, double lse, C di, C slope,
+__device__ __forceinline__ int pair_grads(const fai_score &sc, const fai_dropout &dr,
+                                          C keep_scale, int64_t i, int64_t j, C sdot, C dp, double lse, C di, C slope,
                                           C *pt, C *ds)
 {
     if (lse == -INFINITY)
@@ -174,7 +173,7 @@ __device__ __forceinline__ int pair_grads(const fai_score &sc, const fai_drop_he
     C t = 0;
     const C s = score(&sc, sdot, slope, i, j, &t);
     const C p = fexp((C)((double)s - lse));
-    const C z = (dr.base.threshold && !fai_keep(dr, b, h, i, j)) ? (C)0 : keep_scale;
+    const C z = (dr.threshold && !fai_dropout_keep(&dr, i, j)) ? (C)0 : keep_scale;
     *pt = p * z;
     *ds = (C)sc.scale * fai_dscore(p, dp, z, di, t, sc.softcap > 0);
     return 1;
@@ -190,7 +189,6 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_dkdv_kernel_rowwarp(const 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const fai_mask mask = a.mask;
     const fai_score sc = a.score;
-    const fai_drop_heads dr = fai_drop_of(a);
     C *ks = (C *)smem + warp * (a.dqk + a.dv), *vs = ks + a.dqk;
     const int64_t j = (int64_t)blockIdx.x * kWarps + warp;
     if (j >= a.sk)
@@ -210,6 +208,7 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_dkdv_kernel_rowwarp(const 
         for (int c = 0; c < NV; c++)
             dk[c] = dv[c] = 0;
         for (int64_t h = hk * a.group; h < (hk + 1) * a.group; h++) {
+            const fai_dropout dr = fai_drop_head(a, b, h);
             const C slope = a.slopes ? (C)a.slopes[h] : (C)0;
             const C *delta = (const C *)a.work + (b * a.hq + h) * a.sq;
             for (int64_t i0 = ilo; i0 < ihi; i0 += 32) {
@@ -218,7 +217,7 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_dkdv_kernel_rowwarp(const 
                 int live = 0;
                 if (i < ihi)
                     live = pair_grads<S, C>(
-                        sc, dr, (C)a.keep_scale, b, h, i, j, dot2<C>(ks, fai_at<S>(a.tq, b, i, h), a.dqk),
+                        sc, dr, (C)a.keep_scale, i, j, dot2<C>(ks, fai_at<S>(a.tq, b, i, h), a.dqk),
                         dot2<C>(vs, fai_at<S>(a.tdout, b, i, h), a.dv),
                         fai_lse_get(a.tlse, a.lse_f64, b, h, i), delta[i], slope, &pt, &ds);
                 const int n = ihi - i0 < 32 ? (int)(ihi - i0) : 32;
@@ -272,13 +271,13 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_dq_kernel_rowwarp(const fa
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const fai_mask mask = a.mask;
     const fai_score sc = a.score;
-    const fai_drop_heads dr = fai_drop_of(a);
     C *qs = (C *)smem + warp * (a.dqk + a.dv), *gs = qs + a.dqk;
     const int64_t i = (int64_t)blockIdx.x * kWarps + warp;
     if (i >= a.sq)
         return;
     for (int64_t bh = blockIdx.y; bh < a.b * a.hq; bh += gridDim.y) {
         const int64_t b = bh / a.hq, h = bh % a.hq, hk = h / a.group;
+        const fai_dropout dr = fai_drop_head(a, b, h);
         __syncwarp();
         for (int64_t d = lane; d < a.dqk; d += 32)
             qs[d] = fai_storage<S>::load(fai_at<S>(a.tq, b, i, h)[d]);
@@ -299,7 +298,7 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_dq_kernel_rowwarp(const fa
             C pt = 0, ds = 0;
             int live = 0;
             if (j < hi)
-                live = pair_grads<S, C>(sc, dr, (C)a.keep_scale, b, h, i, j,
+                live = pair_grads<S, C>(sc, dr, (C)a.keep_scale, i, j,
                                         dot2<C>(qs, fai_at<S>(a.tk, b, j, hk), a.dqk),
                                         dot2<C>(gs, fai_at<S>(a.tv, b, j, hk), a.dv), lse, di,
                                         slope, &pt, &ds);

@@ -30,8 +30,8 @@ typedef struct {
     fai_mask mask;
     fai_score score;
     const float *slopes;          /* device copy of the Hq ALiBi slopes, or NULL */
-    fai_dropout drop;             /* the dropout stream of head 0 (threshold 0: off); a kernel's
-                                     (b, h) sets its head to b Hq + h (common.cuh: fai_keep) */
+    fai_dropout_params drop;      /* seed, offset, threshold (0: off); a kernel derives head
+                                     (b, h)'s stream from it (common.cuh: fai_drop_head) */
     double keep_scale;            /* 1 / (1 - p) */
     fai_cuda_view tq, tk, tv, tout, tlse, tdout, tdq, tdk, tdv; /* the tensors */
     void *work;                   /* device workspace of fai_cuda_backward_workspace bytes */
