@@ -27,8 +27,12 @@ def path(name):
     return os.path.join(TMP, name)
 
 
-def run(*args, code=None):
-    p = subprocess.run([EXE, *map(str, args)], capture_output=True, text=True)
+def run(*args, code=None, timeout=600, **kw):
+    try:
+        p = subprocess.run([EXE, *map(str, args)], capture_output=True, text=True, timeout=timeout,
+                           **kw)
+    except subprocess.TimeoutExpired:
+        raise AssertionError(f"{args}: still running after {timeout} s")
     if code is not None:
         assert p.returncode == code, f"{args}: exit {p.returncode}, want {code}\n{p.stdout}{p.stderr}"
     return p
@@ -461,6 +465,141 @@ def explicit_rule_needs_no_yardstick():
     p = run("check", *qkv_args(), "--candidate-out", o, "--atol", "1e-5", "--json", code=0)
     t = json.loads(p.stdout)["tensors"][0]
     assert t["baseline_error"] == 0 and t["rule"].startswith("explicit")
+
+
+# ------------------------------------------------------------------ hostile files and paths
+
+def temps_in(d):
+    return [n for n in os.listdir(d) if n.startswith(".flashattn-")]
+
+
+def fwd_to(out, lse, *opts, code=None, **kw):
+    return run("forward", *qkv_args(), "--out", out, "--lse", lse, *opts, code=code, **kw)
+
+
+@test
+def fifo_input_refused_without_blocking():
+    fifo = path("fifo.npy")
+    os.mkfifo(fifo)
+    p = run("forward", "--q", fifo, "--k", QKV[1], "--v", QKV[2], "--out", path("x.npy"), code=2,
+            timeout=20)  # 15de60b: blocked in open() forever
+    assert "FIFO" in p.stderr and "fifo.npy" in p.stderr, p.stderr
+    p = run("forward", "--q", TMP, "--k", QKV[1], "--v", QKV[2], "--out", path("x.npy"), code=2)
+    assert "directory" in p.stderr, p.stderr
+
+
+@test
+def outputs_all_or_nothing():
+    # a second output that cannot be written leaves no first one, new or old
+    fwd_to(path("aon_o.npy"), path("no/dir/l.npy"), code=3)
+    assert not os.path.exists(path("aon_o.npy"))  # 15de60b: o written, then the lse failed
+    keep = save("aon_keep.npy", np.arange(5, dtype=np.float32))
+    before = open(keep, "rb").read()
+    p = fwd_to(keep, path("no/dir/l.npy"), code=3)
+    assert open(keep, "rb").read() == before and "no/dir" in p.stderr
+    # backward: an unwritable --dk leaves no dq
+    o, l = forward(out="aon_fo.npy", lse="aon_fl.npy")
+    dout = save("aon_do.npy", RNG.standard_normal((2, 40, 4, 16)).astype(np.float32))
+    run("backward", *qkv_args(), "--out", o, "--lse", l, "--dout", dout, "--dq", path("aon_dq.npy"),
+        "--dk", path("no/dir/dk.npy"), "--dv", path("aon_dv.npy"), code=3)
+    assert not os.path.exists(path("aon_dq.npy")) and not os.path.exists(path("aon_dv.npy"))
+    # a write that fails half-way (the file-size limit as a full disk: EFBIG): nothing changed,
+    # no truncated file, no temporary file left
+    import resource
+    import signal
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (8192, 8192))  # O is 20 KiB
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    p = fwd_to(keep, path("aon_l2.npy"), code=3, preexec_fn=small_files)
+    assert open(keep, "rb").read() == before, "a failed write changed an existing output"
+    assert not os.path.exists(path("aon_l2.npy")) and not temps_in(TMP), temps_in(TMP)
+    assert "aon_keep.npy" in p.stderr and "write failed" in p.stderr, p.stderr
+    # success: both in place, mode as a plain create gives, no temporary file
+    fwd_to(path("aon_o.npy"), path("aon_l.npy"), code=0)
+    assert np.load(path("aon_o.npy")).shape == (2, 40, 4, 16) and not temps_in(TMP)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert os.stat(path("aon_l.npy")).st_mode & 0o777 == 0o666 & ~umask
+
+
+@test
+def outputs_removed_on_a_signal():
+    import signal
+    import time
+    d = path("sig")
+    os.mkdir(d)
+    q = save("sig/q.npy", RNG.standard_normal((1, 1500, 4, 64)).astype(np.float32))
+    args = [EXE, "forward", "--q", q, "--k", q, "--v", q, "--out", os.path.join(d, "o.npy"),
+            "--backend", "reference", "--threads", "1"]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    t = time.time()
+    while not temps_in(d) and proc.poll() is None and time.time() - t < 60:
+        time.sleep(0.005)
+    assert temps_in(d), "no temporary file seen while the command ran"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=60) == -signal.SIGTERM
+    assert not temps_in(d) and not os.path.exists(os.path.join(d, "o.npy")), os.listdir(d)
+
+
+@test
+def outputs_that_name_inputs_or_each_other():
+    x = save("same_q.npy", np.load(QKV[0]))
+    before = open(x, "rb").read()
+    p = run("forward", "--q", x, "--k", QKV[1], "--v", QKV[2], "--out", x, code=2)
+    assert "input" in p.stderr and open(x, "rb").read() == before  # 15de60b: overwrote q, exit 0
+    os.link(x, path("same_q_link.npy"))  # another name, the same inode
+    run("forward", "--q", x, "--k", QKV[1], "--v", QKV[2], "--out", path("same_q_link.npy"), code=2)
+    os.symlink(x, path("same_q_sym.npy"))
+    run("forward", "--q", x, "--k", QKV[1], "--v", QKV[2], "--out", path("same_q_sym.npy"), code=2)
+    assert open(x, "rb").read() == before
+    # two outputs on one new path, spelled alike or not (15de60b: exit 0 with O lost)
+    p = fwd_to(path("same_o.npy"), path("same_o.npy"), code=2)
+    assert "same file" in p.stderr and not os.path.exists(path("same_o.npy"))
+    os.mkdir(path("sub"))
+    fwd_to(path("same_o.npy"), os.path.join(TMP, "sub", "..", "same_o.npy"), code=2)
+    assert not os.path.exists(path("same_o.npy"))
+    # a symbolic link as an output is written through, the link kept
+    real = save("same_real.npy", np.zeros(3, np.float32))
+    os.symlink(real, path("same_link.npy"))
+    fwd_to(path("same_link.npy"), path("same_l.npy"), code=0)
+    assert os.path.islink(path("same_link.npy")) and np.load(real).shape == (2, 40, 4, 16)
+
+
+@test
+def outputs_that_are_not_regular_files():
+    p = fwd_to("/dev/null", path("nr_l.npy"), code=2)
+    assert "character device" in p.stderr and not os.path.exists(path("nr_l.npy"))
+    assert os.path.exists("/dev/null") and not os.path.isfile("/dev/null")
+    run("forward", *qkv_args(), "--out", TMP, code=2)
+    run("forward", *qkv_args(), "--out", path("sub") + "/", code=2)
+
+
+@test
+def messages_keep_their_reason():
+    long_dir = os.path.join(TMP, *["d" * 60] * 8)  # about 500 characters, none of it existing
+    p = run("forward", "--q", os.path.join(long_dir, "q.npy"), "--k", QKV[1], "--v", QKV[2],
+            "--out", path("x.npy"), code=2)  # 15de60b: the path filled the message
+    assert "No such file or directory" in p.stderr and "..." in p.stderr, p.stderr
+    p = run("forward", *qkv_args(), "--out", os.path.join(long_dir, "o.npy"), code=3)
+    assert "No such file or directory" in p.stderr, p.stderr
+    p = run("forward", "--q", "/proc/self/status", "--k", QKV[1], "--v", QKV[2], "--out",
+            path("x.npy"), code=2)
+    assert "/proc" in p.stderr and "empty" not in p.stderr, p.stderr
+
+
+@test
+def output_size_bounded_like_an_input():
+    # Sk = 0: the output's head dim is v's, declared by a file of 128 bytes
+    q = save("big_q.npy", np.zeros((1, 1024, 1, 4), np.float32))
+    k = save("big_k.npy", np.zeros((1, 0, 1, 4), np.float32))
+    hdr = "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 0, 1, 68719476736), }"
+    hdr = hdr + " " * (63 - (10 + len(hdr)) % 64) + "\n"
+    with open(path("big_v.npy"), "wb") as f:
+        f.write(b"\x93NUMPY\x01\x00" + len(hdr).to_bytes(2, "little") + hdr.encode())
+    p = run("forward", "--q", q, "--k", k, "--v", path("big_v.npy"), "--out", path("big_o.npy"),
+            code=2, timeout=20)
+    assert "memory" in p.stderr and not os.path.exists(path("big_o.npy")), p.stderr
 
 
 QKV[:] = inputs()

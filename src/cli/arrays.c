@@ -107,9 +107,26 @@ int cli_alloc(const cli_opts *o, fa_dtype dt, int64_t b, int64_t s, int64_t h, i
     memset(x, 0, sizeof *x);
     x->a.kind = dtype_to_kind(dt);
     x->a.ndim = file_shape(o, role, b, s, h, d, x->a.shape);
+    /* An output's size follows its inputs' declared dims (Dv from v even when Sk = 0, so three
+     * tiny files can declare any size): bounded like a declared input, by the memory. */
     size_t n = npy_kind_size(x->a.kind);
+    int over = 0;
     for (int i = 0; i < x->a.ndim; i++)
-        n *= (size_t)x->a.shape[i];
+        over |= __builtin_mul_overflow(n, (size_t)x->a.shape[i], &n);
+    if (over || n > max_input_bytes()) {
+        char shp[128];
+        int at = 0;
+        for (int i = 0; i < x->a.ndim; i++)
+            at += snprintf(shp + at, sizeof shp - (size_t)at, "%s%lld", i ? ", " : "",
+                           (long long)x->a.shape[i]);
+        char size[32] = "more than 2^64";
+        if (!over)
+            snprintf(size, sizeof size, "%zu", n);
+        fprintf(stderr, "flashattn: an output of shape (%s) would take %s bytes, more than this "
+                "machine's memory (%zu bytes)\n", shp, size, max_input_bytes());
+        memset(x, 0, sizeof *x);
+        return EXIT_USAGE;
+    }
     x->a.nbytes = n;
     x->a.data = calloc(1, n ? n : 1);
     if (!x->a.data) {
@@ -117,16 +134,6 @@ int cli_alloc(const cli_opts *o, fa_dtype dt, int64_t b, int64_t s, int64_t h, i
         return EXIT_ERROR;
     }
     view(o, role, x->a.data, dt, b, s, h, d, &x->t);
-    return 0;
-}
-
-int cli_save(const char *path, const cli_tensor *x)
-{
-    char err[512];
-    if (npy_write(path, x->a.kind, x->a.ndim, x->a.shape, x->a.data, err, sizeof err)) {
-        fprintf(stderr, "flashattn: %s\n", err);
-        return EXIT_ERROR;
-    }
     return 0;
 }
 

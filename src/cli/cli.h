@@ -2,7 +2,9 @@
 #ifndef FA_CLI_H
 #define FA_CLI_H
 
+#include <limits.h>
 #include <stdio.h>
+#include <sys/stat.h>
 
 #include "flashattn.h"
 #include "npy.h"
@@ -68,7 +70,6 @@ int cli_load(const cli_opts *o, const char *path, cli_role role, cli_tensor *x);
  * B x H x S storage). */
 int cli_alloc(const cli_opts *o, fa_dtype dt, int64_t b, int64_t s, int64_t h, int64_t d,
               cli_role role, cli_tensor *x);
-int cli_save(const char *path, const cli_tensor *x);
 /* An LSE between the library's convention (natural log, -inf for an empty row) and the
  * profile's (log2 for FlashInfer, +inf for FA2's empty rows), in place. */
 void cli_lse_to_profile(const cli_profile *pf, cli_tensor *lse);
@@ -76,6 +77,35 @@ void cli_lse_from_profile(const cli_profile *pf, cli_tensor *lse);
 void cli_free(cli_tensor *x);
 /* A copy of x converted to dtype dt, same logical shape and layout. */
 int cli_convert(const cli_opts *o, const cli_tensor *x, fa_dtype dt, cli_role role, cli_tensor *y);
+
+/* The output files of a command, written all or nothing (src/cli/outputs.c). */
+#define CLI_MAX_OUTPUTS 5
+#define CLI_FILE_SLACK 4096 /* bytes per file beyond its data: header, last block */
+typedef struct {
+    const char *path;      /* as given */
+    const cli_tensor *x;   /* what goes into it */
+    char dest[PATH_MAX];   /* resolved: what the rename replaces */
+    char tmp[PATH_MAX];    /* the temporary file beside dest, "" when none */
+    struct stat st;        /* dest's, if it exists */
+    int exists;
+    FILE *f;               /* open on tmp until written */
+} cli_output;
+typedef struct {
+    cli_output o[CLI_MAX_OUTPUTS];
+    int n;
+} cli_outputs;
+void cli_outputs_init(cli_outputs *s);
+/* Adds an output (path NULL: none); x's array must be allocated by the time of commit. */
+void cli_outputs_add(cli_outputs *s, const char *path, const cli_tensor *x);
+/* Checks the set before any work (no output names an input or another output; outputs are
+ * regular files or new; their size fits the free space) and creates the temporary files.
+ * 0, or an exit code after a message (nothing left behind). */
+int cli_outputs_open(cli_outputs *s, const char *const *inputs, int nin);
+/* Writes every array into its temporary file, then renames all of them into place. 0, or
+ * EXIT_ERROR after a message, with every temporary file removed. */
+int cli_outputs_commit(cli_outputs *s);
+/* Removes the temporary files (after a failed computation). */
+void cli_outputs_abort(cli_outputs *s);
 
 fa_context *cli_context(const cli_opts *o, fa_backend backend);
 /* Prints the library's detail; returns EXIT_USAGE for argument errors, else EXIT_ERROR. */

@@ -33,10 +33,11 @@
 #include "config.h"
 
 #ifndef _POSIX_C_SOURCE
-#define _POSIX_C_SOURCE 200809L /* fileno, fstat */
+#define _POSIX_C_SOURCE 200809L /* fileno, fstat, fdopen, O_CLOEXEC */
 #endif
 
 #include <errno.h>
+#include <fcntl.h>
 #include <inttypes.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -44,6 +45,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include "npy.h"
 
@@ -64,13 +66,20 @@ static void set_err(char *err, size_t errlen, const char *path, const char *fmt,
     __attribute__((format(printf, 4, 5)));
 #endif
 
+/* A path as a message shows it: whole up to NPY_PATH_SHOWN bytes, else its first 64 and last
+ * NPY_PATH_SHOWN - 67 bytes around "...", so that the reason after it always fits. */
+#define NPY_PATH_SHOWN 200
+
 /* "path: message" into err, always terminated, truncated to errlen (no message if err is NULL
  * or errlen is 0). */
 static void set_err(char *err, size_t errlen, const char *path, const char *fmt, ...)
 {
     if (err == NULL || errlen == 0)
         return;
-    int n = snprintf(err, errlen, "%s: ", path != NULL ? path : "(null path)");
+    const char *p = path != NULL ? path : "(null path)";
+    const size_t len = strlen(p), tail = NPY_PATH_SHOWN - 67;
+    int n = len <= NPY_PATH_SHOWN ? snprintf(err, errlen, "%s: ", p)
+                                  : snprintf(err, errlen, "%.64s...%s: ", p, p + len - tail);
     if (n < 0) {
         err[0] = '\0';
         return;
@@ -587,6 +596,17 @@ static int check_descr(lexer *L, const header_info *hi, npy_kind *kind)
 /* ---------------------------------------------------------------------------------------- */
 /* Reader                                                                                   */
 
+const char *npy_file_type(unsigned mode)
+{
+    return S_ISDIR(mode)    ? "a directory"
+           : S_ISFIFO(mode) ? "a FIFO"
+           : S_ISCHR(mode)  ? "a character device"
+           : S_ISBLK(mode)  ? "a block device"
+           : S_ISSOCK(mode) ? "a socket"
+           : S_ISREG(mode)  ? "a regular file"
+                            : "not a regular file";
+}
+
 /* Reads exactly n bytes (the caller knows from fstat that the file has them). */
 static int read_exact(FILE *f, void *buf, size_t n, const char *path, char *err, size_t errlen)
 {
@@ -619,23 +639,39 @@ int npy_read(const char *path, size_t max_bytes, npy_array *out, char *err, size
         return -1;
     }
 
-    f = fopen(path, "rb");
-    if (f == NULL) {
+    /* Opened without blocking: opening a FIFO for reading waits for a writer, forever if none
+     * comes. The file type is known from fstat before any read. */
+    int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (fd < 0) {
         set_err(err, errlen, path, "cannot open: %s", strerror(errno));
         return -1;
     }
-    if (fstat(fileno(f), &st) != 0) {
+    if (fstat(fd, &st) != 0) {
         set_err(err, errlen, path, "cannot stat: %s", strerror(errno));
-        goto fail;
+        close(fd);
+        return -1;
     }
     /* Every size check below trusts st_size, which only a regular file has. */
     if (!S_ISREG(st.st_mode)) {
-        set_err(err, errlen, path, "not a regular file");
-        goto fail;
+        set_err(err, errlen, path, "not a regular file (%s): .npy input is read from regular "
+                "files only", npy_file_type(st.st_mode));
+        close(fd);
+        return -1;
+    }
+    if (fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK) != 0 ||
+        (f = fdopen(fd, "rb")) == NULL) {
+        set_err(err, errlen, path, "cannot open: %s", strerror(errno));
+        close(fd);
+        return -1;
     }
     const uint64_t fsize = (uint64_t)st.st_size;
     if (fsize == 0) {
-        set_err(err, errlen, path, "empty file (0 bytes): not a .npy file");
+        if (fgetc(f) != EOF) /* /proc and /sys files report 0 bytes and have content */
+            set_err(err, errlen, path, "the file reports a size of 0 bytes but has content (a "
+                    "/proc or /sys file?): its size cannot be checked before reading; copy it "
+                    "to a regular file");
+        else
+            set_err(err, errlen, path, "empty file (0 bytes): not a .npy file");
         goto fail;
     }
 
@@ -784,8 +820,12 @@ void npy_free(npy_array *a)
 /* ---------------------------------------------------------------------------------------- */
 /* Writer                                                                                   */
 
-int npy_write(const char *path, npy_kind kind, int ndim, const int64_t *shape, const void *data,
-              char *err, size_t errlen)
+/* The header numpy.save writes for the array (into head, its length into *headlen, the data's
+ * size into *nbytes), after checking the arguments; -1 with a message if one is invalid. */
+#define NPY_HEAD_MAX (12 + 320 + 64)
+static int make_header(const char *path, npy_kind kind, int ndim, const int64_t *shape,
+                       const void *data, unsigned char head[NPY_HEAD_MAX], size_t *headlen,
+                       uint64_t *nbytes_out, char *err, size_t errlen)
 {
     if (err != NULL && errlen > 0)
         err[0] = '\0';
@@ -844,8 +884,7 @@ int npy_write(const char *path, npy_kind kind, int ndim, const int64_t *shape, c
         pad = (64 - (prelen + (size_t)dlen + 1) % 64) % 64;
         hlen = (size_t)dlen + pad + 1;
     }
-    unsigned char head[12 + sizeof dict + 64];
-    memcpy(head, npy_magic, 6);
+        memcpy(head, npy_magic, 6);
     head[6] = (unsigned char)major;
     head[7] = 0;
     for (size_t i = 0; i < prelen - 8; i++)
@@ -854,23 +893,57 @@ int npy_write(const char *path, npy_kind kind, int ndim, const int64_t *shape, c
     memset(head + prelen + dlen, ' ', pad);
     head[prelen + hlen - 1] = '\n';
 
+    *headlen = prelen + hlen;
+    *nbytes_out = nbytes;
+    return 0;
+}
+
+/* Header and data to f, flushed: the flush is part of the write (a full disk often shows only
+ * there). */
+static int write_all(FILE *f, const char *path, const unsigned char *head, size_t headlen,
+                     const void *data, uint64_t nbytes, char *err, size_t errlen)
+{
+    errno = 0;
+    if (fwrite(head, 1, headlen, f) != headlen ||
+        (nbytes > 0 && fwrite(data, 1, (size_t)nbytes, f) != nbytes) || fflush(f) != 0) {
+        set_err(err, errlen, path, "write failed: %s", errno != 0 ? strerror(errno) : "I/O error");
+        return -1;
+    }
+    return 0;
+}
+
+int npy_write_stream(FILE *f, const char *path, npy_kind kind, int ndim, const int64_t *shape,
+                     const void *data, char *err, size_t errlen)
+{
+    unsigned char head[NPY_HEAD_MAX];
+    size_t headlen;
+    uint64_t nbytes;
+    if (make_header(path, kind, ndim, shape, data, head, &headlen, &nbytes, err, errlen))
+        return -1;
+    if (f == NULL) {
+        set_err(err, errlen, path, "npy_write_stream: no stream given");
+        return -1;
+    }
+    return write_all(f, path, head, headlen, data, nbytes, err, errlen);
+}
+
+int npy_write(const char *path, npy_kind kind, int ndim, const int64_t *shape, const void *data,
+              char *err, size_t errlen)
+{
+    unsigned char head[NPY_HEAD_MAX];
+    size_t headlen;
+    uint64_t nbytes;
+    if (make_header(path, kind, ndim, shape, data, head, &headlen, &nbytes, err, errlen))
+        return -1; /* nothing created for invalid arguments */
     FILE *f = fopen(path, "wb");
     if (f == NULL) {
         set_err(err, errlen, path, "cannot open for writing: %s", strerror(errno));
         return -1;
     }
-    errno = 0;
-    int bad = fwrite(head, 1, prelen + hlen, f) != prelen + hlen ||
-              (nbytes > 0 && fwrite(data, 1, (size_t)nbytes, f) != nbytes);
-    int e = errno;
-    /* fclose flushes the buffer: a full disk often shows only here. */
+    int bad = write_all(f, path, head, headlen, data, nbytes, err, errlen);
     if (fclose(f) != 0 && !bad) {
-        bad = 1;
-        e = errno;
+        set_err(err, errlen, path, "write failed: %s", strerror(errno));
+        bad = -1;
     }
-    if (bad) {
-        set_err(err, errlen, path, "write failed: %s", e != 0 ? strerror(e) : "I/O error");
-        return -1;
-    }
-    return 0;
+    return bad ? -1 : 0;
 }

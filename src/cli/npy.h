@@ -10,6 +10,10 @@
  * Contract of the reader (npy_read):
  *   - a file is either loaded completely and exactly as declared, or refused with a message that
  *     starts with the path and names the problem; nothing in between (no partial arrays);
+ *   - only a regular file is read: the path is opened without blocking (a FIFO would wait for
+ *     a writer) and its type checked before the first read; a file whose size reads 0 but has
+ *     content (/proc, /sys) is refused, since its size cannot be checked up front;
+ *   - a long path is shortened in the message (its start and end), so the reason always fits;
  *   - it never allocates more than max_bytes + the header (at most 1 MiB) + a few bytes: the
  *     declared data size is checked against max_bytes AND against the real file size before
  *     the data buffer exists, so a hostile shape costs nothing;
@@ -28,6 +32,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 /* NPY_U2: 16-bit words, how bf16 travels ('<u2' or '|V2' on disk; written as '<u2'). */
 typedef enum { NPY_F16, NPY_F32, NPY_F64, NPY_U2 } npy_kind;
@@ -53,10 +58,19 @@ typedef struct {
 int npy_read(const char *path, size_t max_bytes, npy_array *out, char *err, size_t errlen);
 
 /* Writes a C-order little-endian .npy (format 1.0; 2.0 only when the header needs it). Returns
- * 0 on success; otherwise nonzero with a message in err that starts with the path. On a write
- * error the partial file is left in place (it can never pass npy_read: its data is short). */
+ * 0 on success; otherwise nonzero with a message in err that starts with the path. Invalid
+ * arguments create no file; on a write error the partial file is left in place (it can never
+ * pass npy_read: its data is short) -- the command writes through npy_write_stream into a
+ * temporary file instead (src/cli/outputs.c). */
 int npy_write(const char *path, npy_kind kind, int ndim, const int64_t *shape, const void *data,
               char *err, size_t errlen);
+
+/* The same into an open stream, flushed (not closed); `path` names it in messages. */
+int npy_write_stream(FILE *f, const char *path, npy_kind kind, int ndim, const int64_t *shape,
+                     const void *data, char *err, size_t errlen);
+
+/* "a directory", "a FIFO", "a character device", ... for a stat st_mode. */
+const char *npy_file_type(unsigned mode);
 
 /* Frees a->data and zeroes *a; safe on a zeroed array and on NULL. */
 void npy_free(npy_array *a);

@@ -105,6 +105,13 @@ int cmd_forward(int argc, char **argv)
     if (!rc && o.lse)
         rc = cli_alloc(&o, q.t.dtype == FA_F64 ? FA_F64 : FA_F32, q.t.batch, q.t.seqlen,
                        q.t.heads, 1, ROLE_LSE, &lse);
+    cli_outputs files;
+    cli_outputs_init(&files);
+    cli_outputs_add(&files, o.out, &out);
+    cli_outputs_add(&files, o.lse, &lse);
+    const char *inputs[4] = {o.q, o.k, o.v, o.alibi};
+    if (!rc)
+        rc = cli_outputs_open(&files, inputs, 4);
     fa_context *ctx = rc ? NULL : cli_context(&o, o.backend);
     if (!rc && !ctx)
         rc = EXIT_ERROR;
@@ -112,12 +119,12 @@ int cmd_forward(int argc, char **argv)
         fa_status s = fa_forward(ctx, &o.p, &q.t, &k.t, &v.t, &out.t, o.lse ? &lse.t : NULL);
         rc = s == FA_OK ? 0 : cli_fail(s, "forward");
     }
-    if (!rc)
-        rc = cli_save(o.out, &out);
-    if (!rc && o.lse) {
+    if (!rc && o.lse)
         cli_lse_to_profile(o.profile, &lse); /* written as the profile's kernels write it */
-        rc = cli_save(o.lse, &lse);
-    }
+    if (!rc)
+        rc = cli_outputs_commit(&files);
+    else
+        cli_outputs_abort(&files);
     fa_context_destroy(ctx);
     cli_free(&q), cli_free(&k), cli_free(&v), cli_free(&out), cli_free(&lse);
     cli_opts_free(&o);
@@ -148,6 +155,14 @@ int cmd_backward(int argc, char **argv)
     for (int i = 0; i < 3 && !rc; i++) /* dq, dk, dv shaped like q, k, v */
         rc = cli_alloc(&o, in[i].t.dtype, in[i].t.batch, in[i].t.seqlen, in[i].t.heads,
                        in[i].t.headdim, ROLE_QKV, &g[i]);
+    cli_outputs files;
+    cli_outputs_init(&files);
+    cli_outputs_add(&files, o.dq, &g[0]);
+    cli_outputs_add(&files, o.dk, &g[1]);
+    cli_outputs_add(&files, o.dv, &g[2]);
+    const char *inputs[7] = {o.q, o.k, o.v, o.out, o.lse, o.dout, o.alibi};
+    if (!rc)
+        rc = cli_outputs_open(&files, inputs, 7);
     fa_context *ctx = rc ? NULL : cli_context(&o, o.backend);
     if (!rc && !ctx)
         rc = EXIT_ERROR;
@@ -156,9 +171,10 @@ int cmd_backward(int argc, char **argv)
                                   &in[5].t, &g[0].t, &g[1].t, &g[2].t);
         rc = s == FA_OK ? 0 : cli_fail(s, "backward");
     }
-    const char *outs[3] = {o.dq, o.dk, o.dv};
-    for (int i = 0; i < 3 && !rc; i++)
-        rc = cli_save(outs[i], &g[i]);
+    if (!rc)
+        rc = cli_outputs_commit(&files);
+    else
+        cli_outputs_abort(&files);
     fa_context_destroy(ctx);
     for (int i = 0; i < 6; i++)
         cli_free(&in[i]);
