@@ -116,7 +116,8 @@ FA_API void      fa_options_init(fa_options *o);
 FA_API void      fa_tensor_init(fa_tensor *t, void *data, fa_dtype dtype, int64_t batch,
                                 int64_t seqlen, int64_t heads, int64_t headdim, int bhsd);
 
-/* `o` may be NULL (all defaults). FA_BACKEND / FA_ISA in the environment override AUTO. */
+/* `o` may be NULL (all defaults). FA_BACKEND / FA_ISA in the environment override AUTO. *ctx
+ * is written only on success. */
 FA_API fa_status fa_context_create(const fa_options *o, fa_context **ctx);
 FA_API void      fa_context_destroy(fa_context *ctx);
 

@@ -17,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "base/base.h" /* fai_fault_arm */
 #include "harness.h"
 
 /* ------------------------------------------------------------------ device twins */
@@ -665,6 +666,73 @@ START_TEST(cuda_empty_sequences)
 }
 END_TEST
 
+/*
+ * A failed device allocation (fai_fault_arm: the n-th allocation of the call, for n = 1, 2, ...
+ * until it succeeds): FA_ERR_NO_MEMORY, no output byte written on the device, no device memory
+ * kept. Forward with ALiBi (the slopes' copy) and backward (workspace, slopes), bf16 on the
+ * tensor-core path and f32 on the FMA path.
+ */
+START_TEST(cuda_device_allocation_failure)
+{
+    const fa_dtype dt = _i == 0 ? FA_BF16 : FA_F32;
+    const ht_sweep_case c = {1, 70, 90, 2, 1, 64, 64, 1, -1, -1, 0, 0, 1, 0.1, HT_BSHD,
+                             FA_SOFTCAP_THEN_ALIBI};
+    fa_params p;
+    params_for(&c, 5, &p);
+    ht_bundle x;
+    ht_bundle_alloc(&x, dt, &c, c.sq, c.sk, HT_BSHD, FA_F32);
+    ht_fill(&x.q, 1, -1, 1), ht_fill(&x.k, 2, -1, 1), ht_fill(&x.v, 3, -1, 1);
+    ht_fill(&x.dout, 4, -1, 1);
+    fa_context *ctx = cuda_context(0);
+    for (int backward = 0; backward < 2; backward++) {
+        int n = 1;
+        for (; n <= 50; n++) {
+            ht_poison(&x.dq), ht_poison(&x.dk), ht_poison(&x.dv);
+            if (!backward)
+                ht_poison(&x.out), ht_poison(&x.lse);
+            dtensor q, k, v, dout, out, lse, dq, dk, dv;
+            d_up(&q, &x.q), d_up(&k, &x.k), d_up(&v, &x.v), d_up(&dout, &x.dout);
+            d_up(&out, &x.out), d_up(&lse, &x.lse), d_up(&dq, &x.dq), d_up(&dk, &x.dk);
+            d_up(&dv, &x.dv);
+            fai_fault_arm(n);
+            fa_status st =
+                backward ? fa_backward(ctx, &p, &q.t, &k.t, &v.t, &out.t, &lse.t, &dout.t, &dq.t,
+                                       &dk.t, &dv.t)
+                         : fa_forward(ctx, &p, &q.t, &k.t, &v.t, &out.t, &lse.t);
+            const int fired = fai_fault_fired();
+            fai_fault_arm(0);
+            size_t cur = 1, peak;
+            ck_assert_int_eq(fa_memory_stats(ctx, &cur, &peak), FA_OK);
+            ck_assert_uint_eq(cur, 0);
+            if (!fired) {
+                ck_assert_msg(st == FA_OK, "%s: %s", backward ? "backward" : "forward",
+                              fa_last_error());
+                d_down(&out), d_down(&lse); /* the backward's inputs from here on */
+            } else {
+                ck_assert_msg(st == FA_ERR_NO_MEMORY, "allocation %d: %s", n, fa_last_error());
+                ck_assert(strstr(fa_last_error(), "device") != NULL);
+                d_down(&out), d_down(&lse), d_down(&dq), d_down(&dk), d_down(&dv);
+                ck_assert_msg(ht_is_poisoned(&x.dq) && ht_is_poisoned(&x.dk) &&
+                                  ht_is_poisoned(&x.dv) &&
+                                  (backward || (ht_is_poisoned(&x.out) && ht_is_poisoned(&x.lse))),
+                              "%s: allocation %d failed, an output was written",
+                              backward ? "backward" : "forward", n);
+            }
+            d_free(&q), d_free(&k), d_free(&v), d_free(&dout), d_free(&out), d_free(&lse);
+            d_free(&dq), d_free(&dk), d_free(&dv);
+            if (!fired)
+                break;
+        }
+        ck_assert_msg(n >= (backward ? 3 : 2) && n <= 50, "%s: %d allocations",
+                      backward ? "backward" : "forward", n - 1);
+        printf("cuda_device_allocation_failure: %s %s: %d device allocations, each failed once\n",
+               fa_dtype_name(dt), backward ? "backward" : "forward", n - 1);
+    }
+    fa_context_destroy(ctx);
+    ht_bundle_free(&x);
+}
+END_TEST
+
 static Suite *make_cuda_suite(void)
 {
     Suite *s = suite_create("cuda");
@@ -703,6 +771,7 @@ static Suite *make_cuda_suite(void)
     tcase_add_test(tc, cuda_deterministic_memory_auto);
     tcase_add_test(tc, cuda_empty_sequences);
     tcase_add_test(tc, cuda_unsupported_head_dim);
+    tcase_add_loop_test(tc, cuda_device_allocation_failure, 0, 2);
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) == cudaSuccess && ndev >= 2)
         tcase_add_test(tc, cuda_other_device_refused);

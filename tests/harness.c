@@ -19,6 +19,33 @@ static uint64_t splitmix(uint64_t *s)
 
 static double unif(uint64_t *s) { return ((double)(splitmix(s) >> 11) + 0.5) * 0x1p-53; }
 
+/* Every storage buffer sits between two guard zones of HT_GUARD bytes of HT_GUARD_BYTE:
+ * ht_is_poisoned and ht_free check them, so a write outside a tensor fails the test that
+ * made it (ASan would see it too, but only a byte past the allocation). */
+#define HT_GUARD 256
+#define HT_GUARD_BYTE 0x5A
+
+static void *guarded_alloc(size_t n)
+{
+    unsigned char *p = malloc(n + 2 * HT_GUARD);
+    ck_assert_ptr_nonnull(p);
+    memset(p, HT_GUARD_BYTE, HT_GUARD);
+    memset(p + HT_GUARD, 0, n);
+    memset(p + HT_GUARD + n, HT_GUARD_BYTE, HT_GUARD);
+    return p + HT_GUARD;
+}
+
+int ht_guards_intact(const ht_tensor *x)
+{
+    const unsigned char *p = x->buf;
+    if (!p)
+        return 1;
+    for (size_t i = 0; i < HT_GUARD; i++)
+        if (p[-1 - (ptrdiff_t)i] != HT_GUARD_BYTE || p[x->nbytes + i] != HT_GUARD_BYTE)
+            return 0;
+    return 1;
+}
+
 void ht_alloc(ht_tensor *x, fa_dtype dt, int64_t B, int64_t S, int64_t H, int64_t D,
               ht_layout layout)
 {
@@ -33,7 +60,7 @@ void ht_alloc(ht_tensor *x, fa_dtype dt, int64_t B, int64_t S, int64_t H, int64_
     int64_t n = B > 0 ? (B - 1) * x->t.batch_stride + S * x->t.seq_stride + H * x->t.head_stride
                       : 0;
     x->nbytes = (size_t)(n + D) * es + 8;
-    x->buf = calloc(1, x->nbytes);
+    x->buf = guarded_alloc(x->nbytes);
     x->t.data = x->buf;
     x->buf64 = calloc((size_t)(B * S * H * D) + 1, sizeof(double));
     fa_tensor_init(&x->t64, x->buf64, FA_F64, B, S, H, D, 0);
@@ -46,7 +73,7 @@ void ht_alloc_lse(ht_tensor *x, fa_dtype dt, int64_t B, int64_t S, int64_t H)
     /* stored B x H x S, as FlashAttention returns it */
     x->t = (fa_tensor){NULL, dt, B, S, H, 1, H * S, 1, S, 1};
     x->nbytes = (size_t)(B * H * S) * es + 8;
-    x->buf = calloc(1, x->nbytes);
+    x->buf = guarded_alloc(x->nbytes);
     x->t.data = x->buf;
     x->buf64 = calloc((size_t)(B * H * S) + 1, sizeof(double));
     x->t64 = (fa_tensor){x->buf64, FA_F64, B, S, H, 1, H * S, 1, S, 1};
@@ -54,7 +81,9 @@ void ht_alloc_lse(ht_tensor *x, fa_dtype dt, int64_t B, int64_t S, int64_t H)
 
 void ht_free(ht_tensor *x)
 {
-    free(x->buf);
+    ck_assert_msg(ht_guards_intact(x), "a write outside a tensor's storage (guard bytes changed)");
+    if (x->buf)
+        free((unsigned char *)x->buf - HT_GUARD);
     free(x->buf64);
     memset(x, 0, sizeof *x);
 }
@@ -102,6 +131,8 @@ void ht_poison(ht_tensor *x) { memset(x->buf, 0xA5, x->nbytes); }
 
 int ht_is_poisoned(const ht_tensor *x)
 {
+    if (!ht_guards_intact(x))
+        return 0;
     const unsigned char *p = x->buf;
     for (size_t i = 0; i < x->nbytes; i++)
         if (p[i] != 0xA5)

@@ -29,8 +29,10 @@ void ht_set(ht_tensor *x, int64_t b, int64_t s, int64_t h, int64_t d, double v);
 double ht_get(const ht_tensor *x, int64_t b, int64_t s, int64_t h, int64_t d);  /* from t */
 /* Sets every byte of the storage (and the twin) to a recognizable pattern. */
 void ht_poison(ht_tensor *x);
-/* Whether the storage still holds ht_poison's pattern everywhere. */
+/* Whether the storage still holds ht_poison's pattern everywhere, and its guard zones theirs. */
 int ht_is_poisoned(const ht_tensor *x);
+/* Whether the guard zones around the storage are untouched (ht_free asserts it). */
+int ht_guards_intact(const ht_tensor *x);
 
 /* LSE tensors: B x H x S (the fa_tensor is batch x seqlen x heads x 1), f32 or f64 storage. */
 void ht_alloc_lse(ht_tensor *x, fa_dtype dt, int64_t B, int64_t S, int64_t H);
@@ -70,6 +72,7 @@ Suite *make_memory_suite(void);
 Suite *make_compare_suite(void);
 Suite *make_npy_suite(void);
 Suite *make_kernels_suite(void);
+Suite *make_faults_suite(void);
 
 /* One case of the backend sweeps (CPU and CUDA): shape, mask, score and dropout switches. */
 typedef struct {

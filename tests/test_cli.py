@@ -602,6 +602,25 @@ def output_size_bounded_like_an_input():
     assert "memory" in p.stderr and not os.path.exists(path("big_o.npy")), p.stderr
 
 
+@test
+def reader_allocation_failures():
+    """A build with --enable-fault-injection (CI's sanitizer stage): the reader's n-th
+    allocation fails, for every n until the command succeeds; each failure is exit 3 with
+    nothing written (and, under ASan, nothing leaked)."""
+    if "fault injection" not in run("info", code=0).stdout:
+        print("     reader_allocation_failures: not a fault-injection build, skipped")
+        return
+    out, lse = path("fault_o.npy"), path("fault_l.npy")
+    for n in range(1, 60):
+        env = dict(os.environ, FLASHATTN_FAULT_ALLOC=str(n))
+        p = fwd_to(out, lse, env=env)
+        if p.returncode == 0:
+            break
+        assert p.returncode == 3 and "out of memory" in p.stderr, (n, p.returncode, p.stderr)
+        assert not os.path.exists(out) and not os.path.exists(lse) and not temps_in(TMP)
+    assert p.returncode == 0 and n == 7, n  # q, k, v: a header and data each
+
+
 QKV[:] = inputs()
 for fn in TESTS:
     try:

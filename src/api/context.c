@@ -143,7 +143,7 @@ fa_status fa_context_create(const fa_options *o, fa_context **out)
     fai_tiled_forced forced;
     FAI_TRY(env_tiled(&forced));
 
-    fa_context *ctx = calloc(1, sizeof *ctx);
+    fa_context *ctx = fai_fault_now() ? NULL : calloc(1, sizeof *ctx);
     if (!ctx)
         return fai_fail(FA_ERR_NO_MEMORY, "fa_context_create: out of memory");
     atomic_init(&ctx->mem.current, 0);

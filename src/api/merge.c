@@ -61,7 +61,7 @@ fa_status fa_merge_states(int n, const fa_tensor *outs, const fa_tensor *lses, f
     if (!fai_mul_size((size_t)(2 * D + n), sizeof(double), &per) ||
         !fai_mul_size(per, (size_t)nt, &all))
         return fai_fail(FA_ERR_OVERFLOW, "fa_merge_states: scratch size overflows");
-    double *scratch = malloc(all);
+    double *scratch = fai_fault_now() ? NULL : malloc(all);
     if (!scratch)
         return fai_fail(FA_ERR_NO_MEMORY, "fa_merge_states: %zu bytes of scratch", all);
 

@@ -42,6 +42,17 @@ typedef struct {
  * fai_free takes the size it was allocated with. */
 void *fai_alloc(fai_mem *m, size_t bytes);
 void fai_free(fai_mem *m, void *p, size_t bytes);
+/*
+ * Allocation-failure injection, for the tests (tests/check_faults.c; SQLite's way): after
+ * fai_fault_arm(n), the n-th allocation from then on fails -- host (fai_alloc, the context,
+ * fa_merge_states' scratch) or device (the CUDA backend) -- and only that one; n = 0 disarms.
+ * fai_fault_fired says whether it has. Every allocation site asks fai_fault_now() first.
+ * (Allocations inside OpenBLAS and the OpenMP runtime are theirs, not counted here.)
+ */
+void fai_fault_arm(long n);
+int fai_fault_fired(void);
+int fai_fault_now(void);
+
 /* Counts memory allocated elsewhere (the CUDA backend's device memory) in m, or uncounts it. */
 void fai_mem_add(fai_mem *m, size_t bytes);
 void fai_mem_sub(fai_mem *m, size_t bytes);

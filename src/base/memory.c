@@ -24,10 +24,31 @@ void fai_mem_add(fai_mem *m, size_t bytes)
 
 void fai_mem_sub(fai_mem *m, size_t bytes) { atomic_fetch_sub(&m->current, bytes); }
 
+static atomic_long fault_countdown; /* > 0: allocations until the one that fails */
+static atomic_int fault_fired;
+
+void fai_fault_arm(long n)
+{
+    atomic_store(&fault_fired, 0);
+    atomic_store(&fault_countdown, n);
+}
+
+int fai_fault_fired(void) { return atomic_load(&fault_fired); }
+
+int fai_fault_now(void)
+{
+    if (atomic_load_explicit(&fault_countdown, memory_order_relaxed) <= 0)
+        return 0; /* disarmed, or fired: one relaxed load per allocation */
+    if (atomic_fetch_sub(&fault_countdown, 1) != 1)
+        return 0;
+    atomic_store(&fault_fired, 1);
+    return 1;
+}
+
 void *fai_alloc(fai_mem *m, size_t bytes)
 {
     size_t rounded = (bytes + 63) & ~(size_t)63;
-    if (rounded < bytes || rounded == 0)
+    if (rounded < bytes || rounded == 0 || fai_fault_now())
         return NULL;
     void *p = aligned_alloc(64, rounded);
     if (!p)

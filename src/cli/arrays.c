@@ -73,9 +73,10 @@ int cli_load(const cli_opts *o, const char *path, cli_role role, cli_tensor *x)
 {
     char err[512];
     memset(x, 0, sizeof *x);
-    if (npy_read(path, max_input_bytes(), &x->a, err, sizeof err)) {
+    int r = npy_read(path, max_input_bytes(), &x->a, err, sizeof err);
+    if (r) {
         fprintf(stderr, "flashattn: %s\n", err);
-        return EXIT_USAGE;
+        return r == NPY_ERR_NO_MEMORY ? EXIT_ERROR : EXIT_USAGE;
     }
     fa_dtype dt;
     int rc = kind_to_dtype(o, path, x->a.kind, &dt);

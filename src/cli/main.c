@@ -5,6 +5,7 @@
 #include "config.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
@@ -89,6 +90,9 @@ int cmd_info(int argc, char **argv)
     o.backend = FA_BACKEND_CUDA;
     s = fa_context_create(&o, &ctx);
     printf("CUDA: %s\n", s == FA_OK ? "built and usable" : fa_last_error());
+#ifdef FA_FAULT_INJECTION
+    printf("fault injection: FLASHATTN_FAULT_ALLOC (a test build)\n");
+#endif
     if (s == FA_OK)
         fa_context_destroy(ctx);
     return EXIT_PASS;
@@ -96,6 +100,12 @@ int cmd_info(int argc, char **argv)
 
 int main(int argc, char **argv)
 {
+#ifdef FA_FAULT_INJECTION
+    /* a test build: fail the reader's n-th allocation (tests/test_cli.py's fault loop) */
+    const char *fault = getenv("FLASHATTN_FAULT_ALLOC");
+    if (fault && *fault)
+        npy_fault_arm(atol(fault));
+#endif
     if (argc < 2)
         return usage(stderr, EXIT_USAGE);
     const char *cmd = argv[1];

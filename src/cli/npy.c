@@ -619,8 +619,30 @@ static int read_exact(FILE *f, void *buf, size_t n, const char *path, char *err,
     return -1;
 }
 
+/* The reader's allocations, with the tests' failure injection (npy_fault_arm). */
+static long fault_countdown;
+static int fault_fired;
+
+void npy_fault_arm(long n)
+{
+    fault_countdown = n;
+    fault_fired = 0;
+}
+
+int npy_fault_fired(void) { return fault_fired; }
+
+static void *npy_alloc(size_t n)
+{
+    if (fault_countdown > 0 && --fault_countdown == 0) {
+        fault_fired = 1;
+        return NULL;
+    }
+    return malloc(n);
+}
+
 int npy_read(const char *path, size_t max_bytes, npy_array *out, char *err, size_t errlen)
 {
+    int rc = -1;
     FILE *f = NULL;
     char *header = NULL;
     void *data = NULL;
@@ -724,9 +746,10 @@ int npy_read(const char *path, size_t max_bytes, npy_array *out, char *err, size
         set_err(err, errlen, path, "empty header: not terminated by '\\n'");
         goto fail;
     }
-    header = malloc((size_t)hlen);
+    header = npy_alloc((size_t)hlen);
     if (header == NULL) {
         set_err(err, errlen, path, "out of memory for a %" PRIu64 "-byte header", hlen);
+        rc = NPY_ERR_NO_MEMORY;
         goto fail;
     }
     if (read_exact(f, header, (size_t)hlen, path, err, errlen))
@@ -779,9 +802,10 @@ int npy_read(const char *path, size_t max_bytes, npy_array *out, char *err, size
     }
 
     /* One byte for an empty array, so that success always means data != NULL. */
-    data = malloc(nbytes > 0 ? (size_t)nbytes : 1);
+    data = npy_alloc(nbytes > 0 ? (size_t)nbytes : 1);
     if (data == NULL) {
         set_err(err, errlen, path, "out of memory for %" PRIu64 " bytes of data", nbytes);
+        rc = NPY_ERR_NO_MEMORY;
         goto fail;
     }
     if (read_exact(f, data, (size_t)nbytes, path, err, errlen))
@@ -806,7 +830,7 @@ fail:
     if (f != NULL)
         fclose(f);
     memset(out, 0, sizeof *out);
-    return -1;
+    return rc;
 }
 
 void npy_free(npy_array *a)

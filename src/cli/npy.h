@@ -51,11 +51,18 @@ typedef struct {
     size_t nbytes;               /* product(shape) * npy_kind_size(kind); 0-d: one item */
 } npy_array;
 
-/* Reads `path`. Returns 0 on success; otherwise nonzero, leaves *out zeroed, and writes into err
- * (errlen bytes, always terminated) a message that names the file and the exact problem. Any
- * declared data size above max_bytes is refused before any allocation. err may be NULL or
- * errlen 0 (no message). */
+/* Reads `path`. Returns 0 on success; otherwise NPY_ERR_NO_MEMORY if an allocation failed or -1
+ * for anything else, leaves *out zeroed, and writes into err (errlen bytes, always terminated)
+ * a message that names the file and the exact problem. Any declared data size above max_bytes
+ * is refused before any allocation. err may be NULL or errlen 0 (no message). */
+#define NPY_ERR_NO_MEMORY 2
 int npy_read(const char *path, size_t max_bytes, npy_array *out, char *err, size_t errlen);
+
+/* Allocation-failure injection for the tests: after npy_fault_arm(n) the reader's n-th
+ * allocation from then on fails (once; 0 disarms); npy_fault_fired says whether it has. Not
+ * thread-safe (the reader's callers are single-threaded). */
+void npy_fault_arm(long n);
+int npy_fault_fired(void);
 
 /* Writes a C-order little-endian .npy (format 1.0; 2.0 only when the header needs it). Returns
  * 0 on success; otherwise nonzero with a message in err that starts with the path. Invalid

@@ -44,9 +44,10 @@ int cli_load_slopes(cli_opts *o, int64_t heads)
     cli_tensor s;
     char err[512];
     memset(&s, 0, sizeof s);
-    if (npy_read(o->alibi, (size_t)1 << 30, &s.a, err, sizeof err)) {
+    int r = npy_read(o->alibi, (size_t)1 << 30, &s.a, err, sizeof err);
+    if (r) {
         fprintf(stderr, "flashattn: %s\n", err);
-        return EXIT_USAGE;
+        return r == NPY_ERR_NO_MEMORY ? EXIT_ERROR : EXIT_USAGE;
     }
     if (s.a.ndim != 1 || s.a.shape[0] != heads) {
         fprintf(stderr, "flashattn: %s: expected a 1-D array of %lld slopes (one per query head)\n",

@@ -149,7 +149,7 @@ static fa_status fill(fa_context *ctx, const fai_problem *pr, fai_cuda_args *a)
 static void *dev_alloc(fa_context *ctx, size_t bytes, cudaStream_t st)
 {
     void *p = NULL;
-    if (bytes == 0)
+    if (bytes == 0 || fai_fault_now())
         return NULL;
     if (cudaMallocAsync(&p, bytes, st) != cudaSuccess) {
         (void)cudaGetLastError();
