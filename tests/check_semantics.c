@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <pthread.h>
+
 #include "core/philox.h"
 #include "harness.h"
 #include "kernels/kernels.h"
@@ -519,6 +521,83 @@ START_TEST(shared_context_concurrent_calls)
 END_TEST
 
 /*
+ * Four caller threads (pthreads, so that each opens its own OpenMP team) on one tiled context
+ * of 2 threads, forward then backward, f32 and bf16 by turns, while a fifth reads
+ * fa_memory_stats: each result equals a lone call's bit for bit, every call returns its own
+ * status, the counters come back to 0. CI runs this case under ThreadSanitizer.
+ */
+#define CALLERS 4
+typedef struct {
+    fa_context *ctx;
+    set *x;
+    fa_params p;
+    fa_status fwd, bwd;
+} caller;
+
+static void *caller_run(void *arg)
+{
+    caller *c = arg;
+    c->fwd = fa_forward(c->ctx, &c->p, &c->x->q.t, &c->x->k.t, &c->x->v.t, &c->x->o.t,
+                        &c->x->l.t);
+    c->bwd = fa_backward(c->ctx, &c->p, &c->x->q.t, &c->x->k.t, &c->x->v.t, &c->x->o.t,
+                         &c->x->l.t, &c->x->dout.t, &c->x->dq.t, &c->x->dk.t, &c->x->dv.t);
+    return NULL;
+}
+
+static void *stats_reader(void *arg)
+{
+    fa_context *ctx = arg;
+    for (int i = 0; i < 2000; i++) {
+        size_t cur, peak;
+        fa_memory_stats(ctx, &cur, &peak);
+        ck_assert(cur <= peak);
+    }
+    return NULL;
+}
+
+START_TEST(four_callers_share_a_context)
+{
+    fa_params p;
+    fa_params_init(&p);
+    p.causal = 1;
+    p.dropout_p = 0.1;
+    p.dropout_seed = 3;
+    set lone[2], x[CALLERS];
+    for (int d = 0; d < 2; d++) {
+        set_alloc(&lone[d], d ? FA_BF16 : FA_F32, 1, 70, 90, 4, 2, 32, 32);
+        set_run(FA_BACKEND_TILED, 2, &p, &lone[d]);
+    }
+    fa_context *ctx = ht_context(FA_BACKEND_TILED, 2);
+    caller c[CALLERS];
+    pthread_t th[CALLERS + 1];
+    for (int t = 0; t < CALLERS; t++) {
+        set_alloc(&x[t], t % 2 ? FA_BF16 : FA_F32, 1, 70, 90, 4, 2, 32, 32);
+        c[t] = (caller){ctx, &x[t], p, FA_ERR_DEVICE, FA_ERR_DEVICE};
+    }
+    for (int t = 0; t < CALLERS; t++)
+        ck_assert_int_eq(pthread_create(&th[t], NULL, caller_run, &c[t]), 0);
+    ck_assert_int_eq(pthread_create(&th[CALLERS], NULL, stats_reader, ctx), 0);
+    for (int t = 0; t <= CALLERS; t++)
+        pthread_join(th[t], NULL);
+    size_t cur = 1;
+    fa_memory_stats(ctx, &cur, NULL);
+    ck_assert_uint_eq(cur, 0);
+    fa_context_destroy(ctx);
+    for (int t = 0; t < CALLERS; t++) {
+        ck_assert_int_eq(c[t].fwd, FA_OK);
+        ck_assert_int_eq(c[t].bwd, FA_OK);
+        const set *l = &lone[t % 2];
+        ck_assert_msg(same_bits(&l->o, &x[t].o) && same_bits(&l->l, &x[t].l) &&
+                          same_bits(&l->dq, &x[t].dq) && same_bits(&l->dk, &x[t].dk) &&
+                          same_bits(&l->dv, &x[t].dv),
+                      "caller %d: a result differs from the lone call's", t);
+        set_free(&x[t]);
+    }
+    set_free(&lone[0]), set_free(&lone[1]);
+}
+END_TEST
+
+/*
  * Allowed keys whose score is -inf carry P = 0, and 0 * inf is NaN: the reference multiplies
  * (only masked and dropped terms are skipped), and the tiled path must agree whatever its tiles
  * — a row's keys fall into FULL or PARTIAL tiles depending on Bq and Bk, and both must treat
@@ -633,10 +712,15 @@ Suite *make_semantics_suite(void)
     tcase_add_loop_test(tc, dropout_offset_and_seed_are_64_bit, 0, 3);
     tcase_add_loop_test(tc, backward_one_pass_equals_two, 0, 2);
     tcase_add_loop_test(tc, forward_bits_independent_of_query_grouping, 0, 2 * ht_nisas + 1);
-    tcase_add_loop_test(tc, deterministic_across_threads, 0, 6);
-    tcase_add_test(tc, shared_context_concurrent_calls);
     tcase_add_test(tc, allowed_zero_probability_times_inf);
     tcase_add_test(tc, merge_states_matches_full_attention);
     suite_add_tcase(s, tc);
+    /* threads: what CI's ThreadSanitizer stage runs (CK_RUN_CASE=concurrency) */
+    TCase *cc = tcase_create("concurrency");
+    tcase_set_timeout(cc, 600);
+    tcase_add_loop_test(cc, deterministic_across_threads, 0, 6);
+    tcase_add_test(cc, shared_context_concurrent_calls);
+    tcase_add_test(cc, four_callers_share_a_context);
+    suite_add_tcase(s, cc);
     return s;
 }

@@ -195,10 +195,15 @@ fa_status fa_memory_stats(const fa_context *ctx, size_t *current, size_t *peak)
 {
     if (!ctx)
         return fai_fail(FA_ERR_NULL_POINTER, "fa_memory_stats: ctx is NULL");
+    /* fai_mem_add raises current before peak: while another thread allocates, peak read
+     * alone may still be below current. current first, then peak at least current (a value
+     * the true peak has reached), so that a concurrent reader never sees current > peak. */
+    const size_t cur = atomic_load(&ctx->mem.current);
+    const size_t top = atomic_load(&ctx->mem.peak);
     if (current)
-        *current = atomic_load(&ctx->mem.current);
+        *current = cur;
     if (peak)
-        *peak = atomic_load(&ctx->mem.peak);
+        *peak = top > cur ? top : cur;
     return FA_OK;
 }
 
