@@ -531,7 +531,8 @@ def outputs_removed_on_a_signal():
     import signal
     import time
     if WRAP:
-        return  # the signal would reach the wrapper    d = path("sig")
+        return  # the signal would reach the wrapper
+    d = path("sig")
     os.mkdir(d)
     q = save("sig/q.npy", RNG.standard_normal((1, 1500, 4, 64)).astype(np.float32))
     args = [EXE, "forward", "--q", q, "--k", q, "--v", q, "--out", os.path.join(d, "o.npy"),
