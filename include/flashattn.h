@@ -53,7 +53,9 @@ typedef enum { FA_F32, FA_F64, FA_F16, FA_BF16 } fa_dtype;
  * (first to last element); views whose ranges intersect but that interleave without touching
  * (Q, K, V or dQ, dK, dV of one packed buffer) are accepted when both have the same element
  * size and the same strides and sizes along every dimension but the run of contiguous
- * elements, and any other intersecting pair is refused even if no element is shared.
+ * elements, every such stride is a multiple of the smallest, and the offset between the two
+ * falls in one gap between runs; any other intersecting pair is refused even if no element is
+ * shared (docs/DESIGN.md §2).
  */
 typedef struct {
     void    *data;

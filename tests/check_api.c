@@ -177,8 +177,47 @@ static const bad_case bad[] = {
 };
 #define NBAD ((int)(sizeof bad / sizeof *bad))
 
+/* Every byte the setup owns -- the nine buffers with their guard zones, and the slopes -- as
+ * it is before a call: a refused call must leave all of it as it was (an aliasing case moves an
+ * output's pointer into an input's buffer, so checking the outputs' own buffers is not enough). */
+typedef struct {
+    unsigned char *copy[9];
+    float slopes[4];
+} snapshot;
+
+static ht_tensor *setup_buffer(setup *s, int i)
+{
+    ht_tensor *b[9] = {&s->q, &s->k, &s->v, &s->o, &s->l, &s->dout, &s->dq, &s->dk, &s->dv};
+    return b[i];
+}
+
+static void snapshot_take(setup *s, snapshot *z)
+{
+    for (int i = 0; i < 9; i++) {
+        const ht_tensor *b = setup_buffer(s, i);
+        z->copy[i] = malloc(b->nbytes);
+        ck_assert_ptr_nonnull(z->copy[i]);
+        memcpy(z->copy[i], b->buf, b->nbytes);
+    }
+    memcpy(z->slopes, s->slopes, sizeof z->slopes);
+}
+
+/* The name of the first buffer that changed, or NULL; frees the copies. */
+static const char *snapshot_changed(setup *s, snapshot *z)
+{
+    static const char *const names[9] = {"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv"};
+    const char *changed = NULL;
+    for (int i = 8; i >= 0; i--) {
+        const ht_tensor *b = setup_buffer(s, i);
+        if (memcmp(z->copy[i], b->buf, b->nbytes) != 0 || !ht_guards_intact(b))
+            changed = names[i];
+        free(z->copy[i]);
+    }
+    return memcmp(z->slopes, s->slopes, sizeof z->slopes) ? "slopes" : changed;
+}
+
 /* Each bad input, on each backend, forward and backward: its code, its argument named, no
- * byte of any output changed. */
+ * byte of any buffer changed. */
 START_TEST(bad_inputs_rejected_untouched)
 {
     const bad_case *c = &bad[_i % NBAD];
@@ -186,27 +225,120 @@ START_TEST(bad_inputs_rejected_untouched)
     for (int backward = c->only == 1; backward < (c->only == 2 ? 1 : 2); backward++) {
         setup s;
         setup_make(&s);
+        if (backward)
+            ht_poison(&s.dq), ht_poison(&s.dk), ht_poison(&s.dv);
+        else
+            ht_poison(&s.o), ht_poison(&s.l);
         c->mutate(&s);
+        snapshot z;
+        snapshot_take(&s, &z);
         fa_context *ctx = ht_context(be, 2);
         fa_status got;
-        if (backward) {
-            ht_poison(&s.dq), ht_poison(&s.dk), ht_poison(&s.dv);
+        if (backward)
             got = fa_backward(ctx, &s.p, &s.tq, &s.tk, &s.tv, &s.to, &s.tl, &s.tdout, &s.tdq,
                               &s.tdk, &s.tdv);
-            ck_assert_msg(ht_is_poisoned(&s.dq) && ht_is_poisoned(&s.dk) && ht_is_poisoned(&s.dv),
-                          "%s: a gradient was written", c->name);
-        } else {
-            ht_poison(&s.o), ht_poison(&s.l);
+        else
             got = fa_forward(ctx, &s.p, &s.tq, &s.tk, &s.tv, &s.to, &s.tl);
-            ck_assert_msg(ht_is_poisoned(&s.o) && ht_is_poisoned(&s.l),
-                          "%s: out or lse was written", c->name);
-        }
+        const char *changed = snapshot_changed(&s, &z);
+        ck_assert_msg(!changed, "%s (%s): %s was written", c->name,
+                      backward ? "backward" : "forward", changed);
         fa_context_destroy(ctx);
         ck_assert_msg(got == c->want, "%s (%s, %s): status %d (%s), want %d; detail: %s",
                       c->name, fa_backend_name(be), backward ? "backward" : "forward", got,
                       fa_status_string(got), c->want, fa_last_error());
         ck_assert_msg(strstr(fa_last_error(), c->detail), "%s: detail '%s' does not name '%s'",
                       c->name, fa_last_error(), c->detail);
+        setup_free(&s);
+    }
+}
+END_TEST
+
+/*
+ * The same for every tensor argument, one field broken at a time: 11 faults x 9 tensors (less
+ * the self-overlap of the four that are never outputs), each with its status and the argument named "<tensor>-><field>".
+ */
+typedef struct {
+    const char *what;
+    const char *named; /* printf format of what fa_last_error() starts with; %s: the tensor */
+    fa_status want;
+    int outputs_only;  /* a fault only an output has (self-overlap) */
+} tensor_fault;
+
+static const tensor_fault tensor_faults[] = {
+    {"data NULL", "%s->data", FA_ERR_NULL_POINTER, 0},
+    {"dtype 77", "%s->dtype", FA_ERR_DTYPE, 0},
+    {"batch -1", "%s->batch", FA_ERR_SHAPE, 0},
+    {"seqlen -2", "%s->seqlen", FA_ERR_SHAPE, 0},
+    {"heads 0", "%s->heads", FA_ERR_SHAPE, 0},
+    {"headdim 0", "%s->headdim", FA_ERR_SHAPE, 0},
+    {"batch 2^40 + 1", "%s->batch", FA_ERR_OVERFLOW, 0},
+    {"headdim_stride 2", "%s->headdim_stride", FA_ERR_STRIDE, 0},
+    {"seq_stride -1", "%s->seq_stride", FA_ERR_STRIDE, 0},
+    {"batch_stride INT64_MAX", "%s: the extent overflows int64", FA_ERR_OVERFLOW, 0},
+    {"head_stride 1 (rows overlap)", "%s: its strides map two elements", FA_ERR_STRIDE, 1},
+};
+#define NFAULT ((int)(sizeof tensor_faults / sizeof *tensor_faults))
+
+static void break_tensor(fa_tensor *t, int fault)
+{
+    switch (fault) {
+    case 0: t->data = NULL; break;
+    case 1: t->dtype = (fa_dtype)77; break;
+    case 2: t->batch = -1; break;
+    case 3: t->seqlen = -2; break;
+    case 4: t->heads = 0; break;
+    case 5: t->headdim = 0; break;
+    case 6: t->batch = ((int64_t)1 << 40) + 1; break;
+    case 7: t->headdim_stride = 2; break;
+    case 8: t->seq_stride = -1; break;
+    case 9: t->batch_stride = INT64_MAX; break;
+    default: t->head_stride = 1; break;
+    }
+}
+
+/* _i: tensor (q k v out lse dout dq dk dv) x fault, on each backend */
+START_TEST(tensor_faults_rejected_untouched)
+{
+    static const char *const names[9] = {"q", "k", "v", "out", "lse", "dout", "dq", "dk", "dv"};
+    const int tensor = _i / NFAULT % 9, fault = _i % NFAULT;
+    const fa_backend be = (fa_backend)(FA_BACKEND_REFERENCE + _i / (9 * NFAULT));
+    const tensor_fault *f = &tensor_faults[fault];
+    /* out and lse are outputs of the forward and inputs of the backward; dout and the
+     * gradients belong to the backward alone */
+    for (int backward = tensor >= 5; backward < 2; backward++) {
+        const int output = backward ? tensor >= 6 : tensor == 3 || tensor == 4;
+        if (f->outputs_only && !output)
+            continue;
+        setup s;
+        setup_make(&s);
+        fa_tensor *ts[9] = {&s.tq, &s.tk, &s.tv, &s.to, &s.tl, &s.tdout, &s.tdq, &s.tdk, &s.tdv};
+        break_tensor(ts[tensor], fault);
+        if (backward) /* out and lse stay the plausible inputs setup_make made */
+            ht_poison(&s.dq), ht_poison(&s.dk), ht_poison(&s.dv);
+        else
+            ht_poison(&s.o), ht_poison(&s.l);
+        snapshot z;
+        snapshot_take(&s, &z);
+        fa_context *ctx = ht_context(be, 2);
+        fa_status got;
+        if (backward)
+            got = fa_backward(ctx, &s.p, &s.tq, &s.tk, &s.tv, &s.to, &s.tl, &s.tdout, &s.tdq,
+                              &s.tdk, &s.tdv);
+        else
+            got = fa_forward(ctx, &s.p, &s.tq, &s.tk, &s.tv, &s.to, &s.tl);
+        const char *changed = snapshot_changed(&s, &z);
+        ck_assert_msg(!changed, "%s %s (%s): %s was written", names[tensor], f->what,
+                      backward ? "backward" : "forward", changed);
+        fa_context_destroy(ctx);
+        char detail[64];
+        snprintf(detail, sizeof detail, f->named, names[tensor]);
+        ck_assert_msg(got == f->want, "%s %s (%s, %s): status %s, want %s; detail: %s",
+                      names[tensor], f->what, fa_backend_name(be),
+                      backward ? "backward" : "forward", fa_status_string(got),
+                      fa_status_string(f->want), fa_last_error());
+        ck_assert_msg(strncmp(fa_last_error(), detail, strlen(detail)) == 0,
+                      "%s %s: detail '%s' does not start with '%s'", names[tensor], f->what,
+                      fa_last_error(), detail);
         setup_free(&s);
     }
 }
@@ -574,6 +706,7 @@ Suite *make_api_suite(void)
     Suite *s = suite_create("api");
     TCase *tc = tcase_create("api");
     tcase_add_loop_test(tc, bad_inputs_rejected_untouched, 0, 3 * NBAD);
+    tcase_add_loop_test(tc, tensor_faults_rejected_untouched, 0, 3 * 9 * NFAULT);
     tcase_add_test(tc, null_pointers_rejected);
     tcase_add_test(tc, packed_views_accepted);
     tcase_add_test(tc, zero_sizes);

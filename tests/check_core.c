@@ -35,19 +35,6 @@ START_TEST(philox_known_answers)
 }
 END_TEST
 
-/* The stream as docs/DESIGN.md §1 defines it, written out from Philox itself: head's key = words
- * 0, 1 of Philox({head lo, head hi, offset lo, offset hi}, seed); the draw of (i, j) = word
- * j % 4 of Philox({j / 4 lo, j / 4 hi, i lo, i hi}, that key). */
-static uint32_t defined_draw(uint64_t seed, uint64_t offset, uint64_t head, uint64_t i,
-                             uint64_t j)
-{
-    fai_u32x4 hc = {{(uint32_t)head, (uint32_t)(head >> 32), (uint32_t)offset,
-                     (uint32_t)(offset >> 32)}};
-    fai_u32x4 key = fai_philox4x32_10(hc, (uint32_t)seed, (uint32_t)(seed >> 32));
-    fai_u32x4 c = {{(uint32_t)(j / 4), (uint32_t)(j / 4 >> 32), (uint32_t)i, (uint32_t)(i >> 32)}};
-    return fai_philox4x32_10(c, key.v[0], key.v[1]).v[j % 4];
-}
-
 /* The row helper must give, for any start and length, the decision the contract defines per
  * element, keep iff u >= floor(p 2^32) -- also for rows, keys, heads and offsets past 2^32. */
 START_TEST(dropout_row_matches_definition)
@@ -74,7 +61,7 @@ START_TEST(dropout_row_matches_definition)
                 fai_dropout_keep_row(&d, (int64_t)at[t].i, s0, n, keep);
                 for (int64_t c = 0; c < n; c++) {
                     const uint32_t u =
-                        defined_draw(seed, at[t].offset, at[t].head, at[t].i, (uint64_t)(s0 + c));
+                        ht_dropout_draw(seed, at[t].offset, at[t].head, at[t].i, (uint64_t)(s0 + c));
                     ck_assert_msg(keep[c] == (u >= p.threshold), "case %zu j %lld", t,
                                   (long long)(s0 + c));
                 }

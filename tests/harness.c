@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "backends/tiled/plan.h" /* fai_tiled_tiles */
+#include "core/philox.h"
 #include "base/dtype.h"
 
 static uint64_t splitmix(uint64_t *s)
@@ -44,6 +45,15 @@ int ht_guards_intact(const ht_tensor *x)
         if (p[-1 - (ptrdiff_t)i] != HT_GUARD_BYTE || p[x->nbytes + i] != HT_GUARD_BYTE)
             return 0;
     return 1;
+}
+
+uint32_t ht_dropout_draw(uint64_t seed, uint64_t offset, uint64_t head, uint64_t i, uint64_t j)
+{
+    fai_u32x4 hc = {{(uint32_t)head, (uint32_t)(head >> 32), (uint32_t)offset,
+                     (uint32_t)(offset >> 32)}};
+    fai_u32x4 key = fai_philox4x32_10(hc, (uint32_t)seed, (uint32_t)(seed >> 32));
+    fai_u32x4 c = {{(uint32_t)(j / 4), (uint32_t)(j / 4 >> 32), (uint32_t)i, (uint32_t)(i >> 32)}};
+    return fai_philox4x32_10(c, key.v[0], key.v[1]).v[j % 4];
 }
 
 void ht_alloc(ht_tensor *x, fa_dtype dt, int64_t B, int64_t S, int64_t H, int64_t D,

@@ -31,6 +31,12 @@ double ht_get(const ht_tensor *x, int64_t b, int64_t s, int64_t h, int64_t d);  
 void ht_poison(ht_tensor *x);
 /* Whether the storage still holds ht_poison's pattern everywhere, and its guard zones theirs. */
 int ht_is_poisoned(const ht_tensor *x);
+/* The dropout draw of (head, row i, key j) as docs/DESIGN.md §1 defines it, written out from
+ * Philox itself, independently of core/philox.h's helpers: head's key = words 0, 1 of
+ * Philox({head lo, head hi, offset lo, offset hi}, seed); the draw = word j % 4 of
+ * Philox({j/4 lo, j/4 hi, i lo, i hi}, that key). */
+uint32_t ht_dropout_draw(uint64_t seed, uint64_t offset, uint64_t head, uint64_t i, uint64_t j);
+
 /* Whether the guard zones around the storage are untouched (ht_free asserts it). */
 int ht_guards_intact(const ht_tensor *x);
 

@@ -572,6 +572,28 @@ def outputs_that_name_inputs_or_each_other():
 
 
 @test
+def ignored_signals_stay_ignored_and_read_only_outputs_refused():
+    import signal
+    import time
+    # under nohup (SIGHUP ignored) the command must not die of SIGHUP
+    q = save("nohup_q.npy", RNG.standard_normal((1, 1500, 4, 64)).astype(np.float32))
+    out = path("nohup_o.npy")
+    proc = subprocess.Popen([*WRAP, EXE, "forward", "--q", q, "--k", q, "--v", q, "--out", out,
+                             "--backend", "reference", "--threads", "1"],
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(0.3)
+    proc.send_signal(signal.SIGHUP)
+    assert proc.wait(timeout=120) == 0 and np.load(out).shape == (1, 1500, 4, 64)
+    if os.geteuid() != 0:  # root writes anything
+        ro = save("ro_o.npy", np.zeros(3, np.float32))
+        os.chmod(ro, 0o444)
+        before = open(ro, "rb").read()
+        p = fwd_to(ro, path("ro_l.npy"), code=3)
+        assert "Permission denied" in p.stderr and open(ro, "rb").read() == before
+
+
+@test
 def outputs_that_are_not_regular_files():
     p = fwd_to("/dev/null", path("nr_l.npy"), code=2)
     assert "character device" in p.stderr and not os.path.exists(path("nr_l.npy"))
@@ -605,6 +627,136 @@ def output_size_bounded_like_an_input():
     p = run("forward", "--q", q, "--k", k, "--v", path("big_v.npy"), "--out", path("big_o.npy"),
             code=2, timeout=20)
     assert "memory" in p.stderr and not os.path.exists(path("big_o.npy")), p.stderr
+
+
+@test
+def hostile_cli_table():
+    """Each row: a command line that must fail with its exit code and a message naming the
+    culprit, leaving the output directory as it was (no new file, no temporary file, the
+    existing output byte for byte)."""
+    d = path("tbl")
+    os.mkdir(d)
+    q, k, v = QKV
+    o_keep = save("tbl/keep.npy", np.arange(7, dtype=np.float32))
+    lse_ok = save("tbl/lse_in.npy", np.zeros((2, 4, 40), np.float32))
+    out_ok = save("tbl/out_in.npy", np.zeros((2, 40, 4, 16), np.float32))
+    dout = save("tbl/dout.npy", np.zeros((2, 40, 4, 16), np.float32))
+    raw = open(q, "rb").read()
+    bad = {}  # input files with one problem each, and the reason the message must give
+    for name, (data, reason) in {
+        "trunc": (raw[:-3], "truncated data"), "magic": (b"\x93NUMPZ" + raw[6:], "bad magic"),
+        "hdr": (raw[:8] + b"\xff\xff" + raw[10:], "runs past end of file"),
+        "noterm": (raw.replace(b"\n", b" ", 1), "not terminated"),
+        "shape_key": (raw.replace(b"'shape'", b"'shope'"), "'shope'"),
+        "extra": (raw + b"\0" * 4, "trailing bytes"),
+        "version": (raw[:6] + b"\x01\x05" + raw[8:], "version 1.5"),
+        "empty": (b"", "empty file"), "be": (raw.replace(b"<f4", b">f4"), "big-endian"),
+        "fortran": (raw.replace(b"False", b"True "), "Fortran-order"),
+    }.items():
+        with open(os.path.join(d, name + ".npy"), "wb") as f:
+            f.write(data)
+        bad[name] = (os.path.join(d, name + ".npy"), reason)
+    np.save(os.path.join(d, "i4.npy"), np.zeros((2, 40, 4, 16), np.int32))
+    np.save(os.path.join(d, "d3.npy"), np.zeros((2, 40, 64), np.float32))
+    np.save(os.path.join(d, "k_d8.npy"), np.zeros((2, 56, 2, 8), np.float32))
+    np.save(os.path.join(d, "k_h3.npy"), np.zeros((2, 56, 3, 16), np.float32))
+    np.save(os.path.join(d, "k_b3.npy"), np.zeros((3, 56, 2, 16), np.float32))
+    np.save(os.path.join(d, "k_f64.npy"), np.zeros((2, 56, 2, 16), np.float64))
+    np.save(os.path.join(d, "slopes3.npy"), np.ones(3, np.float32))
+    np.save(os.path.join(d, "slopes2d.npy"), np.ones((4, 1), np.float32))
+    np.save(os.path.join(d, "slopes_nan.npy"), np.array([1, np.nan, 1, 1], np.float32))
+    np.save(os.path.join(d, "lse_bad.npy"), np.zeros((2, 40, 4), np.float32))
+    os.mkfifo(os.path.join(d, "fifo.npy"))
+    os.symlink(os.path.join(d, "nowhere.npy"), os.path.join(d, "dangling.npy"))
+    F = lambda *a: ["forward", "--q", q, "--k", k, "--v", v, "--out", o_keep, *a]
+    Fq = lambda x, *a: ["forward", "--q", x, "--k", k, "--v", v, "--out", o_keep, *a]
+    B = lambda *a: ["backward", "--q", q, "--k", k, "--v", v, "--out", out_ok, "--lse", lse_ok,
+                    "--dout", dout, "--dq", os.path.join(d, "dq.npy"), "--dk", os.path.join(d, "dk.npy"),
+                    "--dv", os.path.join(d, "dv.npy"), *a]
+    rows = [
+        # the options
+        ("unknown option", F("--frob"), 2, "--frob"),
+        ("missing value", F("--seed"), 2, "--seed"),
+        ("dropout 1", F("--dropout", "1"), 2, "dropout"),
+        ("dropout -0.1", F("--dropout", "-0.1"), 2, "dropout"),
+        ("dropout nan", F("--dropout", "nan"), 2, "dropout"),
+        ("dropout text", F("--dropout", "half"), 2, "--dropout"),
+        ("scale -1", F("--scale", "-1"), 2, "scale"),
+        ("scale nan", F("--scale", "nan"), 2, "scale"),
+        ("scale inf", F("--scale", "inf"), 2, "scale"),
+        ("softcap -1", F("--softcap", "-1"), 2, "softcap"),
+        ("softcap nan", F("--softcap", "nan"), 2, "softcap"),
+        ("window text", F("--window", "a,b"), 2, "--window"),
+        ("window three", F("--window", "1,2,3"), 2, "--window"),
+        ("window -2", F("--window", "-2,0"), 2, "window"),
+        ("causal and window right", F("--causal", "--window", "3,2"), 2, "window_right"),
+        ("threads -1", F("--threads", "-1"), 2, "threads"),
+        ("threads text", F("--threads", "x"), 2, "--threads"),
+        ("seed negative", F("--seed", "-5"), 2, "--seed"),
+        ("seed hex", F("--seed", "0x10"), 2, "--seed"),
+        ("seed 2^64", F("--seed", "18446744073709551616"), 2, "--seed"),
+        ("offset blank", F("--offset", " 5"), 2, "--offset"),
+        ("layout", F("--layout", "sbhd"), 2, "--layout"),
+        ("align", F("--align", "middle"), 2, "--align"),
+        ("profile", F("--profile", "fa9"), 2, "--profile"),
+        ("backend", F("--backend", "gpu"), 2, "--backend"),
+        ("isa", F("--isa", "sse9"), 2, "--isa"),
+        ("check option in forward", F("--candidate-out", q), 2, "--candidate-out"),
+        ("check --dtype", ["check", "--q", q, "--k", k, "--v", v, "--candidate-out", q, "--dtype", "f8"], 2, "--dtype"),
+        ("check without candidate", ["check", "--q", q, "--k", k, "--v", v], 2, "candidate"),
+        ("no --q", ["forward", "--k", k, "--v", v, "--out", o_keep], 2, "--q"),
+        ("no --out", ["forward", "--q", q, "--k", k, "--v", v], 2, "--out"),
+        ("backward without --dv", B()[:-2], 2, "--dv"),
+        # the inputs
+        ("q missing", Fq(os.path.join(d, "none.npy")), 2, "No such file"),
+        ("q a directory", Fq(d), 2, "directory"),
+        ("q a FIFO", Fq(os.path.join(d, "fifo.npy")), 2, "FIFO"),
+        ("q a character device", Fq("/dev/zero"), 2, "character device"),
+        ("q from /proc", Fq("/proc/self/stat"), 2, "0 bytes but has content"),
+        *[(f"q {n}", Fq(bad[n][0]), 2, bad[n][1]) for n in bad],
+        ("q int32", Fq(os.path.join(d, "i4.npy")), 2, "unsupported descr '<i4'"),
+        ("q 3-D", Fq(os.path.join(d, "d3.npy")), 2, "4-D"),
+        ("q uint16 without --bf16", Fq(save("tbl/u2.npy", np.zeros((2, 40, 4, 16), np.uint16))), 2, "--bf16"),
+        ("k head dim 8", ["forward", "--q", q, "--k", os.path.join(d, "k_d8.npy"), "--v", v, "--out", o_keep], 2, "k->headdim = 8"),
+        ("k 3 heads", ["forward", "--q", q, "--k", os.path.join(d, "k_h3.npy"), "--v", v, "--out", o_keep], 2, "k->heads"),
+        ("k batch 3", ["forward", "--q", q, "--k", os.path.join(d, "k_b3.npy"), "--v", v, "--out", o_keep], 2, "k->batch"),
+        ("k f64 with q f32", ["forward", "--q", q, "--k", os.path.join(d, "k_f64.npy"), "--v", v, "--out", o_keep], 2, "k->dtype = f64"),
+        ("v truncated", ["forward", "--q", q, "--k", k, "--v", bad["trunc"][0], "--out", o_keep], 2, "truncated"),
+        ("alibi 3 slopes", F("--alibi", os.path.join(d, "slopes3.npy")), 2, "1-D array of 4 slopes"),
+        ("alibi 2-D", F("--alibi", os.path.join(d, "slopes2d.npy")), 2, "1-D array of 4 slopes"),
+        ("alibi NaN", F("--alibi", os.path.join(d, "slopes_nan.npy")), 2, "alibi_slopes[1] = nan"),
+        ("alibi missing", F("--alibi", os.path.join(d, "none.npy")), 2, "No such file"),
+        ("lse input transposed", B("--lse", os.path.join(d, "lse_bad.npy")), 2, "lse->seqlen = 4"),
+        ("dout missing", B("--dout", os.path.join(d, "none.npy")), 2, "No such file"),
+        ("dout a FIFO", B("--dout", os.path.join(d, "fifo.npy")), 2, "FIFO"),
+        # the outputs
+        ("out in a missing directory", F("--lse", os.path.join(d, "no", "l.npy")), 3, "no/l.npy"),
+        ("out = q", ["forward", "--q", q, "--k", k, "--v", v, "--out", q], 2, "input"),
+        ("lse = v", F("--lse", v), 2, "input"),
+        ("out = lse", F("--lse", o_keep), 2, "same file"),
+        ("out a directory", ["forward", "--q", q, "--k", k, "--v", v, "--out", d], 2, "directory"),
+        ("out /dev/null", F("--lse", "/dev/null"), 2, "character device"),
+        ("out ends in /", F("--lse", d + "/"), 2, "directory"),
+        ("out ends in / (new)", F("--lse", os.path.join(d, "new") + "/"), 2, "not a file name"),
+        ("dq = dk", B("--dk", os.path.join(d, "dq.npy")), 2, "same file"),
+        ("dv = dout", B("--dv", dout), 2, "input"),
+        ("dq = out", B("--dq", out_ok), 2, "input"),
+        ("dk a FIFO", B("--dk", os.path.join(d, "fifo.npy")), 2, "FIFO"),
+        ("out a dangling symbolic link", F("--lse", os.path.join(d, "dangling.npy")), 2, "missing file"),
+        ("dv in a missing directory", B("--dv", os.path.join(d, "no", "dv.npy")), 3, "no/dv.npy"),
+    ]
+    listing = sorted(os.listdir(d))
+    keep = {n: open(os.path.join(d, n), "rb").read() for n in listing if os.path.isfile(os.path.join(d, n))}
+    failures = []
+    for name, args, code, needle in rows:
+        p = run(*args, timeout=60)
+        now = sorted(os.listdir(d))
+        changed = [n for n in keep if open(os.path.join(d, n), "rb").read() != keep[n]]
+        if p.returncode != code or needle not in p.stderr or now != listing or changed:
+            failures.append(f"{name}: exit {p.returncode} (want {code}), files +{set(now) - set(listing)} "
+                            f"changed {changed}: {p.stderr.strip()[:200]}")
+    print(f"     hostile_cli_table: {len(rows)} rows")
+    assert not failures, "\n".join(failures)
 
 
 @test

@@ -64,6 +64,16 @@ typedef struct {
     int64_t size, stride;
 } dim_desc;
 
+static void sort_by_stride(dim_desc *d, int n) /* insertion sort: n <= 4 */
+{
+    for (int i = 1; i < n; i++)
+        for (int j = i; j > 0 && d[j].stride < d[j - 1].stride; j--) {
+            dim_desc x = d[j];
+            d[j] = d[j - 1];
+            d[j - 1] = x;
+        }
+}
+
 /*
  * Outputs must not have two index tuples on one address. Sufficient and the usual rule
  * (NumPy's): ordered by stride, each dimension's stride exceeds the largest offset reachable
@@ -75,12 +85,7 @@ static int non_overlapping(const fa_tensor *t)
                      {t->seqlen, t->seq_stride},
                      {t->heads, t->head_stride},
                      {t->headdim, 1}};
-    for (int i = 1; i < 4; i++) /* insertion sort by stride */
-        for (int j = i; j > 0 && d[j].stride < d[j - 1].stride; j--) {
-            dim_desc x = d[j];
-            d[j] = d[j - 1];
-            d[j - 1] = x;
-        }
+    sort_by_stride(d, 4);
     int64_t reach = 0; /* largest offset reachable with the dims so far */
     for (int i = 0; i < 4; i++) {
         if (d[i].size <= 1)
@@ -136,8 +141,13 @@ fa_status fai_check_tensor(const fa_tensor *t, const char *name, fai_tensor_use 
         int64_t n;
         if (!mad64(dims[i], i == 0 ? 1 : nelem, 0, &n) ||
             (dims[i] > 0 && !mad64(dims[i] - 1, strides[i], last, &last)))
-            return fai_fail(FA_ERR_OVERFLOW, "%s: the extent along %s overflows int64", name,
-                            dn[i]);
+            return fai_fail(FA_ERR_OVERFLOW,
+                            "%s: the extent overflows int64 (its element count or its last "
+                            "element's offset, at %s; dims %lld x %lld x %lld x %lld, strides "
+                            "%lld, %lld, %lld)", name, dn[i],
+                            (long long)t->batch, (long long)t->seqlen, (long long)t->heads,
+                            (long long)t->headdim, (long long)strides[0], (long long)strides[1],
+                            (long long)strides[2]);
         nelem = n;
     }
     if (!mad64(nelem, t->headdim, 0, &nelem) ||
@@ -233,12 +243,7 @@ static int extent_of(const fa_tensor *t, extent *e)
     for (int i = 0; i < 3; i++)
         if (dims[i] > 1)
             d[n++] = (dim_desc){dims[i], strides[i]};
-    for (int i = 1; i < n; i++) /* insertion sort by stride */
-        for (int j = i; j > 0 && d[j].stride < d[j - 1].stride; j--) {
-            dim_desc x = d[j];
-            d[j] = d[j - 1];
-            d[j - 1] = x;
-        }
+    sort_by_stride(d, n);
     e->run = t->headdim;
     e->n = 0;
     for (int i = 0; i < n; i++) {
@@ -274,6 +279,8 @@ static int overlapping(const fa_tensor *a, const fa_tensor *b)
     if ((high->lo - low->lo) % x.es != 0)
         return 1;
     const int64_t d = (int64_t)((high->lo - low->lo) / x.es), s = x.outer[0].stride;
+    if (s <= 0)
+        return 1; /* a broadcast dimension (an input's stride 0): no gaps to tell apart */
     for (int i = 1; i < x.n; i++)
         if (x.outer[i].stride % s != 0)
             return 1;

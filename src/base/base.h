@@ -46,7 +46,8 @@ void fai_free(fai_mem *m, void *p, size_t bytes);
  * Allocation-failure injection, for the tests (tests/check_faults.c; SQLite's way): after
  * fai_fault_arm(n), the n-th allocation from then on fails -- host (fai_alloc, the context,
  * fa_merge_states' scratch) or device (the CUDA backend) -- and only that one; n = 0 disarms.
- * fai_fault_fired says whether it has. Every allocation site asks fai_fault_now() first.
+ * fai_fault_fired says whether it has. Every allocation site calls fai_fault_now() first:
+ * it counts the allocation and returns 1 if this is the one to fail.
  * (Allocations inside OpenBLAS and the OpenMP runtime are theirs, not counted here.)
  */
 void fai_fault_arm(long n);

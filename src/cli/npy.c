@@ -661,8 +661,20 @@ int npy_read(const char *path, size_t max_bytes, npy_array *out, char *err, size
         return -1;
     }
 
-    /* Opened without blocking: opening a FIFO for reading waits for a writer, forever if none
-     * comes. The file type is known from fstat before any read. */
+    /* Only a regular file is opened: opening a FIFO for reading waits for a writer (forever if
+     * none comes), opening a device may act on it. stat first; then an open that cannot block
+     * and fstat of what was opened, in case the path changed in between. Every size check below
+     * trusts st_size, which only a regular file has. */
+    struct stat named;
+    if (stat(path, &named) != 0) {
+        set_err(err, errlen, path, "cannot open: %s", strerror(errno));
+        return -1;
+    }
+    if (!S_ISREG(named.st_mode)) {
+        set_err(err, errlen, path, "not a regular file (%s): .npy input is read from regular "
+                "files only", npy_file_type(named.st_mode));
+        return -1;
+    }
     int fd = open(path, O_RDONLY | O_NONBLOCK | O_CLOEXEC);
     if (fd < 0) {
         set_err(err, errlen, path, "cannot open: %s", strerror(errno));
@@ -673,7 +685,6 @@ int npy_read(const char *path, size_t max_bytes, npy_array *out, char *err, size
         close(fd);
         return -1;
     }
-    /* Every size check below trusts st_size, which only a regular file has. */
     if (!S_ISREG(st.st_mode)) {
         set_err(err, errlen, path, "not a regular file (%s): .npy input is read from regular "
                 "files only", npy_file_type(st.st_mode));
@@ -846,7 +857,8 @@ void npy_free(npy_array *a)
 
 /* The header numpy.save writes for the array (into head, its length into *headlen, the data's
  * size into *nbytes), after checking the arguments; -1 with a message if one is invalid. */
-#define NPY_HEAD_MAX (12 + 320 + 64)
+#define NPY_DICT_MAX 320 /* the dict's longest form (8 dims of 19 digits) is about 230 bytes */
+#define NPY_HEAD_MAX (12 + NPY_DICT_MAX + 64)
 static int make_header(const char *path, npy_kind kind, int ndim, const int64_t *shape,
                        const void *data, unsigned char head[NPY_HEAD_MAX], size_t *headlen,
                        uint64_t *nbytes_out, char *err, size_t errlen)
@@ -883,9 +895,8 @@ static int make_header(const char *path, npy_kind kind, int ndim, const int64_t 
         return -1;
     }
 
-    /* The dict exactly as numpy writes it: keys sorted, Python reprs, a ", " after each item.
-     * Its longest form (8 dims of 19 digits) is about 230 bytes. */
-    char dict[320];
+    /* The dict exactly as numpy writes it: keys sorted, Python reprs, a ", " after each item. */
+    char dict[NPY_DICT_MAX];
     char shp[256];
     format_shape(shp, sizeof shp, ndim, shape);
     int dlen = snprintf(dict, sizeof dict, "{'descr': '%s', 'fortran_order': False, 'shape': %s, }",
@@ -908,7 +919,7 @@ static int make_header(const char *path, npy_kind kind, int ndim, const int64_t 
         pad = (64 - (prelen + (size_t)dlen + 1) % 64) % 64;
         hlen = (size_t)dlen + pad + 1;
     }
-        memcpy(head, npy_magic, 6);
+    memcpy(head, npy_magic, 6);
     head[6] = (unsigned char)major;
     head[7] = 0;
     for (size_t i = 0; i < prelen - 8; i++)

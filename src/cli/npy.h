@@ -55,7 +55,7 @@ typedef struct {
  * for anything else, leaves *out zeroed, and writes into err (errlen bytes, always terminated)
  * a message that names the file and the exact problem. Any declared data size above max_bytes
  * is refused before any allocation. err may be NULL or errlen 0 (no message). */
-#define NPY_ERR_NO_MEMORY 2
+#define NPY_ERR_NO_MEMORY (-2)
 int npy_read(const char *path, size_t max_bytes, npy_array *out, char *err, size_t errlen);
 
 /* Allocation-failure injection for the tests: after npy_fault_arm(n) the reader's n-th

@@ -71,10 +71,14 @@ FA_HOST_DEVICE static inline double fai_dropout_keep_scale(double p) { return 1.
 FA_HOST_DEVICE static inline fai_dropout fai_dropout_make(const fai_dropout_params *p,
                                                           uint64_t head)
 {
+    fai_dropout d = {0, 0, p->threshold};
+    if (!p->threshold)
+        return d; /* dropout off: no key is ever used */
     fai_u32x4 ctr = {{(uint32_t)head, (uint32_t)(head >> 32), (uint32_t)p->offset,
                       (uint32_t)(p->offset >> 32)}};
     fai_u32x4 u = fai_philox4x32_10(ctr, (uint32_t)p->seed, (uint32_t)(p->seed >> 32));
-    fai_dropout d = {u.v[0], u.v[1], p->threshold};
+    d.k0 = u.v[0];
+    d.k1 = u.v[1];
     return d;
 }
 
