@@ -40,6 +40,12 @@ static const ht_sweep_case cases[] = {
     {1, 257, 257, 2, 2, 64, 64, 0, -1, -1, 0, 0, 0, 0, HT_PADDED, FA_SOFTCAP_THEN_ALIBI},
     {3, 61, 67, 6, 3, 19, 23, 1, 7, -1, 0, 2, 1, 0.15, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
     {1, 90, 90, 2, 1, 32, 32, 1, -1, -1, 0, 2, 1, 0.1, HT_BSHD, FA_ALIBI_THEN_SOFTCAP},
+    /* decode shapes (the tiled forward's decode path: group x Sq <= 16, no dropout), keys over
+     * several 512-key chunks: GQA at D=128; MQA with a window whose edge differs per query
+     * position, odd head dims; top-left causal, softcap and ALiBi (the per-element pipeline) */
+    {1, 1, 1537, 8, 2, 128, 128, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
+    {2, 3, 1100, 4, 1, 80, 72, 0, 600, 0, 0, 0, 0, 0, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
+    {1, 4, 700, 4, 2, 33, 17, 1, -1, -1, 1, 5, 1, 0, HT_PADDED, FA_ALIBI_THEN_SOFTCAP},
 };
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 

@@ -431,6 +431,114 @@ static double ulp_error(float y, double e)
  * float64 exp. SLEEF documents its u10 functions as within 1.0 ULP; the measured maximum over
  * the whole domain must stay within that, and the sum must be the sum of the y in a fixed order.
  */
+/*
+ * Decode's products against float64 on stored keys (f32, f16, bf16; head dims below, at and
+ * past the vector widths, a key stride with a gap), and their grouping contract: a score's
+ * bits do not depend on which rows and keys share the call, P V's on how the keys are split
+ * or the rows grouped.
+ */
+static void fill_stored(void *dst, fa_dtype dt, int64_t n, uint64_t *seed)
+{
+    float *f = malloc(sizeof(float) * (size_t)(n + 1));
+    for (int64_t x = 0; x < n; x++)
+        f[x] = rnd(seed);
+    fai_store_f32(dst, dt, n, f);
+    free(f);
+}
+
+static double stored_at(const void *src, fa_dtype dt, int64_t x)
+{
+    float f;
+    fai_load_f32((const char *)src + x * (int64_t)fai_dtype_size(dt), dt, 1, &f);
+    return f;
+}
+
+START_TEST(decode_products_match_float64)
+{
+    const fai_kernels_f32 *kt = kernels_or_skip(_i);
+    if (!kt)
+        return;
+    static const fa_dtype dts[3] = {FA_F32, FA_F16, FA_BF16};
+    static const int64_t ds[] = {1, 15, 16, 64, 80, 128, 129};
+    uint64_t seed = 23;
+    for (int t = 0; t < 3; t++)
+        for (size_t a = 0; a < sizeof ds / sizeof *ds; a++) {
+            const fa_dtype dt = dts[t];
+            const int64_t d = ds[a], nr = 7, n = 37, ldk = d + 5, ldq = d + 1, lds = n + 3;
+            const size_t es = fai_dtype_size(dt);
+            float *q = malloc(sizeof(float) * (size_t)(nr * ldq));
+            void *k = malloc(es * (size_t)(n * ldk));
+            const size_t sb = sizeof(float) * (size_t)(nr * lds), ab = sizeof(float) * (size_t)(nr * ldk);
+            float *s = malloc(sb), *s2 = malloc(sb);
+            float *p = malloc(sizeof(float) * (size_t)(nr * lds));
+            float *acc = malloc(ab), *acc2 = malloc(ab);
+            for (int64_t x = 0; x < nr * ldq; x++)
+                q[x] = rnd(&seed);
+            fill_stored(k, dt, n * ldk, &seed);
+            for (int64_t x = 0; x < nr * lds; x++)
+                p[x] = (rnd(&seed) + 1) / 2, s[x] = s2[x] = -7;
+            for (int64_t x = 0; x < nr * ldk; x++)
+                acc[x] = acc2[x] = rnd(&seed);
+            const float scale = 0.375f;
+            kt->dot_rows(nr, n, d, q, ldq, k, ldk, dt, s, lds, &scale);
+            kt->pv_rows(nr, n, d, p, lds, k, ldk, dt, acc, ldk); /* V = the same rows */
+            for (int64_t r = 0; r < nr; r++)
+                for (int64_t c = 0; c < lds; c++) {
+                    if (c >= n) {
+                        ck_assert_msg(s[r * lds + c] == -7, "%s wrote past its keys",
+                                      kt->dot_rows_name);
+                        continue;
+                    }
+                    double ref = 0, mag = 0;
+                    for (int64_t x = 0; x < d; x++) {
+                        const double term = (double)q[r * ldq + x] * stored_at(k, dt, c * ldk + x);
+                        ref += term, mag += fabs(term);
+                    }
+                    ref *= scale, mag *= scale;
+                    const double err = fabs(s[r * lds + c] - ref);
+                    ck_assert_msg(err <= 1e-6 * (mag + 1), "%s %s d=%ld (%ld,%ld): %g vs %g",
+                                  kt->dot_rows_name, fa_dtype_name(dt), (long)d, (long)r, (long)c,
+                                  (double)s[r * lds + c], ref);
+                }
+            for (int64_t r = 0; r < nr; r++)
+                for (int64_t x = 0; x < ldk; x++) {
+                    if (x >= d) {
+                        ck_assert_msg(acc[r * ldk + x] == acc2[r * ldk + x], "%s wrote past dv",
+                                      kt->pv_rows_name);
+                        continue;
+                    }
+                    double ref = acc2[r * ldk + x], mag = fabs(ref);
+                    for (int64_t c = 0; c < n; c++) {
+                        const double term = (double)p[r * lds + c] * stored_at(k, dt, c * ldk + x);
+                        ref += term, mag += fabs(term);
+                    }
+                    ck_assert_msg(fabs(acc[r * ldk + x] - ref) <= 1e-6 * (mag + 1),
+                                  "%s %s dv=%ld (%ld,%ld): %g vs %g", kt->pv_rows_name,
+                                  fa_dtype_name(dt), (long)d, (long)r, (long)x,
+                                  (double)acc[r * ldk + x], ref);
+                }
+            /* grouping: rows 0-2 and 3-6 apart, keys in runs of 1, 3 and the rest */
+            const int64_t runs[3] = {1, 3, n - 4};
+            for (int64_t r0 = 0; r0 < nr; r0 += 3)
+                for (int64_t c0 = 0, u = 0; u < 3; c0 += runs[u++]) {
+                    const int64_t m = nr - r0 < 3 ? nr - r0 : 3;
+                    const char *kc = (const char *)k + (size_t)(c0 * ldk) * es;
+                    kt->dot_rows(m, runs[u], d, q + r0 * ldq, ldq, kc, ldk, dt, s2 + r0 * lds + c0,
+                                 lds, &scale);
+                    kt->pv_rows(m, runs[u], d, p + r0 * lds + c0, lds, kc, ldk, dt, acc2 + r0 * ldk,
+                                ldk);
+                }
+            ck_assert_msg(!memcmp(s, s2, sb),
+                          "%s %s d=%ld: scores depend on the grouping", kt->dot_rows_name,
+                          fa_dtype_name(dt), (long)d);
+            ck_assert_msg(!memcmp(acc, acc2, ab),
+                          "%s %s d=%ld: P V depends on the key split", kt->pv_rows_name,
+                          fa_dtype_name(dt), (long)d);
+            free(q), free(k), free(s), free(s2), free(p), free(acc), free(acc2);
+        }
+}
+END_TEST
+
 START_TEST(expsum_exhaustive_nonpositive)
 {
     const fai_kernels_f32 *kt = kernels_or_skip(_i);
@@ -739,6 +847,7 @@ Suite *make_kernels_suite(void)
     tcase_add_loop_test(tc, widen_every_half, 0, ht_nisas);
     tcase_add_loop_test(tc, narrow_rounds_as_portable, 0, ht_nisas);
     tcase_add_loop_test(tc, max_matches_definition, 0, ht_nisas);
+    tcase_add_loop_test(tc, decode_products_match_float64, 0, ht_nisas);
     tcase_add_loop_test(tc, expsum_exhaustive_nonpositive, 0, ht_nisas);
     tcase_add_test(tc, amx_packs_match_layout);
     tcase_add_test(tc, amx_qk_matches_float64);

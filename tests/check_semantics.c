@@ -369,6 +369,65 @@ START_TEST(deterministic_across_threads)
 }
 END_TEST
 
+/*
+ * The decode path (group x Sq rows per kv head <= 16): bitwise the same at 1, 2 and 3 threads
+ * and on a second call (its key chunks and their merge order are the problem's), over shapes
+ * whose threads split the keys (B = 1, one kv head), the kv heads, or both. That the path is
+ * taken shows in its bits, which differ from the tiles' (FA_DECODE=0): both are held to the
+ * reference's error bound there, and some element of O or of the (f32) LSE must differ.
+ */
+START_TEST(decode_deterministic_across_threads)
+{
+    static const struct {
+        int64_t b, sq, sk, hq, hk, d;
+        fa_dtype dt;
+        int causal;
+    } c[3] = {{1, 1, 3000, 8, 1, 64, FA_F16, 1}, {2, 2, 1300, 8, 4, 40, FA_BF16, 1},
+              {1, 3, 777, 3, 3, 128, FA_F32, 0}};
+    const int x = _i;
+    set first;
+    set_alloc(&first, c[x].dt, c[x].b, c[x].sq, c[x].sk, c[x].hq, c[x].hk, c[x].d, c[x].d);
+    fa_params p;
+    fa_params_init(&p);
+    p.causal = c[x].causal;
+    ck_assert(ht_forward(FA_BACKEND_TILED, 1, &p, &first.q.t, &first.k.t, &first.v.t, &first.o.t,
+                         &first.l.t) == FA_OK);
+    const int threads[4] = {1, 2, 3, 2};
+    for (int t = 0; t < 4; t++) {
+        set again;
+        set_alloc(&again, c[x].dt, c[x].b, c[x].sq, c[x].sk, c[x].hq, c[x].hk, c[x].d, c[x].d);
+        ck_assert(ht_forward(FA_BACKEND_TILED, threads[t], &p, &again.q.t, &again.k.t,
+                             &again.v.t, &again.o.t, &again.l.t) == FA_OK);
+        ck_assert_msg(same_bits(&first.o, &again.o), "case %d: out differs at %d threads", x,
+                      threads[t]);
+        ck_assert_msg(same_bits(&first.l, &again.l), "case %d: lse differs at %d threads", x,
+                      threads[t]);
+        set_free(&again);
+    }
+    set tiles;
+    set_alloc(&tiles, c[x].dt, c[x].b, c[x].sq, c[x].sk, c[x].hq, c[x].hk, c[x].d, c[x].d);
+    setenv("FA_DECODE", "0", 1);
+    const fa_status st = ht_forward(FA_BACKEND_TILED, 2, &p, &tiles.q.t, &tiles.k.t, &tiles.v.t,
+                                    &tiles.o.t, &tiles.l.t);
+    unsetenv("FA_DECODE");
+    ck_assert(st == FA_OK);
+    ht_tensor ref;
+    ht_alloc(&ref, FA_F64, c[x].b, c[x].sq, c[x].hq, c[x].d, HT_BSHD);
+    ck_assert(ht_forward(FA_BACKEND_REFERENCE, 1, &p, &first.q.t64, &first.k.t64, &first.v.t64,
+                         &ref.t, NULL) == FA_OK);
+    const double e_decode = ht_max_err(&first.o, &ref), e_tiles = ht_max_err(&tiles.o, &ref);
+    ck_assert_msg(!same_bits(&first.o, &tiles.o) || !same_bits(&first.l, &tiles.l),
+                  "case %d: the decode path was not taken", x);
+    /* the storage's unit roundoff: the output's own rounding */
+    const double eps = c[x].dt == FA_F16 ? 0x1p-11 : c[x].dt == FA_BF16 ? 0x1p-8 : 0x1p-24;
+    ck_assert_msg(e_decode <= 2 * e_tiles + eps, "case %d: decode error %g, tiles %g", x,
+                  e_decode, e_tiles);
+    ht_free(&ref);
+    set_free(&tiles);
+    set_free(&first);
+}
+END_TEST
+
 /* The tiled backward in one pass and in two (FA_BACKWARD_PASSES) gives the same bits: dQ sums
  * the same terms in the same order either way. Masks with partial tiles in both alignments,
  * a window with ALiBi, GQA, softcap and dropout, and inf/NaN in masked K and V rows (the
@@ -724,6 +783,7 @@ Suite *make_semantics_suite(void)
     TCase *cc = tcase_create("concurrency");
     tcase_set_timeout(cc, 600);
     tcase_add_loop_test(cc, deterministic_across_threads, 0, 6);
+    tcase_add_loop_test(cc, decode_deterministic_across_threads, 0, 3);
     tcase_add_test(cc, shared_context_concurrent_calls);
     tcase_add_test(cc, four_callers_share_a_context);
     suite_add_tcase(s, cc);

@@ -2,7 +2,7 @@
  * Contexts: fa_options and the environment turned into a resolved backend, ISA and kernel set,
  * thread count, cache sizes and the tiled backend's forced tiles; its memory counters and its
  * one-line description. The environment variables (docs/DESIGN.md §2): FA_BACKEND and FA_ISA
- * override an AUTO option; FA_TILES and FA_BACKWARD_PASSES force the tiled backend's plan.
+ * override an AUTO option; FA_TILES, FA_BACKWARD_PASSES and FA_DECODE force the tiled backend's plan.
  */
 #include "config.h"
 
@@ -64,7 +64,7 @@ static int backend_from_name(const char *v) { return (int)fai_backend_from_name(
 static int isa_from_name(const char *v) { return (int)fai_isa_from_name(v); }
 
 /* FA_TILES=BQxBK[xBR], each in [1, 4096], BR <= BQ (BR 0: the plan's strip for BK); and
- * FA_BACKWARD_PASSES=1|2. */
+ * FA_BACKWARD_PASSES=1|2; FA_DECODE=0|1. */
 static fa_status env_tiled(fai_tiled_forced *f)
 {
     memset(f, 0, sizeof *f);
@@ -95,6 +95,12 @@ static fa_status env_tiled(fai_tiled_forced *f)
         if (strcmp(env, "1") && strcmp(env, "2"))
             return fai_fail(FA_ERR_INVALID_ARGUMENT, "FA_BACKWARD_PASSES=%s: expected 1 or 2", env);
         f->backward_passes = env[0] - '0';
+    }
+    env = getenv("FA_DECODE");
+    if (env && *env) {
+        if (strcmp(env, "0") && strcmp(env, "1"))
+            return fai_fail(FA_ERR_INVALID_ARGUMENT, "FA_DECODE=%s: expected 0 or 1", env);
+        f->decode_off = env[0] == '0';
     }
     return FA_OK;
 }

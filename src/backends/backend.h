@@ -20,10 +20,12 @@
 /* ------------------------------------------------------------------ the context */
 
 /* What the environment forces on the tiled backend, for tile sweeps: FA_TILES=BQxBK[xBR]
- * (bq = 0: not forced) and FA_BACKWARD_PASSES=1|2 (0: planned). */
+ * (bq = 0: not forced), FA_BACKWARD_PASSES=1|2 (0: planned) and FA_DECODE=0 (the forward's
+ * decode path never taken; 1 or unset: where the plan takes it). */
 typedef struct {
     int64_t bq, bk, br;
     int backward_passes;
+    int decode_off;
 } fai_tiled_forced;
 
 struct fa_context {

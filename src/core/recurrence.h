@@ -106,6 +106,41 @@ static inline double fai_online_sum_f64(double l, double a, double s)
 }
 
 /*
+ * Split-KV: two unfinished states of a row over disjoint key sets, (m, l, acc) and
+ * (m2, l2, acc2), as one over their union. Relative to m' = max(m, m2), with a = exp(m - m')
+ * and a2 = exp(m2 - m'),
+ *
+ *     l' = a l + a2 l2,      acc' = a acc + a2 acc2,
+ *
+ * and (I) holds again: each old term exp(s_j - m) or exp(s_j - m2) is moved to m' exactly as
+ * fai_online_move moves a row's own. A dead side (m = -inf: nothing finite seen) gets a = 0.
+ * If both are dead (m' = -inf) this returns 0 and leaves *m alone: the caller then adds acc2
+ * to acc with a = a2 = 1, as the one-state recurrence keeps a dead row's allowed terms 0 v in
+ * acc (zero, or NaN where v has inf or NaN; the row ends empty, O = 0, either way). Folding a
+ * row's chunks 0, 1, 2, ... into the state of chunk 0 in that order fixes the result, whoever
+ * computed each chunk.
+ */
+FA_HOST_DEVICE static inline int fai_online_merge_f32(float *m, float m2, float *a, float *a2)
+{
+    const float m_new = fai_nanmax_f32(*m, m2);
+    if (m_new == -INFINITY) {
+        *a = *a2 = 1;
+        return 0;
+    }
+    *a = fai_expf(*m - m_new);
+    *a2 = fai_expf(m2 - m_new);
+    *m = m_new;
+    return 1;
+}
+
+/* l' = a l + a2 l2 of fai_online_merge (a product may fuse into the sum, as in
+ * fai_online_sum_f32: one way or the other for a build, never per call). */
+static inline float fai_online_merge_sum_f32(float l, float a, float l2, float a2)
+{
+    return l * a + l2 * a2;
+}
+
+/*
  * End of the row: returns the factor that turns acc into O (0 for an empty row, so O = 0
  * exactly) and sets *lse. keep_scale is 1 / (1 - p), or 1 without dropout.
  *

@@ -358,6 +358,8 @@ static const fai_kernels_f32 avx2 = {
     FAI_KERNEL(finite, fa_f32_finite__avx2),
     FAI_KERNEL(widen, fa_f32_widen__avx2),
     FAI_KERNEL(narrow, fa_f32_narrow__avx2),
+    FAI_KERNEL(dot_rows, fai_dot_rows_f32_portable),
+    FAI_KERNEL(pv_rows, fai_pv_rows_f32_portable),
 };
 
 const fai_kernels_f32 *fai_kernels_avx2(void) { return &avx2; }

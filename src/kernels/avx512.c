@@ -365,6 +365,234 @@ static void fa_f32_narrow__avx512(void *dst, fa_dtype d, int64_t n, const float 
     }
 }
 
+/* ---------------------------------------------------------------- decode's products */
+
+/* 16 elements of a stored row from element p, widened exactly (lanes outside mk are 0); the
+ * dtype is a constant where this is inlined, FULL loads without a mask. */
+static inline __attribute__((always_inline)) __m512 load_widen__avx512(const fa_dtype D,
+                                                                       const int FULL,
+                                                                       __mmask16 mk,
+                                                                       const void *row, int64_t p)
+{
+    if (D == FA_F32)
+        return FULL ? _mm512_loadu_ps((const float *)row + p)
+                    : _mm512_maskz_loadu_ps(mk, (const float *)row + p);
+    const __m256i x = FULL ? _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + p))
+                           : _mm256_maskz_loadu_epi16(mk, (const uint16_t *)row + p);
+    return D == FA_F16 ? _mm512_cvtph_ps(x)
+                       : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+}
+
+/*
+ * The sums of the lanes of 16 vectors: lane 4i + t of the result is the sum of a[4i + t]'s 16
+ * lanes, always in one order: within each 128-bit block (l0 + l2) + (l1 + l3), then the
+ * blocks (b0 + b1) + (b2 + b3). Lanes of different vectors never meet, so a vector whose sum
+ * is not wanted may hold anything.
+ */
+static inline __attribute__((always_inline)) __m512 sum_lanes_16__avx512(const __m512 a[16])
+{
+    __m512 b[8], c[4], d[2];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++) /* per block: a0 l0+l2, a1 l0+l2, a0 l1+l3, a1 l1+l3 */
+        b[i] = _mm512_add_ps(_mm512_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                             _mm512_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+#pragma GCC unroll 4
+    for (int i = 0; i < 4; i++) { /* per block: the block sums of a[4i .. 4i + 3] */
+        const __m512d x = _mm512_castps_pd(b[2 * i]), y = _mm512_castps_pd(b[2 * i + 1]);
+        c[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                             _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < 2; i++) /* blocks b0 + b1, b2 + b3 of c[2i], then of c[2i + 1] */
+        d[i] = _mm512_add_ps(_mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0x88),
+                             _mm512_shuffle_f32x4(c[2 * i], c[2 * i + 1], 0xdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(d[0], d[1], 0x88),
+                         _mm512_shuffle_f32x4(d[0], d[1], 0xdd));
+}
+
+/* ROWS (<= 4) rows against nc (<= 4; 4 where KEYS4) keys: one accumulator per (row, key), 16
+ * lanes over p (lane t takes p = t, t + 16, ... in order, a fused multiply-add each), then
+ * sum_lanes_16__avx512. Keys past nc are not loaded (their accumulators hold junk). */
+static inline __attribute__((always_inline)) void
+dot_block__avx512(const fa_dtype D, const int ROWS, const int KEYS4, int64_t nc, int64_t d,
+                  const float *q,
+                  int64_t ldq, const char *k, int64_t kb, float *s, int64_t lds,
+                  const float *scale)
+{
+    __m512 acc[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++)
+        acc[i] = _mm512_setzero_ps();
+    int64_t p = 0;
+    for (; p + 16 <= d; p += 16) {
+        __m512 kv[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            kv[c] = KEYS4 || c < nc ? load_widen__avx512(D, 1, 0, k + c * kb, p)
+                                    : _mm512_setzero_ps();
+#pragma GCC unroll 4
+        for (int r = 0; r < ROWS; r++) {
+            const __m512 qv = _mm512_loadu_ps(q + r * ldq + p);
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++)
+                acc[4 * r + c] = _mm512_fmadd_ps(qv, kv[c], acc[4 * r + c]);
+        }
+    }
+    if (p < d) {
+        const __mmask16 mk = (__mmask16)((1u << (d - p)) - 1);
+        __m512 kv[4];
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            kv[c] = KEYS4 || c < nc ? load_widen__avx512(D, 0, mk, k + c * kb, p)
+                                    : _mm512_setzero_ps();
+#pragma GCC unroll 4
+        for (int r = 0; r < ROWS; r++) {
+            const __m512 qv = _mm512_maskz_loadu_ps(mk, q + r * ldq + p);
+#pragma GCC unroll 4
+            for (int c = 0; c < 4; c++)
+                acc[4 * r + c] = _mm512_fmadd_ps(qv, kv[c], acc[4 * r + c]);
+        }
+    }
+    __m512 sums = sum_lanes_16__avx512(acc);
+    if (scale)
+        sums = _mm512_mul_ps(sums, _mm512_set1_ps(*scale));
+    /* row r's nc sums are lanes 4r ..: stored from a base 4r floats before its scores (a
+     * masked store touches only the lanes of its mask) */
+    const __mmask16 keys = (__mmask16)((1u << nc) - 1);
+#pragma GCC unroll 4
+    for (int r = 0; r < ROWS; r++)
+        _mm512_mask_storeu_ps(s + r * lds - 4 * r, (__mmask16)(keys << (4 * r)), sums);
+}
+
+static inline __attribute__((always_inline)) void
+dot_rows_dtype__avx512(const fa_dtype D, int64_t nr, int64_t n, int64_t d, const float *q,
+                       int64_t ldq, const void *k, int64_t ldk, float *s, int64_t lds,
+                       const float *scale)
+{
+    const int64_t kb = ldk * (D == FA_F32 ? 4 : 2);
+    for (int64_t c = 0; c < n; c += 4) {
+        const int64_t nc = n - c < 4 ? n - c : 4;
+        const char *kc = (const char *)k + c * kb;
+        for (int64_t r = 0; r < nr; r += 4) {
+            const float *qr = q + r * ldq;
+            float *sr = s + r * lds + c;
+#define DOT_CASE(ROWS)                                                                          \
+    (nc == 4 ? dot_block__avx512(D, ROWS, 1, 4, d, qr, ldq, kc, kb, sr, lds, scale)            \
+             : dot_block__avx512(D, ROWS, 0, nc, d, qr, ldq, kc, kb, sr, lds, scale))
+            switch (nr - r < 4 ? nr - r : 4) {
+            case 1: DOT_CASE(1); break;
+            case 2: DOT_CASE(2); break;
+            case 3: DOT_CASE(3); break;
+            default: DOT_CASE(4); break;
+            }
+#undef DOT_CASE
+        }
+    }
+}
+
+/* The sum's order: 16 lanes over p (lane t: p = t, t + 16, ..., fused), then the lanes as
+ * sum_lanes_16__avx512 adds them. */
+static void fa_f32_dot_rows_4x4__avx512(int64_t nr, int64_t n, int64_t d, const float *q,
+                                        int64_t ldq, const void *k, int64_t ldk, fa_dtype kd,
+                                        float *s, int64_t lds, const float *scale)
+{
+    if (kd == FA_F16)
+        dot_rows_dtype__avx512(FA_F16, nr, n, d, q, ldq, k, ldk, s, lds, scale);
+    else if (kd == FA_BF16)
+        dot_rows_dtype__avx512(FA_BF16, nr, n, d, q, ldq, k, ldk, s, lds, scale);
+    else if (kd == FA_F32)
+        dot_rows_dtype__avx512(FA_F32, nr, n, d, q, ldq, k, ldk, s, lds, scale);
+    else
+        fai_dot_rows_f32_portable(nr, n, d, q, ldq, k, ldk, kd, s, lds, scale);
+}
+
+/* ROWS (<= 4) rows of acc, dims [p0, p0 + 64) (mk: the valid lanes of each of the four
+ * vectors, all of them where FULL), += P V over keys [0, n). */
+static inline __attribute__((always_inline)) void
+pv_block__avx512(const fa_dtype D, const int FULL, const int ROWS, const __mmask16 *mk,
+                 int64_t n, const float *p, int64_t ldp, const char *v, int64_t vb, int64_t p0,
+                 float *acc, int64_t lda)
+{
+    __m512 a[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < ROWS; r++)
+#pragma GCC unroll 4
+        for (int x = 0; x < 4; x++)
+            a[r][x] = FULL ? _mm512_loadu_ps(acc + r * lda + p0 + 16 * x)
+                           : _mm512_maskz_loadu_ps(mk[x], acc + r * lda + p0 + 16 * x);
+    for (int64_t c = 0; c < n; c++) {
+        __m512 vv[4];
+#pragma GCC unroll 4
+        for (int x = 0; x < 4; x++)
+            vv[x] = load_widen__avx512(D, FULL, FULL ? 0 : mk[x], v + c * vb, p0 + 16 * x);
+#pragma GCC unroll 4
+        for (int r = 0; r < ROWS; r++) {
+            const __m512 w = _mm512_set1_ps(p[r * ldp + c]);
+#pragma GCC unroll 4
+            for (int x = 0; x < 4; x++)
+                a[r][x] = _mm512_fmadd_ps(w, vv[x], a[r][x]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < ROWS; r++)
+#pragma GCC unroll 4
+        for (int x = 0; x < 4; x++) {
+            if (FULL)
+                _mm512_storeu_ps(acc + r * lda + p0 + 16 * x, a[r][x]);
+            else
+                _mm512_mask_storeu_ps(acc + r * lda + p0 + 16 * x, mk[x], a[r][x]);
+        }
+}
+
+#define PV_KEYS 64 /* keys per pass over the dims: 64 rows of V (16 KiB of f32) stay in L1 */
+
+static inline __attribute__((always_inline)) void
+pv_rows_dtype__avx512(const fa_dtype D, int64_t nr, int64_t n, int64_t dv, const float *p,
+                      int64_t ldp, const void *v, int64_t ldv, float *acc, int64_t lda)
+{
+    const int64_t vb = ldv * (D == FA_F32 ? 4 : 2);
+    for (int64_t c = 0; c < n; c += PV_KEYS) {
+        const int64_t nc = n - c < PV_KEYS ? n - c : PV_KEYS;
+        const char *vc = (const char *)v + c * vb;
+        for (int64_t p0 = 0; p0 < dv; p0 += 64) {
+            __mmask16 mk[4];
+            for (int x = 0; x < 4; x++) {
+                const int64_t left = dv - p0 - 16 * x;
+                mk[x] = left >= 16 ? 0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
+            }
+            const int full = dv - p0 >= 64;
+            for (int64_t r = 0; r < nr; r += 4) {
+                const float *pr = p + r * ldp + c;
+                float *ar = acc + r * lda;
+#define PV_CASE(ROWS)                                                                           \
+    (full ? pv_block__avx512(D, 1, ROWS, mk, nc, pr, ldp, vc, vb, p0, ar, lda)                  \
+          : pv_block__avx512(D, 0, ROWS, mk, nc, pr, ldp, vc, vb, p0, ar, lda))
+                switch (nr - r < 4 ? nr - r : 4) {
+                case 1: PV_CASE(1); break;
+                case 2: PV_CASE(2); break;
+                case 3: PV_CASE(3); break;
+                default: PV_CASE(4); break;
+                }
+#undef PV_CASE
+            }
+        }
+    }
+}
+
+static void fa_f32_pv_rows_4x64__avx512(int64_t nr, int64_t n, int64_t dv, const float *p,
+                                        int64_t ldp, const void *v, int64_t ldv, fa_dtype vd,
+                                        float *acc, int64_t lda)
+{
+    if (vd == FA_F16)
+        pv_rows_dtype__avx512(FA_F16, nr, n, dv, p, ldp, v, ldv, acc, lda);
+    else if (vd == FA_BF16)
+        pv_rows_dtype__avx512(FA_BF16, nr, n, dv, p, ldp, v, ldv, acc, lda);
+    else if (vd == FA_F32)
+        pv_rows_dtype__avx512(FA_F32, nr, n, dv, p, ldp, v, ldv, acc, lda);
+    else
+        fai_pv_rows_f32_portable(nr, n, dv, p, ldp, v, ldv, vd, acc, lda);
+}
+
 static const fai_kernels_f32 avx512 = {
     .isa = FA_ISA_AVX512,
     .mr = MR,
@@ -379,6 +607,8 @@ static const fai_kernels_f32 avx512 = {
     FAI_KERNEL(finite, fa_f32_finite__avx512),
     FAI_KERNEL(widen, fa_f32_widen__avx512),
     FAI_KERNEL(narrow, fa_f32_narrow__avx512),
+    FAI_KERNEL(dot_rows, fa_f32_dot_rows_4x4__avx512),
+    FAI_KERNEL(pv_rows, fa_f32_pv_rows_4x64__avx512),
 };
 
 const fai_kernels_f32 *fai_kernels_avx512(void) { return &avx512; }

@@ -76,6 +76,27 @@ typedef float (*fai_expsum_f32)(int64_t n, const float *x, float m, float *y);
 typedef float (*fai_max_f32)(int64_t n, const float *x);
 
 /*
+ * Decode's two products: a few query rows (a GQA group's rows of one kv head) against keys
+ * read where they are stored, f32, f16 or bf16, widened exactly as they are loaded, so that no
+ * packing pass reads K or V before the product does (backends/tiled/decode.c). Any nr >= 1;
+ * key c's row is at k + c ldk (v + c ldv) elements of storage dtype kd (vd).
+ *
+ * dot_rows: s[r lds + c] = sum_p q[r ldq + p] k_c[p] over p < d, for r < nr, c < n, then times
+ * *scale (one rounded product) when scale is not NULL. The order of the sum is a fixed
+ * function of d, the same for every r and c whatever nr and n are (each set states it), so a
+ * score's bits do not depend on how rows or keys are grouped into calls.
+ * pv_rows: acc[r lda + p] += sum_c p[r ldp + c] v_c[p] for r < nr, p < dv, c = 0 .. n-1 in
+ * that order, one multiply-add rounded to float each (fused, or formed in double by the
+ * scalar set): n split over calls, or rows grouped differently, gives the same bits.
+ */
+typedef void (*fai_dot_rows_f32)(int64_t nr, int64_t n, int64_t d, const float *q, int64_t ldq,
+                                 const void *k, int64_t ldk, fa_dtype kd, float *s, int64_t lds,
+                                 const float *scale);
+typedef void (*fai_pv_rows_f32)(int64_t nr, int64_t n, int64_t dv, const float *p, int64_t ldp,
+                                const void *v, int64_t ldv, fa_dtype vd, float *acc,
+                                int64_t lda);
+
+/*
  * Tile products for bf16 storage (AMX): the forward's S = Q K^T and O += P V on bf16 operands
  * (kernels/amx.c has the formats, the rounding, and where subnormals differ from the f32
  * kernels). NULL in every set but AMX's. The tiled forward uses them for bf16 storage with
@@ -126,6 +147,8 @@ typedef struct fai_kernels_f32_s {
     FAI_SLOT(fai_finite_f32, finite);
     FAI_SLOT(fai_widen_f32, widen);
     FAI_SLOT(fai_narrow_f32, narrow);
+    FAI_SLOT(fai_dot_rows_f32, dot_rows);
+    FAI_SLOT(fai_pv_rows_f32, pv_rows);
     const fai_kernels_bf16 *bf16; /* tile products for bf16 storage, or NULL */
 } fai_kernels_f32;
 
@@ -202,5 +225,10 @@ void fai_gemm_at_f64(const fai_kernels_f64 *kt, int64_t m, int64_t n, int64_t k,
 void fai_transpose_f32_portable(int64_t rows, int64_t cols, const float *src, int64_t lds,
                                 float *dst, int64_t ldd);
 int fai_finite_f32_portable(int64_t n, const float *x);
+void fai_dot_rows_f32_portable(int64_t nr, int64_t n, int64_t d, const float *q, int64_t ldq,
+                               const void *k, int64_t ldk, fa_dtype kd, float *s, int64_t lds,
+                               const float *scale);
+void fai_pv_rows_f32_portable(int64_t nr, int64_t n, int64_t dv, const float *p, int64_t ldp,
+                              const void *v, int64_t ldv, fa_dtype vd, float *acc, int64_t lda);
 
 #endif

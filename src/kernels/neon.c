@@ -285,6 +285,8 @@ static const fai_kernels_f32 neon = {
     FAI_KERNEL(finite, fai_finite_f32_portable),
     FAI_KERNEL(widen, fa_f32_widen__neon),
     FAI_KERNEL(narrow, fa_f32_narrow__neon),
+    FAI_KERNEL(dot_rows, fai_dot_rows_f32_portable),
+    FAI_KERNEL(pv_rows, fai_pv_rows_f32_portable),
 };
 
 const fai_kernels_f32 *fai_kernels_neon(void) { return &neon; }

@@ -115,6 +115,53 @@ int fai_finite_f32_portable(int64_t n, const float *x)
     return !bad;
 }
 
+/* Decode's products (kernels/kernels.h), a piece of a key row at a time widened into a buffer
+ * (exact). Each multiply-add formed in double and rounded to float, as the scalar GEMM rounds;
+ * dot_rows sums p = 0, 1, ..., d-1 in order. */
+#define PORTABLE_PIECE 64
+
+void fai_dot_rows_f32_portable(int64_t nr, int64_t n, int64_t d, const float *q, int64_t ldq,
+                               const void *k, int64_t ldk, fa_dtype kd, float *s, int64_t lds,
+                               const float *scale)
+{
+    const int64_t es = (int64_t)fai_dtype_size(kd);
+    float piece[PORTABLE_PIECE];
+    for (int64_t c = 0; c < n; c++) {
+        for (int64_t r = 0; r < nr; r++)
+            s[r * lds + c] = 0;
+        for (int64_t p0 = 0; p0 < d; p0 += PORTABLE_PIECE) {
+            const int64_t m = d - p0 < PORTABLE_PIECE ? d - p0 : PORTABLE_PIECE;
+            fai_load_f32((const char *)k + (c * ldk + p0) * es, kd, m, piece);
+            for (int64_t r = 0; r < nr; r++) {
+                float acc = s[r * lds + c];
+                for (int64_t p = 0; p < m; p++)
+                    acc = (float)(acc + (double)q[r * ldq + p0 + p] * piece[p]);
+                s[r * lds + c] = acc;
+            }
+        }
+        for (int64_t r = 0; scale && r < nr; r++)
+            s[r * lds + c] *= *scale;
+    }
+}
+
+void fai_pv_rows_f32_portable(int64_t nr, int64_t n, int64_t dv, const float *p, int64_t ldp,
+                              const void *v, int64_t ldv, fa_dtype vd, float *acc, int64_t lda)
+{
+    const int64_t es = (int64_t)fai_dtype_size(vd);
+    float piece[PORTABLE_PIECE];
+    for (int64_t c = 0; c < n; c++)
+        for (int64_t p0 = 0; p0 < dv; p0 += PORTABLE_PIECE) {
+            const int64_t m = dv - p0 < PORTABLE_PIECE ? dv - p0 : PORTABLE_PIECE;
+            fai_load_f32((const char *)v + (c * ldv + p0) * es, vd, m, piece);
+            for (int64_t r = 0; r < nr; r++) {
+                const double w = p[r * ldp + c];
+                float *a = acc + r * lda + p0;
+                for (int64_t e = 0; e < m; e++)
+                    a[e] = (float)(a[e] + w * piece[e]);
+            }
+        }
+}
+
 static const fai_kernels_f32 scalar = {
     .isa = FA_ISA_SCALAR,
     .mr = SCALAR_MR,
@@ -129,6 +176,8 @@ static const fai_kernels_f32 scalar = {
     FAI_KERNEL(finite, fai_finite_f32_portable),
     FAI_KERNEL(widen, fai_load_f32),
     FAI_KERNEL(narrow, fai_store_f32),
+    FAI_KERNEL(dot_rows, fai_dot_rows_f32_portable),
+    FAI_KERNEL(pv_rows, fai_pv_rows_f32_portable),
 };
 
 const fai_kernels_f32 *fai_kernels_scalar(void) { return &scalar; }

@@ -171,9 +171,35 @@ fai_tiles fai_tiled_tiles(const fa_context *ctx, int64_t dqk, int64_t dv, fa_dty
     return t;
 }
 
+/*
+ * Decode: where a kv head has few query rows (its GQA group's heads times Sq, at most
+ * DECODE_ROWS), the forward reads each K and V row once for all of them, straight from
+ * storage (kernels' dot_rows and pv_rows), instead of packing key tiles per query head: with
+ * one query row per head the packing and the GEMM kernel's MR-row panels cost more than the
+ * product. The keys are split into chunks of DECODE_KEYS, each its own task and partial
+ * state, merged in key order: so one (b, kv head) keeps every thread busy, and the result
+ * does not depend on the thread count (the chunks are the problem's, not the threads').
+ * Measured on Zen 4 (B=1, Sq=1, Hq=32, Hk=8, D=128, f16 KV, causal; docs/notes/inference.md):
+ * KV read at 7.5-8.1 GB/s on 1 thread (0.43-0.45 of stream reads), 13.6-14.6 on 2 (0.45-0.47),
+ * where the tiles read 0.6-0.9 and 0.9-2.2 (0.03-0.07). 16 rows: a GQA group of 4 to 16
+ * heads, or a few query positions (speculative decode); 512-key chunks: a 64k-key head is
+ * 128 tasks, the merge costs 1/512 of the chunk's work.
+ * Dropout keeps the tiles (its decisions and selection are theirs), f64 storage too.
+ */
+#define DECODE_ROWS 16
+#define DECODE_KEYS 512
+
+static int64_t decode_keys(const fa_context *ctx, const fai_problem *pr)
+{
+    const int applies = pr->dtype != FA_F64 && pr->drop.threshold == 0 &&
+                        pr->group * pr->sq <= DECODE_ROWS && !ctx->tiled.decode_off;
+    return applies ? DECODE_KEYS : 0;
+}
+
 fai_tiled_plan fai_tiled_plan_forward(const fa_context *ctx, const fai_problem *pr)
 {
     fai_tiled_plan p = {0};
+    p.decode_keys = decode_keys(ctx, pr);
     p.tl = fai_tiled_tiles(ctx, pr->dqk, pr->dv, pr->dtype, 0);
     p.tile_products = tile_products(ctx, pr->dtype, pr->dqk, pr->dv);
     /* forced tiles are taken as they are; the workspace is sized by p.tl either way */

@@ -24,6 +24,8 @@ typedef struct {
     const fai_kernels_bf16 *tile_products; /* forward: the set's tile products, where they
                                               take the problem (bf16 storage), else NULL */
     int single_pass;   /* backward: dQ accumulated per kv head in one pass, else two passes */
+    int64_t decode_keys; /* forward: > 0 takes the decode path (backends/tiled/decode.c), the
+                            keys split into chunks of this many; 0: the tiles */
 } fai_tiled_plan;
 
 fai_tiled_plan fai_tiled_plan_forward(const fa_context *ctx, const fai_problem *pr);

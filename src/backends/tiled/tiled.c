@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include "backends/backend.h"
+#include "backends/tiled/decode.h"
 #include "backends/tiled/plan.h"
 #include "core/gradient.h"
 #include "core/recurrence.h"
@@ -45,6 +46,8 @@
 static fa_status tiled_forward(fa_context *ctx, const fai_problem *pr)
 {
     const fai_tiled_plan plan = fai_tiled_plan_forward(ctx, pr);
+    if (plan.decode_keys)
+        return fai_tiled_decode(ctx, pr, ctx->kernels, &plan);
     return pr->dtype == FA_F64 ? forward_f64(ctx, pr, fai_kernels_f64_portable(), &plan)
                                : forward_f32(ctx, pr, ctx->kernels, &plan);
 }
