@@ -81,6 +81,14 @@ typedef struct {
     double       dropout_p;                 /* [0, 1)                                         */
     uint64_t     dropout_seed, dropout_offset; /* every bit drawn on (DESIGN.md §1) */
     fa_score_order score_order;             /* default FA_SOFTCAP_THEN_ALIBI                  */
+    /* Attention sinks (gpt-oss): Hq logits (host memory), or NULL. Head h's sink joins every
+     * row's softmax denominator as one more logit with no value: LSE_i = ln(sum_j exp(s_ij) +
+     * exp(sink_h)), O_i = sum_j exp(s_ij - LSE_i) v_j (docs/DESIGN.md §1). Each is finite or
+     * -inf (-inf: no sink for that head); a row with no allowed key has LSE = sink_h, O = 0. */
+    const float *sink_logits;
+    /* fa_backward with sink_logits: Hq floats (host memory) that receive d loss / d sink_h,
+     * summed over batch and rows; NULL: not wanted. Ignored by fa_forward. */
+    float *sink_grad;
 } fa_params; /* new fields are only ever appended */
 
 typedef enum {

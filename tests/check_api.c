@@ -20,6 +20,7 @@ typedef struct {
     fa_tensor tq, tk, tv, to, tl, tdout, tdq, tdk, tdv; /* what the calls see (mutable) */
     fa_params p;
     float slopes[4];
+    float sinks[4];
 } setup;
 
 static void setup_make(setup *s)
@@ -41,7 +42,7 @@ static void setup_make(setup *s)
     s->tdout = s->dout.t, s->tdq = s->dq.t, s->tdk = s->dk.t, s->tdv = s->dv.t;
     fa_params_init(&s->p);
     for (int h = 0; h < 4; h++)
-        s->slopes[h] = 0.5f;
+        s->slopes[h] = 0.5f, s->sinks[h] = 1.0f;
 }
 
 static void setup_free(setup *s)
@@ -95,6 +96,12 @@ MUT(m_softcap_inf, s->p.softcap = INFINITY)
 MUT(m_align, s->p.align = (fa_align)7)
 MUT(m_order, s->p.score_order = (fa_score_order)2)
 MUT(m_slope_nan, s->slopes[1] = NAN; s->p.alibi_slopes = s->slopes)
+MUT(m_sink_nan, s->sinks[1] = NAN; s->p.sink_logits = s->sinks)
+MUT(m_sink_inf, s->sinks[2] = INFINITY; s->p.sink_logits = s->sinks)
+MUT(m_sink_grad_alone, s->p.sink_grad = s->sinks)
+MUT(m_sink_grad_in_dq, s->p.sink_logits = s->sinks; s->p.sink_grad = (float *)s->tdq.data + 2)
+MUT(m_sink_grad_on_sinks, s->p.sink_logits = s->sinks; s->p.sink_grad = s->sinks + 1)
+MUT(m_out_on_sinks, s->p.sink_logits = (const float *)s->to.data + 3)
 MUT(m_seqlen_huge, s->tq.seqlen = (int64_t)1 << 41)
 MUT(m_stride_huge, s->tk.batch_stride = (int64_t)1 << 62)
 MUT(m_extent_overflow, s->tv.seq_stride = INT64_MAX / 4)
@@ -155,6 +162,13 @@ static const bad_case bad[] = {
     {"align 7", m_align, FA_ERR_INVALID_ARGUMENT, "params->align", 0},
     {"score order 2", m_order, FA_ERR_INVALID_ARGUMENT, "params->score_order", 0},
     {"ALiBi slope NaN", m_slope_nan, FA_ERR_INVALID_ARGUMENT, "params->alibi_slopes[1]", 0},
+    {"sink NaN", m_sink_nan, FA_ERR_INVALID_ARGUMENT, "params->sink_logits[1]", 0},
+    {"sink +inf", m_sink_inf, FA_ERR_INVALID_ARGUMENT, "params->sink_logits[2]", 0},
+    {"sink_grad without sinks", m_sink_grad_alone, FA_ERR_INVALID_ARGUMENT, "params->sink_grad", 1},
+    {"sink_grad inside dq", m_sink_grad_in_dq, FA_ERR_STRIDE, "params->sink_grad overlaps dq", 1},
+    {"sink_grad on the sinks", m_sink_grad_on_sinks, FA_ERR_STRIDE,
+     "params->sink_grad overlaps params->sink_logits", 1},
+    {"sinks inside out", m_out_on_sinks, FA_ERR_STRIDE, "params->sink_logits", 2},
     {"seqlen 2^41", m_seqlen_huge, FA_ERR_OVERFLOW, "q->seqlen", 0},
     {"batch stride 2^62", m_stride_huge, FA_ERR_OVERFLOW, "k", 0},
     {"extent overflow", m_extent_overflow, FA_ERR_OVERFLOW, "v", 0},
@@ -177,12 +191,13 @@ static const bad_case bad[] = {
 };
 #define NBAD ((int)(sizeof bad / sizeof *bad))
 
-/* Every byte the setup owns -- the nine buffers with their guard zones, and the slopes -- as
- * it is before a call: a refused call must leave all of it as it was (an aliasing case moves an
- * output's pointer into an input's buffer, so checking the outputs' own buffers is not enough). */
+/* Every byte the setup owns -- the nine buffers with their guard zones, the slopes and the
+ * sinks -- as it is before a call: a refused call must leave all of it as it was (an aliasing
+ * case moves an output's pointer into an input's buffer, so checking the outputs' own buffers
+ * is not enough). */
 typedef struct {
     unsigned char *copy[9];
-    float slopes[4];
+    float slopes[4], sinks[4];
 } snapshot;
 
 static ht_tensor *setup_buffer(setup *s, int i)
@@ -200,6 +215,7 @@ static void snapshot_take(setup *s, snapshot *z)
         memcpy(z->copy[i], b->buf, b->nbytes);
     }
     memcpy(z->slopes, s->slopes, sizeof z->slopes);
+    memcpy(z->sinks, s->sinks, sizeof z->sinks);
 }
 
 /* The name of the first buffer that changed, or NULL; frees the copies. */
@@ -213,6 +229,8 @@ static const char *snapshot_changed(setup *s, snapshot *z)
             changed = names[i];
         free(z->copy[i]);
     }
+    if (memcmp(z->sinks, s->sinks, sizeof z->sinks))
+        return "sinks";
     return memcmp(z->slopes, s->slopes, sizeof z->slopes) ? "slopes" : changed;
 }
 

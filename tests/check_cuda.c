@@ -733,6 +733,37 @@ START_TEST(cuda_device_allocation_failure)
 }
 END_TEST
 
+/* Attention sinks are not on this backend yet: FA_ERR_UNSUPPORTED naming them, outputs as they
+ * were, nothing kept. */
+START_TEST(cuda_sinks_unsupported)
+{
+    const ht_sweep_case c = {1, 9, 11, 2, 1, 64, 64, 0, -1, -1, 0, 0, 0, 0, HT_BSHD,
+                             FA_SOFTCAP_THEN_ALIBI};
+    fa_params p;
+    params_for(&c, 6, &p);
+    const float sinks[2] = {0.5f, 1.0f};
+    p.sink_logits = sinks;
+    ht_bundle x;
+    ht_bundle_alloc(&x, FA_F32, &c, c.sq, c.sk, HT_BSHD, FA_F32);
+    ht_fill(&x.q, 1, -1, 1), ht_fill(&x.k, 2, -1, 1), ht_fill(&x.v, 3, -1, 1);
+    ht_poison(&x.out), ht_poison(&x.lse);
+    fa_context *ctx = cuda_context(0);
+    dtensor q, k, v, out, lse;
+    d_up(&q, &x.q), d_up(&k, &x.k), d_up(&v, &x.v), d_up(&out, &x.out), d_up(&lse, &x.lse);
+    const fa_status st = fa_forward(ctx, &p, &q.t, &k.t, &v.t, &out.t, &lse.t);
+    ck_assert_msg(st == FA_ERR_UNSUPPORTED && strstr(fa_last_error(), "sink"), "%s: %s",
+                  fa_status_string(st), fa_last_error());
+    d_down(&out), d_down(&lse);
+    ck_assert(ht_is_poisoned(&x.out) && ht_is_poisoned(&x.lse));
+    size_t cur = 1, peak;
+    ck_assert_int_eq(fa_memory_stats(ctx, &cur, &peak), FA_OK);
+    ck_assert_uint_eq(cur, 0);
+    d_free(&q), d_free(&k), d_free(&v), d_free(&out), d_free(&lse);
+    fa_context_destroy(ctx);
+    ht_bundle_free(&x);
+}
+END_TEST
+
 static Suite *make_cuda_suite(void)
 {
     Suite *s = suite_create("cuda");
@@ -772,6 +803,7 @@ static Suite *make_cuda_suite(void)
     tcase_add_test(tc, cuda_empty_sequences);
     tcase_add_test(tc, cuda_unsupported_head_dim);
     tcase_add_loop_test(tc, cuda_device_allocation_failure, 0, 2);
+    tcase_add_test(tc, cuda_sinks_unsupported);
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) == cudaSuccess && ndev >= 2)
         tcase_add_test(tc, cuda_other_device_refused);

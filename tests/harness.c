@@ -6,7 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backends/tiled/plan.h" /* fai_tiled_tiles */
+#include "api/api.h"              /* fai_problem_make */
+#include "backends/tiled/plan.h" /* fai_tiled_tiles, fai_tiled_plan_forward */
 #include "core/philox.h"
 #include "base/dtype.h"
 
@@ -250,6 +251,18 @@ void ht_tiles(int64_t dqk, int64_t dv, fa_dtype dt, int64_t *bq, int64_t *bk)
     fa_context_destroy(ctx);
     *bq = b.bq;
     *bk = f.bk > b.bk ? f.bk : b.bk;
+}
+
+int64_t ht_decode_keys(int threads, const fa_params *p, const fa_tensor *q, const fa_tensor *k,
+                       const fa_tensor *v)
+{
+    fa_context *ctx = ht_context(FA_BACKEND_TILED, threads);
+    fai_problem pr;
+    int64_t keys = -1;
+    if (fai_problem_make(&pr, p, q, k, v) == FA_OK)
+        keys = fai_tiled_plan_forward(ctx, &pr).decode_keys;
+    fa_context_destroy(ctx);
+    return keys;
 }
 
 void ht_bundle_alloc(ht_bundle *x, fa_dtype dt, const ht_sweep_case *c, int64_t sq, int64_t sk,

@@ -30,8 +30,11 @@ fa_status fai_check_disjoint(const fa_tensor *out, const char *oname, const fa_t
 fa_status fai_check_outputs_disjoint(const fa_tensor *const *outs, const char *const *onames,
                                      int nout, const fa_tensor *const *ins,
                                      const char *const *inames, int nin);
-/* The ALiBi slopes (Hq floats, or none) as a tensor, for the checks above. */
+/* The ALiBi slopes, the sink logits and the sink gradient (Hq floats each, or none) as
+ * tensors, for the checks above. */
 fa_tensor fai_slopes_view(const fa_params *p, int64_t hq);
+fa_tensor fai_sinks_view(const fa_params *p, int64_t hq);
+fa_tensor fai_sink_grad_view(const fa_params *p, int64_t hq);
 
 /* Checks q, k, v and params and fills the problem's dims, mask, score and dropout (its
  * tensors: q, k and v; the op sets the others). */

@@ -317,6 +317,20 @@ fa_tensor fai_slopes_view(const fa_params *p, int64_t hq)
     return t;
 }
 
+fa_tensor fai_sinks_view(const fa_params *p, int64_t hq)
+{
+    fa_tensor t;
+    fa_tensor_init(&t, (void *)p->sink_logits, FA_F32, 1, 1, 1, p->sink_logits ? hq : 0, 0);
+    return t;
+}
+
+fa_tensor fai_sink_grad_view(const fa_params *p, int64_t hq)
+{
+    fa_tensor t;
+    fa_tensor_init(&t, p->sink_grad, FA_F32, 1, 1, 1, p->sink_grad ? hq : 0, 0);
+    return t;
+}
+
 static fa_status check_params(const fa_params *p, int64_t hq)
 {
     if (!p)
@@ -356,6 +370,12 @@ static fa_status check_params(const fa_params *p, int64_t hq)
                 return fai_fail(FA_ERR_INVALID_ARGUMENT,
                                 "params->alibi_slopes[%lld] = %g is not finite", (long long)h,
                                 (double)p->alibi_slopes[h]);
+    if (p->sink_logits)
+        for (int64_t h = 0; h < hq; h++)
+            if (isnan(p->sink_logits[h]) || p->sink_logits[h] == INFINITY)
+                return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                                "params->sink_logits[%lld] = %g; a sink is finite or -inf "
+                                "(no sink)", (long long)h, (double)p->sink_logits[h]);
     return FA_OK;
 }
 
@@ -393,6 +413,7 @@ fa_status fai_problem_make(fai_problem *pr, const fa_params *p, const fa_tensor 
     pr->score.off = pr->mask.off;
     pr->score.alibi_first = p->score_order == FA_ALIBI_THEN_SOFTCAP;
     pr->slopes = p->alibi_slopes;
+    pr->sinks = p->sink_logits;
     pr->drop.seed = p->dropout_seed;
     pr->drop.offset = p->dropout_offset;
     pr->drop.threshold = fai_dropout_threshold(p->dropout_p);

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "api/api.h"
+#include "core/gradient.h"
 
 /* The backend of a call: the context's, but AUTO runs a call on CUDA when its q is device
  * memory (never in a build without CUDA). */
@@ -18,6 +19,43 @@ static const fai_backend *backend_for(const fa_context *ctx, const fa_tensor *q)
     if (ctx->backend_auto && fai_cuda_is_device_pointer(q->data))
         return &fai_backend_cuda;
     return fai_backend_of(ctx->backend);
+}
+
+/* ------------------------------------------------------------------ attention sinks */
+
+/* Head h's LSE for a row without keys: its sink (-inf without one). */
+static double empty_row_lse(const fai_problem *pr, int64_t h) { return fai_sink(pr, h); }
+
+/*
+ * params->sink_grad[h] = sum over b, i of core's fai_dsink_term (core/gradient.h), formed in
+ * float64 from the out, lse and dout the caller passed (those the tiled backward reads; the
+ * oracle's exact ones where the caller gives the reference's own), b and i in order: one
+ * answer for every backend and thread count. Host memory only (CUDA refuses sinks).
+ */
+static void sink_gradient(const fai_problem *pr, float *grad)
+{
+    enum { PIECE = 64 };
+    double o[PIECE], g[PIECE];
+    for (int64_t h = 0; h < pr->hq; h++) {
+        const double s = fai_sink(pr, h);
+        double sum = 0;
+        for (int64_t b = 0; b < pr->b && s != -INFINITY; b++)
+            for (int64_t i = 0; i < pr->sq; i++) {
+                double di = 0;
+                const size_t es = fai_dtype_size(pr->dtype);
+                const char *orow = fai_q_row(pr, FAI_OUT, b, h, i);
+                const char *grow = fai_q_row(pr, FAI_DOUT, b, h, i);
+                for (int64_t d0 = 0; d0 < pr->dv; d0 += PIECE) {
+                    const int64_t m = pr->dv - d0 < PIECE ? pr->dv - d0 : PIECE;
+                    fai_load_f64(orow + (size_t)d0 * es, pr->dtype, m, o);
+                    fai_load_f64(grow + (size_t)d0 * es, pr->dtype, m, g);
+                    for (int64_t d = 0; d < m; d++)
+                        di += o[d] * g[d];
+                }
+                sum += fai_dsink_term_f64(s, fai_lse_read(pr, b, h, i), di);
+            }
+        grad[h] = (float)sum;
+    }
 }
 
 /* ------------------------------------------------------------------ the ops */
@@ -47,10 +85,11 @@ fa_status fa_forward(fa_context *ctx, const fa_params *p, const fa_tensor *q, co
         FAI_TRY(fai_check_shape(lse, "lse", pr.b, pr.sq, pr.hq, 1, "q"));
     }
     {
-        const fa_tensor slopes = fai_slopes_view(p, pr.hq);
-        const fa_tensor *outs[2] = {out, lse}, *ins[4] = {q, k, v, &slopes};
-        const char *on[2] = {"out", "lse"}, *in[4] = {"q", "k", "v", "params->alibi_slopes"};
-        FAI_TRY(fai_check_outputs_disjoint(outs, on, lse ? 2 : 1, ins, in, 4));
+        const fa_tensor slopes = fai_slopes_view(p, pr.hq), sinks = fai_sinks_view(p, pr.hq);
+        const fa_tensor *outs[2] = {out, lse}, *ins[5] = {q, k, v, &slopes, &sinks};
+        const char *on[2] = {"out", "lse"};
+        const char *in[5] = {"q", "k", "v", "params->alibi_slopes", "params->sink_logits"};
+        FAI_TRY(fai_check_outputs_disjoint(outs, on, lse ? 2 : 1, ins, in, 5));
     }
     pr.io[FAI_OUT] = out;
     pr.io[FAI_LSE] = lse;
@@ -59,13 +98,13 @@ fa_status fa_forward(fa_context *ctx, const fa_params *p, const fa_tensor *q, co
     const fai_backend *be = backend_for(ctx, q);
     fai_op_fn run;
     FAI_TRY(fai_backend_op(be, FAI_OP_FORWARD, "forward", &run));
-    if (pr.sk == 0 && !be->device_memory) { /* every row is empty: O = 0, LSE = -inf */
+    if (pr.sk == 0 && !be->device_memory) { /* no row has a key: O = 0, LSE = the sink's */
         zero_tensor(out);
         if (lse)
             for (int64_t b = 0; b < pr.b; b++)
                 for (int64_t h = 0; h < pr.hq; h++)
                     for (int64_t i = 0; i < pr.sq; i++)
-                        fai_lse_store(lse, b, h, i, -INFINITY);
+                        fai_lse_store(lse, b, h, i, empty_row_lse(&pr, h));
         return FA_OK;
     }
     return run(ctx, &pr);
@@ -98,12 +137,19 @@ fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
     FAI_TRY(fai_check_shape(dq, "dq", pr.b, pr.sq, pr.hq, pr.dqk, "q"));
     FAI_TRY(fai_check_shape(dk, "dk", pr.b, pr.sk, pr.hk, pr.dqk, "k"));
     FAI_TRY(fai_check_shape(dv, "dv", pr.b, pr.sk, pr.hk, pr.dv, "v"));
+    if (p->sink_grad && !p->sink_logits)
+        return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                        "params->sink_grad is set but params->sink_logits is NULL (no sink has a "
+                        "gradient)");
     {
-        const fa_tensor slopes = fai_slopes_view(p, pr.hq);
-        const fa_tensor *outs[3] = {dq, dk, dv}, *ins[7] = {q, k, v, out, lse, dout, &slopes};
-        const char *on[3] = {"dq", "dk", "dv"};
-        const char *in[7] = {"q", "k", "v", "out", "lse", "dout", "params->alibi_slopes"};
-        FAI_TRY(fai_check_outputs_disjoint(outs, on, 3, ins, in, 7));
+        const fa_tensor slopes = fai_slopes_view(p, pr.hq), sinks = fai_sinks_view(p, pr.hq);
+        const fa_tensor sgrad = fai_sink_grad_view(p, pr.hq);
+        const fa_tensor *outs[4] = {dq, dk, dv, &sgrad};
+        const fa_tensor *ins[8] = {q, k, v, out, lse, dout, &slopes, &sinks};
+        const char *on[4] = {"dq", "dk", "dv", "params->sink_grad"};
+        const char *in[8] = {"q",    "k",    "v",        "out", "lse", "dout", "params->alibi_slopes",
+                             "params->sink_logits"};
+        FAI_TRY(fai_check_outputs_disjoint(outs, on, p->sink_grad ? 4 : 3, ins, in, 8));
     }
     pr.io[FAI_OUT] = out;
     pr.io[FAI_LSE] = lse;
@@ -111,9 +157,12 @@ fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
     pr.io[FAI_DQ] = dq;
     pr.io[FAI_DK] = dk;
     pr.io[FAI_DV] = dv;
-    if (pr.b == 0)
-        return FA_OK;
     const fai_backend *be = backend_for(ctx, q);
+    if (pr.b == 0) {
+        if (p->sink_grad) /* a sum over no rows */
+            memset(p->sink_grad, 0, (size_t)pr.hq * sizeof(float));
+        return FA_OK;
+    }
     fai_op_fn run;
     FAI_TRY(fai_backend_op(be, FAI_OP_BACKWARD, "backward", &run));
     if ((pr.sq == 0 || pr.sk == 0) && !be->device_memory) { /* no (query, key) pair: every
@@ -121,7 +170,12 @@ fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
         zero_tensor(dq);
         zero_tensor(dk);
         zero_tensor(dv);
+        if (p->sink_grad) /* O = 0 (or no row): D_i = 0 */
+            memset(p->sink_grad, 0, (size_t)pr.hq * sizeof(float));
         return FA_OK;
     }
-    return run(ctx, &pr);
+    FAI_TRY(run(ctx, &pr));
+    if (p->sink_grad)
+        sink_gradient(&pr, p->sink_grad);
+    return FA_OK;
 }

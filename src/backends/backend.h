@@ -7,6 +7,7 @@
 #ifndef FAI_BACKENDS_BACKEND_H
 #define FAI_BACKENDS_BACKEND_H
 
+#include <math.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -60,6 +61,7 @@ typedef struct {
     fai_mask mask;
     fai_score score;
     const float *slopes; /* Hq, or NULL */
+    const float *sinks;  /* Hq sink logits (finite or -inf), or NULL */
     double keep_scale;   /* 1 / (1 - dropout_p): kept terms' factor (core/philox.h) */
     fai_dropout_params drop; /* threshold 0: dropout off */
     const fa_tensor *io[FAI_DV + 1];
@@ -129,6 +131,12 @@ static inline double fai_lse_read(const fai_problem *pr, int64_t b, int64_t h, i
 static inline float fai_slope(const fai_problem *pr, int64_t h)
 {
     return pr->slopes ? pr->slopes[h] : 0.0f;
+}
+
+/* Head h's sink logit: -inf (no sink) without sinks. */
+static inline float fai_sink(const fai_problem *pr, int64_t h)
+{
+    return pr->sinks ? pr->sinks[h] : -INFINITY;
 }
 
 /* The dropout stream of (b, h). */

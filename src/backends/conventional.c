@@ -184,6 +184,15 @@ static void softmax(const conv *cv, const conv_pack *w, int64_t b, int64_t h, co
         row_load(cv, s, i, x);
         for (int64_t j = 0; j < pr->sk; j++)
             mx = fai_nanmax_f64(mx, x[j]);
+        /* the sink: one more column of the softmax, whose value is 0 (-inf: none) */
+        const double sink = fai_sink(pr, h);
+        mx = fai_nanmax_f64(mx, sink);
+        if (mx != -INFINITY) {
+            if (cv->wide)
+                sum = exp(sink - mx);
+            else
+                sumf = (float)exp(sink - mx);
+        }
         for (int64_t j = 0; j < pr->sk; j++) {
             x[j] = mx == -INFINITY ? 0 : exp(x[j] - mx);
             if (cv->wide)

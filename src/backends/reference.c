@@ -94,9 +94,11 @@ static double row_scores(const fai_problem *pr, int64_t b, int64_t h, int64_t i,
         fai_dropout d = fai_dropout_for(pr, b, h);
         fai_dropout_keep_row(&d, i, *lo, *hi - *lo, keep + *lo);
     }
+    const double sink = fai_sink(pr, h); /* one more logit, with no value (-inf: none) */
+    mx = fai_nanmax_f64(mx, sink);
     if (isnan(mx) || mx == -INFINITY)
         return mx;
-    double sum = 0;
+    double sum = exp(sink - mx);
     for (int64_t j = *lo; j < *hi; j++)
         sum += exp(w->s[j] - mx);
     return mx + log(sum);
@@ -227,7 +229,7 @@ static void pack_kv(const fai_problem *pr, int64_t b, int64_t hk, blk_ws *w)
 static void blk_probs(const fai_problem *pr, int64_t b, int64_t h, int64_t i0, int64_t n,
                       int64_t jlo, int64_t nk, blk_ws *w, double *pd, double *t, double *lse)
 {
-    const double slope = fai_slope(pr, h);
+    const double slope = fai_slope(pr, h), sink = fai_sink(pr, h);
     const fai_dropout drop = fai_dropout_for(pr, b, h);
     fai_blas_gemm(1, 0, 1, n, nk, pr->dqk, 1.0, w->q, pr->dqk, w->k + jlo * pr->dqk, pr->dqk, 0.0,
                   w->s, nk);
@@ -242,7 +244,9 @@ static void blk_probs(const fai_problem *pr, int64_t b, int64_t h, int64_t i0, i
             s[c] = fai_score_f64(&pr->score, s[c], slope, i, jlo + c, tr ? &tr[c] : NULL);
             mx = fai_nanmax_f64(mx, s[c]);
         }
+        mx = fai_nanmax_f64(mx, sink); /* the sink: one more logit, with no value */
         if (mx != -INFINITY && !isnan(mx)) {
+            sum = exp(sink - mx);
             for (int64_t c = lo; c < hi; c++)
                 sum += s[c] = exp(s[c] - mx);
             for (int64_t c = lo; c < hi; c++)

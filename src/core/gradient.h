@@ -50,4 +50,19 @@ FA_HOST_DEVICE static inline double fai_dscore_f64(double p, double dp, double z
     return g;
 }
 
+/*
+ * An attention sink s_h (fa_params.sink_logits) is one more column of row i's softmax with
+ * P_sink = exp(s_h - LSE_i) and no value: its dP is 0, so the Jacobian above gives
+ * dS_sink = P_sink (0 - D_i), and
+ *
+ *     d loss / d s_h = sum over the head's rows (every batch) of -exp(s_h - LSE_i) D_i.
+ *
+ * The other terms keep their formula: D_i = sum_k P_ik dP_ik over all columns, the sink's
+ * adding 0, is still dO_i . O_i. This is row i's term (0 where s_h = -inf: no sink).
+ */
+static inline double fai_dsink_term_f64(double s, double lse, double di)
+{
+    return s == -INFINITY ? 0.0 : -fai_exp(s - lse) * di;
+}
+
 #endif

@@ -141,6 +141,40 @@ static inline float fai_online_merge_sum_f32(float l, float a, float l2, float a
 }
 
 /*
+ * An attention sink (fa_params.sink_logits): one more logit s with no value, in every row's
+ * denominator. Absorbed into a finished row's state as a block of one key whose exp(s - m')
+ * enters l and nothing enters acc:
+ *
+ *     m' = max(m, s),  a = exp(m - m'),  l' = a l + exp(s - m'),  acc' = a acc
+ *
+ * which keeps (I), so the finalization's LSE = m' + ln l' = ln(sum_j exp(s_j) + exp(s)) and
+ * O = acc' / l'. Returns a, the factor of acc (1 where s = -inf: no sink, nothing changes).
+ * A row that saw nothing (m = -inf, l = 0) ends with l' = 1, LSE = s and O = 0 (a = 0; an acc
+ * of 0 v terms that are NaN stays NaN, as such terms do in any row). A NaN m stays NaN.
+ */
+static inline float fai_online_sink_f32(float *m, float *l, float s)
+{
+    if (s == -INFINITY)
+        return 1;
+    const float m_new = fai_nanmax_f32(*m, s);
+    const float a = fai_expf(*m - m_new);
+    *l = fai_online_sum_f32(*l, a, fai_expf(s - m_new));
+    *m = m_new;
+    return a;
+}
+
+static inline double fai_online_sink_f64(double *m, double *l, double s)
+{
+    if (s == -INFINITY)
+        return 1;
+    const double m_new = fai_nanmax_f64(*m, s);
+    const double a = fai_exp(*m - m_new);
+    *l = fai_online_sum_f64(*l, a, fai_exp(s - m_new));
+    *m = m_new;
+    return a;
+}
+
+/*
  * End of the row: returns the factor that turns acc into O (0 for an empty row, so O = 0
  * exactly) and sets *lse. keep_scale is 1 / (1 - p), or 1 without dropout.
  *
@@ -168,6 +202,31 @@ FA_HOST_DEVICE static inline double fai_online_finalize_f64(double m, double l, 
     }
     *lse = m + fai_log(l);
     return keep_scale / l;
+}
+
+/*
+ * A row's end on the CPU paths: its sink absorbed (s = -inf: none), then finalized. *f is the
+ * factor that turns acc into O, a keep_scale / l' (exactly the finalization's factor where
+ * there is no sink, a = 1); returns 0 for an empty row (nothing seen and no sink), whose O is
+ * 0 whatever acc holds. A row with only its sink is not empty: O = 0 acc, which is 0 but for
+ * the NaN of an allowed 0 v term, as in the reference.
+ */
+static inline int fai_online_end_f32(float m, float l, float s, float keep_scale, double *lse,
+                                     float *f)
+{
+    const float a = fai_online_sink_f32(&m, &l, s);
+    const float g = fai_online_finalize_f32(m, l, keep_scale, lse);
+    *f = a * g;
+    return g != 0;
+}
+
+static inline int fai_online_end_f64(double m, double l, double s, double keep_scale,
+                                     double *lse, double *f)
+{
+    const double a = fai_online_sink_f64(&m, &l, s);
+    const double g = fai_online_finalize_f64(m, l, keep_scale, lse);
+    *f = a * g;
+    return g != 0;
 }
 
 /*

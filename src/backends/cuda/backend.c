@@ -104,6 +104,9 @@ static fa_status view(const fa_tensor *t, const char *name, int dev, fai_cuda_vi
 
 static fa_status fill(fa_context *ctx, const fai_problem *pr, fai_cuda_args *a)
 {
+    if (pr->sinks) /* before anything is allocated or written */
+        return fai_fail(FA_ERR_UNSUPPORTED, "cuda: attention sinks (params->sink_logits) are "
+                                            "not implemented on this backend yet");
     memset(a, 0, sizeof *a);
     a->dtype = (int)pr->dtype;
     a->lse_f64 = fai_io(pr, FAI_LSE) && fai_io(pr, FAI_LSE)->dtype == FA_F64;

@@ -12,7 +12,7 @@
  *      its own m, as core/recurrence.h defines a state; no rescale inside a chunk, whose
  *      scores stay in L1 (R x chunk floats);
  *   2. per row, the chunks' states folded into the first in key order (fai_online_merge),
- *      then finalized as every path finalizes (fai_online_finalize).
+ *      then ended as every CPU path ends a row (fai_online_end: the sink, the finalization).
  *
  * A chunk's state depends on the problem alone and the fold's order is fixed, so the result is
  * the same at every thread count, whichever thread computed which chunk. Chunks outside the
@@ -52,6 +52,9 @@
  */
 #define BLOCK 16
 #define PREFETCH 16
+#ifndef PREFETCH_V_EARLY
+#define PREFETCH_V_EARLY 1
+#endif
 
 typedef struct {
     float *q;      /* heads x R x dqk: the rows, widened        */
@@ -147,6 +150,8 @@ static void decode_chunk(const decode_call *dc, int64_t b, int64_t h0, int64_t h
         const int64_t e = cs1 - c < BLOCK ? cs1 : c + BLOCK;
         const int64_t f0 = c + PREFETCH, f1 = e + PREFETCH < cs1 ? e + PREFETCH : cs1;
         prefetch_keys(pr, FAI_K, b, h0, h1, j0 + f0, j0 + f1, dqk, w->runs);
+        if (PREFETCH_V_EARLY)
+            prefetch_keys(pr, FAI_V, b, h0, h1, j0 + c, j0 + e, dv, w->runs);
         for (int64_t h = h0; h < h1; h++) {
             int64_t ldk;
             const void *k = fai_kv_rows(pr, FAI_K, b, h, j0 + c, e - c, &ldk);
@@ -154,7 +159,8 @@ static void decode_chunk(const decode_call *dc, int64_t b, int64_t h0, int64_t h
                            w->s + (h - h0) * R * ld + c, ld, dc->scale_only ? &scale : NULL);
         }
     }
-    prefetch_keys(pr, FAI_V, b, h0, h1, j0 + cs0, j0 + first, dv, w->runs);
+    if (!PREFETCH_V_EARLY)
+        prefetch_keys(pr, FAI_V, b, h0, h1, j0 + cs0, j0 + first, dv, w->runs);
 
     for (int64_t h = h0; h < h1; h++) {
         float *m = st + (h - h0) * sf, *l = m + R;
@@ -181,7 +187,8 @@ static void decode_chunk(const decode_call *dc, int64_t b, int64_t h0, int64_t h
     for (int64_t c = cs0; c < cs1; c += BLOCK) {
         const int64_t e = cs1 - c < BLOCK ? cs1 : c + BLOCK;
         const int64_t f0 = c + PREFETCH, f1 = e + PREFETCH < cs1 ? e + PREFETCH : cs1;
-        prefetch_keys(pr, FAI_V, b, h0, h1, j0 + f0, j0 + f1, dv, w->runs);
+        if (!PREFETCH_V_EARLY)
+            prefetch_keys(pr, FAI_V, b, h0, h1, j0 + f0, j0 + f1, dv, w->runs);
         for (int64_t h = h0; h < h1; h++) {
             float *acc = st + (h - h0) * sf + 2 * R;
             for (int64_t i = 0; i < pr->sq;) {
@@ -219,16 +226,16 @@ static void decode_finish(const decode_call *dc, int64_t b, int64_t hk, int64_t 
         for (int64_t d = 0; d < dv; d++)
             acc[d] = acc[d] * a + acc2[d] * a2;
     }
+    const int64_t h = hk * pr->group + r % pr->group, i = r / pr->group;
     double lse;
-    const float f = fai_online_finalize_f32(*m, *l, (float)pr->keep_scale, &lse);
+    float f;
     /* an empty row is exactly 0; + 0 makes a -0 +0, as the tiles' finalization does */
-    if (f == 0)
+    if (!fai_online_end_f32(*m, *l, fai_sink(pr, h), (float)pr->keep_scale, &lse, &f))
         memset(acc, 0, (size_t)dv * sizeof(float));
     else
 #pragma omp simd
         for (int64_t d = 0; d < dv; d++)
             acc[d] = acc[d] * f + 0;
-    const int64_t h = hk * pr->group + r % pr->group, i = r / pr->group;
     dc->kern->narrow(fai_q_row(pr, FAI_OUT, b, h, i), pr->dtype, dv, acc);
     if (fai_io(pr, FAI_LSE))
         fai_lse_write(pr, b, h, i, lse);

@@ -322,10 +322,10 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
     for (int64_t r = 0; r < nq; r++) {
         FT *acc = w->acc + r * dv;
         double lse;
-        const FT f = FAI_T(fai_online_finalize)(w->m[r], w->l[r], keep_scale, &lse);
+        FT f;
         /* an empty row is exactly 0, whatever acc holds; + 0 turns -0 into +0, so the sign of
          * a zero does not depend on which rows and columns the skips left out */
-        if (f == 0) {
+        if (!FAI_T(fai_online_end)(w->m[r], w->l[r], (FT)fai_sink(pr, h), keep_scale, &lse, &f)) {
             memset(acc, 0, (size_t)dv * sizeof(FT));
         } else {
 #pragma omp simd
