@@ -37,7 +37,7 @@ class Params(C.Structure):
                 ("window_right", C.c_int64), ("align", C.c_int), ("softcap", C.c_double),
                 ("alibi_slopes", C.c_void_p), ("dropout_p", C.c_double),
                 ("dropout_seed", C.c_uint64), ("dropout_offset", C.c_uint64),
-                ("score_order", C.c_int)]
+                ("score_order", C.c_int), ("sink_logits", C.c_void_p), ("sink_grad", C.c_void_p)]
 
 
 class Options(C.Structure):

@@ -6,7 +6,10 @@
  * each, so a drift of the shared machine touches both alike.
  *
  *   bench_decode [--threads 1,2] [--seqlens 4096,16384,65536] [--hq 32] [--hk 8] [--d 128]
- *                [--dtype f16] [--reps 7] [--csv FILE]
+ *                [--dtype f16] [--batch 1] [--sq 1] [--sinks] [--reps 7] [--csv FILE]
+ *
+ * --sq N times N query rows per head (N > 1: prefill, bottom-right causal); --sinks gives every
+ * head an attention sink (fa_params.sink_logits), for the with/without comparison.
  *
  * The streaming read sums a 1 GiB buffer (larger than any cache here) in 16-float vectors, the
  * threads taking equal contiguous parts. FA_DECODE=0 in the environment times the tiles' path
@@ -77,7 +80,8 @@ int main(int argc, char **argv)
 {
     long threads[8] = {1, 2}, seqlens[16] = {4096, 16384, 65536};
     int nthreads = 2, nseq = 3, reps = 7;
-    long hq = 32, hk = 8, d = 128, batch = 1;
+    long hq = 32, hk = 8, d = 128, batch = 1, sq = 1;
+    int sinks_on = 0;
     fa_dtype dt = FA_F16;
     const char *csv = NULL;
     for (int a = 1; a < argc; a++) {
@@ -94,6 +98,10 @@ int main(int argc, char **argv)
             d = atol(v), a++;
         else if (!strcmp(argv[a], "--batch"))
             batch = atol(v), a++;
+        else if (!strcmp(argv[a], "--sq"))
+            sq = atol(v), a++;
+        else if (!strcmp(argv[a], "--sinks"))
+            sinks_on = 1;
         else if (!strcmp(argv[a], "--dtype"))
             dt = parse_dtype(v), a++;
         else if (!strcmp(argv[a], "--reps"))
@@ -106,7 +114,7 @@ int main(int argc, char **argv)
         }
     }
     if (nthreads < 1 || nseq < 1 || hq < 1 || hk < 1 || hq % hk || d < 1 || batch < 1 ||
-        reps < 1) {
+        sq < 1 || reps < 1) {
         fprintf(stderr, "bench_decode: bad arguments\n");
         return 2;
     }
@@ -118,10 +126,13 @@ int main(int argc, char **argv)
     float *big = malloc(STREAM_BYTES);
     const size_t kv_elems = (size_t)batch * (size_t)skmax * (size_t)hk * (size_t)d;
     void *k = malloc(kv_elems * es), *v = malloc(kv_elems * es);
-    const size_t q_elems = (size_t)batch * (size_t)hq * (size_t)d;
+    const size_t q_elems = (size_t)batch * (size_t)sq * (size_t)hq * (size_t)d;
+    float *sinks = malloc(sizeof(float) * (size_t)hq);
     void *q = malloc(q_elems * es), *o = malloc(q_elems * es);
     float *tmp = malloc(kv_elems * sizeof(float));
-    if (!big || !k || !v || !q || !o || !tmp) {
+    for (long h = 0; sinks && h < hq; h++)
+        sinks[h] = 0.25f * (float)(h % 5) - 0.5f;
+    if (!big || !k || !v || !q || !o || !tmp || !sinks) {
         fprintf(stderr, "bench_decode: out of memory\n");
         return 3;
     }
@@ -145,8 +156,9 @@ int main(int argc, char **argv)
     if (out)
         fprintf(out, "threads,batch,sk,hq,hk,d,dtype,ms,kv_gbs,stream_gbs,ratio,gflops\n");
     const char *decode_env = getenv("FA_DECODE");
-    printf("decode: B=%ld Sq=1 Hq=%ld Hk=%ld D=%ld %s causal, best of %d; FA_DECODE=%s\n", batch,
-           hq, hk, d, fa_dtype_name(dt), reps, decode_env ? decode_env : "(unset)");
+    printf("decode: B=%ld Sq=%ld Hq=%ld Hk=%ld D=%ld %s causal%s, best of %d; FA_DECODE=%s\n",
+           batch, sq, hq, hk, d, fa_dtype_name(dt), sinks_on ? ", sinks" : "", reps,
+           decode_env ? decode_env : "(unset)");
     printf("%7s %7s %9s %9s %11s %7s %8s\n", "threads", "Sk", "ms", "KV GB/s", "stream GB/s",
            "ratio", "GFLOP/s");
     float sink = 0;
@@ -164,13 +176,14 @@ int main(int argc, char **argv)
         for (int si = 0; si < nseq; si++) {
             const long sk = seqlens[si];
             fa_tensor tq, tk, tv, to;
-            fa_tensor_init(&tq, q, dt, batch, 1, hq, d, 0);
-            fa_tensor_init(&to, o, dt, batch, 1, hq, d, 0);
+            fa_tensor_init(&tq, q, dt, batch, sq, hq, d, 0);
+            fa_tensor_init(&to, o, dt, batch, sq, hq, d, 0);
             fa_tensor_init(&tk, k, dt, batch, sk, hk, d, 0);
             fa_tensor_init(&tv, v, dt, batch, sk, hk, d, 0);
             fa_params p;
             fa_params_init(&p);
             p.causal = 1;
+            p.sink_logits = sinks_on ? sinks : NULL;
             double best = INFINITY, best_stream = INFINITY;
             for (int r = 0; r < reps; r++) {
                 const double ts = stream_read(big, STREAM_BYTES / sizeof(float), (int)threads[ti],
@@ -188,7 +201,8 @@ int main(int argc, char **argv)
                 2.0 * (double)batch * (double)sk * (double)hk * (double)d * (double)es;
             const double gbs = kv_bytes / best * 1e-9;
             const double sgbs = (double)STREAM_BYTES / best_stream * 1e-9;
-            const double flops = 4.0 * (double)batch * (double)hq * (double)sk * (double)d;
+            const double flops = /* nominal: every (row, key) pair, as decode has */
+                4.0 * (double)batch * (double)sq * (double)hq * (double)sk * (double)d;
             printf("%7ld %7ld %9.3f %9.2f %11.2f %7.3f %8.2f\n", threads[ti], sk, best * 1e3, gbs,
                    sgbs, gbs / sgbs, flops / best * 1e-9);
             if (out)
@@ -202,6 +216,6 @@ int main(int argc, char **argv)
         fclose(out);
     if (sink == 12345.678f) /* never: keeps the stream's sums alive */
         rc = 1;
-    free(big), free(k), free(v), free(q), free(o);
+    free(big), free(k), free(v), free(q), free(o), free(sinks);
     return rc;
 }

@@ -49,12 +49,12 @@
  * (docs/notes/inference.md). So a task takes a chunk for a run of kv heads, forms the
  * scores of all its heads BLOCK keys at a time, each block's rows of every head fetched
  * PREFETCH keys ahead in address order (key by key, head by head), and likewise P V.
+ * Measured alike (within the host's noise, 0.42-0.51 of stream): blocks of 16 to 64 keys,
+ * distances of 16 or 32, V fetched during the score pass instead; 128- and 256-key chunks
+ * were slower (0.33-0.44) than 512.
  */
 #define BLOCK 16
 #define PREFETCH 16
-#ifndef PREFETCH_V_EARLY
-#define PREFETCH_V_EARLY 1
-#endif
 
 typedef struct {
     float *q;      /* heads x R x dqk: the rows, widened        */
@@ -150,8 +150,6 @@ static void decode_chunk(const decode_call *dc, int64_t b, int64_t h0, int64_t h
         const int64_t e = cs1 - c < BLOCK ? cs1 : c + BLOCK;
         const int64_t f0 = c + PREFETCH, f1 = e + PREFETCH < cs1 ? e + PREFETCH : cs1;
         prefetch_keys(pr, FAI_K, b, h0, h1, j0 + f0, j0 + f1, dqk, w->runs);
-        if (PREFETCH_V_EARLY)
-            prefetch_keys(pr, FAI_V, b, h0, h1, j0 + c, j0 + e, dv, w->runs);
         for (int64_t h = h0; h < h1; h++) {
             int64_t ldk;
             const void *k = fai_kv_rows(pr, FAI_K, b, h, j0 + c, e - c, &ldk);
@@ -159,8 +157,7 @@ static void decode_chunk(const decode_call *dc, int64_t b, int64_t h0, int64_t h
                            w->s + (h - h0) * R * ld + c, ld, dc->scale_only ? &scale : NULL);
         }
     }
-    if (!PREFETCH_V_EARLY)
-        prefetch_keys(pr, FAI_V, b, h0, h1, j0 + cs0, j0 + first, dv, w->runs);
+    prefetch_keys(pr, FAI_V, b, h0, h1, j0 + cs0, j0 + first, dv, w->runs);
 
     for (int64_t h = h0; h < h1; h++) {
         float *m = st + (h - h0) * sf, *l = m + R;
@@ -187,8 +184,7 @@ static void decode_chunk(const decode_call *dc, int64_t b, int64_t h0, int64_t h
     for (int64_t c = cs0; c < cs1; c += BLOCK) {
         const int64_t e = cs1 - c < BLOCK ? cs1 : c + BLOCK;
         const int64_t f0 = c + PREFETCH, f1 = e + PREFETCH < cs1 ? e + PREFETCH : cs1;
-        if (!PREFETCH_V_EARLY)
-            prefetch_keys(pr, FAI_V, b, h0, h1, j0 + f0, j0 + f1, dv, w->runs);
+        prefetch_keys(pr, FAI_V, b, h0, h1, j0 + f0, j0 + f1, dv, w->runs);
         for (int64_t h = h0; h < h1; h++) {
             float *acc = st + (h - h0) * sf + 2 * R;
             for (int64_t i = 0; i < pr->sq;) {

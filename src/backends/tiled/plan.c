@@ -187,9 +187,7 @@ fai_tiles fai_tiled_tiles(const fa_context *ctx, int64_t dqk, int64_t dv, fa_dty
  * Dropout keeps the tiles (its decisions and selection are theirs), f64 storage too.
  */
 #define DECODE_ROWS 16
-#ifndef DECODE_KEYS
 #define DECODE_KEYS 512
-#endif
 
 static int64_t decode_keys(const fa_context *ctx, const fai_problem *pr)
 {
