@@ -154,6 +154,8 @@ static const ht_sweep_case cases[] = {
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 static const fa_dtype dtypes[4] = {FA_F64, FA_F32, FA_F16, FA_BF16};
 
+static const float *sweep_sinks; /* the sinks tests' sink_logits (NULL elsewhere) */
+
 static void params_for(const ht_sweep_case *c, int idx, fa_params *p)
 {
     static const float slopes[8] = {0.5f,     0.25f,      0.125f,     0.0625f,
@@ -169,6 +171,7 @@ static void params_for(const ht_sweep_case *c, int idx, fa_params *p)
     p->dropout_seed = 0xfeedface12345678ull + (uint64_t)idx;
     p->dropout_offset = 3;
     p->score_order = c->order;
+    p->sink_logits = sweep_sinks;
 }
 
 /* q in [lo, hi] and k in [klo, khi]; v and dout in [-1, 1] */
@@ -733,32 +736,59 @@ START_TEST(cuda_device_allocation_failure)
 }
 END_TEST
 
-/* Attention sinks are not on this backend yet: FA_ERR_UNSUPPORTED naming them, outputs as they
- * were, nothing kept. */
-START_TEST(cuda_sinks_unsupported)
+/*
+ * Attention sinks on every forward kernel (FA_CUDA_KERNEL unset: the wgmma kernels on Hopper;
+ * mma; generic) against the reference, forward and backward (the backward reads P from the LSE,
+ * which holds the sink): a D = 128 shape whose first 200 rows have only their sink (LSE = sink,
+ * O = 0), a wgmma shape, a generic-only head dim and padding keys. Sinks: finite, -inf (none),
+ * one that outweighs the keys.
+ */
+START_TEST(cuda_sinks_match_reference)
+{
+    static const float sinks[8] = {0.5f, -INFINITY, 4.0f, -1.0f, 0.25f, 2.0f, -INFINITY, 1.0f};
+    static const int idx[4] = {27, 30, 15, 33};
+    static const char *const kernels[3] = {NULL, "mma", "generic"};
+    const int x = idx[_i % 4], kern = (_i / 4) % 3;
+    const fa_dtype dt = _i >= 24 ? FA_F32 : (_i / 12) ? FA_BF16 : FA_F16;
+    sweep_sinks = sinks;
+    sweep_one(&cases[x], dt, x, 1, -1, FA_F32, kernels[_i >= 24 ? 0 : kern], 0);
+    sweep_sinks = NULL;
+}
+END_TEST
+
+/* The sink's gradient is formed on the host from out, lse and dout: not for device tensors
+ * yet. FA_ERR_UNSUPPORTED naming it, the gradients as they were, nothing kept. */
+START_TEST(cuda_sink_grad_unsupported)
 {
     const ht_sweep_case c = {1, 9, 11, 2, 1, 64, 64, 0, -1, -1, 0, 0, 0, 0, HT_BSHD,
                              FA_SOFTCAP_THEN_ALIBI};
     fa_params p;
     params_for(&c, 6, &p);
     const float sinks[2] = {0.5f, 1.0f};
+    float grad[2] = {7, 7};
     p.sink_logits = sinks;
+    p.sink_grad = grad;
     ht_bundle x;
     ht_bundle_alloc(&x, FA_F32, &c, c.sq, c.sk, HT_BSHD, FA_F32);
     ht_fill(&x.q, 1, -1, 1), ht_fill(&x.k, 2, -1, 1), ht_fill(&x.v, 3, -1, 1);
-    ht_poison(&x.out), ht_poison(&x.lse);
+    ht_fill(&x.dout, 4, -1, 1), ht_fill(&x.out, 5, -1, 1), ht_fill(&x.lse, 6, 0, 1);
+    ht_poison(&x.dq), ht_poison(&x.dk), ht_poison(&x.dv);
     fa_context *ctx = cuda_context(0);
-    dtensor q, k, v, out, lse;
+    dtensor q, k, v, out, lse, dout, dq, dk, dv;
     d_up(&q, &x.q), d_up(&k, &x.k), d_up(&v, &x.v), d_up(&out, &x.out), d_up(&lse, &x.lse);
-    const fa_status st = fa_forward(ctx, &p, &q.t, &k.t, &v.t, &out.t, &lse.t);
-    ck_assert_msg(st == FA_ERR_UNSUPPORTED && strstr(fa_last_error(), "sink"), "%s: %s",
+    d_up(&dout, &x.dout), d_up(&dq, &x.dq), d_up(&dk, &x.dk), d_up(&dv, &x.dv);
+    const fa_status st =
+        fa_backward(ctx, &p, &q.t, &k.t, &v.t, &out.t, &lse.t, &dout.t, &dq.t, &dk.t, &dv.t);
+    ck_assert_msg(st == FA_ERR_UNSUPPORTED && strstr(fa_last_error(), "sink_grad"), "%s: %s",
                   fa_status_string(st), fa_last_error());
-    d_down(&out), d_down(&lse);
-    ck_assert(ht_is_poisoned(&x.out) && ht_is_poisoned(&x.lse));
+    d_down(&dq), d_down(&dk), d_down(&dv);
+    ck_assert(ht_is_poisoned(&x.dq) && ht_is_poisoned(&x.dk) && ht_is_poisoned(&x.dv));
+    ck_assert(grad[0] == 7 && grad[1] == 7);
     size_t cur = 1, peak;
     ck_assert_int_eq(fa_memory_stats(ctx, &cur, &peak), FA_OK);
     ck_assert_uint_eq(cur, 0);
-    d_free(&q), d_free(&k), d_free(&v), d_free(&out), d_free(&lse);
+    d_free(&q), d_free(&k), d_free(&v), d_free(&out), d_free(&lse), d_free(&dout);
+    d_free(&dq), d_free(&dk), d_free(&dv);
     fa_context_destroy(ctx);
     ht_bundle_free(&x);
 }
@@ -803,7 +833,8 @@ static Suite *make_cuda_suite(void)
     tcase_add_test(tc, cuda_empty_sequences);
     tcase_add_test(tc, cuda_unsupported_head_dim);
     tcase_add_loop_test(tc, cuda_device_allocation_failure, 0, 2);
-    tcase_add_test(tc, cuda_sinks_unsupported);
+    tcase_add_loop_test(tc, cuda_sinks_match_reference, 0, 28);
+    tcase_add_test(tc, cuda_sink_grad_unsupported);
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) == cudaSuccess && ndev >= 2)
         tcase_add_test(tc, cuda_other_device_refused);

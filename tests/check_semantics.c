@@ -731,9 +731,10 @@ static fa_tensor key_slice(const ht_tensor *x, int64_t j0, int64_t n)
 /*
  * Attention sinks, from their definition (written out here in float64): LSE_i = ln(sum_j
  * exp(s_ij) + exp(sink_h)), O_i = sum_j exp(s_ij - LSE_i) v_j, on every CPU backend, in f64
- * and f32, on a decode shape (the tiled decode path) and a prefill shape whose first rows see
- * no key (bottom-right causal, Sq > Sk: LSE = sink, O = 0 exactly). Sinks: finite, -inf (no
- * sink), and one that outweighs every key.
+ * and f32, on a decode shape (the tiled decode path) and a prefill shape whose first 90 rows
+ * see no key (bottom-right causal, Sq > Sk: LSE = sink, O = 0 exactly; whole blocks of the
+ * reference's and tiles of the tiled path without a key). Sinks: finite, -inf (no sink), and
+ * one that outweighs every key.
  */
 static const float test_sinks[4] = {0.5f, -INFINITY, 6.0f, -2.0f};
 
@@ -778,7 +779,7 @@ START_TEST(sinks_match_definition)
     static const struct {
         int64_t b, sq, sk, hq, hk, d;
         int causal;
-    } c[2] = {{2, 3, 40, 4, 2, 16, 1}, {1, 70, 50, 4, 1, 24, 1}};
+    } c[2] = {{2, 3, 40, 4, 2, 16, 1}, {1, 140, 50, 4, 1, 24, 1}}; /* rows 0-89: no key */
     const fa_backend be = cpu_backends[_i % 3];
     const fa_dtype dt = (_i / 3) % 2 ? FA_F32 : FA_F64;
     const int x = _i / 6;

@@ -165,6 +165,9 @@ fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
     }
     fai_op_fn run;
     FAI_TRY(fai_backend_op(be, FAI_OP_BACKWARD, "backward", &run));
+    if (p->sink_grad && be->device_memory) /* sink_gradient reads out, lse, dout on the host */
+        return fai_fail(FA_ERR_UNSUPPORTED, "backend %s: params->sink_grad is not implemented "
+                                            "for device tensors yet", be->name);
     if ((pr.sq == 0 || pr.sk == 0) && !be->device_memory) { /* no (query, key) pair: every
                                                                gradient is 0 */
         zero_tensor(dq);

@@ -288,9 +288,9 @@ static void blk_forward(const fai_problem *pr, int64_t b, int64_t h, int64_t i0,
         blk_probs(pr, b, h, i0, n, jlo, nk, w, NULL, NULL, lse); /* P~ in place in w->s */
         fai_blas_gemm(1, 0, 0, n, pr->dv, nk, 1.0, w->s, nk, w->v + jlo * pr->dv, pr->dv, 0.0,
                       w->o, pr->dv);
-    } else {
+    } else { /* no row of the block sees a key: LSE is the sink's (-inf without one) */
         for (int64_t r = 0; r < n; r++)
-            lse[r] = -INFINITY;
+            lse[r] = fai_sink(pr, h);
     }
     for (int64_t r = 0; r < n; r++) {
         fai_store_f64(fai_q_row(pr, FAI_OUT, b, h, i0 + r), pr->dtype, pr->dv, w->o + r * pr->dv);

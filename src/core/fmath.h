@@ -20,6 +20,7 @@
 #if defined(__CUDACC__)
 #define FA_HOST_DEVICE __host__ __device__
 #define fai_expf expf
+#define fai_exp2f exp2f
 #define fai_exp exp
 #define fai_log log
 #define fai_tanhf tanhf
@@ -28,6 +29,7 @@
 #define FA_HOST_DEVICE
 #include <sleef.h>
 static inline float fai_expf(float x) { return Sleef_expf_u10(x); }
+static inline float fai_exp2f(float x) { return Sleef_exp2f_u10(x); }
 static inline double fai_exp(double x) { return Sleef_exp_u10(x); }
 static inline double fai_log(double x) { return Sleef_log_u10(x); }
 static inline float fai_tanhf(float x) { return Sleef_tanhf_u10(x); }

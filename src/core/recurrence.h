@@ -97,9 +97,12 @@ FA_HOST_DEVICE static inline int fai_online_rescale_f64(double *m, double b, dou
  * a restructuring must change no bit (docs/DESIGN.md §4); either rounding is well inside the
  * error analysis above.
  */
-static inline float fai_online_sum_f32(float l, float a, float s) { return l * a + s; }
+FA_HOST_DEVICE static inline float fai_online_sum_f32(float l, float a, float s)
+{
+    return l * a + s;
+}
 
-static inline double fai_online_sum_f64(double l, double a, double s)
+FA_HOST_DEVICE static inline double fai_online_sum_f64(double l, double a, double s)
 {
     volatile double la = l * a;
     return la + s;
@@ -152,7 +155,7 @@ static inline float fai_online_merge_sum_f32(float l, float a, float l2, float a
  * A row that saw nothing (m = -inf, l = 0) ends with l' = 1, LSE = s and O = 0 (a = 0; an acc
  * of 0 v terms that are NaN stays NaN, as such terms do in any row). A NaN m stays NaN.
  */
-static inline float fai_online_sink_f32(float *m, float *l, float s)
+FA_HOST_DEVICE static inline float fai_online_sink_f32(float *m, float *l, float s)
 {
     if (s == -INFINITY)
         return 1;
@@ -163,7 +166,7 @@ static inline float fai_online_sink_f32(float *m, float *l, float s)
     return a;
 }
 
-static inline double fai_online_sink_f64(double *m, double *l, double s)
+FA_HOST_DEVICE static inline double fai_online_sink_f64(double *m, double *l, double s)
 {
     if (s == -INFINITY)
         return 1;
@@ -211,8 +214,8 @@ FA_HOST_DEVICE static inline double fai_online_finalize_f64(double m, double l, 
  * 0 whatever acc holds. A row with only its sink is not empty: O = 0 acc, which is 0 but for
  * the NaN of an allowed 0 v term, as in the reference.
  */
-static inline int fai_online_end_f32(float m, float l, float s, float keep_scale, double *lse,
-                                     float *f)
+FA_HOST_DEVICE static inline int fai_online_end_f32(float m, float l, float s, float keep_scale,
+                                                    double *lse, float *f)
 {
     const float a = fai_online_sink_f32(&m, &l, s);
     const float g = fai_online_finalize_f32(m, l, keep_scale, lse);
@@ -220,8 +223,8 @@ static inline int fai_online_end_f32(float m, float l, float s, float keep_scale
     return g != 0;
 }
 
-static inline int fai_online_end_f64(double m, double l, double s, double keep_scale,
-                                     double *lse, double *f)
+FA_HOST_DEVICE static inline int fai_online_end_f64(double m, double l, double s,
+                                                    double keep_scale, double *lse, double *f)
 {
     const double a = fai_online_sink_f64(&m, &l, s);
     const double g = fai_online_finalize_f64(m, l, keep_scale, lse);
@@ -251,6 +254,23 @@ FA_HOST_DEVICE static inline float fai_online_finalize_base2_f32(float m, float 
     }
     *lse = (double)m * FAI_LN2 + fai_log((double)l);
     return keep_scale / l;
+}
+
+/* A row's end in base 2 (the tensor-core kernels): fai_online_end with m and the sink s2 in
+ * base-2 units (s2 = sink log2(e); -inf: none), so every exp is an exp2. */
+FA_HOST_DEVICE static inline int fai_online_end_base2_f32(float m, float l, float s2,
+                                                         float keep_scale, double *lse, float *f)
+{
+    float a = 1;
+    if (s2 != -INFINITY) {
+        const float m_new = fai_nanmax_f32(m, s2);
+        a = fai_exp2f(m - m_new);
+        l = fai_online_sum_f32(l, a, fai_exp2f(s2 - m_new));
+        m = m_new;
+    }
+    const float g = fai_online_finalize_base2_f32(m, l, keep_scale, lse);
+    *f = a * g;
+    return g != 0;
 }
 
 /* The backward's LSE in base-2 units, LSE log2(e), so that P = 2^(x - it); +inf for an empty row

@@ -104,9 +104,6 @@ static fa_status view(const fa_tensor *t, const char *name, int dev, fai_cuda_vi
 
 static fa_status fill(fa_context *ctx, const fai_problem *pr, fai_cuda_args *a)
 {
-    if (pr->sinks) /* before anything is allocated or written */
-        return fai_fail(FA_ERR_UNSUPPORTED, "cuda: attention sinks (params->sink_logits) are "
-                                            "not implemented on this backend yet");
     memset(a, 0, sizeof *a);
     a->dtype = (int)pr->dtype;
     a->lse_f64 = fai_io(pr, FAI_LSE) && fai_io(pr, FAI_LSE)->dtype == FA_F64;
@@ -179,30 +176,29 @@ static fa_status result(fai_cuda_result r, const char *err)
     }
 }
 
-/* The slopes on the device (Hq floats), or NULL without ALiBi. */
-static fa_status copy_slopes(fa_context *ctx, const fai_problem *pr, fai_cuda_args *a,
-                             void **dev, size_t *bytes)
+/* Hq floats of host memory (the ALiBi slopes, the sink logits: `what`) on the device, or NULL
+ * where src is. */
+static fa_status copy_head_floats(fa_context *ctx, const fai_problem *pr, const float *src,
+                                  const char *what, cudaStream_t st, void **dev, size_t *bytes)
 {
     *dev = NULL;
     *bytes = 0;
-    if (!pr->slopes)
+    if (!src)
         return FA_OK;
-    cudaStream_t st = (cudaStream_t)a->stream;
     *bytes = (size_t)pr->hq * sizeof(float);
     *dev = dev_alloc(ctx, *bytes, st);
     if (!*dev)
         return fai_fail(FA_ERR_NO_MEMORY, "backend cuda: %zu bytes of device memory for the "
-                                          "ALiBi slopes", *bytes);
+                                          "%s", *bytes, what);
     /* from pageable memory: the copy is staged before the call returns, so the caller may
-     * free the slopes at once */
-    cudaError_t e = cudaMemcpyAsync(*dev, pr->slopes, *bytes, cudaMemcpyHostToDevice, st);
+     * free the host copy at once */
+    cudaError_t e = cudaMemcpyAsync(*dev, src, *bytes, cudaMemcpyHostToDevice, st);
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
         dev_free(ctx, *dev, *bytes, st);
-        return fai_fail(FA_ERR_DEVICE, "backend cuda: copying the ALiBi slopes: %s",
+        return fai_fail(FA_ERR_DEVICE, "backend cuda: copying the %s: %s", what,
                         cudaGetErrorString(e));
     }
-    a->slopes = (const float *)*dev;
     return FA_OK;
 }
 
@@ -210,12 +206,21 @@ static fa_status cuda_forward(fa_context *ctx, const fai_problem *pr)
 {
     fai_cuda_args a;
     FAI_TRY(fill(ctx, pr, &a));
-    void *slopes;
-    size_t sb;
-    FAI_TRY(copy_slopes(ctx, pr, &a, &slopes, &sb));
+    cudaStream_t st = (cudaStream_t)a.stream;
+    void *slopes, *sinks;
+    size_t sb, kb;
+    FAI_TRY(copy_head_floats(ctx, pr, pr->slopes, "ALiBi slopes", st, &slopes, &sb));
+    fa_status s = copy_head_floats(ctx, pr, pr->sinks, "sink logits", st, &sinks, &kb);
+    if (s != FA_OK) {
+        dev_free(ctx, slopes, sb, st);
+        return s;
+    }
+    a.slopes = (const float *)slopes;
+    a.sinks = (const float *)sinks;
     char err[300] = "";
     fai_cuda_result r = fai_cuda_forward(&a, err, sizeof err);
-    dev_free(ctx, slopes, sb, (cudaStream_t)a.stream);
+    dev_free(ctx, sinks, kb, st);
+    dev_free(ctx, slopes, sb, st);
     return result(r, err);
 }
 
@@ -228,13 +233,14 @@ static fa_status cuda_backward(fa_context *ctx, const fai_problem *pr)
     a.work = dev_alloc(ctx, wb, st);
     if (wb && !a.work)
         return fai_fail(FA_ERR_NO_MEMORY, "backend cuda: %zu bytes of device workspace", wb);
-    void *slopes;
+    void *slopes; /* the backward reads P from the given LSE, which holds the sinks */
     size_t sb;
-    fa_status s = copy_slopes(ctx, pr, &a, &slopes, &sb);
+    fa_status s = copy_head_floats(ctx, pr, pr->slopes, "ALiBi slopes", st, &slopes, &sb);
     if (s != FA_OK) {
         dev_free(ctx, a.work, wb, st);
         return s;
     }
+    a.slopes = (const float *)slopes;
     char err[300] = "";
     fai_cuda_result r = fai_cuda_backward(&a, err, sizeof err);
     dev_free(ctx, slopes, sb, st);

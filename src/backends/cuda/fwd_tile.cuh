@@ -297,8 +297,9 @@ __device__ __forceinline__ void fwd_add_back(const fwd_rows &c, float (&o)[MT][D
     }
 }
 
-/* Finalize (core/recurrence.h's fai_online_finalize_base2_f32) and store the warp's rows of O
- * and LSE; rows at or past Sq are skipped. */
+/* End the rows (core/recurrence.h's fai_online_end_base2_f32: the head's sink, in base-2 units,
+ * then the finalization) and store the warp's rows of O and LSE; rows at or past Sq are
+ * skipped. */
 template <typename T, int MT, int DT>
 __device__ __forceinline__ void fwd_store(const fai_cuda_args &a, const fwd_rows &c,
                                           const float (&o)[MT][DT][4], const float (&m)[2 * MT],
@@ -312,14 +313,16 @@ __device__ __forceinline__ void fwd_store(const fai_cuda_args &a, const fwd_rows
         const int64_t i = c.wi0 + 8 * rr + c.g;
         const int mt = rr >> 1, r = rr & 1;
         double lse;
-        const float f = fai_online_finalize_base2_f32(m[rr], l[rr], (float)a.keep_scale, &lse);
+        float f;
+        const float s2 = a.sinks ? a.sinks[c.h] * FAI_LOG2E_F : -INFINITY;
+        const int live = fai_online_end_base2_f32(m[rr], l[rr], s2, (float)a.keep_scale, &lse, &f);
         if (i >= a.sq)
             continue;
         T *orow = fai_at<T>(a.tout, c.b, i, c.h);
 #pragma unroll
         for (int d = 0; d < DT; d++) {
-            const float x0 = f == 0 ? 0.0f : o[mt][d][2 * r] * f;
-            const float x1 = f == 0 ? 0.0f : o[mt][d][2 * r + 1] * f;
+            const float x0 = live ? o[mt][d][2 * r] * f : 0.0f;
+            const float x1 = live ? o[mt][d][2 * r + 1] * f : 0.0f;
             *(uint32_t *)(orow + 8 * d + 2 * c.tg) = M::pack(x0, x1);
         }
         if (a.tlse.data && c.tg == 0)

@@ -25,13 +25,14 @@ __device__ __forceinline__ int rescale(double *m, double b, double *al)
 {
     return fai_online_rescale_f64(m, b, al);
 }
-__device__ __forceinline__ float finalize(float m, float l, float ks, double *lse)
+__device__ __forceinline__ int end(float m, float l, float sink, float ks, double *lse, float *f)
 {
-    return fai_online_finalize_f32(m, l, ks, lse);
+    return fai_online_end_f32(m, l, sink, ks, lse, f);
 }
-__device__ __forceinline__ double finalize(double m, double l, double ks, double *lse)
+__device__ __forceinline__ int end(double m, double l, double sink, double ks, double *lse,
+                                   double *f)
 {
-    return fai_online_finalize_f64(m, l, ks, lse);
+    return fai_online_end_f64(m, l, sink, ks, lse, f);
 }
 __device__ __forceinline__ float score(const fai_score *sc, float dot, float slope, int64_t i,
                                        int64_t j, float *t)
@@ -126,13 +127,15 @@ __global__ void __launch_bounds__(kWarps * 32) fa_fwd_kernel_rowwarp(const fai_c
             }
         }
         double lse;
-        const C f = finalize(m, l, (C)a.keep_scale, &lse);
+        C f;
+        const C sink = a.sinks ? (C)a.sinks[h] : (C)-INFINITY;
+        const int live = end(m, l, sink, (C)a.keep_scale, &lse, &f); /* 0: an empty row */
         S *orow = fai_at<S>(a.tout, b, i, h);
 #pragma unroll
         for (int c = 0; c < NV; c++) {
             const int64_t d = lane + 32 * c;
             if (d < a.dv)
-                orow[d] = fai_storage<S>::store(f == 0 ? (C)0 : acc[c] * f);
+                orow[d] = fai_storage<S>::store(live ? acc[c] * f : (C)0);
         }
         if (a.tlse.data && lane == 0)
             fai_lse_put(a.tlse, a.lse_f64, b, h, i, lse);

@@ -30,6 +30,7 @@ typedef struct {
     fai_mask mask;
     fai_score score;
     const float *slopes;          /* device copy of the Hq ALiBi slopes, or NULL */
+    const float *sinks;           /* device copy of the Hq sink logits (forward), or NULL */
     fai_dropout_params drop;      /* seed, offset, threshold (0: off); a kernel derives head
                                      (b, h)'s stream from it (common.cuh: fai_drop_head) */
     double keep_scale;            /* 1 / (1 - p) */
