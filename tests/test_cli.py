@@ -136,6 +136,56 @@ def alibi():
 
 
 @test
+def sinks():
+    s = save("sinks.npy", np.array([0.5, -np.inf, 2.0, -1.0], np.float32))
+    pair(["--sinks", s, "--causal"], ["--sinks", s, "--causal"], ["--causal"])
+    # against the definition: LSE = ln(sum exp(s) + exp(sink)); rows 0-4 see no key (Sq 9,
+    # Sk 4, bottom-right causal): LSE = sink, O = 0
+    files = inputs(sq=9, sk=4, prefix="sk_")
+    o, l = forward("--sinks", s, "--causal", files=files)
+    q, k, v = (np.load(f).astype(np.float64) for f in files)
+    out, lse = np.load(o).astype(np.float64), np.load(l).astype(np.float64)
+    sink = np.array([0.5, -np.inf, 2.0, -1.0])
+    kk, vv = np.repeat(k, 2, axis=2), np.repeat(v, 2, axis=2)  # GQA: 4 query heads, 2 kv heads
+    sc = np.einsum("bihd,bjhd->bhij", q, kk) / 4.0
+    allowed = np.arange(4)[None, :] <= np.arange(9)[:, None] - 5
+    sc = np.where(allowed, sc, -np.inf)
+    mx = np.maximum(sc.max(-1), sink[None, :, None])
+    live = mx > -np.inf
+    m = np.where(live, mx, 0)
+    den = np.exp(sc - m[..., None]).sum(-1) + np.exp(sink[None, :, None] - m)
+    want_lse = np.where(live, m + np.log(den), -np.inf)
+    assert np.array_equal(np.isinf(lse), np.isinf(want_lse))
+    fin = np.isfinite(want_lse)
+    assert np.abs(lse[fin] - want_lse[fin]).max() < 1e-5, np.abs(lse[fin] - want_lse[fin]).max()
+    assert (lse[:, 0, :5] == np.float32(0.5)).all() and (out[:, :5] == 0).all()
+    p = np.where(live[..., None], np.exp(sc - np.where(live, want_lse, 0)[..., None]), 0)
+    want_o = np.einsum("bhij,bjhd->bihd", p, vv)
+    assert np.abs(out - want_o).max() < 1e-5, np.abs(out - want_o).max()
+    # the backward's --dsinks: d loss / d sink_h = -sum exp(sink_h - LSE) dO . O
+    dout = save("sk_do.npy", RNG.standard_normal(out.shape).astype(np.float32))
+    grads = [path("sk_dq.npy"), path("sk_dk.npy"), path("sk_dv.npy"), path("sk_ds.npy")]
+    bwd = ["backward", *qkv_args(files), "--out", o, "--lse", l, "--dout", dout, "--dq", grads[0],
+           "--dk", grads[1], "--dv", grads[2], "--causal"]
+    run(*bwd, "--sinks", s, "--dsinks", grads[3], code=0)
+    ds = np.load(grads[3])
+    assert ds.shape == (4,) and ds.dtype == np.float32
+    di = np.einsum("bihd,bihd->bhi", np.load(dout).astype(np.float64), out)
+    want = np.array([0.0 if np.isinf(sink[h]) else
+                     -(np.exp(sink[h] - lse[:, h, :]) * di[:, h, :]).sum() for h in range(4)])
+    assert np.abs(ds - want).max() <= 1e-5 * (1 + np.abs(want).max()), (ds, want)
+    os.remove(grads[3])
+    p = run(*bwd, "--dsinks", grads[3], code=2)  # no sinks, no gradient: nothing written
+    assert "--sinks" in p.stderr and not os.path.exists(grads[3])
+    wrong = save("sinks3.npy", np.array([0.5, 0.25, 0.125], np.float64))
+    p = run("forward", *qkv_args(), "--out", path("x.npy"), "--sinks", wrong, code=2)
+    assert "sink logits" in p.stderr
+    nan = save("sinks_nan.npy", np.array([0.5, np.nan, 0, 0], np.float32))
+    p = run("forward", *qkv_args(), "--out", path("x.npy"), "--sinks", nan, code=2)
+    assert "sink_logits[1]" in p.stderr
+
+
+@test
 def dropout_seed_offset():
     opts = ["--dropout", "0.3", "--seed", "77", "--offset", "5"]
     pair(opts, opts, ["--dropout", "0.3", "--seed", "78", "--offset", "5"])

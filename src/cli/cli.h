@@ -26,9 +26,10 @@ typedef struct {
 typedef struct {
     const char *q, *k, *v, *out, *lse, *dout, *dq, *dk, *dv;
     const char *cand[5]; /* check: --candidate-out, -lse, -dq, -dk, -dv */
-    const char *alibi;
+    const char *alibi, *sinks, *dsinks;
     fa_params p;
-    float *slopes; /* from --alibi */
+    float *slopes;    /* from --alibi */
+    float *sink_vals; /* from --sinks */
     int bhsd, bf16, json, threads;
     int has_dtype;   /* check --dtype: the candidate kernel's storage dtype */
     fa_dtype dtype;
@@ -110,7 +111,8 @@ void cli_outputs_abort(cli_outputs *s);
 fa_context *cli_context(const cli_opts *o, fa_backend backend);
 /* Prints the library's detail; returns EXIT_USAGE for argument errors, else EXIT_ERROR. */
 int cli_fail(fa_status s, const char *what);
-/* --alibi: loads one slope per query head into o->slopes and o->p.alibi_slopes. */
+/* --alibi and --sinks: load one slope and one sink logit per query head into o->slopes and
+ * o->p.alibi_slopes, o->sink_vals and o->p.sink_logits. */
 int cli_load_slopes(cli_opts *o, int64_t heads);
 
 const char *cli_blas_core(void); /* OpenBLAS's core name, "unknown" without OpenBLAS */

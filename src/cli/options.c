@@ -78,9 +78,10 @@ void cli_usage(FILE *f, const char *cmd)
                    "f32, or f64 for f64 inputs).\n");
     else if (!strcmp(cmd, "backward"))
         fprintf(f, "usage: flashattn backward --q Q.npy --k K.npy --v V.npy --out O.npy --lse LSE.npy\n"
-                   "       --dout DO.npy --dq DQ.npy --dk DK.npy --dv DV.npy [attention options]\n"
-                   "       [run options]\n"
-                   "Writes the gradients of attention for the cotangent dO.\n");
+                   "       --dout DO.npy --dq DQ.npy --dk DK.npy --dv DV.npy [--dsinks DS.npy]\n"
+                   "       [attention options] [run options]\n"
+                   "Writes the gradients of attention for the cotangent dO (--dsinks, with --sinks:\n"
+                   "the sinks' gradient, 1-D f32 of one per query head).\n");
     else if (!strcmp(cmd, "check"))
         fprintf(f,
                 "usage: flashattn check --q Q.npy --k K.npy --v V.npy [--dout DO.npy]\n"
@@ -107,6 +108,7 @@ void cli_usage(FILE *f, const char *cmd)
             "                            a key count W including the query's own = (W-1, 0))\n"
             "  --softcap C               s = C tanh(s / C)\n"
             "  --alibi SLOPES.npy        one slope per query head (1-D)\n"
+            "  --sinks SINKS.npy         one attention-sink logit per query head (1-D; -inf: none)\n"
             "  --scale S                 0 or absent: 1/sqrt(head dim)\n"
             "  --dropout P --seed S --offset O   dropout with the Philox stream of docs/DESIGN.md\n"
             "  --layout bshd|bhsd        how Q, K, V, O files are laid out (default bshd)\n"
@@ -185,7 +187,8 @@ static const opt_def defs[] = {
     {"--candidate-out", "check"}, {"--candidate-lse", "check"}, {"--candidate-dq", "check"},
     {"--candidate-dk", "check"}, {"--candidate-dv", "check"}, {"--atol", "check"},
     {"--rtol", "check"}, {"--json", "check"}, {"--dtype", "check"}, {"--causal", "attn"}, {"--align", "attn"},
-    {"--window", "attn"}, {"--softcap", "attn"}, {"--alibi", "attn"}, {"--scale", "attn"},
+    {"--window", "attn"}, {"--softcap", "attn"}, {"--alibi", "attn"}, {"--sinks", "attn"},
+    {"--dsinks", "grad"}, {"--scale", "attn"},
     {"--dropout", "attn"}, {"--seed", "attn"}, {"--offset", "attn"}, {"--layout", "attn"},
     {"--bf16", "attn"}, {"--profile", "attn"}, {"--backend", "io"}, {"--isa", "io"},
     {"--threads", "attn"}, {NULL, NULL},
@@ -255,6 +258,8 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
         else if (!strcmp(a, "--candidate-dk")) o->cand[CAND_DK] = v;
         else if (!strcmp(a, "--candidate-dv")) o->cand[CAND_DV] = v;
         else if (!strcmp(a, "--alibi")) o->alibi = v;
+        else if (!strcmp(a, "--sinks")) o->sinks = v;
+        else if (!strcmp(a, "--dsinks")) o->dsinks = v;
         else if (!strcmp(a, "--causal")) o->p.causal = 1;
         else if (!strcmp(a, "--json")) o->json = 1;
         else if (!strcmp(a, "--bf16")) o->bf16 = 1;
@@ -363,5 +368,6 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
 void cli_opts_free(cli_opts *o)
 {
     free(o->slopes);
-    o->slopes = NULL;
+    free(o->sink_vals);
+    o->slopes = o->sink_vals = NULL;
 }

@@ -36,22 +36,20 @@ fa_context *cli_context(const cli_opts *o, fa_backend backend)
     return ctx;
 }
 
-/* --alibi: a 1-D array of one slope per query head, any float dtype. */
-int cli_load_slopes(cli_opts *o, int64_t heads)
+/* A 1-D array of one float per query head (`what`), any float dtype, into *vals. */
+static int load_per_head(const char *path, const char *what, int64_t heads, float **vals)
 {
-    if (!o->alibi)
-        return 0;
     cli_tensor s;
     char err[512];
     memset(&s, 0, sizeof s);
-    int r = npy_read(o->alibi, (size_t)1 << 30, &s.a, err, sizeof err);
+    int r = npy_read(path, (size_t)1 << 30, &s.a, err, sizeof err);
     if (r) {
         fprintf(stderr, "flashattn: %s\n", err);
         return r == NPY_ERR_NO_MEMORY ? EXIT_ERROR : EXIT_USAGE;
     }
     if (s.a.ndim != 1 || s.a.shape[0] != heads) {
-        fprintf(stderr, "flashattn: %s: expected a 1-D array of %lld slopes (one per query head)\n",
-                o->alibi, (long long)heads);
+        fprintf(stderr, "flashattn: %s: expected a 1-D array of %lld %s (one per query head)\n",
+                path, (long long)heads, what);
         npy_free(&s.a);
         return EXIT_USAGE;
     }
@@ -59,15 +57,24 @@ int cli_load_slopes(cli_opts *o, int64_t heads)
                         : s.a.kind == NPY_F64 ? FA_F64
                         : s.a.kind == NPY_U2  ? FA_BF16 /* bf16 bits, with or without --bf16 */
                                               : FA_F32;
-    o->slopes = malloc((size_t)heads * sizeof(float) + 1);
-    if (!o->slopes) {
+    *vals = malloc((size_t)heads * sizeof(float) + 1);
+    if (!*vals) {
         npy_free(&s.a);
         return EXIT_ERROR;
     }
-    fa_convert(s.a.data, dt, o->slopes, FA_F32, (size_t)heads);
+    fa_convert(s.a.data, dt, *vals, FA_F32, (size_t)heads);
     npy_free(&s.a);
-    o->p.alibi_slopes = o->slopes;
     return 0;
+}
+
+int cli_load_slopes(cli_opts *o, int64_t heads)
+{
+    int rc = 0;
+    if (o->alibi && !(rc = load_per_head(o->alibi, "slopes", heads, &o->slopes)))
+        o->p.alibi_slopes = o->slopes;
+    if (!rc && o->sinks && !(rc = load_per_head(o->sinks, "sink logits", heads, &o->sink_vals)))
+        o->p.sink_logits = o->sink_vals;
+    return rc;
 }
 
 static int need(const char *cmd, const char *opt, const char *val)
@@ -110,9 +117,9 @@ int cmd_forward(int argc, char **argv)
     cli_outputs_init(&files);
     cli_outputs_add(&files, o.out, &out);
     cli_outputs_add(&files, o.lse, &lse);
-    const char *inputs[4] = {o.q, o.k, o.v, o.alibi};
+    const char *inputs[5] = {o.q, o.k, o.v, o.alibi, o.sinks};
     if (!rc)
-        rc = cli_outputs_open(&files, inputs, 4);
+        rc = cli_outputs_open(&files, inputs, 5);
     fa_context *ctx = rc ? NULL : cli_context(&o, o.backend);
     if (!rc && !ctx)
         rc = EXIT_ERROR;
@@ -143,9 +150,10 @@ int cmd_backward(int argc, char **argv)
     for (int i = 0; i < 6; i++)
         if ((rc = need("backward", req[i][0], req[i][1])))
             return rc;
-    cli_tensor in[6], g[3];
+    cli_tensor in[6], g[3], ds;
     memset(in, 0, sizeof in);
     memset(g, 0, sizeof g);
+    memset(&ds, 0, sizeof ds);
     const char *paths[6] = {o.q, o.k, o.v, o.out, o.lse, o.dout};
     for (int i = 0; i < 6 && !rc; i++)
         rc = cli_load(&o, paths[i], i == 4 ? ROLE_LSE : ROLE_QKV, &in[i]);
@@ -161,9 +169,24 @@ int cmd_backward(int argc, char **argv)
     cli_outputs_add(&files, o.dq, &g[0]);
     cli_outputs_add(&files, o.dk, &g[1]);
     cli_outputs_add(&files, o.dv, &g[2]);
-    const char *inputs[7] = {o.q, o.k, o.v, o.out, o.lse, o.dout, o.alibi};
+    if (!rc && o.dsinks) { /* --dsinks: d loss / d sink, a 1-D f32 array of Hq */
+        if (!o.sinks) {
+            fprintf(stderr, "flashattn backward: --dsinks needs --sinks\n");
+            rc = EXIT_USAGE;
+        } else {
+            ds.a.kind = NPY_F32;
+            ds.a.ndim = 1;
+            ds.a.shape[0] = in[0].t.heads;
+            ds.a.nbytes = (size_t)in[0].t.heads * sizeof(float);
+            ds.a.data = calloc(1, ds.a.nbytes + 1);
+            rc = ds.a.data ? 0 : EXIT_ERROR;
+            o.p.sink_grad = ds.a.data;
+            cli_outputs_add(&files, o.dsinks, &ds);
+        }
+    }
+    const char *inputs[8] = {o.q, o.k, o.v, o.out, o.lse, o.dout, o.alibi, o.sinks};
     if (!rc)
-        rc = cli_outputs_open(&files, inputs, 7);
+        rc = cli_outputs_open(&files, inputs, 8);
     fa_context *ctx = rc ? NULL : cli_context(&o, o.backend);
     if (!rc && !ctx)
         rc = EXIT_ERROR;
@@ -181,6 +204,7 @@ int cmd_backward(int argc, char **argv)
         cli_free(&in[i]);
     for (int i = 0; i < 3; i++)
         cli_free(&g[i]);
+    npy_free(&ds.a);
     cli_opts_free(&o);
     return rc;
 }
