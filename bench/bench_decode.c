@@ -6,10 +6,12 @@
  * each, so a drift of the shared machine touches both alike.
  *
  *   bench_decode [--threads 1,2] [--seqlens 4096,16384,65536] [--hq 32] [--hk 8] [--d 128]
- *                [--dtype f16] [--batch 1] [--sq 1] [--sinks] [--reps 7] [--csv FILE]
+ *                [--dtype f16] [--kv-dtype D] [--batch 1] [--sq 1] [--sinks] [--reps 7]
+ *                [--csv FILE]
  *
  * --sq N times N query rows per head (N > 1: prefill, bottom-right causal); --sinks gives every
- * head an attention sink (fa_params.sink_logits), for the with/without comparison.
+ * head an attention sink (fa_params.sink_logits), for the with/without comparison; --kv-dtype
+ * stores K and V apart from Q and O (f16 or bf16 under f32 or bf16 q: ggml's f32 queries).
  *
  * The streaming read sums a 1 GiB buffer (larger than any cache here) in 16-float vectors, the
  * threads taking equal contiguous parts. FA_DECODE=0 in the environment times the tiles' path
@@ -82,7 +84,7 @@ int main(int argc, char **argv)
     int nthreads = 2, nseq = 3, reps = 7;
     long hq = 32, hk = 8, d = 128, batch = 1, sq = 1;
     int sinks_on = 0;
-    fa_dtype dt = FA_F16;
+    fa_dtype dt = FA_F16, kvt = (fa_dtype)-1;
     const char *csv = NULL;
     for (int a = 1; a < argc; a++) {
         const char *v = a + 1 < argc ? argv[a + 1] : "";
@@ -104,6 +106,8 @@ int main(int argc, char **argv)
             sinks_on = 1;
         else if (!strcmp(argv[a], "--dtype"))
             dt = parse_dtype(v), a++;
+        else if (!strcmp(argv[a], "--kv-dtype"))
+            kvt = parse_dtype(v), a++;
         else if (!strcmp(argv[a], "--reps"))
             reps = atoi(v), a++;
         else if (!strcmp(argv[a], "--csv"))
@@ -118,7 +122,9 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_decode: bad arguments\n");
         return 2;
     }
-    const size_t es = dt == FA_F32 ? 4 : 2;
+    if (kvt == (fa_dtype)-1)
+        kvt = dt;
+    const size_t es = kvt == FA_F32 ? 4 : 2, qes = dt == FA_F32 ? 4 : 2;
     long skmax = 0;
     for (int i = 0; i < nseq; i++)
         skmax = seqlens[i] > skmax ? seqlens[i] : skmax;
@@ -128,7 +134,7 @@ int main(int argc, char **argv)
     void *k = malloc(kv_elems * es), *v = malloc(kv_elems * es);
     const size_t q_elems = (size_t)batch * (size_t)sq * (size_t)hq * (size_t)d;
     float *sinks = malloc(sizeof(float) * (size_t)hq);
-    void *q = malloc(q_elems * es), *o = malloc(q_elems * es);
+    void *q = malloc(q_elems * qes), *o = malloc(q_elems * qes);
     float *tmp = malloc(kv_elems * sizeof(float));
     for (long h = 0; sinks && h < hq; h++)
         sinks[h] = 0.25f * (float)(h % 5) - 0.5f;
@@ -143,10 +149,10 @@ int main(int argc, char **argv)
         s = s * 1103515245u + 12345u;
         tmp[i] = ((float)(s >> 8) / 16777216.0f - 0.5f) * 2.0f;
     }
-    fa_convert(tmp, FA_F32, k, dt, kv_elems);
+    fa_convert(tmp, FA_F32, k, kvt, kv_elems);
     for (size_t i = 0; i < kv_elems; i++)
         tmp[i] = -tmp[i] * 0.5f;
-    fa_convert(tmp, FA_F32, v, dt, kv_elems);
+    fa_convert(tmp, FA_F32, v, kvt, kv_elems);
     for (size_t i = 0; i < q_elems; i++)
         tmp[i] = (float)((i * 7) % 13) / 13.0f - 0.5f;
     fa_convert(tmp, FA_F32, q, dt, q_elems);
@@ -156,9 +162,9 @@ int main(int argc, char **argv)
     if (out)
         fprintf(out, "threads,batch,sk,hq,hk,d,dtype,ms,kv_gbs,stream_gbs,ratio,gflops\n");
     const char *decode_env = getenv("FA_DECODE");
-    printf("decode: B=%ld Sq=%ld Hq=%ld Hk=%ld D=%ld %s causal%s, best of %d; FA_DECODE=%s\n",
-           batch, sq, hq, hk, d, fa_dtype_name(dt), sinks_on ? ", sinks" : "", reps,
-           decode_env ? decode_env : "(unset)");
+    printf("decode: B=%ld Sq=%ld Hq=%ld Hk=%ld D=%ld q %s, k/v %s, causal%s, best of %d; "
+           "FA_DECODE=%s\n", batch, sq, hq, hk, d, fa_dtype_name(dt), fa_dtype_name(kvt),
+           sinks_on ? ", sinks" : "", reps, decode_env ? decode_env : "(unset)");
     printf("%7s %7s %9s %9s %11s %7s %8s\n", "threads", "Sk", "ms", "KV GB/s", "stream GB/s",
            "ratio", "GFLOP/s");
     float sink = 0;
@@ -178,8 +184,8 @@ int main(int argc, char **argv)
             fa_tensor tq, tk, tv, to;
             fa_tensor_init(&tq, q, dt, batch, sq, hq, d, 0);
             fa_tensor_init(&to, o, dt, batch, sq, hq, d, 0);
-            fa_tensor_init(&tk, k, dt, batch, sk, hk, d, 0);
-            fa_tensor_init(&tv, v, dt, batch, sk, hk, d, 0);
+            fa_tensor_init(&tk, k, kvt, batch, sk, hk, d, 0);
+            fa_tensor_init(&tv, v, kvt, batch, sk, hk, d, 0);
             fa_params p;
             fa_params_init(&p);
             p.causal = 1;

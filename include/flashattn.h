@@ -133,15 +133,17 @@ FA_API void      fa_context_destroy(fa_context *ctx);
 
 /*
  * out = attention(q, k, v) per docs/DESIGN.md §1; lse (may be NULL) receives the natural-log
- * log-sum-exp of each row (pre-dropout), -inf for rows with no allowed key. Outputs must not
- * overlap inputs or each other (see fa_tensor).
+ * log-sum-exp of each row (pre-dropout), -inf for rows with no allowed key (the sink's logit
+ * with sinks). Outputs must not overlap inputs or each other (see fa_tensor). k and v share a
+ * dtype: q's, or an f16 / bf16 cache under f32 or bf16 q (out takes q's dtype; not on CUDA yet).
  */
 FA_API fa_status fa_forward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
                             const fa_tensor *k, const fa_tensor *v, fa_tensor *out,
                             fa_tensor *lse);
 
 /*
- * Gradients of attention with respect to q, k, v for the cotangent dout. out and lse are the
+ * Gradients of attention with respect to q, k, v for the cotangent dout (one storage dtype for
+ * all of them: a cache dtype apart from q's is FA_ERR_UNSUPPORTED here). out and lse are the
  * forward's results: the tiled backend recomputes P from lse and reads out for
  * D_i = dout_i . out_i; the reference (in float64) and the conventional path recompute both
  * and only check their shapes and dtypes. With f64 storage, lse must be f64. dk/dv of a GQA

@@ -908,6 +908,79 @@ START_TEST(sink_gradient_finite_differences)
 }
 END_TEST
 
+/*
+ * A cache dtype apart from q's (f16 or bf16 K and V under f32 or bf16 Q and O, f32
+ * accumulation: ggml's layout): the forward of each CPU backend, the tiled one on its decode
+ * path and on its tiles, against the reference on the same stored values; the combinations
+ * that are not taken refused with FA_ERR_DTYPE naming the tensor, and the backward with
+ * FA_ERR_UNSUPPORTED; nothing written.
+ */
+START_TEST(kv_dtype_apart_from_q)
+{
+    static const fa_dtype combo[3][2] = {{FA_F32, FA_F16}, {FA_F32, FA_BF16}, {FA_BF16, FA_F16}};
+    static const struct {
+        int64_t b, sq, sk, hq, hk, d;
+    } c[2] = {{2, 2, 700, 8, 2, 64}, {1, 100, 130, 4, 2, 40}}; /* decode; the tiles */
+    const fa_dtype qd = combo[_i % 3][0], kd = combo[_i % 3][1];
+    const int x = _i / 3;
+    ht_tensor q, k, v, o, l, ref;
+    ht_alloc(&q, qd, c[x].b, c[x].sq, c[x].hq, c[x].d, HT_BSHD);
+    ht_alloc(&k, kd, c[x].b, c[x].sk, c[x].hk, c[x].d, HT_BSHD);
+    ht_alloc(&v, kd, c[x].b, c[x].sk, c[x].hk, c[x].d, HT_BSHD);
+    ht_alloc(&o, qd, c[x].b, c[x].sq, c[x].hq, c[x].d, HT_BSHD);
+    ht_alloc_lse(&l, FA_F32, c[x].b, c[x].sq, c[x].hq);
+    ht_alloc(&ref, FA_F64, c[x].b, c[x].sq, c[x].hq, c[x].d, HT_BSHD);
+    ht_fill(&q, 11, 1, -1), ht_fill(&k, 12, 1, -1), ht_fill(&v, 13, 1, -1);
+    fa_params p;
+    fa_params_init(&p);
+    p.causal = 1;
+    ck_assert(ht_forward(FA_BACKEND_REFERENCE, 2, &p, &q.t64, &k.t64, &v.t64, &ref.t, NULL) ==
+              FA_OK);
+    /* O's own rounding dominates: f32 ~1e-7, bf16 2^-9 relative */
+    const double tol = (qd == FA_F32 ? 2e-6 : 8e-3) * (1 + ht_max_abs(&ref));
+    const fa_backend bes[4] = {FA_BACKEND_REFERENCE, FA_BACKEND_CONVENTIONAL, FA_BACKEND_TILED,
+                               FA_BACKEND_TILED};
+    for (int t = 0; t < 4; t++) {
+        if (t == 3)
+            setenv("FA_DECODE", "0", 1);
+        const fa_status st = ht_forward(bes[t], 2, &p, &q.t, &k.t, &v.t, &o.t, &l.t);
+        unsetenv("FA_DECODE");
+        ck_assert_msg(st == FA_OK, "%s: %s", fa_backend_name(bes[t]), fa_last_error());
+        const double e = ht_max_err(&o, &ref);
+        ck_assert_msg(e <= tol, "%s%s q %s, k/v %s, case %d: error %g > %g",
+                      fa_backend_name(bes[t]), t == 3 ? " (tiles)" : "", fa_dtype_name(qd),
+                      fa_dtype_name(kd), x, e, tol);
+    }
+    if (x == 0)
+        ck_assert(ht_decode_keys(2, &p, &q.t, &k.t, &v.t) > 0); /* the decode path took it */
+    /* not taken: f16 q with a bf16 cache, k and v apart, f64 q; the backward */
+    ht_poison(&o);
+    fa_tensor qq = q.t, vv = v.t;
+    qq.dtype = FA_F16;
+    if (kd == FA_BF16) /* (f16 q with an f16 cache is one dtype) */
+        ck_assert(ht_forward(FA_BACKEND_TILED, 1, &p, &qq, &k.t, &v.t, &o.t, NULL) ==
+                  FA_ERR_DTYPE);
+    vv.dtype = kd == FA_F16 ? FA_BF16 : FA_F16;
+    ck_assert(ht_forward(FA_BACKEND_TILED, 1, &p, &q.t, &k.t, &vv, &o.t, NULL) == FA_ERR_DTYPE);
+    ck_assert(strstr(fa_last_error(), "v->dtype") != NULL);
+    qq.dtype = FA_F64;
+    ck_assert(ht_forward(FA_BACKEND_TILED, 1, &p, &qq, &k.t, &v.t, &o.t, NULL) == FA_ERR_DTYPE);
+    ck_assert(strstr(fa_last_error(), "k->dtype") != NULL);
+    ck_assert(ht_is_poisoned(&o));
+    ht_tensor dq, dk, dv;
+    ht_alloc(&dq, qd, c[x].b, c[x].sq, c[x].hq, c[x].d, HT_BSHD);
+    ht_alloc(&dk, kd, c[x].b, c[x].sk, c[x].hk, c[x].d, HT_BSHD);
+    ht_alloc(&dv, kd, c[x].b, c[x].sk, c[x].hk, c[x].d, HT_BSHD);
+    ht_poison(&dq), ht_poison(&dk), ht_poison(&dv);
+    ck_assert(ht_backward(FA_BACKEND_TILED, 1, &p, &q.t, &k.t, &v.t, &o.t, &l.t, &o.t, &dq.t,
+                          &dk.t, &dv.t) == FA_ERR_UNSUPPORTED);
+    ck_assert(strstr(fa_last_error(), "forward only") != NULL);
+    ck_assert(ht_is_poisoned(&dq) && ht_is_poisoned(&dk) && ht_is_poisoned(&dv));
+    ht_free(&dq), ht_free(&dk), ht_free(&dv);
+    ht_free(&q), ht_free(&k), ht_free(&v), ht_free(&o), ht_free(&l), ht_free(&ref);
+}
+END_TEST
+
 START_TEST(merge_states_matches_full_attention)
 {
     const int64_t sq = 13, sk = 29, split = 11, H = 2, D = 6;
@@ -968,6 +1041,7 @@ Suite *make_semantics_suite(void)
     tcase_add_test(tc, merge_states_matches_full_attention);
     tcase_add_loop_test(tc, sinks_match_definition, 0, 12);
     tcase_add_test(tc, sink_gradient_finite_differences);
+    tcase_add_loop_test(tc, kv_dtype_apart_from_q, 0, 6);
     suite_add_tcase(s, tc);
     /* threads: what CI's ThreadSanitizer stage runs (CK_RUN_CASE=concurrency) */
     TCase *cc = tcase_create("concurrency");

@@ -379,14 +379,31 @@ static fa_status check_params(const fa_params *p, int64_t hq)
     return FA_OK;
 }
 
+/* k and v share a dtype: q's, or an f16 / bf16 cache under f32 or bf16 q (a forward's; the ops
+ * that cannot take it say so). */
+static fa_status check_kv_dtypes(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v)
+{
+    if (v->dtype != k->dtype)
+        return fai_fail(FA_ERR_DTYPE, "v->dtype = %s but k->dtype = %s; k and v share one "
+                                      "storage dtype", fa_dtype_name(v->dtype),
+                        fa_dtype_name(k->dtype));
+    if (k->dtype == q->dtype)
+        return FA_OK;
+    const int cache = k->dtype == FA_F16 || k->dtype == FA_BF16;
+    if (cache && (q->dtype == FA_F32 || q->dtype == FA_BF16))
+        return FA_OK;
+    return fai_fail(FA_ERR_DTYPE, "k->dtype = %s but q->dtype = %s; k and v take q's dtype, or "
+                                  "f16 / bf16 under f32 or bf16 q", fa_dtype_name(k->dtype),
+                    fa_dtype_name(q->dtype));
+}
+
 fa_status fai_problem_make(fai_problem *pr, const fa_params *p, const fa_tensor *q,
                            const fa_tensor *k, const fa_tensor *v)
 {
     FAI_TRY(fai_check_tensor(q, "q", FAI_INPUT, 0));
     FAI_TRY(fai_check_tensor(k, "k", FAI_INPUT, 0));
     FAI_TRY(fai_check_tensor(v, "v", FAI_INPUT, 0));
-    FAI_TRY(fai_check_dtype(k, "k", q->dtype));
-    FAI_TRY(fai_check_dtype(v, "v", q->dtype));
+    FAI_TRY(check_kv_dtypes(q, k, v));
     FAI_TRY(expect_dim("k", "batch", k->batch, "q->batch", q->batch));
     FAI_TRY(expect_dim("k", "headdim", k->headdim, "q->headdim", q->headdim));
     FAI_TRY(fai_check_shape(v, "v", k->batch, k->seqlen, k->heads, -1, "k"));
@@ -406,6 +423,7 @@ fa_status fai_problem_make(fai_problem *pr, const fa_params *p, const fa_tensor 
     pr->dqk = q->headdim;
     pr->dv = v->headdim;
     pr->dtype = q->dtype;
+    pr->kv_dtype = k->dtype;
     pr->mask = fai_mask_make(pr->sq, pr->sk, p->causal != 0, p->window_left, p->window_right,
                              p->align == FA_ALIGN_TOP_LEFT);
     pr->score.scale = p->scale > 0 ? p->scale : 1.0 / sqrt((double)pr->dqk);

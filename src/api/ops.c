@@ -119,6 +119,10 @@ fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
         return fai_fail(FA_ERR_NULL_POINTER, "ctx is NULL");
     fai_problem pr;
     FAI_TRY(fai_problem_make(&pr, p, q, k, v));
+    if (pr.kv_dtype != pr.dtype)
+        return fai_fail(FA_ERR_UNSUPPORTED, "k->dtype = %s under q->dtype = %s: a cache dtype "
+                                            "apart from q's is forward only",
+                        fa_dtype_name(pr.kv_dtype), fa_dtype_name(pr.dtype));
     FAI_TRY(fai_check_operand(out, "out", FAI_INPUT, q->dtype, pr.b, pr.sq, pr.hq, pr.dv,
                               "q (headdim: v)"));
     FAI_TRY(fai_check_tensor(lse, "lse", FAI_INPUT, 1));

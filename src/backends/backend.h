@@ -57,7 +57,9 @@ typedef enum { FAI_Q, FAI_K, FAI_V, FAI_OUT, FAI_LSE, FAI_DOUT, FAI_DQ, FAI_DK, 
  */
 typedef struct {
     int64_t b, hq, hk, sq, sk, dqk, dv, group; /* group = Hq / Hk */
-    fa_dtype dtype;
+    fa_dtype dtype;    /* storage of q, out, dout and the gradients */
+    fa_dtype kv_dtype; /* storage of k and v (and dk, dv): dtype, or a forward's f16 / bf16
+                          cache under f32 or bf16 q */
     fai_mask mask;
     fai_score score;
     const float *slopes; /* Hq, or NULL */
@@ -114,6 +116,12 @@ static inline void *fai_kv_row(const fai_problem *pr, fai_role r, int64_t b, int
                                int64_t j)
 {
     return fai_kv_rows(pr, r, b, hk, j, 1, NULL);
+}
+
+/* The storage dtype of a role's rows. */
+static inline fa_dtype fai_role_dtype(const fai_problem *pr, fai_role r)
+{
+    return r == FAI_K || r == FAI_V || r == FAI_DK || r == FAI_DV ? pr->kv_dtype : pr->dtype;
 }
 
 /* The LSE of row i of (b, h) (f32 or f64 storage). */

@@ -59,9 +59,9 @@ static void pack(const conv *cv, rows_at at, fai_role r, int64_t b, int64_t h, i
     for (int64_t s = 0; s < n; s++) {
         void *row = (char *)dst + (size_t)(s * dim) * cv->cs;
         if (cv->wide)
-            fai_load_f64(at(cv->pr, r, b, h, s), cv->pr->dtype, dim, row);
+            fai_load_f64(at(cv->pr, r, b, h, s), fai_role_dtype(cv->pr, r), dim, row);
         else
-            fai_load_f32(at(cv->pr, r, b, h, s), cv->pr->dtype, dim, row);
+            fai_load_f32(at(cv->pr, r, b, h, s), fai_role_dtype(cv->pr, r), dim, row);
     }
 }
 
@@ -72,9 +72,9 @@ static void unpack(const conv *cv, rows_at at, fai_role r, int64_t b, int64_t h,
     for (int64_t s = 0; s < n; s++) {
         const void *row = (const char *)src + (size_t)(s * dim) * cv->cs;
         if (cv->wide)
-            fai_store_f64(at(cv->pr, r, b, h, r0 + s), cv->pr->dtype, dim, row);
+            fai_store_f64(at(cv->pr, r, b, h, r0 + s), fai_role_dtype(cv->pr, r), dim, row);
         else
-            fai_store_f32(at(cv->pr, r, b, h, r0 + s), cv->pr->dtype, dim, row);
+            fai_store_f32(at(cv->pr, r, b, h, r0 + s), fai_role_dtype(cv->pr, r), dim, row);
     }
 }
 

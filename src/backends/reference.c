@@ -44,7 +44,7 @@ static int all_finite(const fai_problem *pr, void *(*p)(const fai_problem *, fai
                       double *row)
 {
     for (int64_t s = 0; s < rows; s++) {
-        fai_load_f64(p(pr, role, b, h, s), pr->dtype, dim, row);
+        fai_load_f64(p(pr, role, b, h, s), fai_role_dtype(pr, role), dim, row);
         for (int64_t d = 0; d < dim; d++)
             if (!isfinite(row[d]))
                 return 0;
@@ -86,7 +86,7 @@ static double row_scores(const fai_problem *pr, int64_t b, int64_t h, int64_t i,
     fai_load_f64(fai_q_row(pr, FAI_Q, b, h, i), pr->dtype, pr->dqk, w->q);
     double mx = -INFINITY;
     for (int64_t j = *lo; j < *hi; j++) {
-        fai_load_f64(fai_kv_row(pr, FAI_K, b, hk, j), pr->dtype, pr->dqk, w->kv);
+        fai_load_f64(fai_kv_row(pr, FAI_K, b, hk, j), pr->kv_dtype, pr->dqk, w->kv);
         w->s[j] = fai_score_f64(&pr->score, dot64(w->q, w->kv, pr->dqk), slope, i, j, &w->t[j]);
         mx = fai_nanmax_f64(mx, w->s[j]);
     }
@@ -116,7 +116,7 @@ static void row_output(const fai_problem *pr, int64_t b, int64_t h, double lse, 
         if (pr->drop.threshold && !keep[j]) /* dropped by selection, like masked keys */
             continue;
         double pt = exp(w->s[j] - lse) * pr->keep_scale;
-        fai_load_f64(fai_kv_row(pr, FAI_V, b, hk, j), pr->dtype, pr->dv, w->kv);
+        fai_load_f64(fai_kv_row(pr, FAI_V, b, hk, j), pr->kv_dtype, pr->dv, w->kv);
         for (int64_t d = 0; d < pr->dv; d++)
             w->o[d] += pt * w->kv[d];
     }
@@ -151,7 +151,7 @@ static void row_backward_group(const fai_problem *pr, int64_t b, int64_t hk, row
                 for (int64_t j = lo; j < hi; j++) {
                     const double P = exp(w->s[j] - lse);
                     const double z = !pr->drop.threshold || keep[j] ? pr->keep_scale : 0.0;
-                    fai_load_f64(fai_kv_row(pr, FAI_V, b, hk, j), pr->dtype, pr->dv, w->kv);
+                    fai_load_f64(fai_kv_row(pr, FAI_V, b, hk, j), pr->kv_dtype, pr->dv, w->kv);
                     /* dP z is rounded on its own here (before dV's loop, apart from the
                      * difference): the formula then takes it with z = 1 */
                     const double dPz = dot64(w->dout, w->kv, pr->dv) * z;
@@ -160,7 +160,7 @@ static void row_backward_group(const fai_problem *pr, int64_t b, int64_t hk, row
                             dv[j * pr->dv + d] += P * z * w->dout[d];
                     const double dS =
                         fai_dscore_f64(P, dPz, 1, Di, w->t[j], pr->score.softcap > 0);
-                    fai_load_f64(fai_kv_row(pr, FAI_K, b, hk, j), pr->dtype, pr->dqk, w->kv);
+                    fai_load_f64(fai_kv_row(pr, FAI_K, b, hk, j), pr->kv_dtype, pr->dqk, w->kv);
                     for (int64_t d = 0; d < pr->dqk; d++) {
                         w->dq[d] += scale * dS * w->kv[d];
                         dk[j * pr->dqk + d] += scale * dS * w->q[d];
@@ -207,7 +207,7 @@ static void pack_rows(const fai_problem *pr,
                       double *dst)
 {
     for (int64_t s = 0; s < n; s++)
-        fai_load_f64(p(pr, r, b, h, r0 + s), pr->dtype, dim, dst + s * dim);
+        fai_load_f64(p(pr, r, b, h, r0 + s), fai_role_dtype(pr, r), dim, dst + s * dim);
 }
 
 static void pack_kv(const fai_problem *pr, int64_t b, int64_t hk, blk_ws *w)

@@ -93,7 +93,7 @@ static void prefetch_keys(const fai_problem *pr, fai_role r, int64_t b, int64_t 
 {
     if (j0 >= j1)
         return;
-    const int64_t es = (int64_t)fai_dtype_size(pr->dtype), bytes = dim * es;
+    const int64_t es = (int64_t)fai_dtype_size(pr->kv_dtype), bytes = dim * es;
     int64_t ld = 0;
     for (int64_t h = h0; h < h1; h++)
         runs[h - h0] = fai_kv_rows(pr, r, b, h, j0, j1 - j0, &ld);
@@ -153,7 +153,7 @@ static void decode_chunk(const decode_call *dc, int64_t b, int64_t h0, int64_t h
         for (int64_t h = h0; h < h1; h++) {
             int64_t ldk;
             const void *k = fai_kv_rows(pr, FAI_K, b, h, j0 + c, e - c, &ldk);
-            kern->dot_rows(R, e - c, dqk, w->q + (h - h0) * R * dqk, dqk, k, ldk, pr->dtype,
+            kern->dot_rows(R, e - c, dqk, w->q + (h - h0) * R * dqk, dqk, k, ldk, pr->kv_dtype,
                            w->s + (h - h0) * R * ld + c, ld, dc->scale_only ? &scale : NULL);
         }
     }
@@ -197,7 +197,7 @@ static void decode_chunk(const decode_call *dc, int64_t b, int64_t h0, int64_t h
                     int64_t ldv;
                     const void *v = fai_kv_rows(pr, FAI_V, b, h, j0 + lo, hi - lo, &ldv);
                     kern->pv_rows((x - i) * G, hi - lo, dv, w->s + ((h - h0) * R + i * G) * ld + lo,
-                                  ld, v, ldv, pr->dtype, acc + i * G * dv, dv);
+                                  ld, v, ldv, pr->kv_dtype, acc + i * G * dv, dv);
                 }
                 i = x;
             }

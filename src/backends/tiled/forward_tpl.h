@@ -288,7 +288,8 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
             w->bf16->pack_kt(tile.n, pr->dqk, k, ldk, w->ktb, w->sp_ld);
         } else {
             int64_t ld;
-            const FT *kr = FAI_T(view_run)(w->kern, k, ldk, pr->dtype, tile.n, pr->dqk, w->k, &ld);
+            const FT *kr =
+                FAI_T(view_run)(w->kern, k, ldk, pr->kv_dtype, tile.n, pr->dqk, w->k, &ld);
             w->kern->transpose(tile.n, pr->dqk, kr, ld, w->kt, tl.bk);
         }
         /* With tile products, P V takes them or the f32 kernels by whether V is finite, and
@@ -298,7 +299,7 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
         const int64_t nv = w->bf16 ? (pr->sk - tile.j0 < tl.bk ? pr->sk - tile.j0 : tl.bk)
                                     : tile.n;
         const void *v = fai_kv_rows(pr, FAI_V, b, hk, tile.j0, nv, &ldv);
-        FAI_T(load_run)(w->kern, v, ldv, pr->dtype, nv, dv, w->v);
+        FAI_T(load_run)(w->kern, v, ldv, pr->kv_dtype, nv, dv, w->v);
         const int v_finite = w->kern->finite(nv * dv, w->v);
         tile.selective = (tile.cls != FAI_TILE_FULL || drop.threshold) && !v_finite;
         tile.pv_tiles = w->bf16 && v_finite;

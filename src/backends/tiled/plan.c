@@ -200,8 +200,11 @@ fai_tiled_plan fai_tiled_plan_forward(const fa_context *ctx, const fai_problem *
 {
     fai_tiled_plan p = {0};
     p.decode_keys = decode_keys(ctx, pr);
-    p.tl = fai_tiled_tiles(ctx, pr->dqk, pr->dv, pr->dtype, 0);
-    p.tile_products = tile_products(ctx, pr->dtype, pr->dqk, pr->dv);
+    /* a cache dtype apart from q's takes the kernels' tiles, never the tile products' */
+    p.tl = fai_tiled_tiles(ctx, pr->dqk, pr->dv, pr->kv_dtype == pr->dtype ? pr->dtype : FA_F32, 0);
+    /* the tile products take bf16 Q, K and V alike (a cache of another dtype: the kernels) */
+    p.tile_products = pr->kv_dtype == pr->dtype ? tile_products(ctx, pr->dtype, pr->dqk, pr->dv)
+                                                : NULL;
     /* forced tiles are taken as they are; the workspace is sized by p.tl either way */
     p.task_rows = ctx->tiled.bq > 0
                       ? p.tl.bq
