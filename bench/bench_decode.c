@@ -135,7 +135,7 @@ int main(int argc, char **argv)
     const size_t q_elems = (size_t)batch * (size_t)sq * (size_t)hq * (size_t)d;
     float *sinks = malloc(sizeof(float) * (size_t)hq);
     void *q = malloc(q_elems * qes), *o = malloc(q_elems * qes);
-    float *tmp = malloc(kv_elems * sizeof(float));
+    float *tmp = malloc((kv_elems > q_elems ? kv_elems : q_elems) * sizeof(float));
     for (long h = 0; sinks && h < hq; h++)
         sinks[h] = 0.25f * (float)(h % 5) - 0.5f;
     if (!big || !k || !v || !q || !o || !tmp || !sinks) {

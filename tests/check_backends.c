@@ -42,10 +42,11 @@ static const ht_sweep_case cases[] = {
     {1, 90, 90, 2, 1, 32, 32, 1, -1, -1, 0, 2, 1, 0.1, HT_BSHD, FA_ALIBI_THEN_SOFTCAP},
     /* decode shapes (the tiled forward's decode path: group x Sq <= 16, no dropout), keys over
      * several 512-key chunks: GQA at D=128; MQA with a window whose edge differs per query
-     * position, odd head dims; top-left causal, softcap and ALiBi (the per-element pipeline) */
+     * position, odd head dims; causal with softcap and ALiBi over two chunks (the per-element
+     * pipeline, whose key index is the chunk's offset plus the column) */
     {1, 1, 1537, 8, 2, 128, 128, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
     {2, 3, 1100, 4, 1, 80, 72, 0, 600, 0, 0, 0, 0, 0, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
-    {1, 4, 700, 4, 2, 33, 17, 1, -1, -1, 1, 5, 1, 0, HT_PADDED, FA_ALIBI_THEN_SOFTCAP},
+    {1, 4, 700, 4, 2, 33, 17, 1, -1, -1, 0, 5, 1, 0, HT_PADDED, FA_ALIBI_THEN_SOFTCAP},
 };
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 
@@ -132,18 +133,25 @@ static void sweep_one(const ht_sweep_case *c, fa_dtype dt, int idx, double lo, d
     /* the tiled run reads the same values through the conventional bundle's inputs */
     run(FA_BACKEND_CONVENTIONAL, &p, &conv);
     run_reference(&p, &conv, &ref);
-    /* the tiled path with every kernel set this CPU runs */
-    for (int t = 0; t < ht_nisas; t++) {
-        if (!ht_isa_runs(ht_isas[t]))
+    /* the tiled path with every kernel set this CPU runs; where its forward takes the decode
+     * path, once more with FA_DECODE=0 (the tiles) */
+    const int decode = ht_decode_keys(2, &p, &conv.q.t, &conv.k.t, &conv.v.t) > 0;
+    for (int t = 0; t < 2 * ht_nisas; t++) {
+        const int tiles_too = t >= ht_nisas;
+        if (!ht_isa_runs(ht_isas[t % ht_nisas]) || (tiles_too && !decode))
             continue;
         ht_bundle in = conv;
         in.out = tiled.out, in.lse = tiled.lse, in.dq = tiled.dq, in.dk = tiled.dk, in.dv = tiled.dv;
-        ht_isa = ht_isas[t];
+        ht_isa = ht_isas[t % ht_nisas];
+        if (tiles_too)
+            setenv("FA_DECODE", "0", 1);
         run(FA_BACKEND_TILED, &p, &in);
+        unsetenv("FA_DECODE");
         ht_isa = FA_ISA_AUTO;
         char label[200];
-        snprintf(label, sizeof label, "case %d %s %s (B%ld Sq%ld Sk%ld H%ld/%ld D%ld/%ld)", idx,
-                 fa_dtype_name(dt), fa_isa_name(ht_isas[t]), (long)c->b, (long)sq, (long)sk,
+        snprintf(label, sizeof label, "case %d %s %s%s (B%ld Sq%ld Sk%ld H%ld/%ld D%ld/%ld)", idx,
+                 fa_dtype_name(dt), fa_isa_name(ht_isas[t % ht_nisas]),
+                 decode ? tiles_too ? " tiles" : " decode" : "", (long)c->b, (long)sq, (long)sk,
                  (long)c->hq, (long)c->hk, (long)c->dqk, (long)c->dv);
         compare("out", label, &conv.out, &tiled.out, &ref.out, dt, 0);
         compare("lse", label, &conv.lse, &tiled.lse, &ref.lse, dt, 0);

@@ -427,11 +427,6 @@ static double ulp_error(float y, double e)
 }
 
 /*
- * Every float x <= 0 (2^31 of them, -0 and -inf included): expsum's y = exp(x - 0) against
- * float64 exp. SLEEF documents its u10 functions as within 1.0 ULP; the measured maximum over
- * the whole domain must stay within that, and the sum must be the sum of the y in a fixed order.
- */
-/*
  * Decode's products against float64 on stored keys (f32, f16, bf16; head dims below, at and
  * past the vector widths, a key stride with a gap), and their grouping contract: a score's
  * bits do not depend on which rows and keys share the call, P V's on how the keys are split
@@ -464,7 +459,7 @@ START_TEST(decode_products_match_float64)
     for (int t = 0; t < 3; t++)
         for (size_t a = 0; a < sizeof ds / sizeof *ds; a++) {
             const fa_dtype dt = dts[t];
-            const int64_t d = ds[a], nr = 7, n = 37, ldk = d + 5, ldq = d + 1, lds = n + 3;
+            const int64_t d = ds[a], nr = 7, n = 150, ldk = d + 5, ldq = d + 1, lds = n + 3;
             const size_t es = fai_dtype_size(dt);
             float *q = malloc(sizeof(float) * (size_t)(nr * ldq));
             void *k = malloc(es * (size_t)(n * ldk));
@@ -539,6 +534,11 @@ START_TEST(decode_products_match_float64)
 }
 END_TEST
 
+/*
+ * Every float x <= 0 (2^31 of them, -0 and -inf included): expsum's y = exp(x - 0) against
+ * float64 exp. SLEEF documents its u10 functions as within 1.0 ULP; the measured maximum over
+ * the whole domain must stay within that, and the sum must be the sum of the y in a fixed order.
+ */
 START_TEST(expsum_exhaustive_nonpositive)
 {
     const fai_kernels_f32 *kt = kernels_or_skip(_i);

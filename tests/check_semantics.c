@@ -673,7 +673,8 @@ END_TEST
  * Allowed keys whose score is -inf carry P = 0, and 0 * inf is NaN: the reference multiplies
  * (only masked and dropped terms are skipped), and the tiled path must agree whatever its tiles
  * — a row's keys fall into FULL or PARTIAL tiles depending on Bq and Bk, and both must treat
- * them alike. The NaN pattern of O and dV must match the reference's at every tile size.
+ * them alike — and on its decode path (tiles not forced: 6 rows of one head). The NaN pattern
+ * of O and dV must match the reference's at every tile size.
  */
 START_TEST(allowed_zero_probability_times_inf)
 {
@@ -697,9 +698,11 @@ START_TEST(allowed_zero_probability_times_inf)
     set_run(FA_BACKEND_REFERENCE, 1, &p, &x);
     memcpy(r.o.buf, x.o.buf, x.o.nbytes);
     memcpy(r.dv.buf, x.dv.buf, x.dv.nbytes);
-    const char *tiles[] = {"1x1", "1x2", "2x2", "3x4", "6x9", "16x16"};
+    const char *tiles[] = {"1x1", "1x2", "2x2", "3x4", "6x9", "16x16", "decode"};
+    ck_assert(ht_decode_keys(1, &p, &x.q.t, &x.k.t, &x.v.t) > 0);
     for (size_t t = 0; t < sizeof tiles / sizeof *tiles; t++) {
-        setenv("FA_TILES", tiles[t], 1);
+        if (strcmp(tiles[t], "decode"))
+            setenv("FA_TILES", tiles[t], 1);
         set_run(FA_BACKEND_TILED, 1, &p, &x);
         unsetenv("FA_TILES");
         for (int64_t i = 0; i < sq; i++)
@@ -726,12 +729,11 @@ static fa_tensor key_slice(const ht_tensor *x, int64_t j0, int64_t n)
     return t;
 }
 
-/* Attention over keys split in two, merged, equals attention over all keys; an empty state is
- * neutral even when its O holds garbage; out may be outs[0]. */
 /*
  * Attention sinks, from their definition (written out here in float64): LSE_i = ln(sum_j
  * exp(s_ij) + exp(sink_h)), O_i = sum_j exp(s_ij - LSE_i) v_j, on every CPU backend, in f64
- * and f32, on a decode shape (the tiled decode path) and a prefill shape whose first 90 rows
+ * and f32, on a decode shape over three chunks (the tiled decode path: the sink meets the
+ * chunks' merge) and a prefill shape whose first 90 rows
  * see no key (bottom-right causal, Sq > Sk: LSE = sink, O = 0 exactly; whole blocks of the
  * reference's and tiles of the tiled path without a key). Sinks: finite, -inf (no sink), and
  * one that outweighs every key.
@@ -746,7 +748,7 @@ static void sink_definition(const set *x, int64_t B, int64_t sq, int64_t sk, int
         for (int64_t h = 0; h < hq; h++)
             for (int64_t i = 0; i < sq; i++) {
                 const int64_t hi = causal ? i + sk - sq + 1 : sk; /* bottom-right */
-                double s[64], mx = test_sinks[h], sum = 0;
+                double s[1100], mx = test_sinks[h], sum = 0;
                 for (int64_t j = 0; j < hi; j++) {
                     double dot = 0;
                     for (int64_t e = 0; e < d; e++)
@@ -779,7 +781,8 @@ START_TEST(sinks_match_definition)
     static const struct {
         int64_t b, sq, sk, hq, hk, d;
         int causal;
-    } c[2] = {{2, 3, 40, 4, 2, 16, 1}, {1, 140, 50, 4, 1, 24, 1}}; /* rows 0-89: no key */
+    } c[2] = {{2, 3, 1100, 4, 2, 16, 1}, {1, 140, 50, 4, 1, 24, 1}}; /* three decode chunks;
+                                                                    rows 0-89: no key */
     const fa_backend be = cpu_backends[_i % 3];
     const fa_dtype dt = (_i / 3) % 2 ? FA_F32 : FA_F64;
     const int x = _i / 6;
@@ -981,6 +984,8 @@ START_TEST(kv_dtype_apart_from_q)
 }
 END_TEST
 
+/* Attention over keys split in two, merged, equals attention over all keys; an empty state is
+ * neutral even when its O holds garbage; out may be outs[0]. */
 START_TEST(merge_states_matches_full_attention)
 {
     const int64_t sq = 13, sk = 29, split = 11, H = 2, D = 6;

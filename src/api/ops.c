@@ -7,6 +7,7 @@
 #include "config.h"
 
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 
 #include "api/api.h"
@@ -30,13 +31,15 @@ static double empty_row_lse(const fai_problem *pr, int64_t h) { return fai_sink(
  * params->sink_grad[h] = sum over b, i of core's fai_dsink_term (core/gradient.h), formed in
  * float64 from the out, lse and dout the caller passed (those the tiled backward reads; the
  * oracle's exact ones where the caller gives the reference's own), b and i in order: one
- * answer for every backend and thread count. Host memory only (CUDA refuses sinks).
+ * answer for every backend and thread count. Host tensors only (a device backend's call with
+ * sink_grad is refused before it runs).
  */
-static void sink_gradient(const fai_problem *pr, float *grad)
+static void sink_gradient(const fa_context *ctx, const fai_problem *pr, float *grad)
 {
     enum { PIECE = 64 };
-    double o[PIECE], g[PIECE];
-    for (int64_t h = 0; h < pr->hq; h++) {
+#pragma omp parallel for num_threads(ctx->num_threads) schedule(dynamic, 1)
+    for (int64_t h = 0; h < pr->hq; h++) { /* each head's sum on one thread, in order */
+        double o[PIECE], g[PIECE];
         const double s = fai_sink(pr, h);
         double sum = 0;
         for (int64_t b = 0; b < pr->b && s != -INFINITY; b++)
@@ -162,6 +165,9 @@ fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
     pr.io[FAI_DK] = dk;
     pr.io[FAI_DV] = dv;
     const fai_backend *be = backend_for(ctx, q);
+    if (p->sink_grad && be->device_memory) /* sink_gradient reads out, lse, dout on the host */
+        return fai_fail(FA_ERR_UNSUPPORTED, "backend %s: params->sink_grad is not implemented "
+                                            "for device tensors yet", be->name);
     if (pr.b == 0) {
         if (p->sink_grad) /* a sum over no rows */
             memset(p->sink_grad, 0, (size_t)pr.hq * sizeof(float));
@@ -169,9 +175,6 @@ fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
     }
     fai_op_fn run;
     FAI_TRY(fai_backend_op(be, FAI_OP_BACKWARD, "backward", &run));
-    if (p->sink_grad && be->device_memory) /* sink_gradient reads out, lse, dout on the host */
-        return fai_fail(FA_ERR_UNSUPPORTED, "backend %s: params->sink_grad is not implemented "
-                                            "for device tensors yet", be->name);
     if ((pr.sq == 0 || pr.sk == 0) && !be->device_memory) { /* no (query, key) pair: every
                                                                gradient is 0 */
         zero_tensor(dq);
@@ -183,6 +186,6 @@ fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
     }
     FAI_TRY(run(ctx, &pr));
     if (p->sink_grad)
-        sink_gradient(&pr, p->sink_grad);
+        sink_gradient(ctx, &pr, p->sink_grad);
     return FA_OK;
 }

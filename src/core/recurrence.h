@@ -136,9 +136,10 @@ FA_HOST_DEVICE static inline int fai_online_merge_f32(float *m, float m2, float 
     return 1;
 }
 
-/* l' = a l + a2 l2 of fai_online_merge (a product may fuse into the sum, as in
- * fai_online_sum_f32: one way or the other for a build, never per call). */
-static inline float fai_online_merge_sum_f32(float l, float a, float l2, float a2)
+/* l' = a l + a2 l2 and acc' = a acc + a2 acc2 of fai_online_merge, per element (a product may
+ * fuse into the sum, as in fai_online_sum_f32: one way or the other for a build, never per
+ * call). */
+FA_HOST_DEVICE static inline float fai_online_merge_sum_f32(float l, float a, float l2, float a2)
 {
     return l * a + l2 * a2;
 }
@@ -205,6 +206,15 @@ FA_HOST_DEVICE static inline double fai_online_finalize_f64(double m, double l, 
     }
     *lse = m + fai_log(l);
     return keep_scale / l;
+}
+
+/* O = acc f from a row's end (f of fai_online_end, for a row that is not empty); + 0 turns a -0
+ * into +0, so the sign of a zero does not depend on which terms the skips left out. */
+FA_HOST_DEVICE static inline float fai_online_out_f32(float acc, float f) { return acc * f + 0; }
+
+FA_HOST_DEVICE static inline double fai_online_out_f64(double acc, double f)
+{
+    return acc * f + 0;
 }
 
 /*

@@ -412,7 +412,8 @@ static inline __attribute__((always_inline)) __m512 sum_lanes_16__avx512(const _
 
 /* ROWS (<= 4) rows against nc (<= 4; 4 where KEYS4) keys: one accumulator per (row, key), 16
  * lanes over p (lane t takes p = t, t + 16, ... in order, a fused multiply-add each), then
- * sum_lanes_16__avx512. Keys past nc are not loaded (their accumulators hold junk). */
+ * sum_lanes_16__avx512. Keys past nc are not loaded (their accumulators multiply zeros: 0, or
+ * NaN for an inf q, never stored). */
 static inline __attribute__((always_inline)) void
 dot_block__avx512(const fa_dtype D, const int ROWS, const int KEYS4, int64_t nc, int64_t d,
                   const float *q,
@@ -456,12 +457,16 @@ dot_block__avx512(const fa_dtype D, const int ROWS, const int KEYS4, int64_t nc,
     __m512 sums = sum_lanes_16__avx512(acc);
     if (scale)
         sums = _mm512_mul_ps(sums, _mm512_set1_ps(*scale));
-    /* row r's nc sums are lanes 4r ..: stored from a base 4r floats before its scores (a
-     * masked store touches only the lanes of its mask) */
-    const __mmask16 keys = (__mmask16)((1u << nc) - 1);
+    /* row r's nc sums are lanes 4r .. 4r + nc - 1 */
+    const __mmask8 keys = (__mmask8)((1u << nc) - 1);
 #pragma GCC unroll 4
-    for (int r = 0; r < ROWS; r++)
-        _mm512_mask_storeu_ps(s + r * lds - 4 * r, (__mmask16)(keys << (4 * r)), sums);
+    for (int r = 0; r < ROWS; r++) {
+        const __m128 row = r == 0   ? _mm512_castps512_ps128(sums)
+                           : r == 1 ? _mm512_extractf32x4_ps(sums, 1)
+                           : r == 2 ? _mm512_extractf32x4_ps(sums, 2)
+                                    : _mm512_extractf32x4_ps(sums, 3);
+        _mm_mask_storeu_ps(s + r * lds, keys, row);
+    }
 }
 
 static inline __attribute__((always_inline)) void
@@ -513,18 +518,22 @@ pv_block__avx512(const fa_dtype D, const int FULL, const int ROWS, const __mmask
                  int64_t n, const float *p, int64_t ldp, const char *v, int64_t vb, int64_t p0,
                  float *acc, int64_t lda)
 {
+    /* (a vector without a lane, mk[x] = 0, is never addressed: it lies past the row) */
     __m512 a[4][4];
 #pragma GCC unroll 4
     for (int r = 0; r < ROWS; r++)
 #pragma GCC unroll 4
         for (int x = 0; x < 4; x++)
-            a[r][x] = FULL ? _mm512_loadu_ps(acc + r * lda + p0 + 16 * x)
-                           : _mm512_maskz_loadu_ps(mk[x], acc + r * lda + p0 + 16 * x);
+            a[r][x] = FULL     ? _mm512_loadu_ps(acc + r * lda + p0 + 16 * x)
+                      : mk[x] ? _mm512_maskz_loadu_ps(mk[x], acc + r * lda + p0 + 16 * x)
+                               : _mm512_setzero_ps();
     for (int64_t c = 0; c < n; c++) {
         __m512 vv[4];
 #pragma GCC unroll 4
         for (int x = 0; x < 4; x++)
-            vv[x] = load_widen__avx512(D, FULL, FULL ? 0 : mk[x], v + c * vb, p0 + 16 * x);
+            vv[x] = FULL || mk[x] ? load_widen__avx512(D, FULL, FULL ? 0 : mk[x], v + c * vb,
+                                                       p0 + 16 * x)
+                                  : _mm512_setzero_ps();
 #pragma GCC unroll 4
         for (int r = 0; r < ROWS; r++) {
             const __m512 w = _mm512_set1_ps(p[r * ldp + c]);
@@ -539,7 +548,7 @@ pv_block__avx512(const fa_dtype D, const int FULL, const int ROWS, const __mmask
         for (int x = 0; x < 4; x++) {
             if (FULL)
                 _mm512_storeu_ps(acc + r * lda + p0 + 16 * x, a[r][x]);
-            else
+            else if (mk[x])
                 _mm512_mask_storeu_ps(acc + r * lda + p0 + 16 * x, mk[x], a[r][x]);
         }
 }

@@ -24,9 +24,9 @@
  * takes one pv_rows call over exactly those keys.
  *
  * Row r of a kv head hk is query row r / group of head hk group + r % group. Memory: each
- * thread's workspace (R x (Dqk + chunk) floats) and the chunks' states, R x (Dv + 2) floats a
- * chunk (about 1.6% of an f16 cache's bytes at Dqk = Dv = 128, R = 4, 512-key chunks),
- * bounded by taking the (b, kv head) pairs in waves.
+ * thread's workspace (heads x R x (Dqk + chunk) floats) and the chunks' states, R x (Dv + 2)
+ * floats a chunk (0.8% of an f16 K and V's bytes at Dqk = Dv = 128, R = 4, 512-key chunks),
+ * bounded by taking the batches in waves (one batch's states at least).
  */
 #include "config.h"
 
@@ -220,18 +220,17 @@ static void decode_finish(const decode_call *dc, int64_t b, int64_t hk, int64_t 
         *l = fai_online_merge_sum_f32(*l, a, s2[R + r], a2);
 #pragma omp simd
         for (int64_t d = 0; d < dv; d++)
-            acc[d] = acc[d] * a + acc2[d] * a2;
+            acc[d] = fai_online_merge_sum_f32(acc[d], a, acc2[d], a2);
     }
     const int64_t h = hk * pr->group + r % pr->group, i = r / pr->group;
     double lse;
     float f;
-    /* an empty row is exactly 0; + 0 makes a -0 +0, as the tiles' finalization does */
     if (!fai_online_end_f32(*m, *l, fai_sink(pr, h), (float)pr->keep_scale, &lse, &f))
-        memset(acc, 0, (size_t)dv * sizeof(float));
+        memset(acc, 0, (size_t)dv * sizeof(float)); /* an empty row is exactly 0 */
     else
 #pragma omp simd
         for (int64_t d = 0; d < dv; d++)
-            acc[d] = acc[d] * f + 0;
+            acc[d] = fai_online_out_f32(acc[d], f);
     dc->kern->narrow(fai_q_row(pr, FAI_OUT, b, h, i), pr->dtype, dv, acc);
     if (fai_io(pr, FAI_LSE))
         fai_lse_write(pr, b, h, i, lse);

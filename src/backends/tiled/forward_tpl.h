@@ -331,7 +331,7 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
         } else {
 #pragma omp simd
             for (int64_t d = 0; d < dv; d++)
-                acc[d] = acc[d] * f + 0;
+                acc[d] = FAI_T(fai_online_out)(acc[d], f);
         }
         w->kern->narrow(fai_q_row(pr, FAI_OUT, b, h, i0 + r), pr->dtype, dv, acc);
         if (fai_io(pr, FAI_LSE))

@@ -184,7 +184,8 @@ fai_tiles fai_tiled_tiles(const fa_context *ctx, int64_t dqk, int64_t dv, fa_dty
  * where the tiles read 0.6-0.9 and 0.9-2.2 (0.03-0.07). 16 rows: a GQA group of 4 to 16
  * heads, or a few query positions (speculative decode); 512-key chunks: a 64k-key head is
  * 128 tasks, the merge costs 1/512 of the chunk's work.
- * Dropout keeps the tiles (its decisions and selection are theirs), f64 storage too.
+ * Dropout keeps the tiles (its decisions and selection are theirs), f64 storage too, and so
+ * do forced tiles (FA_TILES: a sweep of the tiles means them).
  */
 #define DECODE_ROWS 16
 #define DECODE_KEYS 512
@@ -192,7 +193,8 @@ fai_tiles fai_tiled_tiles(const fa_context *ctx, int64_t dqk, int64_t dv, fa_dty
 static int64_t decode_keys(const fa_context *ctx, const fai_problem *pr)
 {
     const int applies = pr->dtype != FA_F64 && pr->drop.threshold == 0 &&
-                        pr->group * pr->sq <= DECODE_ROWS && !ctx->tiled.decode_off;
+                        pr->group * pr->sq <= DECODE_ROWS && !ctx->tiled.decode_off &&
+                        ctx->tiled.bq == 0; /* forced tiles (FA_TILES) are for the tiles */
     return applies ? DECODE_KEYS : 0;
 }
 
