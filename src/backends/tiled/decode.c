@@ -254,13 +254,22 @@ fa_status fai_tiled_decode(fa_context *ctx, const fai_problem *pr,
     dc.heads = dc.heads < 1 ? 1 : dc.heads > pr->hk ? pr->hk : dc.heads;
     /* enough tasks to share out (four per thread): fewer heads per task, whatever the
      * states' bits (a head's state does not depend on its task) */
-    while (dc.heads > 1 && pr->b * dc.nc * ((pr->hk + dc.heads - 1) / dc.heads) < 4 * nt)
+    while (dc.heads > 1 &&
+           (double)pr->b * (double)dc.nc * (double)((pr->hk + dc.heads - 1) / dc.heads) <
+               4.0 * nt)
         dc.heads = (dc.heads + 1) / 2;
     const int64_t hgroups = (pr->hk + dc.heads - 1) / dc.heads;
     decode_ws w;
     size_t per = ws_carve(&dc, NULL, &w), bytes;
     const int64_t sf = state_floats(&dc);
-    const size_t batch_bytes = (size_t)(pr->hk * dc.nc * sf) * sizeof(float); /* dims <= 2^40 */
+    /* one batch's states; a K and V of broadcast strides can declare more keys and heads than
+     * memory holds, so the product is checked */
+    size_t batch_bytes;
+    if (!fai_mul_size((size_t)pr->hk, (size_t)dc.nc, &batch_bytes) ||
+        !fai_mul_size(batch_bytes, (size_t)sf * sizeof(float), &batch_bytes))
+        return fai_fail(FA_ERR_NO_MEMORY, "tiled decode: the chunk states of one batch (%lld "
+                                          "kv heads x %lld chunks) exceed the address space",
+                        (long long)pr->hk, (long long)dc.nc);
     int64_t wave = (int64_t)(STATE_BYTES / batch_bytes); /* batches at once */
     wave = wave < 1 ? 1 : wave > pr->b ? pr->b : wave;
     const size_t state_bytes = (size_t)wave * batch_bytes;
