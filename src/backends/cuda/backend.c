@@ -105,10 +105,8 @@ static fa_status view(const fa_tensor *t, const char *name, int dev, fai_cuda_vi
 static fa_status fill(fa_context *ctx, const fai_problem *pr, fai_cuda_args *a)
 {
     if (pr->kv_dtype != pr->dtype) /* before anything is allocated or written */
-        return fai_fail(FA_ERR_UNSUPPORTED, "backend cuda: k->dtype = %s under q->dtype = %s "
-                                            "(a cache dtype apart from q's) is not implemented "
-                                            "on this backend yet",
-                        fa_dtype_name(pr->kv_dtype), fa_dtype_name(pr->dtype));
+        return fai_fail(FA_ERR_UNSUPPORTED, "backend cuda: k and v in a cache dtype apart from "
+                                            "q's are not implemented on this backend yet");
     memset(a, 0, sizeof *a);
     a->dtype = (int)pr->dtype;
     a->lse_f64 = fai_io(pr, FAI_LSE) && fai_io(pr, FAI_LSE)->dtype == FA_F64;
