@@ -234,6 +234,29 @@ static const char *snapshot_changed(setup *s, snapshot *z)
     return memcmp(z->slopes, s->slopes, sizeof z->slopes) ? "slopes" : changed;
 }
 
+/* One refused call on a prepared setup: the op's outputs poisoned, every byte the setup owns
+ * snapshot, the op run on backend be; returns its status, and the name of the first buffer
+ * it changed (NULL: none) in *changed. */
+static fa_status call_on_setup(setup *s, fa_backend be, int backward, const char **changed)
+{
+    if (backward)
+        ht_poison(&s->dq), ht_poison(&s->dk), ht_poison(&s->dv);
+    else
+        ht_poison(&s->o), ht_poison(&s->l);
+    snapshot z;
+    snapshot_take(s, &z);
+    fa_context *ctx = ht_context(be, 2);
+    fa_status got;
+    if (backward)
+        got = fa_backward(ctx, &s->p, &s->tq, &s->tk, &s->tv, &s->to, &s->tl, &s->tdout, &s->tdq,
+                          &s->tdk, &s->tdv);
+    else
+        got = fa_forward(ctx, &s->p, &s->tq, &s->tk, &s->tv, &s->to, &s->tl);
+    *changed = snapshot_changed(s, &z);
+    fa_context_destroy(ctx);
+    return got;
+}
+
 /* Each bad input, on each backend, forward and backward: its code, its argument named, no
  * byte of any buffer changed. */
 START_TEST(bad_inputs_rejected_untouched)
@@ -243,24 +266,11 @@ START_TEST(bad_inputs_rejected_untouched)
     for (int backward = c->only == 1; backward < (c->only == 2 ? 1 : 2); backward++) {
         setup s;
         setup_make(&s);
-        if (backward)
-            ht_poison(&s.dq), ht_poison(&s.dk), ht_poison(&s.dv);
-        else
-            ht_poison(&s.o), ht_poison(&s.l);
         c->mutate(&s);
-        snapshot z;
-        snapshot_take(&s, &z);
-        fa_context *ctx = ht_context(be, 2);
-        fa_status got;
-        if (backward)
-            got = fa_backward(ctx, &s.p, &s.tq, &s.tk, &s.tv, &s.to, &s.tl, &s.tdout, &s.tdq,
-                              &s.tdk, &s.tdv);
-        else
-            got = fa_forward(ctx, &s.p, &s.tq, &s.tk, &s.tv, &s.to, &s.tl);
-        const char *changed = snapshot_changed(&s, &z);
+        const char *changed;
+        const fa_status got = call_on_setup(&s, be, backward, &changed);
         ck_assert_msg(!changed, "%s (%s): %s was written", c->name,
                       backward ? "backward" : "forward", changed);
-        fa_context_destroy(ctx);
         ck_assert_msg(got == c->want, "%s (%s, %s): status %d (%s), want %d; detail: %s",
                       c->name, fa_backend_name(be), backward ? "backward" : "forward", got,
                       fa_status_string(got), c->want, fa_last_error());
@@ -331,23 +341,10 @@ START_TEST(tensor_faults_rejected_untouched)
         setup_make(&s);
         fa_tensor *ts[9] = {&s.tq, &s.tk, &s.tv, &s.to, &s.tl, &s.tdout, &s.tdq, &s.tdk, &s.tdv};
         break_tensor(ts[tensor], fault);
-        if (backward) /* out and lse stay the plausible inputs setup_make made */
-            ht_poison(&s.dq), ht_poison(&s.dk), ht_poison(&s.dv);
-        else
-            ht_poison(&s.o), ht_poison(&s.l);
-        snapshot z;
-        snapshot_take(&s, &z);
-        fa_context *ctx = ht_context(be, 2);
-        fa_status got;
-        if (backward)
-            got = fa_backward(ctx, &s.p, &s.tq, &s.tk, &s.tv, &s.to, &s.tl, &s.tdout, &s.tdq,
-                              &s.tdk, &s.tdv);
-        else
-            got = fa_forward(ctx, &s.p, &s.tq, &s.tk, &s.tv, &s.to, &s.tl);
-        const char *changed = snapshot_changed(&s, &z);
+        const char *changed; /* a backward's out and lse stay setup_make's plausible inputs */
+        const fa_status got = call_on_setup(&s, be, backward, &changed);
         ck_assert_msg(!changed, "%s %s (%s): %s was written", names[tensor], f->what,
                       backward ? "backward" : "forward", changed);
-        fa_context_destroy(ctx);
         char detail[64];
         snprintf(detail, sizeof detail, f->named, names[tensor]);
         ck_assert_msg(got == f->want, "%s %s (%s, %s): status %s, want %s; detail: %s",
