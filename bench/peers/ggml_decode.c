@@ -18,36 +18,7 @@
 
 #include "ggml-cpu.h"
 #include "ggml.h"
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
-#define STREAM_BYTES ((size_t)1 << 30)
-
-static double stream_read(const float *x, size_t n, int nt, float *sink)
-{
-    float total = 0;
-    const double t0 = now();
-#pragma omp parallel num_threads(nt) reduction(+ : total)
-    {
-        const size_t per = n / (size_t)omp_get_num_threads();
-        const size_t lo = per * (size_t)omp_get_thread_num();
-        float acc[16] = {0};
-        for (size_t i = lo; i + 16 <= lo + per; i += 16)
-#pragma omp simd
-            for (int l = 0; l < 16; l++)
-                acc[l] += x[i + l];
-        for (int l = 0; l < 16; l++)
-            total += acc[l];
-    }
-    const double t = now() - t0;
-    *sink += total;
-    return t;
-}
+#include "../stream_read.h"
 
 int main(int argc, char **argv)
 {
