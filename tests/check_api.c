@@ -515,6 +515,14 @@ START_TEST(zero_sizes)
     ck_assert_int_eq(fa_backward(ctx, &s.p, &s.tq, &s.tk, &s.tv, &s.to, &s.tl, &s.tdout, &s.tdq,
                                  &s.tdk, &s.tdv), FA_OK);
     ck_assert(ht_get(&s.dk, 1, 10, 1, 7) == 0 && ht_get(&s.dv, 0, 3, 0, 5) == 0);
+    /* a batch at the 2^40 limit with no rows and no keys: nothing to touch, and nothing to
+     * loop over (a loop over the batch alone would run for hours; the fuzzer found one) */
+    fa_tensor *all[9] = {&s.tq, &s.tk, &s.tv, &s.to, &s.tl, &s.tdout, &s.tdq, &s.tdk, &s.tdv};
+    for (int i = 0; i < 9; i++)
+        all[i]->batch = (int64_t)1 << 40, all[i]->seqlen = 0, all[i]->data = NULL;
+    ck_assert_int_eq(fa_forward(ctx, &s.p, &s.tq, &s.tk, &s.tv, &s.to, &s.tl), FA_OK);
+    ck_assert_int_eq(fa_backward(ctx, &s.p, &s.tq, &s.tk, &s.tv, &s.to, &s.tl, &s.tdout, &s.tdq,
+                                 &s.tdk, &s.tdv), FA_OK);
     fa_context_destroy(ctx);
     setup_free(&s);
 }

@@ -67,6 +67,8 @@ static void sink_gradient(const fa_context *ctx, const fai_problem *pr, float *g
  * anything). */
 static void zero_tensor(const fa_tensor *t)
 {
+    if (t->seqlen == 0) /* no element; the batch alone may be 2^40: no loop over it */
+        return;
     size_t es = fai_dtype_size(t->dtype);
     for (int64_t b = 0; b < t->batch; b++)
         for (int64_t s = 0; s < t->seqlen; s++)
