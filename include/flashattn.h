@@ -155,6 +155,38 @@ FA_API fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tenso
                              fa_tensor *dk, fa_tensor *dv);
 
 /*
+ * Variable-length batches, as FlashAttention's varlen entry points: B sequences packed along
+ * seqlen. q and out are (1, total_q, Hq, D), k and v (1, total_k, Hk, D), lse (1, total_q, Hq,
+ * 1), with any strides: FlashAttention's packed (total, H, D) tensors and its (H, total) LSE are
+ * views. Sequence b is q rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]) against keys
+ * [cu_seqlens_k[b], cu_seqlens_k[b + 1]), attended as a problem of its own: causal and windows
+ * aligned per sequence (bottom-right, or top-left by params->align), ALiBi distances within it,
+ * the dropout stream of batch b (so equal lengths give a dense batch's bits). Each offset array
+ * has B + 1 entries, starts at 0, never decreases and ends at its tensors' seqlen; a sequence
+ * may be empty (no query: nothing to do; no key: O = 0 and LSE = the sink, or -inf). The
+ * sink gradient sums over every sequence's rows. Reference and tiled backends; the others
+ * answer FA_ERR_UNSUPPORTED.
+ */
+typedef enum { FA_INDEX_INT32, FA_INDEX_INT64 } fa_index_type;
+typedef struct {
+    const void   *data;  /* host memory; NULL only when count is 0 */
+    fa_index_type type;
+    int64_t       count; /* entries */
+} fa_indices;
+
+FA_API fa_status fa_forward_varlen(fa_context *ctx, const fa_params *p, const fa_tensor *q,
+                                   const fa_tensor *k, const fa_tensor *v,
+                                   const fa_indices *cu_seqlens_q,
+                                   const fa_indices *cu_seqlens_k, fa_tensor *out,
+                                   fa_tensor *lse);
+FA_API fa_status fa_backward_varlen(fa_context *ctx, const fa_params *p, const fa_tensor *q,
+                                    const fa_tensor *k, const fa_tensor *v,
+                                    const fa_indices *cu_seqlens_q,
+                                    const fa_indices *cu_seqlens_k, const fa_tensor *out,
+                                    const fa_tensor *lse, const fa_tensor *dout, fa_tensor *dq,
+                                    fa_tensor *dk, fa_tensor *dv);
+
+/*
  * Merges n partial attention states over disjoint key sets (split-KV, ring attention):
  * LSE = ln sum_k exp(LSE_k), O = sum_k exp(LSE_k - LSE) O_k. The empty state (O = 0,
  * LSE = -inf) is neutral. out/lse may be the very tensors of a state (the same memory and

@@ -35,10 +35,17 @@ fa_status fai_check_outputs_disjoint(const fa_tensor *const *outs, const char *c
 fa_tensor fai_slopes_view(const fa_params *p, int64_t hq);
 fa_tensor fai_sinks_view(const fa_params *p, int64_t hq);
 fa_tensor fai_sink_grad_view(const fa_params *p, int64_t hq);
+/* An index array as a tensor of elements of its size (int32 as f32, int64 as f64), for the
+ * same checks. */
+fa_tensor fai_indices_view(const fa_indices *x);
 
 /* Checks q, k, v and params and fills the problem's dims, mask, score and dropout (its
  * tensors: q, k and v; the op sets the others). */
 fa_status fai_problem_make(fai_problem *pr, const fa_params *p, const fa_tensor *q,
                            const fa_tensor *k, const fa_tensor *v);
+
+/* Makes the problem a variable-length batch (fa_forward_varlen): checks the offsets against the
+ * packed q and k and sets nseq, cu_q and cu_k. */
+fa_status fai_problem_sequences(fai_problem *pr, const fa_indices *cu_q, const fa_indices *cu_k);
 
 #endif

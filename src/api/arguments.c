@@ -331,6 +331,67 @@ fa_tensor fai_sink_grad_view(const fa_params *p, int64_t hq)
     return t;
 }
 
+fa_tensor fai_indices_view(const fa_indices *x)
+{
+    fa_tensor t;
+    fa_tensor_init(&t, (void *)x->data, x->type == FA_INDEX_INT64 ? FA_F64 : FA_F32, 1, 1, 1,
+                   x->count, 0);
+    return t;
+}
+
+/* ------------------------------------------------------------------ variable-length batches */
+
+/* x: B + 1 offsets of host memory, from 0, never decreasing, to `total` (tname's seqlen). */
+static fa_status check_offsets(const fa_indices *x, const char *name, int64_t total,
+                               const char *tname, fai_index *out)
+{
+    if (!x)
+        return fai_fail(FA_ERR_NULL_POINTER, "%s is NULL", name);
+    if (x->type != FA_INDEX_INT32 && x->type != FA_INDEX_INT64)
+        return fai_fail(FA_ERR_INVALID_ARGUMENT, "%s->type = %d is not a fa_index_type", name,
+                        (int)x->type);
+    if (x->count < 1 || x->count > FAI_DIM_MAX)
+        return fai_fail(FA_ERR_SHAPE, "%s->count = %lld; B + 1 offsets (1 to 2^40) are needed",
+                        name, (long long)x->count);
+    if (!x->data)
+        return fai_fail(FA_ERR_NULL_POINTER, "%s->data is NULL", name);
+    if (fai_cuda_is_device_pointer(x->data))
+        return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                        "%s->data is device memory; the offsets are read on the host", name);
+    *out = (fai_index){x->data, x->type == FA_INDEX_INT64};
+    if (fai_index_at(*out, 0) != 0)
+        return fai_fail(FA_ERR_INVALID_ARGUMENT, "%s[0] = %lld; the offsets start at 0", name,
+                        (long long)fai_index_at(*out, 0));
+    for (int64_t i = 1; i < x->count; i++)
+        if (fai_index_at(*out, i) < fai_index_at(*out, i - 1))
+            return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                            "%s[%lld] = %lld is below %s[%lld] = %lld; offsets never decrease",
+                            name, (long long)i, (long long)fai_index_at(*out, i), name,
+                            (long long)(i - 1), (long long)fai_index_at(*out, i - 1));
+    const int64_t last = fai_index_at(*out, x->count - 1);
+    if (last != total)
+        return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                        "%s[%lld] = %lld but %s->seqlen = %lld; the last offset is the total",
+                        name, (long long)(x->count - 1), (long long)last, tname,
+                        (long long)total);
+    return FA_OK;
+}
+
+fa_status fai_problem_sequences(fai_problem *pr, const fa_indices *cu_q, const fa_indices *cu_k)
+{
+    if (pr->b != 1)
+        return fai_fail(FA_ERR_SHAPE, "q->batch = %lld; a variable-length batch is packed along "
+                                      "seqlen with batch 1", (long long)pr->b);
+    FAI_TRY(check_offsets(cu_q, "cu_seqlens_q", pr->sq, "q", &pr->cu_q));
+    FAI_TRY(check_offsets(cu_k, "cu_seqlens_k", pr->sk, "k", &pr->cu_k));
+    if (cu_k->count != cu_q->count)
+        return fai_fail(FA_ERR_SHAPE, "cu_seqlens_k->count = %lld does not match "
+                                      "cu_seqlens_q->count = %lld (B + 1 each)",
+                        (long long)cu_k->count, (long long)cu_q->count);
+    pr->nseq = cu_q->count - 1;
+    return FA_OK;
+}
+
 static fa_status check_params(const fa_params *p, int64_t hq)
 {
     if (!p)
@@ -424,8 +485,12 @@ fa_status fai_problem_make(fai_problem *pr, const fa_params *p, const fa_tensor 
     pr->dv = v->headdim;
     pr->dtype = q->dtype;
     pr->kv_dtype = k->dtype;
-    pr->mask = fai_mask_make(pr->sq, pr->sk, p->causal != 0, p->window_left, p->window_right,
-                             p->align == FA_ALIGN_TOP_LEFT);
+    pr->mask_spec = (fai_mask_spec){.causal = p->causal != 0,
+                                    .top_left = p->align == FA_ALIGN_TOP_LEFT,
+                                    .left = p->window_left,
+                                    .right = p->window_right};
+    pr->mask = fai_mask_make(pr->sq, pr->sk, pr->mask_spec.causal, pr->mask_spec.left,
+                             pr->mask_spec.right, pr->mask_spec.top_left);
     pr->score.scale = p->scale > 0 ? p->scale : 1.0 / sqrt((double)pr->dqk);
     pr->score.softcap = p->softcap;
     pr->score.off = pr->mask.off;

@@ -1,7 +1,7 @@
 /*
- * The ops: fa_forward and fa_backward check every argument (arguments.c), choose the backend,
- * answer what docs/DESIGN.md §1 defines without computing (empty problems), and hand the
- * backend a validated problem (a backend without the op answers FA_ERR_UNSUPPORTED through
+ * The ops: fa_forward and fa_backward (and their variable-length forms) check every argument
+ * (arguments.c), choose the backend, answer what docs/DESIGN.md §1 defines without computing
+ * (empty problems), and hand the backend a validated problem (a backend without the op answers FA_ERR_UNSUPPORTED through
  * fai_backend_op, backends/registry.c).
  */
 #include "config.h"
@@ -24,15 +24,12 @@ static const fai_backend *backend_for(const fa_context *ctx, const fa_tensor *q)
 
 /* ------------------------------------------------------------------ attention sinks */
 
-/* Head h's LSE for a row without keys: its sink (-inf without one). */
-static double empty_row_lse(const fai_problem *pr, int64_t h) { return fai_sink(pr, h); }
-
 /*
- * params->sink_grad[h] = sum over b, i of core's fai_dsink_term (core/gradient.h), formed in
- * float64 from the out, lse and dout the caller passed (those the tiled backward reads; the
- * oracle's exact ones where the caller gives the reference's own), b and i in order: one
- * answer for every backend and thread count. Host tensors only (a device backend's call with
- * sink_grad is refused before it runs).
+ * params->sink_grad[h] = sum over the rows of every batch and sequence of core's
+ * fai_dsink_term (core/gradient.h), formed in float64 from the out, lse and dout the caller
+ * passed (those the tiled backward reads; the oracle's exact ones where the caller gives the
+ * reference's own), rows in order: one answer for every backend and thread count. Host
+ * tensors only (a device backend's call with sink_grad is refused before it runs).
  */
 static void sink_gradient(const fa_context *ctx, const fai_problem *pr, float *grad)
 {
@@ -42,47 +39,55 @@ static void sink_gradient(const fa_context *ctx, const fai_problem *pr, float *g
         double o[PIECE], g[PIECE];
         const double s = fai_sink(pr, h);
         double sum = 0;
-        for (int64_t b = 0; b < pr->b && s != -INFINITY; b++)
-            for (int64_t i = 0; i < pr->sq; i++) {
-                double di = 0;
-                const size_t es = fai_dtype_size(pr->dtype);
-                const char *orow = fai_q_row(pr, FAI_OUT, b, h, i);
-                const char *grow = fai_q_row(pr, FAI_DOUT, b, h, i);
-                for (int64_t d0 = 0; d0 < pr->dv; d0 += PIECE) {
-                    const int64_t m = pr->dv - d0 < PIECE ? pr->dv - d0 : PIECE;
-                    fai_load_f64(orow + (size_t)d0 * es, pr->dtype, m, o);
-                    fai_load_f64(grow + (size_t)d0 * es, pr->dtype, m, g);
-                    for (int64_t d = 0; d < m; d++)
-                        di += o[d] * g[d];
+        for (int64_t grp = 0; grp < fai_groups(pr) && s != -INFINITY; grp++) {
+            const fai_problem sp = fai_group(pr, grp);
+            for (int64_t b = 0; b < sp.b; b++)
+                for (int64_t i = 0; i < sp.sq; i++) {
+                    double di = 0;
+                    const size_t es = fai_dtype_size(sp.dtype);
+                    const char *orow = fai_q_row(&sp, FAI_OUT, b, h, i);
+                    const char *grow = fai_q_row(&sp, FAI_DOUT, b, h, i);
+                    for (int64_t d0 = 0; d0 < sp.dv; d0 += PIECE) {
+                        const int64_t m = sp.dv - d0 < PIECE ? sp.dv - d0 : PIECE;
+                        fai_load_f64(orow + (size_t)d0 * es, sp.dtype, m, o);
+                        fai_load_f64(grow + (size_t)d0 * es, sp.dtype, m, g);
+                        for (int64_t d = 0; d < m; d++)
+                            di += o[d] * g[d];
+                    }
+                    sum += fai_dsink_term_f64(s, fai_lse_read(&sp, b, h, i), di);
                 }
-                sum += fai_dsink_term_f64(s, fai_lse_read(pr, b, h, i), di);
-            }
+        }
         grad[h] = (float)sum;
     }
 }
 
 /* ------------------------------------------------------------------ the ops */
 
-/* Zeroes the rows of t (used where docs/DESIGN.md §1 defines the result without computing
- * anything). */
-static void zero_tensor(const fa_tensor *t)
+/* The backend of the call, which must take a variable-length batch if it is one. */
+static fa_status call_backend(const fa_context *ctx, const fai_problem *pr, const fa_tensor *q,
+                              const fai_backend **be)
 {
-    if (t->seqlen == 0) /* no element; the batch alone may be 2^40: no loop over it */
-        return;
-    size_t es = fai_dtype_size(t->dtype);
-    for (int64_t b = 0; b < t->batch; b++)
-        for (int64_t s = 0; s < t->seqlen; s++)
-            for (int64_t h = 0; h < t->heads; h++)
-                memset(fai_row(t, b, s, h), 0, (size_t)t->headdim * es);
+    *be = backend_for(ctx, q);
+    if (pr->nseq > 0 && !(*be)->sequences)
+        return fai_fail(FA_ERR_UNSUPPORTED, "backend %s: variable-length batches are not "
+                                            "implemented (the reference and tiled backends "
+                                            "take them)", (*be)->name);
+    return FA_OK;
 }
 
-fa_status fa_forward(fa_context *ctx, const fa_params *p, const fa_tensor *q, const fa_tensor *k,
-                     const fa_tensor *v, fa_tensor *out, fa_tensor *lse)
+/* fa_forward, or with varlen set fa_forward_varlen (its offsets checked by
+ * fai_problem_sequences). */
+static fa_status forward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
+                         const fa_tensor *k, const fa_tensor *v, int varlen,
+                         const fa_indices *cu_q, const fa_indices *cu_k, fa_tensor *out,
+                         fa_tensor *lse)
 {
     if (!ctx)
         return fai_fail(FA_ERR_NULL_POINTER, "ctx is NULL");
     fai_problem pr;
     FAI_TRY(fai_problem_make(&pr, p, q, k, v));
+    if (varlen)
+        FAI_TRY(fai_problem_sequences(&pr, cu_q, cu_k));
     FAI_TRY(fai_check_operand(out, "out", FAI_OUTPUT, q->dtype, pr.b, pr.sq, pr.hq, pr.dv,
                               "q (headdim: v)"));
     if (lse) {
@@ -91,39 +96,54 @@ fa_status fa_forward(fa_context *ctx, const fa_params *p, const fa_tensor *q, co
     }
     {
         const fa_tensor slopes = fai_slopes_view(p, pr.hq), sinks = fai_sinks_view(p, pr.hq);
-        const fa_tensor *outs[2] = {out, lse}, *ins[5] = {q, k, v, &slopes, &sinks};
+        const fa_tensor cq = varlen ? fai_indices_view(cu_q) : fai_sinks_view(p, 0);
+        const fa_tensor ck = varlen ? fai_indices_view(cu_k) : fai_sinks_view(p, 0);
+        const fa_tensor *outs[2] = {out, lse}, *ins[7] = {q, k, v, &slopes, &sinks, &cq, &ck};
         const char *on[2] = {"out", "lse"};
-        const char *in[5] = {"q", "k", "v", "params->alibi_slopes", "params->sink_logits"};
-        FAI_TRY(fai_check_outputs_disjoint(outs, on, lse ? 2 : 1, ins, in, 5));
+        const char *in[7] = {"q", "k", "v", "params->alibi_slopes", "params->sink_logits",
+                             "cu_seqlens_q", "cu_seqlens_k"};
+        FAI_TRY(fai_check_outputs_disjoint(outs, on, lse ? 2 : 1, ins, in, 7));
     }
     pr.io[FAI_OUT] = out;
     pr.io[FAI_LSE] = lse;
+    const fai_backend *be;
+    FAI_TRY(call_backend(ctx, &pr, q, &be));
     if (pr.b == 0 || pr.sq == 0)
         return FA_OK;
-    const fai_backend *be = backend_for(ctx, q);
     fai_op_fn run;
     FAI_TRY(fai_backend_op(be, FAI_OP_FORWARD, "forward", &run));
-    if (pr.sk == 0 && !be->device_memory) { /* no row has a key: O = 0, LSE = the sink's */
-        zero_tensor(out);
-        if (lse)
-            for (int64_t b = 0; b < pr.b; b++)
-                for (int64_t h = 0; h < pr.hq; h++)
-                    for (int64_t i = 0; i < pr.sq; i++)
-                        fai_lse_store(lse, b, h, i, empty_row_lse(&pr, h));
+    if (pr.sk == 0 && !be->device_memory) { /* no row has a key */
+        fai_write_empty(&pr, 0);
         return FA_OK;
     }
     return run(ctx, &pr);
 }
 
-fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
-                      const fa_tensor *k, const fa_tensor *v, const fa_tensor *out,
-                      const fa_tensor *lse, const fa_tensor *dout, fa_tensor *dq, fa_tensor *dk,
-                      fa_tensor *dv)
+fa_status fa_forward(fa_context *ctx, const fa_params *p, const fa_tensor *q, const fa_tensor *k,
+                     const fa_tensor *v, fa_tensor *out, fa_tensor *lse)
+{
+    return forward(ctx, p, q, k, v, 0, NULL, NULL, out, lse);
+}
+
+fa_status fa_forward_varlen(fa_context *ctx, const fa_params *p, const fa_tensor *q,
+                            const fa_tensor *k, const fa_tensor *v, const fa_indices *cu_seqlens_q,
+                            const fa_indices *cu_seqlens_k, fa_tensor *out, fa_tensor *lse)
+{
+    return forward(ctx, p, q, k, v, 1, cu_seqlens_q, cu_seqlens_k, out, lse);
+}
+
+static fa_status backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
+                          const fa_tensor *k, const fa_tensor *v, int varlen,
+                          const fa_indices *cu_q, const fa_indices *cu_k, const fa_tensor *out,
+                          const fa_tensor *lse, const fa_tensor *dout, fa_tensor *dq,
+                          fa_tensor *dk, fa_tensor *dv)
 {
     if (!ctx)
         return fai_fail(FA_ERR_NULL_POINTER, "ctx is NULL");
     fai_problem pr;
     FAI_TRY(fai_problem_make(&pr, p, q, k, v));
+    if (varlen)
+        FAI_TRY(fai_problem_sequences(&pr, cu_q, cu_k));
     if (pr.kv_dtype != pr.dtype)
         return fai_fail(FA_ERR_UNSUPPORTED, "k->dtype = %s under q->dtype = %s: a cache dtype "
                                             "apart from q's is forward only",
@@ -153,12 +173,14 @@ fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
     {
         const fa_tensor slopes = fai_slopes_view(p, pr.hq), sinks = fai_sinks_view(p, pr.hq);
         const fa_tensor sgrad = fai_sink_grad_view(p, pr.hq);
+        const fa_tensor cq = varlen ? fai_indices_view(cu_q) : fai_sinks_view(p, 0);
+        const fa_tensor ck = varlen ? fai_indices_view(cu_k) : fai_sinks_view(p, 0);
         const fa_tensor *outs[4] = {dq, dk, dv, &sgrad};
-        const fa_tensor *ins[8] = {q, k, v, out, lse, dout, &slopes, &sinks};
+        const fa_tensor *ins[10] = {q, k, v, out, lse, dout, &slopes, &sinks, &cq, &ck};
         const char *on[4] = {"dq", "dk", "dv", "params->sink_grad"};
-        const char *in[8] = {"q",    "k",    "v",        "out", "lse", "dout", "params->alibi_slopes",
-                             "params->sink_logits"};
-        FAI_TRY(fai_check_outputs_disjoint(outs, on, p->sink_grad ? 4 : 3, ins, in, 8));
+        const char *in[10] = {"q",   "k",    "v",    "out", "lse", "dout", "params->alibi_slopes",
+                              "params->sink_logits", "cu_seqlens_q", "cu_seqlens_k"};
+        FAI_TRY(fai_check_outputs_disjoint(outs, on, p->sink_grad ? 4 : 3, ins, in, 10));
     }
     pr.io[FAI_OUT] = out;
     pr.io[FAI_LSE] = lse;
@@ -166,7 +188,8 @@ fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
     pr.io[FAI_DQ] = dq;
     pr.io[FAI_DK] = dk;
     pr.io[FAI_DV] = dv;
-    const fai_backend *be = backend_for(ctx, q);
+    const fai_backend *be;
+    FAI_TRY(call_backend(ctx, &pr, q, &be));
     if (p->sink_grad && be->device_memory) /* sink_gradient reads out, lse, dout on the host */
         return fai_fail(FA_ERR_UNSUPPORTED, "backend %s: params->sink_grad is not implemented "
                                             "for device tensors yet", be->name);
@@ -179,9 +202,7 @@ fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
     FAI_TRY(fai_backend_op(be, FAI_OP_BACKWARD, "backward", &run));
     if ((pr.sq == 0 || pr.sk == 0) && !be->device_memory) { /* no (query, key) pair: every
                                                                gradient is 0 */
-        zero_tensor(dq);
-        zero_tensor(dk);
-        zero_tensor(dv);
+        fai_write_empty(&pr, 1);
         if (p->sink_grad) /* O = 0 (or no row): D_i = 0 */
             memset(p->sink_grad, 0, (size_t)pr.hq * sizeof(float));
         return FA_OK;
@@ -190,4 +211,21 @@ fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
     if (p->sink_grad)
         sink_gradient(ctx, &pr, p->sink_grad);
     return FA_OK;
+}
+
+fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
+                      const fa_tensor *k, const fa_tensor *v, const fa_tensor *out,
+                      const fa_tensor *lse, const fa_tensor *dout, fa_tensor *dq, fa_tensor *dk,
+                      fa_tensor *dv)
+{
+    return backward(ctx, p, q, k, v, 0, NULL, NULL, out, lse, dout, dq, dk, dv);
+}
+
+fa_status fa_backward_varlen(fa_context *ctx, const fa_params *p, const fa_tensor *q,
+                             const fa_tensor *k, const fa_tensor *v,
+                             const fa_indices *cu_seqlens_q, const fa_indices *cu_seqlens_k,
+                             const fa_tensor *out, const fa_tensor *lse, const fa_tensor *dout,
+                             fa_tensor *dq, fa_tensor *dk, fa_tensor *dv)
+{
+    return backward(ctx, p, q, k, v, 1, cu_seqlens_q, cu_seqlens_k, out, lse, dout, dq, dk, dv);
 }

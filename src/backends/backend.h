@@ -50,13 +50,40 @@ struct fa_context {
 /* The tensors of a call, by role. */
 typedef enum { FAI_Q, FAI_K, FAI_V, FAI_OUT, FAI_LSE, FAI_DOUT, FAI_DQ, FAI_DK, FAI_DV } fai_role;
 
+/* An int32 or int64 array of the caller's, read where it lies. */
+typedef struct {
+    const void *data;
+    int wide; /* int64 */
+} fai_index;
+
+static inline int64_t fai_index_at(fai_index x, int64_t i)
+{
+    return x.wide ? ((const int64_t *)x.data)[i] : (int64_t)((const int32_t *)x.data)[i];
+}
+
+/* What the mask is made of (fai_mask_make), kept for the sequences of a batch. */
+typedef struct {
+    int causal, top_left;
+    int64_t left, right;
+} fai_mask_spec;
+
 /*
  * Everything a backend needs, checked and resolved by the API layer: dims, mask, score
  * parameters, dropout, and the tensors (NULL where the op has none: forward has no dout, dq,
  * dk, dv; lse may be NULL in a forward).
+ *
+ * A variable-length batch (nseq > 0) holds nseq sequences packed along the seqlen of batch 0:
+ * sequence s is q-side rows [cu_q[s], cu_q[s + 1]) and keys [cu_k[s], cu_k[s + 1]). Its dims
+ * b, sq, sk and its mask are those of the packed tensors, which no backend reads: an op runs
+ * such a batch one sequence at a time, each a dense problem of its own (fai_group), whose
+ * rows start at q0 and k0 and whose batch 0 draws the dropout stream of batch stream0.
  */
 typedef struct {
     int64_t b, hq, hk, sq, sk, dqk, dv, group; /* group = Hq / Hk */
+    int64_t nseq;             /* > 0: a variable-length batch of that many sequences */
+    fai_index cu_q, cu_k;     /* its nseq + 1 offsets each */
+    fai_mask_spec mask_spec;
+    int64_t q0, k0, stream0;  /* where the rows lie (0 but in a sequence of a batch) */
     fa_dtype dtype;    /* storage of q, out, dout and the gradients */
     fa_dtype kv_dtype; /* storage of k and v (and dk, dv): dtype, or a forward's f16 / bf16
                           cache under f32 or bf16 q */
@@ -97,14 +124,14 @@ static inline void *fai_q_rows(const fai_problem *pr, fai_role r, int64_t b, int
                                int64_t i, int64_t n, int64_t *ld)
 {
     (void)n;
-    return fai_strided_rows(pr->io[r], b, h, i, ld);
+    return fai_strided_rows(pr->io[r], b, h, pr->q0 + i, ld);
 }
 
 static inline void *fai_kv_rows(const fai_problem *pr, fai_role r, int64_t b, int64_t hk,
                                 int64_t j, int64_t n, int64_t *ld)
 {
     (void)n;
-    return fai_strided_rows(pr->io[r], b, hk, j, ld);
+    return fai_strided_rows(pr->io[r], b, hk, pr->k0 + j, ld);
 }
 
 static inline void *fai_q_row(const fai_problem *pr, fai_role r, int64_t b, int64_t h, int64_t i)
@@ -128,12 +155,12 @@ static inline fa_dtype fai_role_dtype(const fai_problem *pr, fai_role r)
 static inline void fai_lse_write(const fai_problem *pr, int64_t b, int64_t h, int64_t i,
                                  double x)
 {
-    fai_lse_store(pr->io[FAI_LSE], b, h, i, x);
+    fai_lse_store(pr->io[FAI_LSE], b, h, pr->q0 + i, x);
 }
 
 static inline double fai_lse_read(const fai_problem *pr, int64_t b, int64_t h, int64_t i)
 {
-    return fai_lse_load(pr->io[FAI_LSE], b, h, i);
+    return fai_lse_load(pr->io[FAI_LSE], b, h, pr->q0 + i);
 }
 
 static inline float fai_slope(const fai_problem *pr, int64_t h)
@@ -150,8 +177,58 @@ static inline float fai_sink(const fai_problem *pr, int64_t h)
 /* The dropout stream of (b, h). */
 static inline fai_dropout fai_dropout_for(const fai_problem *pr, int64_t b, int64_t h)
 {
-    return fai_dropout_make(&pr->drop, (uint64_t)(b * pr->hq + h));
+    return fai_dropout_make(&pr->drop, (uint64_t)((pr->stream0 + b) * pr->hq + h));
 }
+
+/* ------------------------------------------------------------------ groups of a call */
+
+/* The problems an op runs, each dense: the call's own, or one per sequence of a
+ * variable-length batch. */
+static inline int64_t fai_groups(const fai_problem *pr) { return pr->nseq > 0 ? pr->nseq : 1; }
+
+/* Group g of the call: the problem itself, or sequence g with its dims, its mask and score
+ * offset (aligned within the sequence), its rows' bases and its dropout stream. */
+static inline fai_problem fai_group(const fai_problem *pr, int64_t g)
+{
+    fai_problem s = *pr;
+    if (pr->nseq == 0)
+        return s;
+    const fai_mask_spec *m = &pr->mask_spec;
+    s.nseq = 0;
+    s.b = 1;
+    s.q0 = fai_index_at(pr->cu_q, g);
+    s.k0 = fai_index_at(pr->cu_k, g);
+    s.sq = fai_index_at(pr->cu_q, g + 1) - s.q0;
+    s.sk = fai_index_at(pr->cu_k, g + 1) - s.k0;
+    s.stream0 = g;
+    s.mask = fai_mask_make(s.sq, s.sk, m->causal, m->left, m->right, m->top_left);
+    s.score.off = s.mask.off;
+    return s;
+}
+
+/*
+ * What one group's run allocates before anything is written: `per` bytes for each thread and
+ * one `shared` block. fai_run_groups (backends/groups.c) runs an op's groups on one
+ * allocation, the largest any group needs: it asks need() of every group, allocates, writes
+ * the groups that have nothing to compute (docs/DESIGN.md §1's empty results) and hands the
+ * others to run() in order. So a call fails, if it does, before its first write.
+ */
+typedef struct {
+    size_t per, shared;
+} fai_need;
+typedef struct {
+    char *base;  /* thread t's bytes: base + t per */
+    size_t per;
+    void *shared;
+} fai_scratch;
+typedef fa_status (*fai_need_fn)(const fa_context *ctx, const fai_problem *pr, fai_need *need);
+typedef void (*fai_run_fn)(fa_context *ctx, const fai_problem *pr, const fai_scratch *s);
+fa_status fai_run_groups(fa_context *ctx, const fai_problem *pr, int backward, const char *who,
+                         fai_need_fn need, fai_run_fn run);
+
+/* Writes what a problem with no (query, key) pair gives (host tensors): the forward's O = 0
+ * and LSE = the sink (-inf without one) for each row; the backward's dQ, dK, dV = 0. */
+void fai_write_empty(const fai_problem *pr, int backward);
 
 /* ------------------------------------------------------------------ backends */
 
@@ -170,6 +247,7 @@ typedef struct {
     const char *name;  /* as fa_backend_name */
     int device_memory; /* its tensors are device memory: the API layer never touches them, and
                           the backend writes even an empty problem's results itself */
+    int sequences;     /* it takes variable-length batches (nseq > 0) */
     fai_op_fn ops[FAI_NOPS]; /* by fai_op (designated: [FAI_OP_FORWARD] = ...) */
 } fai_backend;
 

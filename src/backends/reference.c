@@ -351,49 +351,13 @@ static void blk_backward_group(const fai_problem *pr, int64_t b, int64_t hk, blk
 
 /* ================================================================== entry points */
 
-/*
- * fast[b * Hk + hk] = 1 when the blocked path is exact for the group of kv head (b, hk): its
- * K and V (and, for the backward, the group's Q and dO) hold no NaN or inf, and every
- * dimension fits BLAS's int.
- */
-static fa_status fast_heads(fa_context *ctx, const fai_problem *pr, int backward,
-                            unsigned char **fast, size_t *bytes)
-{
-    const int64_t n = pr->b * pr->hk, d = pr->dqk > pr->dv ? pr->dqk : pr->dv;
-    size_t per = (size_t)d * sizeof(double);
-    char *rows;
-    size_t rows_bytes;
-    fa_status st =
-        fai_thread_scratch(&ctx->mem, "reference", &per, ctx->num_threads, &rows, &rows_bytes);
-    if (st != FA_OK)
-        return st;
-    *bytes = (size_t)n;
-    if (!(*fast = fai_alloc(&ctx->mem, *bytes))) {
-        fai_free(&ctx->mem, rows, rows_bytes);
-        return fai_fail(FA_ERR_NO_MEMORY, "reference: %zu bytes of head flags", *bytes);
-    }
-    const int fit = fai_blas_dims_fit(pr);
-#pragma omp parallel for num_threads(ctx->num_threads) schedule(dynamic, 1)
-    for (int64_t t = 0; t < n; t++) {
-        const int64_t b = t / pr->hk, hk = t % pr->hk;
-        double *row = (double *)(rows + (size_t)omp_get_thread_num() * per);
-        int ok = fit && all_finite(pr, fai_kv_row, FAI_K, b, hk, pr->sk, pr->dqk, row) &&
-                 all_finite(pr, fai_kv_row, FAI_V, b, hk, pr->sk, pr->dv, row);
-        for (int64_t h = hk * pr->group; backward && ok && h < (hk + 1) * pr->group; h++)
-            ok = all_finite(pr, fai_q_row, FAI_Q, b, h, pr->sq, pr->dqk, row) &&
-                 all_finite(pr, fai_q_row, FAI_DOUT, b, h, pr->sq, pr->dv, row);
-        (*fast)[t] = (unsigned char)ok;
-    }
-    fai_free(&ctx->mem, rows, rows_bytes);
-    return FA_OK;
-}
-
-/* Per-thread workspace: the row path's, the blocked path's, one row of keep flags, and for the
- * backward the group's dK, dV accumulators. */
+/* Per-thread workspace: the row path's, the blocked path's, one row of keep flags, one row for
+ * the finiteness test, and for the backward the group's dK, dV accumulators. */
 typedef struct {
     row_ws row;
     blk_ws blk;
     unsigned char *keep;
+    double *finite_row;
     double *dk, *dv;
 } ref_ws;
 
@@ -403,62 +367,86 @@ static size_t ref_carve(const fai_problem *pr, int backward, char *base, ref_ws 
     row_carve(pr, &a, &w->row);
     blk_carve(pr, &a, backward, &w->blk);
     w->keep = fai_carve(&a, (size_t)pr->sk);
+    w->finite_row =
+        fai_carve(&a, (size_t)(pr->dqk > pr->dv ? pr->dqk : pr->dv) * sizeof(double));
     w->dk = backward ? fai_carve(&a, (size_t)(pr->sk * pr->dqk) * sizeof(double)) : NULL;
     w->dv = backward ? fai_carve(&a, (size_t)(pr->sk * pr->dv) * sizeof(double)) : NULL;
     return a.used;
 }
 
-/* What a run of either direction allocates before it writes anything: every thread's
- * workspace (base, per bytes each) and the per-head path flags. */
-typedef struct {
-    char *base;
-    size_t per, bytes, fbytes;
-    unsigned char *fast;
-} ref_run;
-
-static fa_status ref_run_begin(fa_context *ctx, const fai_problem *pr, int backward, ref_run *run)
+/* What a run of either direction allocates (fai_run_groups): every thread's workspace, and
+ * one path flag per (batch, kv head). */
+static fa_status ref_need(const fai_problem *pr, int backward, fai_need *need)
 {
     ref_ws w;
-    run->per = ref_carve(pr, backward, NULL, &w);
-    fa_status st = fai_thread_scratch(&ctx->mem, "reference", &run->per, ctx->num_threads,
-                                      &run->base, &run->bytes);
-    if (st == FA_OK && (st = fast_heads(ctx, pr, backward, &run->fast, &run->fbytes)) != FA_OK)
-        fai_free(&ctx->mem, run->base, run->bytes);
-    return st;
+    need->per = ref_carve(pr, backward, NULL, &w);
+    need->shared = (size_t)(pr->b * pr->hk);
+    return FA_OK;
 }
 
-static void ref_run_end(fa_context *ctx, ref_run *run)
+static fa_status ref_forward_need(const fa_context *ctx, const fai_problem *pr, fai_need *need)
 {
-    fai_free(&ctx->mem, run->fast, run->fbytes);
-    fai_free(&ctx->mem, run->base, run->bytes);
+    (void)ctx;
+    return ref_need(pr, 0, need);
 }
 
-static fa_status ref_forward_run(fa_context *ctx, const fai_problem *pr)
+static fa_status ref_backward_need(const fa_context *ctx, const fai_problem *pr, fai_need *need)
 {
-    ref_run run;
-    fa_status st = ref_run_begin(ctx, pr, 0, &run);
-    if (st != FA_OK)
-        return st;
+    (void)ctx;
+    return ref_need(pr, 1, need);
+}
+
+/*
+ * fast[b * Hk + hk] = 1 when the blocked path is exact for the group of kv head (b, hk): its
+ * K and V (and, for the backward, the group's Q and dO) hold no NaN or inf, and every
+ * dimension fits BLAS's int.
+ */
+static unsigned char *fast_heads(fa_context *ctx, const fai_problem *pr, int backward,
+                                 const fai_scratch *sc)
+{
+    unsigned char *fast = sc->shared;
+    const int64_t n = pr->b * pr->hk;
+    const int fit = fai_blas_dims_fit(pr);
+#pragma omp parallel num_threads(ctx->num_threads)
+    {
+        ref_ws mine;
+        ref_carve(pr, backward, sc->base + (size_t)omp_get_thread_num() * sc->per, &mine);
+        double *row = mine.finite_row;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t t = 0; t < n; t++) {
+            const int64_t b = t / pr->hk, hk = t % pr->hk;
+            int ok = fit && all_finite(pr, fai_kv_row, FAI_K, b, hk, pr->sk, pr->dqk, row) &&
+                     all_finite(pr, fai_kv_row, FAI_V, b, hk, pr->sk, pr->dv, row);
+            for (int64_t h = hk * pr->group; backward && ok && h < (hk + 1) * pr->group; h++)
+                ok = all_finite(pr, fai_q_row, FAI_Q, b, h, pr->sq, pr->dqk, row) &&
+                     all_finite(pr, fai_q_row, FAI_DOUT, b, h, pr->sq, pr->dv, row);
+            fast[t] = (unsigned char)ok;
+        }
+    }
+    return fast;
+}
+
+static void ref_forward_group(fa_context *ctx, const fai_problem *pr, const fai_scratch *sc)
+{
+    const unsigned char *fast = fast_heads(ctx, pr, 0, sc);
     const int64_t nblk = (pr->sq + REF_ROWS - 1) / REF_ROWS, tasks = pr->b * pr->hq * nblk;
 #pragma omp parallel num_threads(ctx->num_threads)
     {
         ref_ws mine;
-        ref_carve(pr, 0, run.base + (size_t)omp_get_thread_num() * run.per, &mine);
+        ref_carve(pr, 0, sc->base + (size_t)omp_get_thread_num() * sc->per, &mine);
         /* static: consecutive blocks of one head stay on one thread and reuse its packed K, V */
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < tasks; task++) {
             const int64_t blk = task % nblk, h = (task / nblk) % pr->hq,
                           b = task / (nblk * pr->hq);
             const int64_t i0 = blk * REF_ROWS, n = pr->sq - i0 < REF_ROWS ? pr->sq - i0 : REF_ROWS;
-            if (run.fast[b * pr->hk + h / pr->group])
+            if (fast[b * pr->hk + h / pr->group])
                 blk_forward(pr, b, h, i0, n, &mine.blk);
             else
                 for (int64_t i = i0; i < i0 + n; i++)
                     row_forward(pr, b, h, i, &mine.row, mine.keep);
         }
     }
-    ref_run_end(ctx, &run);
-    return FA_OK;
 }
 
 /*
@@ -466,23 +454,20 @@ static fa_status ref_forward_run(fa_context *ctx, const fai_problem *pr)
  * and rows in a fixed order, so no two threads touch one gradient. out and lse are recomputed
  * here in float64 rather than read: the oracle's gradient is that of the exact function.
  */
-static fa_status ref_backward_run(fa_context *ctx, const fai_problem *pr)
+static void ref_backward_group(fa_context *ctx, const fai_problem *pr, const fai_scratch *sc)
 {
-    ref_run run;
-    fa_status st = ref_run_begin(ctx, pr, 1, &run);
-    if (st != FA_OK)
-        return st;
+    const unsigned char *fast = fast_heads(ctx, pr, 1, sc);
     const int64_t tasks = pr->b * pr->hk;
 #pragma omp parallel num_threads(ctx->num_threads)
     {
         ref_ws mine;
-        ref_carve(pr, 1, run.base + (size_t)omp_get_thread_num() * run.per, &mine);
+        ref_carve(pr, 1, sc->base + (size_t)omp_get_thread_num() * sc->per, &mine);
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; task++) {
             const int64_t b = task / pr->hk, hk = task % pr->hk;
             memset(mine.dk, 0, (size_t)(pr->sk * pr->dqk) * sizeof(double));
             memset(mine.dv, 0, (size_t)(pr->sk * pr->dv) * sizeof(double));
-            if (run.fast[task])
+            if (fast[task])
                 blk_backward_group(pr, b, hk, &mine.blk, mine.dk, mine.dv);
             else
                 row_backward_group(pr, b, hk, &mine.row, mine.keep, mine.dk, mine.dv);
@@ -494,8 +479,16 @@ static fa_status ref_backward_run(fa_context *ctx, const fai_problem *pr)
             }
         }
     }
-    ref_run_end(ctx, &run);
-    return FA_OK;
+}
+
+static fa_status ref_forward_run(fa_context *ctx, const fai_problem *pr)
+{
+    return fai_run_groups(ctx, pr, 0, "reference", ref_forward_need, ref_forward_group);
+}
+
+static fa_status ref_backward_run(fa_context *ctx, const fai_problem *pr)
+{
+    return fai_run_groups(ctx, pr, 1, "reference", ref_backward_need, ref_backward_group);
 }
 
 static fa_status ref_forward(fa_context *ctx, const fai_problem *pr)
@@ -510,5 +503,6 @@ static fa_status ref_backward(fa_context *ctx, const fai_problem *pr)
 
 const fai_backend fai_backend_reference = {
     .name = "reference",
+    .sequences = 1,
     .ops = {[FAI_OP_FORWARD] = ref_forward, [FAI_OP_BACKWARD] = ref_backward},
 };

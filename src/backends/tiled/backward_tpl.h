@@ -298,24 +298,26 @@ static void FAI_T(bwd_kv_head)(const fai_problem *pr, fai_tiles tl, int64_t b, i
         FAI_T(store_dq)(pr, b, hk * pr->group + g, 0, pr->sq, w->dq_all + g * pr->sq * dqk, w);
 }
 
-static fa_status FAI_T(backward)(fa_context *ctx, const fai_problem *pr,
-                                  const FAI_T(fai_kernels) *kern, const fai_tiled_plan *plan)
+static size_t FAI_T(backward_need)(const fai_problem *pr, const fai_tiled_plan *plan)
 {
     FAI_T(bwd_ws) w;
+    return FAI_T(bwd_carve)(pr, plan->tl, plan->single_pass, NULL, &w);
+}
+
+static void FAI_T(backward)(fa_context *ctx, const fai_problem *pr,
+                            const FAI_T(fai_kernels) *kern, const fai_tiled_plan *plan,
+                            const fai_scratch *sc)
+{
     const fai_tiles tl = plan->tl;
-    const int nt = ctx->num_threads, single = plan->single_pass;
-    size_t per = FAI_T(bwd_carve)(pr, tl, single, NULL, &w), bytes;
-    char *base;
-    fa_status st = fai_thread_scratch(&ctx->mem, "tiled", &per, nt, &base, &bytes);
-    if (st != FA_OK)
-        return st;
+    const int single = plan->single_pass;
     const int64_t head_tasks = single ? pr->b * pr->hk : 0;
     const int64_t nkt = (pr->sk + tl.bk - 1) / tl.bk, ktasks = single ? 0 : pr->b * pr->hk * nkt;
     const int64_t nqt = (pr->sq + tl.bq - 1) / tl.bq, qtasks = single ? 0 : pr->b * pr->hq * nqt;
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(ctx->num_threads)
     {
         FAI_T(bwd_ws) mine;
-        FAI_T(bwd_carve)(pr, tl, single, base + (size_t)omp_get_thread_num() * per, &mine);
+        FAI_T(bwd_carve)(pr, tl, single, sc->base + (size_t)omp_get_thread_num() * sc->per,
+                         &mine);
         mine.kern = kern;
         /* the single pass, or else the two passes (the loops of the others run no task) */
 #pragma omp for schedule(dynamic, 1)
@@ -334,6 +336,4 @@ static fa_status FAI_T(backward)(fa_context *ctx, const fai_problem *pr,
             FAI_T(bwd_qtile)(pr, tl, b, h, i0, i1, &mine);
         }
     }
-    fai_free(&ctx->mem, base, bytes);
-    return FA_OK;
 }

@@ -236,59 +236,73 @@ static void decode_finish(const decode_call *dc, int64_t b, int64_t hk, int64_t 
         fai_lse_write(pr, b, h, i, lse);
 }
 
-fa_status fai_tiled_decode(fa_context *ctx, const fai_problem *pr,
-                           const fai_kernels_f32 *kern, const fai_tiled_plan *plan)
+/* The call's chunking and task shape (from the problem, the plan and the thread count alone),
+ * and how many batches' states one wave holds: *batch_bytes each; 0 if those overflow. */
+static int decode_setup(const fa_context *ctx, const fai_problem *pr, const fai_kernels_f32 *kern,
+                        const fai_tiled_plan *plan, decode_call *dc, int64_t *wave,
+                        size_t *batch_bytes)
 {
-    decode_call dc = {.pr = pr, .kern = kern, .keys = plan->decode_keys,
-                      .rows = pr->group * pr->sq};
-    dc.scale_only = pr->score.softcap == 0 && !pr->slopes;
+    *dc = (decode_call){.pr = pr, .kern = kern, .keys = plan->decode_keys,
+                        .rows = pr->group * pr->sq};
+    dc->scale_only = pr->score.softcap == 0 && !pr->slopes;
     int64_t jlo, jhi;
     fai_mask_key_span(&pr->mask, 0, pr->sq, &jlo, &jhi);
     if (jlo >= jhi) /* no row sees a key: one chunk, empty for every row */
         jlo = 0, jhi = 1;
-    dc.c_lo = jlo / dc.keys;
-    dc.nc = (jhi - 1) / dc.keys + 1 - dc.c_lo;
+    dc->c_lo = jlo / dc->keys;
+    dc->nc = (jhi - 1) / dc->keys + 1 - dc->c_lo;
 
     const int nt = ctx->num_threads;
-    dc.heads = (int64_t)(SCORE_BYTES / ((size_t)(dc.rows * dc.keys) * sizeof(float)));
-    dc.heads = dc.heads < 1 ? 1 : dc.heads > pr->hk ? pr->hk : dc.heads;
+    dc->heads = (int64_t)(SCORE_BYTES / ((size_t)(dc->rows * dc->keys) * sizeof(float)));
+    dc->heads = dc->heads < 1 ? 1 : dc->heads > pr->hk ? pr->hk : dc->heads;
     /* enough tasks to share out (four per thread): fewer heads per task, whatever the
      * states' bits (a head's state does not depend on its task) */
-    while (dc.heads > 1 &&
-           (double)pr->b * (double)dc.nc * (double)((pr->hk + dc.heads - 1) / dc.heads) <
+    while (dc->heads > 1 &&
+           (double)pr->b * (double)dc->nc * (double)((pr->hk + dc->heads - 1) / dc->heads) <
                4.0 * nt)
-        dc.heads = (dc.heads + 1) / 2;
-    const int64_t hgroups = (pr->hk + dc.heads - 1) / dc.heads;
-    decode_ws w;
-    size_t per = ws_carve(&dc, NULL, &w), bytes;
-    const int64_t sf = state_floats(&dc);
+        dc->heads = (dc->heads + 1) / 2;
     /* one batch's states; a K and V of broadcast strides can declare more keys and heads than
      * memory holds, so the product is checked */
+    if (!fai_mul_size((size_t)pr->hk, (size_t)dc->nc, batch_bytes) ||
+        !fai_mul_size(*batch_bytes, (size_t)state_floats(dc) * sizeof(float), batch_bytes))
+        return 0;
+    *wave = (int64_t)(STATE_BYTES / *batch_bytes); /* batches at once */
+    *wave = *wave < 1 ? 1 : *wave > pr->b ? pr->b : *wave;
+    return 1;
+}
+
+fa_status fai_tiled_decode_need(const fa_context *ctx, const fai_problem *pr,
+                                const fai_tiled_plan *plan, fai_need *need)
+{
+    decode_call dc;
+    int64_t wave;
     size_t batch_bytes;
-    if (!fai_mul_size((size_t)pr->hk, (size_t)dc.nc, &batch_bytes) ||
-        !fai_mul_size(batch_bytes, (size_t)sf * sizeof(float), &batch_bytes))
+    if (!decode_setup(ctx, pr, NULL, plan, &dc, &wave, &batch_bytes))
         return fai_fail(FA_ERR_NO_MEMORY, "tiled decode: the chunk states of one batch (%lld "
                                           "kv heads x %lld chunks) exceed the address space",
                         (long long)pr->hk, (long long)dc.nc);
-    int64_t wave = (int64_t)(STATE_BYTES / batch_bytes); /* batches at once */
-    wave = wave < 1 ? 1 : wave > pr->b ? pr->b : wave;
-    const size_t state_bytes = (size_t)wave * batch_bytes;
-    char *base;
-    FAI_TRY(fai_thread_scratch(&ctx->mem, "tiled decode", &per, nt, &base, &bytes));
-    float *states = fai_alloc(&ctx->mem, state_bytes);
-    if (!states) {
-        fai_free(&ctx->mem, base, bytes);
-        return fai_fail(FA_ERR_NO_MEMORY, "tiled decode: %zu bytes of chunk states",
-                        state_bytes);
-    }
+    decode_ws w;
+    need->per = ws_carve(&dc, NULL, &w);
+    need->shared = (size_t)wave * batch_bytes;
+    return FA_OK;
+}
 
+void fai_tiled_decode(fa_context *ctx, const fai_problem *pr, const fai_kernels_f32 *kern,
+                      const fai_tiled_plan *plan, const fai_scratch *sc)
+{
+    decode_call dc;
+    int64_t wave;
+    size_t batch_bytes;
+    decode_setup(ctx, pr, kern, plan, &dc, &wave, &batch_bytes); /* as fai_tiled_decode_need */
+    const int64_t hgroups = (pr->hk + dc.heads - 1) / dc.heads, sf = state_floats(&dc);
+    float *states = sc->shared;
     /* states of a wave: [batch][kv head][chunk] */
     for (int64_t b0 = 0; b0 < pr->b; b0 += wave) {
         const int64_t nb = pr->b - b0 < wave ? pr->b - b0 : wave;
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(ctx->num_threads)
         {
             decode_ws mine;
-            ws_carve(&dc, base + (size_t)omp_get_thread_num() * per, &mine);
+            ws_carve(&dc, sc->base + (size_t)omp_get_thread_num() * sc->per, &mine);
             /* chunk-major: neighbouring tasks read neighbouring keys */
 #pragma omp for schedule(dynamic, 1)
             for (int64_t t = 0; t < nb * hgroups * dc.nc; t++) {
@@ -308,7 +322,4 @@ fa_status fai_tiled_decode(fa_context *ctx, const fai_problem *pr,
             }
         }
     }
-    fai_free(&ctx->mem, states, state_bytes);
-    fai_free(&ctx->mem, base, bytes);
-    return FA_OK;
 }

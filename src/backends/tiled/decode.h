@@ -6,7 +6,10 @@
 #include "backends/backend.h"
 #include "backends/tiled/plan.h"
 
-fa_status fai_tiled_decode(fa_context *ctx, const fai_problem *pr, const fai_kernels_f32 *kern,
-                           const fai_tiled_plan *plan);
+/* What a run allocates (fai_run_groups), and the run on it. */
+fa_status fai_tiled_decode_need(const fa_context *ctx, const fai_problem *pr,
+                                const fai_tiled_plan *plan, fai_need *need);
+void fai_tiled_decode(fa_context *ctx, const fai_problem *pr, const fai_kernels_f32 *kern,
+                      const fai_tiled_plan *plan, const fai_scratch *sc);
 
 #endif

@@ -339,23 +339,24 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
     }
 }
 
-static fa_status FAI_T(forward)(fa_context *ctx, const fai_problem *pr,
-                                 const FAI_T(fai_kernels) *kern, const fai_tiled_plan *plan)
+/* Each thread's workspace: sized by the tiles alone, whatever the sequence lengths. */
+static size_t FAI_T(forward_need)(const fai_problem *pr, const FAI_T(fai_kernels) *kern,
+                                  const fai_tiled_plan *plan)
+{
+    FAI_T(fwd_ws) w;
+    return FAI_T(fwd_carve)(pr, plan, kern, NULL, &w);
+}
+
+static void FAI_T(forward)(fa_context *ctx, const fai_problem *pr, const FAI_T(fai_kernels) *kern,
+                           const fai_tiled_plan *plan, const fai_scratch *sc)
 {
     const fai_tiles tl = plan->tl;
     const int64_t bq = plan->task_rows; /* the workspace is sized by tl.bq */
-    FAI_T(fwd_ws) w;
-    size_t per = FAI_T(fwd_carve)(pr, plan, kern, NULL, &w), bytes;
-    const int nt = ctx->num_threads;
-    char *base;
-    fa_status st = fai_thread_scratch(&ctx->mem, "tiled", &per, nt, &base, &bytes);
-    if (st != FA_OK)
-        return st;
     const int64_t nqt = (pr->sq + bq - 1) / bq, tasks = pr->b * pr->hq * nqt;
-#pragma omp parallel num_threads(nt)
+#pragma omp parallel num_threads(ctx->num_threads)
     {
         FAI_T(fwd_ws) mine;
-        FAI_T(fwd_carve)(pr, plan, kern, base + (size_t)omp_get_thread_num() * per, &mine);
+        FAI_T(fwd_carve)(pr, plan, kern, sc->base + (size_t)omp_get_thread_num() * sc->per, &mine);
         /* dynamic: causal and windowed tiles differ in cost; each task's result is fixed */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; task++) {
@@ -364,7 +365,4 @@ static fa_status FAI_T(forward)(fa_context *ctx, const fai_problem *pr,
             FAI_T(fwd_qtile)(pr, tl, b, h, i0, i1, &mine);
         }
     }
-    fai_free(&ctx->mem, base, bytes);
-    return FA_OK;
 }
-

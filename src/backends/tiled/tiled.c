@@ -43,23 +43,56 @@
 #include "backends/tiled/forward_tpl.h"
 #include "backends/tiled/backward_tpl.h"
 
-static fa_status tiled_forward(fa_context *ctx, const fai_problem *pr)
+/* The forward of one group (fai_run_groups): the decode path or the tiles, as planned. */
+static fa_status forward_need(const fa_context *ctx, const fai_problem *pr, fai_need *need)
 {
     const fai_tiled_plan plan = fai_tiled_plan_forward(ctx, pr);
     if (plan.decode_keys)
-        return fai_tiled_decode(ctx, pr, ctx->kernels, &plan);
-    return pr->dtype == FA_F64 ? forward_f64(ctx, pr, fai_kernels_f64_portable(), &plan)
-                               : forward_f32(ctx, pr, ctx->kernels, &plan);
+        return fai_tiled_decode_need(ctx, pr, &plan, need);
+    need->per = pr->dtype == FA_F64 ? forward_need_f64(pr, fai_kernels_f64_portable(), &plan)
+                                    : forward_need_f32(pr, ctx->kernels, &plan);
+    return FA_OK;
+}
+
+static void forward_run(fa_context *ctx, const fai_problem *pr, const fai_scratch *sc)
+{
+    const fai_tiled_plan plan = fai_tiled_plan_forward(ctx, pr);
+    if (plan.decode_keys)
+        fai_tiled_decode(ctx, pr, ctx->kernels, &plan, sc);
+    else if (pr->dtype == FA_F64)
+        forward_f64(ctx, pr, fai_kernels_f64_portable(), &plan, sc);
+    else
+        forward_f32(ctx, pr, ctx->kernels, &plan, sc);
+}
+
+static fa_status backward_need(const fa_context *ctx, const fai_problem *pr, fai_need *need)
+{
+    const fai_tiled_plan plan = fai_tiled_plan_backward(ctx, pr);
+    need->per = pr->dtype == FA_F64 ? backward_need_f64(pr, &plan) : backward_need_f32(pr, &plan);
+    return FA_OK;
+}
+
+static void backward_run(fa_context *ctx, const fai_problem *pr, const fai_scratch *sc)
+{
+    const fai_tiled_plan plan = fai_tiled_plan_backward(ctx, pr);
+    if (pr->dtype == FA_F64)
+        backward_f64(ctx, pr, fai_kernels_f64_portable(), &plan, sc);
+    else
+        backward_f32(ctx, pr, ctx->kernels, &plan, sc);
+}
+
+static fa_status tiled_forward(fa_context *ctx, const fai_problem *pr)
+{
+    return fai_run_groups(ctx, pr, 0, "tiled", forward_need, forward_run);
 }
 
 static fa_status tiled_backward(fa_context *ctx, const fai_problem *pr)
 {
-    const fai_tiled_plan plan = fai_tiled_plan_backward(ctx, pr);
-    return pr->dtype == FA_F64 ? backward_f64(ctx, pr, fai_kernels_f64_portable(), &plan)
-                               : backward_f32(ctx, pr, ctx->kernels, &plan);
+    return fai_run_groups(ctx, pr, 1, "tiled", backward_need, backward_run);
 }
 
 const fai_backend fai_backend_tiled = {
     .name = "tiled",
+    .sequences = 1,
     .ops = {[FAI_OP_FORWARD] = tiled_forward, [FAI_OP_BACKWARD] = tiled_backward},
 };

@@ -1,0 +1,80 @@
+/*
+ * Running an op over the groups of a call (backends/backend.h): a dense problem is one group,
+ * a variable-length batch one per sequence. The groups share one allocation, sized for the
+ * largest, made before anything is written; groups without a (query, key) pair get their
+ * defined results here, on the host, for every backend alike.
+ */
+#include "config.h"
+
+#include <string.h>
+
+#include "backends/backend.h"
+
+/* Zeroes `dim` elements of each of rows [0, n) of every (batch, head) of role r. */
+static void zero_rows(const fai_problem *pr, fai_role r, int64_t heads, int64_t n, int64_t dim)
+{
+    if (n == 0) /* no row, and the batch alone may be 2^40: no loop over it */
+        return;
+    const int kv = r == FAI_DK || r == FAI_DV;
+    const size_t bytes = (size_t)dim * fai_dtype_size(fai_role_dtype(pr, r));
+    for (int64_t b = 0; b < pr->b; b++)
+        for (int64_t h = 0; h < heads; h++)
+            for (int64_t i = 0; i < n; i++)
+                memset(kv ? fai_kv_row(pr, r, b, h, i) : fai_q_row(pr, r, b, h, i), 0, bytes);
+}
+
+void fai_write_empty(const fai_problem *pr, int backward)
+{
+    if (backward) { /* no (query, key) pair: every gradient is 0 */
+        zero_rows(pr, FAI_DQ, pr->hq, pr->sq, pr->dqk);
+        zero_rows(pr, FAI_DK, pr->hk, pr->sk, pr->dqk);
+        zero_rows(pr, FAI_DV, pr->hk, pr->sk, pr->dv);
+        return;
+    }
+    zero_rows(pr, FAI_OUT, pr->hq, pr->sq, pr->dv); /* no key: O = 0, LSE = the sink's */
+    if (fai_io(pr, FAI_LSE) && pr->sq > 0)
+        for (int64_t b = 0; b < pr->b; b++)
+            for (int64_t h = 0; h < pr->hq; h++)
+                for (int64_t i = 0; i < pr->sq; i++)
+                    fai_lse_write(pr, b, h, i, fai_sink(pr, h));
+}
+
+static int nothing_to_compute(const fai_problem *pr) { return pr->sq == 0 || pr->sk == 0; }
+
+fa_status fai_run_groups(fa_context *ctx, const fai_problem *pr, int backward, const char *who,
+                         fai_need_fn need, fai_run_fn run)
+{
+    const int64_t n = fai_groups(pr);
+    fai_need most = {0, 0};
+    int any = 0;
+    for (int64_t g = 0; g < n; g++) {
+        const fai_problem s = fai_group(pr, g);
+        if (nothing_to_compute(&s))
+            continue;
+        fai_need one = {0, 0};
+        FAI_TRY(need(ctx, &s, &one));
+        most.per = one.per > most.per ? one.per : most.per;
+        most.shared = one.shared > most.shared ? one.shared : most.shared;
+        any = 1;
+    }
+    fai_scratch sc = {NULL, most.per, NULL};
+    size_t bytes = 0;
+    if (any) {
+        FAI_TRY(fai_thread_scratch(&ctx->mem, who, &sc.per, ctx->num_threads, &sc.base, &bytes));
+        if (most.shared && !(sc.shared = fai_alloc(&ctx->mem, most.shared))) {
+            fai_free(&ctx->mem, sc.base, bytes);
+            return fai_fail(FA_ERR_NO_MEMORY, "%s: %zu bytes of shared workspace", who,
+                            most.shared);
+        }
+    }
+    for (int64_t g = 0; g < n; g++) {
+        const fai_problem s = fai_group(pr, g);
+        if (nothing_to_compute(&s))
+            fai_write_empty(&s, backward);
+        else
+            run(ctx, &s, &sc);
+    }
+    fai_free(&ctx->mem, sc.shared, most.shared);
+    fai_free(&ctx->mem, sc.base, bytes);
+    return FA_OK;
+}
