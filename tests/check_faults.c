@@ -167,6 +167,64 @@ START_TEST(forward_and_backward_fail_cleanly)
 }
 END_TEST
 
+/* Variable-length batches: one allocation for all sequences (backends/groups.c), so a failure
+ * leaves every sequence's rows unwritten. Sequences for the tiles, for the decode path (two
+ * chunks) and with no key or no query. _i: backend (reference, tiled) x dtype. */
+typedef struct {
+    faults_set *s;
+    fa_params p;
+    fa_indices cq, ck;
+} varlen_arg;
+
+static fa_status op_forward_varlen(fa_context *ctx, void *arg)
+{
+    varlen_arg *a = arg;
+    faults_set *s = a->s;
+    return fa_forward_varlen(ctx, &a->p, &s->q.t, &s->k.t, &s->v.t, &a->cq, &a->ck, &s->o.t,
+                             &s->l.t);
+}
+
+static fa_status op_backward_varlen(fa_context *ctx, void *arg)
+{
+    varlen_arg *a = arg;
+    faults_set *s = a->s;
+    return fa_backward_varlen(ctx, &a->p, &s->q.t, &s->k.t, &s->v.t, &a->cq, &a->ck, &s->o.t,
+                              &s->l.t, &s->dout.t, &s->dq.t, &s->dk.t, &s->dv.t);
+}
+
+START_TEST(varlen_fails_cleanly)
+{
+    const fa_backend be = _i % 2 ? FA_BACKEND_TILED : FA_BACKEND_REFERENCE;
+    const fa_dtype dt = dtypes[_i / 2];
+    static const int64_t cq[5] = {0, 30, 31, 31, 40}, ck[5] = {0, 25, 725, 800, 800};
+    faults_set s;
+    ht_alloc(&s.q, dt, 1, 40, 4, 24, HT_BSHD);
+    ht_alloc(&s.k, dt, 1, 800, 2, 24, HT_BSHD);
+    ht_alloc(&s.v, dt, 1, 800, 2, 16, HT_BSHD);
+    ht_alloc(&s.o, dt, 1, 40, 4, 16, HT_BSHD);
+    ht_alloc(&s.dout, dt, 1, 40, 4, 16, HT_BSHD);
+    ht_alloc(&s.dq, dt, 1, 40, 4, 24, HT_BSHD);
+    ht_alloc(&s.dk, dt, 1, 800, 2, 24, HT_BSHD);
+    ht_alloc(&s.dv, dt, 1, 800, 2, 16, HT_BSHD);
+    ht_alloc_lse(&s.l, dt == FA_F64 ? FA_F64 : FA_F32, 1, 40, 4);
+    ht_fill(&s.q, 1, -1, 1), ht_fill(&s.k, 2, -1, 1), ht_fill(&s.v, 3, -1, 1);
+    ht_fill(&s.dout, 4, -1, 1);
+    varlen_arg a = {.s = &s, .cq = {cq, FA_INDEX_INT64, 5}, .ck = {ck, FA_INDEX_INT64, 5}};
+    fa_params_init(&a.p);
+    a.p.causal = 1;
+    fa_context *ctx = ht_context(be, 2);
+    char what[96];
+    snprintf(what, sizeof what, "%s/%s varlen forward", fa_backend_name(be), fa_dtype_name(dt));
+    ht_tensor *fo[2] = {&s.o, &s.l};
+    ck_assert_int_ge(until_success(what, ctx, op_forward_varlen, &a, fo, 2), 1);
+    snprintf(what, sizeof what, "%s/%s varlen backward", fa_backend_name(be), fa_dtype_name(dt));
+    ht_tensor *bo[3] = {&s.dq, &s.dk, &s.dv};
+    ck_assert_int_ge(until_success(what, ctx, op_backward_varlen, &a, bo, 3), 1);
+    fa_context_destroy(ctx);
+    set_free(&s);
+}
+END_TEST
+
 START_TEST(context_creation_fails_cleanly)
 {
     fa_options o;
@@ -261,6 +319,7 @@ Suite *make_faults_suite(void)
     TCase *tc = tcase_create("allocation failures");
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, forward_and_backward_fail_cleanly, 0, 18);
+    tcase_add_loop_test(tc, varlen_fails_cleanly, 0, 6);
     tcase_add_test(tc, context_creation_fails_cleanly);
     tcase_add_test(tc, merge_fails_cleanly);
     tcase_add_test(tc, npy_reader_fails_cleanly);

@@ -12,6 +12,7 @@ int main(void)
     srunner_add_suite(sr, make_reference_suite());
     srunner_add_suite(sr, make_backends_suite());
     srunner_add_suite(sr, make_semantics_suite());
+    srunner_add_suite(sr, make_inference_suite());
     srunner_add_suite(sr, make_memory_suite());
     srunner_add_suite(sr, make_compare_suite());
     srunner_add_suite(sr, make_npy_suite());

@@ -83,6 +83,7 @@ Suite *make_compare_suite(void);
 Suite *make_npy_suite(void);
 Suite *make_kernels_suite(void);
 Suite *make_faults_suite(void);
+Suite *make_inference_suite(void);
 
 /* One case of the backend sweeps (CPU and CUDA): shape, mask, score and dropout switches. */
 typedef struct {

@@ -383,11 +383,11 @@ fa_status fai_problem_sequences(fai_problem *pr, const fa_indices *cu_q, const f
         return fai_fail(FA_ERR_SHAPE, "q->batch = %lld; a variable-length batch is packed along "
                                       "seqlen with batch 1", (long long)pr->b);
     FAI_TRY(check_offsets(cu_q, "cu_seqlens_q", pr->sq, "q", &pr->cu_q));
-    FAI_TRY(check_offsets(cu_k, "cu_seqlens_k", pr->sk, "k", &pr->cu_k));
-    if (cu_k->count != cu_q->count)
+    if (cu_k && cu_k->count != cu_q->count)
         return fai_fail(FA_ERR_SHAPE, "cu_seqlens_k->count = %lld does not match "
                                       "cu_seqlens_q->count = %lld (B + 1 each)",
                         (long long)cu_k->count, (long long)cu_q->count);
+    FAI_TRY(check_offsets(cu_k, "cu_seqlens_k", pr->sk, "k", &pr->cu_k));
     pr->nseq = cu_q->count - 1;
     return FA_OK;
 }

@@ -1,0 +1,333 @@
+/*
+ * Inference shapes: variable-length batches (fa_forward_varlen, fa_backward_varlen).
+ *
+ * A variable-length batch is defined as its sequences attended one by one (docs/DESIGN.md
+ * §1), so the test is that definition, to the bit: each sequence's rows against a dense call on
+ * views of that sequence's rows alone, on every backend that takes the batches, in every dtype,
+ * with masks aligned per sequence, sinks, ALiBi, softcap, GQA, empty sequences on either side,
+ * and sequences that take the decode path beside ones that take the tiles. With dropout, equal
+ * lengths are a dense batch (sequence b draws batch b's stream). Bad offsets are refused with
+ * their own message and nothing written.
+ */
+#include "config.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "harness.h"
+
+enum { HQ = 4, HK = 2, D = 32, NSEQ = 6 };
+
+/* Sequence lengths: an empty query side, an empty key side, one row, more rows than keys
+ * (bottom-right causal leaves rows without a key), a decode-shaped sequence over two chunks. */
+static const int64_t len_q[NSEQ] = {5, 0, 33, 70, 1, 3};
+static const int64_t len_k[NSEQ] = {9, 12, 0, 40, 700, 600};
+
+typedef struct {
+    int64_t cq[NSEQ + 1], ck[NSEQ + 1];
+    int32_t cq32[NSEQ + 1], ck32[NSEQ + 1];
+    fa_indices iq, ik;
+    ht_tensor q, k, v, dout, out, lse, dq, dk, dv;     /* the packed batch, and its results  */
+    ht_tensor out1, lse1, dq1, dk1, dv1;               /* the results of per-sequence calls */
+} packed;
+
+static void packed_make(packed *x, fa_dtype dt, int wide)
+{
+    x->cq[0] = x->ck[0] = 0;
+    for (int s = 0; s < NSEQ; s++) {
+        x->cq[s + 1] = x->cq[s] + len_q[s];
+        x->ck[s + 1] = x->ck[s] + len_k[s];
+    }
+    for (int s = 0; s <= NSEQ; s++)
+        x->cq32[s] = (int32_t)x->cq[s], x->ck32[s] = (int32_t)x->ck[s];
+    x->iq = (fa_indices){wide ? (const void *)x->cq : x->cq32,
+                         wide ? FA_INDEX_INT64 : FA_INDEX_INT32, NSEQ + 1};
+    x->ik = (fa_indices){wide ? (const void *)x->ck : x->ck32,
+                         wide ? FA_INDEX_INT64 : FA_INDEX_INT32, NSEQ + 1};
+    const int64_t tq = x->cq[NSEQ], tk = x->ck[NSEQ];
+    const fa_dtype lt = dt == FA_F64 ? FA_F64 : FA_F32;
+    ht_alloc(&x->q, dt, 1, tq, HQ, D, HT_BSHD);
+    ht_alloc(&x->k, dt, 1, tk, HK, D, HT_BSHD);
+    ht_alloc(&x->v, dt, 1, tk, HK, D, HT_BSHD);
+    ht_alloc(&x->dout, dt, 1, tq, HQ, D, HT_BSHD);
+    ht_fill(&x->q, 1, 1, 0), ht_fill(&x->k, 2, 1, 0), ht_fill(&x->v, 3, 1, 0);
+    ht_fill(&x->dout, 4, 1, 0);
+    ht_tensor *qs[4] = {&x->out, &x->dq, &x->out1, &x->dq1};
+    for (int i = 0; i < 4; i++)
+        ht_alloc(qs[i], dt, 1, tq, HQ, D, HT_BSHD);
+    ht_tensor *ks[4] = {&x->dk, &x->dv, &x->dk1, &x->dv1};
+    for (int i = 0; i < 4; i++)
+        ht_alloc(ks[i], dt, 1, tk, HK, D, HT_BSHD);
+    ht_alloc_lse(&x->lse, lt, 1, tq, HQ);
+    ht_alloc_lse(&x->lse1, lt, 1, tq, HQ);
+}
+
+static void packed_free(packed *x)
+{
+    ht_tensor *all[14] = {&x->q,   &x->k,    &x->v,   &x->dout, &x->out, &x->lse, &x->dq,
+                          &x->dk,  &x->dv,   &x->out1, &x->lse1, &x->dq1, &x->dk1, &x->dv1};
+    for (int i = 0; i < 14; i++)
+        ht_free(all[i]);
+}
+
+/* Rows [r0, r0 + n) of a packed tensor as a tensor of their own (batch 1). */
+static fa_tensor rows_of(const ht_tensor *x, int64_t r0, int64_t n)
+{
+    fa_tensor t = x->t;
+    const size_t es = x->t.dtype == FA_F64 ? 8 : x->t.dtype == FA_F32 ? 4 : 2;
+    t.data = (char *)t.data + (size_t)(r0 * t.seq_stride) * es;
+    t.seqlen = n;
+    return t;
+}
+
+/* The bytes of two tensors of one shape and layout are the same. */
+static int same_bytes(const ht_tensor *a, const ht_tensor *b)
+{
+    return a->nbytes == b->nbytes && memcmp(a->t.data, b->t.data, a->nbytes) == 0;
+}
+
+static const float test_sinks[HQ] = {0.75f, -INFINITY, -1.5f, 2.0f};
+static const float test_slopes[HQ] = {0.5f, 0.25f, 0.125f, 0.0625f};
+
+/*
+ * _i: backend (reference, tiled) x dtype (f32, bf16, f64) x mask (bottom-right causal with
+ * sinks, int64 offsets; top-left causal with a window, softcap, ALiBi and sinks, int32).
+ */
+START_TEST(varlen_is_each_sequence_alone)
+{
+    static const fa_backend bes[2] = {FA_BACKEND_REFERENCE, FA_BACKEND_TILED};
+    static const fa_dtype dts[3] = {FA_F32, FA_BF16, FA_F64};
+    const fa_backend be = bes[_i % 2];
+    const fa_dtype dt = dts[_i / 2 % 3];
+    const int mask = _i / 6;
+    packed x;
+    packed_make(&x, dt, mask == 0);
+    fa_params p;
+    fa_params_init(&p);
+    p.causal = 1;
+    p.sink_logits = test_sinks;
+    if (mask == 1) {
+        p.align = FA_ALIGN_TOP_LEFT;
+        p.window_left = 7;
+        p.softcap = 3;
+        p.alibi_slopes = test_slopes;
+    }
+    ht_tensor *outs[10] = {&x.out, &x.lse, &x.dq, &x.dk, &x.dv,
+                           &x.out1, &x.lse1, &x.dq1, &x.dk1, &x.dv1};
+    for (int i = 0; i < 10; i++)
+        ht_poison(outs[i]);
+    fa_context *ctx = ht_context(be, 2);
+    ck_assert_msg(fa_forward_varlen(ctx, &p, &x.q.t, &x.k.t, &x.v.t, &x.iq, &x.ik, &x.out.t,
+                                    &x.lse.t) == FA_OK, "%s", fa_last_error());
+    ck_assert_msg(fa_backward_varlen(ctx, &p, &x.q.t, &x.k.t, &x.v.t, &x.iq, &x.ik, &x.out.t,
+                                     &x.lse.t, &x.dout.t, &x.dq.t, &x.dk.t, &x.dv.t) == FA_OK,
+                  "%s", fa_last_error());
+    for (int s = 0; s < NSEQ; s++) {
+        const int64_t q0 = x.cq[s], nq = len_q[s], k0 = x.ck[s], nk = len_k[s];
+        const fa_tensor q = rows_of(&x.q, q0, nq), k = rows_of(&x.k, k0, nk),
+                        v = rows_of(&x.v, k0, nk), g = rows_of(&x.dout, q0, nq);
+        fa_tensor o = rows_of(&x.out1, q0, nq), l = rows_of(&x.lse1, q0, nq);
+        fa_tensor dq = rows_of(&x.dq1, q0, nq), dk = rows_of(&x.dk1, k0, nk),
+                  dv = rows_of(&x.dv1, k0, nk);
+        ck_assert_msg(fa_forward(ctx, &p, &q, &k, &v, &o, &l) == FA_OK, "%s", fa_last_error());
+        /* the backward of the varlen forward's own results, as the varlen backward had */
+        const fa_tensor vo = rows_of(&x.out, q0, nq), vl = rows_of(&x.lse, q0, nq);
+        ck_assert_msg(fa_backward(ctx, &p, &q, &k, &v, &vo, &vl, &g, &dq, &dk, &dv) == FA_OK,
+                      "%s", fa_last_error());
+    }
+    const char *names[5] = {"out", "lse", "dq", "dk", "dv"};
+    for (int i = 0; i < 5; i++)
+        ck_assert_msg(same_bytes(outs[i], outs[5 + i]), "%s %s mask %d: %s differs from the "
+                      "per-sequence calls'", fa_backend_name(be), fa_dtype_name(dt), mask,
+                      names[i]);
+    /* what the definition gives where there is nothing to attend: sequence 2 has no key */
+    for (int64_t i = x.cq[2]; i < x.cq[3]; i++)
+        for (int h = 0; h < HQ; h++) {
+            ck_assert(ht_get(&x.out, 0, i, h, 5) == 0 && ht_get(&x.dq, 0, i, h, 3) == 0);
+            ck_assert(ht_get(&x.lse, 0, i, h, 0) == (double)test_sinks[h]);
+        }
+    for (int64_t j = x.ck[1]; j < x.ck[2]; j++) /* sequence 1 has no query: dK = dV = 0 */
+        ck_assert(ht_get(&x.dk, 0, j, 1, 7) == 0 && ht_get(&x.dv, 0, j, 0, 2) == 0);
+    fa_context_destroy(ctx);
+    packed_free(&x);
+}
+END_TEST
+
+/* Equal lengths with dropout: the varlen batch is the dense batch of B sequences, forward and
+ * backward, bit for bit (sequence b draws batch b's dropout stream). */
+START_TEST(varlen_of_equal_lengths_is_a_dense_batch)
+{
+    enum { B = 3, SQ = 20, SK = 30 };
+    const fa_dtype dt = _i ? FA_F64 : FA_F32;
+    ht_tensor q, k, v, g, o, l, dq, dk, dv, o1, l1, dq1, dk1, dv1;
+    ht_alloc(&q, dt, 1, B * SQ, HQ, D, HT_BSHD), ht_fill(&q, 5, 1, 0);
+    ht_alloc(&k, dt, 1, B * SK, HK, D, HT_BSHD), ht_fill(&k, 6, 1, 0);
+    ht_alloc(&v, dt, 1, B * SK, HK, D, HT_BSHD), ht_fill(&v, 7, 1, 0);
+    ht_alloc(&g, dt, 1, B * SQ, HQ, D, HT_BSHD), ht_fill(&g, 8, 1, 0);
+    ht_tensor *qs[4] = {&o, &dq, &o1, &dq1}, *ks[4] = {&dk, &dv, &dk1, &dv1};
+    for (int i = 0; i < 4; i++) {
+        ht_alloc(qs[i], dt, 1, B * SQ, HQ, D, HT_BSHD);
+        ht_alloc(ks[i], dt, 1, B * SK, HK, D, HT_BSHD);
+    }
+    ht_alloc_lse(&l, dt == FA_F64 ? FA_F64 : FA_F32, 1, B * SQ, HQ);
+    ht_alloc_lse(&l1, dt == FA_F64 ? FA_F64 : FA_F32, 1, B * SQ, HQ);
+    const int32_t cq[B + 1] = {0, SQ, 2 * SQ, 3 * SQ}, ck[B + 1] = {0, SK, 2 * SK, 3 * SK};
+    const fa_indices iq = {cq, FA_INDEX_INT32, B + 1}, ik = {ck, FA_INDEX_INT32, B + 1};
+    fa_params p;
+    fa_params_init(&p);
+    p.causal = 1;
+    p.dropout_p = 0.25;
+    p.dropout_seed = 42;
+    fa_context *ctx = ht_context(FA_BACKEND_TILED, 2);
+    ck_assert_msg(fa_forward_varlen(ctx, &p, &q.t, &k.t, &v.t, &iq, &ik, &o.t, &l.t) == FA_OK,
+                  "%s", fa_last_error());
+    ck_assert_msg(fa_backward_varlen(ctx, &p, &q.t, &k.t, &v.t, &iq, &ik, &o.t, &l.t, &g.t,
+                                     &dq.t, &dk.t, &dv.t) == FA_OK, "%s", fa_last_error());
+    /* the same buffers as dense (B, S, H, D) views; the LSE (B, H, S) as its packed rows */
+    fa_tensor t[10] = {q.t, k.t, v.t, g.t, o1.t, dq1.t, dk1.t, dv1.t, l1.t, o.t};
+    for (int i = 0; i < 10; i++) {
+        const int64_t s = t[i].seqlen / B;
+        t[i].batch = B;
+        t[i].batch_stride = s * t[i].seq_stride;
+        t[i].seqlen = s;
+    }
+    fa_tensor lv = l.t; /* the varlen forward's LSE, read by the dense backward */
+    lv.batch = B, lv.batch_stride = SQ * lv.seq_stride, lv.seqlen = SQ;
+    ck_assert_msg(fa_forward(ctx, &p, &t[0], &t[1], &t[2], &t[4], &t[8]) == FA_OK, "%s",
+                  fa_last_error());
+    ck_assert_msg(fa_backward(ctx, &p, &t[0], &t[1], &t[2], &t[9], &lv, &t[3], &t[5], &t[6],
+                              &t[7]) == FA_OK, "%s", fa_last_error());
+    ck_assert(same_bytes(&o, &o1) && same_bytes(&l, &l1));
+    ck_assert(same_bytes(&dq, &dq1) && same_bytes(&dk, &dk1) && same_bytes(&dv, &dv1));
+    fa_context_destroy(ctx);
+    ht_tensor *all[14] = {&q, &k, &v, &g, &o, &l, &dq, &dk, &dv, &o1, &l1, &dq1, &dk1, &dv1};
+    for (int i = 0; i < 14; i++)
+        ht_free(all[i]);
+}
+END_TEST
+
+/* The sink's gradient sums over every sequence: the varlen call's equals the sum of the
+ * per-sequence calls' (in float64, to rounding of the float result). */
+START_TEST(varlen_sink_gradient_sums_the_sequences)
+{
+    packed x;
+    packed_make(&x, FA_F64, 1);
+    fa_params p;
+    fa_params_init(&p);
+    p.causal = 1;
+    p.sink_logits = test_sinks;
+    float grad[HQ], want[HQ] = {0, 0, 0, 0}, one[HQ];
+    fa_context *ctx = ht_context(FA_BACKEND_REFERENCE, 2);
+    ck_assert(fa_forward_varlen(ctx, &p, &x.q.t, &x.k.t, &x.v.t, &x.iq, &x.ik, &x.out.t,
+                                &x.lse.t) == FA_OK);
+    p.sink_grad = grad;
+    ck_assert_msg(fa_backward_varlen(ctx, &p, &x.q.t, &x.k.t, &x.v.t, &x.iq, &x.ik, &x.out.t,
+                                     &x.lse.t, &x.dout.t, &x.dq.t, &x.dk.t, &x.dv.t) == FA_OK,
+                  "%s", fa_last_error());
+    p.sink_grad = one;
+    for (int s = 0; s < NSEQ; s++) {
+        const int64_t q0 = x.cq[s], nq = len_q[s], k0 = x.ck[s], nk = len_k[s];
+        const fa_tensor q = rows_of(&x.q, q0, nq), k = rows_of(&x.k, k0, nk),
+                        v = rows_of(&x.v, k0, nk), g = rows_of(&x.dout, q0, nq),
+                        o = rows_of(&x.out, q0, nq), l = rows_of(&x.lse, q0, nq);
+        fa_tensor dq = rows_of(&x.dq1, q0, nq), dk = rows_of(&x.dk1, k0, nk),
+                  dv = rows_of(&x.dv1, k0, nk);
+        ck_assert(fa_backward(ctx, &p, &q, &k, &v, &o, &l, &g, &dq, &dk, &dv) == FA_OK);
+        for (int h = 0; h < HQ; h++)
+            want[h] += one[h];
+    }
+    ck_assert(grad[1] == 0);
+    for (int h = 0; h < HQ; h++)
+        ck_assert_msg(fabsf(grad[h] - want[h]) <= 1e-6f * (1 + fabsf(want[h])),
+                      "head %d: %.9g, want %.9g", h, (double)grad[h], (double)want[h]);
+    fa_context_destroy(ctx);
+    packed_free(&x);
+}
+END_TEST
+
+/* Bad offsets and shapes: each its own status and a message naming the argument; the outputs
+ * untouched. */
+START_TEST(varlen_bad_input_is_refused)
+{
+    static const struct {
+        int what;
+        fa_status want;
+        const char *says;
+    } bad[] = {
+        {0, FA_ERR_INVALID_ARGUMENT, "cu_seqlens_q[0] = 1; the offsets start at 0"},
+        {1, FA_ERR_INVALID_ARGUMENT, "cu_seqlens_k[3] = 20 is below cu_seqlens_k[2]"},
+        {2, FA_ERR_INVALID_ARGUMENT, "cu_seqlens_q[6] = 111 but q->seqlen = 112"},
+        {3, FA_ERR_SHAPE, "cu_seqlens_k->count = 6 does not match cu_seqlens_q->count = 7"},
+        {4, FA_ERR_SHAPE, "cu_seqlens_q->count = 0"},
+        {5, FA_ERR_NULL_POINTER, "cu_seqlens_k is NULL"},
+        {6, FA_ERR_NULL_POINTER, "cu_seqlens_q->data is NULL"},
+        {7, FA_ERR_INVALID_ARGUMENT, "cu_seqlens_k->type = 7 is not a fa_index_type"},
+        {8, FA_ERR_SHAPE, "q->batch = 2; a variable-length batch is packed along seqlen"},
+        {9, FA_ERR_UNSUPPORTED, "backend conventional: variable-length batches"},
+        {10, FA_ERR_STRIDE, "cu_seqlens_q"},
+    };
+    const int c = _i;
+    packed x;
+    packed_make(&x, FA_F32, 1);
+    fa_indices iq = x.iq, ik = x.ik, *piq = &iq, *pik = &ik;
+    fa_tensor q = x.q.t, k = x.k.t, v = x.v.t, out = x.out.t, lse = x.lse.t;
+    int64_t cq[NSEQ + 1];
+    memcpy(cq, x.cq, sizeof cq);
+    iq.data = cq;
+    fa_backend be = FA_BACKEND_TILED;
+    switch (bad[c].what) {
+    case 0: cq[0] = 1; break;
+    case 1: x.ck[3] = 20; break;
+    case 2: cq[NSEQ] = 111; break;
+    case 3: ik.count = NSEQ; break;
+    case 4: iq.count = 0; break;
+    case 5: pik = NULL; break;
+    case 6: iq.data = NULL; break;
+    case 7: ik.type = (fa_index_type)7; break;
+    case 8: /* two batches of half the rows each */
+        q.batch = k.batch = v.batch = out.batch = lse.batch = 2;
+        q.seqlen = out.seqlen = lse.seqlen = x.q.t.seqlen / 2;
+        k.seqlen = v.seqlen = x.k.t.seqlen / 2;
+        break;
+    case 9: be = FA_BACKEND_CONVENTIONAL; break;
+    case 10: /* the offsets inside the output */
+        memcpy(out.data, cq, sizeof cq);
+        iq.data = out.data;
+        break;
+    }
+    if (bad[c].what != 10)
+        ht_poison(&x.out);
+    ht_poison(&x.lse), ht_poison(&x.dq), ht_poison(&x.dk), ht_poison(&x.dv);
+    fa_context *ctx = ht_context(be, 2);
+    fa_params p;
+    fa_params_init(&p);
+    fa_status s = fa_forward_varlen(ctx, &p, &q, &k, &v, piq, pik, &out, &lse);
+    ck_assert_msg(s == bad[c].want && strstr(fa_last_error(), bad[c].says),
+                  "case %d: forward %s: %s", c, fa_status_string(s), fa_last_error());
+    if (bad[c].what != 10) { /* the backward reads out: case 10's out holds the offsets */
+        s = fa_backward_varlen(ctx, &p, &q, &k, &v, piq, pik, &out, &lse, &x.dout.t, &x.dq.t,
+                               &x.dk.t, &x.dv.t);
+        ck_assert_msg(s == bad[c].want && strstr(fa_last_error(), bad[c].says),
+                      "case %d: backward %s: %s", c, fa_status_string(s), fa_last_error());
+        ck_assert(ht_is_poisoned(&x.out));
+    }
+    ck_assert(ht_is_poisoned(&x.lse) && ht_is_poisoned(&x.dq) && ht_is_poisoned(&x.dk) &&
+              ht_is_poisoned(&x.dv));
+    fa_context_destroy(ctx);
+    packed_free(&x);
+}
+END_TEST
+
+Suite *make_inference_suite(void)
+{
+    Suite *s = suite_create("inference");
+    TCase *tc = tcase_create("varlen");
+    tcase_set_timeout(tc, 300);
+    tcase_add_loop_test(tc, varlen_is_each_sequence_alone, 0, 12);
+    tcase_add_loop_test(tc, varlen_of_equal_lengths_is_a_dense_batch, 0, 2);
+    tcase_add_test(tc, varlen_sink_gradient_sums_the_sequences);
+    tcase_add_loop_test(tc, varlen_bad_input_is_refused, 0, 11);
+    suite_add_tcase(s, tc);
+    return s;
+}
