@@ -25,9 +25,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
+#include "bench_util.h"
 #include "flashattn.h"
 
 #ifdef HAVE_OPENBLAS_GET_CORENAME
@@ -36,13 +36,6 @@ char *openblas_get_corename(void);
 #ifdef HAVE_OPENBLAS_SET_NUM_THREADS
 void openblas_set_num_threads(int n);
 #endif
-
-static double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static const char *core_name(void)
 {
@@ -188,20 +181,6 @@ static int parse_long(const char *s, long lo, long hi, long *out)
 
 /* "a,b,c" into out (at most max values in [lo, hi], no empty fields): the count, 0 if
  * malformed. */
-static int parse_list(const char *s, long lo, long hi, long *out, int max)
-{
-    for (int n = 0;;) {
-        char *end;
-        const long v = strtol(s, &end, 10);
-        if (end == s || v < lo || v > hi || n == max || (*end != ',' && *end != '\0'))
-            return 0;
-        out[n++] = v;
-        if (*end == '\0')
-            return n;
-        s = end + 1; /* past the comma */
-    }
-}
-
 /* The usage on stderr for a bad command line (status 2), on stdout for --help (status 0). */
 static int usage(FILE *to, int status)
 {

@@ -24,23 +24,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #include "flashattn.h"
 #include "stream_read.h"
-
-static int parse_list(const char *s, long *out, int max)
-{
-    int n = 0;
-    while (*s && n < max) {
-        char *end;
-        out[n++] = strtol(s, &end, 10);
-        s = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',')
-            return -1;
-    }
-    return n;
-}
 
 static fa_dtype parse_dtype(const char *s)
 {
@@ -58,9 +44,9 @@ int main(int argc, char **argv)
     for (int a = 1; a < argc; a++) {
         const char *v = a + 1 < argc ? argv[a + 1] : "";
         if (!strcmp(argv[a], "--threads"))
-            nthreads = parse_list(v, threads, 8), a++;
+            nthreads = parse_list(v, 1, 4096, threads, 8), a++;
         else if (!strcmp(argv[a], "--seqlens"))
-            nseq = parse_list(v, seqlens, 16), a++;
+            nseq = parse_list(v, 1, (long)1 << 40, seqlens, 16), a++;
         else if (!strcmp(argv[a], "--hq"))
             hq = atol(v), a++;
         else if (!strcmp(argv[a], "--hk"))

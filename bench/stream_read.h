@@ -8,16 +8,10 @@
 
 #include <omp.h>
 #include <stddef.h>
-#include <time.h>
+
+#include "bench_util.h"
 
 #define STREAM_BYTES ((size_t)1 << 30)
-
-static inline double now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 /* Seconds to read the n floats of x once on nt threads; their sum is added to *sink, so that
  * the reads cannot be dropped. */

@@ -164,8 +164,8 @@ FA_API fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tenso
  * the dropout stream of batch b (so equal lengths give a dense batch's bits). Each offset array
  * has B + 1 entries, starts at 0, never decreases and ends at its tensors' seqlen; a sequence
  * may be empty (no query: nothing to do; no key: O = 0 and LSE = the sink, or -inf). The
- * sink gradient sums over every sequence's rows. Reference and tiled backends; the others
- * answer FA_ERR_UNSUPPORTED.
+ * sink gradient sums over every sequence's rows. The CPU backends take them; CUDA answers
+ * FA_ERR_UNSUPPORTED for now.
  */
 typedef enum { FA_INDEX_INT32, FA_INDEX_INT64 } fa_index_type;
 typedef struct {

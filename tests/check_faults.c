@@ -169,7 +169,7 @@ END_TEST
 
 /* Variable-length batches: one allocation for all sequences (backends/groups.c), so a failure
  * leaves every sequence's rows unwritten. Sequences for the tiles, for the decode path (two
- * chunks) and with no key or no query. _i: backend (reference, tiled) x dtype. */
+ * chunks) and with no key or no query. _i: backend (reference, conventional, tiled) x dtype. */
 typedef struct {
     faults_set *s;
     fa_params p;
@@ -194,8 +194,10 @@ static fa_status op_backward_varlen(fa_context *ctx, void *arg)
 
 START_TEST(varlen_fails_cleanly)
 {
-    const fa_backend be = _i % 2 ? FA_BACKEND_TILED : FA_BACKEND_REFERENCE;
-    const fa_dtype dt = dtypes[_i / 2];
+    static const fa_backend bes[3] = {FA_BACKEND_REFERENCE, FA_BACKEND_CONVENTIONAL,
+                                      FA_BACKEND_TILED};
+    const fa_backend be = bes[_i % 3];
+    const fa_dtype dt = dtypes[_i / 3];
     static const int64_t cq[5] = {0, 30, 31, 31, 40}, ck[5] = {0, 25, 725, 800, 800};
     faults_set s;
     ht_alloc(&s.q, dt, 1, 40, 4, 24, HT_BSHD);
@@ -319,7 +321,7 @@ Suite *make_faults_suite(void)
     TCase *tc = tcase_create("allocation failures");
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, forward_and_backward_fail_cleanly, 0, 18);
-    tcase_add_loop_test(tc, varlen_fails_cleanly, 0, 6);
+    tcase_add_loop_test(tc, varlen_fails_cleanly, 0, 9);
     tcase_add_test(tc, context_creation_fails_cleanly);
     tcase_add_test(tc, merge_fails_cleanly);
     tcase_add_test(tc, npy_reader_fails_cleanly);

@@ -91,16 +91,17 @@ static const float test_sinks[HQ] = {0.75f, -INFINITY, -1.5f, 2.0f};
 static const float test_slopes[HQ] = {0.5f, 0.25f, 0.125f, 0.0625f};
 
 /*
- * _i: backend (reference, tiled) x dtype (f32, bf16, f64) x mask (bottom-right causal with
+ * _i: backend (reference, conventional, tiled) x dtype (f32, bf16, f64) x mask (bottom-right causal with
  * sinks, int64 offsets; top-left causal with a window, softcap, ALiBi and sinks, int32).
  */
 START_TEST(varlen_is_each_sequence_alone)
 {
-    static const fa_backend bes[2] = {FA_BACKEND_REFERENCE, FA_BACKEND_TILED};
+    static const fa_backend bes[3] = {FA_BACKEND_REFERENCE, FA_BACKEND_CONVENTIONAL,
+                                      FA_BACKEND_TILED};
     static const fa_dtype dts[3] = {FA_F32, FA_BF16, FA_F64};
-    const fa_backend be = bes[_i % 2];
-    const fa_dtype dt = dts[_i / 2 % 3];
-    const int mask = _i / 6;
+    const fa_backend be = bes[_i % 3];
+    const fa_dtype dt = dts[_i / 3 % 3];
+    const int mask = _i / 9;
     packed x;
     packed_make(&x, dt, mask == 0);
     fa_params p;
@@ -264,7 +265,7 @@ START_TEST(varlen_bad_input_is_refused)
         {6, FA_ERR_NULL_POINTER, "cu_seqlens_q->data is NULL"},
         {7, FA_ERR_INVALID_ARGUMENT, "cu_seqlens_k->type = 7 is not a fa_index_type"},
         {8, FA_ERR_SHAPE, "q->batch = 2; a variable-length batch is packed along seqlen"},
-        {9, FA_ERR_UNSUPPORTED, "backend conventional: variable-length batches"},
+        {9, FA_ERR_INVALID_ARGUMENT, "cu_seqlens_q[0] = 0 but q->seqlen = 112"},
         {10, FA_ERR_STRIDE, "cu_seqlens_q"},
     };
     const int c = _i;
@@ -275,7 +276,6 @@ START_TEST(varlen_bad_input_is_refused)
     int64_t cq[NSEQ + 1];
     memcpy(cq, x.cq, sizeof cq);
     iq.data = cq;
-    fa_backend be = FA_BACKEND_TILED;
     switch (bad[c].what) {
     case 0: cq[0] = 1; break;
     case 1: x.ck[3] = 20; break;
@@ -290,7 +290,7 @@ START_TEST(varlen_bad_input_is_refused)
         q.seqlen = out.seqlen = lse.seqlen = x.q.t.seqlen / 2;
         k.seqlen = v.seqlen = x.k.t.seqlen / 2;
         break;
-    case 9: be = FA_BACKEND_CONVENTIONAL; break;
+    case 9: iq.count = ik.count = 1; break; /* no sequence, but rows */
     case 10: /* the offsets inside the output */
         memcpy(out.data, cq, sizeof cq);
         iq.data = out.data;
@@ -299,7 +299,7 @@ START_TEST(varlen_bad_input_is_refused)
     if (bad[c].what != 10)
         ht_poison(&x.out);
     ht_poison(&x.lse), ht_poison(&x.dq), ht_poison(&x.dk), ht_poison(&x.dv);
-    fa_context *ctx = ht_context(be, 2);
+    fa_context *ctx = ht_context(FA_BACKEND_TILED, 2);
     fa_params p;
     fa_params_init(&p);
     fa_status s = fa_forward_varlen(ctx, &p, &q, &k, &v, piq, pik, &out, &lse);
@@ -324,7 +324,7 @@ Suite *make_inference_suite(void)
     Suite *s = suite_create("inference");
     TCase *tc = tcase_create("varlen");
     tcase_set_timeout(tc, 300);
-    tcase_add_loop_test(tc, varlen_is_each_sequence_alone, 0, 12);
+    tcase_add_loop_test(tc, varlen_is_each_sequence_alone, 0, 18);
     tcase_add_loop_test(tc, varlen_of_equal_lengths_is_a_dense_batch, 0, 2);
     tcase_add_test(tc, varlen_sink_gradient_sums_the_sequences);
     tcase_add_loop_test(tc, varlen_bad_input_is_refused, 0, 11);

@@ -70,8 +70,7 @@ static fa_status call_backend(const fa_context *ctx, const fai_problem *pr, cons
     *be = backend_for(ctx, q);
     if (pr->nseq > 0 && !(*be)->sequences)
         return fai_fail(FA_ERR_UNSUPPORTED, "backend %s: variable-length batches are not "
-                                            "implemented (the reference and tiled backends "
-                                            "take them)", (*be)->name);
+                                            "implemented (the CPU backends take them)", (*be)->name);
     return FA_OK;
 }
 

@@ -217,49 +217,50 @@ static void softmax(const conv *cv, const conv_pack *w, int64_t b, int64_t h, co
     }
 }
 
-/*
- * Each thread's packed operands and staging blocks, compute type, in one counted allocation
- * (*block, *bytes) that starts with the array of their descriptions, *pk (thread t: (*pk)[t]).
- */
-static fa_status pack_alloc(fa_context *ctx, const conv *cv, conv_pack **pk, int backward,
-                            void **block, size_t *bytes)
+/* The sizes of a thread's packed operands and staging blocks, compute type, then its rows
+ * (double) and keep flags. */
+enum { NPACK = 11 };
+static void pack_sizes(const conv *cv, int backward, size_t bytes_of[NPACK])
 {
     const fai_problem *pr = cv->pr;
     const int64_t d = pr->dqk > pr->dv ? pr->dqk : pr->dv, wide = pr->sk > d ? pr->sk : d;
-    /* packed operands and staging (compute type), then the rows (double) and keep flags */
     const size_t cs = cv->cs, sk = (size_t)pr->sk;
-    const size_t bytes_of[11] = {
+    const size_t b[NPACK] = {
         (size_t)(pr->sq * pr->dqk) * cs, (size_t)(pr->sk * pr->dqk) * cs,
         (size_t)(pr->sk * pr->dv) * cs, backward ? (size_t)(pr->sq * pr->dv) * cs : 0,
         (size_t)(CONV_ROWS * wide) * cs, (size_t)(CONV_ROWS * d) * cs,
         backward ? (size_t)(pr->sk * pr->dqk) * cs : 0, backward ? (size_t)(pr->sk * pr->dv) * cs : 0,
         sk * sizeof(double), sk * sizeof(double) * 2, sk};
-    size_t per = 0, head = ((size_t)cv->nt * sizeof(conv_pack) + 63) & ~(size_t)63;
-    for (int i = 0; i < 11; i++)
+    memcpy(bytes_of, b, sizeof b);
+}
+
+static size_t pack_bytes(const conv *cv, int backward)
+{
+    size_t bytes_of[NPACK], per = 0;
+    pack_sizes(cv, backward, bytes_of);
+    for (int i = 0; i < NPACK; i++)
         per += (bytes_of[i] + 63) & ~(size_t)63;
-    if (!fai_mul_size(per, (size_t)cv->nt, bytes) || *bytes + head < *bytes)
-        return fai_fail(FA_ERR_OVERFLOW, "conventional: packed operand size overflows");
-    *bytes += head;
-    *block = fai_alloc(&ctx->mem, *bytes);
-    if (!*block)
-        return fai_fail(FA_ERR_NO_MEMORY, "conventional: %zu bytes for packed operands", *bytes);
-    *pk = *block;
-    for (int t = 0; t < cv->nt; t++) {
-        conv_pack *w = &(*pk)[t];
-        void *rows0, *rows12, *keep;
-        void **dst[11] = {&w->qp, &w->kp, &w->vp, &w->dop, &w->stage,
-                          &w->stage2, &w->dk, &w->dv, &rows0, &rows12, &keep};
-        char *at = (char *)*block + head + (size_t)t * per;
-        for (int i = 0; i < 11; i++) {
-            *dst[i] = at;
-            at += (bytes_of[i] + 63) & ~(size_t)63;
-        }
-        w->row[0] = rows0;
-        w->row[1] = rows12;
-        w->row[2] = w->row[1] + sk;
-        w->keep = keep;
+    return per;
+}
+
+/* Thread t's packed operands and staging blocks, carved from its bytes at `at`. */
+static conv_pack pack_carve(const conv *cv, int backward, char *at)
+{
+    size_t bytes_of[NPACK];
+    pack_sizes(cv, backward, bytes_of);
+    conv_pack w;
+    void *rows0, *rows12, *keep;
+    void **dst[NPACK] = {&w.qp, &w.kp, &w.vp, &w.dop, &w.stage,
+                         &w.stage2, &w.dk, &w.dv, &rows0, &rows12, &keep};
+    for (int i = 0; i < NPACK; i++) {
+        *dst[i] = at;
+        at += (bytes_of[i] + 63) & ~(size_t)63;
     }
-    return FA_OK;
+    w.row[0] = rows0;
+    w.row[1] = rows12;
+    w.row[2] = w.row[1] + (size_t)cv->pr->sk;
+    w.keep = keep;
+    return w;
 }
 
 /* Bytes of `count` B x Hq x Sq x Sk matrices in T; FA_ERR_OVERFLOW if that does not fit. */
@@ -285,7 +286,7 @@ static fa_status blas_sizes(const conv *cv)
                     (long long)cv->pr->sq, (long long)cv->pr->sk);
 }
 
-static conv conv_make(fa_context *ctx, const fai_problem *pr)
+static conv conv_make(const fa_context *ctx, const fai_problem *pr)
 {
     conv cv;
     cv.pr = pr;
@@ -297,30 +298,35 @@ static conv conv_make(fa_context *ctx, const fai_problem *pr)
     return cv;
 }
 
-static fa_status conv_forward(fa_context *ctx, const fai_problem *pr)
+/* What a run allocates (fai_run_groups): each thread's packs; `count` B x Hq x Sq x Sk
+ * matrices in T, shared. */
+static fa_status conv_need(const fa_context *ctx, const fai_problem *pr, int backward, int count,
+                           fai_need *need)
 {
     conv cv = conv_make(ctx, pr);
-    size_t qbytes, pbytes;
-    void *packs;
-    conv_pack *pk;
-    fa_status st = blas_sizes(&cv);
-    if (st == FA_OK)
-        st = quadratic_bytes(&cv, 2, &qbytes);
-    if (st != FA_OK)
-        return st;
-    char *sp = fai_alloc(&ctx->mem, qbytes); /* S and P, for every (b, h) */
-    if (!sp)
-        return fai_fail(FA_ERR_NO_MEMORY, "conventional: %zu bytes for S and P", qbytes);
-    if ((st = pack_alloc(ctx, &cv, &pk, 0, &packs, &pbytes)) != FA_OK) {
-        fai_free(&ctx->mem, sp, qbytes);
-        return st;
-    }
+    FAI_TRY(blas_sizes(&cv));
+    FAI_TRY(quadratic_bytes(&cv, count, &need->shared));
+    need->per = pack_bytes(&cv, backward);
+    return FA_OK;
+}
+
+static fa_status conv_forward_need(const fa_context *ctx, const fai_problem *pr, fai_need *need)
+{
+    return conv_need(ctx, pr, 0, 2, need);
+}
+
+static void conv_forward(fa_context *ctx, const fai_problem *pr, const fai_scratch *sc)
+{
+    conv cv = conv_make(ctx, pr);
+    size_t qbytes;
+    quadratic_bytes(&cv, 2, &qbytes); /* as conv_forward_need */
     const size_t head = (size_t)(pr->sq * pr->sk) * cv.ts;
-    char *S = sp, *P = sp + qbytes / 2;
+    char *S = sc->shared, *P = S + qbytes / 2; /* S and P, for every (b, h) */
 #pragma omp parallel for num_threads(cv.nt) schedule(dynamic, 1)
     for (int64_t bh = 0; bh < pr->b * pr->hq; bh++) {
         const int64_t b = bh / pr->hq, h = bh % pr->hq, hk = h / pr->group;
-        const conv_pack *w = &pk[omp_get_thread_num()];
+        const conv_pack pw = pack_carve(&cv, 0, sc->base + (size_t)omp_get_thread_num() * sc->per);
+        const conv_pack *w = &pw;
         const size_t at = (size_t)bh * head;
         pack(&cv, fai_q_row, FAI_Q, b, h, pr->sq, pr->dqk, w->qp);
         pack(&cv, fai_kv_row, FAI_K, b, hk, pr->sk, pr->dqk, w->kp);
@@ -335,9 +341,6 @@ static fa_status conv_forward(fa_context *ctx, const fai_problem *pr)
             unpack(&cv, fai_q_row, FAI_OUT, b, h, r0, n, pr->dv, w->stage2);
         }
     }
-    fai_free(&ctx->mem, packs, pbytes);
-    fai_free(&ctx->mem, sp, qbytes);
-    return FA_OK;
 }
 
 /*
@@ -381,26 +384,24 @@ static void softmax_backward(const conv *cv, const conv_pack *w, int64_t b, int6
     }
 }
 
-static fa_status conv_backward(fa_context *ctx, const fai_problem *pr)
+/* per (b, h): X (S, then dP, then dS), P, and P~ and tanh when needed: what autograd keeps */
+static int backward_buffers(const fai_problem *pr)
+{
+    return 2 + (pr->drop.threshold != 0) + (pr->score.softcap > 0);
+}
+
+static fa_status conv_backward_need(const fa_context *ctx, const fai_problem *pr, fai_need *need)
+{
+    return conv_need(ctx, pr, 1, backward_buffers(pr), need);
+}
+
+static void conv_backward(fa_context *ctx, const fai_problem *pr, const fai_scratch *sc)
 {
     conv cv = conv_make(ctx, pr);
-    const int nbuf = 2 + (pr->drop.threshold != 0) + (pr->score.softcap > 0);
-    size_t qbytes, pbytes;
-    void *packs;
-    conv_pack *pk;
-    fa_status st = blas_sizes(&cv);
-    if (st == FA_OK)
-        st = quadratic_bytes(&cv, nbuf, &qbytes);
-    if (st != FA_OK)
-        return st;
-    /* per (b, h): X (S, then dP, then dS), P, and P~ and tanh when needed: what autograd keeps */
-    char *big = fai_alloc(&ctx->mem, qbytes);
-    if (!big)
-        return fai_fail(FA_ERR_NO_MEMORY, "conventional: %zu bytes for S, P, dP", qbytes);
-    if ((st = pack_alloc(ctx, &cv, &pk, 1, &packs, &pbytes)) != FA_OK) {
-        fai_free(&ctx->mem, big, qbytes);
-        return st;
-    }
+    const int nbuf = backward_buffers(pr);
+    size_t qbytes;
+    quadratic_bytes(&cv, nbuf, &qbytes); /* as conv_backward_need */
+    char *big = sc->shared;
     const size_t head = (size_t)(pr->sq * pr->sk) * cv.ts, all = qbytes / (size_t)nbuf;
     char *X = big, *P = big + all, *rest = big + 2 * all, *Pd = P, *Tc = NULL;
     if (pr->drop.threshold) {
@@ -413,7 +414,8 @@ static fa_status conv_backward(fa_context *ctx, const fai_problem *pr)
 #pragma omp parallel for num_threads(cv.nt) schedule(dynamic, 1)
     for (int64_t bk = 0; bk < pr->b * pr->hk; bk++) {
         const int64_t b = bk / pr->hk, hk = bk % pr->hk;
-        const conv_pack *w = &pk[omp_get_thread_num()];
+        const conv_pack pw = pack_carve(&cv, 1, sc->base + (size_t)omp_get_thread_num() * sc->per);
+        const conv_pack *w = &pw;
         memset(w->dk, 0, (size_t)(pr->sk * pr->dqk) * cv.cs);
         memset(w->dv, 0, (size_t)(pr->sk * pr->dv) * cv.cs);
         pack(&cv, fai_kv_row, FAI_K, b, hk, pr->sk, pr->dqk, w->kp);
@@ -453,22 +455,30 @@ static fa_status conv_backward(fa_context *ctx, const fai_problem *pr)
         unpack(&cv, fai_kv_row, FAI_DK, b, hk, 0, pr->sk, pr->dqk, w->dk);
         unpack(&cv, fai_kv_row, FAI_DV, b, hk, 0, pr->sk, pr->dv, w->dv);
     }
-    fai_free(&ctx->mem, packs, pbytes);
-    fai_free(&ctx->mem, big, qbytes);
-    return FA_OK;
+}
+
+static fa_status conv_forward_groups(fa_context *ctx, const fai_problem *pr)
+{
+    return fai_run_groups(ctx, pr, 0, "conventional", conv_forward_need, conv_forward);
+}
+
+static fa_status conv_backward_groups(fa_context *ctx, const fai_problem *pr)
+{
+    return fai_run_groups(ctx, pr, 1, "conventional", conv_backward_need, conv_backward);
 }
 
 static fa_status conventional_forward(fa_context *ctx, const fai_problem *pr)
 {
-    return fai_with_serial_blas(conv_forward, ctx, pr);
+    return fai_with_serial_blas(conv_forward_groups, ctx, pr);
 }
 
 static fa_status conventional_backward(fa_context *ctx, const fai_problem *pr)
 {
-    return fai_with_serial_blas(conv_backward, ctx, pr);
+    return fai_with_serial_blas(conv_backward_groups, ctx, pr);
 }
 
 const fai_backend fai_backend_conventional = {
     .name = "conventional",
+    .sequences = 1,
     .ops = {[FAI_OP_FORWARD] = conventional_forward, [FAI_OP_BACKWARD] = conventional_backward},
 };
