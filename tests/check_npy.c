@@ -194,7 +194,7 @@ static void expect_ok_at(const char *path, npy_kind kind, int ndim, const int64_
 /* ---------------------------------------------------------------------------------------- */
 /* Round trips and the writer's exact bytes                                                 */
 
-static const npy_kind kinds[] = {NPY_F16, NPY_F32, NPY_F64, NPY_U2};
+static const npy_kind kinds[] = {NPY_F16, NPY_F32, NPY_F64, NPY_U2, NPY_I4, NPY_I8};
 static const struct {
     int ndim;
     int64_t shape[NPY_MAX_DIMS];
@@ -287,10 +287,14 @@ START_TEST(kind_table)
     ck_assert_uint_eq(npy_kind_size(NPY_F32), 4);
     ck_assert_uint_eq(npy_kind_size(NPY_F64), 8);
     ck_assert_uint_eq(npy_kind_size(NPY_U2), 2);
+    ck_assert_uint_eq(npy_kind_size(NPY_I4), 4);
+    ck_assert_uint_eq(npy_kind_size(NPY_I8), 8);
     ck_assert_str_eq(npy_kind_descr(NPY_F16), "<f2");
     ck_assert_str_eq(npy_kind_descr(NPY_F32), "<f4");
     ck_assert_str_eq(npy_kind_descr(NPY_F64), "<f8");
     ck_assert_str_eq(npy_kind_descr(NPY_U2), "<u2");
+    ck_assert_str_eq(npy_kind_descr(NPY_I4), "<i4");
+    ck_assert_str_eq(npy_kind_descr(NPY_I8), "<i8");
     ck_assert_uint_eq(npy_kind_size((npy_kind)17), 0);
     ck_assert_ptr_null(npy_kind_descr((npy_kind)17));
 }
@@ -445,7 +449,7 @@ static const struct bad_header {
     /* descr */
     {1, 0, DICT("'>f4'", "(2,)"), "'>f4'", "big-endian"},
     {1, 0, DICT("'>u2'", "(4,)"), "'>u2'", "big-endian"},
-    {1, 0, DICT("'<i4'", "(2,)"), "unsupported descr '<i4'", "supported: '<f2'"},
+    {1, 0, DICT("'<i2'", "(2,)"), "unsupported descr '<i2'", "supported: '<f2'"},
     {1, 0, DICT("'<c8'", "(1,)"), "unsupported descr '<c8'", NULL},
     {1, 0, DICT("'|O'", "(1,)"), "unsupported descr '|O'", NULL},
     {1, 0, DICT("'|u2'", "(4,)"), "unsupported descr '|u2'", NULL},
@@ -762,7 +766,7 @@ Suite *make_npy_suite(void)
     TCase *tc = tcase_create("npy");
     tcase_add_checked_fixture(tc, tmp_setup, tmp_teardown);
     tcase_set_timeout(tc, 60);
-    tcase_add_loop_test(tc, round_trip, 0, 4 * NSHAPES);
+    tcase_add_loop_test(tc, round_trip, 0, (int)(sizeof kinds / sizeof kinds[0]) * NSHAPES);
     tcase_add_test(tc, writer_header_like_numpy);
     tcase_add_test(tc, kind_table);
     tcase_add_test(tc, values_and_disk_order);

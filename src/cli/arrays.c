@@ -29,7 +29,11 @@ static int kind_to_dtype(const cli_opts *o, const char *path, npy_kind k, fa_dty
         fprintf(stderr, "flashattn: %s: a uint16 array; pass --bf16 if it holds bfloat16 bits\n",
                 path);
         return EXIT_USAGE;
+    case NPY_I4:
+    case NPY_I8: break;
     }
+    fprintf(stderr, "flashattn: %s: an integer array; tensors hold float16, bfloat16, float32 "
+                    "or float64\n", path);
     return EXIT_USAGE;
 }
 
@@ -43,10 +47,19 @@ static npy_kind dtype_to_kind(fa_dtype d)
     }
 }
 
-/* Logical (B, S, H, D) as the file's shape: (B, S, H, D), (B, H, S, D) or, for an LSE, (B, H, S). */
+/* Logical (B, S, H, D) as the file's shape: (B, S, H, D), (B, H, S, D) or, for an LSE, (B, H, S);
+ * packed sequences (B = 1): (S, H, D), an LSE (H, S). */
 static int file_shape(const cli_opts *o, cli_role role, int64_t b, int64_t s, int64_t h,
                       int64_t d, int64_t shape[4])
 {
+    if (o->packed) {
+        if (role == ROLE_LSE) {
+            shape[0] = h, shape[1] = s;
+            return 2;
+        }
+        shape[0] = s, shape[1] = h, shape[2] = d;
+        return 3;
+    }
     shape[0] = b;
     if (role == ROLE_LSE) {
         shape[1] = h, shape[2] = s;
@@ -80,12 +93,14 @@ int cli_load(const cli_opts *o, const char *path, cli_role role, cli_tensor *x)
     }
     fa_dtype dt;
     int rc = kind_to_dtype(o, path, x->a.kind, &dt);
-    const int want = role == ROLE_LSE ? 3 : 4;
+    const int want = (role == ROLE_LSE ? 3 : 4) - o->packed;
     if (!rc && x->a.ndim != want) {
         fprintf(stderr, "flashattn: %s: %d-D array; expected %s\n", path, x->a.ndim,
-                role == ROLE_LSE ? "3-D (batch, heads, seqlen)"
-                : o->bhsd        ? "4-D (batch, heads, seqlen, headdim) for --layout bhsd"
-                                 : "4-D (batch, seqlen, heads, headdim) for --layout bshd");
+                o->packed && role == ROLE_LSE ? "2-D (heads, total) for packed sequences"
+                : o->packed ? "3-D (total, heads, headdim) for packed sequences"
+                : role == ROLE_LSE ? "3-D (batch, heads, seqlen)"
+                : o->bhsd          ? "4-D (batch, heads, seqlen, headdim) for --layout bhsd"
+                                   : "4-D (batch, seqlen, heads, headdim) for --layout bshd");
         rc = EXIT_USAGE;
     }
     if (rc) {
@@ -93,7 +108,11 @@ int cli_load(const cli_opts *o, const char *path, cli_role role, cli_tensor *x)
         return rc;
     }
     const int64_t *sh = x->a.shape;
-    if (role == ROLE_LSE)
+    if (o->packed && role == ROLE_LSE)
+        view(o, role, x->a.data, dt, 1, sh[1], sh[0], 1, &x->t);
+    else if (o->packed)
+        view(o, role, x->a.data, dt, 1, sh[0], sh[1], sh[2], &x->t);
+    else if (role == ROLE_LSE)
         view(o, role, x->a.data, dt, sh[0], sh[2], sh[1], 1, &x->t);
     else if (o->bhsd)
         view(o, role, x->a.data, dt, sh[0], sh[2], sh[1], sh[3], &x->t);

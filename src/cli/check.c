@@ -87,10 +87,10 @@ static int run_all(const cli_opts *o, check_state *st, fa_backend be, fa_dtype d
     if (!rc && !ctx)
         rc = EXIT_ERROR;
     if (!rc) {
-        fa_status s = fa_forward(ctx, &o->p, q, k, v, &r[0].t, &r[1].t);
+        fa_status s = cli_forward(ctx, o, q, k, v, &r[0].t, &r[1].t);
         if (s == FA_OK && st->grads)
-            s = fa_backward(ctx, &o->p, q, k, v, &r[0].t, &r[1].t, &x[3].t, &r[2].t, &r[3].t,
-                            &r[4].t);
+            s = cli_backward(ctx, o, q, k, v, &r[0].t, &r[1].t, &x[3].t, &r[2].t, &r[3].t,
+                             &r[4].t);
         if (s != FA_OK)
             rc = cli_fail(s, be == FA_BACKEND_REFERENCE ? "reference" : "conventional baseline");
     }
@@ -144,6 +144,8 @@ int cmd_check(int argc, char **argv)
             rc = cli_load(&o, o.cand[c], c == CAND_LSE ? ROLE_LSE : ROLE_QKV, &cand[c]);
     if (!rc)
         rc = cli_load_slopes(&o, st.in[0].t.heads);
+    if (!rc)
+        rc = cli_load_offsets(&o);
     /* the candidate's storage dtype: --dtype, else that of its outputs, else of its inputs */
     fa_dtype dt = st.in[0].t.dtype;
     for (int c = 0; c < 5 && !rc && !o.has_dtype; c++)

@@ -27,6 +27,10 @@ typedef struct {
     const char *q, *k, *v, *out, *lse, *dout, *dq, *dk, *dv;
     const char *cand[5]; /* check: --candidate-out, -lse, -dq, -dk, -dv */
     const char *alibi, *sinks, *dsinks;
+    const char *cu_q, *cu_k; /* --cu-seqlens-q, -k: a variable-length batch */
+    int packed;              /* those given: tensors are (total, heads, headdim) */
+    npy_array cu_arr[2];     /* their files, loaded by cli_load_offsets */
+    fa_indices cu[2];
     fa_params p;
     float *slopes;    /* from --alibi */
     float *sink_vals; /* from --sinks */
@@ -64,8 +68,9 @@ typedef struct {
 } cli_tensor;
 
 typedef enum { ROLE_QKV, ROLE_LSE } cli_role;
-/* Loads `path` as a 4-D tensor in o's layout (ROLE_QKV) or a (B, H, S) LSE (ROLE_LSE). Returns
- * 0, or EXIT_USAGE after printing a message that names the file and the problem. */
+/* Loads `path` as a 4-D tensor in o's layout (ROLE_QKV) or a (B, H, S) LSE (ROLE_LSE); for
+ * packed sequences (--cu-seqlens-q) a (total, H, D) tensor or an (H, total) LSE, batch 1.
+ * Returns 0, or EXIT_USAGE after printing a message that names the file and the problem. */
 int cli_load(const cli_opts *o, const char *path, cli_role role, cli_tensor *x);
 /* A new zeroed tensor of the given logical shape, laid out as o's layout says (ROLE_LSE:
  * B x H x S storage). */
@@ -114,6 +119,16 @@ int cli_fail(fa_status s, const char *what);
 /* --alibi and --sinks: load one slope and one sink logit per query head into o->slopes and
  * o->p.alibi_slopes, o->sink_vals and o->p.sink_logits. */
 int cli_load_slopes(cli_opts *o, int64_t heads);
+/* --cu-seqlens-q and -k (when given) into o->cu (1-D int32 or int64 arrays); 0 or an exit code
+ * after a message. */
+int cli_load_offsets(cli_opts *o);
+/* fa_forward or fa_backward, or their variable-length forms when o has offsets. */
+fa_status cli_forward(fa_context *ctx, const cli_opts *o, const fa_tensor *q, const fa_tensor *k,
+                      const fa_tensor *v, fa_tensor *out, fa_tensor *lse);
+fa_status cli_backward(fa_context *ctx, const cli_opts *o, const fa_tensor *q,
+                       const fa_tensor *k, const fa_tensor *v, const fa_tensor *out,
+                       const fa_tensor *lse, const fa_tensor *dout, fa_tensor *dq,
+                       fa_tensor *dk, fa_tensor *dv);
 
 const char *cli_blas_core(void); /* OpenBLAS's core name, "unknown" without OpenBLAS */
 

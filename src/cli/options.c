@@ -115,6 +115,10 @@ void cli_usage(FILE *f, const char *cmd)
             "  --bf16                    read uint16 ('<u2', '|V2') arrays as bfloat16\n"
             "  --profile NAME            conventions of a kernel family (see README); forward\n"
             "                            writes and backward reads the LSE in its convention\n"
+            "  --cu-seqlens-q CQ.npy --cu-seqlens-k CK.npy   a variable-length batch: B + 1\n"
+            "                            offsets each (1-D int32 or int64, from 0 to the total);\n"
+            "                            Q, K, V, O are then (total, heads, headdim), LSE\n"
+            "                            (heads, total), as FlashAttention's varlen functions\n"
             "  --threads T               0: all\n");
     char names[200];
     if (strcmp(cmd, "check")) {
@@ -191,7 +195,7 @@ static const opt_def defs[] = {
     {"--dsinks", "grad"}, {"--scale", "attn"},
     {"--dropout", "attn"}, {"--seed", "attn"}, {"--offset", "attn"}, {"--layout", "attn"},
     {"--bf16", "attn"}, {"--profile", "attn"}, {"--backend", "io"}, {"--isa", "io"},
-    {"--threads", "attn"}, {NULL, NULL},
+    {"--threads", "attn"}, {"--cu-seqlens-q", "attn"}, {"--cu-seqlens-k", "attn"}, {NULL, NULL},
 };
 
 static const opt_def *find_def(const char *name)
@@ -260,6 +264,8 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
         else if (!strcmp(a, "--alibi")) o->alibi = v;
         else if (!strcmp(a, "--sinks")) o->sinks = v;
         else if (!strcmp(a, "--dsinks")) o->dsinks = v;
+        else if (!strcmp(a, "--cu-seqlens-q")) o->cu_q = v;
+        else if (!strcmp(a, "--cu-seqlens-k")) o->cu_k = v;
         else if (!strcmp(a, "--causal")) o->p.causal = 1;
         else if (!strcmp(a, "--json")) o->json = 1;
         else if (!strcmp(a, "--bf16")) o->bf16 = 1;
@@ -362,6 +368,12 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
     }
     if (!o->q || !o->k || !o->v)
         return bad(cmd, !o->q ? "--q" : !o->k ? "--k" : "--v", NULL, "is required");
+    if (!o->cu_q != !o->cu_k)
+        return bad(cmd, o->cu_q ? "--cu-seqlens-k" : "--cu-seqlens-q", NULL,
+                   "is required with the other: a variable-length batch has both");
+    if (o->cu_q && o->bhsd)
+        return bad(cmd, "--layout", "bhsd", "packed sequences are (total, heads, headdim)");
+    o->packed = o->cu_q != NULL;
     return -1;
 }
 
@@ -370,4 +382,6 @@ void cli_opts_free(cli_opts *o)
     free(o->slopes);
     free(o->sink_vals);
     o->slopes = o->sink_vals = NULL;
+    npy_free(&o->cu_arr[0]);
+    npy_free(&o->cu_arr[1]);
 }

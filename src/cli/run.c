@@ -53,6 +53,11 @@ static int load_per_head(const char *path, const char *what, int64_t heads, floa
         npy_free(&s.a);
         return EXIT_USAGE;
     }
+    if (s.a.kind == NPY_I4 || s.a.kind == NPY_I8) {
+        fprintf(stderr, "flashattn: %s: an integer array; %s are floats\n", path, what);
+        npy_free(&s.a);
+        return EXIT_USAGE;
+    }
     const fa_dtype dt = s.a.kind == NPY_F16   ? FA_F16
                         : s.a.kind == NPY_F64 ? FA_F64
                         : s.a.kind == NPY_U2  ? FA_BF16 /* bf16 bits, with or without --bf16 */
@@ -75,6 +80,47 @@ int cli_load_slopes(cli_opts *o, int64_t heads)
     if (!rc && o->sinks && !(rc = load_per_head(o->sinks, "sink logits", heads, &o->sink_vals)))
         o->p.sink_logits = o->sink_vals;
     return rc;
+}
+
+int cli_load_offsets(cli_opts *o)
+{
+    const char *paths[2] = {o->cu_q, o->cu_k};
+    for (int i = 0; i < 2 && o->packed; i++) {
+        char err[512];
+        int r = npy_read(paths[i], (size_t)1 << 33, &o->cu_arr[i], err, sizeof err);
+        if (r) {
+            fprintf(stderr, "flashattn: %s\n", err);
+            return r == NPY_ERR_NO_MEMORY ? EXIT_ERROR : EXIT_USAGE;
+        }
+        const npy_array *a = &o->cu_arr[i];
+        if (a->ndim != 1 || (a->kind != NPY_I4 && a->kind != NPY_I8)) {
+            fprintf(stderr, "flashattn: %s: expected a 1-D int32 or int64 array of B + 1 "
+                            "offsets\n", paths[i]);
+            return EXIT_USAGE;
+        }
+        o->cu[i] = (fa_indices){a->data, a->kind == NPY_I8 ? FA_INDEX_INT64 : FA_INDEX_INT32,
+                                a->shape[0]};
+    }
+    return 0;
+}
+
+fa_status cli_forward(fa_context *ctx, const cli_opts *o, const fa_tensor *q, const fa_tensor *k,
+                      const fa_tensor *v, fa_tensor *out, fa_tensor *lse)
+{
+    if (o->packed)
+        return fa_forward_varlen(ctx, &o->p, q, k, v, &o->cu[0], &o->cu[1], out, lse);
+    return fa_forward(ctx, &o->p, q, k, v, out, lse);
+}
+
+fa_status cli_backward(fa_context *ctx, const cli_opts *o, const fa_tensor *q,
+                       const fa_tensor *k, const fa_tensor *v, const fa_tensor *out,
+                       const fa_tensor *lse, const fa_tensor *dout, fa_tensor *dq,
+                       fa_tensor *dk, fa_tensor *dv)
+{
+    if (o->packed)
+        return fa_backward_varlen(ctx, &o->p, q, k, v, &o->cu[0], &o->cu[1], out, lse, dout, dq,
+                                  dk, dv);
+    return fa_backward(ctx, &o->p, q, k, v, out, lse, dout, dq, dk, dv);
 }
 
 static int need(const char *cmd, const char *opt, const char *val)
@@ -108,6 +154,8 @@ int cmd_forward(int argc, char **argv)
     }
     rc = cli_load_slopes(&o, q.t.heads);
     if (!rc)
+        rc = cli_load_offsets(&o);
+    if (!rc)
         rc = cli_alloc(&o, q.t.dtype, q.t.batch, q.t.seqlen, q.t.heads, v.t.headdim, ROLE_QKV,
                        &out);
     if (!rc && o.lse)
@@ -117,14 +165,14 @@ int cmd_forward(int argc, char **argv)
     cli_outputs_init(&files);
     cli_outputs_add(&files, o.out, &out);
     cli_outputs_add(&files, o.lse, &lse);
-    const char *inputs[5] = {o.q, o.k, o.v, o.alibi, o.sinks};
+    const char *inputs[7] = {o.q, o.k, o.v, o.alibi, o.sinks, o.cu_q, o.cu_k};
     if (!rc)
-        rc = cli_outputs_open(&files, inputs, 5);
+        rc = cli_outputs_open(&files, inputs, 7);
     fa_context *ctx = rc ? NULL : cli_context(&o, o.backend);
     if (!rc && !ctx)
         rc = EXIT_ERROR;
     if (!rc) {
-        fa_status s = fa_forward(ctx, &o.p, &q.t, &k.t, &v.t, &out.t, o.lse ? &lse.t : NULL);
+        fa_status s = cli_forward(ctx, &o, &q.t, &k.t, &v.t, &out.t, o.lse ? &lse.t : NULL);
         rc = s == FA_OK ? 0 : cli_fail(s, "forward");
     }
     if (!rc && o.lse)
@@ -159,6 +207,8 @@ int cmd_backward(int argc, char **argv)
         rc = cli_load(&o, paths[i], i == 4 ? ROLE_LSE : ROLE_QKV, &in[i]);
     if (!rc)
         rc = cli_load_slopes(&o, in[0].t.heads);
+    if (!rc)
+        rc = cli_load_offsets(&o);
     if (!rc) /* read as the profile's kernels write it */
         cli_lse_from_profile(o.profile, &in[4]);
     for (int i = 0; i < 3 && !rc; i++) /* dq, dk, dv shaped like q, k, v */
@@ -184,15 +234,16 @@ int cmd_backward(int argc, char **argv)
             cli_outputs_add(&files, o.dsinks, &ds);
         }
     }
-    const char *inputs[8] = {o.q, o.k, o.v, o.out, o.lse, o.dout, o.alibi, o.sinks};
+    const char *inputs[10] = {o.q, o.k, o.v, o.out, o.lse, o.dout, o.alibi, o.sinks, o.cu_q,
+                              o.cu_k};
     if (!rc)
-        rc = cli_outputs_open(&files, inputs, 8);
+        rc = cli_outputs_open(&files, inputs, 10);
     fa_context *ctx = rc ? NULL : cli_context(&o, o.backend);
     if (!rc && !ctx)
         rc = EXIT_ERROR;
     if (!rc) {
-        fa_status s = fa_backward(ctx, &o.p, &in[0].t, &in[1].t, &in[2].t, &in[3].t, &in[4].t,
-                                  &in[5].t, &g[0].t, &g[1].t, &g[2].t);
+        fa_status s = cli_backward(ctx, &o, &in[0].t, &in[1].t, &in[2].t, &in[3].t, &in[4].t,
+                                   &in[5].t, &g[0].t, &g[1].t, &g[2].t);
         rc = s == FA_OK ? 0 : cli_fail(s, "backward");
     }
     if (!rc)
