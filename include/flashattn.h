@@ -187,6 +187,29 @@ FA_API fa_status fa_backward_varlen(fa_context *ctx, const fa_params *p, const f
                                     fa_tensor *dk, fa_tensor *dv);
 
 /*
+ * A paged KV cache (vLLM, FlashInfer, FlashAttention's block_table): k and v are pages,
+ * (num_pages, page_size, Hk, D) as fa_tensors of batch num_pages and seqlen page_size, with any
+ * strides (NHD is the default layout; HND is head_stride > seq_stride) and any page_size >= 1.
+ * Sequence b's keys are the first seqused_k[b] keys of the pages listed in row b of
+ * block_table: key j is row j % page_size of page block_table[b * max_pages + j / page_size].
+ * Pages may be shared between sequences (prefix caching); the entries past a sequence's used
+ * pages are never read. q and out are (B, Sq, Hq, D) and lse (B, Sq, Hq, 1): Sq query rows per
+ * sequence (decode: 1; a chunk of prefill: more), aligned with its keys as params->align says
+ * (bottom-right: the queries are the sequence's last positions), each sequence attended as a
+ * problem of its own (as in a variable-length batch). Forward only, on the CPU backends; the
+ * results are those of the same keys stored contiguously, bit for bit.
+ */
+typedef struct {
+    fa_indices block_table; /* B x max_pages page indices, row-major */
+    int64_t    max_pages;   /* entries per row of block_table */
+    fa_indices seqused_k;   /* B used lengths, each at most max_pages x page_size */
+} fa_paged_kv;
+
+FA_API fa_status fa_forward_paged(fa_context *ctx, const fa_params *p, const fa_tensor *q,
+                                  const fa_tensor *k, const fa_tensor *v,
+                                  const fa_paged_kv *pages, fa_tensor *out, fa_tensor *lse);
+
+/*
  * Merges n partial attention states over disjoint key sets (split-KV, ring attention):
  * LSE = ln sum_k exp(LSE_k), O = sum_k exp(LSE_k - LSE) O_k. The empty state (O = 0,
  * LSE = -inf) is neutral. out/lse may be the very tensors of a state (the same memory and

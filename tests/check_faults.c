@@ -227,6 +227,51 @@ START_TEST(varlen_fails_cleanly)
 }
 END_TEST
 
+/* A paged K/V: the decode path (Sq 1) and the tiles (Sq 20) over pages of 3 keys, the stage
+ * the tiles gather a key tile's rows into included. _i: backend x Sq. */
+typedef struct {
+    ht_tensor *q, *o, *l;
+    fa_tensor k, v;
+    fa_paged_kv pages;
+} paged_arg;
+
+static fa_status op_forward_paged(fa_context *ctx, void *arg)
+{
+    paged_arg *a = arg;
+    fa_params p;
+    fa_params_init(&p);
+    p.causal = 1;
+    return fa_forward_paged(ctx, &p, &a->q->t, &a->k, &a->v, &a->pages, &a->o->t, &a->l->t);
+}
+
+START_TEST(paged_fails_cleanly)
+{
+    static const fa_backend bes[3] = {FA_BACKEND_REFERENCE, FA_BACKEND_CONVENTIONAL,
+                                      FA_BACKEND_TILED};
+    const fa_backend be = bes[_i % 3];
+    const int64_t sq = _i / 3 ? 20 : 1, page = 3, npages = 300;
+    static const int64_t used[3] = {0, 700, 40};
+    int64_t table[3 * 240];
+    for (int i = 0; i < 3 * 240; i++)
+        table[i] = (i * 7) % npages; /* pages shared and in any order: all valid */
+    ht_tensor q, o, l, kp, vp;
+    ht_alloc(&q, FA_F32, 3, sq, 4, 24, HT_BSHD), ht_fill(&q, 1, -1, 1);
+    ht_alloc(&o, FA_F32, 3, sq, 4, 16, HT_BSHD);
+    ht_alloc_lse(&l, FA_F32, 3, sq, 4);
+    ht_alloc(&kp, FA_F32, npages, page, 2, 24, HT_BSHD), ht_fill(&kp, 2, -1, 1);
+    ht_alloc(&vp, FA_F32, npages, page, 2, 16, HT_BSHD), ht_fill(&vp, 3, -1, 1);
+    paged_arg a = {&q, &o, &l, kp.t, vp.t,
+                   {{table, FA_INDEX_INT64, 3 * 240}, 240, {used, FA_INDEX_INT64, 3}}};
+    fa_context *ctx = ht_context(be, 2);
+    char what[96];
+    snprintf(what, sizeof what, "%s paged forward, Sq %lld", fa_backend_name(be), (long long)sq);
+    ht_tensor *fo[2] = {&o, &l};
+    ck_assert_int_ge(until_success(what, ctx, op_forward_paged, &a, fo, 2), 1);
+    fa_context_destroy(ctx);
+    ht_free(&q), ht_free(&o), ht_free(&l), ht_free(&kp), ht_free(&vp);
+}
+END_TEST
+
 START_TEST(context_creation_fails_cleanly)
 {
     fa_options o;
@@ -322,6 +367,7 @@ Suite *make_faults_suite(void)
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, forward_and_backward_fail_cleanly, 0, 18);
     tcase_add_loop_test(tc, varlen_fails_cleanly, 0, 9);
+    tcase_add_loop_test(tc, paged_fails_cleanly, 0, 6);
     tcase_add_test(tc, context_creation_fails_cleanly);
     tcase_add_test(tc, merge_fails_cleanly);
     tcase_add_test(tc, npy_reader_fails_cleanly);

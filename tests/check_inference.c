@@ -1,13 +1,16 @@
 /*
- * Inference shapes: variable-length batches (fa_forward_varlen, fa_backward_varlen).
+ * Inference shapes: variable-length batches (fa_forward_varlen, fa_backward_varlen) and a paged
+ * K/V (fa_forward_paged).
  *
  * A variable-length batch is defined as its sequences attended one by one (docs/DESIGN.md
  * §1), so the test is that definition, to the bit: each sequence's rows against a dense call on
  * views of that sequence's rows alone, on every backend that takes the batches, in every dtype,
  * with masks aligned per sequence, sinks, ALiBi, softcap, GQA, empty sequences on either side,
  * and sequences that take the decode path beside ones that take the tiles. With dropout, equal
- * lengths are a dense batch (sequence b draws batch b's stream). Bad offsets are refused with
- * their own message and nothing written.
+ * lengths are a dense batch (sequence b draws batch b's stream). A paged K/V is the same keys
+ * stored contiguously, to the bit, for page sizes 1, 3, 16 and 256, pages in shuffled order,
+ * shared between sequences, NHD and HND. Bad offsets and tables are refused with their own
+ * message and nothing written.
  */
 #include "config.h"
 
@@ -319,6 +322,199 @@ START_TEST(varlen_bad_input_is_refused)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ paged K/V */
+
+enum { PB = 4, PSMAX = 700 };
+/* Used lengths: none, one key, a few pages, a decode over two chunks. Sequence 3 shares its
+ * first pages with sequence 2 (a common prefix: the same keys, the same page ids). */
+static const int64_t used_k[PB] = {0, 1, 37, 700};
+
+static size_t dsize(fa_dtype dt) { return dt == FA_F64 ? 8 : dt == FA_F32 ? 4 : 2; }
+
+static char *row_at(const fa_tensor *t, int64_t b, int64_t s, int64_t h)
+{
+    return (char *)t->data +
+           (size_t)(b * t->batch_stride + s * t->seq_stride + h * t->head_stride) * dsize(t->dtype);
+}
+
+typedef struct {
+    ht_tensor q, k, v, out, lse, out1, lse1; /* dense K, V: (PB, PSMAX, HK, D) */
+    void *kp, *vp;                           /* the page pools */
+    fa_tensor tk, tv;                        /* their views: (num_pages, page, HK, D) */
+    int64_t *table, max_pages, num_pages;
+    int64_t used[PB];
+    fa_paged_kv pages;
+} paged;
+
+/* Pages of `page` keys, shuffled, HND or NHD; sequence 3's first full pages are sequence 2's. */
+static void paged_make(paged *x, fa_dtype qt, fa_dtype kt, int64_t sq, int64_t page, int hnd)
+{
+    ht_alloc(&x->q, qt, PB, sq, HQ, D, HT_BSHD), ht_fill(&x->q, 11, 1, 0);
+    ht_alloc(&x->k, kt, PB, PSMAX, HK, D, HT_BSHD), ht_fill(&x->k, 12, 1, 0);
+    ht_alloc(&x->v, kt, PB, PSMAX, HK, D, HT_BSHD), ht_fill(&x->v, 13, 1, 0);
+    const fa_dtype lt = qt == FA_F64 ? FA_F64 : FA_F32;
+    ht_alloc(&x->out, qt, PB, sq, HQ, D, HT_BSHD), ht_alloc(&x->out1, qt, PB, sq, HQ, D, HT_BSHD);
+    ht_alloc_lse(&x->lse, lt, PB, sq, HQ), ht_alloc_lse(&x->lse1, lt, PB, sq, HQ);
+    memcpy(x->used, used_k, sizeof x->used);
+    const int64_t shared = used_k[2] / page; /* full pages of sequence 2 */
+    for (int64_t j = 0; j < shared * page; j++) /* the common prefix */
+        for (int h = 0; h < HK; h++) {
+            const size_t row = (size_t)D * dsize(kt);
+            memcpy(row_at(&x->k.t, 3, j, h), row_at(&x->k.t, 2, j, h), row);
+            memcpy(row_at(&x->v.t, 3, j, h), row_at(&x->v.t, 2, j, h), row);
+        }
+    x->max_pages = (PSMAX + page - 1) / page + 1;
+    x->table = malloc(sizeof(int64_t) * (size_t)(PB * x->max_pages));
+    for (int64_t i = 0; i < PB * x->max_pages; i++)
+        x->table[i] = -1; /* unused entries: never read */
+    x->num_pages = 0;
+    for (int b = 0; b < PB; b++)
+        x->num_pages += (x->used[b] + page - 1) / page;
+    x->num_pages += 2; /* two pages nobody uses */
+    /* page ids in a shuffled order: id n goes to slot (n * 7919) mod num_pages' permutation */
+    int64_t *perm = malloc(sizeof(int64_t) * (size_t)x->num_pages), next = 0;
+    for (int64_t n = 0; n < x->num_pages; n++)
+        perm[n] = n;
+    for (int64_t n = x->num_pages - 1; n > 0; n--) {
+        const int64_t m = (n * 7919 + 13) % (n + 1), t = perm[n];
+        perm[n] = perm[m], perm[m] = t;
+    }
+    const size_t es = dsize(kt), bytes = (size_t)(x->num_pages * page * HK * D) * es;
+    x->kp = malloc(bytes), x->vp = malloc(bytes);
+    memset(x->kp, 0x7f, bytes), memset(x->vp, 0x7f, bytes); /* NaN-ish where nothing is */
+    fa_tensor_init(&x->tk, x->kp, kt, x->num_pages, page, HK, D, 0);
+    if (hnd) { /* (num_pages, HK, page, D) in memory */
+        x->tk.head_stride = page * D;
+        x->tk.seq_stride = D;
+    }
+    x->tv = x->tk;
+    x->tv.data = x->vp;
+    for (int b = 0; b < PB; b++)
+        for (int64_t i = 0; i < (x->used[b] + page - 1) / page; i++) {
+            int64_t id;
+            if (b == 3 && i < shared)
+                id = x->table[2 * x->max_pages + i];
+            else
+                id = perm[next++];
+            x->table[b * x->max_pages + i] = id;
+            for (int64_t r = 0; r < page && i * page + r < x->used[b]; r++)
+                for (int h = 0; h < HK; h++) {
+                    memcpy(row_at(&x->tk, id, r, h), row_at(&x->k.t, b, i * page + r, h),
+                           (size_t)D * es);
+                    memcpy(row_at(&x->tv, id, r, h), row_at(&x->v.t, b, i * page + r, h),
+                           (size_t)D * es);
+                }
+        }
+    free(perm);
+    x->pages = (fa_paged_kv){{x->table, FA_INDEX_INT64, PB * x->max_pages}, x->max_pages,
+                             {x->used, FA_INDEX_INT64, PB}};
+}
+
+static void paged_free(paged *x)
+{
+    ht_tensor *all[7] = {&x->q, &x->k, &x->v, &x->out, &x->lse, &x->out1, &x->lse1};
+    for (int i = 0; i < 7; i++)
+        ht_free(all[i]);
+    free(x->kp), free(x->vp), free(x->table);
+}
+
+/*
+ * _i: backend (reference, conventional, tiled) x page size (1, 3, 16, 256) x Sq (1: decode;
+ * 20: the tiles) x storage (f32; bf16; f32 q over an f16 cache), NHD or HND by page size.
+ */
+START_TEST(paged_is_contiguous)
+{
+    static const fa_backend bes[3] = {FA_BACKEND_REFERENCE, FA_BACKEND_CONVENTIONAL,
+                                      FA_BACKEND_TILED};
+    static const int64_t psz[4] = {1, 3, 16, 256};
+    static const fa_dtype qts[3] = {FA_F32, FA_BF16, FA_F32}, kts[3] = {FA_F32, FA_BF16, FA_F16};
+    const fa_backend be = bes[_i % 3];
+    const int64_t page = psz[_i / 3 % 4], sq = _i / 12 % 2 ? 20 : 1;
+    const int st = _i / 24;
+    paged x;
+    paged_make(&x, qts[st], kts[st], sq, page, page % 2 == 1);
+    fa_params p;
+    fa_params_init(&p);
+    p.causal = 1;
+    p.sink_logits = test_sinks;
+    ht_poison(&x.out), ht_poison(&x.lse), ht_poison(&x.out1), ht_poison(&x.lse1);
+    fa_context *ctx = ht_context(be, 2);
+    ck_assert_msg(fa_forward_paged(ctx, &p, &x.q.t, &x.tk, &x.tv, &x.pages, &x.out.t,
+                                   &x.lse.t) == FA_OK, "%s", fa_last_error());
+    for (int b = 0; b < PB; b++) { /* each sequence against its contiguous keys */
+        fa_tensor q = x.q.t, k = x.k.t, v = x.v.t, o = x.out1.t, l = x.lse1.t;
+        q.batch = k.batch = v.batch = o.batch = l.batch = 1;
+        q.data = row_at(&x.q.t, b, 0, 0), o.data = row_at(&x.out1.t, b, 0, 0);
+        k.data = row_at(&x.k.t, b, 0, 0), v.data = row_at(&x.v.t, b, 0, 0);
+        l.data = row_at(&x.lse1.t, b, 0, 0);
+        k.seqlen = v.seqlen = x.used[b];
+        ck_assert_msg(fa_forward(ctx, &p, &q, &k, &v, &o, &l) == FA_OK, "%s", fa_last_error());
+    }
+    ck_assert_msg(same_bytes(&x.out, &x.out1) && same_bytes(&x.lse, &x.lse1),
+                  "%s page %lld Sq %lld storage %d: paged differs from contiguous",
+                  fa_backend_name(be), (long long)page, (long long)sq, st);
+    fa_context_destroy(ctx);
+    paged_free(&x);
+}
+END_TEST
+
+/* Bad tables and pages: each its own status and message; the outputs untouched. */
+START_TEST(paged_bad_input_is_refused)
+{
+    static const struct {
+        fa_status want;
+        const char *says;
+    } bad[] = {
+        {FA_ERR_INVALID_ARGUMENT, "pages->block_table[2][1] = -1 is not a page of k"},
+        {FA_ERR_INVALID_ARGUMENT, "pages->block_table[3][0] = 99 is not a page of k (k->batch"},
+        {FA_ERR_INVALID_ARGUMENT, "pages->seqused_k[1] = 721, but its row of the block table "
+                                  "holds 45 pages of 16 keys"},
+        {FA_ERR_INVALID_ARGUMENT, "pages->seqused_k[0] = -1 is negative"},
+        {FA_ERR_SHAPE, "k->seqlen = 0; a page holds at least 1 key"},
+        {FA_ERR_SHAPE, "pages->block_table.count = 179; B x max_pages (180) are needed"},
+        {FA_ERR_SHAPE, "pages->seqused_k.count = 3; B (4) are needed"},
+        {FA_ERR_NULL_POINTER, "pages is NULL"},
+        {FA_ERR_DTYPE, "k->dtype = f16 but q->dtype = f64"},
+        {FA_ERR_STRIDE, "pages->block_table"},
+    };
+    paged x;
+    paged_make(&x, _i == 8 ? FA_F64 : FA_F32, _i == 8 ? FA_F16 : FA_F32, 2, 16, 0);
+    fa_paged_kv pg = x.pages;
+    fa_tensor k = x.tk, v = x.tv, out = x.out.t;
+    int64_t table[PB * 64];
+    memcpy(table, x.table, sizeof(int64_t) * (size_t)(PB * x.max_pages));
+    pg.block_table.data = table;
+    const fa_paged_kv *ppg = &pg;
+    switch (_i) {
+    case 0: table[2 * x.max_pages + 1] = -1; break;
+    case 1: table[3 * x.max_pages] = 99; break;
+    case 2: x.used[1] = x.max_pages * 16 + 1; break;
+    case 3: x.used[0] = -1; break;
+    case 4: k.seqlen = v.seqlen = 0; break;
+    case 5: pg.block_table.count--; break;
+    case 6: pg.seqused_k.count = PB - 1; break;
+    case 7: ppg = NULL; break;
+    case 8: break;
+    case 9: /* the table inside the output */
+        memcpy(out.data, table, sizeof(int64_t) * (size_t)(PB * x.max_pages));
+        pg.block_table.data = out.data;
+        break;
+    }
+    if (_i != 9)
+        ht_poison(&x.out);
+    ht_poison(&x.lse);
+    fa_params p;
+    fa_params_init(&p);
+    fa_context *ctx = ht_context(FA_BACKEND_TILED, 2);
+    const fa_status s = fa_forward_paged(ctx, &p, &x.q.t, &k, &v, ppg, &out, &x.lse.t);
+    ck_assert_msg(s == bad[_i].want && strstr(fa_last_error(), bad[_i].says), "case %d: %s: %s",
+                  _i, fa_status_string(s), fa_last_error());
+    ck_assert(ht_is_poisoned(&x.lse) && (_i == 9 || ht_is_poisoned(&x.out)));
+    fa_context_destroy(ctx);
+    paged_free(&x);
+}
+END_TEST
+
 Suite *make_inference_suite(void)
 {
     Suite *s = suite_create("inference");
@@ -329,5 +525,10 @@ Suite *make_inference_suite(void)
     tcase_add_test(tc, varlen_sink_gradient_sums_the_sequences);
     tcase_add_loop_test(tc, varlen_bad_input_is_refused, 0, 11);
     suite_add_tcase(s, tc);
+    TCase *pc = tcase_create("paged");
+    tcase_set_timeout(pc, 300);
+    tcase_add_loop_test(pc, paged_is_contiguous, 0, 72);
+    tcase_add_loop_test(pc, paged_bad_input_is_refused, 0, 10);
+    suite_add_tcase(s, pc);
     return s;
 }

@@ -259,7 +259,7 @@ int64_t ht_decode_keys(int threads, const fa_params *p, const fa_tensor *q, cons
     fa_context *ctx = ht_context(FA_BACKEND_TILED, threads);
     fai_problem pr;
     int64_t keys = -1;
-    if (fai_problem_make(&pr, p, q, k, v) == FA_OK)
+    if (fai_problem_make(&pr, p, q, k, v, 0) == FA_OK)
         keys = fai_tiled_plan_forward(ctx, &pr).decode_keys;
     fa_context_destroy(ctx);
     return keys;

@@ -40,12 +40,17 @@ fa_tensor fai_sink_grad_view(const fa_params *p, int64_t hq);
 fa_tensor fai_indices_view(const fa_indices *x);
 
 /* Checks q, k, v and params and fills the problem's dims, mask, score and dropout (its
- * tensors: q, k and v; the op sets the others). */
+ * tensors: q, k and v; the op sets the others). paged: k and v are pages (their batch is not
+ * q's). */
 fa_status fai_problem_make(fai_problem *pr, const fa_params *p, const fa_tensor *q,
-                           const fa_tensor *k, const fa_tensor *v);
+                           const fa_tensor *k, const fa_tensor *v, int paged);
 
 /* Makes the problem a variable-length batch (fa_forward_varlen): checks the offsets against the
  * packed q and k and sets nseq, cu_q and cu_k. */
 fa_status fai_problem_sequences(fai_problem *pr, const fa_indices *cu_q, const fa_indices *cu_k);
+/* Makes the problem one over a paged K/V (fa_forward_paged): checks the block table and the
+ * used lengths against k's pages (every page a sequence uses must be one of k's) and sets
+ * nseq, the page size, the table and the used lengths. */
+fa_status fai_problem_pages(fai_problem *pr, const fa_paged_kv *pages, const fa_tensor *k);
 
 #endif

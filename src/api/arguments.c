@@ -392,6 +392,73 @@ fa_status fai_problem_sequences(fai_problem *pr, const fa_indices *cu_q, const f
     return FA_OK;
 }
 
+/* An index array of `count` entries (host memory); `what` says what they are, for the count's
+ * message. */
+static fa_status check_indices(const fa_indices *x, const char *name, int64_t count,
+                               const char *what, fai_index *out)
+{
+    if (!x)
+        return fai_fail(FA_ERR_NULL_POINTER, "%s is NULL", name);
+    if (x->type != FA_INDEX_INT32 && x->type != FA_INDEX_INT64)
+        return fai_fail(FA_ERR_INVALID_ARGUMENT, "%s.type = %d is not a fa_index_type", name,
+                        (int)x->type);
+    if (x->count != count)
+        return fai_fail(FA_ERR_SHAPE, "%s.count = %lld; %s (%lld) are needed", name,
+                        (long long)x->count, what, (long long)count);
+    if (count > 0 && !x->data)
+        return fai_fail(FA_ERR_NULL_POINTER, "%s.data is NULL", name);
+    if (count > 0 && fai_cuda_is_device_pointer(x->data))
+        return fai_fail(FA_ERR_INVALID_ARGUMENT, "%s.data is device memory; it is read on "
+                                                 "the host", name);
+    *out = (fai_index){x->data, x->type == FA_INDEX_INT64};
+    return FA_OK;
+}
+
+fa_status fai_problem_pages(fai_problem *pr, const fa_paged_kv *pg, const fa_tensor *k)
+{
+    if (!pg)
+        return fai_fail(FA_ERR_NULL_POINTER, "pages is NULL");
+    const int64_t page = k->seqlen, npages = k->batch;
+    if (page < 1)
+        return fai_fail(FA_ERR_SHAPE, "k->seqlen = %lld; a page holds at least 1 key (k is "
+                                      "num_pages x page_size x Hk x D)", (long long)page);
+    if (pg->max_pages < 0 || pg->max_pages > FAI_DIM_MAX)
+        return fai_fail(FA_ERR_INVALID_ARGUMENT, "pages->max_pages = %lld; 0 to 2^40 pages a "
+                                                 "sequence", (long long)pg->max_pages);
+    int64_t entries;
+    if (__builtin_mul_overflow(pr->b, pg->max_pages, &entries))
+        return fai_fail(FA_ERR_OVERFLOW, "pages: B x max_pages overflows int64");
+    FAI_TRY(check_indices(&pg->block_table, "pages->block_table", entries, "B x max_pages",
+                          &pr->table));
+    FAI_TRY(check_indices(&pg->seqused_k, "pages->seqused_k", pr->b, "B", &pr->seqused));
+    int64_t most = 0;
+    for (int64_t b = 0; b < pr->b; b++) {
+        const int64_t used = fai_index_at(pr->seqused, b);
+        if (used < 0)
+            return fai_fail(FA_ERR_INVALID_ARGUMENT, "pages->seqused_k[%lld] = %lld is "
+                                                     "negative", (long long)b, (long long)used);
+        if (used > pg->max_pages * page) /* both at most 2^40: no overflow */
+            return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                            "pages->seqused_k[%lld] = %lld, but its row of the block table "
+                            "holds %lld pages of %lld keys", (long long)b, (long long)used,
+                            (long long)pg->max_pages, (long long)page);
+        for (int64_t i = 0; i < (used + page - 1) / page; i++) {
+            const int64_t id = fai_index_at(pr->table, b * pg->max_pages + i);
+            if (id < 0 || id >= npages)
+                return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                                "pages->block_table[%lld][%lld] = %lld is not a page of k "
+                                "(k->batch = %lld pages)", (long long)b, (long long)i,
+                                (long long)id, (long long)npages);
+        }
+        most = used > most ? used : most;
+    }
+    pr->nseq = pr->b;
+    pr->page_size = page;
+    pr->table_stride = pg->max_pages;
+    pr->sk = most; /* the call's: what a sequence may reach */
+    return FA_OK;
+}
+
 static fa_status check_params(const fa_params *p, int64_t hq)
 {
     if (!p)
@@ -459,13 +526,14 @@ static fa_status check_kv_dtypes(const fa_tensor *q, const fa_tensor *k, const f
 }
 
 fa_status fai_problem_make(fai_problem *pr, const fa_params *p, const fa_tensor *q,
-                           const fa_tensor *k, const fa_tensor *v)
+                           const fa_tensor *k, const fa_tensor *v, int paged)
 {
     FAI_TRY(fai_check_tensor(q, "q", FAI_INPUT, 0));
     FAI_TRY(fai_check_tensor(k, "k", FAI_INPUT, 0));
     FAI_TRY(fai_check_tensor(v, "v", FAI_INPUT, 0));
     FAI_TRY(check_kv_dtypes(q, k, v));
-    FAI_TRY(expect_dim("k", "batch", k->batch, "q->batch", q->batch));
+    if (!paged) /* pages: k's batch is the number of pages */
+        FAI_TRY(expect_dim("k", "batch", k->batch, "q->batch", q->batch));
     FAI_TRY(expect_dim("k", "headdim", k->headdim, "q->headdim", q->headdim));
     FAI_TRY(fai_check_shape(v, "v", k->batch, k->seqlen, k->heads, -1, "k"));
     if (q->heads % k->heads != 0)

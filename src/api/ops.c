@@ -63,30 +63,52 @@ static void sink_gradient(const fa_context *ctx, const fai_problem *pr, float *g
 
 /* ------------------------------------------------------------------ the ops */
 
-/* The backend of the call, which must take a variable-length batch if it is one. */
+/* The backend of the call, which must take a call of sequences if it is one. */
 static fa_status call_backend(const fa_context *ctx, const fai_problem *pr, const fa_tensor *q,
                               const fai_backend **be)
 {
     *be = backend_for(ctx, q);
     if (pr->nseq > 0 && !(*be)->sequences)
-        return fai_fail(FA_ERR_UNSUPPORTED, "backend %s: variable-length batches are not "
-                                            "implemented (the CPU backends take them)", (*be)->name);
+        return fai_fail(FA_ERR_UNSUPPORTED, "backend %s: calls of sequences (variable-length "
+                                            "batches, paged K/V) are not implemented (the CPU "
+                                            "backends take them)", (*be)->name);
     return FA_OK;
 }
 
-/* fa_forward, or with varlen set fa_forward_varlen (its offsets checked by
- * fai_problem_sequences). */
+/* What a call's shape is beyond dense tensors: a variable-length batch's offsets, or a paged
+ * K/V's table (a forward's; at most one of them). */
+typedef struct {
+    int varlen;
+    const fa_indices *cu_q, *cu_k;
+    const fa_paged_kv *pages;
+} call_shape;
+
+/* The index arrays of a call as tensors, for the aliasing check: cu_q, cu_k, the block table
+ * and the used lengths (empty where the call has none). */
+static void index_views(const call_shape *sh, fa_tensor v[4])
+{
+    const fa_indices none = {NULL, FA_INDEX_INT32, 0};
+    const fa_indices *x[4] = {sh->varlen ? sh->cu_q : &none, sh->varlen ? sh->cu_k : &none,
+                              sh->pages ? &sh->pages->block_table : &none,
+                              sh->pages ? &sh->pages->seqused_k : &none};
+    for (int i = 0; i < 4; i++)
+        v[i] = fai_indices_view(x[i]);
+}
+
+/* fa_forward, fa_forward_varlen (offsets checked by fai_problem_sequences) and
+ * fa_forward_paged (pages by fai_problem_pages). */
 static fa_status forward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
-                         const fa_tensor *k, const fa_tensor *v, int varlen,
-                         const fa_indices *cu_q, const fa_indices *cu_k, fa_tensor *out,
-                         fa_tensor *lse)
+                         const fa_tensor *k, const fa_tensor *v, const call_shape *sh,
+                         fa_tensor *out, fa_tensor *lse)
 {
     if (!ctx)
         return fai_fail(FA_ERR_NULL_POINTER, "ctx is NULL");
     fai_problem pr;
-    FAI_TRY(fai_problem_make(&pr, p, q, k, v));
-    if (varlen)
-        FAI_TRY(fai_problem_sequences(&pr, cu_q, cu_k));
+    FAI_TRY(fai_problem_make(&pr, p, q, k, v, sh->pages != NULL));
+    if (sh->varlen)
+        FAI_TRY(fai_problem_sequences(&pr, sh->cu_q, sh->cu_k));
+    if (sh->pages)
+        FAI_TRY(fai_problem_pages(&pr, sh->pages, k));
     FAI_TRY(fai_check_operand(out, "out", FAI_OUTPUT, q->dtype, pr.b, pr.sq, pr.hq, pr.dv,
                               "q (headdim: v)"));
     if (lse) {
@@ -95,13 +117,15 @@ static fa_status forward(fa_context *ctx, const fa_params *p, const fa_tensor *q
     }
     {
         const fa_tensor slopes = fai_slopes_view(p, pr.hq), sinks = fai_sinks_view(p, pr.hq);
-        const fa_tensor cq = varlen ? fai_indices_view(cu_q) : fai_sinks_view(p, 0);
-        const fa_tensor ck = varlen ? fai_indices_view(cu_k) : fai_sinks_view(p, 0);
-        const fa_tensor *outs[2] = {out, lse}, *ins[7] = {q, k, v, &slopes, &sinks, &cq, &ck};
+        fa_tensor ix[4];
+        index_views(sh, ix);
+        const fa_tensor *outs[2] = {out, lse},
+                        *ins[9] = {q, k, v, &slopes, &sinks, &ix[0], &ix[1], &ix[2], &ix[3]};
         const char *on[2] = {"out", "lse"};
-        const char *in[7] = {"q", "k", "v", "params->alibi_slopes", "params->sink_logits",
-                             "cu_seqlens_q", "cu_seqlens_k"};
-        FAI_TRY(fai_check_outputs_disjoint(outs, on, lse ? 2 : 1, ins, in, 7));
+        const char *in[9] = {"q", "k", "v", "params->alibi_slopes", "params->sink_logits",
+                             "cu_seqlens_q", "cu_seqlens_k", "pages->block_table",
+                             "pages->seqused_k"};
+        FAI_TRY(fai_check_outputs_disjoint(outs, on, lse ? 2 : 1, ins, in, 9));
     }
     pr.io[FAI_OUT] = out;
     pr.io[FAI_LSE] = lse;
@@ -121,14 +145,26 @@ static fa_status forward(fa_context *ctx, const fa_params *p, const fa_tensor *q
 fa_status fa_forward(fa_context *ctx, const fa_params *p, const fa_tensor *q, const fa_tensor *k,
                      const fa_tensor *v, fa_tensor *out, fa_tensor *lse)
 {
-    return forward(ctx, p, q, k, v, 0, NULL, NULL, out, lse);
+    const call_shape dense = {0, NULL, NULL, NULL};
+    return forward(ctx, p, q, k, v, &dense, out, lse);
 }
 
 fa_status fa_forward_varlen(fa_context *ctx, const fa_params *p, const fa_tensor *q,
                             const fa_tensor *k, const fa_tensor *v, const fa_indices *cu_seqlens_q,
                             const fa_indices *cu_seqlens_k, fa_tensor *out, fa_tensor *lse)
 {
-    return forward(ctx, p, q, k, v, 1, cu_seqlens_q, cu_seqlens_k, out, lse);
+    const call_shape varlen = {1, cu_seqlens_q, cu_seqlens_k, NULL};
+    return forward(ctx, p, q, k, v, &varlen, out, lse);
+}
+
+fa_status fa_forward_paged(fa_context *ctx, const fa_params *p, const fa_tensor *q,
+                           const fa_tensor *k, const fa_tensor *v, const fa_paged_kv *pages,
+                           fa_tensor *out, fa_tensor *lse)
+{
+    const call_shape paged = {0, NULL, NULL, pages};
+    if (!pages) /* (forward() tells a paged call by its pages) */
+        return fai_fail(FA_ERR_NULL_POINTER, "pages is NULL");
+    return forward(ctx, p, q, k, v, &paged, out, lse);
 }
 
 static fa_status backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
@@ -140,7 +176,7 @@ static fa_status backward(fa_context *ctx, const fa_params *p, const fa_tensor *
     if (!ctx)
         return fai_fail(FA_ERR_NULL_POINTER, "ctx is NULL");
     fai_problem pr;
-    FAI_TRY(fai_problem_make(&pr, p, q, k, v));
+    FAI_TRY(fai_problem_make(&pr, p, q, k, v, 0));
     if (varlen)
         FAI_TRY(fai_problem_sequences(&pr, cu_q, cu_k));
     if (pr.kv_dtype != pr.dtype)
@@ -172,8 +208,10 @@ static fa_status backward(fa_context *ctx, const fa_params *p, const fa_tensor *
     {
         const fa_tensor slopes = fai_slopes_view(p, pr.hq), sinks = fai_sinks_view(p, pr.hq);
         const fa_tensor sgrad = fai_sink_grad_view(p, pr.hq);
-        const fa_tensor cq = varlen ? fai_indices_view(cu_q) : fai_sinks_view(p, 0);
-        const fa_tensor ck = varlen ? fai_indices_view(cu_k) : fai_sinks_view(p, 0);
+        fa_tensor ix[4];
+        const call_shape sh = {varlen, cu_q, cu_k, NULL};
+        index_views(&sh, ix);
+        const fa_tensor cq = ix[0], ck = ix[1];
         const fa_tensor *outs[4] = {dq, dk, dv, &sgrad};
         const fa_tensor *ins[10] = {q, k, v, out, lse, dout, &slopes, &sinks, &cq, &ck};
         const char *on[4] = {"dq", "dk", "dv", "params->sink_grad"};

@@ -10,6 +10,7 @@
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <string.h>
 
 #include "flashattn.h"
 #include "base/base.h"
@@ -72,18 +73,26 @@ typedef struct {
  * parameters, dropout, and the tensors (NULL where the op has none: forward has no dout, dq,
  * dk, dv; lse may be NULL in a forward).
  *
- * A variable-length batch (nseq > 0) holds nseq sequences packed along the seqlen of batch 0:
- * sequence s is q-side rows [cu_q[s], cu_q[s + 1]) and keys [cu_k[s], cu_k[s + 1]). Its dims
- * b, sq, sk and its mask are those of the packed tensors, which no backend reads: an op runs
- * such a batch one sequence at a time, each a dense problem of its own (fai_group), whose
- * rows start at q0 and k0 and whose batch 0 draws the dropout stream of batch stream0.
+ * A call of nseq > 0 sequences is run one sequence at a time, each a problem of its own
+ * (fai_group) with batch 1; the call's own dims b, sq, sk and its mask are no backend's to
+ * read. Sequence s is
+ *   - in a variable-length batch (cu_q set): q-side rows [cu_q[s], cu_q[s + 1]) and keys
+ *     [cu_k[s], cu_k[s + 1]) of batch 0, the tensors packed along seqlen;
+ *   - over a paged K/V (page_size > 0): q-side batch s, and seqused[s] keys, key j in page
+ *     table[s * table_stride + j / page_size] at its row j % page_size (k and v are pages:
+ *     batch = page, seqlen = page_size); pages may be shared between sequences.
+ * A sequence's problem has its rows' bases: q-side rows from row q0 of batch qb0, keys from k0,
+ * and seq0, the call's index of its batch 0 (its dropout stream, its row of the page table).
  */
 typedef struct {
     int64_t b, hq, hk, sq, sk, dqk, dv, group; /* group = Hq / Hk */
-    int64_t nseq;             /* > 0: a variable-length batch of that many sequences */
-    fai_index cu_q, cu_k;     /* its nseq + 1 offsets each */
+    int64_t nseq;             /* > 0: a call of that many sequences, run one by one */
+    fai_index cu_q, cu_k;     /* a variable-length batch: nseq + 1 offsets each, else NULL */
+    int64_t page_size;        /* > 0: k and v are pages */
+    int64_t table_stride;     /* entries per sequence in the page table */
+    fai_index table, seqused; /* the page table; nseq used lengths */
     fai_mask_spec mask_spec;
-    int64_t q0, k0, stream0;  /* where the rows lie (0 but in a sequence of a batch) */
+    int64_t q0, k0, qb0, seq0; /* where the rows lie: 0 but in a sequence of a call */
     fa_dtype dtype;    /* storage of q, out, dout and the gradients */
     fa_dtype kv_dtype; /* storage of k and v (and dk, dv): dtype, or a forward's f16 / bf16
                           cache under f32 or bf16 q */
@@ -106,10 +115,10 @@ static inline const fa_tensor *fai_io(const fai_problem *pr, fai_role r) { retur
  * dout, dq) take a query head and row; key-side ones (k, v, dk, dv) a kv head and key. Every
  * row the host backends read or write is addressed here and nowhere else: another layout
  * enters through these functions (a paged KV cache through fai_kv_rows, variable-length
- * batches through both). The callers ask for runs of at most a key or query tile, read at one
- * stride (the tiled backend's load_run / view_run, the tile products' packing); a layout
- * whose runs are shorter (a page) must also bound n there, or split the runs. The CUDA
- * kernels address device rows through their own views (backends/cuda/launch.h).
+ * batches through both). A run of keys is one stride only within a page: fai_kv_run_len says
+ * how many of n keys from j lie in one run, and a caller that reads runs either splits them
+ * there (the decode path) or gathers them (fai_kv_gather, for the tiles). The CUDA kernels
+ * address device rows through their own views (backends/cuda/launch.h).
  */
 /* The one layout today: every role's tensor strided, row s + c at c seq_stride. */
 static inline void *fai_strided_rows(const fa_tensor *t, int64_t b, int64_t h, int64_t s,
@@ -124,14 +133,28 @@ static inline void *fai_q_rows(const fai_problem *pr, fai_role r, int64_t b, int
                                int64_t i, int64_t n, int64_t *ld)
 {
     (void)n;
-    return fai_strided_rows(pr->io[r], b, h, pr->q0 + i, ld);
+    return fai_strided_rows(pr->io[r], pr->qb0 + b, h, pr->q0 + i, ld);
 }
 
+/* n must not pass fai_kv_run_len(pr, j, n). */
 static inline void *fai_kv_rows(const fai_problem *pr, fai_role r, int64_t b, int64_t hk,
                                 int64_t j, int64_t n, int64_t *ld)
 {
     (void)n;
-    return fai_strided_rows(pr->io[r], b, hk, pr->k0 + j, ld);
+    if (pr->page_size == 0)
+        return fai_strided_rows(pr->io[r], b, hk, pr->k0 + j, ld);
+    const int64_t page = fai_index_at(pr->table, (pr->seq0 + b) * pr->table_stride +
+                                                     j / pr->page_size);
+    return fai_strided_rows(pr->io[r], page, hk, j % pr->page_size, ld);
+}
+
+/* How many of the n keys from j lie in one run of fai_kv_rows: n, but for pages. */
+static inline int64_t fai_kv_run_len(const fai_problem *pr, int64_t j, int64_t n)
+{
+    if (pr->page_size == 0)
+        return n;
+    const int64_t left = pr->page_size - j % pr->page_size;
+    return n < left ? n : left;
 }
 
 static inline void *fai_q_row(const fai_problem *pr, fai_role r, int64_t b, int64_t h, int64_t i)
@@ -155,12 +178,12 @@ static inline fa_dtype fai_role_dtype(const fai_problem *pr, fai_role r)
 static inline void fai_lse_write(const fai_problem *pr, int64_t b, int64_t h, int64_t i,
                                  double x)
 {
-    fai_lse_store(pr->io[FAI_LSE], b, h, pr->q0 + i, x);
+    fai_lse_store(pr->io[FAI_LSE], pr->qb0 + b, h, pr->q0 + i, x);
 }
 
 static inline double fai_lse_read(const fai_problem *pr, int64_t b, int64_t h, int64_t i)
 {
-    return fai_lse_load(pr->io[FAI_LSE], b, h, pr->q0 + i);
+    return fai_lse_load(pr->io[FAI_LSE], pr->qb0 + b, h, pr->q0 + i);
 }
 
 static inline float fai_slope(const fai_problem *pr, int64_t h)
@@ -177,7 +200,29 @@ static inline float fai_sink(const fai_problem *pr, int64_t h)
 /* The dropout stream of (b, h). */
 static inline fai_dropout fai_dropout_for(const fai_problem *pr, int64_t b, int64_t h)
 {
-    return fai_dropout_make(&pr->drop, (uint64_t)((pr->stream0 + b) * pr->hq + h));
+    return fai_dropout_make(&pr->drop, (uint64_t)((pr->seq0 + b) * pr->hq + h));
+}
+
+/* Keys [j, j + n) of kv head hk of role r as one run of dim elements (storage dtype): where
+ * they are stored when they lie in one run of the layout, else copied into stage (n x dim,
+ * *ld = dim). Reading either gives the same values, so the results do not depend on it. */
+static inline const void *fai_kv_gather(const fai_problem *pr, fai_role r, int64_t b,
+                                        int64_t hk, int64_t j, int64_t n, int64_t dim,
+                                        void *stage, int64_t *ld)
+{
+    if (fai_kv_run_len(pr, j, n) == n)
+        return fai_kv_rows(pr, r, b, hk, j, n, ld);
+    const size_t es = fai_dtype_size(fai_role_dtype(pr, r)), row = (size_t)dim * es;
+    for (int64_t c = 0; c < n;) {
+        const int64_t m = fai_kv_run_len(pr, j + c, n - c);
+        int64_t l;
+        const char *src = fai_kv_rows(pr, r, b, hk, j + c, m, &l);
+        for (int64_t x = 0; x < m; x++)
+            memcpy((char *)stage + (size_t)(c + x) * row, src + (size_t)(x * l) * es, row);
+        c += m;
+    }
+    *ld = dim;
+    return stage;
 }
 
 /* ------------------------------------------------------------------ groups of a call */
@@ -187,7 +232,7 @@ static inline fai_dropout fai_dropout_for(const fai_problem *pr, int64_t b, int6
 static inline int64_t fai_groups(const fai_problem *pr) { return pr->nseq > 0 ? pr->nseq : 1; }
 
 /* Group g of the call: the problem itself, or sequence g with its dims, its mask and score
- * offset (aligned within the sequence), its rows' bases and its dropout stream. */
+ * offset (aligned within the sequence), its rows' bases, its dropout stream and page-table row. */
 static inline fai_problem fai_group(const fai_problem *pr, int64_t g)
 {
     fai_problem s = *pr;
@@ -196,11 +241,19 @@ static inline fai_problem fai_group(const fai_problem *pr, int64_t g)
     const fai_mask_spec *m = &pr->mask_spec;
     s.nseq = 0;
     s.b = 1;
-    s.q0 = fai_index_at(pr->cu_q, g);
-    s.k0 = fai_index_at(pr->cu_k, g);
-    s.sq = fai_index_at(pr->cu_q, g + 1) - s.q0;
-    s.sk = fai_index_at(pr->cu_k, g + 1) - s.k0;
-    s.stream0 = g;
+    s.seq0 = g;
+    if (pr->cu_q.data) {
+        s.q0 = fai_index_at(pr->cu_q, g);
+        s.sq = fai_index_at(pr->cu_q, g + 1) - s.q0;
+    } else {
+        s.qb0 = g;
+    }
+    if (pr->cu_k.data) {
+        s.k0 = fai_index_at(pr->cu_k, g);
+        s.sk = fai_index_at(pr->cu_k, g + 1) - s.k0;
+    }
+    if (pr->seqused.data)
+        s.sk = fai_index_at(pr->seqused, g);
     s.mask = fai_mask_make(s.sq, s.sk, m->causal, m->left, m->right, m->top_left);
     s.score.off = s.mask.off;
     return s;

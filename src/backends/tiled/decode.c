@@ -87,22 +87,25 @@ static size_t ws_carve(const decode_call *dc, char *base, decode_ws *w)
 static int64_t state_floats(const decode_call *dc) { return dc->rows * (dc->pr->dv + 2); }
 
 /* Fetches (into L2) the rows of keys [j0, j1) of kv heads [h0, h1) of role r, key by key, head
- * by head: every line of each row. runs holds one pointer per head. */
+ * by head: every line of each row (run by run of the layout: a page at a time). runs holds one
+ * pointer per head. */
 static void prefetch_keys(const fai_problem *pr, fai_role r, int64_t b, int64_t h0, int64_t h1,
                           int64_t j0, int64_t j1, int64_t dim, const char **runs)
 {
-    if (j0 >= j1)
-        return;
     const int64_t es = (int64_t)fai_dtype_size(pr->kv_dtype), bytes = dim * es;
-    int64_t ld = 0;
-    for (int64_t h = h0; h < h1; h++)
-        runs[h - h0] = fai_kv_rows(pr, r, b, h, j0, j1 - j0, &ld);
-    for (int64_t j = 0; j < j1 - j0; j++)
-        for (int64_t h = 0; h < h1 - h0; h++) {
-            const uintptr_t row = (uintptr_t)(runs[h] + j * ld * es);
-            for (uintptr_t a = row & ~(uintptr_t)63; a < row + (uintptr_t)bytes; a += 64)
-                __builtin_prefetch((const void *)a, 0, 2);
-        }
+    for (int64_t j = j0; j < j1;) {
+        const int64_t m = fai_kv_run_len(pr, j, j1 - j);
+        int64_t ld = 0;
+        for (int64_t h = h0; h < h1; h++)
+            runs[h - h0] = fai_kv_rows(pr, r, b, h, j, m, &ld);
+        for (int64_t x = 0; x < m; x++)
+            for (int64_t h = 0; h < h1 - h0; h++) {
+                const uintptr_t row = (uintptr_t)(runs[h] + x * ld * es);
+                for (uintptr_t a = row & ~(uintptr_t)63; a < row + (uintptr_t)bytes; a += 64)
+                    __builtin_prefetch((const void *)a, 0, 2);
+            }
+        j += m;
+    }
 }
 
 /*
@@ -150,12 +153,16 @@ static void decode_chunk(const decode_call *dc, int64_t b, int64_t h0, int64_t h
         const int64_t e = cs1 - c < BLOCK ? cs1 : c + BLOCK;
         const int64_t f0 = c + PREFETCH, f1 = e + PREFETCH < cs1 ? e + PREFETCH : cs1;
         prefetch_keys(pr, FAI_K, b, h0, h1, j0 + f0, j0 + f1, dqk, w->runs);
-        for (int64_t h = h0; h < h1; h++) {
-            int64_t ldk;
-            const void *k = fai_kv_rows(pr, FAI_K, b, h, j0 + c, e - c, &ldk);
-            kern->dot_rows(R, e - c, dqk, w->q + (h - h0) * R * dqk, dqk, k, ldk, pr->kv_dtype,
-                           w->s + (h - h0) * R * ld + c, ld, dc->scale_only ? &scale : NULL);
-        }
+        for (int64_t h = h0; h < h1; h++)
+            for (int64_t x = c; x < e;) { /* run by run (a page at a time) */
+                const int64_t nx = fai_kv_run_len(pr, j0 + x, e - x);
+                int64_t ldk;
+                const void *k = fai_kv_rows(pr, FAI_K, b, h, j0 + x, nx, &ldk);
+                kern->dot_rows(R, nx, dqk, w->q + (h - h0) * R * dqk, dqk, k, ldk,
+                               pr->kv_dtype, w->s + (h - h0) * R * ld + x, ld,
+                               dc->scale_only ? &scale : NULL);
+                x += nx;
+            }
     }
     prefetch_keys(pr, FAI_V, b, h0, h1, j0 + cs0, j0 + first, dv, w->runs);
 
@@ -193,11 +200,13 @@ static void decode_chunk(const decode_call *dc, int64_t b, int64_t h0, int64_t h
                 while (x < pr->sq && w->cols[2 * x] == c0 && w->cols[2 * x + 1] == c1)
                     x++;
                 const int64_t lo = c0 > c ? c0 : c, hi = c1 < e ? c1 : e;
-                if (lo < hi) {
+                for (int64_t y = lo; y < hi;) { /* run by run */
+                    const int64_t ny = fai_kv_run_len(pr, j0 + y, hi - y);
                     int64_t ldv;
-                    const void *v = fai_kv_rows(pr, FAI_V, b, h, j0 + lo, hi - lo, &ldv);
-                    kern->pv_rows((x - i) * G, hi - lo, dv, w->s + ((h - h0) * R + i * G) * ld + lo,
+                    const void *v = fai_kv_rows(pr, FAI_V, b, h, j0 + y, ny, &ldv);
+                    kern->pv_rows((x - i) * G, ny, dv, w->s + ((h - h0) * R + i * G) * ld + y,
                                   ld, v, ldv, pr->kv_dtype, acc + i * G * dv, dv);
+                    y += ny;
                 }
                 i = x;
             }

@@ -17,6 +17,7 @@ typedef struct {
     const fai_kernels_bf16 *bf16;
     uint16_t *qb, *ktb, *vb;
     void *tile_scratch;
+    void *kv_stage;              /* a paged K/V: a key tile's rows gathered (fai_kv_gather)     */
 } FAI_T(fwd_ws);
 
 static int64_t FAI_T(round_up)(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
@@ -58,6 +59,10 @@ static size_t FAI_T(fwd_carve)(const fai_problem *pr, const fai_tiled_plan *plan
     w->cols = fai_carve(&a, (size_t)(2 * tl.br) * sizeof(int64_t));
     w->live = fai_carve(&a, (size_t)tl.bq);
     w->keep = fai_carve(&a, (size_t)tl.bk);
+    const int64_t dmax = pr->dqk > pr->dv ? pr->dqk : pr->dv;
+    w->kv_stage = pr->page_size
+                      ? fai_carve(&a, (size_t)(tl.bk * dmax) * fai_dtype_size(pr->kv_dtype))
+                      : NULL;
     return a.used;
 }
 
@@ -283,7 +288,8 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
         if (r0 == r1)
             continue;
         int64_t ldk, ldv;
-        const void *k = fai_kv_rows(pr, FAI_K, b, hk, tile.j0, tile.n, &ldk);
+        const void *k =
+            fai_kv_gather(pr, FAI_K, b, hk, tile.j0, tile.n, pr->dqk, w->kv_stage, &ldk);
         if (w->bf16) {
             w->bf16->pack_kt(tile.n, pr->dqk, k, ldk, w->ktb, w->sp_ld);
         } else {
@@ -298,7 +304,8 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
          * products run over all of its key chunks. */
         const int64_t nv = w->bf16 ? (pr->sk - tile.j0 < tl.bk ? pr->sk - tile.j0 : tl.bk)
                                     : tile.n;
-        const void *v = fai_kv_rows(pr, FAI_V, b, hk, tile.j0, nv, &ldv);
+        /* (the gathered K rows are packed by now: the stage takes V's) */
+        const void *v = fai_kv_gather(pr, FAI_V, b, hk, tile.j0, nv, dv, w->kv_stage, &ldv);
         FAI_T(load_run)(w->kern, v, ldv, pr->kv_dtype, nv, dv, w->v);
         const int v_finite = w->kern->finite(nv * dv, w->v);
         tile.selective = (tile.cls != FAI_TILE_FULL || drop.threshold) && !v_finite;
