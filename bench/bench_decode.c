@@ -7,7 +7,11 @@
  *
  *   bench_decode [--threads 1,2] [--seqlens 4096,16384,65536] [--hq 32] [--hk 8] [--d 128]
  *                [--dtype f16] [--kv-dtype D] [--batch 1] [--sq 1] [--sinks] [--reps 7]
- *                [--csv FILE]
+ *                [--page P --lengths LO,HI] [--csv FILE]
+ *
+ * --page P --lengths LO,HI: a batched decode over a paged cache (fa_forward_paged): --batch
+ * sequences of lengths drawn from [LO, HI] (seeded), in pages of P keys placed in a shuffled
+ * order (one cell per thread count; --seqlens is not used).
  *
  * --sq N times N query rows per head (N > 1: prefill, bottom-right causal); --sinks gives every
  * head an attention sink (fa_params.sink_logits), for the with/without comparison; --kv-dtype
@@ -37,7 +41,7 @@ int main(int argc, char **argv)
 {
     long threads[8] = {1, 2}, seqlens[16] = {4096, 16384, 65536};
     int nthreads = 2, nseq = 3, reps = 7;
-    long hq = 32, hk = 8, d = 128, batch = 1, sq = 1;
+    long hq = 32, hk = 8, d = 128, batch = 1, sq = 1, page = 0, lengths[2] = {0, 0};
     int sinks_on = 0;
     fa_dtype dt = FA_F16, kvt = (fa_dtype)-1;
     const char *csv = NULL;
@@ -57,7 +61,13 @@ int main(int argc, char **argv)
             batch = atol(v), a++;
         else if (!strcmp(argv[a], "--sq"))
             sq = atol(v), a++;
-        else if (!strcmp(argv[a], "--sinks"))
+        else if (!strcmp(argv[a], "--page"))
+            page = atol(v), a++;
+        else if (!strcmp(argv[a], "--lengths")) {
+            if (parse_list(v, 1, (long)1 << 40, lengths, 2) != 2)
+                lengths[0] = 0;
+            a++;
+        } else if (!strcmp(argv[a], "--sinks"))
             sinks_on = 1;
         else if (!strcmp(argv[a], "--dtype"))
             dt = parse_dtype(v), a++;
@@ -73,7 +83,8 @@ int main(int argc, char **argv)
         }
     }
     if (nthreads < 1 || nseq < 1 || hq < 1 || hk < 1 || hq % hk || d < 1 || batch < 1 ||
-        sq < 1 || reps < 1) {
+        sq < 1 || reps < 1 || page < 0 || (page > 0) != (lengths[0] > 0) ||
+        lengths[1] < lengths[0]) {
         fprintf(stderr, "bench_decode: bad arguments\n");
         return 2;
     }
@@ -83,6 +94,35 @@ int main(int argc, char **argv)
     long skmax = 0;
     for (int i = 0; i < nseq; i++)
         skmax = seqlens[i] > skmax ? seqlens[i] : skmax;
+    /* a paged cache: the lengths, and a table of pages in a shuffled order */
+    int64_t *used = NULL, *table = NULL, max_pages = 0, npages = 0;
+    double used_sum = 0;
+    if (page > 0) {
+        used = malloc(sizeof(int64_t) * (size_t)batch);
+        unsigned r = 777;
+        for (long b = 0; used && b < batch; b++) {
+            r = r * 1103515245u + 12345u;
+            used[b] = lengths[0] + (long)((r >> 8) % (unsigned)(lengths[1] - lengths[0] + 1));
+            used_sum += (double)used[b];
+            npages += (used[b] + page - 1) / page;
+        }
+        max_pages = (lengths[1] + page - 1) / page;
+        table = malloc(sizeof(int64_t) * (size_t)(batch * max_pages));
+        int64_t *perm = malloc(sizeof(int64_t) * (size_t)npages);
+        for (int64_t n = 0; perm && n < npages; n++)
+            perm[n] = n;
+        for (int64_t n = npages - 1; perm && n > 0; n--) { /* Fisher-Yates */
+            r = r * 1103515245u + 12345u;
+            const int64_t m = (int64_t)((r >> 4) % (unsigned)(n + 1)), t = perm[n];
+            perm[n] = perm[m], perm[m] = t;
+        }
+        for (long i = 0, n = 0; perm && table && i < batch; i++)
+            for (int64_t x = 0; x < max_pages; x++)
+                table[i * max_pages + x] = x * page < used[i] ? perm[n++] : 0;
+        free(perm);
+        skmax = npages * page / batch + 1; /* the pool's keys, as batch x skmax */
+        nseq = 1;
+    }
 
     float *big = malloc(STREAM_BYTES);
     const size_t kv_elems = (size_t)batch * (size_t)skmax * (size_t)hk * (size_t)d;
@@ -120,6 +160,10 @@ int main(int argc, char **argv)
     printf("decode: B=%ld Sq=%ld Hq=%ld Hk=%ld D=%ld q %s, k/v %s, causal%s, best of %d; "
            "FA_DECODE=%s\n", batch, sq, hq, hk, d, fa_dtype_name(dt), fa_dtype_name(kvt),
            sinks_on ? ", sinks" : "", reps, decode_env ? decode_env : "(unset)");
+    if (page > 0)
+        printf("paged: pages of %ld keys (%lld in a shuffled order), lengths %ld..%ld, mean "
+               "%.0f (the Sk column)\n", page, (long long)npages, lengths[0], lengths[1],
+               used_sum / (double)batch);
     printf("%7s %7s %9s %9s %11s %7s %8s\n", "threads", "Sk", "ms", "KV GB/s", "stream GB/s",
            "ratio", "GFLOP/s");
     float sink = 0;
@@ -135,12 +179,19 @@ int main(int argc, char **argv)
             return 3;
         }
         for (int si = 0; si < nseq; si++) {
-            const long sk = seqlens[si];
+            const long sk = page > 0 ? (long)(used_sum / (double)batch) : seqlens[si];
             fa_tensor tq, tk, tv, to;
             fa_tensor_init(&tq, q, dt, batch, sq, hq, d, 0);
             fa_tensor_init(&to, o, dt, batch, sq, hq, d, 0);
-            fa_tensor_init(&tk, k, kvt, batch, sk, hk, d, 0);
-            fa_tensor_init(&tv, v, kvt, batch, sk, hk, d, 0);
+            if (page > 0) { /* the pool: (pages, page, hk, d) */
+                fa_tensor_init(&tk, k, kvt, npages, page, hk, d, 0);
+                fa_tensor_init(&tv, v, kvt, npages, page, hk, d, 0);
+            } else {
+                fa_tensor_init(&tk, k, kvt, batch, sk, hk, d, 0);
+                fa_tensor_init(&tv, v, kvt, batch, sk, hk, d, 0);
+            }
+            const fa_paged_kv pages = {{table, FA_INDEX_INT64, batch * max_pages}, max_pages,
+                                       {used, FA_INDEX_INT64, batch}};
             fa_params p;
             fa_params_init(&p);
             p.causal = 1;
@@ -151,19 +202,20 @@ int main(int argc, char **argv)
                                               &sink);
                 best_stream = ts < best_stream ? ts : best_stream;
                 const double t0 = now();
-                if (fa_forward(ctx, &p, &tq, &tk, &tv, &to, NULL) != FA_OK) {
+                if ((page > 0 ? fa_forward_paged(ctx, &p, &tq, &tk, &tv, &pages, &to, NULL)
+                              : fa_forward(ctx, &p, &tq, &tk, &tv, &to, NULL)) != FA_OK) {
                     fprintf(stderr, "bench_decode: %s\n", fa_last_error());
                     return 3;
                 }
                 const double t = now() - t0;
                 best = t < best ? t : best;
             }
-            const double kv_bytes =
-                2.0 * (double)batch * (double)sk * (double)hk * (double)d * (double)es;
+            const double keys = page > 0 ? used_sum : (double)batch * (double)sk;
+            const double kv_bytes = 2.0 * keys * (double)hk * (double)d * (double)es;
             const double gbs = kv_bytes / best * 1e-9;
             const double sgbs = (double)STREAM_BYTES / best_stream * 1e-9;
             const double flops = /* nominal: every (row, key) pair, as decode has */
-                4.0 * (double)batch * (double)sq * (double)hq * (double)sk * (double)d;
+                4.0 * keys * (double)sq * (double)hq * (double)d;
             printf("%7ld %7ld %9.3f %9.2f %11.2f %7.3f %8.2f\n", threads[ti], sk, best * 1e3, gbs,
                    sgbs, gbs / sgbs, flops / best * 1e-9);
             if (out)
@@ -177,6 +229,6 @@ int main(int argc, char **argv)
         fclose(out);
     if (sink == 12345.678f) /* never: keeps the stream's sums alive */
         rc = 1;
-    free(big), free(k), free(v), free(q), free(o), free(sinks);
+    free(big), free(k), free(v), free(q), free(o), free(sinks), free(used), free(table);
     return rc;
 }
