@@ -237,6 +237,52 @@ def varlen_packed_sequences():
 
 
 @test
+def paged_cache():
+    # pages of 4 keys (num_pages, page, Hk, D), a (B, max_pages) table in a shuffled order;
+    # sequence 2 shares its first page with sequence 0; sequence 1 has no key
+    page, used = 4, [5, 0, 9]
+    kp = RNG.standard_normal((12, page, 2, 16)).astype(np.float32)
+    vp = RNG.standard_normal((12, page, 2, 16)).astype(np.float32)
+    table = np.array([[7, 2, 0], [0, 0, 0], [7, 11, 4]], np.int32)
+    q = RNG.standard_normal((3, 2, 4, 16)).astype(np.float32)
+    files = [save("pg_q.npy", q), save("pg_k.npy", kp), save("pg_v.npy", vp)]
+    bt, su = save("pg_bt.npy", table), save("pg_su.npy", np.array(used, np.int64))
+    pg = ["--block-table", bt, "--seqused-k", su]
+    o, l = forward("--causal", *pg, files=files, out="pg_o.npy", lse="pg_l.npy")
+    out, lse = np.load(o), np.load(l)
+    assert out.shape == (3, 2, 4, 16) and lse.shape == (3, 4, 2)
+    for b in (0, 2):  # the same keys stored contiguously give the same bits
+        k = np.concatenate([kp[p] for p in table[b]])[None, :used[b]]
+        v = np.concatenate([vp[p] for p in table[b]])[None, :used[b]]
+        one = [save("pg1_q.npy", q[b:b + 1]), save("pg1_k.npy", k), save("pg1_v.npy", v)]
+        o1, l1 = forward("--causal", files=one, out="pg1_o.npy", lse="pg1_l.npy")
+        assert np.array_equal(np.load(o1)[0], out[b]) and np.array_equal(np.load(l1)[0], lse[b])
+    assert (out[1] == 0).all() and (lse[1] == -np.inf).all()  # no key: empty rows
+    check(o, l, "--causal", *pg, files=files, code=0)
+    su2 = save("pg_su2.npy", np.array([4, 0, 9], np.int64))  # one key fewer: other results
+    check(o, l, "--causal", "--block-table", bt, "--seqused-k", su2, files=files, code=1)
+    # FlashInfer's CSR form of the same pages
+    csr = ["--kv-indptr", save("pg_ip.npy", np.array([0, 2, 2, 5], np.int32)),
+           "--kv-indices", save("pg_ix.npy", np.array([7, 2, 7, 11, 4], np.int32)),
+           "--kv-last-page-len", save("pg_lp.npy", np.array([1, 0, 1], np.int32))]
+    o2, l2 = forward("--causal", *csr, files=files, out="pg_o2.npy", lse="pg_l2.npy")
+    assert np.array_equal(np.load(o2), out) and np.array_equal(np.load(l2), lse)
+    check(o, l, "--causal", *csr, files=files, code=0)
+    bad_bt = save("pg_bad.npy", np.array([[7, 2, 0], [0, 0, 0], [7, 12, 4]], np.int32))
+    bad_lp = save("pg_lp0.npy", np.array([0, 0, 1], np.int32))
+    for opts, says in ((["--block-table", bt], "--seqused-k"),
+                       (["--block-table", bad_bt, "--seqused-k", su],
+                        "pages->block_table[2][1] = 12 is not a page of k"),
+                       ([*csr[:4], "--kv-last-page-len", bad_lp], "a last page holds 1 to 4"),
+                       ([*pg, "--cu-seqlens-q", su, "--cu-seqlens-k", su], "goes with neither")):
+        p = run("forward", *qkv_args(files), "--out", path("pg_x.npy"), *opts, code=2)
+        assert says in p.stderr, (opts, p.stderr)
+    p = run("backward", *qkv_args(files), "--out", o, "--lse", l, "--dout", o, "--dq",
+            path("pg_x.npy"), "--dk", path("pg_y.npy"), "--dv", path("pg_z.npy"), *pg, code=2)
+    assert "forward only" in p.stderr and not os.path.exists(path("pg_x.npy"))
+
+
+@test
 def dropout_seed_offset():
     opts = ["--dropout", "0.3", "--seed", "77", "--offset", "5"]
     pair(opts, opts, ["--dropout", "0.3", "--seed", "78", "--offset", "5"])

@@ -109,7 +109,7 @@ static int same_dims(const fa_tensor *a, const fa_tensor *b)
 int cmd_check(int argc, char **argv)
 {
     cli_opts o;
-    int rc = cli_parse("check", argc, argv, "check", &o);
+    int rc = cli_parse("check", argc, argv, "check pages", &o);
     if (rc >= 0)
         return rc;
     rc = 0;
@@ -120,6 +120,10 @@ int cmd_check(int argc, char **argv)
     }
     if (!any) {
         fprintf(stderr, "flashattn check: give at least one --candidate-out/-lse/-dq/-dk/-dv\n");
+        return EXIT_USAGE;
+    }
+    if (grads && o.paged) {
+        fprintf(stderr, "flashattn check: a paged K/V is forward only: no gradient candidates\n");
         return EXIT_USAGE;
     }
     if (grads && !o.dout) {
@@ -145,7 +149,7 @@ int cmd_check(int argc, char **argv)
     if (!rc)
         rc = cli_load_slopes(&o, st.in[0].t.heads);
     if (!rc)
-        rc = cli_load_offsets(&o);
+        rc = cli_load_indices(&o, st.in[1].t.seqlen);
     /* the candidate's storage dtype: --dtype, else that of its outputs, else of its inputs */
     fa_dtype dt = st.in[0].t.dtype;
     for (int c = 0; c < 5 && !rc && !o.has_dtype; c++)

@@ -29,8 +29,14 @@ typedef struct {
     const char *alibi, *sinks, *dsinks;
     const char *cu_q, *cu_k; /* --cu-seqlens-q, -k: a variable-length batch */
     int packed;              /* those given: tensors are (total, heads, headdim) */
-    npy_array cu_arr[2];     /* their files, loaded by cli_load_offsets */
     fa_indices cu[2];
+    /* a paged K/V (forward and check): --block-table and --seqused-k, or FlashInfer's
+     * --kv-indptr, --kv-indices and --kv-last-page-len (converted to a table) */
+    const char *block_table, *seqused, *kv_indptr, *kv_indices, *kv_last;
+    int paged;
+    fa_paged_kv pages;
+    int64_t *page_table, *page_used; /* the CSR conversion's */
+    npy_array idx[7];                /* the index files, by cli_index_file */
     fa_params p;
     float *slopes;    /* from --alibi */
     float *sink_vals; /* from --sinks */
@@ -119,9 +125,12 @@ int cli_fail(fa_status s, const char *what);
 /* --alibi and --sinks: load one slope and one sink logit per query head into o->slopes and
  * o->p.alibi_slopes, o->sink_vals and o->p.sink_logits. */
 int cli_load_slopes(cli_opts *o, int64_t heads);
-/* --cu-seqlens-q and -k (when given) into o->cu (1-D int32 or int64 arrays); 0 or an exit code
- * after a message. */
-int cli_load_offsets(cli_opts *o);
+/* The index files of o, by what they are. */
+enum { IDX_CU_Q, IDX_CU_K, IDX_TABLE, IDX_USED, IDX_INDPTR, IDX_INDICES, IDX_LAST, IDX_N };
+/* The index files given (int32 or int64; a block table 2-D, the others 1-D) into o->cu and
+ * o->pages (page_size: k's, for FlashInfer's last-page lengths); 0 or an exit code after a
+ * message. */
+int cli_load_indices(cli_opts *o, int64_t page_size);
 /* fa_forward or fa_backward, or their variable-length forms when o has offsets. */
 fa_status cli_forward(fa_context *ctx, const cli_opts *o, const fa_tensor *q, const fa_tensor *k,
                       const fa_tensor *v, fa_tensor *out, fa_tensor *lse);

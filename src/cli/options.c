@@ -118,7 +118,16 @@ void cli_usage(FILE *f, const char *cmd)
             "  --cu-seqlens-q CQ.npy --cu-seqlens-k CK.npy   a variable-length batch: B + 1\n"
             "                            offsets each (1-D int32 or int64, from 0 to the total);\n"
             "                            Q, K, V, O are then (total, heads, headdim), LSE\n"
-            "                            (heads, total), as FlashAttention's varlen functions\n"
+            "                            (heads, total), as FlashAttention's varlen functions\n");
+    fprintf(f,
+            "  --block-table BT.npy --seqused-k SU.npy   a paged K/V (forward, check): K, V are pages\n"
+            "                            (num_pages, page_size, Hk, D); BT (B, max_pages) page ids,\n"
+            "                            SU (B) used lengths (int32 or int64), as FlashAttention's\n"
+            "                            block_table and cache_seqlens\n"
+            "  --kv-indptr IP.npy --kv-indices IX.npy --kv-last-page-len LP.npy   the same in\n"
+            "                            FlashInfer's CSR form (B + 1 offsets into the page ids,\n"
+            "                            the keys of each sequence's last page)\n");
+    fprintf(f,
             "  --threads T               0: all\n");
     char names[200];
     if (strcmp(cmd, "check")) {
@@ -182,7 +191,8 @@ static int parse_u64(const char *s, uint64_t *out)
 /* Options and the subcommand groups that accept them. */
 typedef struct {
     const char *name;
-    const char *groups; /* "io" forward/backward, "grad" backward, "check", "attn" all three */
+    const char *groups; /* "io" forward/backward, "grad" backward, "check", "pages" a paged
+                           K/V (backward refuses it), "attn" all three */
 } opt_def;
 
 static const opt_def defs[] = {
@@ -195,7 +205,9 @@ static const opt_def defs[] = {
     {"--dsinks", "grad"}, {"--scale", "attn"},
     {"--dropout", "attn"}, {"--seed", "attn"}, {"--offset", "attn"}, {"--layout", "attn"},
     {"--bf16", "attn"}, {"--profile", "attn"}, {"--backend", "io"}, {"--isa", "io"},
-    {"--threads", "attn"}, {"--cu-seqlens-q", "attn"}, {"--cu-seqlens-k", "attn"}, {NULL, NULL},
+    {"--threads", "attn"}, {"--cu-seqlens-q", "attn"}, {"--cu-seqlens-k", "attn"},
+    {"--block-table", "pages"}, {"--seqused-k", "pages"}, {"--kv-indptr", "pages"},
+    {"--kv-indices", "pages"}, {"--kv-last-page-len", "pages"}, {NULL, NULL},
 };
 
 static const opt_def *find_def(const char *name)
@@ -266,6 +278,11 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
         else if (!strcmp(a, "--dsinks")) o->dsinks = v;
         else if (!strcmp(a, "--cu-seqlens-q")) o->cu_q = v;
         else if (!strcmp(a, "--cu-seqlens-k")) o->cu_k = v;
+        else if (!strcmp(a, "--block-table")) o->block_table = v;
+        else if (!strcmp(a, "--seqused-k")) o->seqused = v;
+        else if (!strcmp(a, "--kv-indptr")) o->kv_indptr = v;
+        else if (!strcmp(a, "--kv-indices")) o->kv_indices = v;
+        else if (!strcmp(a, "--kv-last-page-len")) o->kv_last = v;
         else if (!strcmp(a, "--causal")) o->p.causal = 1;
         else if (!strcmp(a, "--json")) o->json = 1;
         else if (!strcmp(a, "--bf16")) o->bf16 = 1;
@@ -374,6 +391,19 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
     if (o->cu_q && o->bhsd)
         return bad(cmd, "--layout", "bhsd", "packed sequences are (total, heads, headdim)");
     o->packed = o->cu_q != NULL;
+    const int table = o->block_table || o->seqused;
+    const int csr = o->kv_indptr || o->kv_indices || o->kv_last;
+    if (table && (!o->block_table || !o->seqused))
+        return bad(cmd, o->block_table ? "--seqused-k" : "--block-table", NULL,
+                   "is required with the other: a paged K/V has both");
+    if (csr && (!o->kv_indptr || !o->kv_indices || !o->kv_last))
+        return bad(cmd, !o->kv_indptr ? "--kv-indptr" : !o->kv_indices ? "--kv-indices"
+                                                                        : "--kv-last-page-len",
+                   NULL, "is required with the others: FlashInfer's pages take all three");
+    if (table + csr + o->packed > 1)
+        return bad(cmd, table ? "--block-table" : "--kv-indptr", NULL,
+                   "goes with neither the other page description nor --cu-seqlens-q");
+    o->paged = table || csr;
     return -1;
 }
 
@@ -382,6 +412,9 @@ void cli_opts_free(cli_opts *o)
     free(o->slopes);
     free(o->sink_vals);
     o->slopes = o->sink_vals = NULL;
-    npy_free(&o->cu_arr[0]);
-    npy_free(&o->cu_arr[1]);
+    for (int i = 0; i < IDX_N; i++)
+        npy_free(&o->idx[i]);
+    free(o->page_table);
+    free(o->page_used);
+    o->page_table = o->page_used = NULL;
 }

@@ -82,31 +82,120 @@ int cli_load_slopes(cli_opts *o, int64_t heads)
     return rc;
 }
 
-int cli_load_offsets(cli_opts *o)
+/* A 1-D (or, for a block table, 2-D) int32 or int64 array from path into *a. */
+static int load_index_file(const char *path, int ndim, const char *what, npy_array *a)
 {
-    const char *paths[2] = {o->cu_q, o->cu_k};
-    for (int i = 0; i < 2 && o->packed; i++) {
-        char err[512];
-        int r = npy_read(paths[i], (size_t)1 << 33, &o->cu_arr[i], err, sizeof err);
-        if (r) {
-            fprintf(stderr, "flashattn: %s\n", err);
-            return r == NPY_ERR_NO_MEMORY ? EXIT_ERROR : EXIT_USAGE;
-        }
-        const npy_array *a = &o->cu_arr[i];
-        if (a->ndim != 1 || (a->kind != NPY_I4 && a->kind != NPY_I8)) {
-            fprintf(stderr, "flashattn: %s: expected a 1-D int32 or int64 array of B + 1 "
-                            "offsets\n", paths[i]);
+    char err[512];
+    int r = npy_read(path, (size_t)1 << 33, a, err, sizeof err);
+    if (r) {
+        fprintf(stderr, "flashattn: %s\n", err);
+        return r == NPY_ERR_NO_MEMORY ? EXIT_ERROR : EXIT_USAGE;
+    }
+    if (a->ndim != ndim || (a->kind != NPY_I4 && a->kind != NPY_I8)) {
+        fprintf(stderr, "flashattn: %s: expected a %d-D int32 or int64 array of %s\n", path,
+                ndim, what);
+        return EXIT_USAGE;
+    }
+    return 0;
+}
+
+static fa_indices indices_of(const npy_array *a)
+{
+    int64_t n = 1;
+    for (int i = 0; i < a->ndim; i++)
+        n *= a->shape[i];
+    return (fa_indices){a->data, a->kind == NPY_I8 ? FA_INDEX_INT64 : FA_INDEX_INT32, n};
+}
+
+static int64_t index_at(const npy_array *a, int64_t i)
+{
+    return a->kind == NPY_I8 ? ((const int64_t *)a->data)[i] : ((const int32_t *)a->data)[i];
+}
+
+/*
+ * FlashInfer's page description (CSR: sequence b's pages are indices[indptr[b] ..
+ * indptr[b + 1]), its last page holding last_page_len[b] keys) as a block table and used
+ * lengths, into o->pages (o->page_table, o->page_used own them). Checks what the conversion
+ * reads; the library checks the rest (page ids against k's pages).
+ */
+static int pages_from_csr(cli_opts *o, int64_t page_size)
+{
+    const npy_array *ip = &o->idx[IDX_INDPTR], *ix = &o->idx[IDX_INDICES],
+                    *lp = &o->idx[IDX_LAST];
+    const int64_t B = ip->shape[0] - 1, total = ix->shape[0];
+    if (B < 0 || lp->shape[0] != B) {
+        fprintf(stderr, "flashattn: %s: %lld entries, but %s has %lld: B + 1 and B\n",
+                o->kv_indptr, (long long)ip->shape[0], o->kv_last, (long long)lp->shape[0]);
+        return EXIT_USAGE;
+    }
+    int64_t most = 0;
+    for (int64_t b = 0; b < B; b++) {
+        const int64_t n = index_at(ip, b + 1) - index_at(ip, b);
+        if (index_at(ip, 0) != 0 || n < 0 || index_at(ip, b + 1) > total) {
+            fprintf(stderr, "flashattn: %s: expected offsets from 0, never decreasing, to the "
+                            "%lld entries of %s\n", o->kv_indptr, (long long)total, o->kv_indices);
             return EXIT_USAGE;
         }
-        o->cu[i] = (fa_indices){a->data, a->kind == NPY_I8 ? FA_INDEX_INT64 : FA_INDEX_INT32,
-                                a->shape[0]};
+        const int64_t last = index_at(lp, b);
+        if (n > 0 ? last < 1 || last > page_size : last != 0) {
+            fprintf(stderr, "flashattn: %s[%lld] = %lld: a last page holds 1 to %lld keys (0 "
+                            "for a sequence of no page)\n", o->kv_last, (long long)b,
+                    (long long)last, (long long)page_size);
+            return EXIT_USAGE;
+        }
+        most = n > most ? n : most;
     }
+    if (B > 0 && index_at(ip, B) != total) {
+        fprintf(stderr, "flashattn: %s: its last offset is %lld, but %s has %lld entries\n",
+                o->kv_indptr, (long long)index_at(ip, B), o->kv_indices, (long long)total);
+        return EXIT_USAGE;
+    }
+    o->page_table = calloc((size_t)(B * most) + 1, sizeof(int64_t));
+    o->page_used = calloc((size_t)B + 1, sizeof(int64_t));
+    if (!o->page_table || !o->page_used)
+        return EXIT_ERROR;
+    for (int64_t b = 0; b < B; b++) {
+        const int64_t p0 = index_at(ip, b), n = index_at(ip, b + 1) - p0;
+        for (int64_t i = 0; i < n; i++)
+            o->page_table[b * most + i] = index_at(ix, p0 + i);
+        o->page_used[b] = n > 0 ? (n - 1) * page_size + index_at(lp, b) : 0;
+    }
+    o->pages = (fa_paged_kv){{o->page_table, FA_INDEX_INT64, B * most}, most,
+                             {o->page_used, FA_INDEX_INT64, B}};
+    return 0;
+}
+
+int cli_load_indices(cli_opts *o, int64_t page_size)
+{
+    const char *paths[IDX_N] = {o->cu_q,      o->cu_k,       o->block_table, o->seqused,
+                                o->kv_indptr, o->kv_indices, o->kv_last};
+    const char *what[IDX_N] = {"B + 1 offsets", "B + 1 offsets", "(B, max_pages) page ids",
+                               "B used lengths", "B + 1 offsets", "page ids",
+                               "B last-page lengths"};
+    for (int i = 0; i < IDX_N; i++) {
+        int rc = paths[i] ? load_index_file(paths[i], i == IDX_TABLE ? 2 : 1, what[i], &o->idx[i])
+                          : 0;
+        if (rc)
+            return rc;
+    }
+    if (o->packed) {
+        o->cu[0] = indices_of(&o->idx[IDX_CU_Q]);
+        o->cu[1] = indices_of(&o->idx[IDX_CU_K]);
+    }
+    if (o->block_table) {
+        const npy_array *t = &o->idx[IDX_TABLE];
+        o->pages = (fa_paged_kv){indices_of(t), t->shape[1], indices_of(&o->idx[IDX_USED])};
+    }
+    if (o->kv_indptr)
+        return pages_from_csr(o, page_size);
     return 0;
 }
 
 fa_status cli_forward(fa_context *ctx, const cli_opts *o, const fa_tensor *q, const fa_tensor *k,
                       const fa_tensor *v, fa_tensor *out, fa_tensor *lse)
 {
+    if (o->paged)
+        return fa_forward_paged(ctx, &o->p, q, k, v, &o->pages, out, lse);
     if (o->packed)
         return fa_forward_varlen(ctx, &o->p, q, k, v, &o->cu[0], &o->cu[1], out, lse);
     return fa_forward(ctx, &o->p, q, k, v, out, lse);
@@ -134,7 +223,7 @@ static int need(const char *cmd, const char *opt, const char *val)
 int cmd_forward(int argc, char **argv)
 {
     cli_opts o;
-    int rc = cli_parse("forward", argc, argv, "io", &o);
+    int rc = cli_parse("forward", argc, argv, "io pages", &o);
     if (rc >= 0)
         return rc;
     if ((rc = need("forward", "--out", o.out)))
@@ -154,7 +243,7 @@ int cmd_forward(int argc, char **argv)
     }
     rc = cli_load_slopes(&o, q.t.heads);
     if (!rc)
-        rc = cli_load_offsets(&o);
+        rc = cli_load_indices(&o, k.t.seqlen);
     if (!rc)
         rc = cli_alloc(&o, q.t.dtype, q.t.batch, q.t.seqlen, q.t.heads, v.t.headdim, ROLE_QKV,
                        &out);
@@ -165,9 +254,11 @@ int cmd_forward(int argc, char **argv)
     cli_outputs_init(&files);
     cli_outputs_add(&files, o.out, &out);
     cli_outputs_add(&files, o.lse, &lse);
-    const char *inputs[7] = {o.q, o.k, o.v, o.alibi, o.sinks, o.cu_q, o.cu_k};
+    const char *inputs[12] = {o.q,           o.k,       o.v,         o.alibi,
+                              o.sinks,       o.cu_q,    o.cu_k,      o.block_table,
+                              o.seqused,     o.kv_indptr, o.kv_indices, o.kv_last};
     if (!rc)
-        rc = cli_outputs_open(&files, inputs, 7);
+        rc = cli_outputs_open(&files, inputs, 12);
     fa_context *ctx = rc ? NULL : cli_context(&o, o.backend);
     if (!rc && !ctx)
         rc = EXIT_ERROR;
@@ -190,9 +281,14 @@ int cmd_forward(int argc, char **argv)
 int cmd_backward(int argc, char **argv)
 {
     cli_opts o;
-    int rc = cli_parse("backward", argc, argv, "io grad", &o);
+    int rc = cli_parse("backward", argc, argv, "io grad pages", &o);
     if (rc >= 0)
         return rc;
+    if (o.paged) {
+        fprintf(stderr, "flashattn backward: a paged K/V is forward only (fa_forward_paged)\n");
+        cli_opts_free(&o);
+        return EXIT_USAGE;
+    }
     const char *req[6][2] = {{"--out", o.out}, {"--lse", o.lse}, {"--dout", o.dout},
                              {"--dq", o.dq},   {"--dk", o.dk},   {"--dv", o.dv}};
     for (int i = 0; i < 6; i++)
@@ -208,7 +304,7 @@ int cmd_backward(int argc, char **argv)
     if (!rc)
         rc = cli_load_slopes(&o, in[0].t.heads);
     if (!rc)
-        rc = cli_load_offsets(&o);
+        rc = cli_load_indices(&o, in[1].t.seqlen);
     if (!rc) /* read as the profile's kernels write it */
         cli_lse_from_profile(o.profile, &in[4]);
     for (int i = 0; i < 3 && !rc; i++) /* dq, dk, dv shaped like q, k, v */
