@@ -210,6 +210,27 @@ FA_API fa_status fa_forward_paged(fa_context *ctx, const fa_params *p, const fa_
                                   const fa_paged_kv *pages, fa_tensor *out, fa_tensor *lse);
 
 /*
+ * A KV cache that grows (FlashAttention's flash_attn_with_kvcache): k_cache and v_cache are
+ * contiguous, (B, S_cache, Hk, D) with cache_seqlens the B current lengths (pages NULL), or
+ * paged (pages given, its seqused_k the current lengths, cache_seqlens NULL). k_new and v_new
+ * (B, S_new, Hk, D, the cache's dtype) go to keys [len_b, len_b + S_new) of sequence b; a
+ * sequence without room (past S_cache, or past its row's pages: each page it writes must be in
+ * its row) is refused with nothing written. The lengths arrays are not changed: the caller
+ * adds S_new. fa_append_kv only appends; fa_forward_kvcache appends (k_new and v_new may
+ * be NULL: nothing to append) and then attends each sequence's Sq query rows to its len_b +
+ * S_new keys, as fa_forward_paged does. Pages a sequence writes must not be shared with
+ * another's. CPU backends.
+ */
+FA_API fa_status fa_append_kv(fa_context *ctx, const fa_tensor *k_new, const fa_tensor *v_new,
+                              fa_tensor *k_cache, fa_tensor *v_cache,
+                              const fa_indices *cache_seqlens, const fa_paged_kv *pages);
+FA_API fa_status fa_forward_kvcache(fa_context *ctx, const fa_params *p, const fa_tensor *q,
+                                    fa_tensor *k_cache, fa_tensor *v_cache,
+                                    const fa_tensor *k_new, const fa_tensor *v_new,
+                                    const fa_indices *cache_seqlens, const fa_paged_kv *pages,
+                                    fa_tensor *out, fa_tensor *lse);
+
+/*
  * Merges n partial attention states over disjoint key sets (split-KV, ring attention):
  * LSE = ln sum_k exp(LSE_k), O = sum_k exp(LSE_k - LSE) O_k. The empty state (O = 0,
  * LSE = -inf) is neutral. out/lse may be the very tensors of a state (the same memory and

@@ -272,6 +272,46 @@ START_TEST(paged_fails_cleanly)
 }
 END_TEST
 
+/* A cache that grows: the append waits for the allocations, so a failure leaves the cache as
+ * it was (the caches are among the outputs checked). _i: backend. */
+typedef struct {
+    ht_tensor *q, *kc, *vc, *kn, *vn, *o;
+    fa_indices lens;
+} kvcache_arg;
+
+static fa_status op_forward_kvcache(fa_context *ctx, void *arg)
+{
+    kvcache_arg *a = arg;
+    fa_params p;
+    fa_params_init(&p);
+    p.causal = 1;
+    return fa_forward_kvcache(ctx, &p, &a->q->t, &a->kc->t, &a->vc->t, &a->kn->t, &a->vn->t,
+                              &a->lens, NULL, &a->o->t, NULL);
+}
+
+START_TEST(kvcache_fails_cleanly)
+{
+    static const fa_backend bes[3] = {FA_BACKEND_REFERENCE, FA_BACKEND_CONVENTIONAL,
+                                      FA_BACKEND_TILED};
+    static const int64_t lens[2] = {600, 3};
+    ht_tensor q, kc, vc, kn, vn, o;
+    ht_alloc(&q, FA_F32, 2, 2, 4, 24, HT_BSHD), ht_fill(&q, 1, -1, 1);
+    ht_alloc(&kc, FA_F32, 2, 700, 2, 24, HT_BSHD);
+    ht_alloc(&vc, FA_F32, 2, 700, 2, 16, HT_BSHD);
+    ht_alloc(&kn, FA_F32, 2, 2, 2, 24, HT_BSHD), ht_fill(&kn, 2, -1, 1);
+    ht_alloc(&vn, FA_F32, 2, 2, 2, 16, HT_BSHD), ht_fill(&vn, 3, -1, 1);
+    ht_alloc(&o, FA_F32, 2, 2, 4, 16, HT_BSHD);
+    kvcache_arg a = {&q, &kc, &vc, &kn, &vn, &o, {lens, FA_INDEX_INT64, 2}};
+    fa_context *ctx = ht_context(bes[_i], 2);
+    char what[64];
+    snprintf(what, sizeof what, "%s kvcache forward", fa_backend_name(bes[_i]));
+    ht_tensor *outs[3] = {&o, &kc, &vc};
+    ck_assert_int_ge(until_success(what, ctx, op_forward_kvcache, &a, outs, 3), 1);
+    fa_context_destroy(ctx);
+    ht_free(&q), ht_free(&kc), ht_free(&vc), ht_free(&kn), ht_free(&vn), ht_free(&o);
+}
+END_TEST
+
 START_TEST(context_creation_fails_cleanly)
 {
     fa_options o;
@@ -368,6 +408,7 @@ Suite *make_faults_suite(void)
     tcase_add_loop_test(tc, forward_and_backward_fail_cleanly, 0, 18);
     tcase_add_loop_test(tc, varlen_fails_cleanly, 0, 9);
     tcase_add_loop_test(tc, paged_fails_cleanly, 0, 6);
+    tcase_add_loop_test(tc, kvcache_fails_cleanly, 0, 3);
     tcase_add_test(tc, context_creation_fails_cleanly);
     tcase_add_test(tc, merge_fails_cleanly);
     tcase_add_test(tc, npy_reader_fails_cleanly);

@@ -515,6 +515,171 @@ START_TEST(paged_bad_input_is_refused)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ a cache that grows */
+
+enum { CB = 3, CS = 64, CNEW = 5 };
+
+/* _i: a contiguous cache (0) or pages of 16 (1). The new keys land at each sequence's length,
+ * nothing else of the cache changes, and the attention is that over the grown cache. */
+START_TEST(kvcache_appends_then_attends)
+{
+    const int in_pages = _i;
+    const int64_t len[CB] = {0, 16, 50}, page = 16, max_pages = CS / 16;
+    ht_tensor q, kc, vc, kn, vn, o, l, o1, l1;
+    ht_alloc(&q, FA_F32, CB, CNEW, HQ, D, HT_BSHD), ht_fill(&q, 21, 1, 0);
+    ht_alloc(&kn, FA_F32, CB, CNEW, HK, D, HT_BSHD), ht_fill(&kn, 22, 1, 0);
+    ht_alloc(&vn, FA_F32, CB, CNEW, HK, D, HT_BSHD), ht_fill(&vn, 23, 1, 0);
+    /* the cache: CB x CS rows (contiguous), or CB x max_pages pages of 16 in reverse order */
+    ht_alloc(&kc, FA_F32, CB, CS, HK, D, HT_BSHD), ht_fill(&kc, 24, 1, 0);
+    ht_alloc(&vc, FA_F32, CB, CS, HK, D, HT_BSHD), ht_fill(&vc, 25, 1, 0);
+    ht_alloc(&o, FA_F32, CB, CNEW, HQ, D, HT_BSHD), ht_alloc(&o1, FA_F32, CB, CNEW, HQ, D, HT_BSHD);
+    ht_alloc_lse(&l, FA_F32, CB, CNEW, HQ), ht_alloc_lse(&l1, FA_F32, CB, CNEW, HQ);
+    fa_tensor tk = kc.t, tv = vc.t;
+    int64_t table[CB * 4];
+    if (in_pages) { /* the same memory as CB * max_pages pages; sequence b's page i is page
+                    (CB * max_pages - 1) - (b * max_pages + i) */
+        tk.batch = tv.batch = CB * max_pages;
+        tk.seqlen = tv.seqlen = page;
+        tk.batch_stride = tv.batch_stride = page * tk.seq_stride;
+        for (int64_t x = 0; x < CB * max_pages; x++)
+            table[x] = CB * max_pages - 1 - x;
+    }
+    const fa_paged_kv pg = {{table, FA_INDEX_INT64, CB * max_pages}, max_pages,
+                            {len, FA_INDEX_INT64, CB}};
+    const fa_indices lens = {len, FA_INDEX_INT64, CB};
+    ht_tensor before_k, before_v; /* the cache's bytes before */
+    ht_alloc(&before_k, FA_F32, CB, CS, HK, D, HT_BSHD), ht_alloc(&before_v, FA_F32, CB, CS, HK, D, HT_BSHD);
+    memcpy(before_k.t.data, kc.t.data, kc.nbytes), memcpy(before_v.t.data, vc.t.data, vc.nbytes);
+    fa_params p;
+    fa_params_init(&p);
+    p.causal = 1;
+    p.sink_logits = test_sinks;
+    fa_context *ctx = ht_context(FA_BACKEND_TILED, 2);
+    ck_assert_msg(fa_forward_kvcache(ctx, &p, &q.t, &tk, &tv, &kn.t, &vn.t, in_pages ? NULL : &lens,
+                                     in_pages ? &pg : NULL, &o.t, &l.t) == FA_OK,
+                  "%s", fa_last_error());
+    /* the cache: new rows at [len, len + CNEW) of each sequence, every other byte as before */
+    for (int b = 0; b < CB; b++)
+        for (int64_t j = 0; j < CS; j++) {
+            /* where key j of sequence b lies in kc's memory */
+            const int64_t at = in_pages ? table[b * max_pages + j / page] * page + j % page
+                                     : b * CS + j;
+            const int64_t bb = at / CS, jj = at % CS;
+            for (int h = 0; h < HK; h++) {
+                const int fresh = j >= len[b] && j < len[b] + CNEW;
+                const void *want_k = fresh ? row_at(&kn.t, b, j - len[b], h) : row_at(&before_k.t, bb, jj, h);
+                const void *want_v = fresh ? row_at(&vn.t, b, j - len[b], h) : row_at(&before_v.t, bb, jj, h);
+                ck_assert_msg(!memcmp(row_at(&kc.t, bb, jj, h), want_k, D * 4) &&
+                                  !memcmp(row_at(&vc.t, bb, jj, h), want_v, D * 4),
+                              "in_pages %d: sequence %d key %lld head %d", in_pages, b, (long long)j, h);
+            }
+        }
+    /* the attention: that of each grown sequence alone */
+    for (int b = 0; b < CB; b++) {
+        fa_tensor qq = q.t, k = kc.t, v = vc.t, oo = o1.t, ll = l1.t;
+        qq.batch = k.batch = v.batch = oo.batch = ll.batch = 1;
+        qq.data = row_at(&q.t, b, 0, 0), oo.data = row_at(&o1.t, b, 0, 0);
+        ll.data = row_at(&l1.t, b, 0, 0);
+        ht_tensor gk, gv; /* the sequence's keys, gathered */
+        ht_alloc(&gk, FA_F32, 1, len[b] + CNEW, HK, D, HT_BSHD);
+        ht_alloc(&gv, FA_F32, 1, len[b] + CNEW, HK, D, HT_BSHD);
+        for (int64_t j = 0; j < len[b] + CNEW; j++)
+            for (int h = 0; h < HK; h++) {
+                const int64_t at = in_pages ? table[b * max_pages + j / page] * page + j % page
+                                         : b * CS + j;
+                memcpy(row_at(&gk.t, 0, j, h), row_at(&kc.t, at / CS, at % CS, h), D * 4);
+                memcpy(row_at(&gv.t, 0, j, h), row_at(&vc.t, at / CS, at % CS, h), D * 4);
+            }
+        k = gk.t, v = gv.t;
+        ck_assert(fa_forward(ctx, &p, &qq, &k, &v, &oo, &ll) == FA_OK);
+        ht_free(&gk), ht_free(&gv);
+    }
+    ck_assert(same_bytes(&o, &o1) && same_bytes(&l, &l1));
+    /* fa_append_kv alone writes the same bytes */
+    memcpy(kc.t.data, before_k.t.data, kc.nbytes), memcpy(vc.t.data, before_v.t.data, vc.nbytes);
+    ck_assert_msg(fa_append_kv(ctx, &kn.t, &vn.t, &tk, &tv, in_pages ? NULL : &lens,
+                               in_pages ? &pg : NULL) == FA_OK, "%s", fa_last_error());
+    ht_tensor *all[11] = {&q, &kc, &vc, &kn, &vn, &o, &l, &o1, &l1, &before_k, &before_v};
+    fa_context_destroy(ctx);
+    for (int i = 0; i < 11; i++)
+        ht_free(all[i]);
+}
+END_TEST
+
+/* Without room, or with new keys that do not fit the cache, nothing is written. */
+START_TEST(kvcache_without_room_writes_nothing)
+{
+    static const struct {
+        fa_status want;
+        const char *says;
+    } bad[] = {
+        {FA_ERR_INVALID_ARGUMENT, "cache_seqlens[1] = 60 and the new keys, but the cache holds "
+                                  "k->seqlen = 64 keys"},
+        {FA_ERR_INVALID_ARGUMENT, "pages->seqused_k[2] = 62 and the new keys, but its row of "
+                                  "the block table holds 4 pages of 16 keys"},
+        {FA_ERR_INVALID_ARGUMENT, "pages->block_table[0][1] = -1 is not a page of k"},
+        {FA_ERR_SHAPE, "k_new->heads = 4 does not match k->heads = 2"},
+        {FA_ERR_DTYPE, "v_new->dtype = f64 but k->dtype = f32"},
+        {FA_ERR_INVALID_ARGUMENT, "cache_seqlens and pages are both given"},
+        {FA_ERR_STRIDE, "out"},
+    };
+    const int64_t max_pages = 4;
+    int64_t len[CB] = {14, 60, 10}, table[CB * 4];
+    for (int x = 0; x < CB * 4; x++)
+        table[x] = x;
+    ht_tensor q, kc, vc, kn, vn, vn64, o, kn4;
+    ht_alloc(&q, FA_F32, CB, CNEW, HQ, D, HT_BSHD), ht_fill(&q, 1, 1, 0);
+    ht_alloc(&kc, FA_F32, CB, CS, HK, D, HT_BSHD), ht_fill(&kc, 2, 1, 0);
+    ht_alloc(&vc, FA_F32, CB, CS, HK, D, HT_BSHD), ht_fill(&vc, 3, 1, 0);
+    ht_alloc(&kn, FA_F32, CB, CNEW, HK, D, HT_BSHD), ht_fill(&kn, 4, 1, 0);
+    ht_alloc(&kn4, FA_F32, CB, CNEW, HQ, D, HT_BSHD), ht_fill(&kn4, 4, 1, 0);
+    ht_alloc(&vn, FA_F32, CB, CNEW, HK, D, HT_BSHD), ht_fill(&vn, 5, 1, 0);
+    ht_alloc(&vn64, FA_F64, CB, CNEW, HK, D, HT_BSHD), ht_fill(&vn64, 5, 1, 0);
+    ht_alloc(&o, FA_F32, CB, CNEW, HQ, D, HT_BSHD);
+    fa_tensor tk = kc.t, tv = vc.t, k_new = kn.t, v_new = vn.t, out = o.t;
+    fa_indices lens = {len, FA_INDEX_INT64, CB};
+    fa_paged_kv pg = {{table, FA_INDEX_INT64, CB * max_pages}, max_pages, {len, FA_INDEX_INT64, CB}};
+    const fa_indices *pl = &lens;
+    const fa_paged_kv *pp = NULL;
+    if (_i == 1 || _i == 2) { /* pages of 16 over the same memory */
+        tk.batch = tv.batch = CB * max_pages;
+        tk.seqlen = tv.seqlen = 16;
+        tk.batch_stride = tv.batch_stride = 16 * tk.seq_stride;
+        pl = NULL, pp = &pg;
+    }
+    switch (_i) {
+    case 1: len[1] = 10, len[2] = 62; break;
+    case 2: table[1] = -1; break; /* sequence 0's second page: its new keys go there */
+    case 3: k_new = kn4.t; break;
+    case 4: v_new = vn64.t; break;
+    case 5: pp = &pg; break;
+    case 6: len[1] = 10, out = kc.t, out.seqlen = CNEW, out.heads = HQ, out.batch_stride = CNEW * HQ * D,
+            out.seq_stride = HQ * D; break; /* out inside the cache */
+    }
+    ht_tensor before;
+    ht_alloc(&before, FA_F32, CB, CS, HK, D, HT_BSHD);
+    memcpy(before.t.data, kc.t.data, kc.nbytes);
+    ht_poison(&o);
+    fa_params p;
+    fa_params_init(&p);
+    fa_context *ctx = ht_context(FA_BACKEND_TILED, 2);
+    fa_status s = fa_forward_kvcache(ctx, &p, &q.t, &tk, &tv, &k_new, &v_new, pl, pp, &out, NULL);
+    ck_assert_msg(s == bad[_i].want && strstr(fa_last_error(), bad[_i].says), "case %d: %s: %s",
+                  _i, fa_status_string(s), fa_last_error());
+    if (_i != 6) {
+        s = fa_append_kv(ctx, &k_new, &v_new, &tk, &tv, pl, pp);
+        ck_assert_msg(s == bad[_i].want && strstr(fa_last_error(), bad[_i].says),
+                      "case %d: append: %s: %s", _i, fa_status_string(s), fa_last_error());
+        ck_assert(ht_is_poisoned(&o));
+    }
+    ck_assert_msg(!memcmp(before.t.data, kc.t.data, kc.nbytes), "case %d: the cache changed", _i);
+    fa_context_destroy(ctx);
+    ht_tensor *all[9] = {&q, &kc, &vc, &kn, &kn4, &vn, &vn64, &o, &before};
+    for (int i = 0; i < 9; i++)
+        ht_free(all[i]);
+}
+END_TEST
+
 Suite *make_inference_suite(void)
 {
     Suite *s = suite_create("inference");
@@ -529,6 +694,8 @@ Suite *make_inference_suite(void)
     tcase_set_timeout(pc, 300);
     tcase_add_loop_test(pc, paged_is_contiguous, 0, 72);
     tcase_add_loop_test(pc, paged_bad_input_is_refused, 0, 10);
+    tcase_add_loop_test(pc, kvcache_appends_then_attends, 0, 2);
+    tcase_add_loop_test(pc, kvcache_without_room_writes_nothing, 0, 7);
     suite_add_tcase(s, pc);
     return s;
 }

@@ -277,6 +277,13 @@ def paged_cache():
                        ([*pg, "--cu-seqlens-q", su, "--cu-seqlens-k", su], "goes with neither")):
         p = run("forward", *qkv_args(files), "--out", path("pg_x.npy"), *opts, code=2)
         assert says in p.stderr, (opts, p.stderr)
+    # a contiguous cache with lengths (--seqused-k alone): the pages laid out in order
+    kc = np.stack([np.concatenate([kp[p] for p in table[b]]) for b in range(3)])
+    vc = np.stack([np.concatenate([vp[p] for p in table[b]]) for b in range(3)])
+    cf = [files[0], save("pg_kc.npy", kc), save("pg_vc.npy", vc)]
+    o3, l3 = forward("--causal", "--seqused-k", su, files=cf, out="pg_o3.npy", lse="pg_l3.npy")
+    assert np.array_equal(np.load(o3), out) and np.array_equal(np.load(l3), lse)
+    check(o, l, "--causal", "--seqused-k", su, files=cf, code=0)
     p = run("backward", *qkv_args(files), "--out", o, "--lse", l, "--dout", o, "--dq",
             path("pg_x.npy"), "--dk", path("pg_y.npy"), "--dv", path("pg_z.npy"), *pg, code=2)
     assert "forward only" in p.stderr and not os.path.exists(path("pg_x.npy"))

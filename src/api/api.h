@@ -18,6 +18,9 @@ fa_status fai_check_tensor(const fa_tensor *t, const char *name, fai_tensor_use 
 fa_status fai_check_shape(const fa_tensor *t, const char *name, int64_t b, int64_t s,
                           int64_t h, int64_t d, const char *ref);
 fa_status fai_check_dtype(const fa_tensor *t, const char *name, fa_dtype want);
+/* t's dtype is `ref`'s, want. */
+fa_status fai_check_dtype_of(const fa_tensor *t, const char *name, fa_dtype want,
+                             const char *ref);
 /* The three in that order, for a tensor of the shared storage dtype. */
 fa_status fai_check_operand(const fa_tensor *t, const char *name, fai_tensor_use use,
                             fa_dtype dtype, int64_t b, int64_t s, int64_t h, int64_t d,
@@ -48,9 +51,23 @@ fa_status fai_problem_make(fai_problem *pr, const fa_params *p, const fa_tensor 
 /* Makes the problem a variable-length batch (fa_forward_varlen): checks the offsets against the
  * packed q and k and sets nseq, cu_q and cu_k. */
 fa_status fai_problem_sequences(fai_problem *pr, const fa_indices *cu_q, const fa_indices *cu_k);
-/* Makes the problem one over a paged K/V (fa_forward_paged): checks the block table and the
- * used lengths against k's pages (every page a sequence uses must be one of k's) and sets
- * nseq, the page size, the table and the used lengths. */
-fa_status fai_problem_pages(fai_problem *pr, const fa_paged_kv *pages, const fa_tensor *k);
+/* Makes the problem one over a paged K/V (fa_forward_paged, fa_forward_kvcache): checks the
+ * block table and the used lengths against k's pages (every page a sequence uses, s_new new
+ * keys included, must be one of k's) and sets nseq, the page size, the table and the used
+ * lengths. */
+fa_status fai_problem_pages(fai_problem *pr, const fa_paged_kv *pages, const fa_tensor *k,
+                            int64_t s_new);
+/* Makes the problem one over a contiguous cache k (B x S_cache) with used lengths, s_new new
+ * keys each to fit. */
+fa_status fai_problem_cache(fai_problem *pr, const fa_indices *cache_seqlens,
+                            const fa_tensor *k, int64_t s_new);
+/* The problem of fa_append_kv: the cache k, v (paged: pages) that k_new's batch appends to;
+ * no queries. */
+fa_status fai_problem_for_cache(fai_problem *pr, const fa_tensor *k_new, const fa_tensor *k,
+                                const fa_tensor *v, int paged);
+/* The new keys of a cache (both NULL: none): (B, S_new, Hk, D) in the cache's dtype; the
+ * cache then is written (an output). Sets k_new, v_new, s_new. */
+fa_status fai_problem_new_keys(fai_problem *pr, const fa_tensor *k_new, const fa_tensor *v_new,
+                               const fa_tensor *k, const fa_tensor *v);
 
 #endif

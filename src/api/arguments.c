@@ -188,6 +188,15 @@ fa_status fai_check_shape(const fa_tensor *t, const char *name, int64_t b, int64
     return FA_OK;
 }
 
+fa_status fai_check_dtype_of(const fa_tensor *t, const char *name, fa_dtype want,
+                             const char *ref)
+{
+    if (t->dtype == want)
+        return FA_OK;
+    return fai_fail(FA_ERR_DTYPE, "%s->dtype = %s but %s->dtype = %s", name,
+                    fa_dtype_name(t->dtype), ref, fa_dtype_name(want));
+}
+
 fa_status fai_check_dtype(const fa_tensor *t, const char *name, fa_dtype want)
 {
     if (t->dtype == want)
@@ -414,7 +423,8 @@ static fa_status check_indices(const fa_indices *x, const char *name, int64_t co
     return FA_OK;
 }
 
-fa_status fai_problem_pages(fai_problem *pr, const fa_paged_kv *pg, const fa_tensor *k)
+fa_status fai_problem_pages(fai_problem *pr, const fa_paged_kv *pg, const fa_tensor *k,
+                            int64_t s_new)
 {
     if (!pg)
         return fai_fail(FA_ERR_NULL_POINTER, "pages is NULL");
@@ -437,12 +447,13 @@ fa_status fai_problem_pages(fai_problem *pr, const fa_paged_kv *pg, const fa_ten
         if (used < 0)
             return fai_fail(FA_ERR_INVALID_ARGUMENT, "pages->seqused_k[%lld] = %lld is "
                                                      "negative", (long long)b, (long long)used);
-        if (used > pg->max_pages * page) /* both at most 2^40: no overflow */
+        if (used > pg->max_pages * page - s_new) /* each at most 2^40: no overflow */
             return fai_fail(FA_ERR_INVALID_ARGUMENT,
-                            "pages->seqused_k[%lld] = %lld, but its row of the block table "
+                            "pages->seqused_k[%lld] = %lld%s, but its row of the block table "
                             "holds %lld pages of %lld keys", (long long)b, (long long)used,
-                            (long long)pg->max_pages, (long long)page);
-        for (int64_t i = 0; i < (used + page - 1) / page; i++) {
+                            s_new ? " and the new keys" : "", (long long)pg->max_pages,
+                            (long long)page);
+        for (int64_t i = 0; i < (used + s_new + page - 1) / page; i++) {
             const int64_t id = fai_index_at(pr->table, b * pg->max_pages + i);
             if (id < 0 || id >= npages)
                 return fai_fail(FA_ERR_INVALID_ARGUMENT,
@@ -450,12 +461,85 @@ fa_status fai_problem_pages(fai_problem *pr, const fa_paged_kv *pg, const fa_ten
                                 "(k->batch = %lld pages)", (long long)b, (long long)i,
                                 (long long)id, (long long)npages);
         }
-        most = used > most ? used : most;
+        most = used + s_new > most ? used + s_new : most;
     }
     pr->nseq = pr->b;
     pr->page_size = page;
     pr->table_stride = pg->max_pages;
     pr->sk = most; /* the call's: what a sequence may reach */
+    return FA_OK;
+}
+
+fa_status fai_problem_cache(fai_problem *pr, const fa_indices *cache_seqlens,
+                            const fa_tensor *k, int64_t s_new)
+{
+    FAI_TRY(check_indices(cache_seqlens, "cache_seqlens", pr->b, "B", &pr->seqused));
+    int64_t most = 0;
+    for (int64_t b = 0; b < pr->b; b++) {
+        const int64_t used = fai_index_at(pr->seqused, b);
+        if (used < 0)
+            return fai_fail(FA_ERR_INVALID_ARGUMENT, "cache_seqlens[%lld] = %lld is negative",
+                            (long long)b, (long long)used);
+        if (used > k->seqlen - s_new)
+            return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                            "cache_seqlens[%lld] = %lld%s, but the cache holds k->seqlen = %lld "
+                            "keys", (long long)b, (long long)used,
+                            s_new ? " and the new keys" : "", (long long)k->seqlen);
+        most = used + s_new > most ? used + s_new : most;
+    }
+    pr->nseq = pr->b;
+    pr->sk = most;
+    return FA_OK;
+}
+
+fa_status fai_problem_for_cache(fai_problem *pr, const fa_tensor *k_new, const fa_tensor *k,
+                                const fa_tensor *v, int paged)
+{
+    FAI_TRY(fai_check_tensor(k_new, "k_new", FAI_INPUT, 0));
+    FAI_TRY(fai_check_tensor(k, "k", FAI_INPUT, 0));
+    FAI_TRY(fai_check_tensor(v, "v", FAI_INPUT, 0));
+    FAI_TRY(fai_check_dtype_of(v, "v", k->dtype, "k"));
+    FAI_TRY(fai_check_shape(v, "v", k->batch, k->seqlen, k->heads, -1, "k"));
+    if (!paged)
+        FAI_TRY(expect_dim("k", "batch", k->batch, "k_new->batch", k_new->batch));
+    memset(pr, 0, sizeof *pr);
+    pr->b = k_new->batch;
+    pr->hq = pr->hk = k->heads;
+    pr->group = 1;
+    pr->dqk = k->headdim;
+    pr->dv = v->headdim;
+    pr->dtype = pr->kv_dtype = k->dtype;
+    pr->io[FAI_K] = k;
+    pr->io[FAI_V] = v;
+    return FA_OK;
+}
+
+fa_status fai_problem_new_keys(fai_problem *pr, const fa_tensor *k_new, const fa_tensor *v_new,
+                               const fa_tensor *k, const fa_tensor *v)
+{
+    if (!k_new && !v_new)
+        return FA_OK;
+    if (!k_new || !v_new)
+        return fai_fail(FA_ERR_NULL_POINTER, "%s is NULL but %s is not: new keys come with "
+                                             "their values", k_new ? "v_new" : "k_new",
+                        k_new ? "k_new" : "v_new");
+    FAI_TRY(fai_check_tensor(k_new, "k_new", FAI_INPUT, 0));
+    FAI_TRY(fai_check_tensor(v_new, "v_new", FAI_INPUT, 0));
+    FAI_TRY(fai_check_dtype_of(k_new, "k_new", k->dtype, "k"));
+    FAI_TRY(fai_check_dtype_of(v_new, "v_new", k->dtype, "k"));
+    FAI_TRY(expect_dim("k_new", "batch", k_new->batch, "q->batch", pr->b));
+    FAI_TRY(expect_dim("k_new", "heads", k_new->heads, "k->heads", pr->hk));
+    FAI_TRY(expect_dim("k_new", "headdim", k_new->headdim, "k->headdim", pr->dqk));
+    FAI_TRY(expect_dim("v_new", "batch", v_new->batch, "q->batch", pr->b));
+    FAI_TRY(expect_dim("v_new", "seqlen", v_new->seqlen, "k_new->seqlen", k_new->seqlen));
+    FAI_TRY(expect_dim("v_new", "heads", v_new->heads, "k->heads", pr->hk));
+    FAI_TRY(expect_dim("v_new", "headdim", v_new->headdim, "v->headdim", pr->dv));
+    FAI_TRY(fai_check_tensor(k, "k", FAI_OUTPUT, 0)); /* written: no two keys at one address */
+    FAI_TRY(fai_check_tensor(v, "v", FAI_OUTPUT, 0));
+    FAI_TRY(fai_check_disjoint(k, "k", v, "v"));
+    pr->k_new = k_new;
+    pr->v_new = v_new;
+    pr->s_new = k_new->seqlen;
     return FA_OK;
 }
 

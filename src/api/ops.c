@@ -75,28 +75,38 @@ static fa_status call_backend(const fa_context *ctx, const fai_problem *pr, cons
     return FA_OK;
 }
 
-/* What a call's shape is beyond dense tensors: a variable-length batch's offsets, or a paged
- * K/V's table (a forward's; at most one of them). */
+/* What a call's shape is beyond dense tensors: a variable-length batch's offsets, a paged
+ * K/V's table, or a cache's used lengths and new keys (a forward's; one kind at most). */
 typedef struct {
     int varlen;
     const fa_indices *cu_q, *cu_k;
     const fa_paged_kv *pages;
+    int cache; /* fa_forward_kvcache: pages, or a contiguous cache with cache_seqlens */
+    const fa_indices *cache_seqlens;
+    const fa_tensor *k_new, *v_new;
 } call_shape;
 
-/* The index arrays of a call as tensors, for the aliasing check: cu_q, cu_k, the block table
- * and the used lengths (empty where the call has none). */
-static void index_views(const call_shape *sh, fa_tensor v[4])
+enum { NINDEX = 5 };
+/* The index arrays of a call as tensors, for the aliasing check: cu_q, cu_k, the block table,
+ * the used lengths, the cache's lengths (empty where the call has none). */
+static void index_views(const call_shape *sh, fa_tensor v[NINDEX], const char *names[NINDEX])
 {
     const fa_indices none = {NULL, FA_INDEX_INT32, 0};
-    const fa_indices *x[4] = {sh->varlen ? sh->cu_q : &none, sh->varlen ? sh->cu_k : &none,
-                              sh->pages ? &sh->pages->block_table : &none,
-                              sh->pages ? &sh->pages->seqused_k : &none};
-    for (int i = 0; i < 4; i++)
+    const fa_indices *x[NINDEX] = {sh->varlen ? sh->cu_q : &none, sh->varlen ? sh->cu_k : &none,
+                                   sh->pages ? &sh->pages->block_table : &none,
+                                   sh->pages ? &sh->pages->seqused_k : &none,
+                                   sh->cache_seqlens ? sh->cache_seqlens : &none};
+    static const char *const n[NINDEX] = {"cu_seqlens_q", "cu_seqlens_k", "pages->block_table",
+                                          "pages->seqused_k", "cache_seqlens"};
+    for (int i = 0; i < NINDEX; i++) {
         v[i] = fai_indices_view(x[i]);
+        names[i] = n[i];
+    }
 }
 
-/* fa_forward, fa_forward_varlen (offsets checked by fai_problem_sequences) and
- * fa_forward_paged (pages by fai_problem_pages). */
+/* fa_forward, fa_forward_varlen (offsets checked by fai_problem_sequences), fa_forward_paged
+ * (pages by fai_problem_pages) and fa_forward_kvcache (a cache: its new keys by
+ * fai_problem_new_keys, then its pages or used lengths). */
 static fa_status forward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
                          const fa_tensor *k, const fa_tensor *v, const call_shape *sh,
                          fa_tensor *out, fa_tensor *lse)
@@ -107,8 +117,12 @@ static fa_status forward(fa_context *ctx, const fa_params *p, const fa_tensor *q
     FAI_TRY(fai_problem_make(&pr, p, q, k, v, sh->pages != NULL));
     if (sh->varlen)
         FAI_TRY(fai_problem_sequences(&pr, sh->cu_q, sh->cu_k));
+    if (sh->cache)
+        FAI_TRY(fai_problem_new_keys(&pr, sh->k_new, sh->v_new, k, v));
     if (sh->pages)
-        FAI_TRY(fai_problem_pages(&pr, sh->pages, k));
+        FAI_TRY(fai_problem_pages(&pr, sh->pages, k, pr.s_new));
+    else if (sh->cache)
+        FAI_TRY(fai_problem_cache(&pr, sh->cache_seqlens, k, pr.s_new));
     FAI_TRY(fai_check_operand(out, "out", FAI_OUTPUT, q->dtype, pr.b, pr.sq, pr.hq, pr.dv,
                               "q (headdim: v)"));
     if (lse) {
@@ -116,26 +130,37 @@ static fa_status forward(fa_context *ctx, const fa_params *p, const fa_tensor *q
         FAI_TRY(fai_check_shape(lse, "lse", pr.b, pr.sq, pr.hq, 1, "q"));
     }
     {
+        /* outputs: out, lse, and a cache that is appended to; every other tensor an input */
         const fa_tensor slopes = fai_slopes_view(p, pr.hq), sinks = fai_sinks_view(p, pr.hq);
-        fa_tensor ix[4];
-        index_views(sh, ix);
-        const fa_tensor *outs[2] = {out, lse},
-                        *ins[9] = {q, k, v, &slopes, &sinks, &ix[0], &ix[1], &ix[2], &ix[3]};
-        const char *on[2] = {"out", "lse"};
-        const char *in[9] = {"q", "k", "v", "params->alibi_slopes", "params->sink_logits",
-                             "cu_seqlens_q", "cu_seqlens_k", "pages->block_table",
-                             "pages->seqused_k"};
-        FAI_TRY(fai_check_outputs_disjoint(outs, on, lse ? 2 : 1, ins, in, 9));
+        fa_tensor ix[NINDEX];
+        const char *in[7 + NINDEX] = {"q", "params->alibi_slopes", "params->sink_logits"},
+                   *on[4] = {"out"};
+        const fa_tensor *ins[7 + NINDEX] = {q, &slopes, &sinks}, *outs[4] = {out};
+        int ni = 3, no = 1;
+        if (lse)
+            outs[no] = lse, on[no++] = "lse";
+        const fa_tensor *const kv[4] = {k, v, pr.k_new, pr.v_new};
+        const char *const kvn[4] = {"k", "v", "k_new", "v_new"};
+        for (int x = 0; x < 4; x++) {
+            if (x < 2 && pr.k_new)
+                outs[no] = kv[x], on[no++] = kvn[x];
+            else if (kv[x])
+                ins[ni] = kv[x], in[ni++] = kvn[x];
+        }
+        index_views(sh, ix, in + ni);
+        for (int x = 0; x < NINDEX; x++)
+            ins[ni++] = &ix[x];
+        FAI_TRY(fai_check_outputs_disjoint(outs, on, no, ins, in, ni));
     }
     pr.io[FAI_OUT] = out;
     pr.io[FAI_LSE] = lse;
     const fai_backend *be;
     FAI_TRY(call_backend(ctx, &pr, q, &be));
-    if (pr.b == 0 || pr.sq == 0)
+    if (pr.b == 0 || (pr.sq == 0 && !pr.k_new)) /* (new keys are appended even so) */
         return FA_OK;
     fai_op_fn run;
     FAI_TRY(fai_backend_op(be, FAI_OP_FORWARD, "forward", &run));
-    if (pr.sk == 0 && !be->device_memory) { /* no row has a key */
+    if (pr.sk == 0 && !be->device_memory) { /* no row has a key (and no key is new) */
         fai_write_empty(&pr, 0);
         return FA_OK;
     }
@@ -145,7 +170,7 @@ static fa_status forward(fa_context *ctx, const fa_params *p, const fa_tensor *q
 fa_status fa_forward(fa_context *ctx, const fa_params *p, const fa_tensor *q, const fa_tensor *k,
                      const fa_tensor *v, fa_tensor *out, fa_tensor *lse)
 {
-    const call_shape dense = {0, NULL, NULL, NULL};
+    const call_shape dense = {0};
     return forward(ctx, p, q, k, v, &dense, out, lse);
 }
 
@@ -153,7 +178,7 @@ fa_status fa_forward_varlen(fa_context *ctx, const fa_params *p, const fa_tensor
                             const fa_tensor *k, const fa_tensor *v, const fa_indices *cu_seqlens_q,
                             const fa_indices *cu_seqlens_k, fa_tensor *out, fa_tensor *lse)
 {
-    const call_shape varlen = {1, cu_seqlens_q, cu_seqlens_k, NULL};
+    const call_shape varlen = {.varlen = 1, .cu_q = cu_seqlens_q, .cu_k = cu_seqlens_k};
     return forward(ctx, p, q, k, v, &varlen, out, lse);
 }
 
@@ -161,10 +186,59 @@ fa_status fa_forward_paged(fa_context *ctx, const fa_params *p, const fa_tensor 
                            const fa_tensor *k, const fa_tensor *v, const fa_paged_kv *pages,
                            fa_tensor *out, fa_tensor *lse)
 {
-    const call_shape paged = {0, NULL, NULL, pages};
+    const call_shape paged = {.pages = pages};
     if (!pages) /* (forward() tells a paged call by its pages) */
         return fai_fail(FA_ERR_NULL_POINTER, "pages is NULL");
     return forward(ctx, p, q, k, v, &paged, out, lse);
+}
+
+fa_status fa_forward_kvcache(fa_context *ctx, const fa_params *p, const fa_tensor *q,
+                             fa_tensor *k_cache, fa_tensor *v_cache, const fa_tensor *k_new,
+                             const fa_tensor *v_new, const fa_indices *cache_seqlens,
+                             const fa_paged_kv *pages, fa_tensor *out, fa_tensor *lse)
+{
+    if (pages && cache_seqlens)
+        return fai_fail(FA_ERR_INVALID_ARGUMENT, "cache_seqlens and pages are both given; a "
+                                                 "paged cache's lengths are pages->seqused_k");
+    if (!pages && !cache_seqlens)
+        return fai_fail(FA_ERR_NULL_POINTER, "cache_seqlens is NULL (a contiguous cache needs "
+                                             "its lengths)");
+    const call_shape cache = {.pages = pages, .cache = 1, .cache_seqlens = cache_seqlens,
+                              .k_new = k_new, .v_new = v_new};
+    return forward(ctx, p, q, k_cache, v_cache, &cache, out, lse);
+}
+
+fa_status fa_append_kv(fa_context *ctx, const fa_tensor *k_new, const fa_tensor *v_new,
+                       fa_tensor *k_cache, fa_tensor *v_cache, const fa_indices *cache_seqlens,
+                       const fa_paged_kv *pages)
+{
+    if (!ctx)
+        return fai_fail(FA_ERR_NULL_POINTER, "ctx is NULL");
+    if (!k_new || !v_new)
+        return fai_fail(FA_ERR_NULL_POINTER, "%s is NULL", k_new ? "v_new" : "k_new");
+    if (pages && cache_seqlens)
+        return fai_fail(FA_ERR_INVALID_ARGUMENT, "cache_seqlens and pages are both given; a "
+                                                 "paged cache's lengths are pages->seqused_k");
+    if (!pages && !cache_seqlens)
+        return fai_fail(FA_ERR_NULL_POINTER, "cache_seqlens is NULL (a contiguous cache needs "
+                                             "its lengths)");
+    fai_problem pr;
+    FAI_TRY(fai_problem_for_cache(&pr, k_new, k_cache, v_cache, pages != NULL));
+    FAI_TRY(fai_problem_new_keys(&pr, k_new, v_new, k_cache, v_cache));
+    if (pages)
+        FAI_TRY(fai_problem_pages(&pr, pages, k_cache, pr.s_new));
+    else
+        FAI_TRY(fai_problem_cache(&pr, cache_seqlens, k_cache, pr.s_new));
+    fa_tensor ix[NINDEX];
+    const char *in[2 + NINDEX] = {"k_new", "v_new"}, *on[2] = {"k", "v"};
+    const fa_tensor *ins[2 + NINDEX] = {k_new, v_new}, *outs[2] = {k_cache, v_cache};
+    const call_shape sh = {.pages = pages, .cache = 1, .cache_seqlens = cache_seqlens};
+    index_views(&sh, ix, in + 2);
+    for (int x = 0; x < NINDEX; x++)
+        ins[2 + x] = &ix[x];
+    FAI_TRY(fai_check_outputs_disjoint(outs, on, 2, ins, in, 2 + NINDEX));
+    fai_append_new_keys(&pr);
+    return FA_OK;
 }
 
 static fa_status backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
@@ -208,16 +282,18 @@ static fa_status backward(fa_context *ctx, const fa_params *p, const fa_tensor *
     {
         const fa_tensor slopes = fai_slopes_view(p, pr.hq), sinks = fai_sinks_view(p, pr.hq);
         const fa_tensor sgrad = fai_sink_grad_view(p, pr.hq);
-        fa_tensor ix[4];
-        const call_shape sh = {varlen, cu_q, cu_k, NULL};
-        index_views(&sh, ix);
-        const fa_tensor cq = ix[0], ck = ix[1];
+        fa_tensor ix[NINDEX];
+        const call_shape sh = {.varlen = varlen, .cu_q = cu_q, .cu_k = cu_k};
         const fa_tensor *outs[4] = {dq, dk, dv, &sgrad};
-        const fa_tensor *ins[10] = {q, k, v, out, lse, dout, &slopes, &sinks, &cq, &ck};
+        const fa_tensor *ins[8 + NINDEX] = {q, k, v, out, lse, dout, &slopes, &sinks};
         const char *on[4] = {"dq", "dk", "dv", "params->sink_grad"};
-        const char *in[10] = {"q",   "k",    "v",    "out", "lse", "dout", "params->alibi_slopes",
-                              "params->sink_logits", "cu_seqlens_q", "cu_seqlens_k"};
-        FAI_TRY(fai_check_outputs_disjoint(outs, on, p->sink_grad ? 4 : 3, ins, in, 10));
+        const char *in[8 + NINDEX] = {"q",   "k",   "v",    "out", "lse", "dout",
+                                      "params->alibi_slopes", "params->sink_logits"};
+        index_views(&sh, ix, in + 8);
+        for (int x = 0; x < NINDEX; x++)
+            ins[8 + x] = &ix[x];
+        FAI_TRY(fai_check_outputs_disjoint(outs, on, p->sink_grad ? 4 : 3, ins, in,
+                                           8 + NINDEX));
     }
     pr.io[FAI_OUT] = out;
     pr.io[FAI_LSE] = lse;

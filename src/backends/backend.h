@@ -80,9 +80,14 @@ typedef struct {
  *     [cu_k[s], cu_k[s + 1]) of batch 0, the tensors packed along seqlen;
  *   - over a paged K/V (page_size > 0): q-side batch s, and seqused[s] keys, key j in page
  *     table[s * table_stride + j / page_size] at its row j % page_size (k and v are pages:
- *     batch = page, seqlen = page_size); pages may be shared between sequences.
- * A sequence's problem has its rows' bases: q-side rows from row q0 of batch qb0, keys from k0,
- * and seq0, the call's index of its batch 0 (its dropout stream, its row of the page table).
+ *     batch = page, seqlen = page_size); pages may be shared between sequences;
+ *   - over a contiguous cache with used lengths (seqused set, page_size 0): q-side and key
+ *     batch s, seqused[s] keys.
+ * With new keys to append (k_new, v_new: B x s_new rows), a cache's sequence s holds
+ * seqused[s] + s_new keys once fai_run_groups has written them (fai_append_new_keys).
+ * A sequence's problem has its rows' bases: q-side rows from row q0 of batch qb0, keys from
+ * row k0 of batch kb0, and seq0, the call's index of its batch 0 (its dropout stream, its row
+ * of the page table).
  */
 typedef struct {
     int64_t b, hq, hk, sq, sk, dqk, dv, group; /* group = Hq / Hk */
@@ -90,9 +95,11 @@ typedef struct {
     fai_index cu_q, cu_k;     /* a variable-length batch: nseq + 1 offsets each, else NULL */
     int64_t page_size;        /* > 0: k and v are pages */
     int64_t table_stride;     /* entries per sequence in the page table */
-    fai_index table, seqused; /* the page table; nseq used lengths */
+    fai_index table, seqused; /* the page table; nseq used lengths (a cache's), else NULL */
+    const fa_tensor *k_new, *v_new; /* keys to append to a cache first, or NULL */
+    int64_t s_new;                  /* their rows per sequence */
     fai_mask_spec mask_spec;
-    int64_t q0, k0, qb0, seq0; /* where the rows lie: 0 but in a sequence of a call */
+    int64_t q0, k0, qb0, kb0, seq0; /* where the rows lie: 0 but in a sequence of a call */
     fa_dtype dtype;    /* storage of q, out, dout and the gradients */
     fa_dtype kv_dtype; /* storage of k and v (and dk, dv): dtype, or a forward's f16 / bf16
                           cache under f32 or bf16 q */
@@ -142,7 +149,7 @@ static inline void *fai_kv_rows(const fai_problem *pr, fai_role r, int64_t b, in
 {
     (void)n;
     if (pr->page_size == 0)
-        return fai_strided_rows(pr->io[r], b, hk, pr->k0 + j, ld);
+        return fai_strided_rows(pr->io[r], pr->kb0 + b, hk, pr->k0 + j, ld);
     const int64_t page = fai_index_at(pr->table, (pr->seq0 + b) * pr->table_stride +
                                                      j / pr->page_size);
     return fai_strided_rows(pr->io[r], page, hk, j % pr->page_size, ld);
@@ -252,8 +259,10 @@ static inline fai_problem fai_group(const fai_problem *pr, int64_t g)
         s.k0 = fai_index_at(pr->cu_k, g);
         s.sk = fai_index_at(pr->cu_k, g + 1) - s.k0;
     }
-    if (pr->seqused.data)
-        s.sk = fai_index_at(pr->seqused, g);
+    if (pr->seqused.data) {
+        s.sk = fai_index_at(pr->seqused, g) + pr->s_new;
+        s.kb0 = pr->page_size ? 0 : g; /* a contiguous cache: batch g */
+    }
     s.mask = fai_mask_make(s.sq, s.sk, m->causal, m->left, m->right, m->top_left);
     s.score.off = s.mask.off;
     return s;
@@ -282,6 +291,10 @@ fa_status fai_run_groups(fa_context *ctx, const fai_problem *pr, int backward, c
 /* Writes what a problem with no (query, key) pair gives (host tensors): the forward's O = 0
  * and LSE = the sink (-inf without one) for each row; the backward's dQ, dK, dV = 0. */
 void fai_write_empty(const fai_problem *pr, int backward);
+
+/* Copies k_new and v_new into the cache, sequence s's rows to its keys [seqused[s],
+ * seqused[s] + s_new) (host tensors; the API layer checked the room and the pages). */
+void fai_append_new_keys(const fai_problem *pr);
 
 /* ------------------------------------------------------------------ backends */
 

@@ -1,8 +1,9 @@
 /*
  * Running an op over the groups of a call (backends/backend.h): a dense problem is one group,
- * a variable-length batch one per sequence. The groups share one allocation, sized for the
- * largest, made before anything is written; groups without a (query, key) pair get their
- * defined results here, on the host, for every backend alike.
+ * a call of sequences (variable-length, paged, a cache) one per sequence. The groups share one
+ * allocation, sized for the largest, made before anything is written; then the new keys of a
+ * cache are appended, and groups without a (query, key) pair get their defined results here,
+ * on the host, for every backend alike.
  */
 #include "config.h"
 
@@ -39,6 +40,22 @@ void fai_write_empty(const fai_problem *pr, int backward)
                     fai_lse_write(pr, b, h, i, fai_sink(pr, h));
 }
 
+void fai_append_new_keys(const fai_problem *pr)
+{
+    const size_t es = fai_dtype_size(pr->kv_dtype);
+    for (int64_t g = 0; g < pr->nseq; g++) {
+        const fai_problem s = fai_group(pr, g);
+        const int64_t at = s.sk - pr->s_new; /* the sequence's length before */
+        for (int64_t n = 0; n < pr->s_new; n++)
+            for (int64_t h = 0; h < pr->hk; h++) {
+                memcpy(fai_kv_row(&s, FAI_K, 0, h, at + n), fai_row(pr->k_new, g, n, h),
+                       (size_t)pr->dqk * es);
+                memcpy(fai_kv_row(&s, FAI_V, 0, h, at + n), fai_row(pr->v_new, g, n, h),
+                       (size_t)pr->dv * es);
+            }
+    }
+}
+
 static int nothing_to_compute(const fai_problem *pr) { return pr->sq == 0 || pr->sk == 0; }
 
 fa_status fai_run_groups(fa_context *ctx, const fai_problem *pr, int backward, const char *who,
@@ -67,6 +84,8 @@ fa_status fai_run_groups(fa_context *ctx, const fai_problem *pr, int backward, c
                             most.shared);
         }
     }
+    if (pr->k_new) /* allocated: nothing can fail from here on */
+        fai_append_new_keys(pr);
     for (int64_t g = 0; g < n; g++) {
         const fai_problem s = fai_group(pr, g);
         if (nothing_to_compute(&s))

@@ -30,10 +30,11 @@ typedef struct {
     const char *cu_q, *cu_k; /* --cu-seqlens-q, -k: a variable-length batch */
     int packed;              /* those given: tensors are (total, heads, headdim) */
     fa_indices cu[2];
-    /* a paged K/V (forward and check): --block-table and --seqused-k, or FlashInfer's
-     * --kv-indptr, --kv-indices and --kv-last-page-len (converted to a table) */
+    /* a KV cache (forward and check): --seqused-k (the lengths), with --block-table a paged
+     * one, or FlashInfer's --kv-indptr, --kv-indices and --kv-last-page-len (converted to a
+     * table) */
     const char *block_table, *seqused, *kv_indptr, *kv_indices, *kv_last;
-    int paged;
+    int paged; /* any of them: a cache (paged, or contiguous with lengths) */
     fa_paged_kv pages;
     int64_t *page_table, *page_used; /* the CSR conversion's */
     npy_array idx[7];                /* the index files, by cli_index_file */

@@ -120,10 +120,11 @@ void cli_usage(FILE *f, const char *cmd)
             "                            Q, K, V, O are then (total, heads, headdim), LSE\n"
             "                            (heads, total), as FlashAttention's varlen functions\n");
     fprintf(f,
-            "  --block-table BT.npy --seqused-k SU.npy   a paged K/V (forward, check): K, V are pages\n"
-            "                            (num_pages, page_size, Hk, D); BT (B, max_pages) page ids,\n"
-            "                            SU (B) used lengths (int32 or int64), as FlashAttention's\n"
-            "                            block_table and cache_seqlens\n"
+            "  --seqused-k SU.npy        a KV cache (forward, check): sequence b attends to its\n"
+            "                            first SU[b] keys (B lengths, int32 or int64), as\n"
+            "                            FlashAttention's cache_seqlens\n"
+            "  --block-table BT.npy      with --seqused-k: the cache is paged, K, V files pages\n"
+            "                            (num_pages, page_size, Hk, D), BT (B, max_pages) ids\n"
             "  --kv-indptr IP.npy --kv-indices IX.npy --kv-last-page-len LP.npy   the same in\n"
             "                            FlashInfer's CSR form (B + 1 offsets into the page ids,\n"
             "                            the keys of each sequence's last page)\n");
@@ -393,9 +394,9 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
     o->packed = o->cu_q != NULL;
     const int table = o->block_table || o->seqused;
     const int csr = o->kv_indptr || o->kv_indices || o->kv_last;
-    if (table && (!o->block_table || !o->seqused))
-        return bad(cmd, o->block_table ? "--seqused-k" : "--block-table", NULL,
-                   "is required with the other: a paged K/V has both");
+    if (o->block_table && !o->seqused)
+        return bad(cmd, "--seqused-k", NULL, "is required with --block-table: a paged K/V "
+                                             "has both");
     if (csr && (!o->kv_indptr || !o->kv_indices || !o->kv_last))
         return bad(cmd, !o->kv_indptr ? "--kv-indptr" : !o->kv_indices ? "--kv-indices"
                                                                         : "--kv-last-page-len",

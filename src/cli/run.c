@@ -185,6 +185,8 @@ int cli_load_indices(cli_opts *o, int64_t page_size)
     if (o->block_table) {
         const npy_array *t = &o->idx[IDX_TABLE];
         o->pages = (fa_paged_kv){indices_of(t), t->shape[1], indices_of(&o->idx[IDX_USED])};
+    } else if (o->seqused) {
+        o->pages.seqused_k = indices_of(&o->idx[IDX_USED]); /* a contiguous cache's lengths */
     }
     if (o->kv_indptr)
         return pages_from_csr(o, page_size);
@@ -194,6 +196,10 @@ int cli_load_indices(cli_opts *o, int64_t page_size)
 fa_status cli_forward(fa_context *ctx, const cli_opts *o, const fa_tensor *q, const fa_tensor *k,
                       const fa_tensor *v, fa_tensor *out, fa_tensor *lse)
 {
+    if (o->paged && !o->block_table && !o->kv_indptr) /* a contiguous cache with lengths:
+                                                         read only (no new keys) */
+        return fa_forward_kvcache(ctx, &o->p, q, (fa_tensor *)k, (fa_tensor *)v, NULL, NULL,
+                                  &o->pages.seqused_k, NULL, out, lse);
     if (o->paged)
         return fa_forward_paged(ctx, &o->p, q, k, v, &o->pages, out, lse);
     if (o->packed)
