@@ -155,6 +155,14 @@ static inline void *fai_kv_rows(const fai_problem *pr, fai_role r, int64_t b, in
     return fai_strided_rows(pr->io[r], page, hk, j % pr->page_size, ld);
 }
 
+/* Row i of kv head hk of sequence b of the new keys (FAI_K: k_new) or values (FAI_V: v_new)
+ * that a cache appends. */
+static inline const void *fai_new_key_row(const fai_problem *pr, fai_role r, int64_t b,
+                                          int64_t hk, int64_t i)
+{
+    return fai_row(r == FAI_K ? pr->k_new : pr->v_new, b, i, hk);
+}
+
 /* How many of the n keys from j lie in one run of fai_kv_rows: n, but for pages. */
 static inline int64_t fai_kv_run_len(const fai_problem *pr, int64_t j, int64_t n)
 {

@@ -48,9 +48,9 @@ void fai_append_new_keys(const fai_problem *pr)
         const int64_t at = s.sk - pr->s_new; /* the sequence's length before */
         for (int64_t n = 0; n < pr->s_new; n++)
             for (int64_t h = 0; h < pr->hk; h++) {
-                memcpy(fai_kv_row(&s, FAI_K, 0, h, at + n), fai_row(pr->k_new, g, n, h),
+                memcpy(fai_kv_row(&s, FAI_K, 0, h, at + n), fai_new_key_row(pr, FAI_K, g, h, n),
                        (size_t)pr->dqk * es);
-                memcpy(fai_kv_row(&s, FAI_V, 0, h, at + n), fai_row(pr->v_new, g, n, h),
+                memcpy(fai_kv_row(&s, FAI_V, 0, h, at + n), fai_new_key_row(pr, FAI_V, g, h, n),
                        (size_t)pr->dv * es);
             }
     }
