@@ -824,6 +824,46 @@ START_TEST(cuda_kv_dtype_unsupported)
 }
 END_TEST
 
+/* Calls of sequences (variable-length, paged, a cache) are the CPU backends' for now: refused
+ * with nothing written; and a backward with no rows and no keys at B = 2^40 loops over nothing. */
+START_TEST(cuda_sequences_unsupported)
+{
+    ht_tensor q, k, v, o;
+    ht_alloc(&q, FA_F16, 1, 6, 2, 64, HT_BSHD);
+    ht_alloc(&k, FA_F16, 1, 9, 2, 64, HT_BSHD);
+    ht_alloc(&v, FA_F16, 1, 9, 2, 64, HT_BSHD);
+    ht_alloc(&o, FA_F16, 1, 6, 2, 64, HT_BSHD);
+    ht_fill(&q, 1, -1, 1), ht_fill(&k, 2, -1, 1), ht_fill(&v, 3, -1, 1);
+    ht_poison(&o);
+    fa_context *ctx = cuda_context(0);
+    dtensor dq, dk, dvv, dout;
+    d_up(&dq, &q), d_up(&dk, &k), d_up(&dvv, &v), d_up(&dout, &o);
+    fa_params p;
+    fa_params_init(&p);
+    const int32_t cq[3] = {0, 2, 6}, ck[3] = {0, 4, 9}, used[1] = {9};
+    const int32_t table[1] = {0};
+    const fa_indices iq = {cq, FA_INDEX_INT32, 3}, ik = {ck, FA_INDEX_INT32, 3};
+    const fa_paged_kv pg = {{table, FA_INDEX_INT32, 1}, 1, {used, FA_INDEX_INT32, 1}};
+    fa_status st = fa_forward_varlen(ctx, &p, &dq.t, &dk.t, &dvv.t, &iq, &ik, &dout.t, NULL);
+    ck_assert_msg(st == FA_ERR_UNSUPPORTED && strstr(fa_last_error(), "calls of sequences"),
+                  "varlen: %s: %s", fa_status_string(st), fa_last_error());
+    st = fa_forward_paged(ctx, &p, &dq.t, &dk.t, &dvv.t, &pg, &dout.t, NULL);
+    ck_assert_msg(st == FA_ERR_UNSUPPORTED, "paged: %s: %s", fa_status_string(st),
+                  fa_last_error());
+    d_down(&dout);
+    ck_assert(ht_is_poisoned(&o));
+    fa_tensor e[9] = {dq.t, dk.t, dvv.t, dout.t, dout.t, dout.t, dq.t, dk.t, dvv.t};
+    for (int i = 0; i < 9; i++)
+        e[i].batch = (int64_t)1 << 40, e[i].seqlen = 0, e[i].data = NULL;
+    e[4].headdim = 1, e[4].dtype = FA_F32; /* the LSE */
+    st = fa_backward(ctx, &p, &e[0], &e[1], &e[2], &e[3], &e[4], &e[5], &e[6], &e[7], &e[8]);
+    ck_assert_msg(st == FA_OK, "empty backward: %s: %s", fa_status_string(st), fa_last_error());
+    d_free(&dq), d_free(&dk), d_free(&dvv), d_free(&dout);
+    fa_context_destroy(ctx);
+    ht_free(&q), ht_free(&k), ht_free(&v), ht_free(&o);
+}
+END_TEST
+
 static Suite *make_cuda_suite(void)
 {
     Suite *s = suite_create("cuda");
@@ -866,6 +906,7 @@ static Suite *make_cuda_suite(void)
     tcase_add_loop_test(tc, cuda_sinks_match_reference, 0, 28);
     tcase_add_test(tc, cuda_sink_grad_unsupported);
     tcase_add_test(tc, cuda_kv_dtype_unsupported);
+    tcase_add_test(tc, cuda_sequences_unsupported);
     int ndev = 0;
     if (cudaGetDeviceCount(&ndev) == cudaSuccess && ndev >= 2)
         tcase_add_test(tc, cuda_other_device_refused);

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -933,15 +934,24 @@ def reader_allocation_failures():
 
 
 QKV[:] = inputs()
+# FA_CLI_TESTS: a comma-separated list of the tests to run (default: all)
+ONLY = set(filter(None, os.environ.get("FA_CLI_TESTS", "").split(",")))
+unknown = ONLY - {fn.__name__ for fn in TESTS}
+if unknown:
+    sys.exit(f"FA_CLI_TESTS names no test: {sorted(unknown)}")
 for fn in TESTS:
+    if ONLY and fn.__name__ not in ONLY:
+        continue
+    t0 = time.monotonic()
     try:
         fn()
-        results.append((fn.__name__, None))
+        results.append((fn.__name__, None, time.monotonic() - t0))
     except AssertionError as e:
-        results.append((fn.__name__, str(e) or "assertion failed"))
-for name, err in results:
-    print(("ok   " if err is None else "FAIL ") + name + ("" if err is None else ": " + err))
-failed = sum(err is not None for _, err in results)
+        results.append((fn.__name__, str(e) or "assertion failed", time.monotonic() - t0))
+for name, err, secs in results:
+    print(("ok   " if err is None else "FAIL ") + f"{name} ({secs:.1f} s)" +
+          ("" if err is None else ": " + err))
+failed = sum(err is not None for _, err, _ in results)
 shutil.rmtree(TMP, ignore_errors=True)
 print(f"{len(results) - failed} passed, {failed} failed")
 sys.exit(1 if failed else 0)
