@@ -350,24 +350,37 @@ fa_tensor fai_indices_view(const fa_indices *x)
 
 /* ------------------------------------------------------------------ variable-length batches */
 
-/* x: B + 1 offsets of host memory, from 0, never decreasing, to `total` (tname's seqlen). */
-static fa_status check_offsets(const fa_indices *x, const char *name, int64_t total,
-                               const char *tname, fai_index *out)
+/*
+ * An index array x of host memory (`name`, whose fields are named with `sep`: "->" for a
+ * pointer argument, "." for a member of one): not NULL, a fa_index_type, `count` entries (the
+ * count: when want_count >= 0; else from 1 to 2^40), data where there are entries. *out reads
+ * it.
+ */
+static fa_status check_index_array(const fa_indices *x, const char *name, const char *sep,
+                                   int64_t want_count, const char *what, fai_index *out)
 {
     if (!x)
         return fai_fail(FA_ERR_NULL_POINTER, "%s is NULL", name);
     if (x->type != FA_INDEX_INT32 && x->type != FA_INDEX_INT64)
-        return fai_fail(FA_ERR_INVALID_ARGUMENT, "%s->type = %d is not a fa_index_type", name,
-                        (int)x->type);
-    if (x->count < 1 || x->count > FAI_DIM_MAX)
-        return fai_fail(FA_ERR_SHAPE, "%s->count = %lld; B + 1 offsets (1 to 2^40) are needed",
-                        name, (long long)x->count);
-    if (!x->data)
-        return fai_fail(FA_ERR_NULL_POINTER, "%s->data is NULL", name);
-    if (fai_cuda_is_device_pointer(x->data))
-        return fai_fail(FA_ERR_INVALID_ARGUMENT,
-                        "%s->data is device memory; the offsets are read on the host", name);
+        return fai_fail(FA_ERR_INVALID_ARGUMENT, "%s%stype = %d is not a fa_index_type", name,
+                        sep, (int)x->type);
+    if (want_count >= 0 ? x->count != want_count : x->count < 1 || x->count > FAI_DIM_MAX)
+        return fai_fail(FA_ERR_SHAPE, "%s%scount = %lld; %s are needed", name, sep,
+                        (long long)x->count, what);
+    if (x->count > 0 && !x->data)
+        return fai_fail(FA_ERR_NULL_POINTER, "%s%sdata is NULL", name, sep);
+    if (x->count > 0 && fai_cuda_is_device_pointer(x->data))
+        return fai_fail(FA_ERR_INVALID_ARGUMENT, "%s%sdata is device memory; it is read on the "
+                                                 "host", name, sep);
     *out = (fai_index){x->data, x->type == FA_INDEX_INT64};
+    return FA_OK;
+}
+
+/* x: B + 1 offsets, from 0, never decreasing, to `total` (tname's seqlen). */
+static fa_status check_offsets(const fa_indices *x, const char *name, int64_t total,
+                               const char *tname, fai_index *out)
+{
+    FAI_TRY(check_index_array(x, name, "->", -1, "B + 1 offsets (1 to 2^40)", out));
     if (fai_index_at(*out, 0) != 0)
         return fai_fail(FA_ERR_INVALID_ARGUMENT, "%s[0] = %lld; the offsets start at 0", name,
                         (long long)fai_index_at(*out, 0));
@@ -401,28 +414,6 @@ fa_status fai_problem_sequences(fai_problem *pr, const fa_indices *cu_q, const f
     return FA_OK;
 }
 
-/* An index array of `count` entries (host memory); `what` says what they are, for the count's
- * message. */
-static fa_status check_indices(const fa_indices *x, const char *name, int64_t count,
-                               const char *what, fai_index *out)
-{
-    if (!x)
-        return fai_fail(FA_ERR_NULL_POINTER, "%s is NULL", name);
-    if (x->type != FA_INDEX_INT32 && x->type != FA_INDEX_INT64)
-        return fai_fail(FA_ERR_INVALID_ARGUMENT, "%s.type = %d is not a fa_index_type", name,
-                        (int)x->type);
-    if (x->count != count)
-        return fai_fail(FA_ERR_SHAPE, "%s.count = %lld; %s (%lld) are needed", name,
-                        (long long)x->count, what, (long long)count);
-    if (count > 0 && !x->data)
-        return fai_fail(FA_ERR_NULL_POINTER, "%s.data is NULL", name);
-    if (count > 0 && fai_cuda_is_device_pointer(x->data))
-        return fai_fail(FA_ERR_INVALID_ARGUMENT, "%s.data is device memory; it is read on "
-                                                 "the host", name);
-    *out = (fai_index){x->data, x->type == FA_INDEX_INT64};
-    return FA_OK;
-}
-
 fa_status fai_problem_pages(fai_problem *pr, const fa_paged_kv *pg, const fa_tensor *k,
                             int64_t s_new)
 {
@@ -438,9 +429,13 @@ fa_status fai_problem_pages(fai_problem *pr, const fa_paged_kv *pg, const fa_ten
     int64_t entries;
     if (__builtin_mul_overflow(pr->b, pg->max_pages, &entries))
         return fai_fail(FA_ERR_OVERFLOW, "pages: B x max_pages overflows int64");
-    FAI_TRY(check_indices(&pg->block_table, "pages->block_table", entries, "B x max_pages",
-                          &pr->table));
-    FAI_TRY(check_indices(&pg->seqused_k, "pages->seqused_k", pr->b, "B", &pr->seqused));
+    char what[64];
+    snprintf(what, sizeof what, "B x max_pages (%lld)", (long long)entries);
+    FAI_TRY(check_index_array(&pg->block_table, "pages->block_table", ".", entries, what,
+                              &pr->table));
+    snprintf(what, sizeof what, "B (%lld)", (long long)pr->b);
+    FAI_TRY(check_index_array(&pg->seqused_k, "pages->seqused_k", ".", pr->b, what,
+                              &pr->seqused));
     int64_t most = 0;
     for (int64_t b = 0; b < pr->b; b++) {
         const int64_t used = fai_index_at(pr->seqused, b);
@@ -473,7 +468,9 @@ fa_status fai_problem_pages(fai_problem *pr, const fa_paged_kv *pg, const fa_ten
 fa_status fai_problem_cache(fai_problem *pr, const fa_indices *cache_seqlens,
                             const fa_tensor *k, int64_t s_new)
 {
-    FAI_TRY(check_indices(cache_seqlens, "cache_seqlens", pr->b, "B", &pr->seqused));
+    char what[32];
+    snprintf(what, sizeof what, "B (%lld)", (long long)pr->b);
+    FAI_TRY(check_index_array(cache_seqlens, "cache_seqlens", "->", pr->b, what, &pr->seqused));
     int64_t most = 0;
     for (int64_t b = 0; b < pr->b; b++) {
         const int64_t used = fai_index_at(pr->seqused, b);

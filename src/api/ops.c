@@ -192,10 +192,8 @@ fa_status fa_forward_paged(fa_context *ctx, const fa_params *p, const fa_tensor 
     return forward(ctx, p, q, k, v, &paged, out, lse);
 }
 
-fa_status fa_forward_kvcache(fa_context *ctx, const fa_params *p, const fa_tensor *q,
-                             fa_tensor *k_cache, fa_tensor *v_cache, const fa_tensor *k_new,
-                             const fa_tensor *v_new, const fa_indices *cache_seqlens,
-                             const fa_paged_kv *pages, fa_tensor *out, fa_tensor *lse)
+/* A cache's lengths come once: cache_seqlens for a contiguous one, pages->seqused_k for pages. */
+static fa_status cache_lengths_once(const fa_indices *cache_seqlens, const fa_paged_kv *pages)
 {
     if (pages && cache_seqlens)
         return fai_fail(FA_ERR_INVALID_ARGUMENT, "cache_seqlens and pages are both given; a "
@@ -203,6 +201,15 @@ fa_status fa_forward_kvcache(fa_context *ctx, const fa_params *p, const fa_tenso
     if (!pages && !cache_seqlens)
         return fai_fail(FA_ERR_NULL_POINTER, "cache_seqlens is NULL (a contiguous cache needs "
                                              "its lengths)");
+    return FA_OK;
+}
+
+fa_status fa_forward_kvcache(fa_context *ctx, const fa_params *p, const fa_tensor *q,
+                             fa_tensor *k_cache, fa_tensor *v_cache, const fa_tensor *k_new,
+                             const fa_tensor *v_new, const fa_indices *cache_seqlens,
+                             const fa_paged_kv *pages, fa_tensor *out, fa_tensor *lse)
+{
+    FAI_TRY(cache_lengths_once(cache_seqlens, pages));
     const call_shape cache = {.pages = pages, .cache = 1, .cache_seqlens = cache_seqlens,
                               .k_new = k_new, .v_new = v_new};
     return forward(ctx, p, q, k_cache, v_cache, &cache, out, lse);
@@ -216,12 +223,7 @@ fa_status fa_append_kv(fa_context *ctx, const fa_tensor *k_new, const fa_tensor 
         return fai_fail(FA_ERR_NULL_POINTER, "ctx is NULL");
     if (!k_new || !v_new)
         return fai_fail(FA_ERR_NULL_POINTER, "%s is NULL", k_new ? "v_new" : "k_new");
-    if (pages && cache_seqlens)
-        return fai_fail(FA_ERR_INVALID_ARGUMENT, "cache_seqlens and pages are both given; a "
-                                                 "paged cache's lengths are pages->seqused_k");
-    if (!pages && !cache_seqlens)
-        return fai_fail(FA_ERR_NULL_POINTER, "cache_seqlens is NULL (a contiguous cache needs "
-                                             "its lengths)");
+    FAI_TRY(cache_lengths_once(cache_seqlens, pages));
     fai_problem pr;
     FAI_TRY(fai_problem_for_cache(&pr, k_new, k_cache, v_cache, pages != NULL));
     FAI_TRY(fai_problem_new_keys(&pr, k_new, v_new, k_cache, v_cache));
