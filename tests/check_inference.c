@@ -476,6 +476,7 @@ START_TEST(paged_bad_input_is_refused)
         {FA_ERR_NULL_POINTER, "pages is NULL"},
         {FA_ERR_DTYPE, "k->dtype = f16 but q->dtype = f64"},
         {FA_ERR_STRIDE, "pages->block_table"},
+        {FA_ERR_OVERFLOW, "pages->seqused_k[3] = 2199023255553 exceeds the limit 2^40"},
     };
     paged x;
     paged_make(&x, _i == 8 ? FA_F64 : FA_F32, _i == 8 ? FA_F16 : FA_F32, 2, 16, 0);
@@ -495,6 +496,7 @@ START_TEST(paged_bad_input_is_refused)
     case 6: pg.seqused_k.count = PB - 1; break;
     case 7: ppg = NULL; break;
     case 8: break;
+    case 10: x.used[3] = ((int64_t)1 << 41) + 1; break;
     case 9: /* the table inside the output */
         memcpy(out.data, table, sizeof(int64_t) * (size_t)(PB * x.max_pages));
         pg.block_table.data = out.data;
@@ -693,7 +695,7 @@ Suite *make_inference_suite(void)
     TCase *pc = tcase_create("paged");
     tcase_set_timeout(pc, 300);
     tcase_add_loop_test(pc, paged_is_contiguous, 0, 72);
-    tcase_add_loop_test(pc, paged_bad_input_is_refused, 0, 10);
+    tcase_add_loop_test(pc, paged_bad_input_is_refused, 0, 11);
     tcase_add_loop_test(pc, kvcache_appends_then_attends, 0, 2);
     tcase_add_loop_test(pc, kvcache_without_room_writes_nothing, 0, 7);
     suite_add_tcase(s, pc);

@@ -442,13 +442,18 @@ fa_status fai_problem_pages(fai_problem *pr, const fa_paged_kv *pg, const fa_ten
         if (used < 0)
             return fai_fail(FA_ERR_INVALID_ARGUMENT, "pages->seqused_k[%lld] = %lld is "
                                                      "negative", (long long)b, (long long)used);
-        if (used > pg->max_pages * page - s_new) /* each at most 2^40: no overflow */
+        if (used > FAI_DIM_MAX)
+            return fai_fail(FA_ERR_OVERFLOW, "pages->seqused_k[%lld] = %lld exceeds the limit "
+                                             "2^40", (long long)b, (long long)used);
+        /* used, s_new and page are at most 2^40: no overflow */
+        const int64_t needed = (used + s_new + page - 1) / page;
+        if (needed > pg->max_pages)
             return fai_fail(FA_ERR_INVALID_ARGUMENT,
                             "pages->seqused_k[%lld] = %lld%s, but its row of the block table "
                             "holds %lld pages of %lld keys", (long long)b, (long long)used,
                             s_new ? " and the new keys" : "", (long long)pg->max_pages,
                             (long long)page);
-        for (int64_t i = 0; i < (used + s_new + page - 1) / page; i++) {
+        for (int64_t i = 0; i < needed; i++) {
             const int64_t id = fai_index_at(pr->table, b * pg->max_pages + i);
             if (id < 0 || id >= npages)
                 return fai_fail(FA_ERR_INVALID_ARGUMENT,
