@@ -163,7 +163,8 @@ FA_API fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tenso
  * aligned per sequence (bottom-right, or top-left by params->align), ALiBi distances within it,
  * the dropout stream of batch b (so equal lengths give a dense batch's bits). Each offset array
  * has B + 1 entries, starts at 0, never decreases and ends at its tensors' seqlen; a sequence
- * may be empty (no query: nothing to do; no key: O = 0 and LSE = the sink, or -inf). The
+ * may be empty (no query: no row to write, and in the backward dK = dV = 0; no key: O = 0 and
+ * LSE = the sink, or -inf, and dQ = 0). The
  * sink gradient sums over every sequence's rows. The CPU backends take them; CUDA answers
  * FA_ERR_UNSUPPORTED for now.
  */

@@ -597,10 +597,17 @@ START_TEST(kvcache_appends_then_attends)
         ht_free(&gk), ht_free(&gv);
     }
     ck_assert(same_bytes(&o, &o1) && same_bytes(&l, &l1));
-    /* fa_append_kv alone writes the same bytes */
+    /* fa_append_kv alone writes the same bytes (the grown cache kept in o1's place: k in
+     * after_k, v in after_v) */
+    ht_tensor after_k, after_v;
+    ht_alloc(&after_k, FA_F32, CB, CS, HK, D, HT_BSHD), ht_alloc(&after_v, FA_F32, CB, CS, HK, D, HT_BSHD);
+    memcpy(after_k.t.data, kc.t.data, kc.nbytes), memcpy(after_v.t.data, vc.t.data, vc.nbytes);
     memcpy(kc.t.data, before_k.t.data, kc.nbytes), memcpy(vc.t.data, before_v.t.data, vc.nbytes);
     ck_assert_msg(fa_append_kv(ctx, &kn.t, &vn.t, &tk, &tv, in_pages ? NULL : &lens,
                                in_pages ? &pg : NULL) == FA_OK, "%s", fa_last_error());
+    ck_assert(!memcmp(kc.t.data, after_k.t.data, kc.nbytes) &&
+              !memcmp(vc.t.data, after_v.t.data, vc.nbytes));
+    ht_free(&after_k), ht_free(&after_v);
     ht_tensor *all[11] = {&q, &kc, &vc, &kn, &vn, &o, &l, &o1, &l1, &before_k, &before_v};
     fa_context_destroy(ctx);
     for (int i = 0; i < 11; i++)
@@ -624,6 +631,8 @@ START_TEST(kvcache_without_room_writes_nothing)
         {FA_ERR_DTYPE, "v_new->dtype = f64 but k->dtype = f32"},
         {FA_ERR_INVALID_ARGUMENT, "cache_seqlens and pages are both given"},
         {FA_ERR_STRIDE, "out"},
+        {FA_ERR_INVALID_ARGUMENT, "pages->block_table[1][0] = 0: new keys are written to that "
+                                  "page"},
     };
     const int64_t max_pages = 4;
     int64_t len[CB] = {14, 60, 10}, table[CB * 4];
@@ -643,7 +652,7 @@ START_TEST(kvcache_without_room_writes_nothing)
     fa_paged_kv pg = {{table, FA_INDEX_INT64, CB * max_pages}, max_pages, {len, FA_INDEX_INT64, CB}};
     const fa_indices *pl = &lens;
     const fa_paged_kv *pp = NULL;
-    if (_i == 1 || _i == 2) { /* pages of 16 over the same memory */
+    if (_i == 1 || _i == 2 || _i == 7) { /* pages of 16 over the same memory */
         tk.batch = tv.batch = CB * max_pages;
         tk.seqlen = tv.seqlen = 16;
         tk.batch_stride = tv.batch_stride = 16 * tk.seq_stride;
@@ -655,12 +664,15 @@ START_TEST(kvcache_without_room_writes_nothing)
     case 3: k_new = kn4.t; break;
     case 4: v_new = vn64.t; break;
     case 5: pp = &pg; break;
+    case 7: len[1] = 10, table[4] = 0; break; /* sequence 1 writes to a page sequence 0 reads */
     case 6: len[1] = 10, out = kc.t, out.seqlen = CNEW, out.heads = HQ, out.batch_stride = CNEW * HQ * D,
             out.seq_stride = HQ * D; break; /* out inside the cache */
     }
-    ht_tensor before;
+    ht_tensor before, before_v;
     ht_alloc(&before, FA_F32, CB, CS, HK, D, HT_BSHD);
+    ht_alloc(&before_v, FA_F32, CB, CS, HK, D, HT_BSHD);
     memcpy(before.t.data, kc.t.data, kc.nbytes);
+    memcpy(before_v.t.data, vc.t.data, vc.nbytes);
     ht_poison(&o);
     fa_params p;
     fa_params_init(&p);
@@ -674,7 +686,10 @@ START_TEST(kvcache_without_room_writes_nothing)
                       "case %d: append: %s: %s", _i, fa_status_string(s), fa_last_error());
         ck_assert(ht_is_poisoned(&o));
     }
-    ck_assert_msg(!memcmp(before.t.data, kc.t.data, kc.nbytes), "case %d: the cache changed", _i);
+    ck_assert_msg(!memcmp(before.t.data, kc.t.data, kc.nbytes) &&
+                      !memcmp(before_v.t.data, vc.t.data, vc.nbytes),
+                  "case %d: the cache changed", _i);
+    ht_free(&before_v);
     fa_context_destroy(ctx);
     ht_tensor *all[9] = {&q, &kc, &vc, &kn, &kn4, &vn, &vn64, &o, &before};
     for (int i = 0; i < 9; i++)
@@ -697,7 +712,7 @@ Suite *make_inference_suite(void)
     tcase_add_loop_test(pc, paged_is_contiguous, 0, 72);
     tcase_add_loop_test(pc, paged_bad_input_is_refused, 0, 11);
     tcase_add_loop_test(pc, kvcache_appends_then_attends, 0, 2);
-    tcase_add_loop_test(pc, kvcache_without_room_writes_nothing, 0, 7);
+    tcase_add_loop_test(pc, kvcache_without_room_writes_nothing, 0, 8);
     suite_add_tcase(s, pc);
     return s;
 }

@@ -61,6 +61,9 @@ fa_status fai_problem_pages(fai_problem *pr, const fa_paged_kv *pages, const fa_
  * keys each to fit. */
 fa_status fai_problem_cache(fai_problem *pr, const fa_indices *cache_seqlens,
                             const fa_tensor *k, int64_t s_new);
+/* A paged cache's appended pages (those its new keys go to) each appear once among the pages
+ * the sequences use: not shared, not repeated in a row (ctx: for the check's memory). */
+fa_status fai_check_written_pages(fa_context *ctx, const fai_problem *pr);
 /* The problem of fa_append_kv: the cache k, v (paged: pages) that k_new's batch appends to;
  * no queries. */
 fa_status fai_problem_for_cache(fai_problem *pr, const fa_tensor *k_new, const fa_tensor *k,

@@ -427,8 +427,8 @@ fa_status fai_problem_pages(fai_problem *pr, const fa_paged_kv *pg, const fa_ten
         return fai_fail(FA_ERR_INVALID_ARGUMENT, "pages->max_pages = %lld; 0 to 2^40 pages a "
                                                  "sequence", (long long)pg->max_pages);
     int64_t entries;
-    if (__builtin_mul_overflow(pr->b, pg->max_pages, &entries))
-        return fai_fail(FA_ERR_OVERFLOW, "pages: B x max_pages overflows int64");
+    if (__builtin_mul_overflow(pr->b, pg->max_pages, &entries) || entries > FAI_DIM_MAX)
+        return fai_fail(FA_ERR_OVERFLOW, "pages: B x max_pages exceeds the limit 2^40");
     char what[64];
     snprintf(what, sizeof what, "B x max_pages (%lld)", (long long)entries);
     FAI_TRY(check_index_array(&pg->block_table, "pages->block_table", ".", entries, what,
@@ -468,6 +468,66 @@ fa_status fai_problem_pages(fai_problem *pr, const fa_paged_kv *pg, const fa_ten
     pr->table_stride = pg->max_pages;
     pr->sk = most; /* the call's: what a sequence may reach */
     return FA_OK;
+}
+
+static int cmp_i64(const void *a, const void *b)
+{
+    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+/* The first index of key in the n sorted values of v, or -1. */
+static int64_t find_i64(const int64_t *v, int64_t n, int64_t key)
+{
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (v[mid] < key)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < n && v[lo] == key ? lo : -1;
+}
+
+fa_status fai_check_written_pages(fa_context *ctx, const fai_problem *pr)
+{
+    if (pr->page_size == 0 || pr->s_new == 0)
+        return FA_OK;
+    const int64_t P = pr->page_size;
+    int64_t nw = 0; /* the pages the new keys go to: each sequence's from its length on */
+    for (int64_t b = 0; b < pr->nseq; b++) {
+        const int64_t used = fai_index_at(pr->seqused, b);
+        nw += (used + pr->s_new - 1) / P - used / P + 1;
+    }
+    const size_t bytes = (size_t)nw * 2 * sizeof(int64_t);
+    int64_t *w = fai_alloc(&ctx->mem, bytes), *count = w + nw;
+    if (!w)
+        return fai_fail(FA_ERR_NO_MEMORY, "pages: %zu bytes to check the pages written", bytes);
+    int64_t n = 0;
+    for (int64_t b = 0; b < pr->nseq; b++) {
+        const int64_t used = fai_index_at(pr->seqused, b);
+        for (int64_t i = used / P; i <= (used + pr->s_new - 1) / P; i++)
+            w[n++] = fai_index_at(pr->table, b * pr->table_stride + i);
+    }
+    qsort(w, (size_t)nw, sizeof *w, cmp_i64);
+    memset(count, 0, (size_t)nw * sizeof *count);
+    fa_status st = FA_OK;
+    for (int64_t b = 0; b < pr->nseq && st == FA_OK; b++) { /* every page each sequence reads */
+        const int64_t used = fai_index_at(pr->seqused, b);
+        for (int64_t i = 0; i < (used + pr->s_new + P - 1) / P && st == FA_OK; i++) {
+            const int64_t id = fai_index_at(pr->table, b * pr->table_stride + i);
+            const int64_t at = find_i64(w, nw, id);
+            if (at >= 0 && ++count[at] > 1)
+                st = fai_fail(FA_ERR_INVALID_ARGUMENT,
+                              "pages->block_table[%lld][%lld] = %lld: new keys are written to "
+                              "that page, so it must appear once among the pages the sequences "
+                              "use (a shared or repeated page would change another's keys)",
+                              (long long)b, (long long)i, (long long)id);
+        }
+    }
+    fai_free(&ctx->mem, w, bytes);
+    return st;
 }
 
 fa_status fai_problem_cache(fai_problem *pr, const fa_indices *cache_seqlens,

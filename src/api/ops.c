@@ -1,7 +1,8 @@
 /*
- * The ops: fa_forward and fa_backward (and their variable-length forms) check every argument
- * (arguments.c), choose the backend, answer what docs/DESIGN.md §1 defines without computing
- * (empty problems), and hand the backend a validated problem (a backend without the op answers FA_ERR_UNSUPPORTED through
+ * The ops: fa_forward and fa_backward, their variable-length forms, the paged and cache
+ * forwards and fa_append_kv check every argument (arguments.c), choose the backend, answer
+ * what docs/DESIGN.md §1 defines without computing (empty problems), and hand the backend a
+ * validated problem (a backend without the op answers FA_ERR_UNSUPPORTED through
  * fai_backend_op, backends/registry.c).
  */
 #include "config.h"
@@ -119,9 +120,10 @@ static fa_status forward(fa_context *ctx, const fa_params *p, const fa_tensor *q
         FAI_TRY(fai_problem_sequences(&pr, sh->cu_q, sh->cu_k));
     if (sh->cache)
         FAI_TRY(fai_problem_new_keys(&pr, sh->k_new, sh->v_new, k, v));
-    if (sh->pages)
+    if (sh->pages) {
         FAI_TRY(fai_problem_pages(&pr, sh->pages, k, pr.s_new));
-    else if (sh->cache)
+        FAI_TRY(fai_check_written_pages(ctx, &pr));
+    } else if (sh->cache)
         FAI_TRY(fai_problem_cache(&pr, sh->cache_seqlens, k, pr.s_new));
     FAI_TRY(fai_check_operand(out, "out", FAI_OUTPUT, q->dtype, pr.b, pr.sq, pr.hq, pr.dv,
                               "q (headdim: v)"));
@@ -227,9 +229,17 @@ fa_status fa_append_kv(fa_context *ctx, const fa_tensor *k_new, const fa_tensor 
     fai_problem pr;
     FAI_TRY(fai_problem_for_cache(&pr, k_new, k_cache, v_cache, pages != NULL));
     FAI_TRY(fai_problem_new_keys(&pr, k_new, v_new, k_cache, v_cache));
-    if (pages)
+    const fa_tensor *host[4] = {k_new, v_new, k_cache, v_cache};
+    const char *hn[4] = {"k_new", "v_new", "k", "v"};
+    for (int x = 0; x < 4; x++) /* copied here, on the host */
+        if (fai_cuda_is_device_pointer(host[x]->data))
+            return fai_fail(FA_ERR_UNSUPPORTED, "%s->data is device memory; fa_append_kv "
+                                                "runs on the host (the CPU backends' caches)",
+                            hn[x]);
+    if (pages) {
         FAI_TRY(fai_problem_pages(&pr, pages, k_cache, pr.s_new));
-    else
+        FAI_TRY(fai_check_written_pages(ctx, &pr));
+    } else
         FAI_TRY(fai_problem_cache(&pr, cache_seqlens, k_cache, pr.s_new));
     fa_tensor ix[NINDEX];
     const char *in[2 + NINDEX] = {"k_new", "v_new"}, *on[2] = {"k", "v"};

@@ -242,8 +242,8 @@ static inline const void *fai_kv_gather(const fai_problem *pr, fai_role r, int64
 
 /* ------------------------------------------------------------------ groups of a call */
 
-/* The problems an op runs, each dense: the call's own, or one per sequence of a
- * variable-length batch. */
+/* The problems an op runs, each dense: the call's own, or one per sequence of a call of
+ * sequences (varlen, paged, a cache). */
 static inline int64_t fai_groups(const fai_problem *pr) { return pr->nseq > 0 ? pr->nseq : 1; }
 
 /* Group g of the call: the problem itself, or sequence g with its dims, its mask and score
@@ -321,7 +321,7 @@ typedef struct {
     const char *name;  /* as fa_backend_name */
     int device_memory; /* its tensors are device memory: the API layer never touches them, and
                           the backend writes even an empty problem's results itself */
-    int sequences;     /* it takes variable-length batches (nseq > 0) */
+    int sequences;     /* it takes calls of sequences (nseq > 0: varlen, paged, a cache) */
     fai_op_fn ops[FAI_NOPS]; /* by fai_op (designated: [FAI_OP_FORWARD] = ...) */
 } fai_backend;
 

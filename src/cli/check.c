@@ -123,7 +123,8 @@ int cmd_check(int argc, char **argv)
         return EXIT_USAGE;
     }
     if (grads && o.paged) {
-        fprintf(stderr, "flashattn check: a paged K/V is forward only: no gradient candidates\n");
+        fprintf(stderr, "flashattn check: a KV cache (--seqused-k, pages) is forward only: no "
+                        "gradient candidates\n");
         return EXIT_USAGE;
     }
     if (grads && !o.dout) {

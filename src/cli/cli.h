@@ -37,7 +37,7 @@ typedef struct {
     int paged; /* any of them: a cache (paged, or contiguous with lengths) */
     fa_paged_kv pages;
     int64_t *page_table, *page_used; /* the CSR conversion's */
-    npy_array idx[7];                /* the index files, by cli_index_file */
+    npy_array idx[7];                /* the index files, by IDX_* (cli_load_indices) */
     fa_params p;
     float *slopes;    /* from --alibi */
     float *sink_vals; /* from --sinks */

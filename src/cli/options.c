@@ -402,8 +402,9 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
                                                                         : "--kv-last-page-len",
                    NULL, "is required with the others: FlashInfer's pages take all three");
     if (table + csr + o->packed > 1)
-        return bad(cmd, table ? "--block-table" : "--kv-indptr", NULL,
-                   "goes with neither the other page description nor --cu-seqlens-q");
+        return bad(cmd, o->block_table ? "--block-table" : o->seqused ? "--seqused-k"
+                                                                       : "--kv-indptr",
+                   NULL, "goes with neither the other page description nor --cu-seqlens-q");
     o->paged = table || csr;
     return -1;
 }

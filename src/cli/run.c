@@ -291,7 +291,7 @@ int cmd_backward(int argc, char **argv)
     if (rc >= 0)
         return rc;
     if (o.paged) {
-        fprintf(stderr, "flashattn backward: a paged K/V is forward only (fa_forward_paged)\n");
+        fprintf(stderr, "flashattn backward: a KV cache (--seqused-k, pages) is forward only\n");
         cli_opts_free(&o);
         return EXIT_USAGE;
     }

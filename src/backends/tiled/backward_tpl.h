@@ -94,6 +94,7 @@ static void FAI_T(load_key_tile)(const fai_problem *pr, fai_tiles tl, int64_t b,
                                  int64_t j0, int64_t n, FAI_T(bwd_ws) *w)
 {
     int64_t ldk, ldv;
+    /* one run at one stride: no backward is paged (fai_kv_run_len is n) */
     const void *k = fai_kv_rows(pr, FAI_K, b, hk, j0, n, &ldk);
     const void *v = fai_kv_rows(pr, FAI_V, b, hk, j0, n, &ldv);
     FAI_T(load_run)(w->kern, k, ldk, pr->dtype, n, pr->dqk, w->k);
