@@ -850,18 +850,21 @@ START_TEST(cuda_sequences_unsupported)
     st = fa_forward_paged(ctx, &p, &dq.t, &dk.t, &dvv.t, &pg, &dout.t, NULL);
     ck_assert_msg(st == FA_ERR_UNSUPPORTED, "paged: %s: %s", fa_status_string(st),
                   fa_last_error());
-    fa_tensor kn = dk.t, vn = dvv.t, kc = dk.t, vc = dvv.t; /* one new key after 4 */
-    kn.seqlen = vn.seqlen = 1;
+    ht_tensor kn1, vn1; /* one new key after 4 */
+    ht_alloc(&kn1, FA_F16, 1, 1, 2, 64, HT_BSHD), ht_alloc(&vn1, FA_F16, 1, 1, 2, 64, HT_BSHD);
+    ht_fill(&kn1, 4, -1, 1), ht_fill(&vn1, 5, -1, 1);
+    dtensor dkn, dvn;
+    d_up(&dkn, &kn1), d_up(&dvn, &vn1);
+    fa_tensor kc = dk.t, vc = dvv.t;
     const int32_t lens[1] = {4};
     const fa_indices cl = {lens, FA_INDEX_INT32, 1};
-    st = fa_forward_kvcache(ctx, &p, &dq.t, &kc, &vc, &kn, &vn, &cl, NULL, &dout.t, NULL);
+    st = fa_forward_kvcache(ctx, &p, &dq.t, &kc, &vc, &dkn.t, &dvn.t, &cl, NULL, &dout.t, NULL);
     ck_assert_msg(st == FA_ERR_UNSUPPORTED, "kvcache: %s: %s", fa_status_string(st),
                   fa_last_error());
-    kn.data = (char *)dk.t.data + 8 * dk.t.seq_stride * 2; /* key 8, written to key 4 */
-    vn.data = (char *)dvv.t.data + 8 * dvv.t.seq_stride * 2;
-    st = fa_append_kv(ctx, &kn, &vn, &kc, &vc, &cl, NULL);
+    st = fa_append_kv(ctx, &dkn.t, &dvn.t, &kc, &vc, &cl, NULL);
     ck_assert_msg(st == FA_ERR_UNSUPPORTED && strstr(fa_last_error(), "device memory"),
                   "append: %s: %s", fa_status_string(st), fa_last_error());
+    d_free(&dkn), d_free(&dvn), ht_free(&kn1), ht_free(&vn1);
     d_down(&dout);
     ck_assert(ht_is_poisoned(&o));
     fa_tensor e[9] = {dq.t, dk.t, dvv.t, dout.t, dout.t, dout.t, dq.t, dk.t, dvv.t};
