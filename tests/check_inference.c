@@ -270,6 +270,7 @@ START_TEST(varlen_bad_input_is_refused)
         {8, FA_ERR_SHAPE, "q->batch = 2; a variable-length batch is packed along seqlen"},
         {9, FA_ERR_INVALID_ARGUMENT, "cu_seqlens_q[0] = 0 but q->seqlen = 112"},
         {10, FA_ERR_STRIDE, "cu_seqlens_q"},
+        {11, FA_ERR_STRIDE, "cu_seqlens_k"},
     };
     const int c = _i;
     packed x;
@@ -298,25 +299,36 @@ START_TEST(varlen_bad_input_is_refused)
         memcpy(out.data, cq, sizeof cq);
         iq.data = out.data;
         break;
+    case 11: /* the key offsets inside dk: the backward's output (the forward's input) */
+        memcpy(x.dk.t.data, x.ck, sizeof x.ck);
+        ik.data = x.dk.t.data;
+        break;
     }
+    const int fwd = bad[c].what != 11, bwd = bad[c].what != 10;
     if (bad[c].what != 10)
         ht_poison(&x.out);
-    ht_poison(&x.lse), ht_poison(&x.dq), ht_poison(&x.dk), ht_poison(&x.dv);
+    ht_poison(&x.lse), ht_poison(&x.dq), ht_poison(&x.dv);
+    if (bad[c].what != 11)
+        ht_poison(&x.dk);
     fa_context *ctx = ht_context(FA_BACKEND_TILED, 2);
     fa_params p;
     fa_params_init(&p);
-    fa_status s = fa_forward_varlen(ctx, &p, &q, &k, &v, piq, pik, &out, &lse);
-    ck_assert_msg(s == bad[c].want && strstr(fa_last_error(), bad[c].says),
-                  "case %d: forward %s: %s", c, fa_status_string(s), fa_last_error());
-    if (bad[c].what != 10) { /* the backward reads out: case 10's out holds the offsets */
+    fa_status s;
+    if (fwd) { /* (case 11's forward is valid: dk is no output of it) */
+        s = fa_forward_varlen(ctx, &p, &q, &k, &v, piq, pik, &out, &lse);
+        ck_assert_msg(s == bad[c].want && strstr(fa_last_error(), bad[c].says),
+                      "case %d: forward %s: %s", c, fa_status_string(s), fa_last_error());
+    }
+    if (bwd) { /* the backward reads out: case 10's out holds the offsets */
         s = fa_backward_varlen(ctx, &p, &q, &k, &v, piq, pik, &out, &lse, &x.dout.t, &x.dq.t,
                                &x.dk.t, &x.dv.t);
         ck_assert_msg(s == bad[c].want && strstr(fa_last_error(), bad[c].says),
                       "case %d: backward %s: %s", c, fa_status_string(s), fa_last_error());
         ck_assert(ht_is_poisoned(&x.out));
     }
-    ck_assert(ht_is_poisoned(&x.lse) && ht_is_poisoned(&x.dq) && ht_is_poisoned(&x.dk) &&
-              ht_is_poisoned(&x.dv));
+    ck_assert(ht_is_poisoned(&x.lse) && ht_is_poisoned(&x.dq) && ht_is_poisoned(&x.dv));
+    ck_assert(bad[c].what == 11 ? !memcmp(x.dk.t.data, x.ck, sizeof x.ck)
+                                : ht_is_poisoned(&x.dk));
     fa_context_destroy(ctx);
     packed_free(&x);
 }
@@ -346,22 +358,23 @@ typedef struct {
     fa_paged_kv pages;
 } paged;
 
-/* Pages of `page` keys, shuffled, HND or NHD; sequence 3's first full pages are sequence 2's. */
-static void paged_make(paged *x, fa_dtype qt, fa_dtype kt, int64_t sq, int64_t page, int hnd)
+/* Pages of `page` keys, shuffled, HND or NHD; sequence 3's first full pages are sequence 2's.
+ * V's head dim dv. */
+static void paged_make(paged *x, fa_dtype qt, fa_dtype kt, int64_t sq, int64_t page, int hnd,
+                       int64_t dv)
 {
-    ht_alloc(&x->q, qt, PB, sq, HQ, D, HT_BSHD), ht_fill(&x->q, 11, 1, 0);
-    ht_alloc(&x->k, kt, PB, PSMAX, HK, D, HT_BSHD), ht_fill(&x->k, 12, 1, 0);
-    ht_alloc(&x->v, kt, PB, PSMAX, HK, D, HT_BSHD), ht_fill(&x->v, 13, 1, 0);
+    ht_alloc(&x->q, qt, PB, sq, HQ, D, HT_BSHD), ht_fill(&x->q, 11, -1, 1);
+    ht_alloc(&x->k, kt, PB, PSMAX, HK, D, HT_BSHD), ht_fill(&x->k, 12, -1, 1);
+    ht_alloc(&x->v, kt, PB, PSMAX, HK, dv, HT_BSHD), ht_fill(&x->v, 13, -1, 1);
     const fa_dtype lt = qt == FA_F64 ? FA_F64 : FA_F32;
-    ht_alloc(&x->out, qt, PB, sq, HQ, D, HT_BSHD), ht_alloc(&x->out1, qt, PB, sq, HQ, D, HT_BSHD);
+    ht_alloc(&x->out, qt, PB, sq, HQ, dv, HT_BSHD), ht_alloc(&x->out1, qt, PB, sq, HQ, dv, HT_BSHD);
     ht_alloc_lse(&x->lse, lt, PB, sq, HQ), ht_alloc_lse(&x->lse1, lt, PB, sq, HQ);
     memcpy(x->used, used_k, sizeof x->used);
     const int64_t shared = used_k[2] / page; /* full pages of sequence 2 */
     for (int64_t j = 0; j < shared * page; j++) /* the common prefix */
         for (int h = 0; h < HK; h++) {
-            const size_t row = (size_t)D * dsize(kt);
-            memcpy(row_at(&x->k.t, 3, j, h), row_at(&x->k.t, 2, j, h), row);
-            memcpy(row_at(&x->v.t, 3, j, h), row_at(&x->v.t, 2, j, h), row);
+            memcpy(row_at(&x->k.t, 3, j, h), row_at(&x->k.t, 2, j, h), (size_t)D * dsize(kt));
+            memcpy(row_at(&x->v.t, 3, j, h), row_at(&x->v.t, 2, j, h), (size_t)dv * dsize(kt));
         }
     x->max_pages = (PSMAX + page - 1) / page + 1;
     x->table = malloc(sizeof(int64_t) * (size_t)(PB * x->max_pages));
@@ -379,16 +392,13 @@ static void paged_make(paged *x, fa_dtype qt, fa_dtype kt, int64_t sq, int64_t p
         const int64_t m = (n * 7919 + 13) % (n + 1), t = perm[n];
         perm[n] = perm[m], perm[m] = t;
     }
-    const size_t es = dsize(kt), bytes = (size_t)(x->num_pages * page * HK * D) * es;
-    x->kp = malloc(bytes), x->vp = malloc(bytes);
-    memset(x->kp, 0x7f, bytes), memset(x->vp, 0x7f, bytes); /* NaN-ish where nothing is */
-    fa_tensor_init(&x->tk, x->kp, kt, x->num_pages, page, HK, D, 0);
-    if (hnd) { /* (num_pages, HK, page, D) in memory */
-        x->tk.head_stride = page * D;
-        x->tk.seq_stride = D;
-    }
-    x->tv = x->tk;
-    x->tv.data = x->vp;
+    const size_t es = dsize(kt), bytes = (size_t)(x->num_pages * page * HK * D) * es,
+                 vbytes = (size_t)(x->num_pages * page * HK * dv) * es;
+    x->kp = malloc(bytes), x->vp = malloc(vbytes);
+    memset(x->kp, 0x7f, bytes), memset(x->vp, 0x7f, vbytes); /* NaN-ish where nothing is */
+    fa_tensor_init(&x->tk, x->kp, kt, x->num_pages, page, HK, D, hnd); /* HND: (num_pages, HK,
+                                                                           page, D) in memory */
+    fa_tensor_init(&x->tv, x->vp, kt, x->num_pages, page, HK, dv, hnd);
     for (int b = 0; b < PB; b++)
         for (int64_t i = 0; i < (x->used[b] + page - 1) / page; i++) {
             int64_t id;
@@ -402,7 +412,7 @@ static void paged_make(paged *x, fa_dtype qt, fa_dtype kt, int64_t sq, int64_t p
                     memcpy(row_at(&x->tk, id, r, h), row_at(&x->k.t, b, i * page + r, h),
                            (size_t)D * es);
                     memcpy(row_at(&x->tv, id, r, h), row_at(&x->v.t, b, i * page + r, h),
-                           (size_t)D * es);
+                           (size_t)dv * es);
                 }
         }
     free(perm);
@@ -420,7 +430,9 @@ static void paged_free(paged *x)
 
 /*
  * _i: backend (reference, conventional, tiled) x page size (1, 3, 16, 256) x Sq (1: decode;
- * 20: the tiles) x storage (f32; bf16; f32 q over an f16 cache), NHD or HND by page size.
+ * 20: the tiles) x storage (f32; bf16; f32 q over an f16 cache), causal with sinks; then 12
+ * runs (backend x pages of 3, 16 x Sq, f32) of top-left causal with a window, softcap and
+ * ALiBi, and Dv 48 apart from Dqk. NHD or HND by page size.
  */
 START_TEST(paged_is_contiguous)
 {
@@ -428,15 +440,23 @@ START_TEST(paged_is_contiguous)
                                       FA_BACKEND_TILED};
     static const int64_t psz[4] = {1, 3, 16, 256};
     static const fa_dtype qts[3] = {FA_F32, FA_BF16, FA_F32}, kts[3] = {FA_F32, FA_BF16, FA_F16};
-    const fa_backend be = bes[_i % 3];
-    const int64_t page = psz[_i / 3 % 4], sq = _i / 12 % 2 ? 20 : 1;
-    const int st = _i / 24;
+    const int scores = _i >= 72, x72 = _i % 72; /* the second score set: 12 runs, f32 */
+    const fa_backend be = bes[x72 % 3];
+    const int64_t page = scores ? psz[1 + x72 / 3 % 2] : psz[x72 / 3 % 4];
+    const int64_t sq = (scores ? x72 / 6 : x72 / 12) % 2 ? 20 : 1;
+    const int st = scores ? 0 : x72 / 24;
     paged x;
-    paged_make(&x, qts[st], kts[st], sq, page, page % 2 == 1);
+    paged_make(&x, qts[st], kts[st], sq, page, page % 2 == 1, scores ? 48 : D);
     fa_params p;
     fa_params_init(&p);
     p.causal = 1;
     p.sink_logits = test_sinks;
+    if (scores) {
+        p.align = FA_ALIGN_TOP_LEFT;
+        p.window_left = 40;
+        p.softcap = 5;
+        p.alibi_slopes = test_slopes;
+    }
     ht_poison(&x.out), ht_poison(&x.lse), ht_poison(&x.out1), ht_poison(&x.lse1);
     fa_context *ctx = ht_context(be, 2);
     ck_assert_msg(fa_forward_paged(ctx, &p, &x.q.t, &x.tk, &x.tv, &x.pages, &x.out.t,
@@ -479,7 +499,7 @@ START_TEST(paged_bad_input_is_refused)
         {FA_ERR_OVERFLOW, "pages->seqused_k[3] = 2199023255553 exceeds the limit 2^40"},
     };
     paged x;
-    paged_make(&x, _i == 8 ? FA_F64 : FA_F32, _i == 8 ? FA_F16 : FA_F32, 2, 16, 0);
+    paged_make(&x, _i == 8 ? FA_F64 : FA_F32, _i == 8 ? FA_F16 : FA_F32, 2, 16, 0, D);
     fa_paged_kv pg = x.pages;
     fa_tensor k = x.tk, v = x.tv, out = x.out.t;
     int64_t table[PB * 64];
@@ -705,11 +725,11 @@ Suite *make_inference_suite(void)
     tcase_add_loop_test(tc, varlen_is_each_sequence_alone, 0, 18);
     tcase_add_loop_test(tc, varlen_of_equal_lengths_is_a_dense_batch, 0, 2);
     tcase_add_test(tc, varlen_sink_gradient_sums_the_sequences);
-    tcase_add_loop_test(tc, varlen_bad_input_is_refused, 0, 11);
+    tcase_add_loop_test(tc, varlen_bad_input_is_refused, 0, 12);
     suite_add_tcase(s, tc);
     TCase *pc = tcase_create("paged");
     tcase_set_timeout(pc, 300);
-    tcase_add_loop_test(pc, paged_is_contiguous, 0, 72);
+    tcase_add_loop_test(pc, paged_is_contiguous, 0, 84);
     tcase_add_loop_test(pc, paged_bad_input_is_refused, 0, 11);
     tcase_add_loop_test(pc, kvcache_appends_then_attends, 0, 2);
     tcase_add_loop_test(pc, kvcache_without_room_writes_nothing, 0, 8);
