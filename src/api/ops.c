@@ -88,21 +88,39 @@ typedef struct {
 } call_shape;
 
 enum { NINDEX = 5 };
-/* The index arrays of a call as tensors, for the aliasing check: cu_q, cu_k, the block table,
- * the used lengths, the cache's lengths (empty where the call has none). */
-static void index_views(const call_shape *sh, fa_tensor v[NINDEX], const char *names[NINDEX])
+/* The index arrays of a call as tensors, for the aliasing check, put after the n inputs of ins
+ * and names: cu_q, cu_k, the block table, the used lengths, the cache's lengths (empty where
+ * the call has none); v holds them. Returns the inputs' new count. */
+static int add_index_views(const call_shape *sh, fa_tensor v[NINDEX], const fa_tensor **ins,
+                           const char **names, int n)
 {
     const fa_indices none = {NULL, FA_INDEX_INT32, 0};
     const fa_indices *x[NINDEX] = {sh->varlen ? sh->cu_q : &none, sh->varlen ? sh->cu_k : &none,
                                    sh->pages ? &sh->pages->block_table : &none,
                                    sh->pages ? &sh->pages->seqused_k : &none,
                                    sh->cache_seqlens ? sh->cache_seqlens : &none};
-    static const char *const n[NINDEX] = {"cu_seqlens_q", "cu_seqlens_k", "pages->block_table",
+    static const char *const nm[NINDEX] = {"cu_seqlens_q", "cu_seqlens_k", "pages->block_table",
                                           "pages->seqused_k", "cache_seqlens"};
     for (int i = 0; i < NINDEX; i++) {
         v[i] = fai_indices_view(x[i]);
-        names[i] = n[i];
+        ins[n + i] = &v[i];
+        names[n + i] = nm[i];
     }
+    return n + NINDEX;
+}
+
+/* The K/V side of a call beyond dense tensors: a cache's new keys, then its pages (with the
+ * pages the new keys go to) or its used lengths. */
+static fa_status kv_layout(fa_context *ctx, fai_problem *pr, const call_shape *sh,
+                           const fa_tensor *k, const fa_tensor *v)
+{
+    if (sh->cache)
+        FAI_TRY(fai_problem_new_keys(pr, sh->k_new, sh->v_new, k, v));
+    if (sh->pages) {
+        FAI_TRY(fai_problem_pages(pr, sh->pages, k, pr->s_new));
+        return fai_check_written_pages(ctx, pr);
+    }
+    return sh->cache ? fai_problem_cache(pr, sh->cache_seqlens, k, pr->s_new) : FA_OK;
 }
 
 /* fa_forward, fa_forward_varlen (offsets checked by fai_problem_sequences), fa_forward_paged
@@ -118,13 +136,7 @@ static fa_status forward(fa_context *ctx, const fa_params *p, const fa_tensor *q
     FAI_TRY(fai_problem_make(&pr, p, q, k, v, sh->pages != NULL));
     if (sh->varlen)
         FAI_TRY(fai_problem_sequences(&pr, sh->cu_q, sh->cu_k));
-    if (sh->cache)
-        FAI_TRY(fai_problem_new_keys(&pr, sh->k_new, sh->v_new, k, v));
-    if (sh->pages) {
-        FAI_TRY(fai_problem_pages(&pr, sh->pages, k, pr.s_new));
-        FAI_TRY(fai_check_written_pages(ctx, &pr));
-    } else if (sh->cache)
-        FAI_TRY(fai_problem_cache(&pr, sh->cache_seqlens, k, pr.s_new));
+    FAI_TRY(kv_layout(ctx, &pr, sh, k, v));
     FAI_TRY(fai_check_operand(out, "out", FAI_OUTPUT, q->dtype, pr.b, pr.sq, pr.hq, pr.dv,
                               "q (headdim: v)"));
     if (lse) {
@@ -149,9 +161,7 @@ static fa_status forward(fa_context *ctx, const fa_params *p, const fa_tensor *q
             else if (kv[x])
                 ins[ni] = kv[x], in[ni++] = kvn[x];
         }
-        index_views(sh, ix, in + ni);
-        for (int x = 0; x < NINDEX; x++)
-            ins[ni++] = &ix[x];
+        ni = add_index_views(sh, ix, ins, in, ni);
         FAI_TRY(fai_check_outputs_disjoint(outs, on, no, ins, in, ni));
     }
     pr.io[FAI_OUT] = out;
@@ -226,9 +236,11 @@ fa_status fa_append_kv(fa_context *ctx, const fa_tensor *k_new, const fa_tensor 
     if (!k_new || !v_new)
         return fai_fail(FA_ERR_NULL_POINTER, "%s is NULL", k_new ? "v_new" : "k_new");
     FAI_TRY(cache_lengths_once(cache_seqlens, pages));
+    const call_shape sh = {.pages = pages, .cache = 1, .cache_seqlens = cache_seqlens,
+                           .k_new = k_new, .v_new = v_new};
     fai_problem pr;
     FAI_TRY(fai_problem_for_cache(&pr, k_new, k_cache, v_cache, pages != NULL));
-    FAI_TRY(fai_problem_new_keys(&pr, k_new, v_new, k_cache, v_cache));
+    FAI_TRY(kv_layout(ctx, &pr, &sh, k_cache, v_cache));
     const fa_tensor *host[4] = {k_new, v_new, k_cache, v_cache};
     const char *hn[4] = {"k_new", "v_new", "k", "v"};
     for (int x = 0; x < 4; x++) /* copied here, on the host */
@@ -236,19 +248,11 @@ fa_status fa_append_kv(fa_context *ctx, const fa_tensor *k_new, const fa_tensor 
             return fai_fail(FA_ERR_UNSUPPORTED, "%s->data is device memory; fa_append_kv "
                                                 "runs on the host (the CPU backends' caches)",
                             hn[x]);
-    if (pages) {
-        FAI_TRY(fai_problem_pages(&pr, pages, k_cache, pr.s_new));
-        FAI_TRY(fai_check_written_pages(ctx, &pr));
-    } else
-        FAI_TRY(fai_problem_cache(&pr, cache_seqlens, k_cache, pr.s_new));
     fa_tensor ix[NINDEX];
     const char *in[2 + NINDEX] = {"k_new", "v_new"}, *on[2] = {"k", "v"};
     const fa_tensor *ins[2 + NINDEX] = {k_new, v_new}, *outs[2] = {k_cache, v_cache};
-    const call_shape sh = {.pages = pages, .cache = 1, .cache_seqlens = cache_seqlens};
-    index_views(&sh, ix, in + 2);
-    for (int x = 0; x < NINDEX; x++)
-        ins[2 + x] = &ix[x];
-    FAI_TRY(fai_check_outputs_disjoint(outs, on, 2, ins, in, 2 + NINDEX));
+    const int ni = add_index_views(&sh, ix, ins, in, 2);
+    FAI_TRY(fai_check_outputs_disjoint(outs, on, 2, ins, in, ni));
     fai_append_new_keys(&pr);
     return FA_OK;
 }
@@ -301,11 +305,8 @@ static fa_status backward(fa_context *ctx, const fa_params *p, const fa_tensor *
         const char *on[4] = {"dq", "dk", "dv", "params->sink_grad"};
         const char *in[8 + NINDEX] = {"q",   "k",   "v",    "out", "lse", "dout",
                                       "params->alibi_slopes", "params->sink_logits"};
-        index_views(&sh, ix, in + 8);
-        for (int x = 0; x < NINDEX; x++)
-            ins[8 + x] = &ix[x];
-        FAI_TRY(fai_check_outputs_disjoint(outs, on, p->sink_grad ? 4 : 3, ins, in,
-                                           8 + NINDEX));
+        const int ni = add_index_views(&sh, ix, ins, in, 8);
+        FAI_TRY(fai_check_outputs_disjoint(outs, on, p->sink_grad ? 4 : 3, ins, in, ni));
     }
     pr.io[FAI_OUT] = out;
     pr.io[FAI_LSE] = lse;
