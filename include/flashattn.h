@@ -89,6 +89,13 @@ typedef struct {
     /* fa_backward with sink_logits: Hq floats (host memory) that receive d loss / d sink_h,
      * summed over batch and rows; NULL: not wanted. Ignored by fa_forward. */
     float *sink_grad;
+    /* Sink tokens (StreamingLLM): the first sink_tokens keys stay visible beside a sliding
+     * window. The window's left bound does not apply to them; its right bound (causality)
+     * does: key j < sink_tokens is allowed for row i iff j <= i + off + R (docs/DESIGN.md §1,
+     * step 4). >= 0; 0, or an unbounded window_left, changes nothing. A row's keys are then
+     * the sinks left of its window and the window itself, so the keys in between cost
+     * nothing. */
+    int64_t sink_tokens;
 } fa_params; /* new fields are only ever appended */
 
 typedef enum {

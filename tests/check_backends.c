@@ -19,34 +19,41 @@
 #define BK(x) (200000 + (x))
 
 static const ht_sweep_case cases[] = {
-    /* b  sq       sk       hq hk dqk  dv  causal wl  wr  TL softcap alibi p    layout */
-    {1, 1, 1, 1, 1, 16, 16, 0, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
-    {2, 2, 3, 2, 1, 8, 8, 1, -1, -1, 0, 0, 0, 0, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
-    {1, 3, 2, 1, 1, 5, 7, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI}, /* row 0 sees no key */
-    {1, BK(-1), BK(-1), 1, 1, 64, 64, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
-    {1, BK(0), BK(0), 2, 2, 64, 64, 1, -1, -1, 0, 0, 0, 0.2, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
-    {1, BK(1), BK(1), 1, 1, 64, 64, 0, 5, 3, 0, 0, 0, 0, HT_PADDED, FA_SOFTCAP_THEN_ALIBI},
-    {1, BQ(-1), 97, 1, 1, 32, 32, 0, -1, -1, 0, 0, 0, 0, HT_PADDED, FA_SOFTCAP_THEN_ALIBI},
-    {1, BQ(0), 113, 2, 1, 32, 32, 1, -1, -1, 1, 0, 1, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
-    {1, BQ(1), 127, 1, 1, 32, 48, 1, -1, -1, 0, 5, 0, 0, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
-    {1, 97, 113, 4, 2, 59, 111, 0, 16, 8, 0, 10, 1, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
-    {1, 127, 1025, 2, 1, 16, 16, 1, -1, -1, 1, 0, 0, 0.3, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
-    {1, 1025, 127, 1, 1, 16, 16, 1, -1, -1, 0, 0, 1, 0, HT_BHSD, FA_SOFTCAP_THEN_ALIBI}, /* 898 empty rows */
-    {2, 113, 97, 4, 1, 59, 59, 0, 0, 0, 0, 0, 0, 0.5, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},  /* MQA, one key per row */
-    {1, 129, 129, 2, 2, 111, 59, 0, -1, 0, 0, 0, 0, 0, HT_PADDED, FA_SOFTCAP_THEN_ALIBI},
-    {1, 65, 200, 1, 1, 128, 128, 0, 20, -1, 0, 3, 1, 0.1, HT_BHSD, FA_SOFTCAP_THEN_ALIBI}, /* everything at once */
-    {1, 200, 65, 2, 1, 24, 40, 1, -1, -1, 1, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
-    {1, 5, 1, 1, 1, 4, 4, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI}, /* only the last row sees the key */
-    {1, 257, 257, 2, 2, 64, 64, 0, -1, -1, 0, 0, 0, 0, HT_PADDED, FA_SOFTCAP_THEN_ALIBI},
-    {3, 61, 67, 6, 3, 19, 23, 1, 7, -1, 0, 2, 1, 0.15, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
-    {1, 90, 90, 2, 1, 32, 32, 1, -1, -1, 0, 2, 1, 0.1, HT_BSHD, FA_ALIBI_THEN_SOFTCAP},
+    /* b  sq       sk       hq hk dqk  dv  causal wl  wr  TL softcap alibi p    layout order sink_tokens */
+    {1, 1, 1, 1, 1, 16, 16, 0, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {2, 2, 3, 2, 1, 8, 8, 1, -1, -1, 0, 0, 0, 0, HT_BHSD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, 3, 2, 1, 1, 5, 7, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0}, /* row 0 sees no key */
+    {1, BK(-1), BK(-1), 1, 1, 64, 64, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, BK(0), BK(0), 2, 2, 64, 64, 1, -1, -1, 0, 0, 0, 0.2, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, BK(1), BK(1), 1, 1, 64, 64, 0, 5, 3, 0, 0, 0, 0, HT_PADDED, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, BQ(-1), 97, 1, 1, 32, 32, 0, -1, -1, 0, 0, 0, 0, HT_PADDED, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, BQ(0), 113, 2, 1, 32, 32, 1, -1, -1, 1, 0, 1, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, BQ(1), 127, 1, 1, 32, 48, 1, -1, -1, 0, 5, 0, 0, HT_BHSD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, 97, 113, 4, 2, 59, 111, 0, 16, 8, 0, 10, 1, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, 127, 1025, 2, 1, 16, 16, 1, -1, -1, 1, 0, 0, 0.3, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, 1025, 127, 1, 1, 16, 16, 1, -1, -1, 0, 0, 1, 0, HT_BHSD, FA_SOFTCAP_THEN_ALIBI, 0}, /* 898 empty rows */
+    {2, 113, 97, 4, 1, 59, 59, 0, 0, 0, 0, 0, 0, 0.5, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0},  /* MQA, one key per row */
+    {1, 129, 129, 2, 2, 111, 59, 0, -1, 0, 0, 0, 0, 0, HT_PADDED, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, 65, 200, 1, 1, 128, 128, 0, 20, -1, 0, 3, 1, 0.1, HT_BHSD, FA_SOFTCAP_THEN_ALIBI, 0}, /* everything at once */
+    {1, 200, 65, 2, 1, 24, 40, 1, -1, -1, 1, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, 5, 1, 1, 1, 4, 4, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0}, /* only the last row sees the key */
+    {1, 257, 257, 2, 2, 64, 64, 0, -1, -1, 0, 0, 0, 0, HT_PADDED, FA_SOFTCAP_THEN_ALIBI, 0},
+    {3, 61, 67, 6, 3, 19, 23, 1, 7, -1, 0, 2, 1, 0.15, HT_BHSD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, 90, 90, 2, 1, 32, 32, 1, -1, -1, 0, 2, 1, 0.1, HT_BSHD, FA_ALIBI_THEN_SOFTCAP, 0},
     /* decode shapes (the tiled forward's decode path: group x Sq <= 16, no dropout), keys over
      * several 512-key chunks: GQA at D=128; MQA with a window whose edge differs per query
      * position, odd head dims; causal with softcap and ALiBi over two chunks (the per-element
      * pipeline, whose key index is the chunk's offset plus the column) */
-    {1, 1, 1537, 8, 2, 128, 128, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
-    {2, 3, 1100, 4, 1, 80, 72, 0, 600, 0, 0, 0, 0, 0, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
-    {1, 4, 700, 4, 2, 33, 17, 1, -1, -1, 0, 5, 1, 0, HT_PADDED, FA_ALIBI_THEN_SOFTCAP},
+    {1, 1, 1537, 8, 2, 128, 128, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {2, 3, 1100, 4, 1, 80, 72, 0, 600, 0, 0, 0, 0, 0, HT_BHSD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, 4, 700, 4, 2, 33, 17, 1, -1, -1, 0, 5, 1, 0, HT_PADDED, FA_ALIBI_THEN_SOFTCAP, 0},
+    /* sink tokens (the last column): the first keys beside a window, over several tiles and
+     * decode chunks; sinks that end inside a key tile whose later keys the window holds;
+     * sinks over a chunk boundary (600 > 512) */
+    {1, 300, 300, 2, 1, 32, 32, 1, 40, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 5},
+    {2, 150, 200, 4, 2, 24, 16, 0, 30, 10, 1, 4, 1, 0.2, HT_BHSD, FA_SOFTCAP_THEN_ALIBI, 70},
+    {2, 3, 1600, 4, 1, 64, 64, 1, 700, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 4},
+    {1, 2, 1300, 8, 2, 32, 32, 1, 100, -1, 0, 3, 1, 0, HT_PADDED, FA_ALIBI_THEN_SOFTCAP, 600},
 };
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 
@@ -121,6 +128,7 @@ static void sweep_one(const ht_sweep_case *c, fa_dtype dt, int idx, double lo, d
     p.dropout_seed = 0xfeedface12345678ull + (uint64_t)idx;
     p.dropout_offset = 3;
     p.score_order = c->order;
+    p.sink_tokens = c->sink_tokens;
 
     ht_bundle conv, tiled, ref;
     ht_bundle_alloc(&conv, dt, c, sq, sk, c->layout, lse_dt);
@@ -177,8 +185,8 @@ END_TEST
 START_TEST(backends_large_logits)
 {
     static const ht_sweep_case big[2] = {
-        {1, 70, 90, 2, 1, 64, 64, 0, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
-        {1, 90, 70, 1, 1, 64, 32, 1, -1, -1, 0, 0, 0, 0.2, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
+        {1, 70, 90, 2, 1, 64, 64, 0, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0},
+        {1, 90, 70, 1, 1, 64, 32, 1, -1, -1, 0, 0, 0, 0.2, HT_BHSD, FA_SOFTCAP_THEN_ALIBI, 0},
     };
     const double a = sqrt(90 / 8.0), b = sqrt(100 / 8.0); /* sqrt(D) = 8 */
     /* An f32 LSE near 100 is only good to 4e-6, and the backward's P = exp(s - LSE) carries

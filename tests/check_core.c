@@ -87,7 +87,7 @@ START_TEST(dropout_stream_is_64_bit)
 }
 END_TEST
 
-static fai_mask random_mask(uint64_t *s, int64_t *sq, int64_t *sk)
+static fai_mask random_mask(uint64_t *s, int64_t *sq, int64_t *sk, int64_t *sink_tokens)
 {
     *s = *s * 6364136223846793005ull + 1442695040888963407ull;
     uint64_t r = *s >> 16;
@@ -95,7 +95,8 @@ static fai_mask random_mask(uint64_t *s, int64_t *sq, int64_t *sk)
     *sk = 1 + (int64_t)((r >> 8) % 23);
     int causal = (r >> 16) & 1;
     int64_t left = (int64_t)((r >> 17) % 9) - 1, right = (int64_t)((r >> 21) % 9) - 1;
-    return fai_mask_make(*sq, *sk, causal, left, right, (r >> 25) & 1);
+    *sink_tokens = (int64_t)((r >> 26) % 6);
+    return fai_mask_make(*sq, *sk, causal, left, right, (r >> 25) & 1, *sink_tokens);
 }
 
 /* Whether key j is in row i's interval (fai_mask_row), as a predicate. */
@@ -106,47 +107,82 @@ static int allowed(const fai_mask *m, int64_t i, int64_t j)
     return j >= lo && j < hi;
 }
 
-/* Classification, key span and query span against the definition evaluated per element. */
+/* The definition of docs/DESIGN.md §1 step 4, written out again: off, L, R, n as there. */
+static int definition(const fai_mask *m, int64_t i, int64_t j, int64_t n)
+{
+    return (m->left < 0 || j >= i + m->off - m->left || j < n) &&
+           (m->right < 0 || j <= i + m->off + m->right);
+}
+
+/* Classification, key span and query span of a plain mask against its per-element predicate. */
+static void check_plain_geometry(const fai_mask *m, int64_t sq, int64_t i0, int64_t i1,
+                                 int64_t j0, int64_t j1)
+{
+    int any = 0, all = 1;
+    for (int64_t i = i0; i < i1; i++)
+        for (int64_t j = j0; j < j1; j++) {
+            any |= allowed(m, i, j);
+            all &= allowed(m, i, j);
+        }
+    fai_tile_class want = !any ? FAI_TILE_EMPTY : all ? FAI_TILE_FULL : FAI_TILE_PARTIAL;
+    ck_assert_int_eq(fai_mask_classify(m, i0, i1, j0, j1), want);
+
+    int64_t lo, hi;
+    fai_mask_key_span(m, i0, i1, &lo, &hi);
+    for (int64_t j = 0; j < m->sk; j++) {
+        int seen = 0;
+        for (int64_t i = i0; i < i1; i++)
+            seen |= allowed(m, i, j);
+        ck_assert_msg(seen == (j >= lo && j < hi), "key span [%ld,%ld) vs key %ld", (long)lo,
+                      (long)hi, (long)j);
+    }
+    fai_mask_query_span(m, sq, j0, j1 < m->sk ? j1 : m->sk, &lo, &hi);
+    for (int64_t i = 0; i < sq; i++) {
+        int seen = 0;
+        for (int64_t j = j0; j < j1; j++)
+            seen |= allowed(m, i, j);
+        ck_assert_msg(j0 >= m->sk || seen == (i >= lo && i < hi),
+                      "query span [%ld,%ld) vs row %ld", (long)lo, (long)hi, (long)i);
+    }
+}
+
+/* Every mask, sink tokens included: fai_mask_allows is the definition, the parts partition
+ * it with part 0's keys before part 1's in every row, and each part is a plain mask whose
+ * interval functions match its own predicate. */
 START_TEST(mask_geometry_matches_brute_force)
 {
     uint64_t s = 42;
-    for (int trial = 0; trial < 3000; trial++) {
-        int64_t sq, sk;
-        fai_mask m = random_mask(&s, &sq, &sk);
+    int split = 0;
+    for (int trial = 0; trial < 4000; trial++) {
+        int64_t sq, sk, n;
+        fai_mask m = random_mask(&s, &sq, &sk, &n);
         int64_t i0 = (int64_t)((s >> 30) % (uint64_t)sq), j0 = (int64_t)((s >> 40) % (uint64_t)sk);
         int64_t i1 = i0 + 1 + (int64_t)((s >> 35) % (uint64_t)(sq - i0));
         int64_t j1 = j0 + 1 + (int64_t)((s >> 45) % (uint64_t)(sk - j0));
-        int any = 0, all = 1;
-        for (int64_t i = i0; i < i1; i++)
-            for (int64_t j = j0; j < j1; j++) {
-                /* the definition, written out again: off, L, R as in docs/DESIGN.md §1 */
-                int ok = (m.left < 0 || j >= i + m.off - m.left) &&
-                         (m.right < 0 || j <= i + m.off + m.right);
-                ck_assert_int_eq(ok, allowed(&m, i, j));
-                any |= ok;
-                all &= ok;
-            }
-        fai_tile_class want = !any ? FAI_TILE_EMPTY : all ? FAI_TILE_FULL : FAI_TILE_PARTIAL;
-        ck_assert_int_eq(fai_mask_classify(&m, i0, i1, j0, j1), want);
-
-        int64_t lo, hi;
-        fai_mask_key_span(&m, i0, i1, &lo, &hi);
-        for (int64_t j = 0; j < sk; j++) {
-            int seen = 0;
-            for (int64_t i = i0; i < i1; i++)
-                seen |= allowed(&m, i, j);
-            ck_assert_msg(seen == (j >= lo && j < hi), "key span [%ld,%ld) vs key %ld", (long)lo,
-                          (long)hi, (long)j);
-        }
-        fai_mask_query_span(&m, sq, j0, j1, &lo, &hi);
+        fai_mask part[2];
+        const int np = fai_mask_parts(&m, part);
+        ck_assert_int_eq(np, m.left >= 0 && n > 0 ? 2 : 1);
+        split += np == 2;
         for (int64_t i = 0; i < sq; i++) {
-            int seen = 0;
-            for (int64_t j = j0; j < j1; j++)
-                seen |= allowed(&m, i, j);
-            ck_assert_msg(seen == (i >= lo && i < hi), "query span [%ld,%ld) vs row %ld",
-                          (long)lo, (long)hi, (long)i);
+            int64_t last0 = -1;
+            for (int64_t j = 0; j < sk; j++) {
+                const int want = definition(&m, i, j, n);
+                ck_assert_int_eq(fai_mask_allows(&m, i, j), want);
+                int in = 0;
+                for (int q = 0; q < np; q++)
+                    in += j < part[q].sk && allowed(&part[q], i, j);
+                ck_assert_msg(in == want, "row %ld key %ld: %d parts, allowed %d", (long)i,
+                              (long)j, in, want);
+                if (np == 2 && j < part[0].sk && allowed(&part[0], i, j))
+                    last0 = j;
+                if (np == 2 && allowed(&part[1], i, j))
+                    ck_assert_int_lt(last0, j);
+            }
         }
+        for (int q = 0; q < np; q++)
+            check_plain_geometry(&part[q], sq, i0, i1, j0, j1);
     }
+    ck_assert_int_gt(split, 500);
 }
 END_TEST
 

@@ -110,46 +110,46 @@ static void compare(const char *what, const char *label, const ht_tensor *conv,
  * at D 256. */
 static const ht_sweep_case cases[] = {
     /* b  sq    sk    hq hk dqk  dv  causal wl  wr  TL softcap alibi p    layout */
-    {1, 1, 1, 1, 1, 16, 16, 0, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
-    {2, 2, 3, 2, 1, 8, 8, 1, -1, -1, 0, 0, 0, 0, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
-    {1, 3, 2, 1, 1, 5, 7, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
-    {1, 63, 63, 1, 1, 64, 64, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
-    {1, 64, 64, 2, 2, 64, 64, 1, -1, -1, 0, 0, 0, 0.2, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
-    {1, 65, 65, 1, 1, 64, 64, 0, 5, 3, 0, 0, 0, 0, HT_PADDED, FA_SOFTCAP_THEN_ALIBI},
-    {1, 63, 97, 1, 1, 32, 32, 0, -1, -1, 0, 0, 0, 0, HT_PADDED, FA_SOFTCAP_THEN_ALIBI},
-    {1, 64, 113, 2, 1, 32, 32, 1, -1, -1, 1, 0, 1, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
-    {1, 65, 127, 1, 1, 32, 48, 1, -1, -1, 0, 5, 0, 0, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
-    {1, 97, 113, 4, 2, 59, 111, 0, 16, 8, 0, 10, 1, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
-    {1, 127, 1025, 2, 1, 16, 16, 1, -1, -1, 1, 0, 0, 0.3, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
-    {1, 1025, 127, 1, 1, 16, 16, 1, -1, -1, 0, 0, 1, 0, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
-    {2, 113, 97, 4, 1, 59, 59, 0, 0, 0, 0, 0, 0, 0.5, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
-    {1, 129, 129, 2, 2, 111, 59, 0, -1, 0, 0, 0, 0, 0, HT_PADDED, FA_SOFTCAP_THEN_ALIBI},
-    {1, 65, 200, 1, 1, 128, 128, 0, 20, -1, 0, 3, 1, 0.1, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
-    {1, 200, 65, 2, 1, 24, 40, 1, -1, -1, 1, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
-    {1, 5, 1, 1, 1, 4, 4, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
-    {1, 257, 257, 2, 2, 64, 64, 0, -1, -1, 0, 0, 0, 0, HT_PADDED, FA_SOFTCAP_THEN_ALIBI},
-    {3, 61, 67, 6, 3, 19, 23, 1, 7, -1, 0, 2, 1, 0.15, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
-    {1, 90, 90, 2, 1, 32, 32, 1, -1, -1, 0, 2, 1, 0.1, HT_BSHD, FA_ALIBI_THEN_SOFTCAP},
+    {1, 1, 1, 1, 1, 16, 16, 0, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {2, 2, 3, 2, 1, 8, 8, 1, -1, -1, 0, 0, 0, 0, HT_BHSD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, 3, 2, 1, 1, 5, 7, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, 63, 63, 1, 1, 64, 64, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, 64, 64, 2, 2, 64, 64, 1, -1, -1, 0, 0, 0, 0.2, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, 65, 65, 1, 1, 64, 64, 0, 5, 3, 0, 0, 0, 0, HT_PADDED, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, 63, 97, 1, 1, 32, 32, 0, -1, -1, 0, 0, 0, 0, HT_PADDED, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, 64, 113, 2, 1, 32, 32, 1, -1, -1, 1, 0, 1, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, 65, 127, 1, 1, 32, 48, 1, -1, -1, 0, 5, 0, 0, HT_BHSD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, 97, 113, 4, 2, 59, 111, 0, 16, 8, 0, 10, 1, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, 127, 1025, 2, 1, 16, 16, 1, -1, -1, 1, 0, 0, 0.3, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, 1025, 127, 1, 1, 16, 16, 1, -1, -1, 0, 0, 1, 0, HT_BHSD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {2, 113, 97, 4, 1, 59, 59, 0, 0, 0, 0, 0, 0, 0.5, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, 129, 129, 2, 2, 111, 59, 0, -1, 0, 0, 0, 0, 0, HT_PADDED, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, 65, 200, 1, 1, 128, 128, 0, 20, -1, 0, 3, 1, 0.1, HT_BHSD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, 200, 65, 2, 1, 24, 40, 1, -1, -1, 1, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, 5, 1, 1, 1, 4, 4, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, 257, 257, 2, 2, 64, 64, 0, -1, -1, 0, 0, 0, 0, HT_PADDED, FA_SOFTCAP_THEN_ALIBI, 0},
+    {3, 61, 67, 6, 3, 19, 23, 1, 7, -1, 0, 2, 1, 0.15, HT_BHSD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, 90, 90, 2, 1, 32, 32, 1, -1, -1, 0, 2, 1, 0.1, HT_BSHD, FA_ALIBI_THEN_SOFTCAP, 0},
     /* the tensor-core head dims, every feature, tails on both sides */
-    {2, 130, 200, 4, 2, 32, 32, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
-    {1, 200, 130, 4, 1, 64, 64, 1, -1, -1, 1, 0, 0, 0, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
-    {1, 193, 193, 2, 2, 96, 96, 0, 33, 17, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
-    {1, 150, 300, 4, 2, 128, 128, 1, -1, -1, 0, 30, 1, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
-    {1, 129, 257, 2, 1, 128, 128, 0, -1, -1, 0, 0, 0, 0.25, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
-    {1, 100, 161, 2, 2, 256, 256, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
-    {1, 77, 77, 2, 1, 256, 256, 0, 10, 10, 1, 20, 1, 0.1, HT_BSHD, FA_ALIBI_THEN_SOFTCAP},
-    {1, 300, 100, 2, 2, 128, 128, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI}, /* 200 empty rows */
+    {2, 130, 200, 4, 2, 32, 32, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, 200, 130, 4, 1, 64, 64, 1, -1, -1, 1, 0, 0, 0, HT_BHSD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, 193, 193, 2, 2, 96, 96, 0, 33, 17, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, 150, 300, 4, 2, 128, 128, 1, -1, -1, 0, 30, 1, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, 129, 257, 2, 1, 128, 128, 0, -1, -1, 0, 0, 0, 0.25, HT_BHSD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, 100, 161, 2, 2, 256, 256, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, 77, 77, 2, 1, 256, 256, 0, 10, 10, 1, 20, 1, 0.1, HT_BSHD, FA_ALIBI_THEN_SOFTCAP, 0},
+    {1, 300, 100, 2, 2, 128, 128, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0}, /* 200 empty rows */
     /* the wgmma forward's shapes (scale only, D 64 / 128): several query blocks of 128 rows
      * and key tiles of 128, windows cutting tiles on both sides, both causal alignments */
-    {1, 300, 517, 2, 1, 128, 128, 0, 100, 37, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
-    {2, 257, 385, 4, 2, 64, 64, 1, -1, -1, 0, 0, 0, 0, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
-    {1, 385, 129, 2, 2, 128, 128, 1, -1, -1, 1, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
-    {1, 200, 700, 2, 2, 128, 128, 0, -1, -1, 0, 0, 0, 0, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
+    {1, 300, 517, 2, 1, 128, 128, 0, 100, 37, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {2, 257, 385, 4, 2, 64, 64, 1, -1, -1, 0, 0, 0, 0, HT_BHSD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, 385, 129, 2, 2, 128, 128, 1, -1, -1, 1, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0},
+    {1, 200, 700, 2, 2, 128, 128, 0, -1, -1, 0, 0, 0, 0, HT_BHSD, FA_SOFTCAP_THEN_ALIBI, 0},
     /* the wgmma backward's: key blocks of 128 over query tiles of 64 of a GQA group of 4 */
-    {2, 333, 333, 4, 1, 128, 128, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
+    {2, 333, 333, 4, 1, 128, 128, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0},
     /* one key block whose second group holds only padding keys, one partial query tile, 10
      * empty rows */
-    {1, 50, 40, 2, 2, 128, 128, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
+    {1, 50, 40, 2, 2, 128, 128, 1, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0},
 };
 #define NCASES ((int)(sizeof cases / sizeof *cases))
 static const fa_dtype dtypes[4] = {FA_F64, FA_F32, FA_F16, FA_BF16};
@@ -172,6 +172,7 @@ static void params_for(const ht_sweep_case *c, int idx, fa_params *p)
     p->dropout_offset = 3;
     p->score_order = c->order;
     p->sink_logits = sweep_sinks;
+    p->sink_tokens = c->sink_tokens;
 }
 
 /* q in [lo, hi] and k in [klo, khi]; v and dout in [-1, 1] */
@@ -270,8 +271,8 @@ END_TEST
 START_TEST(cuda_large_logits)
 {
     static const ht_sweep_case big[2] = {
-        {1, 70, 90, 2, 1, 64, 64, 0, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI},
-        {1, 90, 70, 1, 1, 64, 64, 1, -1, -1, 0, 0, 0, 0.2, HT_BHSD, FA_SOFTCAP_THEN_ALIBI},
+        {1, 70, 90, 2, 1, 64, 64, 0, -1, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0},
+        {1, 90, 70, 1, 1, 64, 64, 1, -1, -1, 0, 0, 0, 0.2, HT_BHSD, FA_SOFTCAP_THEN_ALIBI, 0},
     };
     const double a = sqrt(90 / 8.0), b = sqrt(100 / 8.0);
     sweep_one(&big[_i / 4], dtypes[_i % 4], 100 + _i / 4, a, b, FA_F64, NULL, _i >= 6);
@@ -292,7 +293,7 @@ START_TEST(cuda_negative_logits_padding_keys)
     const int64_t d = (_i >> 2) & 1 ? 128 : 64, sq = (_i >> 3) & 1 ? 129 : 64,
                   sk = (_i >> 4) & 1 ? 257 : 100;
     const ht_sweep_case c = {1, sq, sk, 2, 1, d, d, 0, -1, -1, 0, 0, 0, 0, HT_BSHD,
-                          FA_SOFTCAP_THEN_ALIBI};
+                          FA_SOFTCAP_THEN_ALIBI, 0};
     /* q.k / sqrt(D) = -sqrt(D) x with x in [a^2, b^2] */
     const double a = sqrt(90 / sqrt((double)d)), b = sqrt(100 / sqrt((double)d));
     sweep_run(&c, dt, 200 + _i, a, b, -b, -a, FA_F32, NULL, det);
@@ -311,7 +312,7 @@ START_TEST(cuda_dropout_mask_exact)
 {
     const fa_dtype dt = _i == 0 ? FA_BF16 : FA_F32;
     const ht_sweep_case c = {2, 100, 128, 2, 1, 128, 128, 0, -1, -1, 0, 0, 0, 0.3, HT_BSHD,
-                          FA_SOFTCAP_THEN_ALIBI};
+                          FA_SOFTCAP_THEN_ALIBI, 0};
     fa_params p;
     params_for(&c, 77, &p);
     p.dropout_seed = 0x0123456789abcdefull;
@@ -369,7 +370,7 @@ START_TEST(cuda_masked_nonfinite_never_reaches_output)
         const int64_t sq = middle ? 100 : 40, sk = 100, bad_lo = middle ? 50 : 40,
                       bad_hi = middle ? 51 : 100;
         const ht_sweep_case c = {1, sq, sk, 4, 2, D, D, 1, -1, -1, 1, 0, 0, 0, HT_BSHD,
-                              FA_SOFTCAP_THEN_ALIBI};
+                              FA_SOFTCAP_THEN_ALIBI, 0};
         ht_bundle clean, dirty;
         ht_bundle_alloc(&clean, dt, &c, c.sq, c.sk, HT_BSHD, FA_F32);
         ht_bundle_alloc(&dirty, dt, &c, c.sq, c.sk, HT_BSHD, FA_F32);
@@ -431,7 +432,7 @@ START_TEST(cuda_allowed_inf_v_reaches_output)
     const int64_t D = _i & 2 ? 128 : 64, bad = 150, bad_d = 3;
     const fa_dtype dt = _i & 4 ? FA_F16 : FA_BF16;
     const ht_sweep_case c = {1, 200, 200, 4, 2, D, D, 1, -1, -1, 0, 0, 0, 0, HT_BSHD,
-                          FA_SOFTCAP_THEN_ALIBI};
+                          FA_SOFTCAP_THEN_ALIBI, 0};
     ht_bundle x;
     ht_bundle_alloc(&x, dt, &c, c.sq, c.sk, HT_BSHD, FA_F32);
     ht_fill(&x.q, 21, 1, -1), ht_fill(&x.k, 22, 1, -1), ht_fill(&x.v, 23, 1, -1);
@@ -466,7 +467,7 @@ END_TEST
 START_TEST(cuda_host_pointers_refused)
 {
     const ht_sweep_case c = {1, 10, 10, 1, 1, 32, 32, 0, -1, -1, 0, 0, 0, 0, HT_BSHD,
-                          FA_SOFTCAP_THEN_ALIBI};
+                          FA_SOFTCAP_THEN_ALIBI, 0};
     ht_bundle x;
     ht_bundle_alloc(&x, FA_BF16, &c, c.sq, c.sk, HT_BSHD, FA_F32);
     ht_fill(&x.q, 1, 1, -1), ht_fill(&x.k, 2, 1, -1), ht_fill(&x.v, 3, 1, -1);
@@ -496,7 +497,7 @@ END_TEST
 START_TEST(cuda_bad_kernel_choice_refused)
 {
     const ht_sweep_case c = {1, 10, 10, 1, 1, 64, 64, 0, -1, -1, 0, 0, 0, 0, HT_BSHD,
-                          FA_SOFTCAP_THEN_ALIBI};
+                          FA_SOFTCAP_THEN_ALIBI, 0};
     ht_bundle x;
     ht_bundle_alloc(&x, FA_BF16, &c, c.sq, c.sk, HT_BSHD, FA_F32);
     ht_fill(&x.q, 1, 1, -1), ht_fill(&x.k, 2, 1, -1), ht_fill(&x.v, 3, 1, -1);
@@ -524,7 +525,7 @@ END_TEST
 START_TEST(cuda_other_device_refused)
 {
     const ht_sweep_case c = {1, 10, 10, 1, 1, 32, 32, 0, -1, -1, 0, 0, 0, 0, HT_BSHD,
-                          FA_SOFTCAP_THEN_ALIBI};
+                          FA_SOFTCAP_THEN_ALIBI, 0};
     ht_bundle x;
     ht_bundle_alloc(&x, FA_BF16, &c, c.sq, c.sk, HT_BSHD, FA_F32);
     ht_fill(&x.q, 1, 1, -1), ht_fill(&x.k, 2, 1, -1), ht_fill(&x.v, 3, 1, -1);
@@ -573,7 +574,7 @@ static double max_rel_diff(const ht_tensor *x, const ht_tensor *y)
 START_TEST(cuda_deterministic_memory_auto)
 {
     const ht_sweep_case c = {2, 300, 300, 4, 2, 128, 128, 1, -1, -1, 0, 0, 0, 0.1, HT_BSHD,
-                          FA_SOFTCAP_THEN_ALIBI};
+                          FA_SOFTCAP_THEN_ALIBI, 0};
     fa_params p;
     params_for(&c, 5, &p);
     ht_bundle a, b, x;
@@ -622,7 +623,7 @@ END_TEST
 START_TEST(cuda_unsupported_head_dim)
 {
     const ht_sweep_case c = {1, 4, 4, 1, 1, 520, 520, 0, -1, -1, 0, 0, 0, 0, HT_BSHD,
-                          FA_SOFTCAP_THEN_ALIBI};
+                          FA_SOFTCAP_THEN_ALIBI, 0};
     ht_bundle x;
     ht_bundle_alloc(&x, FA_F32, &c, c.sq, c.sk, HT_BSHD, FA_F32);
     ht_fill(&x.q, 1, 1, -1), ht_fill(&x.k, 2, 1, -1), ht_fill(&x.v, 3, 1, -1);
@@ -647,7 +648,7 @@ START_TEST(cuda_empty_sequences)
 {
     for (int which = 0; which < 2; which++) {
         const ht_sweep_case c = {1, which ? 0 : 7, which ? 7 : 0, 2, 1, 32, 32, 0, -1, -1, 0, 0, 0,
-                              0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI};
+                              0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 0};
         ht_bundle x;
         ht_bundle_alloc(&x, FA_F16, &c, c.sq, c.sk, HT_BSHD, FA_F32);
         fa_params p;
@@ -679,7 +680,7 @@ START_TEST(cuda_device_allocation_failure)
 {
     const fa_dtype dt = _i == 0 ? FA_BF16 : FA_F32;
     const ht_sweep_case c = {1, 70, 90, 2, 1, 64, 64, 1, -1, -1, 0, 0, 1, 0.1, HT_BSHD,
-                             FA_SOFTCAP_THEN_ALIBI};
+                             FA_SOFTCAP_THEN_ALIBI, 0};
     fa_params p;
     params_for(&c, 5, &p);
     ht_bundle x;
@@ -756,12 +757,36 @@ START_TEST(cuda_sinks_match_reference)
 }
 END_TEST
 
+/*
+ * Sink tokens (StreamingLLM: the first keys beside a window) against the reference, forward
+ * and backward, in every dtype: the generic kernels take them, whatever FA_CUDA_KERNEL says
+ * (D = 128 f16 would take the tensor-core kernels, which see one key run a row). Sinks over
+ * several key tiles, sinks that end inside a tile the window starts in, with top-left
+ * alignment, softcap, ALiBi and dropout; a decode shape with learnable sinks too.
+ */
+START_TEST(cuda_sink_tokens_match_reference)
+{
+    static const ht_sweep_case c[3] = {
+        {1, 300, 300, 2, 1, 64, 64, 1, 40, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 5},
+        {2, 150, 200, 4, 2, 24, 16, 0, 30, 10, 1, 4, 1, 0.2, HT_BHSD, FA_SOFTCAP_THEN_ALIBI, 70},
+        {2, 3, 1600, 4, 1, 128, 128, 1, 700, -1, 0, 0, 0, 0, HT_BSHD, FA_SOFTCAP_THEN_ALIBI, 4},
+    };
+    static const float sinks[4] = {0.5f, -INFINITY, 4.0f, -1.0f};
+    const int x = _i / 4;
+    const fa_dtype dt = dtypes[_i % 4];
+    sweep_sinks = x == 2 ? sinks : NULL;
+    sweep_one(&c[x], dt, 200 + x, 1, -1, dt == FA_F64 ? FA_F64 : FA_F32, x == 0 ? "mma" : NULL,
+              0);
+    sweep_sinks = NULL;
+}
+END_TEST
+
 /* The sink's gradient is formed on the host from out, lse and dout: not for device tensors
  * yet. FA_ERR_UNSUPPORTED naming it, the gradients as they were, nothing kept. */
 START_TEST(cuda_sink_grad_unsupported)
 {
     const ht_sweep_case c = {1, 9, 11, 2, 1, 64, 64, 0, -1, -1, 0, 0, 0, 0, HT_BSHD,
-                             FA_SOFTCAP_THEN_ALIBI};
+                             FA_SOFTCAP_THEN_ALIBI, 0};
     fa_params p;
     params_for(&c, 6, &p);
     const float sinks[2] = {0.5f, 1.0f};
@@ -919,6 +944,7 @@ static Suite *make_cuda_suite(void)
     tcase_add_test(tc, cuda_unsupported_head_dim);
     tcase_add_loop_test(tc, cuda_device_allocation_failure, 0, 2);
     tcase_add_loop_test(tc, cuda_sinks_match_reference, 0, 28);
+    tcase_add_loop_test(tc, cuda_sink_tokens_match_reference, 0, 12);
     tcase_add_test(tc, cuda_sink_grad_unsupported);
     tcase_add_test(tc, cuda_kv_dtype_unsupported);
     tcase_add_test(tc, cuda_sequences_unsupported);

@@ -382,14 +382,18 @@ START_TEST(decode_deterministic_across_threads)
         int64_t b, sq, sk, hq, hk, d;
         fa_dtype dt;
         int causal;
-    } c[3] = {{1, 1, 3000, 8, 1, 64, FA_F16, 1}, {2, 2, 1300, 8, 4, 40, FA_BF16, 1},
-              {1, 3, 777, 3, 3, 128, FA_F32, 0}};
+        int64_t left, tokens;
+    } c[4] = {{1, 1, 3000, 8, 1, 64, FA_F16, 1, -1, 0}, {2, 2, 1300, 8, 4, 40, FA_BF16, 1, -1, 0},
+              {1, 3, 777, 3, 3, 128, FA_F32, 0, -1, 0},
+              {1, 2, 3000, 8, 2, 64, FA_F16, 1, 1000, 700}}; /* sink tokens: two runs of chunks */
     const int x = _i;
     set first;
     set_alloc(&first, c[x].dt, c[x].b, c[x].sq, c[x].sk, c[x].hq, c[x].hk, c[x].d, c[x].d);
     fa_params p;
     fa_params_init(&p);
     p.causal = c[x].causal;
+    p.window_left = c[x].left;
+    p.sink_tokens = c[x].tokens;
     ck_assert(ht_forward(FA_BACKEND_TILED, 1, &p, &first.q.t, &first.k.t, &first.v.t, &first.o.t,
                          &first.l.t) == FA_OK);
     const int threads[4] = {1, 2, 3, 2};
@@ -733,15 +737,17 @@ static fa_tensor key_slice(const ht_tensor *x, int64_t j0, int64_t n)
  * Attention sinks, from their definition (written out here in float64): LSE_i = ln(sum_j
  * exp(s_ij) + exp(sink_h)), O_i = sum_j exp(s_ij - LSE_i) v_j, on every CPU backend, in f64
  * and f32, on a decode shape over three chunks (the tiled decode path: the sink meets the
- * chunks' merge) and a prefill shape whose first 90 rows
- * see no key (bottom-right causal, Sq > Sk: LSE = sink, O = 0 exactly; whole blocks of the
- * reference's and tiles of the tiled path without a key). Sinks: finite, -inf (no sink), and
- * one that outweighs every key.
+ * chunks' merge) and a prefill shape whose first 90 rows see no key (bottom-right causal,
+ * Sq > Sk: LSE = sink, O = 0 exactly; whole blocks of the reference's and tiles of the tiled
+ * path without a key). Sinks: finite, -inf (no sink), and one that outweighs every key. Two
+ * more shapes add sink tokens (StreamingLLM) beside a window: the first keys exempt from the
+ * window's left bound, so a row's keys are two runs.
  */
 static const float test_sinks[4] = {0.5f, -INFINITY, 6.0f, -2.0f};
 
 static void sink_definition(const set *x, int64_t B, int64_t sq, int64_t sk, int64_t hq,
-                            int64_t hk, int64_t d, int causal, double *o, double *lse)
+                            int64_t hk, int64_t d, int causal, int64_t left, int64_t tokens,
+                            double *o, double *lse)
 {
     const double scale = 1 / sqrt((double)d);
     for (int64_t b = 0; b < B; b++)
@@ -750,6 +756,9 @@ static void sink_definition(const set *x, int64_t B, int64_t sq, int64_t sk, int
                 const int64_t hi = causal ? i + sk - sq + 1 : sk; /* bottom-right */
                 double s[1100], mx = test_sinks[h], sum = 0;
                 for (int64_t j = 0; j < hi; j++) {
+                    s[j] = -INFINITY; /* the window's left bound, but for the sink tokens */
+                    if (left >= 0 && j < i + sk - sq - left && j >= tokens)
+                        continue;
                     double dot = 0;
                     for (int64_t e = 0; e < d; e++)
                         dot += ht_get(&x->q, b, i, h, e) * ht_get(&x->k, b, j, h / (hq / hk), e);
@@ -781,8 +790,13 @@ START_TEST(sinks_match_definition)
     static const struct {
         int64_t b, sq, sk, hq, hk, d;
         int causal;
-    } c[2] = {{2, 3, 1100, 4, 2, 16, 1}, {1, 140, 50, 4, 1, 24, 1}}; /* three decode chunks;
-                                                                    rows 0-89: no key */
+        int64_t left, tokens;
+    } c[4] = {{2, 3, 1100, 4, 2, 16, 1, -1, 0}, /* three decode chunks */
+              {1, 140, 50, 4, 1, 24, 1, -1, 0}, /* rows 0-89: no key */
+              /* with sink tokens: 4 keys, then a window from key 797 or later, over chunks
+               * 0 and 1-2 of the decode path; 30 beside a window of 21 over tiles */
+              {2, 3, 1100, 4, 2, 16, 1, 300, 4},
+              {1, 140, 150, 4, 1, 24, 1, 20, 30}};
     const fa_backend be = cpu_backends[_i % 3];
     const fa_dtype dt = (_i / 3) % 2 ? FA_F32 : FA_F64;
     const int x = _i / 6;
@@ -792,11 +806,14 @@ START_TEST(sinks_match_definition)
     fa_params_init(&p);
     p.causal = c[x].causal;
     p.sink_logits = test_sinks;
+    p.window_left = c[x].left;
+    p.sink_tokens = c[x].tokens;
     ck_assert_msg(ht_forward(be, 2, &p, &s.q.t, &s.k.t, &s.v.t, &s.o.t, &s.l.t) == FA_OK, "%s",
                   fa_last_error());
     const size_t n = (size_t)(c[x].b * c[x].sq * c[x].hq);
     double *o = malloc(n * (size_t)c[x].d * sizeof(double)), *lse = malloc(n * sizeof(double));
-    sink_definition(&s, c[x].b, c[x].sq, c[x].sk, c[x].hq, c[x].hk, c[x].d, c[x].causal, o, lse);
+    sink_definition(&s, c[x].b, c[x].sq, c[x].sk, c[x].hq, c[x].hk, c[x].d, c[x].causal,
+                    c[x].left, c[x].tokens, o, lse);
     const double tol = dt == FA_F64 ? 1e-12 : 2e-6;
     for (int64_t b = 0; b < c[x].b; b++)
         for (int64_t h = 0; h < c[x].hq; h++)
@@ -1044,7 +1061,7 @@ Suite *make_semantics_suite(void)
     tcase_add_loop_test(tc, forward_bits_independent_of_query_grouping, 0, 2 * ht_nisas + 1);
     tcase_add_test(tc, allowed_zero_probability_times_inf);
     tcase_add_test(tc, merge_states_matches_full_attention);
-    tcase_add_loop_test(tc, sinks_match_definition, 0, 12);
+    tcase_add_loop_test(tc, sinks_match_definition, 0, 24);
     tcase_add_test(tc, sink_gradient_finite_differences);
     tcase_add_loop_test(tc, kv_dtype_apart_from_q, 0, 6);
     suite_add_tcase(s, tc);
@@ -1052,7 +1069,7 @@ Suite *make_semantics_suite(void)
     TCase *cc = tcase_create("concurrency");
     tcase_set_timeout(cc, 600);
     tcase_add_loop_test(cc, deterministic_across_threads, 0, 6);
-    tcase_add_loop_test(cc, decode_deterministic_across_threads, 0, 3);
+    tcase_add_loop_test(cc, decode_deterministic_across_threads, 0, 4);
     tcase_add_test(cc, shared_context_concurrent_calls);
     tcase_add_test(cc, four_callers_share_a_context);
     suite_add_tcase(s, cc);

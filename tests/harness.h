@@ -96,6 +96,7 @@ typedef struct {
     double dropout;
     ht_layout layout;
     fa_score_order order;
+    int64_t sink_tokens;
 } ht_sweep_case;
 
 /* The tensors of one forward + backward, in one storage dtype (LSE: lse_dt). */

@@ -187,6 +187,28 @@ def sinks():
 
 
 @test
+def sink_tokens():
+    # StreamingLLM: the first 3 keys beside a window of 6 (causal, bottom-right): forward
+    # against the definition, check with the same tokens PASSes, with none FAILs
+    win = ["--causal", "--window", "5,0"]
+    pair([*win, "--sink-tokens", "3"], [*win, "--sink-tokens", "3"], win)
+    files = inputs(sq=30, sk=40, prefix="st_")
+    o, l = forward(*win, "--sink-tokens", "3", files=files)
+    q, k, v = (np.load(f).astype(np.float64) for f in files)
+    kk, vv = np.repeat(k, 2, axis=2), np.repeat(v, 2, axis=2)
+    sc = np.einsum("bihd,bjhd->bhij", q, kk) / 4.0
+    i, j = np.arange(30)[:, None] + 10, np.arange(40)[None, :]  # off = Sk - Sq = 10
+    allowed = (j <= i) & ((j >= i - 5) | (j < 3))
+    sc = np.where(allowed, sc, -np.inf)
+    want_lse = np.log(np.exp(sc).sum(-1))
+    want_o = np.einsum("bhij,bjhd->bihd", np.exp(sc - want_lse[..., None]), vv)
+    assert np.abs(np.load(l) - want_lse).max() < 1e-5
+    assert np.abs(np.load(o) - want_o).max() < 1e-5
+    p = run("forward", *qkv_args(), "--out", path("x.npy"), "--sink-tokens", "-1", code=2)
+    assert "--sink-tokens" in p.stderr
+
+
+@test
 def varlen_packed_sequences():
     # three sequences packed as FlashAttention's varlen functions take them: (total, H, D),
     # the LSE (H, total); the middle one has no query rows

@@ -622,6 +622,10 @@ static fa_status check_params(const fa_params *p, int64_t hq)
         return fai_fail(FA_ERR_INVALID_ARGUMENT,
                         "params->window_right = %lld; it must be >= -1 (-1: unbounded)",
                         (long long)p->window_right);
+    if (p->sink_tokens < 0)
+        return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                        "params->sink_tokens = %lld; it must be >= 0 (0: none)",
+                        (long long)p->sink_tokens);
     if (p->causal && p->window_right > 0)
         return fai_fail(FA_ERR_INVALID_ARGUMENT,
                         "params->window_right = %lld with causal set; causal means "
@@ -703,9 +707,11 @@ fa_status fai_problem_make(fai_problem *pr, const fa_params *p, const fa_tensor 
     pr->mask_spec = (fai_mask_spec){.causal = p->causal != 0,
                                     .top_left = p->align == FA_ALIGN_TOP_LEFT,
                                     .left = p->window_left,
-                                    .right = p->window_right};
+                                    .right = p->window_right,
+                                    .sink_tokens = p->sink_tokens};
     pr->mask = fai_mask_make(pr->sq, pr->sk, pr->mask_spec.causal, pr->mask_spec.left,
-                             pr->mask_spec.right, pr->mask_spec.top_left);
+                             pr->mask_spec.right, pr->mask_spec.top_left,
+                             pr->mask_spec.sink_tokens);
     pr->score.scale = p->scale > 0 ? p->scale : 1.0 / sqrt((double)pr->dqk);
     pr->score.softcap = p->softcap;
     pr->score.off = pr->mask.off;

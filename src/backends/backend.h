@@ -65,7 +65,7 @@ static inline int64_t fai_index_at(fai_index x, int64_t i)
 /* What the mask is made of (fai_mask_make), kept for the sequences of a batch. */
 typedef struct {
     int causal, top_left;
-    int64_t left, right;
+    int64_t left, right, sink_tokens;
 } fai_mask_spec;
 
 /*
@@ -240,6 +240,20 @@ static inline const void *fai_kv_gather(const fai_problem *pr, fai_role r, int64
     return stage;
 }
 
+/* The problem seen through each part of its mask (core/score.h, fai_mask_parts): pr with that
+ * part's plain mask, in key order; returns their number (2 with sink tokens, else 1). Code
+ * that loops over keys runs over the parts in turn, with one interval per row in each. */
+static inline int fai_mask_part_problems(const fai_problem *pr, fai_problem part[2])
+{
+    fai_mask m[2];
+    const int n = fai_mask_parts(&pr->mask, m);
+    for (int p = 0; p < n; p++) {
+        part[p] = *pr;
+        part[p].mask = m[p];
+    }
+    return n;
+}
+
 /* ------------------------------------------------------------------ groups of a call */
 
 /* The problems an op runs, each dense: the call's own, or one per sequence of a call of
@@ -271,7 +285,7 @@ static inline fai_problem fai_group(const fai_problem *pr, int64_t g)
         s.sk = fai_index_at(pr->seqused, g) + pr->s_new;
         s.kb0 = pr->page_size ? 0 : g; /* a contiguous cache: batch g */
     }
-    s.mask = fai_mask_make(s.sq, s.sk, m->causal, m->left, m->right, m->top_left);
+    s.mask = fai_mask_make(s.sq, s.sk, m->causal, m->left, m->right, m->top_left, m->sink_tokens);
     s.score.off = s.mask.off;
     return s;
 }

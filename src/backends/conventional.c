@@ -142,12 +142,10 @@ static void scores(const conv *cv, const conv_pack *w, int64_t h, void *s, void 
     const double cap = pr->score.softcap, slope = fai_slope(pr, h);
     double *x = w->row[0], *t = w->row[1];
     for (int64_t i = 0; i < pr->sq; i++) {
-        int64_t lo, hi;
-        fai_mask_row(&pr->mask, i, &lo, &hi);
         row_load(cv, s, i, x);
         for (int64_t j = 0; j < pr->sk; j++) {
             t[j] = 0;
-            if (j < lo || j >= hi) {
+            if (!fai_mask_allows(&pr->mask, i, j)) {
                 x[j] = -INFINITY;
                 continue;
             }

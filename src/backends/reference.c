@@ -73,19 +73,36 @@ static void row_carve(const fai_problem *pr, fai_arena *a, row_ws *w)
 }
 
 /*
- * Steps 1-5 of docs/DESIGN.md §1 for row i of (b, h): fills w->s[j] (and w->t[j]) for allowed j in
- * [*lo, *hi) and returns LSE_i; -inf for an empty row (no allowed key, or all allowed scores -inf),
- * NaN if an allowed score is NaN. Fills keep[lo, hi) when dropout is on.
+ * Keys [*lo, *hi) hold every key that rows [i0, i1) may see: the window's span (core/score.h,
+ * (b)), from key 0 where sink tokens may stand left of it. Which keys of it row i sees,
+ * fai_mask_allows says, key by key: the definition itself, so the oracle needs no other
+ * account of a mask with sink tokens.
+ */
+static void key_hull(const fai_problem *pr, int64_t i0, int64_t i1, int64_t *lo, int64_t *hi)
+{
+    fai_mask window = pr->mask;
+    window.sink_keys = 0;
+    fai_mask_key_span(&window, i0, i1, lo, hi);
+    if (pr->mask.sink_keys > 0 && *hi > 0)
+        *lo = 0;
+}
+
+/*
+ * Steps 1-5 of docs/DESIGN.md §1 for row i of (b, h): fills w->s[j] (and w->t[j]) for allowed j
+ * in [*lo, *hi) (key_hull) and returns LSE_i; -inf for an empty row (no allowed key, or all
+ * allowed scores -inf), NaN if an allowed score is NaN. Fills keep[lo, hi) when dropout is on.
  */
 static double row_scores(const fai_problem *pr, int64_t b, int64_t h, int64_t i, row_ws *w,
                          unsigned char *keep, int64_t *lo, int64_t *hi)
 {
     const int64_t hk = h / pr->group;
     const double slope = fai_slope(pr, h);
-    fai_mask_row(&pr->mask, i, lo, hi);
+    key_hull(pr, i, i + 1, lo, hi);
     fai_load_f64(fai_q_row(pr, FAI_Q, b, h, i), pr->dtype, pr->dqk, w->q);
     double mx = -INFINITY;
     for (int64_t j = *lo; j < *hi; j++) {
+        if (!fai_mask_allows(&pr->mask, i, j))
+            continue;
         fai_load_f64(fai_kv_row(pr, FAI_K, b, hk, j), pr->kv_dtype, pr->dqk, w->kv);
         w->s[j] = fai_score_f64(&pr->score, dot64(w->q, w->kv, pr->dqk), slope, i, j, &w->t[j]);
         mx = fai_nanmax_f64(mx, w->s[j]);
@@ -100,21 +117,22 @@ static double row_scores(const fai_problem *pr, int64_t b, int64_t h, int64_t i,
         return mx;
     double sum = exp(sink - mx);
     for (int64_t j = *lo; j < *hi; j++)
-        sum += exp(w->s[j] - mx);
+        if (fai_mask_allows(&pr->mask, i, j))
+            sum += exp(w->s[j] - mx);
     return mx + log(sum);
 }
 
 /* O_i = sum_{allowed, kept j} exp(s_j - LSE) / (1 - p) v_j, into w->o (0 for an empty row). */
-static void row_output(const fai_problem *pr, int64_t b, int64_t h, double lse, int64_t lo,
-                       int64_t hi, const unsigned char *keep, row_ws *w)
+static void row_output(const fai_problem *pr, int64_t b, int64_t h, int64_t i, double lse,
+                       int64_t lo, int64_t hi, const unsigned char *keep, row_ws *w)
 {
     const int64_t hk = h / pr->group;
     memset(w->o, 0, (size_t)pr->dv * sizeof(double));
     if (lse == -INFINITY)
         return;
     for (int64_t j = lo; j < hi; j++) {
-        if (pr->drop.threshold && !keep[j]) /* dropped by selection, like masked keys */
-            continue;
+        if (!fai_mask_allows(&pr->mask, i, j) || (pr->drop.threshold && !keep[j]))
+            continue; /* masked and dropped keys by selection */
         double pt = exp(w->s[j] - lse) * pr->keep_scale;
         fai_load_f64(fai_kv_row(pr, FAI_V, b, hk, j), pr->kv_dtype, pr->dv, w->kv);
         for (int64_t d = 0; d < pr->dv; d++)
@@ -128,7 +146,7 @@ static void row_forward(const fai_problem *pr, int64_t b, int64_t h, int64_t i, 
 {
     int64_t lo, hi;
     double lse = row_scores(pr, b, h, i, w, keep, &lo, &hi);
-    row_output(pr, b, h, lse, lo, hi, keep, w);
+    row_output(pr, b, h, i, lse, lo, hi, keep, w);
     fai_store_f64(fai_q_row(pr, FAI_OUT, b, h, i), pr->dtype, pr->dv, w->o);
     if (fai_io(pr, FAI_LSE))
         fai_lse_write(pr, b, h, i, lse);
@@ -145,10 +163,12 @@ static void row_backward_group(const fai_problem *pr, int64_t b, int64_t hk, row
             double lse = row_scores(pr, b, h, i, w, keep, &lo, &hi);
             memset(w->dq, 0, (size_t)pr->dqk * sizeof(double));
             if (lse != -INFINITY) {
-                row_output(pr, b, h, lse, lo, hi, keep, w);
+                row_output(pr, b, h, i, lse, lo, hi, keep, w);
                 fai_load_f64(fai_q_row(pr, FAI_DOUT, b, h, i), pr->dtype, pr->dv, w->dout);
                 const double Di = dot64(w->dout, w->o, pr->dv);
                 for (int64_t j = lo; j < hi; j++) {
+                    if (!fai_mask_allows(&pr->mask, i, j))
+                        continue;
                     const double P = exp(w->s[j] - lse);
                     const double z = !pr->drop.threshold || keep[j] ? pr->keep_scale : 0.0;
                     fai_load_f64(fai_kv_row(pr, FAI_V, b, hk, j), pr->kv_dtype, pr->dv, w->kv);
@@ -179,6 +199,7 @@ typedef struct {
     double *s, *pd, *dp, *t;    /* REF_ROWS x Sk: scores -> P, P~, dP -> dS, tanh     */
     double *k, *v;              /* the kv head, Sk x Dqk and Sk x Dv                  */
     unsigned char *keep;        /* Sk dropout decisions of one row                     */
+    unsigned char *allow;       /* Sk: which keys of the block one row sees            */
     int64_t packed;
 } blk_ws;
 
@@ -191,6 +212,7 @@ static void blk_carve(const fai_problem *pr, fai_arena *a, int backward, blk_ws 
     w->k = fai_carve(a, sk * (size_t)pr->dqk * d);
     w->v = fai_carve(a, sk * (size_t)pr->dv * d);
     w->keep = fai_carve(a, sk);
+    w->allow = fai_carve(a, sk);
     w->dout = backward ? fai_carve(a, R * (size_t)pr->dv * d) : NULL;
     w->dq = backward ? fai_carve(a, R * (size_t)pr->dqk * d) : NULL;
     w->pd = backward ? fai_carve(a, R * sk * d) : NULL;
@@ -237,10 +259,15 @@ static void blk_probs(const fai_problem *pr, int64_t b, int64_t h, int64_t i0, i
         const int64_t i = i0 + r;
         double *s = w->s + r * nk, *tr = t ? t + r * nk : NULL, mx = -INFINITY, sum = 0;
         int64_t lo, hi;
-        fai_mask_row(&pr->mask, i, &lo, &hi);
-        lo = (lo > jlo ? lo : jlo) - jlo; /* the row's allowed keys as block columns */
+        key_hull(pr, i, i + 1, &lo, &hi);
+        lo = (lo > jlo ? lo : jlo) - jlo; /* the row's keys as block columns */
         hi = (hi < jlo + nk ? hi : jlo + nk) - jlo;
+        unsigned char *allow = w->allow;
+        for (int64_t c = 0; c < nk; c++)
+            allow[c] = c >= lo && c < hi && fai_mask_allows(&pr->mask, i, jlo + c);
         for (int64_t c = lo; c < hi; c++) {
+            if (!allow[c])
+                continue;
             s[c] = fai_score_f64(&pr->score, s[c], slope, i, jlo + c, tr ? &tr[c] : NULL);
             mx = fai_nanmax_f64(mx, s[c]);
         }
@@ -248,7 +275,8 @@ static void blk_probs(const fai_problem *pr, int64_t b, int64_t h, int64_t i0, i
         if (mx != -INFINITY && !isnan(mx)) {
             sum = exp(sink - mx);
             for (int64_t c = lo; c < hi; c++)
-                sum += s[c] = exp(s[c] - mx);
+                if (allow[c])
+                    sum += s[c] = exp(s[c] - mx);
             for (int64_t c = lo; c < hi; c++)
                 s[c] /= sum;
             lse[r] = mx + log(sum);
@@ -258,7 +286,7 @@ static void blk_probs(const fai_problem *pr, int64_t b, int64_t h, int64_t i0, i
             lse[r] = mx;
         }
         for (int64_t c = 0; c < nk; c++) /* masked entries are exact zeros */
-            if (c < lo || c >= hi) {
+            if (!allow[c]) {
                 s[c] = 0;
                 if (tr)
                     tr[c] = 0;
@@ -269,8 +297,7 @@ static void blk_probs(const fai_problem *pr, int64_t b, int64_t h, int64_t i0, i
         if (drop.threshold && lo < hi)
             fai_dropout_keep_row(&drop, i, jlo + lo, hi - lo, w->keep + lo);
         for (int64_t c = 0; c < nk; c++)
-            dst[c] = c < lo || c >= hi || (drop.threshold && !w->keep[c]) ? 0
-                                                                           : s[c] * pr->keep_scale;
+            dst[c] = !allow[c] || (drop.threshold && !w->keep[c]) ? 0 : s[c] * pr->keep_scale;
     }
 }
 
@@ -279,7 +306,7 @@ static void blk_forward(const fai_problem *pr, int64_t b, int64_t h, int64_t i0,
 {
     double lse[REF_ROWS];
     int64_t jlo, jhi;
-    fai_mask_key_span(&pr->mask, i0, i0 + n, &jlo, &jhi);
+    key_hull(pr, i0, i0 + n, &jlo, &jhi);
     const int64_t nk = jhi > jlo ? jhi - jlo : 0;
     pack_kv(pr, b, h / pr->group, w);
     pack_rows(pr, fai_q_row, FAI_Q, b, h, i0, n, pr->dqk, w->q);
@@ -311,7 +338,7 @@ static void blk_backward_group(const fai_problem *pr, int64_t b, int64_t hk, blk
             const int64_t n = pr->sq - i0 < REF_ROWS ? pr->sq - i0 : REF_ROWS;
             double lse[REF_ROWS];
             int64_t jlo, jhi;
-            fai_mask_key_span(&pr->mask, i0, i0 + n, &jlo, &jhi);
+            key_hull(pr, i0, i0 + n, &jlo, &jhi);
             const int64_t nk = jhi > jlo ? jhi - jlo : 0;
             memset(w->dq, 0, (size_t)(n * dqk) * sizeof(double));
             if (nk > 0) {

@@ -109,6 +109,8 @@ void cli_usage(FILE *f, const char *cmd)
             "  --softcap C               s = C tanh(s / C)\n"
             "  --alibi SLOPES.npy        one slope per query head (1-D)\n"
             "  --sinks SINKS.npy         one attention-sink logit per query head (1-D; -inf: none)\n"
+            "  --sink-tokens N           the first N keys stay visible beside the window\n"
+            "                            (StreamingLLM: exempt from its left bound)\n"
             "  --scale S                 0 or absent: 1/sqrt(head dim)\n"
             "  --dropout P --seed S --offset O   dropout with the Philox stream of docs/DESIGN.md\n"
             "  --layout bshd|bhsd        how Q, K, V, O files are laid out (default bshd)\n"
@@ -203,7 +205,7 @@ static const opt_def defs[] = {
     {"--candidate-dk", "check"}, {"--candidate-dv", "check"}, {"--atol", "check"},
     {"--rtol", "check"}, {"--json", "check"}, {"--dtype", "check"}, {"--causal", "attn"}, {"--align", "attn"},
     {"--window", "attn"}, {"--softcap", "attn"}, {"--alibi", "attn"}, {"--sinks", "attn"},
-    {"--dsinks", "grad"}, {"--scale", "attn"},
+    {"--dsinks", "grad"}, {"--sink-tokens", "attn"}, {"--scale", "attn"},
     {"--dropout", "attn"}, {"--seed", "attn"}, {"--offset", "attn"}, {"--layout", "attn"},
     {"--bf16", "attn"}, {"--profile", "attn"}, {"--backend", "io"}, {"--isa", "io"},
     {"--threads", "attn"}, {"--cu-seqlens-q", "attn"}, {"--cu-seqlens-k", "attn"},
@@ -303,6 +305,9 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
         } else if (!strcmp(a, "--softcap")) {
             if (parse_double(v, &o->p.softcap))
                 return bad(cmd, a, v, "expected a number");
+        } else if (!strcmp(a, "--sink-tokens")) {
+            if (parse_i64(v, 0, INT64_MAX, &o->p.sink_tokens))
+                return bad(cmd, a, v, "expected a count of keys >= 0");
         } else if (!strcmp(a, "--scale")) {
             if (parse_double(v, &o->p.scale))
                 return bad(cmd, a, v, "expected a number");

@@ -5,16 +5,20 @@
  * from here; none re-derives them.
  *
  * Mask. Key j is allowed for query row i iff
- *     j >= i + off - L   (when L >= 0)   and   j <= i + off + R   (when R >= 0),
- * off = Sk - Sq (bottom-right) or 0 (top-left). For each row the allowed keys are therefore one
- * interval, and the interval's ends move right by exactly one per row. Two consequences are
- * used throughout:
+ *     j >= i + off - L   (when L >= 0, unless j < n)   and   j <= i + off + R   (when R >= 0),
+ * off = Sk - Sq (bottom-right) or 0 (top-left), n the sink tokens (StreamingLLM: the first n
+ * keys are exempt from the window's left bound). A *plain* mask (n = 0, or L unbounded, where
+ * the sinks change nothing) allows one interval per row, and the interval's ends move right by
+ * exactly one per row. Two consequences are used throughout:
  *   (a) a row's allowed keys are [lo_i, hi_i), computed in O(1) (fai_mask_row);
  *   (b) the union of the intervals of rows [i0, i1) is the single interval
  *       [lo_{i0}, hi_{i1-1}) when every row's interval is non-empty in the unclipped sense
  *       (L, R >= 0 or unbounded: the band has width L + R + 1 >= 1), so a tile is empty iff it
  *       misses that union, and full iff it lies inside every row's interval, i.e. inside
  *       [lo_{i1-1}, hi_{i0}).
+ * A mask with sink tokens is the disjoint union of two plain masks (fai_mask_parts), so every
+ * function below but fai_mask_allows and fai_mask_parts takes a plain mask, and the code that
+ * loops over keys loops over the parts.
  */
 #ifndef FAI_CORE_SCORE_H
 #define FAI_CORE_SCORE_H
@@ -26,6 +30,7 @@ typedef struct {
     int64_t off;         /* Sk - Sq or 0                                     */
     int64_t left, right; /* window bounds, -1 unbounded, clamped to Sq + Sk  */
     int64_t sk;          /* number of keys                                   */
+    int64_t sink_keys;   /* n clamped to Sk; 0 when L is unbounded (plain)   */
 } fai_mask;
 
 typedef enum { FAI_TILE_EMPTY, FAI_TILE_PARTIAL, FAI_TILE_FULL } fai_tile_class;
@@ -33,7 +38,8 @@ typedef enum { FAI_TILE_EMPTY, FAI_TILE_PARTIAL, FAI_TILE_FULL } fai_tile_class;
 /* causal forces right = 0. Bounds beyond Sq + Sk cannot bind and are clamped so that the
  * arithmetic below stays far from int64 overflow (the API limits Sq, Sk to < 2^40). */
 FA_HOST_DEVICE static inline fai_mask fai_mask_make(int64_t sq, int64_t sk, int causal,
-                                                    int64_t left, int64_t right, int top_left)
+                                                    int64_t left, int64_t right, int top_left,
+                                                    int64_t sink_tokens)
 {
     fai_mask m;
     int64_t reach = sq + sk;
@@ -41,10 +47,54 @@ FA_HOST_DEVICE static inline fai_mask fai_mask_make(int64_t sq, int64_t sk, int 
     m.left = left > reach ? reach : left;
     m.right = causal ? 0 : (right > reach ? reach : right);
     m.sk = sk;
+    m.sink_keys = m.left < 0 ? 0 : (sink_tokens > sk ? sk : sink_tokens);
     return m;
 }
 
-/* Allowed keys of row i: [*lo, *hi), clipped to [0, Sk); empty when *lo >= *hi. */
+/* The definition above, key by key, for any mask: what the reference tests. */
+FA_HOST_DEVICE static inline int fai_mask_allows(const fai_mask *m, int64_t i, int64_t j)
+{
+    if (j < 0 || j >= m->sk)
+        return 0;
+    if (m->right >= 0 && j > i + m->off + m->right)
+        return 0;
+    return m->left < 0 || j >= i + m->off - m->left || j < m->sink_keys;
+}
+
+/*
+ * The plain masks whose disjoint union is m, in key order; returns their number (1 or 2).
+ * Without sink tokens, m itself. With n = sink_keys > 0 (so L >= 0):
+ *   part[0], the sinks left of the window: keys j < n with j < lo_i = i + off - L, that is
+ *           j <= i + (off - L - 1) + 0: the plain mask of n keys with offset off - L - 1, no
+ *           left bound and right bound 0;
+ *   part[1], the window: m without sinks, keys [lo_i, hi_i).
+ * Proof. A key j >= lo_i is allowed iff j < hi_i: part 1. A key j < lo_i fails the left bound,
+ * so it is allowed iff j < n and j <= i + off + R; the latter holds, since L, R >= 0 give
+ * j < i + off - L <= i + off + R (and R unbounded bounds nothing): part 0. The parts are
+ * disjoint (j < lo_i against j >= lo_i), and every key of part 0 precedes every key of part 1
+ * in each row, so a recurrence that visits part 0's keys and then part 1's visits each row's
+ * keys in ascending order. Part 0 is plain: its interval [0, min(n, lo_i)) has a left end
+ * fixed at 0 and a right end moving by one per row until it stops at n, which is (b)'s band of
+ * unbounded width clipped to n keys.
+ */
+FA_HOST_DEVICE static inline int fai_mask_parts(const fai_mask *m, fai_mask part[2])
+{
+    fai_mask window = *m;
+    window.sink_keys = 0;
+    if (m->sink_keys == 0) {
+        part[0] = window;
+        return 1;
+    }
+    part[0].off = m->off - m->left - 1;
+    part[0].left = -1;
+    part[0].right = 0;
+    part[0].sk = m->sink_keys;
+    part[0].sink_keys = 0;
+    part[1] = window;
+    return 2;
+}
+
+/* Allowed keys of row i of a plain mask: [*lo, *hi), clipped to [0, Sk); empty when *lo >= *hi. */
 FA_HOST_DEVICE static inline void fai_mask_row(const fai_mask *m, int64_t i, int64_t *lo,
                                                int64_t *hi)
 {

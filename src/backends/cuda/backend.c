@@ -128,6 +128,9 @@ static fa_status fill(fa_context *ctx, const fai_problem *pr, fai_cuda_args *a)
             return fai_fail(FA_ERR_INVALID_ARGUMENT,
                             "FA_CUDA_KERNEL=%s: expected generic or mma (or unset)", k);
     }
+    if (pr->mask.sink_keys > 0) /* two key runs a row: the generic kernels visit the mask's
+                                   parts in turn; the tensor-core ones take one run */
+        a->kernel = FAI_CUDA_KERNEL_GENERIC;
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e != cudaSuccess) {

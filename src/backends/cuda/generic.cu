@@ -90,39 +90,43 @@ __global__ void __launch_bounds__(kWarps * 32) fa_fwd_kernel_rowwarp(const fai_c
             qs[d] = fai_storage<S>::load(qrow[d]);
         __syncwarp();
         const C slope = a.slopes ? (C)a.slopes[h] : (C)0;
-        int64_t lo, hi;
-        fai_mask_row(&mask, i, &lo, &hi);
         C m = -INFINITY, l = 0, acc[NV];
 #pragma unroll
         for (int c = 0; c < NV; c++)
             acc[c] = 0;
-        for (int64_t j0 = lo; j0 < hi; j0 += 32) {
-            const int64_t j = j0 + lane;
-            const bool valid = j < hi;
-            C s = -INFINITY;
-            if (valid)
-                s = score(&sc, dot2<C>(qs, fai_at<S>(a.tk, b, j, hk), a.dqk), slope, i,
-                          j, (C *)nullptr);
-            C alpha;
-            if (!rescale(&m, fai_warp_max(s), &alpha)) /* uniform: the max is the warp's */
-                continue;
-            const C p = valid ? fexp(s - m) : (C)0;
-            l = alpha * l + fai_warp_sum(p);
-#pragma unroll
-            for (int c = 0; c < NV; c++)
-                acc[c] *= alpha;
-            const int kept = valid && (!dr.threshold || fai_dropout_keep(&dr, i, j));
-            const int n = hi - j0 < 32 ? (int)(hi - j0) : 32;
-            for (int t = 0; t < n; t++) {
-                const C pt = __shfl_sync(0xffffffffu, p, t);
-                if (!__shfl_sync(0xffffffffu, kept, t)) /* dropped: by selection */
+        fai_mask part[2]; /* the mask's parts in key order (core/score.h) */
+        const int np = fai_mask_parts(&mask, part);
+        for (int q = 0; q < np; q++) {
+            int64_t lo, hi;
+            fai_mask_row(&part[q], i, &lo, &hi);
+            for (int64_t j0 = lo; j0 < hi; j0 += 32) {
+                const int64_t j = j0 + lane;
+                const bool valid = j < hi;
+                C s = -INFINITY;
+                if (valid)
+                    s = score(&sc, dot2<C>(qs, fai_at<S>(a.tk, b, j, hk), a.dqk), slope, i,
+                              j, (C *)nullptr);
+                C alpha;
+                if (!rescale(&m, fai_warp_max(s), &alpha)) /* uniform: the max is the warp's */
                     continue;
-                const S *vr = fai_at<S>(a.tv, b, j0 + t, hk);
+                const C p = valid ? fexp(s - m) : (C)0;
+                l = alpha * l + fai_warp_sum(p);
 #pragma unroll
-                for (int c = 0; c < NV; c++) {
-                    const int64_t d = lane + 32 * c;
-                    if (d < a.dv)
-                        acc[c] += pt * fai_storage<S>::load(vr[d]);
+                for (int c = 0; c < NV; c++)
+                    acc[c] *= alpha;
+                const int kept = valid && (!dr.threshold || fai_dropout_keep(&dr, i, j));
+                const int n = hi - j0 < 32 ? (int)(hi - j0) : 32;
+                for (int t = 0; t < n; t++) {
+                    const C pt = __shfl_sync(0xffffffffu, p, t);
+                    if (!__shfl_sync(0xffffffffu, kept, t)) /* dropped: by selection */
+                        continue;
+                    const S *vr = fai_at<S>(a.tv, b, j0 + t, hk);
+#pragma unroll
+                    for (int c = 0; c < NV; c++) {
+                        const int64_t d = lane + 32 * c;
+                        if (d < a.dv)
+                            acc[c] += pt * fai_storage<S>::load(vr[d]);
+                    }
                 }
             }
         }
@@ -196,8 +200,11 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_dkdv_kernel_rowwarp(const 
     const int64_t j = (int64_t)blockIdx.x * kWarps + warp;
     if (j >= a.sk)
         return;
-    int64_t ilo, ihi; /* the rows that may see key j */
-    fai_mask_query_span(&mask, a.sq, j, j + 1, &ilo, &ihi);
+    fai_mask part[2]; /* the mask's parts (core/score.h): rows [ilo[q], ihi[q]) see key j in q */
+    int64_t ilo[2], ihi[2];
+    const int np = fai_mask_parts(&mask, part);
+    for (int q = 0; q < np; q++)
+        fai_mask_query_span(&part[q], a.sq, j, j + 1, &ilo[q], &ihi[q]);
     for (int64_t bh = blockIdx.y; bh < a.b * a.hk; bh += gridDim.y) {
         const int64_t b = bh / a.hk, hk = bh % a.hk;
         __syncwarp();
@@ -214,43 +221,46 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_dkdv_kernel_rowwarp(const 
             const fai_dropout dr = fai_drop_head(a, b, h);
             const C slope = a.slopes ? (C)a.slopes[h] : (C)0;
             const C *delta = (const C *)a.work + (b * a.hq + h) * a.sq;
-            for (int64_t i0 = ilo; i0 < ihi; i0 += 32) {
-                const int64_t i = i0 + lane;
-                C pt = 0, ds = 0;
-                int live = 0;
-                if (i < ihi)
-                    live = pair_grads<S, C>(
-                        sc, dr, (C)a.keep_scale, i, j, dot2<C>(ks, fai_at<S>(a.tq, b, i, h), a.dqk),
-                        dot2<C>(vs, fai_at<S>(a.tdout, b, i, h), a.dv),
-                        fai_lse_get(a.tlse, a.lse_f64, b, h, i), delta[i], slope, &pt, &ds);
-                const int n = ihi - i0 < 32 ? (int)(ihi - i0) : 32;
-                /* Two-level summation: the chunk's 32 terms apart, then into the total. One
-                 * running sum over thousands of rows grows its rounding error with their count
-                 * (f32: past 3x the conventional path's GEMM error at a GQA group of 4 x 333
-                 * rows). */
-                C pk[NV], pv[NV];
+            for (int q = 0; q < np; q++)
+                for (int64_t i0 = ilo[q]; i0 < ihi[q]; i0 += 32) {
+                    const int64_t i = i0 + lane;
+                    C pt = 0, ds = 0;
+                    int live = 0;
+                    if (i < ihi[q])
+                        live = pair_grads<S, C>(
+                            sc, dr, (C)a.keep_scale, i, j,
+                            dot2<C>(ks, fai_at<S>(a.tq, b, i, h), a.dqk),
+                            dot2<C>(vs, fai_at<S>(a.tdout, b, i, h), a.dv),
+                            fai_lse_get(a.tlse, a.lse_f64, b, h, i), delta[i], slope, &pt, &ds);
+                    const int n = ihi[q] - i0 < 32 ? (int)(ihi[q] - i0) : 32;
+                    /* Two-level summation: the chunk's 32 terms apart, then into the total.
+                     * One running sum over thousands of rows grows its rounding error with
+                     * their count (f32: past 3x the conventional path's GEMM error at a GQA
+                     * group of 4 x 333 rows). */
+                    C pk[NV], pv[NV];
 #pragma unroll
-                for (int c = 0; c < NV; c++)
-                    pk[c] = pv[c] = 0;
-                for (int t = 0; t < n; t++) {
-                    const C pt_t = __shfl_sync(0xffffffffu, pt, t);
-                    const C ds_t = __shfl_sync(0xffffffffu, ds, t);
-                    if (!__shfl_sync(0xffffffffu, live, t))
-                        continue;
-                    const S *qr = fai_at<S>(a.tq, b, i0 + t, h), *gr = fai_at<S>(a.tdout, b, i0 + t, h);
+                    for (int c = 0; c < NV; c++)
+                        pk[c] = pv[c] = 0;
+                    for (int t = 0; t < n; t++) {
+                        const C pt_t = __shfl_sync(0xffffffffu, pt, t);
+                        const C ds_t = __shfl_sync(0xffffffffu, ds, t);
+                        if (!__shfl_sync(0xffffffffu, live, t))
+                            continue;
+                        const S *qr = fai_at<S>(a.tq, b, i0 + t, h),
+                                *gr = fai_at<S>(a.tdout, b, i0 + t, h);
 #pragma unroll
-                    for (int c = 0; c < NV; c++) {
-                        const int64_t d = lane + 32 * c;
-                        if (d < a.dqk)
-                            pk[c] += ds_t * fai_storage<S>::load(qr[d]);
-                        if (d < a.dv)
-                            pv[c] += pt_t * fai_storage<S>::load(gr[d]);
+                        for (int c = 0; c < NV; c++) {
+                            const int64_t d = lane + 32 * c;
+                            if (d < a.dqk)
+                                pk[c] += ds_t * fai_storage<S>::load(qr[d]);
+                            if (d < a.dv)
+                                pv[c] += pt_t * fai_storage<S>::load(gr[d]);
+                        }
                     }
-                }
 #pragma unroll
-                for (int c = 0; c < NV; c++)
-                    dk[c] += pk[c], dv[c] += pv[c];
-            }
+                    for (int c = 0; c < NV; c++)
+                        dk[c] += pk[c], dv[c] += pv[c];
+                }
         }
         S *dkr = fai_at<S>(a.tdk, b, j, hk), *dvr = fai_at<S>(a.tdv, b, j, hk);
 #pragma unroll
@@ -290,41 +300,45 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_dq_kernel_rowwarp(const fa
         const C slope = a.slopes ? (C)a.slopes[h] : (C)0;
         const double lse = fai_lse_get(a.tlse, a.lse_f64, b, h, i);
         const C di = ((const C *)a.work)[bh * a.sq + i];
-        int64_t lo, hi;
-        fai_mask_row(&mask, i, &lo, &hi);
         C dq[NV];
 #pragma unroll
         for (int c = 0; c < NV; c++)
             dq[c] = 0;
-        for (int64_t j0 = lo; j0 < hi; j0 += 32) {
-            const int64_t j = j0 + lane;
-            C pt = 0, ds = 0;
-            int live = 0;
-            if (j < hi)
-                live = pair_grads<S, C>(sc, dr, (C)a.keep_scale, i, j,
-                                        dot2<C>(qs, fai_at<S>(a.tk, b, j, hk), a.dqk),
-                                        dot2<C>(gs, fai_at<S>(a.tv, b, j, hk), a.dv), lse, di,
-                                        slope, &pt, &ds);
-            const int n = hi - j0 < 32 ? (int)(hi - j0) : 32;
-            C part[NV]; /* two-level summation, as in dK and dV */
+        fai_mask part[2]; /* the mask's parts in key order (core/score.h) */
+        const int np = fai_mask_parts(&mask, part);
+        for (int q = 0; q < np; q++) {
+            int64_t lo, hi;
+            fai_mask_row(&part[q], i, &lo, &hi);
+            for (int64_t j0 = lo; j0 < hi; j0 += 32) {
+                const int64_t j = j0 + lane;
+                C pt = 0, ds = 0;
+                int live = 0;
+                if (j < hi)
+                    live = pair_grads<S, C>(sc, dr, (C)a.keep_scale, i, j,
+                                            dot2<C>(qs, fai_at<S>(a.tk, b, j, hk), a.dqk),
+                                            dot2<C>(gs, fai_at<S>(a.tv, b, j, hk), a.dv), lse, di,
+                                            slope, &pt, &ds);
+                const int n = hi - j0 < 32 ? (int)(hi - j0) : 32;
+                C part[NV]; /* two-level summation, as in dK and dV */
 #pragma unroll
-            for (int c = 0; c < NV; c++)
-                part[c] = 0;
-            for (int t = 0; t < n; t++) {
-                const C ds_t = __shfl_sync(0xffffffffu, ds, t);
-                if (!__shfl_sync(0xffffffffu, live, t))
-                    continue;
-                const S *kr = fai_at<S>(a.tk, b, j0 + t, hk);
+                for (int c = 0; c < NV; c++)
+                    part[c] = 0;
+                for (int t = 0; t < n; t++) {
+                    const C ds_t = __shfl_sync(0xffffffffu, ds, t);
+                    if (!__shfl_sync(0xffffffffu, live, t))
+                        continue;
+                    const S *kr = fai_at<S>(a.tk, b, j0 + t, hk);
 #pragma unroll
-                for (int c = 0; c < NV; c++) {
-                    const int64_t d = lane + 32 * c;
-                    if (d < a.dqk)
-                        part[c] += ds_t * fai_storage<S>::load(kr[d]);
+                    for (int c = 0; c < NV; c++) {
+                        const int64_t d = lane + 32 * c;
+                        if (d < a.dqk)
+                            part[c] += ds_t * fai_storage<S>::load(kr[d]);
+                    }
                 }
-            }
 #pragma unroll
-            for (int c = 0; c < NV; c++)
-                dq[c] += part[c];
+                for (int c = 0; c < NV; c++)
+                    dq[c] += part[c];
+            }
         }
         S *dqr = fai_at<S>(a.tdq, b, i, h);
 #pragma unroll

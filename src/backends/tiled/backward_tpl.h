@@ -192,48 +192,58 @@ static void FAI_T(bwd_ktile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
     memset(w->dk, 0, (size_t)(n * dqk) * sizeof(FT));
     memset(w->dv, 0, (size_t)(n * dv) * sizeof(FT));
 
-    int64_t ilo, ihi;
-    fai_mask_query_span(&pr->mask, pr->sq, j0, j0 + n, &ilo, &ihi);
-    for (int64_t h = hk * pr->group; h < (hk + 1) * pr->group; h++)
-        for (int64_t i0 = ilo; i0 < ihi; i0 += tl.bq) {
-            const int64_t nq = ihi - i0 < tl.bq ? ihi - i0 : tl.bq;
-            const fai_tile_class cls = fai_mask_classify(&pr->mask, i0, i0 + nq, j0, j0 + n);
-            if (cls == FAI_TILE_EMPTY)
-                continue;
-            FAI_T(load_query_block)(pr, b, h, i0, nq, tl.bq, w);
-            if (!FAI_T(bwd_block)(pr, tl, b, h, i0, nq, j0, n, cls, w))
-                continue;
-            FT *dq = w->dq_all ? w->dq_all + ((h - hk * pr->group) * pr->sq + i0) * dqk : NULL;
-            if (w->kv_finite && w->q_finite) {
-                /* P~^T dO, dS^T Q */
-                FAI_T(fai_gemm_at)(w->kern, n, dv, nq, w->p, ld, w->dout, dv, w->dv, dv, 1, NULL);
-                FAI_T(fai_gemm_at)(w->kern, n, dqk, nq, w->ds, ld, w->q, dqk, w->dk, dqk, 1, NULL);
-                if (dq)
-                    FAI_T(fai_gemm)(w->kern, nq, dqk, n, w->ds, ld, w->k, dqk, dq, dqk, 1, NULL);
-                continue;
-            }
-            if (dq)
-                FAI_T(dq_by_selection)(pr, tl, cls, i0, nq, j0, n, w, dq);
-            /* by selection, rows in order: each (row, key) term one kernel step, as above;
-             * masked and dropped terms skipped (an allowed P of 0 still multiplies dO) */
-            const fai_dropout drop = fai_dropout_for(pr, b, h);
-            for (int64_t r = 0; r < nq; r++) {
-                int64_t c0, c1;
-                FAI_T(row_cols)(pr, cls, i0 + r, j0, n, &c0, &c1);
-                if (w->lse[r] == -INFINITY || c0 >= c1)
+    /* the mask's parts in turn (core/score.h: the sinks, then the window) */
+    fai_problem part[2];
+    const int np = fai_mask_part_problems(pr, part);
+    for (int p = 0; p < np; p++) {
+        const fai_problem *pm = &part[p];
+        int64_t ilo, ihi;
+        fai_mask_query_span(&pm->mask, pr->sq, j0, j0 + n, &ilo, &ihi);
+        for (int64_t h = hk * pr->group; h < (hk + 1) * pr->group; h++)
+            for (int64_t i0 = ilo; i0 < ihi; i0 += tl.bq) {
+                const int64_t nq = ihi - i0 < tl.bq ? ihi - i0 : tl.bq;
+                const fai_tile_class cls = fai_mask_classify(&pm->mask, i0, i0 + nq, j0, j0 + n);
+                if (cls == FAI_TILE_EMPTY)
                     continue;
-                if (drop.threshold)
-                    fai_dropout_keep_row(&drop, i0 + r, j0 + c0, c1 - c0, w->keep + c0);
-                for (int64_t c = c0; c < c1; c++) {
-                    const FT *pc = w->p + r * ld + c, *dsc = w->ds + r * ld + c;
-                    if (!drop.threshold || w->keep[c])
-                        FAI_T(fai_gemm)(w->kern, 1, dv, 1, pc, 1, w->dout + r * dv, dv,
-                                        w->dv + c * dv, dv, 1, NULL);
-                    FAI_T(fai_gemm)(w->kern, 1, dqk, 1, dsc, 1, w->q + r * dqk, dqk,
-                                    w->dk + c * dqk, dqk, 1, NULL);
+                FAI_T(load_query_block)(pr, b, h, i0, nq, tl.bq, w);
+                if (!FAI_T(bwd_block)(pm, tl, b, h, i0, nq, j0, n, cls, w))
+                    continue;
+                FT *dq = w->dq_all ? w->dq_all + ((h - hk * pr->group) * pr->sq + i0) * dqk
+                                   : NULL;
+                if (w->kv_finite && w->q_finite) {
+                    /* P~^T dO, dS^T Q */
+                    FAI_T(fai_gemm_at)(w->kern, n, dv, nq, w->p, ld, w->dout, dv, w->dv, dv, 1,
+                                       NULL);
+                    FAI_T(fai_gemm_at)(w->kern, n, dqk, nq, w->ds, ld, w->q, dqk, w->dk, dqk, 1,
+                                       NULL);
+                    if (dq)
+                        FAI_T(fai_gemm)(w->kern, nq, dqk, n, w->ds, ld, w->k, dqk, dq, dqk, 1,
+                                        NULL);
+                    continue;
+                }
+                if (dq)
+                    FAI_T(dq_by_selection)(pm, tl, cls, i0, nq, j0, n, w, dq);
+                /* by selection, rows in order: each (row, key) term one kernel step, as above;
+                 * masked and dropped terms skipped (an allowed P of 0 still multiplies dO) */
+                const fai_dropout drop = fai_dropout_for(pr, b, h);
+                for (int64_t r = 0; r < nq; r++) {
+                    int64_t c0, c1;
+                    FAI_T(row_cols)(pm, cls, i0 + r, j0, n, &c0, &c1);
+                    if (w->lse[r] == -INFINITY || c0 >= c1)
+                        continue;
+                    if (drop.threshold)
+                        fai_dropout_keep_row(&drop, i0 + r, j0 + c0, c1 - c0, w->keep + c0);
+                    for (int64_t c = c0; c < c1; c++) {
+                        const FT *pc = w->p + r * ld + c, *dsc = w->ds + r * ld + c;
+                        if (!drop.threshold || w->keep[c])
+                            FAI_T(fai_gemm)(w->kern, 1, dv, 1, pc, 1, w->dout + r * dv, dv,
+                                            w->dv + c * dv, dv, 1, NULL);
+                        FAI_T(fai_gemm)(w->kern, 1, dqk, 1, dsc, 1, w->q + r * dqk, dqk,
+                                        w->dk + c * dqk, dqk, 1, NULL);
+                    }
                 }
             }
-        }
+    }
     for (int64_t c = 0; c < n; c++) {
         w->kern->narrow(fai_kv_row(pr, FAI_DK, b, hk, j0 + c), pr->dtype, dqk, w->dk + c * dqk);
         w->kern->narrow(fai_kv_row(pr, FAI_DV, b, hk, j0 + c), pr->dtype, dv, w->dv + c * dv);
@@ -263,20 +273,27 @@ static void FAI_T(bwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
     FAI_T(load_query_block)(pr, b, h, i0, nq, tl.bq, w);
     memset(w->dq, 0, (size_t)(nq * dqk) * sizeof(FT));
 
-    int64_t jlo, jhi;
-    fai_mask_key_span(&pr->mask, i0, i1, &jlo, &jhi);
-    for (int64_t j0 = jlo; j0 < jhi; j0 += tl.bk) {
-        const int64_t n = jhi - j0 < tl.bk ? jhi - j0 : tl.bk;
-        const fai_tile_class cls = fai_mask_classify(&pr->mask, i0, i1, j0, j0 + n);
-        if (cls == FAI_TILE_EMPTY)
-            continue;
-        FAI_T(load_key_tile)(pr, tl, b, hk, j0, n, w);
-        if (!FAI_T(bwd_block)(pr, tl, b, h, i0, nq, j0, n, cls, w))
-            continue;
-        if (w->q_finite && w->kv_finite) /* dQ += scale dS K */
-            FAI_T(fai_gemm)(w->kern, nq, dqk, n, w->ds, ld, w->k, dqk, w->dq, dqk, 1, NULL);
-        else
-            FAI_T(dq_by_selection)(pr, tl, cls, i0, nq, j0, n, w, w->dq);
+    /* the mask's parts in key order (core/score.h: the sinks, then the window); a key tile
+     * with keys of each is visited once per part */
+    fai_problem part[2];
+    const int np = fai_mask_part_problems(pr, part);
+    for (int p = 0; p < np; p++) {
+        const fai_problem *pm = &part[p];
+        int64_t jlo, jhi;
+        fai_mask_key_span(&pm->mask, i0, i1, &jlo, &jhi);
+        for (int64_t j0 = jlo; j0 < jhi; j0 += tl.bk) {
+            const int64_t n = jhi - j0 < tl.bk ? jhi - j0 : tl.bk;
+            const fai_tile_class cls = fai_mask_classify(&pm->mask, i0, i1, j0, j0 + n);
+            if (cls == FAI_TILE_EMPTY)
+                continue;
+            FAI_T(load_key_tile)(pr, tl, b, hk, j0, n, w);
+            if (!FAI_T(bwd_block)(pm, tl, b, h, i0, nq, j0, n, cls, w))
+                continue;
+            if (w->q_finite && w->kv_finite) /* dQ += scale dS K */
+                FAI_T(fai_gemm)(w->kern, nq, dqk, n, w->ds, ld, w->k, dqk, w->dq, dqk, 1, NULL);
+            else
+                FAI_T(dq_by_selection)(pm, tl, cls, i0, nq, j0, n, w, w->dq);
+        }
     }
     FAI_T(store_dq)(pr, b, h, i0, nq, w->dq, w);
 }

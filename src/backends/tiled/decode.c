@@ -68,7 +68,9 @@ typedef struct {
     const fai_kernels_f32 *kern;
     int64_t keys;     /* per chunk */
     int64_t rows;     /* R = group x Sq */
-    int64_t c_lo, nc; /* the chunks visited: c_lo .. c_lo + nc - 1 */
+    fai_mask part[2];        /* the mask's parts, in key order (core/score.h) */
+    int64_t c_lo[2], c_n[2]; /* part p's chunks: c_lo[p] .. c_lo[p] + c_n[p] - 1 */
+    int64_t nc;              /* c_n[0] + c_n[1]: the chunks visited, part 0's first */
     int64_t heads;    /* kv heads per task (at most) */
     int scale_only;   /* the score pipeline is the scale alone: dot_rows applies it */
 } decode_call;
@@ -108,13 +110,21 @@ static void prefetch_keys(const fai_problem *pr, fai_role r, int64_t b, int64_t 
     }
 }
 
+/* Chunk c of the call (0 .. nc - 1): its part's mask and its first key. */
+static const fai_mask *chunk_at(const decode_call *dc, int64_t c, int64_t *j0)
+{
+    const int p = c >= dc->c_n[0];
+    *j0 = (dc->c_lo[p] + c - (p ? dc->c_n[0] : 0)) * dc->keys;
+    return &dc->part[p];
+}
+
 /*
- * Step 1 for the chunk [j0, j0 + n) of kv heads [h0, h1) of batch b, head h's state at
- * st + (h - h0) sf. Each head's state is what it would be alone: its scores do not depend on
+ * Step 1 for the chunk [j0, j0 + n) of kv heads [h0, h1) of batch b under one part of the
+ * mask (a plain one), head h's state at st + (h - h0) sf. Each head's state is what it would be alone: its scores do not depend on
  * which keys or rows share a dot_rows call, its P V sums keys in order however they are split.
  */
-static void decode_chunk(const decode_call *dc, int64_t b, int64_t h0, int64_t h1, int64_t j0,
-                         int64_t n, decode_ws *w, float *st, int64_t sf)
+static void decode_chunk(const decode_call *dc, const fai_mask *mask, int64_t b, int64_t h0,
+                         int64_t h1, int64_t j0, int64_t n, decode_ws *w, float *st, int64_t sf)
 {
     const fai_problem *pr = dc->pr;
     const fai_kernels_f32 *kern = dc->kern;
@@ -131,7 +141,7 @@ static void decode_chunk(const decode_call *dc, int64_t b, int64_t h0, int64_t h
     int64_t cs0 = n, cs1 = 0; /* the columns some row sees */
     for (int64_t i = 0; i < pr->sq; i++) {
         int64_t lo, hi, *c = w->cols + 2 * i;
-        fai_mask_row(&pr->mask, i, &lo, &hi);
+        fai_mask_row(mask, i, &lo, &hi);
         c[0] = lo > j0 ? lo - j0 : 0;
         c[1] = hi < j0 + n ? hi - j0 : n;
         if (c[0] < c[1]) {
@@ -254,12 +264,19 @@ static int decode_setup(const fa_context *ctx, const fai_problem *pr, const fai_
     *dc = (decode_call){.pr = pr, .kern = kern, .keys = plan->decode_keys,
                         .rows = pr->group * pr->sq};
     dc->scale_only = pr->score.softcap == 0 && !pr->slopes;
-    int64_t jlo, jhi;
-    fai_mask_key_span(&pr->mask, 0, pr->sq, &jlo, &jhi);
-    if (jlo >= jhi) /* no row sees a key: one chunk, empty for every row */
-        jlo = 0, jhi = 1;
-    dc->c_lo = jlo / dc->keys;
-    dc->nc = (jhi - 1) / dc->keys + 1 - dc->c_lo;
+    /* each part's chunks on the grid of multiples of keys from key 0 */
+    const int np = fai_mask_parts(&pr->mask, dc->part);
+    dc->nc = 0;
+    for (int p = 0; p < 2; p++) {
+        int64_t jlo = 0, jhi = 0;
+        if (p < np)
+            fai_mask_key_span(&dc->part[p], 0, pr->sq, &jlo, &jhi);
+        dc->c_lo[p] = jlo < jhi ? jlo / dc->keys : 0;
+        dc->c_n[p] = jlo < jhi ? (jhi - 1) / dc->keys + 1 - dc->c_lo[p] : 0;
+        dc->nc += dc->c_n[p];
+    }
+    if (dc->nc == 0) /* no row sees a key: one chunk, empty for every row */
+        dc->c_n[0] = dc->nc = 1;
 
     const int nt = ctx->num_threads;
     dc->heads = (int64_t)(SCORE_BYTES / ((size_t)(dc->rows * dc->keys) * sizeof(float)));
@@ -318,9 +335,10 @@ void fai_tiled_decode(fa_context *ctx, const fai_problem *pr, const fai_kernels_
                 const int64_t c = t / (nb * hgroups), g = t % hgroups, bl = (t / hgroups) % nb;
                 const int64_t h0 = g * dc.heads;
                 const int64_t h1 = h0 + dc.heads < pr->hk ? h0 + dc.heads : pr->hk;
-                const int64_t j0 = (dc.c_lo + c) * dc.keys;
+                int64_t j0;
+                const fai_mask *mask = chunk_at(&dc, c, &j0);
                 const int64_t n = pr->sk - j0 < dc.keys ? pr->sk - j0 : dc.keys;
-                decode_chunk(&dc, b0 + bl, h0, h1, j0, n, &mine,
+                decode_chunk(&dc, mask, b0 + bl, h0, h1, j0, n, &mine,
                              states + ((bl * pr->hk + h0) * dc.nc + c) * sf, dc.nc * sf);
             }
 #pragma omp for schedule(static)

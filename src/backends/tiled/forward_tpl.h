@@ -274,55 +274,62 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
     }
     memset(w->acc, 0, (size_t)(nq * dv) * sizeof(FT));
 
-    int64_t jlo, jhi;
-    fai_mask_key_span(&pr->mask, i0, i1, &jlo, &jhi);
-    /* key tiles on the grid of multiples of Bk, whatever the query tile: where the online
-     * softmax rescales then does not depend on how the query rows are grouped */
-    for (tile.j0 = jlo - jlo % tl.bk; tile.j0 < jhi; tile.j0 += tl.bk) {
-        tile.n = jhi - tile.j0 < tl.bk ? jhi - tile.j0 : tl.bk;
-        tile.cls = fai_mask_classify(&pr->mask, i0, i1, tile.j0, tile.j0 + tile.n);
-        if (tile.cls == FAI_TILE_EMPTY)
-            continue;
-        int64_t r0, r1;
-        FAI_T(row_span)(pr, tile.cls, i0, nq, tile.j0, tile.n, &r0, &r1);
-        if (r0 == r1)
-            continue;
-        int64_t ldk, ldv;
-        const void *k =
-            fai_kv_gather(pr, FAI_K, b, hk, tile.j0, tile.n, pr->dqk, w->kv_stage, &ldk);
-        if (w->bf16) {
-            w->bf16->pack_kt(tile.n, pr->dqk, k, ldk, w->ktb, w->sp_ld);
-        } else {
-            int64_t ld;
-            const FT *kr =
-                FAI_T(view_run)(w->kern, k, ldk, pr->kv_dtype, tile.n, pr->dqk, w->k, &ld);
-            w->kern->transpose(tile.n, pr->dqk, kr, ld, w->kt, tl.bk);
-        }
-        /* With tile products, P V takes them or the f32 kernels by whether V is finite, and
-         * the two round differently: so that a row's bits do not depend on its query tile,
-         * the test covers the whole key tile (not only the keys this query tile sees), and the
-         * products run over all of its key chunks. */
-        const int64_t nv = w->bf16 ? (pr->sk - tile.j0 < tl.bk ? pr->sk - tile.j0 : tl.bk)
-                                    : tile.n;
-        /* (the gathered K rows are packed by now: the stage takes V's) */
-        const void *v = fai_kv_gather(pr, FAI_V, b, hk, tile.j0, nv, dv, w->kv_stage, &ldv);
-        FAI_T(load_run)(w->kern, v, ldv, pr->kv_dtype, nv, dv, w->v);
-        const int v_finite = w->kern->finite(nv * dv, w->v);
-        tile.selective = (tile.cls != FAI_TILE_FULL || drop.threshold) && !v_finite;
-        tile.pv_tiles = w->bf16 && v_finite;
-        if (tile.pv_tiles) {
-            tile.nk = FAI_T(round_up)(nv, w->bf16->keys);
-            w->bf16->pack_v(tile.n, tile.nk, dv, v, ldv, w->vb);
-        }
-        /* strips on a grid of br rows from the tile's first row (the plan's br is a multiple
-         * of the kernel's MR, so its strips start on panel boundaries, or of the tile
-         * products' rows; any br works) */
-        for (int64_t g = r0 - r0 % tl.br; g < r1; g += tl.br) {
-            const int64_t s0 = g > r0 ? g : r0, s1 = g + tl.br < r1 ? g + tl.br : r1;
-            int64_t a0, a1; /* the strip's rows that see the tile */
-            FAI_T(row_span)(pr, tile.cls, i0 + s0, s1 - s0, tile.j0, tile.n, &a0, &a1);
-            if (a0 < a1)
-                FAI_T(fwd_strip)(pr, tl, i0, s0 + a0, s0 + a1, &tile, w);
+    /* the mask's parts in key order (two with sink tokens: the sinks, then the window), one
+     * recurrence over both; a key tile that holds keys of each is visited once per part */
+    fai_problem part[2];
+    const int np = fai_mask_part_problems(pr, part);
+    for (int p = 0; p < np; p++) {
+        const fai_problem *pm = &part[p];
+        int64_t jlo, jhi;
+        fai_mask_key_span(&pm->mask, i0, i1, &jlo, &jhi);
+        /* key tiles on the grid of multiples of Bk, whatever the query tile: where the online
+         * softmax rescales then does not depend on how the query rows are grouped */
+        for (tile.j0 = jlo - jlo % tl.bk; tile.j0 < jhi; tile.j0 += tl.bk) {
+            tile.n = jhi - tile.j0 < tl.bk ? jhi - tile.j0 : tl.bk;
+            tile.cls = fai_mask_classify(&pm->mask, i0, i1, tile.j0, tile.j0 + tile.n);
+            if (tile.cls == FAI_TILE_EMPTY)
+                continue;
+            int64_t r0, r1;
+            FAI_T(row_span)(pm, tile.cls, i0, nq, tile.j0, tile.n, &r0, &r1);
+            if (r0 == r1)
+                continue;
+            int64_t ldk, ldv;
+            const void *k =
+                fai_kv_gather(pr, FAI_K, b, hk, tile.j0, tile.n, pr->dqk, w->kv_stage, &ldk);
+            if (w->bf16) {
+                w->bf16->pack_kt(tile.n, pr->dqk, k, ldk, w->ktb, w->sp_ld);
+            } else {
+                int64_t ld;
+                const FT *kr =
+                    FAI_T(view_run)(w->kern, k, ldk, pr->kv_dtype, tile.n, pr->dqk, w->k, &ld);
+                w->kern->transpose(tile.n, pr->dqk, kr, ld, w->kt, tl.bk);
+            }
+            /* With tile products, P V takes them or the f32 kernels by whether V is finite,
+             * and the two round differently: so that a row's bits do not depend on its query
+             * tile, the test covers the whole key tile (not only the keys this query tile
+             * sees), and the products run over all of its key chunks. */
+            const int64_t nv = w->bf16 ? (pr->sk - tile.j0 < tl.bk ? pr->sk - tile.j0 : tl.bk)
+                                        : tile.n;
+            /* (the gathered K rows are packed by now: the stage takes V's) */
+            const void *v = fai_kv_gather(pr, FAI_V, b, hk, tile.j0, nv, dv, w->kv_stage, &ldv);
+            FAI_T(load_run)(w->kern, v, ldv, pr->kv_dtype, nv, dv, w->v);
+            const int v_finite = w->kern->finite(nv * dv, w->v);
+            tile.selective = (tile.cls != FAI_TILE_FULL || drop.threshold) && !v_finite;
+            tile.pv_tiles = w->bf16 && v_finite;
+            if (tile.pv_tiles) {
+                tile.nk = FAI_T(round_up)(nv, w->bf16->keys);
+                w->bf16->pack_v(tile.n, tile.nk, dv, v, ldv, w->vb);
+            }
+            /* strips on a grid of br rows from the tile's first row (the plan's br is a
+             * multiple of the kernel's MR, so its strips start on panel boundaries, or of the
+             * tile products' rows; any br works) */
+            for (int64_t g = r0 - r0 % tl.br; g < r1; g += tl.br) {
+                const int64_t s0 = g > r0 ? g : r0, s1 = g + tl.br < r1 ? g + tl.br : r1;
+                int64_t a0, a1; /* the strip's rows that see the tile */
+                FAI_T(row_span)(pm, tile.cls, i0 + s0, s1 - s0, tile.j0, tile.n, &a0, &a1);
+                if (a0 < a1)
+                    FAI_T(fwd_strip)(pm, tl, i0, s0 + a0, s0 + a1, &tile, w);
+            }
         }
     }
 
