@@ -29,8 +29,8 @@ static const fai_backend *backend_for(const fa_context *ctx, const fa_tensor *q)
  * params->sink_grad[h] = sum over the rows of every batch and sequence of core's
  * fai_dsink_term (core/gradient.h), formed in float64 from the out, lse and dout the caller
  * passed (those the tiled backward reads; the oracle's exact ones where the caller gives the
- * reference's own), rows in order: one answer for every backend and thread count. Host
- * tensors only (a device backend's call with sink_grad is refused before it runs).
+ * reference's own), rows in order: one answer for every host backend and thread count. A
+ * device backend forms it itself (the CUDA one: the same terms, in double, on the device).
  */
 static void sink_gradient(const fa_context *ctx, const fai_problem *pr, float *grad)
 {
@@ -241,18 +241,24 @@ fa_status fa_append_kv(fa_context *ctx, const fa_tensor *k_new, const fa_tensor 
     fai_problem pr;
     FAI_TRY(fai_problem_for_cache(&pr, k_new, k_cache, v_cache, pages != NULL));
     FAI_TRY(kv_layout(ctx, &pr, &sh, k_cache, v_cache));
-    const fa_tensor *host[4] = {k_new, v_new, k_cache, v_cache};
-    const char *hn[4] = {"k_new", "v_new", "k", "v"};
-    for (int x = 0; x < 4; x++) /* copied here, on the host */
-        if (fai_cuda_is_device_pointer(host[x]->data))
-            return fai_fail(FA_ERR_UNSUPPORTED, "%s->data is device memory; fa_append_kv "
-                                                "runs on the host (the CPU backends' caches)",
-                            hn[x]);
     fa_tensor ix[NINDEX];
     const char *in[2 + NINDEX] = {"k_new", "v_new"}, *on[2] = {"k", "v"};
     const fa_tensor *ins[2 + NINDEX] = {k_new, v_new}, *outs[2] = {k_cache, v_cache};
     const int ni = add_index_views(&sh, ix, ins, in, 2);
     FAI_TRY(fai_check_outputs_disjoint(outs, on, 2, ins, in, ni));
+    const fai_backend *be = backend_for(ctx, k_new);
+    if (be->device_memory) { /* the device's copy (it checks the pointers) */
+        fai_op_fn run;
+        FAI_TRY(fai_backend_op(be, FAI_OP_APPEND, "append", &run));
+        return run(ctx, &pr);
+    }
+    const fa_tensor *host[4] = {k_new, v_new, k_cache, v_cache};
+    const char *hn[4] = {"k_new", "v_new", "k", "v"};
+    for (int x = 0; x < 4; x++) /* copied here, on the host */
+        if (fai_cuda_is_device_pointer(host[x]->data))
+            return fai_fail(FA_ERR_UNSUPPORTED, "%s->data is device memory but the context's "
+                                                "backend is %s, a host one (the CUDA backend "
+                                                "appends to a device cache)", hn[x], be->name);
     fai_append_new_keys(&pr);
     return FA_OK;
 }
@@ -316,9 +322,8 @@ static fa_status backward(fa_context *ctx, const fa_params *p, const fa_tensor *
     pr.io[FAI_DV] = dv;
     const fai_backend *be;
     FAI_TRY(call_backend(ctx, &pr, q, &be));
-    if (p->sink_grad && be->device_memory) /* sink_gradient reads out, lse, dout on the host */
-        return fai_fail(FA_ERR_UNSUPPORTED, "backend %s: params->sink_grad is not implemented "
-                                            "for device tensors yet", be->name);
+    if (be->device_memory) /* it forms the sink gradient where out, lse and dout are */
+        pr.sink_grad = p->sink_grad;
     if (pr.b == 0) {
         if (p->sink_grad) /* a sum over no rows */
             memset(p->sink_grad, 0, (size_t)pr.hq * sizeof(float));
@@ -334,7 +339,7 @@ static fa_status backward(fa_context *ctx, const fa_params *p, const fa_tensor *
         return FA_OK;
     }
     FAI_TRY(run(ctx, &pr));
-    if (p->sink_grad)
+    if (p->sink_grad && !be->device_memory)
         sink_gradient(ctx, &pr, p->sink_grad);
     return FA_OK;
 }

@@ -107,6 +107,8 @@ typedef struct {
     fai_score score;
     const float *slopes; /* Hq, or NULL */
     const float *sinks;  /* Hq sink logits (finite or -inf), or NULL */
+    float *sink_grad;    /* a device backend's backward: Hq floats of host memory for d loss /
+                            d sink_h, or NULL (a host backend's is the API layer's to form) */
     double keep_scale;   /* 1 / (1 - dropout_p): kept terms' factor (core/philox.h) */
     fai_dropout_params drop; /* threshold 0: dropout off */
     const fa_tensor *io[FAI_DV + 1];
@@ -329,7 +331,8 @@ void fai_append_new_keys(const fai_problem *pr);
  * runtime error, the CUDA backend's).
  */
 typedef fa_status (*fai_op_fn)(fa_context *ctx, const fai_problem *pr);
-typedef enum { FAI_OP_FORWARD, FAI_OP_BACKWARD, FAI_NOPS } fai_op;
+/* FAI_OP_APPEND: fa_append_kv on a device cache (a host cache is the API layer's copy). */
+typedef enum { FAI_OP_FORWARD, FAI_OP_BACKWARD, FAI_OP_APPEND, FAI_NOPS } fai_op;
 
 typedef struct {
     const char *name;  /* as fa_backend_name */

@@ -60,7 +60,7 @@ FA_HOST_DEVICE static inline double fai_dscore_f64(double p, double dp, double z
  * The other terms keep their formula: D_i = sum_k P_ik dP_ik over all columns, the sink's
  * adding 0, is still dO_i . O_i. This is row i's term (0 where s_h = -inf: no sink).
  */
-static inline double fai_dsink_term_f64(double s, double lse, double di)
+FA_HOST_DEVICE static inline double fai_dsink_term_f64(double s, double lse, double di)
 {
     return s == -INFINITY ? 0.0 : -fai_exp(s - lse) * di;
 }

@@ -113,10 +113,17 @@ FA_HOST_DEVICE static inline void fai_mask_key_span(const fai_mask *m, int64_t i
     fai_mask_row(m, i1 - 1, &unused, hi);
 }
 
-/* Query rows of [0, sq) that may see any key of [j0, j1): the mirror image of the above. */
+/* Query rows of [0, sq) that may see any key of [j0, j1): the mirror image of the above.
+ * Keys past Sk are no row's (a mask part's Sk may stop short of the problem's keys). */
 FA_HOST_DEVICE static inline void fai_mask_query_span(const fai_mask *m, int64_t sq, int64_t j0,
                                                       int64_t j1, int64_t *lo, int64_t *hi)
 {
+    if (j1 > m->sk)
+        j1 = m->sk;
+    if (j0 >= j1) {
+        *lo = *hi = 0;
+        return;
+    }
     /* j <= i + off + R  <=>  i >= j - off - R ;   j >= i + off - L  <=>  i <= j + L - off */
     int64_t a = m->right >= 0 ? j0 - m->off - m->right : 0;
     int64_t b = m->left >= 0 ? (j1 - 1) + m->left - m->off + 1 : sq;

@@ -344,6 +344,217 @@ static void fa_f32_narrow__avx2(void *dst, fa_dtype d, int64_t n, const float *s
     }
 }
 
+/* ------------------------------------------------------------------ decode's products */
+
+/* Eight f32 of a row of storage D from element p: all of them (FULL), or the first `left`
+ * (< 8) with zeros after, read no further; f16 and bf16 widened exactly, as widen does. */
+static inline __attribute__((always_inline)) __m256
+load8_widen__avx2(const fa_dtype D, const int FULL, int64_t left, const char *row, int64_t p)
+{
+    if (D == FA_F32) {
+        const float *x = (const float *)row + p;
+        return FULL ? _mm256_loadu_ps(x) : _mm256_maskload_ps(x, lanes_below(left));
+    }
+    const uint16_t *h = (const uint16_t *)row + p;
+    uint16_t t[8] = {0};
+    if (!FULL) {
+        memcpy(t, h, (size_t)left * sizeof(uint16_t));
+        h = t;
+    }
+    const __m128i x = _mm_loadu_si128((const __m128i *)h);
+    return D == FA_F16 ? _mm256_cvtph_ps(x)
+                       : _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(x), 16));
+}
+
+/* The eight lanes of x added in a fixed tree: (l0 + l4 + l2 + l6) + (l1 + l5 + l3 + l7). */
+static inline __attribute__((always_inline)) float sum8__avx2(__m256 x)
+{
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+}
+
+/* ROWS (<= 4) rows x nc (<= 2; 2 where KEYS2) keys: 8 accumulators, over p in vectors of 8. */
+static inline __attribute__((always_inline)) void
+dot_block__avx2(const fa_dtype D, const int ROWS, const int KEYS2, int64_t nc, int64_t d,
+                const float *q, int64_t ldq, const char *k, int64_t kb, float *s, int64_t lds,
+                const float *scale)
+{
+    __m256 acc[8];
+#pragma GCC unroll 8
+    for (int i = 0; i < 8; i++)
+        acc[i] = _mm256_setzero_ps();
+    int64_t p = 0;
+    for (; p + 8 <= d; p += 8) {
+        __m256 kv[2];
+#pragma GCC unroll 2
+        for (int c = 0; c < 2; c++)
+            kv[c] = KEYS2 || c < nc ? load8_widen__avx2(D, 1, 0, k + c * kb, p)
+                                    : _mm256_setzero_ps();
+#pragma GCC unroll 4
+        for (int r = 0; r < ROWS; r++) {
+            const __m256 qv = _mm256_loadu_ps(q + r * ldq + p);
+#pragma GCC unroll 2
+            for (int c = 0; c < 2; c++)
+                acc[2 * r + c] = _mm256_fmadd_ps(qv, kv[c], acc[2 * r + c]);
+        }
+    }
+    if (p < d) {
+        __m256 kv[2];
+#pragma GCC unroll 2
+        for (int c = 0; c < 2; c++)
+            kv[c] = KEYS2 || c < nc ? load8_widen__avx2(D, 0, d - p, k + c * kb, p)
+                                    : _mm256_setzero_ps();
+#pragma GCC unroll 4
+        for (int r = 0; r < ROWS; r++) {
+            const __m256 qv = _mm256_maskload_ps(q + r * ldq + p, lanes_below(d - p));
+#pragma GCC unroll 2
+            for (int c = 0; c < 2; c++)
+                acc[2 * r + c] = _mm256_fmadd_ps(qv, kv[c], acc[2 * r + c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < ROWS; r++)
+#pragma GCC unroll 2
+        for (int c = 0; c < 2; c++)
+            if (KEYS2 || c < nc) {
+                const float x = sum8__avx2(acc[2 * r + c]);
+                s[r * lds + c] = scale ? x * *scale : x;
+            }
+}
+
+static inline __attribute__((always_inline)) void
+dot_rows_dtype__avx2(const fa_dtype D, int64_t nr, int64_t n, int64_t d, const float *q,
+                     int64_t ldq, const void *k, int64_t ldk, float *s, int64_t lds,
+                     const float *scale)
+{
+    const int64_t kb = ldk * (D == FA_F32 ? 4 : 2);
+    for (int64_t c = 0; c < n; c += 2) {
+        const int64_t nc = n - c < 2 ? n - c : 2;
+        const char *kc = (const char *)k + c * kb;
+        for (int64_t r = 0; r < nr; r += 4) {
+            const float *qr = q + r * ldq;
+            float *sr = s + r * lds + c;
+#define DOT_CASE(ROWS)                                                                          \
+    (nc == 2 ? dot_block__avx2(D, ROWS, 1, 2, d, qr, ldq, kc, kb, sr, lds, scale)              \
+             : dot_block__avx2(D, ROWS, 0, nc, d, qr, ldq, kc, kb, sr, lds, scale))
+            switch (nr - r < 4 ? nr - r : 4) {
+            case 1: DOT_CASE(1); break;
+            case 2: DOT_CASE(2); break;
+            case 3: DOT_CASE(3); break;
+            default: DOT_CASE(4); break;
+            }
+#undef DOT_CASE
+        }
+    }
+}
+
+/* The sum's order: 8 lanes over p (lane t: p = t, t + 8, ..., fused), then sum8__avx2. */
+static void fa_f32_dot_rows_4x2__avx2(int64_t nr, int64_t n, int64_t d, const float *q,
+                                      int64_t ldq, const void *k, int64_t ldk, fa_dtype kd,
+                                      float *s, int64_t lds, const float *scale)
+{
+    if (kd == FA_F16)
+        dot_rows_dtype__avx2(FA_F16, nr, n, d, q, ldq, k, ldk, s, lds, scale);
+    else if (kd == FA_BF16)
+        dot_rows_dtype__avx2(FA_BF16, nr, n, d, q, ldq, k, ldk, s, lds, scale);
+    else if (kd == FA_F32)
+        dot_rows_dtype__avx2(FA_F32, nr, n, d, q, ldq, k, ldk, s, lds, scale);
+    else
+        fai_dot_rows_f32_portable(nr, n, d, q, ldq, k, ldk, kd, s, lds, scale);
+}
+
+/* ROWS (<= 4) rows of acc, dims [p0, p0 + 16) (left[x]: the valid lanes of vector x, 8 each
+ * where FULL), += P V over keys [0, n), each key one fused multiply-add per element. */
+static inline __attribute__((always_inline)) void
+pv_block__avx2(const fa_dtype D, const int FULL, const int ROWS, const int64_t *left, int64_t n,
+               const float *p, int64_t ldp, const char *v, int64_t vb, int64_t p0, float *acc,
+               int64_t lda)
+{
+    /* (a vector without a lane, left[x] = 0, is never addressed: it lies past the row) */
+    __m256 a[4][2];
+#pragma GCC unroll 4
+    for (int r = 0; r < ROWS; r++)
+#pragma GCC unroll 2
+        for (int x = 0; x < 2; x++)
+            a[r][x] = FULL      ? _mm256_loadu_ps(acc + r * lda + p0 + 8 * x)
+                      : left[x] ? _mm256_maskload_ps(acc + r * lda + p0 + 8 * x,
+                                                     lanes_below(left[x]))
+                                : _mm256_setzero_ps();
+    for (int64_t c = 0; c < n; c++) {
+        __m256 vv[2];
+#pragma GCC unroll 2
+        for (int x = 0; x < 2; x++)
+            vv[x] = FULL || left[x] ? load8_widen__avx2(D, FULL, left[x], v + c * vb, p0 + 8 * x)
+                                    : _mm256_setzero_ps();
+#pragma GCC unroll 4
+        for (int r = 0; r < ROWS; r++) {
+            const __m256 w = _mm256_set1_ps(p[r * ldp + c]);
+#pragma GCC unroll 2
+            for (int x = 0; x < 2; x++)
+                a[r][x] = _mm256_fmadd_ps(w, vv[x], a[r][x]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < ROWS; r++)
+#pragma GCC unroll 2
+        for (int x = 0; x < 2; x++) {
+            if (FULL)
+                _mm256_storeu_ps(acc + r * lda + p0 + 8 * x, a[r][x]);
+            else if (left[x])
+                _mm256_maskstore_ps(acc + r * lda + p0 + 8 * x, lanes_below(left[x]), a[r][x]);
+        }
+}
+
+#define PV_KEYS 64 /* keys per pass over the dims: 64 rows of V (16 KiB of f32) stay in L1 */
+
+static inline __attribute__((always_inline)) void
+pv_rows_dtype__avx2(const fa_dtype D, int64_t nr, int64_t n, int64_t dv, const float *p,
+                    int64_t ldp, const void *v, int64_t ldv, float *acc, int64_t lda)
+{
+    const int64_t vb = ldv * (D == FA_F32 ? 4 : 2);
+    for (int64_t c = 0; c < n; c += PV_KEYS) {
+        const int64_t nc = n - c < PV_KEYS ? n - c : PV_KEYS;
+        const char *vc = (const char *)v + c * vb;
+        for (int64_t p0 = 0; p0 < dv; p0 += 16) {
+            int64_t left[2];
+            for (int x = 0; x < 2; x++) {
+                const int64_t l = dv - p0 - 8 * x;
+                left[x] = l >= 8 ? 8 : l <= 0 ? 0 : l;
+            }
+            const int full = dv - p0 >= 16;
+            for (int64_t r = 0; r < nr; r += 4) {
+                const float *pr = p + r * ldp + c;
+                float *ar = acc + r * lda;
+#define PV_CASE(ROWS)                                                                           \
+    (full ? pv_block__avx2(D, 1, ROWS, left, nc, pr, ldp, vc, vb, p0, ar, lda)                  \
+          : pv_block__avx2(D, 0, ROWS, left, nc, pr, ldp, vc, vb, p0, ar, lda))
+                switch (nr - r < 4 ? nr - r : 4) {
+                case 1: PV_CASE(1); break;
+                case 2: PV_CASE(2); break;
+                case 3: PV_CASE(3); break;
+                default: PV_CASE(4); break;
+                }
+#undef PV_CASE
+            }
+        }
+    }
+}
+
+static void fa_f32_pv_rows_4x16__avx2(int64_t nr, int64_t n, int64_t dv, const float *p,
+                                      int64_t ldp, const void *v, int64_t ldv, fa_dtype vd,
+                                      float *acc, int64_t lda)
+{
+    if (vd == FA_F16)
+        pv_rows_dtype__avx2(FA_F16, nr, n, dv, p, ldp, v, ldv, acc, lda);
+    else if (vd == FA_BF16)
+        pv_rows_dtype__avx2(FA_BF16, nr, n, dv, p, ldp, v, ldv, acc, lda);
+    else if (vd == FA_F32)
+        pv_rows_dtype__avx2(FA_F32, nr, n, dv, p, ldp, v, ldv, acc, lda);
+    else
+        fai_pv_rows_f32_portable(nr, n, dv, p, ldp, v, ldv, vd, acc, lda);
+}
+
 static const fai_kernels_f32 avx2 = {
     .isa = FA_ISA_AVX2,
     .mr = MR,
@@ -358,8 +569,8 @@ static const fai_kernels_f32 avx2 = {
     FAI_KERNEL(finite, fa_f32_finite__avx2),
     FAI_KERNEL(widen, fa_f32_widen__avx2),
     FAI_KERNEL(narrow, fa_f32_narrow__avx2),
-    FAI_KERNEL(dot_rows, fai_dot_rows_f32_portable),
-    FAI_KERNEL(pv_rows, fai_pv_rows_f32_portable),
+    FAI_KERNEL(dot_rows, fa_f32_dot_rows_4x2__avx2),
+    FAI_KERNEL(pv_rows, fa_f32_pv_rows_4x16__avx2),
 };
 
 const fai_kernels_f32 *fai_kernels_avx2(void) { return &avx2; }

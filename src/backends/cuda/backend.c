@@ -104,11 +104,9 @@ static fa_status view(const fa_tensor *t, const char *name, int dev, fai_cuda_vi
 
 static fa_status fill(fa_context *ctx, const fai_problem *pr, fai_cuda_args *a)
 {
-    if (pr->kv_dtype != pr->dtype) /* before anything is allocated or written */
-        return fai_fail(FA_ERR_UNSUPPORTED, "backend cuda: k and v in a cache dtype apart from "
-                                            "q's are not implemented on this backend yet");
     memset(a, 0, sizeof *a);
     a->dtype = (int)pr->dtype;
+    a->kv_dtype = (int)pr->kv_dtype;
     a->lse_f64 = fai_io(pr, FAI_LSE) && fai_io(pr, FAI_LSE)->dtype == FA_F64;
     a->b = pr->b, a->hq = pr->hq, a->hk = pr->hk, a->sq = pr->sq, a->sk = pr->sk;
     a->dqk = pr->dqk, a->dv = pr->dv, a->group = pr->group;
@@ -128,8 +126,11 @@ static fa_status fill(fa_context *ctx, const fai_problem *pr, fai_cuda_args *a)
             return fai_fail(FA_ERR_INVALID_ARGUMENT,
                             "FA_CUDA_KERNEL=%s: expected generic or mma (or unset)", k);
     }
-    if (pr->mask.sink_keys > 0) /* two key runs a row: the generic kernels visit the mask's
-                                   parts in turn; the tensor-core ones take one run */
+    /* two key runs a row (sink tokens: the generic kernels visit the mask's parts in turn),
+     * pages (only the generic kernels read through a page table) or a cache dtype apart from
+     * q's (only the generic forward reads one): the tensor-core kernels take one run of
+     * contiguous rows of q's dtype */
+    if (pr->mask.sink_keys > 0 || pr->page_size > 0 || pr->kv_dtype != pr->dtype)
         a->kernel = FAI_CUDA_KERNEL_GENERIC;
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
@@ -148,6 +149,8 @@ static fa_status fill(fa_context *ctx, const fai_problem *pr, fai_cuda_args *a)
     FAI_TRY(view(fai_io(pr, FAI_DQ), "dq", dev, &a->tdq));
     FAI_TRY(view(fai_io(pr, FAI_DK), "dk", dev, &a->tdk));
     FAI_TRY(view(fai_io(pr, FAI_DV), "dv", dev, &a->tdv));
+    FAI_TRY(view(pr->k_new, "k_new", dev, &a->tkn));
+    FAI_TRY(view(pr->v_new, "v_new", dev, &a->tvn));
     return FA_OK;
 }
 
@@ -208,54 +211,220 @@ static fa_status copy_head_floats(fa_context *ctx, const fai_problem *pr, const 
     return FA_OK;
 }
 
+/* A paged call's page table on the device, widened to int64 (NULL without pages). */
+static fa_status copy_table(fa_context *ctx, const fai_problem *pr, cudaStream_t st,
+                            int64_t **dev, size_t *bytes)
+{
+    *dev = NULL;
+    *bytes = 0;
+    if (!pr->page_size)
+        return FA_OK;
+    const size_t n = (size_t)(pr->nseq * pr->table_stride);
+    *bytes = n * sizeof(int64_t);
+    int64_t *host = fai_alloc(&ctx->mem, *bytes);
+    if (!host)
+        return fai_fail(FA_ERR_NO_MEMORY, "backend cuda: %zu bytes for the page table", *bytes);
+    for (size_t i = 0; i < n; i++)
+        host[i] = fai_index_at(pr->table, (int64_t)i);
+    fa_status s = FA_OK;
+    if (!(*dev = dev_alloc(ctx, *bytes, st))) {
+        s = fai_fail(FA_ERR_NO_MEMORY, "backend cuda: %zu bytes of device memory for the page "
+                                       "table", *bytes);
+    } else if (cudaMemcpyAsync(*dev, host, *bytes, cudaMemcpyHostToDevice, st) != cudaSuccess) {
+        /* (from pageable memory: staged before the call returns, so host may go at once) */
+        const cudaError_t e = cudaGetLastError();
+        dev_free(ctx, *dev, *bytes, st);
+        *dev = NULL;
+        s = fai_fail(FA_ERR_DEVICE, "backend cuda: copying the page table: %s",
+                     cudaGetErrorString(e));
+    }
+    fai_free(&ctx->mem, host, *bytes);
+    return s;
+}
+
+/* v's base moved to row s of batch b (elements of es bytes). */
+static void shift(fai_cuda_view *v, int64_t b, int64_t s, size_t es)
+{
+    if (v->data)
+        v->data = (char *)v->data + (size_t)(b * v->sb + s * v->ss) * es;
+}
+
+/* Group g of the call (fai_group; the call itself when it is dense) as kernel arguments: the
+ * call's, with the group's dims, mask, score offset and dropout stream, its views' bases at
+ * its rows, and a paged K/V's table at its row. */
+static fai_cuda_args group_args(const fai_problem *pr, int64_t g, const fai_cuda_args *call)
+{
+    const fai_problem s = fai_group(pr, g);
+    fai_cuda_args a = *call;
+    a.b = s.b, a.sq = s.sq, a.sk = s.sk, a.seq0 = s.seq0;
+    a.mask = s.mask;
+    a.score = s.score;
+    const size_t qe = fai_dtype_size(pr->dtype), ke = fai_dtype_size(pr->kv_dtype);
+    fai_cuda_view *qside[4] = {&a.tq, &a.tout, &a.tdout, &a.tdq};
+    for (int x = 0; x < 4; x++)
+        shift(qside[x], s.qb0, s.q0, qe);
+    shift(&a.tlse, s.qb0, s.q0, call->lse_f64 ? sizeof(double) : sizeof(float));
+    shift(&a.tkn, g, 0, ke); /* a cache's new keys: batch g */
+    shift(&a.tvn, g, 0, ke);
+    if (call->table) {
+        a.table = call->table + g * pr->table_stride;
+        return a;
+    }
+    fai_cuda_view *kside[4] = {&a.tk, &a.tv, &a.tdk, &a.tdv};
+    for (int x = 0; x < 4; x++)
+        shift(kside[x], s.kb0, s.k0, ke);
+    return a;
+}
+
+/* A cache's new keys, sequence by sequence, to its keys [seqused, seqused + s_new). */
+static fai_cuda_result append_new_keys(const fai_problem *pr, const fai_cuda_args *call,
+                                       char *err, size_t n)
+{
+    fai_cuda_result r = FAI_CUDA_OK;
+    for (int64_t g = 0; r == FAI_CUDA_OK && g < pr->nseq; g++) {
+        const fai_cuda_args a = group_args(pr, g, call);
+        r = fai_cuda_append(&a, pr->s_new, a.sk - pr->s_new, err, n);
+    }
+    return r;
+}
+
+/* The forward: every group (a dense call is one) launched in order, after the inputs the
+ * kernels read from the host are on the device and a cache's new keys are in it. */
 static fa_status cuda_forward(fa_context *ctx, const fai_problem *pr)
 {
     fai_cuda_args a;
     FAI_TRY(fill(ctx, pr, &a));
-    cudaStream_t st = (cudaStream_t)a.stream;
-    void *slopes, *sinks;
-    size_t sb, kb;
-    FAI_TRY(copy_head_floats(ctx, pr, pr->slopes, "ALiBi slopes", st, &slopes, &sb));
-    fa_status s = copy_head_floats(ctx, pr, pr->sinks, "sink logits", st, &sinks, &kb);
-    if (s != FA_OK) {
-        dev_free(ctx, slopes, sb, st);
-        return s;
-    }
-    a.slopes = (const float *)slopes;
-    a.sinks = (const float *)sinks;
     char err[300] = "";
-    fai_cuda_result r = fai_cuda_forward(&a, err, sizeof err);
+    fai_cuda_result r = fai_cuda_supported(&a, err, sizeof err);
+    if (r != FAI_CUDA_OK)
+        return result(r, err);
+    cudaStream_t st = (cudaStream_t)a.stream;
+    void *slopes = NULL, *sinks = NULL;
+    int64_t *table = NULL;
+    size_t sb = 0, kb = 0, tb = 0;
+    fa_status s = copy_head_floats(ctx, pr, pr->slopes, "ALiBi slopes", st, &slopes, &sb);
+    if (s == FA_OK)
+        s = copy_head_floats(ctx, pr, pr->sinks, "sink logits", st, &sinks, &kb);
+    if (s == FA_OK)
+        s = copy_table(ctx, pr, st, &table, &tb);
+    if (s == FA_OK) {
+        a.slopes = (const float *)slopes;
+        a.sinks = (const float *)sinks;
+        a.table = table;
+        a.page_size = pr->page_size;
+        a.table_stride = pr->table_stride;
+        if (pr->k_new)
+            r = append_new_keys(pr, &a, err, sizeof err);
+        for (int64_t g = 0; r == FAI_CUDA_OK && g < fai_groups(pr); g++) {
+            const fai_cuda_args ga = group_args(pr, g, &a);
+            r = fai_cuda_forward(&ga, err, sizeof err);
+        }
+        s = result(r, err);
+    }
+    dev_free(ctx, table, tb, st);
     dev_free(ctx, sinks, kb, st);
     dev_free(ctx, slopes, sb, st);
+    return s;
+}
+
+/* fa_append_kv on a device cache: the forward's append alone. */
+static fa_status cuda_append(fa_context *ctx, const fai_problem *pr)
+{
+    fai_cuda_args a;
+    FAI_TRY(fill(ctx, pr, &a));
+    cudaStream_t st = (cudaStream_t)a.stream;
+    int64_t *table;
+    size_t tb;
+    FAI_TRY(copy_table(ctx, pr, st, &table, &tb));
+    a.table = table;
+    a.page_size = pr->page_size;
+    a.table_stride = pr->table_stride;
+    char err[300] = "";
+    const fai_cuda_result r = append_new_keys(pr, &a, err, sizeof err);
+    dev_free(ctx, table, tb, st);
     return result(r, err);
 }
 
+/* The sink gradient, from the device's sum (Hq doubles) to the caller's Hq floats: the one
+ * copy back to the host, so the call waits for its stream here. */
+static fa_status sink_grad_to_host(fa_context *ctx, const fai_problem *pr, const double *dev,
+                                   cudaStream_t st)
+{
+    const size_t bytes = (size_t)pr->hq * sizeof(double);
+    double *host = fai_alloc(&ctx->mem, bytes);
+    if (!host)
+        return fai_fail(FA_ERR_NO_MEMORY, "backend cuda: %zu bytes for the sink gradient", bytes);
+    cudaError_t e = cudaMemcpyAsync(host, dev, bytes, cudaMemcpyDeviceToHost, st);
+    if (e == cudaSuccess)
+        e = cudaStreamSynchronize(st);
+    if (e == cudaSuccess)
+        for (int64_t h = 0; h < pr->hq; h++)
+            pr->sink_grad[h] = (float)host[h];
+    else
+        (void)cudaGetLastError();
+    fai_free(&ctx->mem, host, bytes);
+    return e == cudaSuccess ? FA_OK
+                            : fai_fail(FA_ERR_DEVICE, "backend cuda: the sink gradient: %s",
+                                       cudaGetErrorString(e));
+}
+
+/* The backward: every group in order, on one workspace, the largest any group needs; with
+ * sink_grad, each group's terms added to one device sum after its gradients. */
 static fa_status cuda_backward(fa_context *ctx, const fai_problem *pr)
 {
     fai_cuda_args a;
     FAI_TRY(fill(ctx, pr, &a));
     cudaStream_t st = (cudaStream_t)a.stream;
-    const size_t wb = fai_cuda_backward_workspace(&a);
+    size_t wb = 0;
+    for (int64_t g = 0; g < fai_groups(pr); g++) {
+        const fai_cuda_args ga = group_args(pr, g, &a);
+        const size_t one = fai_cuda_backward_workspace(&ga);
+        wb = one > wb ? one : wb;
+    }
+    const size_t gb = pr->sink_grad ? (size_t)pr->hq * sizeof(double) : 0;
+    void *slopes = NULL, *sinks = NULL; /* (P comes from the given LSE, which holds the sink) */
+    size_t sb = 0, kb = 0;
+    double *grad = NULL;
+    fa_status s = FA_OK;
     a.work = dev_alloc(ctx, wb, st);
     if (wb && !a.work)
-        return fai_fail(FA_ERR_NO_MEMORY, "backend cuda: %zu bytes of device workspace", wb);
-    void *slopes; /* the backward reads P from the given LSE, which holds the sinks */
-    size_t sb;
-    fa_status s = copy_head_floats(ctx, pr, pr->slopes, "ALiBi slopes", st, &slopes, &sb);
-    if (s != FA_OK) {
-        dev_free(ctx, a.work, wb, st);
-        return s;
+        s = fai_fail(FA_ERR_NO_MEMORY, "backend cuda: %zu bytes of device workspace", wb);
+    if (s == FA_OK && gb && !(grad = dev_alloc(ctx, gb, st)))
+        s = fai_fail(FA_ERR_NO_MEMORY, "backend cuda: %zu bytes of device memory for the sink "
+                                       "gradient", gb);
+    if (s == FA_OK)
+        s = copy_head_floats(ctx, pr, pr->slopes, "ALiBi slopes", st, &slopes, &sb);
+    if (s == FA_OK && gb)
+        s = copy_head_floats(ctx, pr, pr->sinks, "sink logits", st, &sinks, &kb);
+    if (s == FA_OK && gb && cudaMemsetAsync(grad, 0, gb, st) != cudaSuccess)
+        s = fai_fail(FA_ERR_DEVICE, "backend cuda: clearing the sink gradient: %s",
+                     cudaGetErrorString(cudaGetLastError()));
+    if (s == FA_OK) {
+        a.slopes = (const float *)slopes;
+        a.sinks = (const float *)sinks;
+        char err[300] = "";
+        fai_cuda_result r = FAI_CUDA_OK;
+        for (int64_t g = 0; r == FAI_CUDA_OK && g < fai_groups(pr); g++) {
+            const fai_cuda_args ga = group_args(pr, g, &a);
+            r = fai_cuda_backward(&ga, err, sizeof err);
+            if (r == FAI_CUDA_OK && grad)
+                r = fai_cuda_sink_grad(&ga, grad, err, sizeof err);
+        }
+        s = result(r, err);
+        if (s == FA_OK && grad)
+            s = sink_grad_to_host(ctx, pr, grad, st);
     }
-    a.slopes = (const float *)slopes;
-    char err[300] = "";
-    fai_cuda_result r = fai_cuda_backward(&a, err, sizeof err);
+    dev_free(ctx, sinks, kb, st);
     dev_free(ctx, slopes, sb, st);
+    dev_free(ctx, grad, gb, st);
     dev_free(ctx, a.work, wb, st);
-    return result(r, err);
+    return s;
 }
 
 const fai_backend fai_backend_cuda = {
     .name = "cuda",
     .device_memory = 1,
-    .ops = {[FAI_OP_FORWARD] = cuda_forward, [FAI_OP_BACKWARD] = cuda_backward},
+    .sequences = 1,
+    .ops = {[FAI_OP_FORWARD] = cuda_forward, [FAI_OP_BACKWARD] = cuda_backward,
+            [FAI_OP_APPEND] = cuda_append},
 };

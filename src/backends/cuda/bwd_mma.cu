@@ -131,8 +131,7 @@ __global__ void __launch_bounds__(kThreads)
         fai_mask_query_span(&mask, a.sq, j0, j1, &qlo, &qhi);
         qlo = qlo / kBQ * kBQ;
         const int ntiles = qlo < qhi ? (int)((qhi - qlo + kBQ - 1) / kBQ) : 0;
-        /* the queries that may see the thread's keys g, g + 8 (a key past Sk is tested apart:
-         * the span knows nothing of Sk) */
+        /* the queries that may see the thread's keys g, g + 8 (none for a key past Sk) */
         int64_t rlo[2], rhi[2];
 #pragma unroll
         for (int r = 0; r < 2; r++)

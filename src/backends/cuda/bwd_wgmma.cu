@@ -171,8 +171,7 @@ __global__ void __launch_bounds__(bwg_cfg<D>::threads, 1)
     const int wl = warp & 3, g = lane >> 2, tg = lane & 3;
     /* the warp's keys [wj0, wj1): rows 16 wl .. 16 wl + 15 of the group's accumulators */
     const int64_t wj0 = j0 + 64 * cw + 16 * wl, wj1 = wj0 + 16 < a.sk ? wj0 + 16 : a.sk;
-    /* the queries that may see the thread's keys g, g + 8 (a key past Sk is tested apart: the
-     * span knows nothing of Sk) */
+    /* the queries that may see the thread's keys g, g + 8 (none for a key past Sk) */
     int rlo[2], rhi[2]; /* (Sq < 2^31) */
 #pragma unroll
     for (int r = 0; r < 2; r++) {

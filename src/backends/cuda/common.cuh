@@ -41,6 +41,17 @@ __device__ __forceinline__ S *fai_at(const fai_cuda_view &t, int64_t b, int64_t 
     return (S *)t.data + b * t.sb + s * t.ss + h * t.sh;
 }
 
+/* Key row j of batch b, kv head hk of k or v (t): through the page table where K/V are pages
+ * (launch.h); only the generic kernels read pages. */
+template <typename S>
+__device__ __forceinline__ S *fai_kv_at(const fai_cuda_args &a, const fai_cuda_view &t,
+                                        int64_t b, int64_t j, int64_t hk)
+{
+    if (!a.table)
+        return fai_at<S>(t, b, j, hk);
+    return fai_at<S>(t, a.table[b * a.table_stride + j / a.page_size], j % a.page_size, hk);
+}
+
 /* core's per-element formulas by type, for the templates: the NaN-sticky max (core/fmath.h)
  * and dS (core/gradient.h). */
 __device__ __forceinline__ float fai_nanmax(float m, float x) { return fai_nanmax_f32(m, x); }
@@ -93,7 +104,7 @@ __device__ __forceinline__ double fai_lse_get(const fai_cuda_view t, int f64, in
 __device__ __forceinline__ fai_dropout fai_drop_head(const fai_cuda_args &a, int64_t b, int64_t h)
 {
     const fai_dropout_params p = a.drop;
-    return fai_dropout_make(&p, (uint64_t)(b * a.hq + h));
+    return fai_dropout_make(&p, (uint64_t)((a.seq0 + b) * a.hq + h));
 }
 
 /* Records a launch failure in err; returns the result code. */

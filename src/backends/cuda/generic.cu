@@ -70,7 +70,8 @@ __device__ __forceinline__ C dot2(const X *x, const Y *y, int64_t n)
 
 /* ------------------------------------------------------------------ forward */
 
-template <typename S, typename C, int NV>
+/* S: the storage of q and out; K: of k and v (S, or a cache's f16 / bf16 under f32 / bf16 q). */
+template <typename S, typename K, typename C, int NV>
 __global__ void __launch_bounds__(kWarps * 32) fa_fwd_kernel_rowwarp(const fai_cuda_args a)
 {
     extern __shared__ __align__(16) unsigned char smem[];
@@ -104,8 +105,8 @@ __global__ void __launch_bounds__(kWarps * 32) fa_fwd_kernel_rowwarp(const fai_c
                 const bool valid = j < hi;
                 C s = -INFINITY;
                 if (valid)
-                    s = score(&sc, dot2<C>(qs, fai_at<S>(a.tk, b, j, hk), a.dqk), slope, i,
-                              j, (C *)nullptr);
+                    s = score(&sc, dot2<C>(qs, fai_kv_at<K>(a, a.tk, b, j, hk), a.dqk),
+                              slope, i, j, (C *)nullptr);
                 C alpha;
                 if (!rescale(&m, fai_warp_max(s), &alpha)) /* uniform: the max is the warp's */
                     continue;
@@ -120,12 +121,12 @@ __global__ void __launch_bounds__(kWarps * 32) fa_fwd_kernel_rowwarp(const fai_c
                     const C pt = __shfl_sync(0xffffffffu, p, t);
                     if (!__shfl_sync(0xffffffffu, kept, t)) /* dropped: by selection */
                         continue;
-                    const S *vr = fai_at<S>(a.tv, b, j0 + t, hk);
+                    const K *vr = fai_kv_at<K>(a, a.tv, b, j0 + t, hk);
 #pragma unroll
                     for (int c = 0; c < NV; c++) {
                         const int64_t d = lane + 32 * c;
                         if (d < a.dv)
-                            acc[c] += pt * fai_storage<S>::load(vr[d]);
+                            acc[c] += pt * fai_storage<K>::load(vr[d]);
                     }
                 }
             }
@@ -350,6 +351,55 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_dq_kernel_rowwarp(const fa
     }
 }
 
+/* ------------------------------------------------------------------ the sink gradient */
+
+constexpr int kSinkThreads = 256;
+
+/* grad[h] += sum over the rows of head h (block h) of fai_dsink_term_f64, D_i = dO_i . O_i in
+ * double: each thread's rows in order, then a fixed tree over the threads, so the sum is the
+ * same at every run. */
+template <typename S> __global__ void fa_sink_grad_kernel(const fai_cuda_args a, double *grad)
+{
+    __shared__ double part[kSinkThreads];
+    const int64_t h = blockIdx.x;
+    const double sink = a.sinks[h];
+    double acc = 0;
+    for (int64_t t = threadIdx.x; sink != -INFINITY && t < a.b * a.sq; t += kSinkThreads) {
+        const int64_t b = t / a.sq, i = t % a.sq;
+        const S *o = fai_at<S>(a.tout, b, i, h), *g = fai_at<S>(a.tdout, b, i, h);
+        double di = 0;
+        for (int64_t d = 0; d < a.dv; d++)
+            di += (double)fai_storage<S>::load(o[d]) * (double)fai_storage<S>::load(g[d]);
+        acc += fai_dsink_term_f64(sink, fai_lse_get(a.tlse, a.lse_f64, b, h, i), di);
+    }
+    part[threadIdx.x] = acc;
+    __syncthreads();
+    for (int w = kSinkThreads / 2; w > 0; w >>= 1) {
+        if (threadIdx.x < w)
+            part[threadIdx.x] += part[threadIdx.x + w];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        grad[h] += part[0];
+}
+
+/* ------------------------------------------------------------------ appending to a cache */
+
+/* Rows (n, kv head) of kn, vn to key rows at + n of k, v, as stored (T: an unsigned integer of
+ * the element's size: the bits are copied). One block per row and head. */
+template <typename T> __global__ void fa_append_kernel(const fai_cuda_args a, int64_t at)
+{
+    const int64_t n = blockIdx.x;
+    for (int64_t hk = blockIdx.y; hk < a.hk; hk += gridDim.y) {
+        const T *ks = fai_at<T>(a.tkn, 0, n, hk), *vs = fai_at<T>(a.tvn, 0, n, hk);
+        T *kd = fai_kv_at<T>(a, a.tk, 0, at + n, hk), *vd = fai_kv_at<T>(a, a.tv, 0, at + n, hk);
+        for (int64_t d = threadIdx.x; d < a.dqk; d += blockDim.x)
+            kd[d] = ks[d];
+        for (int64_t d = threadIdx.x; d < a.dv; d += blockDim.x)
+            vd[d] = vs[d];
+    }
+}
+
 /* ------------------------------------------------------------------ launch */
 
 constexpr int64_t kMaxGridY = 65535;
@@ -360,12 +410,12 @@ dim3 grid_for(int64_t rows, int64_t heads)
                 (unsigned)(heads < kMaxGridY ? heads : kMaxGridY));
 }
 
-template <typename S, typename C, int NV>
+template <typename S, typename K, typename C, int NV>
 fai_cuda_result run_forward(const fai_cuda_args &a, char *err, size_t n)
 {
     cudaStream_t st = (cudaStream_t)a.stream;
     const size_t sm = (size_t)kWarps * a.dqk * sizeof(C);
-    fa_fwd_kernel_rowwarp<S, C, NV><<<grid_for(a.sq, a.b * a.hq), kWarps * 32, sm, st>>>(a);
+    fa_fwd_kernel_rowwarp<S, K, C, NV><<<grid_for(a.sq, a.b * a.hq), kWarps * 32, sm, st>>>(a);
     return fai_cuda_check_launch("generic forward", err, n);
 }
 
@@ -441,8 +491,17 @@ fai_cuda_result by_width(const fai_cuda_args &a, char *err, size_t n)
 template <typename S, typename C, int NV> struct Fwd {
     static fai_cuda_result go(const fai_cuda_args &a, char *e, size_t n)
     {
-        return run_forward<S, C, NV>(a, e, n);
+        return run_forward<S, S, C, NV>(a, e, n);
     }
+};
+/* The forward over a cache of storage K apart from q's. */
+template <typename K> struct FwdCache {
+    template <typename S, typename C, int NV> struct Run {
+        static fai_cuda_result go(const fai_cuda_args &a, char *e, size_t n)
+        {
+            return run_forward<S, K, C, NV>(a, e, n);
+        }
+    };
 };
 template <typename S, typename C, int NV> struct Bwd {
     static fai_cuda_result go(const fai_cuda_args &a, char *e, size_t n)
@@ -451,16 +510,24 @@ template <typename S, typename C, int NV> struct Bwd {
     }
 };
 
+/* An f16 or bf16 cache under f32 or bf16 q (the API layer allows no other pair). */
+fai_cuda_result forward_by_cache_dtype(const fai_cuda_args &a, char *err, size_t n)
+{
+    const fai_cuda_result r = fai_cuda_supported(&a, err, n);
+    if (r != FAI_CUDA_OK)
+        return r;
+    if (a.kv_dtype == FA_F16)
+        return a.dtype == FA_F32 ? by_width<float, float, FwdCache<__half>::Run>(a, err, n)
+                                 : by_width<__nv_bfloat16, float, FwdCache<__half>::Run>(a, err, n);
+    return by_width<float, float, FwdCache<__nv_bfloat16>::Run>(a, err, n); /* f32 q */
+}
+
 template <template <typename, typename, int> class Run>
 fai_cuda_result by_dtype(const fai_cuda_args &a, char *err, size_t n)
 {
-    if (a.dqk > 512 || a.dv > 512) {
-        snprintf(err, n,
-                 "backend cuda: head dims %lld/%lld; the CUDA backend supports head dims up to "
-                 "512",
-                 (long long)a.dqk, (long long)a.dv);
-        return FAI_CUDA_UNSUPPORTED;
-    }
+    const fai_cuda_result r = fai_cuda_supported(&a, err, n);
+    if (r != FAI_CUDA_OK)
+        return r;
     switch (a.dtype) {
     case FA_F32: return by_width<float, float, Run>(a, err, n);
     case FA_F64: return by_width<double, double, Run>(a, err, n);
@@ -470,6 +537,48 @@ fai_cuda_result by_dtype(const fai_cuda_args &a, char *err, size_t n)
 }
 
 } // namespace
+
+extern "C" fai_cuda_result fai_cuda_supported(const fai_cuda_args *a, char *err, size_t n)
+{
+    if (a->dqk <= 512 && a->dv <= 512)
+        return FAI_CUDA_OK;
+    snprintf(err, n,
+             "backend cuda: head dims %lld/%lld; the CUDA backend supports head dims up to 512",
+             (long long)a->dqk, (long long)a->dv);
+    return FAI_CUDA_UNSUPPORTED;
+}
+
+extern "C" fai_cuda_result fai_cuda_sink_grad(const fai_cuda_args *a, double *grad, char *err,
+                                              size_t n)
+{
+    if (a->hq == 0)
+        return FAI_CUDA_OK;
+    cudaStream_t st = (cudaStream_t)a->stream;
+    const unsigned heads = (unsigned)a->hq;
+    switch (a->dtype) {
+    case FA_F32: fa_sink_grad_kernel<float><<<heads, kSinkThreads, 0, st>>>(*a, grad); break;
+    case FA_F64: fa_sink_grad_kernel<double><<<heads, kSinkThreads, 0, st>>>(*a, grad); break;
+    case FA_F16: fa_sink_grad_kernel<__half><<<heads, kSinkThreads, 0, st>>>(*a, grad); break;
+    default: fa_sink_grad_kernel<__nv_bfloat16><<<heads, kSinkThreads, 0, st>>>(*a, grad); break;
+    }
+    return fai_cuda_check_launch("the sink gradient", err, n);
+}
+
+extern "C" fai_cuda_result fai_cuda_append(const fai_cuda_args *a, int64_t n, int64_t at,
+                                           char *err, size_t errn)
+{
+    if (n == 0 || a->hk == 0)
+        return FAI_CUDA_OK;
+    const dim3 grid((unsigned)n, (unsigned)(a->hk < kMaxGridY ? a->hk : kMaxGridY));
+    cudaStream_t st = (cudaStream_t)a->stream;
+    if (a->kv_dtype == FA_F64)
+        fa_append_kernel<unsigned long long><<<grid, 128, 0, st>>>(*a, at);
+    else if (a->kv_dtype == FA_F32)
+        fa_append_kernel<unsigned int><<<grid, 128, 0, st>>>(*a, at);
+    else
+        fa_append_kernel<unsigned short><<<grid, 128, 0, st>>>(*a, at);
+    return fai_cuda_check_launch("appending to the cache", err, errn);
+}
 
 extern "C" fai_cuda_result fai_cuda_forward(const fai_cuda_args *a, char *err, size_t n)
 {
@@ -482,7 +591,7 @@ extern "C" fai_cuda_result fai_cuda_forward(const fai_cuda_args *a, char *err, s
     }
     if (a->sq == 0 || a->b * a->hq == 0)
         return FAI_CUDA_OK;
-    return by_dtype<Fwd>(*a, err, n);
+    return a->kv_dtype != a->dtype ? forward_by_cache_dtype(*a, err, n) : by_dtype<Fwd>(*a, err, n);
 }
 
 extern "C" fai_cuda_result fai_cuda_backward(const fai_cuda_args *a, char *err, size_t n)

@@ -24,7 +24,8 @@ typedef struct {
 } fai_cuda_view;
 
 typedef struct {
-    int dtype;   /* fa_dtype of q, k, v, out, dout, dq, dk, dv */
+    int dtype;    /* fa_dtype of q, out, dout, dq (and k, v, dk, dv but for a cache dtype) */
+    int kv_dtype; /* of k, v: dtype, or a forward's f16 / bf16 cache under f32 / bf16 q */
     int lse_f64; /* the LSE tensor is f64 (else f32) */
     int64_t b, hq, hk, sq, sk, dqk, dv, group;
     fai_mask mask;
@@ -33,8 +34,15 @@ typedef struct {
     const float *sinks;           /* device copy of the Hq sink logits (forward), or NULL */
     fai_dropout_params drop;      /* seed, offset, threshold (0: off); a kernel derives head
                                      (b, h)'s stream from it (common.cuh: fai_drop_head) */
+    int64_t seq0;                 /* the call's index of batch 0 (a sequence's, in a call of
+                                     sequences): dropout head (seq0 + b) Hq + h */
+    const int64_t *table;         /* a paged K/V: the device page table, batch b's row at
+                                     b * table_stride (key j: row j % page_size of page
+                                     table[.. + j / page_size]); NULL: rows at tk, tv */
+    int64_t page_size, table_stride;
     double keep_scale;            /* 1 / (1 - p) */
     fai_cuda_view tq, tk, tv, tout, tlse, tdout, tdq, tdk, tdv; /* the tensors */
+    fai_cuda_view tkn, tvn;       /* a cache's new keys and values (fa_forward_kvcache) */
     void *work;                   /* device workspace of fai_cuda_backward_workspace bytes */
     void *stream;                 /* cudaStream_t */
     int deterministic;
@@ -48,12 +56,22 @@ typedef enum { FAI_CUDA_KERNEL_AUTO, FAI_CUDA_KERNEL_MMA, FAI_CUDA_KERNEL_GENERI
 
 typedef enum { FAI_CUDA_OK, FAI_CUDA_UNSUPPORTED, FAI_CUDA_DEVICE_ERROR } fai_cuda_result;
 
+/* Whether the kernels take a's head dims (FAI_CUDA_UNSUPPORTED and why in err if not). */
+fai_cuda_result fai_cuda_supported(const fai_cuda_args *a, char *err, size_t n);
 /* Launch the forward / backward on a->stream. On failure `err` (n bytes) says why. Nothing is
  * launched when the result is FAI_CUDA_UNSUPPORTED. */
 fai_cuda_result fai_cuda_forward(const fai_cuda_args *a, char *err, size_t n);
 fai_cuda_result fai_cuda_backward(const fai_cuda_args *a, char *err, size_t n);
 /* Device workspace bytes the backward needs for these args (0 for none). */
 size_t fai_cuda_backward_workspace(const fai_cuda_args *a);
+/* grad[h] += d loss / d sink_h over a's rows (core/gradient.h, fai_dsink_term: in double, from
+ * its out, lse and dout; a's sinks on the device). One launch per group, in order. */
+fai_cuda_result fai_cuda_sink_grad(const fai_cuda_args *a, double *grad, char *err, size_t n);
+/* Copies rows [0, n) of batch 0 of a's tkn and tvn (Hk heads of Dqk and Dv elements, its
+ * kv_dtype) to key rows [at, at + n) of batch 0 of its k and v, through its page table where it
+ * has one. */
+fai_cuda_result fai_cuda_append(const fai_cuda_args *a, int64_t n, int64_t at, char *err,
+                                size_t errn);
 
 #ifdef __cplusplus
 }
