@@ -142,7 +142,7 @@ FA_API void      fa_context_destroy(fa_context *ctx);
  * out = attention(q, k, v) per docs/DESIGN.md §1; lse (may be NULL) receives the natural-log
  * log-sum-exp of each row (pre-dropout), -inf for rows with no allowed key (the sink's logit
  * with sinks). Outputs must not overlap inputs or each other (see fa_tensor). k and v share a
- * dtype: q's, or an f16 / bf16 cache under f32 or bf16 q (out takes q's dtype; not on CUDA yet).
+ * dtype: q's, or an f16 / bf16 cache under f32 or bf16 q (out takes q's dtype).
  */
 FA_API fa_status fa_forward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
                             const fa_tensor *k, const fa_tensor *v, fa_tensor *out,
@@ -171,9 +171,9 @@ FA_API fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tenso
  * the dropout stream of batch b (so equal lengths give a dense batch's bits). Each offset array
  * has B + 1 entries, starts at 0, never decreases and ends at its tensors' seqlen; a sequence
  * may be empty (no query: no row to write, and in the backward dK = dV = 0; no key: O = 0 and
- * LSE = the sink, or -inf, and dQ = 0). The
- * sink gradient sums over every sequence's rows. The CPU backends take them; CUDA answers
- * FA_ERR_UNSUPPORTED for now.
+ * LSE = the sink, or -inf, and dQ = 0). The sink gradient sums over every sequence's rows.
+ * Every backend takes them (CUDA: the offsets in host memory, as here, the tensors on the
+ * device; a launch per sequence).
  */
 typedef enum { FA_INDEX_INT32, FA_INDEX_INT64 } fa_index_type;
 typedef struct {
@@ -204,8 +204,9 @@ FA_API fa_status fa_backward_varlen(fa_context *ctx, const fa_params *p, const f
  * pages are never read. q and out are (B, Sq, Hq, D) and lse (B, Sq, Hq, 1): Sq query rows per
  * sequence (decode: 1; a chunk of prefill: more), aligned with its keys as params->align says
  * (bottom-right: the queries are the sequence's last positions), each sequence attended as a
- * problem of its own (as in a variable-length batch). Forward only, on the CPU backends; the
- * results are those of the same keys stored contiguously, bit for bit.
+ * problem of its own (as in a variable-length batch). Forward only, on every backend (the
+ * table in host memory; CUDA copies it to the device once a call); the results are those of
+ * the same keys stored contiguously, bit for bit (on CUDA, to the tolerance rule).
  */
 typedef struct {
     fa_indices block_table; /* B x max_pages page indices, row-major */
@@ -227,7 +228,8 @@ FA_API fa_status fa_forward_paged(fa_context *ctx, const fa_params *p, const fa_
  * adds S_new. fa_append_kv only appends; fa_forward_kvcache appends (k_new and v_new may
  * be NULL: nothing to append) and then attends each sequence's Sq query rows to its len_b +
  * S_new keys, as fa_forward_paged does. Pages a sequence writes must not be shared with
- * another's. CPU backends.
+ * another's. Host caches are copied on the host, device caches by the CUDA backend (the
+ * context's, or AUTO with k_new in device memory).
  */
 FA_API fa_status fa_append_kv(fa_context *ctx, const fa_tensor *k_new, const fa_tensor *v_new,
                               fa_tensor *k_cache, fa_tensor *v_cache,
