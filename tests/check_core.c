@@ -164,7 +164,7 @@ START_TEST(mask_geometry_matches_brute_force)
         ck_assert_int_eq(np, m.left >= 0 && n > 0 ? 2 : 1);
         split += np == 2;
         for (int64_t i = 0; i < sq; i++) {
-            int64_t last0 = -1;
+            int64_t last0 = -1, first1 = -1;
             for (int64_t j = 0; j < sk; j++) {
                 const int want = definition(&m, i, j, n);
                 ck_assert_int_eq(fai_mask_allows(&m, i, j), want);
@@ -173,10 +173,14 @@ START_TEST(mask_geometry_matches_brute_force)
                     in += j < part[q].sk && allowed(&part[q], i, j);
                 ck_assert_msg(in == want, "row %ld key %ld: %d parts, allowed %d", (long)i,
                               (long)j, in, want);
-                if (np == 2 && j < part[0].sk && allowed(&part[0], i, j))
+                if (np == 2 && j < part[0].sk && allowed(&part[0], i, j)) {
+                    ck_assert_int_lt(first1, 0); /* no part-1 key before a part-0 key */
                     last0 = j;
-                if (np == 2 && allowed(&part[1], i, j))
+                }
+                if (np == 2 && allowed(&part[1], i, j)) {
                     ck_assert_int_lt(last0, j);
+                    first1 = first1 < 0 ? j : first1;
+                }
             }
         }
         for (int q = 0; q < np; q++)

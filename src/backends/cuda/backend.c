@@ -217,9 +217,9 @@ static fa_status copy_table(fa_context *ctx, const fai_problem *pr, cudaStream_t
 {
     *dev = NULL;
     *bytes = 0;
-    if (!pr->page_size)
-        return FA_OK;
     const size_t n = (size_t)(pr->nseq * pr->table_stride);
+    if (!pr->page_size || n == 0) /* (no page, so no key is read or written) */
+        return FA_OK;
     *bytes = n * sizeof(int64_t);
     int64_t *host = fai_alloc(&ctx->mem, *bytes);
     if (!host)
