@@ -158,6 +158,59 @@ START_TEST(varlen_is_each_sequence_alone)
 }
 END_TEST
 
+/*
+ * More sequences than the decode path's wave holds (4096 items, backends/tiled/decode.c), all
+ * decode-shaped, of lengths 0 to 29 keys: each sequence's rows to the bit as a dense call on
+ * its rows alone, at 1 and 3 threads (the tasks of a wave share the threads out over
+ * sequences).
+ */
+START_TEST(varlen_of_many_sequences_is_each_alone)
+{
+    enum { N = 4400, SQ = 1, HQm = 4, HKm = 1, Dm = 8 }; /* 4253 with a key */
+    const int threads = _i == 0 ? 1 : 3;
+    int64_t *cq = malloc(sizeof(int64_t) * (N + 1)), *ck = malloc(sizeof(int64_t) * (N + 1));
+    ck_assert(cq && ck);
+    cq[0] = ck[0] = 0;
+    for (int s = 0; s < N; s++) {
+        cq[s + 1] = cq[s] + SQ;
+        ck[s + 1] = ck[s] + (s * 7) % 30;
+    }
+    const fa_indices iq = {cq, FA_INDEX_INT64, N + 1}, ik = {ck, FA_INDEX_INT64, N + 1};
+    ht_tensor q, k, v, out, lse, out1, lse1;
+    ht_alloc(&q, FA_F32, 1, cq[N], HQm, Dm, HT_BSHD);
+    ht_alloc(&k, FA_F32, 1, ck[N], HKm, Dm, HT_BSHD);
+    ht_alloc(&v, FA_F32, 1, ck[N], HKm, Dm, HT_BSHD);
+    ht_fill(&q, 11, 1, 0), ht_fill(&k, 12, 1, 0), ht_fill(&v, 13, 1, 0);
+    ht_alloc(&out, FA_F32, 1, cq[N], HQm, Dm, HT_BSHD);
+    ht_alloc(&out1, FA_F32, 1, cq[N], HQm, Dm, HT_BSHD);
+    ht_alloc_lse(&lse, FA_F32, 1, cq[N], HQm);
+    ht_alloc_lse(&lse1, FA_F32, 1, cq[N], HQm);
+    ht_poison(&out), ht_poison(&out1), ht_poison(&lse), ht_poison(&lse1);
+    fa_params p;
+    fa_params_init(&p);
+    p.causal = 1;
+    p.sink_logits = test_sinks;
+    fa_context *ctx = ht_context(FA_BACKEND_TILED, threads);
+    ck_assert_msg(fa_forward_varlen(ctx, &p, &q.t, &k.t, &v.t, &iq, &ik, &out.t, &lse.t) ==
+                      FA_OK, "%s", fa_last_error());
+    for (int s = 0; s < N; s++) {
+        const fa_tensor qs = rows_of(&q, cq[s], SQ), ks = rows_of(&k, ck[s], ck[s + 1] - ck[s]),
+                        vs = rows_of(&v, ck[s], ck[s + 1] - ck[s]);
+        fa_tensor os = rows_of(&out1, cq[s], SQ), ls = rows_of(&lse1, cq[s], SQ);
+        ck_assert_msg(fa_forward(ctx, &p, &qs, &ks, &vs, &os, &ls) == FA_OK, "%s",
+                      fa_last_error());
+    }
+    ck_assert_msg(same_bytes(&out, &out1) && same_bytes(&lse, &lse1),
+                  "%d threads: a sequence differs from its call alone", threads);
+    fa_context_destroy(ctx);
+    ht_tensor *all[7] = {&q, &k, &v, &out, &lse, &out1, &lse1};
+    for (int i = 0; i < 7; i++)
+        ht_free(all[i]);
+    free(cq);
+    free(ck);
+}
+END_TEST
+
 /* Equal lengths with dropout: the varlen batch is the dense batch of B sequences, forward and
  * backward, bit for bit (sequence b draws batch b's dropout stream). */
 START_TEST(varlen_of_equal_lengths_is_a_dense_batch)
@@ -724,6 +777,7 @@ Suite *make_inference_suite(void)
     tcase_set_timeout(tc, 300);
     tcase_add_loop_test(tc, varlen_is_each_sequence_alone, 0, 18);
     tcase_add_loop_test(tc, varlen_of_equal_lengths_is_a_dense_batch, 0, 2);
+    tcase_add_loop_test(tc, varlen_of_many_sequences_is_each_alone, 0, 2);
     tcase_add_test(tc, varlen_sink_gradient_sums_the_sequences);
     tcase_add_loop_test(tc, varlen_bad_input_is_refused, 0, 12);
     suite_add_tcase(s, tc);

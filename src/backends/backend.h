@@ -292,12 +292,18 @@ static inline fai_problem fai_group(const fai_problem *pr, int64_t g)
     return s;
 }
 
+/* A group with no (query, key) pair: its results are defined without computing
+ * (fai_write_empty). */
+static inline int fai_group_empty(const fai_problem *s) { return s->sq == 0 || s->sk == 0; }
+
 /*
- * What one group's run allocates before anything is written: `per` bytes for each thread and
- * one `shared` block. fai_run_groups (backends/groups.c) runs an op's groups on one
- * allocation, the largest any group needs: it asks need() of every group, allocates, writes
- * the groups that have nothing to compute (docs/DESIGN.md §1's empty results) and hands the
- * others to run() in order. So a call fails, if it does, before its first write.
+ * What one run allocates before anything is written: `per` bytes for each thread and one
+ * `shared` block. fai_run_groups (backends/groups.c) runs an op's groups on one allocation,
+ * the largest any group needs: it asks need() of every group, allocates, writes the groups
+ * that have nothing to compute (docs/DESIGN.md §1's empty results) and hands the others to
+ * run() in order. fai_run_call does the same with one need() and one run() for the whole
+ * call, which then skips the empty groups itself: for a backend that shares its threads out
+ * over all of a call's groups at once. So a call fails, if it does, before its first write.
  */
 typedef struct {
     size_t per, shared;
@@ -311,6 +317,8 @@ typedef fa_status (*fai_need_fn)(const fa_context *ctx, const fai_problem *pr, f
 typedef void (*fai_run_fn)(fa_context *ctx, const fai_problem *pr, const fai_scratch *s);
 fa_status fai_run_groups(fa_context *ctx, const fai_problem *pr, int backward, const char *who,
                          fai_need_fn need, fai_run_fn run);
+fa_status fai_run_call(fa_context *ctx, const fai_problem *pr, int backward, const char *who,
+                       fai_need_fn need, fai_run_fn run);
 
 /* Writes what a problem with no (query, key) pair gives (host tensors): the forward's O = 0
  * and LSE = the sink (-inf without one) for each row; the backward's dQ, dK, dV = 0. */

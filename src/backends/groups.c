@@ -56,24 +56,25 @@ void fai_append_new_keys(const fai_problem *pr)
     }
 }
 
-static int nothing_to_compute(const fai_problem *pr) { return pr->sq == 0 || pr->sk == 0; }
-
-fa_status fai_run_groups(fa_context *ctx, const fai_problem *pr, int backward, const char *who,
-                         fai_need_fn need, fai_run_fn run)
+/* fai_run_groups (whole = 0) and fai_run_call (whole = 1). */
+static fa_status run_groups(fa_context *ctx, const fai_problem *pr, int backward, const char *who,
+                     fai_need_fn need, fai_run_fn run, int whole)
 {
     const int64_t n = fai_groups(pr);
     fai_need most = {0, 0};
     int any = 0;
     for (int64_t g = 0; g < n; g++) {
         const fai_problem s = fai_group(pr, g);
-        if (nothing_to_compute(&s))
+        any |= !fai_group_empty(&s);
+        if (whole || fai_group_empty(&s))
             continue;
         fai_need one = {0, 0};
         FAI_TRY(need(ctx, &s, &one));
         most.per = one.per > most.per ? one.per : most.per;
         most.shared = one.shared > most.shared ? one.shared : most.shared;
-        any = 1;
     }
+    if (whole && any)
+        FAI_TRY(need(ctx, pr, &most));
     fai_scratch sc = {NULL, most.per, NULL};
     size_t bytes = 0;
     if (any) {
@@ -88,12 +89,26 @@ fa_status fai_run_groups(fa_context *ctx, const fai_problem *pr, int backward, c
         fai_append_new_keys(pr);
     for (int64_t g = 0; g < n; g++) {
         const fai_problem s = fai_group(pr, g);
-        if (nothing_to_compute(&s))
+        if (fai_group_empty(&s))
             fai_write_empty(&s, backward);
-        else
+        else if (!whole)
             run(ctx, &s, &sc);
     }
+    if (whole && any)
+        run(ctx, pr, &sc);
     fai_free(&ctx->mem, sc.shared, most.shared);
     fai_free(&ctx->mem, sc.base, bytes);
     return FA_OK;
+}
+
+fa_status fai_run_groups(fa_context *ctx, const fai_problem *pr, int backward, const char *who,
+                         fai_need_fn need, fai_run_fn run_one)
+{
+    return run_groups(ctx, pr, backward, who, need, run_one, 0);
+}
+
+fa_status fai_run_call(fa_context *ctx, const fai_problem *pr, int backward, const char *who,
+                       fai_need_fn need, fai_run_fn run_all)
+{
+    return run_groups(ctx, pr, backward, who, need, run_all, 1);
 }

@@ -23,10 +23,15 @@
  * (consecutive here) share their interval, and each run of positions with the same interval
  * takes one pv_rows call over exactly those keys.
  *
- * Row r of a kv head hk is query row r / group of head hk group + r % group. Memory: each
- * thread's workspace (heads x R x (Dqk + chunk) floats) and the chunks' states, R x (Dv + 2)
- * floats a chunk (0.8% of an f16 K and V's bytes at Dqk = Dv = 128, R = 4, 512-key chunks),
- * bounded by taking the batches in waves (one batch's states at least).
+ * One run takes every group of a call that the plan sends here (a dense problem's batches, or
+ * the sequences of a variable-length, paged or cached call), so that a batch of short
+ * sequences keeps every thread busy as one contiguous batch does: its units are *items*, a
+ * batch of a group, whose tasks (a chunk of a run of kv heads) form one task space. Memory:
+ * each thread's workspace (heads x R x (Dqk + chunk) floats) and the chunks' states, R x
+ * (Dv + 2) floats a chunk (0.8% of an f16 K and V's bytes at Dqk = Dv = 128, R = 4, 512-key
+ * chunks), bounded by taking the items in waves (one item's states at least).
+ *
+ * Row r of a kv head hk is query row r / group of head hk group + r % group.
  */
 #include "config.h"
 
@@ -39,19 +44,21 @@
 
 #define STATE_BYTES ((size_t)32 << 20) /* at most this much of chunk states at once */
 #define SCORE_BYTES ((size_t)128 << 10) /* a task's scores (its kv heads x R x chunk) */
+#define WAVE_ITEMS ((int64_t)4096)     /* at most this many items in a wave (their records) */
 
 /*
  * Memory order. K and V rows of one kv head lie a sequence stride apart (2 KiB for 8 kv heads
  * of 128 f16 dims in BSHD), and reading one head's rows alone runs far below the machine's
  * bandwidth: measured on Zen 4 (1 thread, 256 B rows 2 KiB apart), 5.8 GB/s head by head
- * against 23-24 GB/s for the same bytes in address order, 10 GB/s in blocks of 4 keys x 8
- * heads, 16 GB/s with those blocks fetched 8-16 keys ahead into L2 in address order
- * (docs/notes/inference.md). So a task takes a chunk for a run of kv heads, forms the
- * scores of all its heads BLOCK keys at a time, each block's rows of every head fetched
- * PREFETCH keys ahead in address order (key by key, head by head), and likewise P V.
- * Measured alike (within the host's noise, 0.42-0.51 of stream): blocks of 16 to 64 keys,
- * distances of 16 or 32, V fetched during the score pass instead; 128- and 256-key chunks
- * were slower (0.33-0.44) than 512.
+ * against 23-24 GB/s for the same bytes in address order, 16 GB/s in blocks of 4 keys x 8
+ * heads fetched 8-16 keys ahead into L2 (docs/notes/inference.md). So a task takes a chunk for
+ * a run of kv heads and forms the scores of all its heads BLOCK keys at a time, and likewise
+ * P V; before each head's kernel call over a block, that head's rows PREFETCH keys ahead are
+ * fetched. Fetched in one burst per block for all heads instead, the core stalls on the
+ * prefetches (its miss buffers full) and then computes while the memory idles: on Zen 5, 1
+ * thread, Hq 32 / Hk 8, f16, 0.48-0.57 of stream against 0.65-1.05 per head (two alternated
+ * rounds); blocks of 32 or 64 keys (longer bursts) 0.57-0.77, of 8 alike 16. 128- and
+ * 256-key chunks were slower (0.33-0.44, Zen 4) than 512.
  */
 #define BLOCK 16
 #define PREFETCH 16
@@ -63,30 +70,132 @@ typedef struct {
     const char **runs; /* per head: prefetch_keys' rows */
 } decode_ws;
 
+/* A group of the call that the decode path takes, as its chunks see it (from its problem
+ * alone). */
 typedef struct {
-    const fai_problem *pr;
-    const fai_kernels_f32 *kern;
-    int64_t keys;     /* per chunk */
-    int64_t rows;     /* R = group x Sq */
+    fai_problem pr;          /* the group's dense problem (fai_group) */
+    int64_t keys;            /* per chunk */
+    int64_t rows;            /* R = group x Sq */
     fai_mask part[2];        /* the mask's parts, in key order (core/score.h) */
     int64_t c_lo[2], c_n[2]; /* part p's chunks: c_lo[p] .. c_lo[p] + c_n[p] - 1 */
     int64_t nc;              /* c_n[0] + c_n[1]: the chunks visited, part 0's first */
-    int64_t heads;    /* kv heads per task (at most) */
-    int scale_only;   /* the score pipeline is the scale alone: dot_rows applies it */
-} decode_call;
+    int64_t heads_max;       /* kv heads a task may take: its scores within SCORE_BYTES */
+    int scale_only;          /* the score pipeline is the scale alone: dot_rows applies it */
+} decode_group;
 
-static size_t ws_carve(const decode_call *dc, char *base, decode_ws *w)
+/* An item of a wave: batch b of group g (nc chunks), its tasks from task0 (each a chunk of
+ * `heads` kv heads) and its states from state0 (floats into the wave's states). */
+typedef struct {
+    int64_t g, b, nc, heads, task0, state0;
+} decode_item;
+
+static int takes_decode(const fa_context *ctx, const fai_problem *s)
+{
+    return !fai_group_empty(s) && fai_tiled_decode_keys(ctx, s) > 0;
+}
+
+/* Group g of the call as the decode path sees it (where takes_decode holds). */
+static void group_setup(const fa_context *ctx, const fai_problem *call, int64_t g,
+                        decode_group *dg)
+{
+    dg->pr = fai_group(call, g);
+    const fai_problem *pr = &dg->pr;
+    dg->keys = fai_tiled_decode_keys(ctx, pr);
+    dg->rows = pr->group * pr->sq;
+    dg->scale_only = pr->score.softcap == 0 && !pr->slopes;
+    /* each part's chunks on the grid of multiples of keys from key 0 */
+    const int np = fai_mask_parts(&pr->mask, dg->part);
+    dg->nc = 0;
+    for (int p = 0; p < 2; p++) {
+        int64_t jlo = 0, jhi = 0;
+        if (p < np)
+            fai_mask_key_span(&dg->part[p], 0, pr->sq, &jlo, &jhi);
+        dg->c_lo[p] = jlo < jhi ? jlo / dg->keys : 0;
+        dg->c_n[p] = jlo < jhi ? (jhi - 1) / dg->keys + 1 - dg->c_lo[p] : 0;
+        dg->nc += dg->c_n[p];
+    }
+    if (dg->nc == 0) /* no row sees a key: one chunk, empty for every row */
+        dg->c_n[0] = dg->nc = 1;
+    dg->heads_max = (int64_t)(SCORE_BYTES / ((size_t)(dg->rows * dg->keys) * sizeof(float)));
+    dg->heads_max = dg->heads_max < 1 ? 1 : dg->heads_max > pr->hk ? pr->hk : dg->heads_max;
+}
+
+static size_t ws_carve(const decode_group *dg, int64_t heads, char *base, decode_ws *w)
 {
     fai_arena a = {base, 0};
-    w->q = fai_carve(&a, (size_t)(dc->heads * dc->rows * dc->pr->dqk) * sizeof(float));
-    w->s = fai_carve(&a, (size_t)(dc->heads * dc->rows * dc->keys) * sizeof(float));
-    w->cols = fai_carve(&a, (size_t)(2 * dc->pr->sq) * sizeof(int64_t));
-    w->runs = fai_carve(&a, (size_t)dc->heads * sizeof(const char *));
+    w->q = fai_carve(&a, (size_t)(heads * dg->rows * dg->pr.dqk) * sizeof(float));
+    w->s = fai_carve(&a, (size_t)(heads * dg->rows * dg->keys) * sizeof(float));
+    w->cols = fai_carve(&a, (size_t)(2 * dg->pr.sq) * sizeof(int64_t));
+    w->runs = fai_carve(&a, (size_t)heads * sizeof(const char *));
     return a.used;
 }
 
 /* A chunk's state: m[R], l[R], then acc (R x Dv). */
-static int64_t state_floats(const decode_call *dc) { return dc->rows * (dc->pr->dv + 2); }
+static int64_t state_floats(const decode_group *dg) { return dg->rows * (dg->pr.dv + 2); }
+
+/* The floats of one item's states (its kv heads x chunks), or 0 if they overflow: a K and V of
+ * broadcast strides can declare more keys and heads than memory holds. */
+static size_t item_floats(const decode_group *dg)
+{
+    size_t n;
+    if (!fai_mul_size((size_t)dg->pr.hk, (size_t)dg->nc, &n) ||
+        !fai_mul_size(n, (size_t)state_floats(dg), &n) || n > SIZE_MAX / sizeof(float))
+        return 0;
+    return n;
+}
+
+/*
+ * The next wave, from item (*g, *b) on: as many items as STATE_BYTES of states and WAVE_ITEMS
+ * hold (one at least), written to items[] where items is not NULL (and items[n].task0, the
+ * tasks' number), with their heads per task: up to each group's bound, fewer while the wave
+ * has under four tasks a thread (a head's state does not depend on its task). Advances
+ * (*g, *b) past them; returns their number (0: none left) and the states' floats in *floats,
+ * or -1 where one item's states overflow the address space.
+ */
+static int64_t next_wave(const fa_context *ctx, const fai_problem *call, int64_t *g, int64_t *b,
+                         decode_item *items, size_t *floats)
+{
+    const int64_t ng = fai_groups(call);
+    int64_t n = 0, chunks = 0, hmax = 1;
+    size_t total = 0;
+    for (; *g < ng; (*g)++, *b = 0) {
+        decode_group dg;
+        const fai_problem s = fai_group(call, *g);
+        if (!takes_decode(ctx, &s))
+            continue;
+        group_setup(ctx, call, *g, &dg);
+        const size_t f = item_floats(&dg);
+        if (f == 0)
+            return -1;
+        for (; *b < dg.pr.b; (*b)++) {
+            if (n == WAVE_ITEMS || (n > 0 && total + f > STATE_BYTES / sizeof(float)))
+                goto full;
+            if (items)
+                items[n] = (decode_item){.g = *g, .b = *b, .nc = dg.nc, .heads = dg.heads_max,
+                                         .state0 = (int64_t)total};
+            total += f;
+            chunks += dg.nc;
+            hmax = dg.heads_max > hmax ? dg.heads_max : hmax;
+            n++;
+        }
+    }
+full:
+    *floats = total;
+    if (items && n > 0) {
+        const int64_t hk = call->hk;
+        int64_t cap = hmax;
+        while (cap > 1 && (double)chunks * (double)((hk + cap - 1) / cap) < 4.0 * ctx->num_threads)
+            cap = (cap + 1) / 2;
+        int64_t t = 0;
+        for (int64_t i = 0; i < n; i++) {
+            items[i].heads = items[i].heads < cap ? items[i].heads : cap;
+            items[i].task0 = t;
+            t += items[i].nc * ((hk + items[i].heads - 1) / items[i].heads);
+        }
+        items[n].task0 = t;
+    }
+    return n;
+}
 
 /* Fetches (into L2) the rows of keys [j0, j1) of kv heads [h0, h1) of role r, key by key, head
  * by head: every line of each row (run by run of the layout: a page at a time). runs holds one
@@ -110,25 +219,26 @@ static void prefetch_keys(const fai_problem *pr, fai_role r, int64_t b, int64_t 
     }
 }
 
-/* Chunk c of the call (0 .. nc - 1): its part's mask and its first key. */
-static const fai_mask *chunk_at(const decode_call *dc, int64_t c, int64_t *j0)
+/* Chunk c of a group (0 .. nc - 1): its part's mask and its first key. */
+static const fai_mask *chunk_at(const decode_group *dg, int64_t c, int64_t *j0)
 {
-    const int p = c >= dc->c_n[0];
-    *j0 = (dc->c_lo[p] + c - (p ? dc->c_n[0] : 0)) * dc->keys;
-    return &dc->part[p];
+    const int p = c >= dg->c_n[0];
+    *j0 = (dg->c_lo[p] + c - (p ? dg->c_n[0] : 0)) * dg->keys;
+    return &dg->part[p];
 }
 
 /*
- * Step 1 for the chunk [j0, j0 + n) of kv heads [h0, h1) of batch b under one part of the
- * mask (a plain one), head h's state at st + (h - h0) sf. Each head's state is what it would be alone: its scores do not depend on
- * which keys or rows share a dot_rows call, its P V sums keys in order however they are split.
+ * Step 1 for the chunk [j0, j0 + n) of kv heads [h0, h1) of batch b of a group, under one part
+ * of its mask (a plain one), head h's state at st + (h - h0) sf. Each head's state is what it
+ * would be alone: its scores do not depend on which keys or rows share a dot_rows call, its
+ * P V sums keys in order however they are split.
  */
-static void decode_chunk(const decode_call *dc, const fai_mask *mask, int64_t b, int64_t h0,
-                         int64_t h1, int64_t j0, int64_t n, decode_ws *w, float *st, int64_t sf)
+static void decode_chunk(const decode_group *dg, const fai_kernels_f32 *kern,
+                         const fai_mask *mask, int64_t b, int64_t h0, int64_t h1, int64_t j0,
+                         int64_t n, decode_ws *w, float *st, int64_t sf)
 {
-    const fai_problem *pr = dc->pr;
-    const fai_kernels_f32 *kern = dc->kern;
-    const int64_t G = pr->group, R = dc->rows, dqk = pr->dqk, dv = pr->dv, ld = dc->keys;
+    const fai_problem *pr = &dg->pr;
+    const int64_t G = pr->group, R = dg->rows, dqk = pr->dqk, dv = pr->dv, ld = dg->keys;
     for (int64_t h = h0; h < h1; h++) {
         float *m = st + (h - h0) * sf, *l = m + R;
         for (int64_t r = 0; r < R; r++) {
@@ -162,17 +272,19 @@ static void decode_chunk(const decode_call *dc, const fai_mask *mask, int64_t b,
     for (int64_t c = cs0; c < cs1; c += BLOCK) {
         const int64_t e = cs1 - c < BLOCK ? cs1 : c + BLOCK;
         const int64_t f0 = c + PREFETCH, f1 = e + PREFETCH < cs1 ? e + PREFETCH : cs1;
-        prefetch_keys(pr, FAI_K, b, h0, h1, j0 + f0, j0 + f1, dqk, w->runs);
-        for (int64_t h = h0; h < h1; h++)
+        for (int64_t h = h0; h < h1; h++) {
+            if (f0 < f1)
+                prefetch_keys(pr, FAI_K, b, h, h + 1, j0 + f0, j0 + f1, dqk, w->runs);
             for (int64_t x = c; x < e;) { /* run by run (a page at a time) */
                 const int64_t nx = fai_kv_run_len(pr, j0 + x, e - x);
                 int64_t ldk;
                 const void *k = fai_kv_rows(pr, FAI_K, b, h, j0 + x, nx, &ldk);
                 kern->dot_rows(R, nx, dqk, w->q + (h - h0) * R * dqk, dqk, k, ldk,
                                pr->kv_dtype, w->s + (h - h0) * R * ld + x, ld,
-                               dc->scale_only ? &scale : NULL);
+                               dg->scale_only ? &scale : NULL);
                 x += nx;
             }
+        }
     }
     prefetch_keys(pr, FAI_V, b, h0, h1, j0 + cs0, j0 + first, dv, w->runs);
 
@@ -183,7 +295,7 @@ static void decode_chunk(const decode_call *dc, const fai_mask *mask, int64_t b,
             float *s = w->s + ((h - h0) * R + r) * ld;
             if (c0 >= c1) /* sees nothing here: the empty state */
                 continue;
-            if (!dc->scale_only) {
+            if (!dg->scale_only) {
                 const float slope = fai_slope(pr, h * G + r % G);
                 for (int64_t c = c0; c < c1; c++)
                     s[c] = fai_score_f32(&pr->score, s[c], slope, i, j0 + c, NULL);
@@ -201,8 +313,9 @@ static void decode_chunk(const decode_call *dc, const fai_mask *mask, int64_t b,
     for (int64_t c = cs0; c < cs1; c += BLOCK) {
         const int64_t e = cs1 - c < BLOCK ? cs1 : c + BLOCK;
         const int64_t f0 = c + PREFETCH, f1 = e + PREFETCH < cs1 ? e + PREFETCH : cs1;
-        prefetch_keys(pr, FAI_V, b, h0, h1, j0 + f0, j0 + f1, dv, w->runs);
         for (int64_t h = h0; h < h1; h++) {
+            if (f0 < f1)
+                prefetch_keys(pr, FAI_V, b, h, h + 1, j0 + f0, j0 + f1, dv, w->runs);
             float *acc = st + (h - h0) * sf + 2 * R;
             for (int64_t i = 0; i < pr->sq;) {
                 const int64_t c0 = w->cols[2 * i], c1 = w->cols[2 * i + 1];
@@ -226,13 +339,13 @@ static void decode_chunk(const decode_call *dc, const fai_mask *mask, int64_t b,
 
 /* Step 2 for row r of (b, hk): its chunks' states (the first at st, the next every sf floats)
  * folded into the first, finalized, written. */
-static void decode_finish(const decode_call *dc, int64_t b, int64_t hk, int64_t r, float *st,
-                          int64_t sf)
+static void decode_finish(const decode_group *dg, const fai_kernels_f32 *kern, int64_t b,
+                          int64_t hk, int64_t r, float *st, int64_t sf)
 {
-    const fai_problem *pr = dc->pr;
-    const int64_t R = dc->rows, dv = pr->dv;
+    const fai_problem *pr = &dg->pr;
+    const int64_t R = dg->rows, dv = pr->dv;
     float *m = st + r, *l = st + R + r, *acc = st + 2 * R + r * dv;
-    for (int64_t c = 1; c < dc->nc; c++) {
+    for (int64_t c = 1; c < dg->nc; c++) {
         const float *s2 = st + c * sf, *acc2 = s2 + 2 * R + r * dv;
         float a, a2;
         fai_online_merge_f32(m, s2[r], &a, &a2);
@@ -250,102 +363,115 @@ static void decode_finish(const decode_call *dc, int64_t b, int64_t hk, int64_t 
 #pragma omp simd
         for (int64_t d = 0; d < dv; d++)
             acc[d] = fai_online_out_f32(acc[d], f);
-    dc->kern->narrow(fai_q_row(pr, FAI_OUT, b, h, i), pr->dtype, dv, acc);
+    kern->narrow(fai_q_row(pr, FAI_OUT, b, h, i), pr->dtype, dv, acc);
     if (fai_io(pr, FAI_LSE))
         fai_lse_write(pr, b, h, i, lse);
 }
 
-/* The call's chunking and task shape (from the problem, the plan and the thread count alone),
- * and how many batches' states one wave holds: *batch_bytes each; 0 if those overflow. */
-static int decode_setup(const fa_context *ctx, const fai_problem *pr, const fai_kernels_f32 *kern,
-                        const fai_tiled_plan *plan, decode_call *dc, int64_t *wave,
-                        size_t *batch_bytes)
+/* The item of the wave that task t belongs to: the last whose task0 <= t. */
+static const decode_item *item_of(const decode_item *items, int64_t n, int64_t t)
 {
-    *dc = (decode_call){.pr = pr, .kern = kern, .keys = plan->decode_keys,
-                        .rows = pr->group * pr->sq};
-    dc->scale_only = pr->score.softcap == 0 && !pr->slopes;
-    /* each part's chunks on the grid of multiples of keys from key 0 */
-    const int np = fai_mask_parts(&pr->mask, dc->part);
-    dc->nc = 0;
-    for (int p = 0; p < 2; p++) {
-        int64_t jlo = 0, jhi = 0;
-        if (p < np)
-            fai_mask_key_span(&dc->part[p], 0, pr->sq, &jlo, &jhi);
-        dc->c_lo[p] = jlo < jhi ? jlo / dc->keys : 0;
-        dc->c_n[p] = jlo < jhi ? (jhi - 1) / dc->keys + 1 - dc->c_lo[p] : 0;
-        dc->nc += dc->c_n[p];
+    int64_t lo = 0, hi = n; /* items[lo].task0 <= t < items[hi].task0 */
+    while (hi - lo > 1) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (items[mid].task0 <= t)
+            lo = mid;
+        else
+            hi = mid;
     }
-    if (dc->nc == 0) /* no row sees a key: one chunk, empty for every row */
-        dc->c_n[0] = dc->nc = 1;
-
-    const int nt = ctx->num_threads;
-    dc->heads = (int64_t)(SCORE_BYTES / ((size_t)(dc->rows * dc->keys) * sizeof(float)));
-    dc->heads = dc->heads < 1 ? 1 : dc->heads > pr->hk ? pr->hk : dc->heads;
-    /* enough tasks to share out (four per thread): fewer heads per task, whatever the
-     * states' bits (a head's state does not depend on its task) */
-    while (dc->heads > 1 &&
-           (double)pr->b * (double)dc->nc * (double)((pr->hk + dc->heads - 1) / dc->heads) <
-               4.0 * nt)
-        dc->heads = (dc->heads + 1) / 2;
-    /* one batch's states; a K and V of broadcast strides can declare more keys and heads than
-     * memory holds, so the product is checked */
-    if (!fai_mul_size((size_t)pr->hk, (size_t)dc->nc, batch_bytes) ||
-        !fai_mul_size(*batch_bytes, (size_t)state_floats(dc) * sizeof(float), batch_bytes))
-        return 0;
-    *wave = (int64_t)(STATE_BYTES / *batch_bytes); /* batches at once */
-    *wave = *wave < 1 ? 1 : *wave > pr->b ? pr->b : *wave;
-    return 1;
+    return &items[lo];
 }
 
-fa_status fai_tiled_decode_need(const fa_context *ctx, const fai_problem *pr,
-                                const fai_tiled_plan *plan, fai_need *need)
+/* The wave's items, then its states, in the shared block. */
+static void wave_carve(int64_t n, size_t floats, void *base, decode_item **items, float **states,
+                       size_t *bytes)
 {
-    decode_call dc;
-    int64_t wave;
-    size_t batch_bytes;
-    if (!decode_setup(ctx, pr, NULL, plan, &dc, &wave, &batch_bytes))
-        return fai_fail(FA_ERR_NO_MEMORY, "tiled decode: the chunk states of one batch (%lld "
-                                          "kv heads x %lld chunks) exceed the address space",
-                        (long long)pr->hk, (long long)dc.nc);
-    decode_ws w;
-    need->per = ws_carve(&dc, NULL, &w);
-    need->shared = (size_t)wave * batch_bytes;
+    fai_arena a = {base, 0};
+    *items = fai_carve(&a, (size_t)(n + 1) * sizeof(decode_item));
+    *states = fai_carve(&a, floats * sizeof(float));
+    *bytes = a.used;
+}
+
+fa_status fai_tiled_decode_need(const fa_context *ctx, const fai_problem *call, fai_need *need)
+{
+    *need = (fai_need){0, 0};
+    for (int64_t g = 0; g < fai_groups(call); g++) { /* the largest workspace of a thread */
+        const fai_problem s = fai_group(call, g);
+        if (!takes_decode(ctx, &s))
+            continue;
+        decode_group dg;
+        decode_ws w;
+        group_setup(ctx, call, g, &dg);
+        const size_t per = ws_carve(&dg, dg.heads_max, NULL, &w);
+        need->per = per > need->per ? per : need->per;
+    }
+    int64_t g = 0, b = 0, n; /* the largest wave */
+    size_t floats;
+    while ((n = next_wave(ctx, call, &g, &b, NULL, &floats)) != 0) {
+        if (n < 0)
+            return fai_fail(FA_ERR_NO_MEMORY, "tiled decode: the chunk states of one batch (%lld "
+                                              "kv heads) exceed the address space",
+                            (long long)call->hk);
+        size_t bytes;
+        decode_item *items;
+        float *states;
+        wave_carve(n, floats, NULL, &items, &states, &bytes);
+        need->shared = bytes > need->shared ? bytes : need->shared;
+    }
     return FA_OK;
 }
 
-void fai_tiled_decode(fa_context *ctx, const fai_problem *pr, const fai_kernels_f32 *kern,
-                      const fai_tiled_plan *plan, const fai_scratch *sc)
+void fai_tiled_decode(fa_context *ctx, const fai_problem *call, const fai_kernels_f32 *kern,
+                      const fai_scratch *sc)
 {
-    decode_call dc;
-    int64_t wave;
-    size_t batch_bytes;
-    decode_setup(ctx, pr, kern, plan, &dc, &wave, &batch_bytes); /* as fai_tiled_decode_need */
-    const int64_t hgroups = (pr->hk + dc.heads - 1) / dc.heads, sf = state_floats(&dc);
-    float *states = sc->shared;
-    /* states of a wave: [batch][kv head][chunk] */
-    for (int64_t b0 = 0; b0 < pr->b; b0 += wave) {
-        const int64_t nb = pr->b - b0 < wave ? pr->b - b0 : wave;
+    int64_t g = 0, b = 0, n;
+    size_t floats, bytes;
+    decode_item *items;
+    float *states;
+    for (;;) {
+        int64_t g0 = g, b0 = b; /* measure the wave, then write it */
+        if ((n = next_wave(ctx, call, &g0, &b0, NULL, &floats)) <= 0)
+            return; /* none left (an overflow failed fai_tiled_decode_need) */
+        wave_carve(n, floats, sc->shared, &items, &states, &bytes);
+        next_wave(ctx, call, &g, &b, items, &floats);
+        const int64_t ntasks = items[n].task0;
 #pragma omp parallel num_threads(ctx->num_threads)
         {
             decode_ws mine;
-            ws_carve(&dc, sc->base + (size_t)omp_get_thread_num() * sc->per, &mine);
-            /* chunk-major: neighbouring tasks read neighbouring keys */
+            char *base = sc->base + (size_t)omp_get_thread_num() * sc->per;
+            decode_group dg;
+            int64_t at = -1; /* the group dg holds */
+            /* item by item, chunk-major within one: neighbouring tasks read neighbouring keys */
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t t = 0; t < nb * hgroups * dc.nc; t++) {
-                const int64_t c = t / (nb * hgroups), g = t % hgroups, bl = (t / hgroups) % nb;
-                const int64_t h0 = g * dc.heads;
-                const int64_t h1 = h0 + dc.heads < pr->hk ? h0 + dc.heads : pr->hk;
+            for (int64_t t = 0; t < ntasks; t++) {
+                const decode_item *it = item_of(items, n, t);
+                if (it->g != at) {
+                    group_setup(ctx, call, it->g, &dg);
+                    at = it->g;
+                }
+                ws_carve(&dg, it->heads, base, &mine);
+                const int64_t hg = (call->hk + it->heads - 1) / it->heads, u = t - it->task0;
+                const int64_t c = u / hg, h0 = u % hg * it->heads;
+                const int64_t h1 = h0 + it->heads < call->hk ? h0 + it->heads : call->hk;
                 int64_t j0;
-                const fai_mask *mask = chunk_at(&dc, c, &j0);
-                const int64_t n = pr->sk - j0 < dc.keys ? pr->sk - j0 : dc.keys;
-                decode_chunk(&dc, mask, b0 + bl, h0, h1, j0, n, &mine,
-                             states + ((bl * pr->hk + h0) * dc.nc + c) * sf, dc.nc * sf);
+                const fai_mask *mask = chunk_at(&dg, c, &j0);
+                const int64_t len = dg.pr.sk - j0 < dg.keys ? dg.pr.sk - j0 : dg.keys;
+                const int64_t sf = state_floats(&dg);
+                decode_chunk(&dg, kern, mask, it->b, h0, h1, j0, len, &mine,
+                             states + it->state0 + (h0 * dg.nc + c) * sf, dg.nc * sf);
             }
 #pragma omp for schedule(static)
-            for (int64_t t = 0; t < nb * pr->hk * dc.rows; t++) {
-                const int64_t pl = t / dc.rows; /* (batch, kv head) of the wave */
-                decode_finish(&dc, b0 + pl / pr->hk, pl % pr->hk, t % dc.rows,
-                              states + pl * dc.nc * sf, sf);
+            for (int64_t t = 0; t < n * call->hk; t++) {
+                const decode_item *it = &items[t / call->hk];
+                const int64_t hk = t % call->hk;
+                if (it->g != at) {
+                    group_setup(ctx, call, it->g, &dg);
+                    at = it->g;
+                }
+                const int64_t sf = state_floats(&dg);
+                for (int64_t r = 0; r < dg.rows; r++)
+                    decode_finish(&dg, kern, it->b, hk, r,
+                                  states + it->state0 + hk * dg.nc * sf, sf);
             }
         }
     }

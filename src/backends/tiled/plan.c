@@ -190,7 +190,7 @@ fai_tiles fai_tiled_tiles(const fa_context *ctx, int64_t dqk, int64_t dv, fa_dty
 #define DECODE_ROWS 16
 #define DECODE_KEYS 512
 
-static int64_t decode_keys(const fa_context *ctx, const fai_problem *pr)
+int64_t fai_tiled_decode_keys(const fa_context *ctx, const fai_problem *pr)
 {
     const int applies = pr->dtype != FA_F64 && pr->drop.threshold == 0 &&
                         pr->group * pr->sq <= DECODE_ROWS && !ctx->tiled.decode_off &&
@@ -201,7 +201,7 @@ static int64_t decode_keys(const fa_context *ctx, const fai_problem *pr)
 fai_tiled_plan fai_tiled_plan_forward(const fa_context *ctx, const fai_problem *pr)
 {
     fai_tiled_plan p = {0};
-    p.decode_keys = decode_keys(ctx, pr);
+    p.decode_keys = fai_tiled_decode_keys(ctx, pr);
     /* a cache dtype apart from q's takes the kernels' tiles, never the tile products' */
     p.tl = fai_tiled_tiles(ctx, pr->dqk, pr->dv, pr->kv_dtype == pr->dtype ? pr->dtype : FA_F32, 0);
     /* the tile products take bf16 Q, K and V alike (a cache of another dtype: the kernels) */

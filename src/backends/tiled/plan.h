@@ -29,6 +29,8 @@ typedef struct {
 } fai_tiled_plan;
 
 fai_tiled_plan fai_tiled_plan_forward(const fa_context *ctx, const fai_problem *pr);
+/* The forward plan's decode_keys alone. */
+int64_t fai_tiled_decode_keys(const fa_context *ctx, const fai_problem *pr);
 fai_tiled_plan fai_tiled_plan_backward(const fa_context *ctx, const fai_problem *pr);
 
 /* The tiles of a forward or a backward with these head dims and storage dtype in ctx (forced

@@ -43,26 +43,38 @@
 #include "backends/tiled/forward_tpl.h"
 #include "backends/tiled/backward_tpl.h"
 
-/* The forward of one group (fai_run_groups): the decode path or the tiles, as planned. */
-static fa_status forward_need(const fa_context *ctx, const fai_problem *pr, fai_need *need)
+/* The forward of a call (fai_run_call): the decode path over every group it takes, in one run
+ * (a batch of short sequences shares the threads out as one dense batch does), then the tiles
+ * for each other group. */
+static fa_status forward_need(const fa_context *ctx, const fai_problem *call, fai_need *need)
 {
-    const fai_tiled_plan plan = fai_tiled_plan_forward(ctx, pr);
-    if (plan.decode_keys)
-        return fai_tiled_decode_need(ctx, pr, &plan, need);
-    need->per = pr->dtype == FA_F64 ? forward_need_f64(pr, fai_kernels_f64_portable(), &plan)
-                                    : forward_need_f32(pr, ctx->kernels, &plan);
+    FAI_TRY(fai_tiled_decode_need(ctx, call, need));
+    for (int64_t g = 0; g < fai_groups(call); g++) {
+        const fai_problem s = fai_group(call, g);
+        if (fai_group_empty(&s) || fai_tiled_decode_keys(ctx, &s))
+            continue;
+        const fai_tiled_plan plan = fai_tiled_plan_forward(ctx, &s);
+        const size_t per = s.dtype == FA_F64
+                               ? forward_need_f64(&s, fai_kernels_f64_portable(), &plan)
+                               : forward_need_f32(&s, ctx->kernels, &plan);
+        need->per = per > need->per ? per : need->per;
+    }
     return FA_OK;
 }
 
-static void forward_run(fa_context *ctx, const fai_problem *pr, const fai_scratch *sc)
+static void forward_run(fa_context *ctx, const fai_problem *call, const fai_scratch *sc)
 {
-    const fai_tiled_plan plan = fai_tiled_plan_forward(ctx, pr);
-    if (plan.decode_keys)
-        fai_tiled_decode(ctx, pr, ctx->kernels, &plan, sc);
-    else if (pr->dtype == FA_F64)
-        forward_f64(ctx, pr, fai_kernels_f64_portable(), &plan, sc);
-    else
-        forward_f32(ctx, pr, ctx->kernels, &plan, sc);
+    fai_tiled_decode(ctx, call, ctx->kernels, sc);
+    for (int64_t g = 0; g < fai_groups(call); g++) {
+        const fai_problem s = fai_group(call, g);
+        if (fai_group_empty(&s) || fai_tiled_decode_keys(ctx, &s))
+            continue;
+        const fai_tiled_plan plan = fai_tiled_plan_forward(ctx, &s);
+        if (s.dtype == FA_F64)
+            forward_f64(ctx, &s, fai_kernels_f64_portable(), &plan, sc);
+        else
+            forward_f32(ctx, &s, ctx->kernels, &plan, sc);
+    }
 }
 
 static fa_status backward_need(const fa_context *ctx, const fai_problem *pr, fai_need *need)
@@ -83,7 +95,7 @@ static void backward_run(fa_context *ctx, const fai_problem *pr, const fai_scrat
 
 static fa_status tiled_forward(fa_context *ctx, const fai_problem *pr)
 {
-    return fai_run_groups(ctx, pr, 0, "tiled", forward_need, forward_run);
+    return fai_run_call(ctx, pr, 0, "tiled", forward_need, forward_run);
 }
 
 static fa_status tiled_backward(fa_context *ctx, const fai_problem *pr)
