@@ -271,6 +271,224 @@ static void fa_f32_narrow__neon(void *dst, fa_dtype d, int64_t n, const float *s
     }
 }
 
+/* ---------------------------------------------------------------- decode's products */
+
+/* 4 elements of a stored row from element p, widened exactly (f16 by FCVTL, bf16 by a shift);
+ * where WHOLE is 0, only the first `left` (< 4) are read and the rest are 0. */
+static inline __attribute__((always_inline)) float32x4_t
+load4_widen__neon(const fa_dtype D, const int WHOLE, int64_t left, const void *row, int64_t p)
+{
+    if (D == FA_F32) {
+        const float *f = (const float *)row + p;
+        if (WHOLE)
+            return vld1q_f32(f);
+        float t[4] = {0, 0, 0, 0};
+        memcpy(t, f, (size_t)left * sizeof(float));
+        return vld1q_f32(t);
+    }
+    const uint16_t *h = (const uint16_t *)row + p;
+    uint16_t t[4] = {0, 0, 0, 0};
+    if (!WHOLE) {
+        memcpy(t, h, (size_t)left * sizeof(uint16_t));
+        h = t;
+    }
+    const uint16x4_t x = vld1_u16(h);
+    return D == FA_F16 ? vcvt_f32_f16(vreinterpret_f16_u16(x))
+                       : vreinterpretq_f32_u32(vshll_n_u16(x, 16));
+}
+
+/* One step of dot_block__neon over dims [p, p + 4) (the first `left` where WHOLE is 0). */
+static inline __attribute__((always_inline)) void
+dot_step__neon(const fa_dtype D, const int ROWS, const int KEYS4, const int WHOLE, int64_t left,
+               int64_t nc, const float *q, int64_t ldq, const char *k, int64_t kb, int64_t p,
+               float32x4_t acc[16])
+{
+    float32x4_t kv[4];
+#pragma GCC unroll 4
+    for (int c = 0; c < 4; c++)
+        kv[c] = KEYS4 || c < nc ? load4_widen__neon(D, WHOLE, left, k + c * kb, p)
+                                : vdupq_n_f32(0);
+#pragma GCC unroll 4
+    for (int r = 0; r < ROWS; r++) {
+        const float32x4_t qv = load4_widen__neon(FA_F32, WHOLE, left, q + r * ldq, p);
+#pragma GCC unroll 4
+        for (int c = 0; c < 4; c++)
+            acc[4 * r + c] = vfmaq_f32(acc[4 * r + c], qv, kv[c]);
+    }
+}
+
+/* ROWS (<= 4) rows against nc (<= 4; 4 where KEYS4) keys: one accumulator per (row, key), 4
+ * lanes over p (lane t takes p = t, t + 4, ... in order, a fused multiply-add each), then each
+ * accumulator's lanes in one tree, (l0 + l1) + (l2 + l3), by two pairwise adds that give row
+ * r's four keys in one vector. Keys past nc are not loaded (their accumulators multiply zeros,
+ * never stored). */
+static inline __attribute__((always_inline)) void
+dot_block__neon(const fa_dtype D, const int ROWS, const int KEYS4, int64_t nc, int64_t d,
+                const float *q, int64_t ldq, const char *k, int64_t kb, float *s, int64_t lds,
+                const float *scale)
+{
+    float32x4_t acc[16];
+#pragma GCC unroll 16
+    for (int i = 0; i < 16; i++)
+        acc[i] = vdupq_n_f32(0);
+    int64_t p = 0;
+    for (; p + 4 <= d; p += 4)
+        dot_step__neon(D, ROWS, KEYS4, 1, 4, nc, q, ldq, k, kb, p, acc);
+    if (p < d)
+        dot_step__neon(D, ROWS, KEYS4, 0, d - p, nc, q, ldq, k, kb, p, acc);
+#pragma GCC unroll 4
+    for (int r = 0; r < ROWS; r++) {
+        const float32x4_t *a = acc + 4 * r;
+        float32x4_t sums = vpaddq_f32(vpaddq_f32(a[0], a[1]), vpaddq_f32(a[2], a[3]));
+        if (scale)
+            sums = vmulq_n_f32(sums, *scale);
+        if (KEYS4) {
+            vst1q_f32(s + r * lds, sums);
+        } else {
+            float t[4];
+            vst1q_f32(t, sums);
+            memcpy(s + r * lds, t, (size_t)nc * sizeof(float));
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void
+dot_rows_dtype__neon(const fa_dtype D, int64_t nr, int64_t n, int64_t d, const float *q,
+                     int64_t ldq, const void *k, int64_t ldk, float *s, int64_t lds,
+                     const float *scale)
+{
+    const int64_t kb = ldk * (D == FA_F32 ? 4 : 2);
+    for (int64_t c = 0; c < n; c += 4) {
+        const int64_t nc = n - c < 4 ? n - c : 4;
+        const char *kc = (const char *)k + c * kb;
+        for (int64_t r = 0; r < nr; r += 4) {
+            const float *qr = q + r * ldq;
+            float *sr = s + r * lds + c;
+#define DOT_CASE(ROWS)                                                                          \
+    (nc == 4 ? dot_block__neon(D, ROWS, 1, 4, d, qr, ldq, kc, kb, sr, lds, scale)              \
+             : dot_block__neon(D, ROWS, 0, nc, d, qr, ldq, kc, kb, sr, lds, scale))
+            switch (nr - r < 4 ? nr - r : 4) {
+            case 1: DOT_CASE(1); break;
+            case 2: DOT_CASE(2); break;
+            case 3: DOT_CASE(3); break;
+            default: DOT_CASE(4); break;
+            }
+#undef DOT_CASE
+        }
+    }
+}
+
+/* The sum's order: 4 lanes over p (lane t: p = t, t + 4, ..., fused), then (l0 + l1) +
+ * (l2 + l3). */
+static void fa_f32_dot_rows_4x4__neon(int64_t nr, int64_t n, int64_t d, const float *q,
+                                      int64_t ldq, const void *k, int64_t ldk, fa_dtype kd,
+                                      float *s, int64_t lds, const float *scale)
+{
+    if (kd == FA_F16)
+        dot_rows_dtype__neon(FA_F16, nr, n, d, q, ldq, k, ldk, s, lds, scale);
+    else if (kd == FA_BF16)
+        dot_rows_dtype__neon(FA_BF16, nr, n, d, q, ldq, k, ldk, s, lds, scale);
+    else if (kd == FA_F32)
+        dot_rows_dtype__neon(FA_F32, nr, n, d, q, ldq, k, ldk, s, lds, scale);
+    else
+        fai_dot_rows_f32_portable(nr, n, d, q, ldq, k, ldk, kd, s, lds, scale);
+}
+
+/* ROWS (<= 4) rows of acc, dims [p0, p0 + 16) (left[x]: the valid lanes of vector x, 4 each
+ * where FULL), += P V over keys [0, n), each key one fused multiply-add per element. Partial
+ * vectors go through zero-padded copies and a staged store. */
+static inline __attribute__((always_inline)) void
+pv_block__neon(const fa_dtype D, const int FULL, const int ROWS, const int64_t *left, int64_t n,
+               const float *p, int64_t ldp, const char *v, int64_t vb, int64_t p0, float *acc,
+               int64_t lda)
+{
+    /* (a vector without a lane, left[x] = 0, is never addressed: it lies past the row) */
+    float32x4_t a[4][4];
+#pragma GCC unroll 4
+    for (int r = 0; r < ROWS; r++)
+#pragma GCC unroll 4
+        for (int x = 0; x < 4; x++)
+            a[r][x] = FULL || left[x] ? load4_widen__neon(FA_F32, FULL, left[x],
+                                                          acc + r * lda + p0, 4 * x)
+                                      : vdupq_n_f32(0);
+    for (int64_t c = 0; c < n; c++) {
+        float32x4_t vv[4];
+#pragma GCC unroll 4
+        for (int x = 0; x < 4; x++)
+            vv[x] = FULL || left[x] ? load4_widen__neon(D, FULL, left[x], v + c * vb, p0 + 4 * x)
+                                    : vdupq_n_f32(0);
+#pragma GCC unroll 4
+        for (int r = 0; r < ROWS; r++) {
+            const float w = p[r * ldp + c];
+#pragma GCC unroll 4
+            for (int x = 0; x < 4; x++)
+                a[r][x] = vfmaq_n_f32(a[r][x], vv[x], w);
+        }
+    }
+#pragma GCC unroll 4
+    for (int r = 0; r < ROWS; r++)
+#pragma GCC unroll 4
+        for (int x = 0; x < 4; x++) {
+            float *o = acc + r * lda + p0 + 4 * x;
+            if (FULL) {
+                vst1q_f32(o, a[r][x]);
+            } else if (left[x]) {
+                float t[4];
+                vst1q_f32(t, a[r][x]);
+                memcpy(o, t, (size_t)left[x] * sizeof(float));
+            }
+        }
+}
+
+#define PV_KEYS 64 /* keys per pass over the dims: 64 rows of V (16 KiB of f32) stay in L1 */
+
+static inline __attribute__((always_inline)) void
+pv_rows_dtype__neon(const fa_dtype D, int64_t nr, int64_t n, int64_t dv, const float *p,
+                    int64_t ldp, const void *v, int64_t ldv, float *acc, int64_t lda)
+{
+    const int64_t vb = ldv * (D == FA_F32 ? 4 : 2);
+    for (int64_t c = 0; c < n; c += PV_KEYS) {
+        const int64_t nc = n - c < PV_KEYS ? n - c : PV_KEYS;
+        const char *vc = (const char *)v + c * vb;
+        for (int64_t p0 = 0; p0 < dv; p0 += 16) {
+            int64_t left[4];
+            for (int x = 0; x < 4; x++) {
+                const int64_t l = dv - p0 - 4 * x;
+                left[x] = l >= 4 ? 4 : l <= 0 ? 0 : l;
+            }
+            const int full = dv - p0 >= 16;
+            for (int64_t r = 0; r < nr; r += 4) {
+                const float *pr = p + r * ldp + c;
+                float *ar = acc + r * lda;
+#define PV_CASE(ROWS)                                                                           \
+    (full ? pv_block__neon(D, 1, ROWS, left, nc, pr, ldp, vc, vb, p0, ar, lda)                  \
+          : pv_block__neon(D, 0, ROWS, left, nc, pr, ldp, vc, vb, p0, ar, lda))
+                switch (nr - r < 4 ? nr - r : 4) {
+                case 1: PV_CASE(1); break;
+                case 2: PV_CASE(2); break;
+                case 3: PV_CASE(3); break;
+                default: PV_CASE(4); break;
+                }
+#undef PV_CASE
+            }
+        }
+    }
+}
+
+static void fa_f32_pv_rows_4x16__neon(int64_t nr, int64_t n, int64_t dv, const float *p,
+                                      int64_t ldp, const void *v, int64_t ldv, fa_dtype vd,
+                                      float *acc, int64_t lda)
+{
+    if (vd == FA_F16)
+        pv_rows_dtype__neon(FA_F16, nr, n, dv, p, ldp, v, ldv, acc, lda);
+    else if (vd == FA_BF16)
+        pv_rows_dtype__neon(FA_BF16, nr, n, dv, p, ldp, v, ldv, acc, lda);
+    else if (vd == FA_F32)
+        pv_rows_dtype__neon(FA_F32, nr, n, dv, p, ldp, v, ldv, acc, lda);
+    else
+        fai_pv_rows_f32_portable(nr, n, dv, p, ldp, v, ldv, vd, acc, lda);
+}
+
 static const fai_kernels_f32 neon = {
     .isa = FA_ISA_NEON,
     .mr = MR,
@@ -285,8 +503,8 @@ static const fai_kernels_f32 neon = {
     FAI_KERNEL(finite, fai_finite_f32_portable),
     FAI_KERNEL(widen, fa_f32_widen__neon),
     FAI_KERNEL(narrow, fa_f32_narrow__neon),
-    FAI_KERNEL(dot_rows, fai_dot_rows_f32_portable),
-    FAI_KERNEL(pv_rows, fai_pv_rows_f32_portable),
+    FAI_KERNEL(dot_rows, fa_f32_dot_rows_4x4__neon),
+    FAI_KERNEL(pv_rows, fa_f32_pv_rows_4x16__neon),
 };
 
 const fai_kernels_f32 *fai_kernels_neon(void) { return &neon; }

@@ -181,7 +181,9 @@ fai_tiles fai_tiled_tiles(const fa_context *ctx, int64_t dqk, int64_t dv, fa_dty
  * does not depend on the thread count (the chunks are the problem's, not the threads').
  * Measured on Zen 4 (B=1, Sq=1, Hq=32, Hk=8, D=128, f16 KV, causal; docs/notes/inference.md):
  * KV read at 7.5-8.1 GB/s on 1 thread (0.43-0.45 of stream reads), 13.6-14.6 on 2 (0.45-0.47),
- * where the tiles read 0.6-0.9 and 0.9-2.2 (0.03-0.07). 16 rows: a GQA group of 4 to 16
+ * where the tiles read 0.6-0.9 and 0.9-2.2 (0.03-0.07); on Zen 5, once each head's rows were
+ * fetched just before its kernel call (decode.c), 0.89-1.01 on 1 thread and 0.65-0.74 on 2
+ * (two vCPUs sharing one core's FMA units). 16 rows: a GQA group of 4 to 16
  * heads, or a few query positions (speculative decode); 512-key chunks: a 64k-key head is
  * 128 tasks, the merge costs 1/512 of the chunk's work.
  * Dropout keeps the tiles (its decisions and selection are theirs), f64 storage too, and so
