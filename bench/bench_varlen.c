@@ -9,6 +9,14 @@
  *
  *   bench_varlen [--threads 1,2] [--batch 8] [--min 512] [--max 2048] [--hq 32] [--hk 8]
  *                [--d 128] [--dtype f16] [--reps 3] [--seed 1] [--csv FILE]
+ *                [--page P [--chunk C]]
+ *
+ * --page P adds the paged prefill (fa_forward_paged): the same sequences' keys in pages of P
+ * keys placed in a shuffled order, and a chunk of prefill of C query rows each (default 512,
+ * at most --min: each sequence's last C positions, bottom-right causal). Its rate is set
+ * against a dense batch of the same shape at the mean length (C rows against `mean` keys), and
+ * its time against the same call over the keys stored contiguously (fa_forward_kvcache with
+ * the lengths), which it equals bit for bit.
  */
 #include "config.h"
 
@@ -29,11 +37,134 @@ static int fail(const char *what)
     return 3;
 }
 
+/* Allowed pairs of the last c rows of a bottom-right causal sequence of n keys. */
+static double chunk_pairs(long c, long n) { return causal_pairs(n) - causal_pairs(n - c); }
+
+/*
+ * The paged prefill (--page): each sequence's keys (rows cu[b] .. cu[b + 1] of k and v, BSHD)
+ * copied into pages of `page` keys in a shuffled order, and a contiguous cache of lmax keys a
+ * sequence; the last `chunk` query rows of each sequence against them, through
+ * fa_forward_paged and through fa_forward_kvcache on the contiguous cache, alternated, against
+ * a dense batch of `chunk` rows and `mean` keys. Prints one line per thread count.
+ */
+static int paged_prefill(const long *threads, int nthreads, int reps, long batch, long lmax,
+                         long page, long chunk, long hq, long hk, long d, fa_dtype dt,
+                         const int64_t *cu, const void *q, const void *k, const void *v)
+{
+    const size_t es = dt == FA_F32 ? 4 : 2, krow = (size_t)(hk * d) * es,
+                 qrow = (size_t)(hq * d) * es;
+    const long max_pages = (lmax + page - 1) / page;
+    long npages = 0;
+    double pairs = 0, total = 0;
+    for (long b = 0; b < batch; b++) {
+        const long n = (long)(cu[b + 1] - cu[b]);
+        npages += (n + page - 1) / page;
+        pairs += chunk_pairs(chunk, n);
+        total += (double)n;
+    }
+    const long mean = (long)(total / (double)batch);
+    int64_t *table = calloc((size_t)(batch * max_pages), sizeof(int64_t));
+    int64_t *perm = malloc(sizeof(int64_t) * (size_t)npages), *used = malloc(sizeof(int64_t) * (size_t)batch);
+    char *kp = malloc((size_t)(npages * page) * krow), *vp = malloc((size_t)(npages * page) * krow);
+    char *kc = malloc((size_t)(batch * lmax) * krow), *vc = malloc((size_t)(batch * lmax) * krow);
+    char *qc = malloc((size_t)(batch * chunk) * qrow), *oc = malloc((size_t)(batch * chunk) * qrow);
+    char *dk = malloc((size_t)(batch * mean) * krow), *dv = malloc((size_t)(batch * mean) * krow);
+    if (!table || !perm || !used || !kp || !vp || !kc || !vc || !qc || !oc || !dk || !dv)
+        return 3;
+    unsigned r = 4242;
+    for (long n = 0; n < npages; n++)
+        perm[n] = n;
+    for (long n = npages - 1; n > 0; n--) { /* Fisher-Yates */
+        r = r * 1103515245u + 12345u;
+        const long m = (long)((r >> 4) % (unsigned)(n + 1));
+        const int64_t t = perm[n];
+        perm[n] = perm[m], perm[m] = t;
+    }
+    for (long b = 0, x = 0; b < batch; b++) {
+        const long n = (long)(cu[b + 1] - cu[b]);
+        used[b] = n;
+        const char *ks = (const char *)k + (size_t)cu[b] * krow, *vs = (const char *)v + (size_t)cu[b] * krow;
+        for (long j = 0; j < n; j++) {
+            if (j % page == 0)
+                table[b * max_pages + j / page] = perm[x++];
+            const size_t at = (size_t)(table[b * max_pages + j / page] * page + j % page) * krow;
+            memcpy(kp + at, ks + (size_t)j * krow, krow);
+            memcpy(vp + at, vs + (size_t)j * krow, krow);
+        }
+        memcpy(kc + (size_t)(b * lmax) * krow, ks, (size_t)n * krow);
+        memcpy(vc + (size_t)(b * lmax) * krow, vs, (size_t)n * krow);
+        memcpy(qc + (size_t)(b * chunk) * qrow, (const char *)q + (size_t)(cu[b + 1] - chunk) * qrow,
+               (size_t)chunk * qrow);
+        memcpy(dk + (size_t)(b * mean) * krow, kc + (size_t)(b * lmax) * krow,
+               (size_t)(n < mean ? n : mean) * krow);
+        memcpy(dv + (size_t)(b * mean) * krow, vc + (size_t)(b * lmax) * krow,
+               (size_t)(n < mean ? n : mean) * krow);
+    }
+    const fa_paged_kv pages = {{table, FA_INDEX_INT64, batch * max_pages}, max_pages,
+                               {used, FA_INDEX_INT64, batch}};
+    const fa_indices lens = {used, FA_INDEX_INT64, batch};
+    printf("paged prefill: pages of %ld keys, shuffled; the last %ld rows of each sequence\n",
+           page, chunk);
+    printf("%7s %11s %9s %11s %9s %11s %12s %10s\n", "threads", "paged ms", "GFLOP/s",
+           "dense ms", "GFLOP/s", "rate ratio", "contig. ms", "paged/cont");
+    const double flops_paged = 4.0 * (double)d * (double)hq * pairs;
+    const double flops_dense = 4.0 * (double)d * (double)hq * (double)batch * chunk_pairs(chunk, mean);
+    for (int ti = 0; ti < nthreads; ti++) {
+        fa_options opt;
+        fa_options_init(&opt);
+        opt.backend = FA_BACKEND_TILED;
+        opt.num_threads = (int)threads[ti];
+        fa_context *ctx;
+        if (fa_context_create(&opt, &ctx) != FA_OK)
+            return fail("context");
+        fa_params p;
+        fa_params_init(&p);
+        p.causal = 1;
+        fa_tensor tq, to, tkp, tvp, tkc, tvc, tdk, tdv;
+        fa_tensor_init(&tq, qc, dt, batch, chunk, hq, d, 0);
+        fa_tensor_init(&to, oc, dt, batch, chunk, hq, d, 0);
+        fa_tensor_init(&tkp, kp, dt, npages, page, hk, d, 0);
+        fa_tensor_init(&tvp, vp, dt, npages, page, hk, d, 0);
+        fa_tensor_init(&tkc, kc, dt, batch, lmax, hk, d, 0);
+        fa_tensor_init(&tvc, vc, dt, batch, lmax, hk, d, 0);
+        fa_tensor_init(&tdk, dk, dt, batch, mean, hk, d, 0);
+        fa_tensor_init(&tdv, dv, dt, batch, mean, hk, d, 0);
+        double best_paged = INFINITY, best_dense = INFINITY, best_cont = INFINITY;
+        for (int rep = 0; rep < reps; rep++) {
+            double t0 = now();
+            if (fa_forward_paged(ctx, &p, &tq, &tkp, &tvp, &pages, &to, NULL) != FA_OK)
+                return fail("paged");
+            double t = now() - t0;
+            best_paged = t < best_paged ? t : best_paged;
+            t0 = now();
+            if (fa_forward(ctx, &p, &tq, &tdk, &tdv, &to, NULL) != FA_OK)
+                return fail("dense");
+            t = now() - t0;
+            best_dense = t < best_dense ? t : best_dense;
+            t0 = now();
+            if (fa_forward_kvcache(ctx, &p, &tq, &tkc, &tvc, NULL, NULL, &lens, NULL, &to,
+                                   NULL) != FA_OK)
+                return fail("contiguous");
+            t = now() - t0;
+            best_cont = t < best_cont ? t : best_cont;
+        }
+        const double gp = flops_paged / best_paged * 1e-9, gd = flops_dense / best_dense * 1e-9;
+        printf("%7ld %11.2f %9.1f %11.2f %9.1f %11.3f %12.2f %10.3f\n", threads[ti],
+               best_paged * 1e3, gp, best_dense * 1e3, gd, gp / gd, best_cont * 1e3,
+               best_paged / best_cont);
+        fa_context_destroy(ctx);
+    }
+    free(table), free(perm), free(used), free(kp), free(vp), free(kc), free(vc), free(qc);
+    free(oc), free(dk), free(dv);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     long threads[8] = {1, 2};
     int nthreads = 2, reps = 3;
-    long batch = 8, lmin = 512, lmax = 2048, hq = 32, hk = 8, d = 128, seed = 1;
+    long batch = 8, lmin = 512, lmax = 2048, hq = 32, hk = 8, d = 128, seed = 1, page = 0,
+         chunk = 512;
     fa_dtype dt = FA_F16;
     const char *csv = NULL;
     for (int a = 1; a < argc; a++) {
@@ -45,6 +176,8 @@ int main(int argc, char **argv)
                     : !strcmp(argv[a], "--hk")  ? &hk
                     : !strcmp(argv[a], "--d")   ? &d
                     : !strcmp(argv[a], "--seed") ? &seed
+                    : !strcmp(argv[a], "--page") ? &page
+                    : !strcmp(argv[a], "--chunk") ? &chunk
                                                 : NULL;
         if (opt) {
             *opt = atol(v), a++;
@@ -62,7 +195,7 @@ int main(int argc, char **argv)
         }
     }
     if (nthreads < 1 || batch < 1 || lmin < 1 || lmax < lmin || hq < 1 || hk < 1 || hq % hk ||
-        d < 1 || reps < 1) {
+        d < 1 || reps < 1 || page < 0 || chunk < 1 || chunk > lmin) {
         fprintf(stderr, "bench_varlen: bad arguments\n");
         return 2;
     }
@@ -166,6 +299,9 @@ int main(int argc, char **argv)
     }
     if (out)
         fclose(out);
+    const int status = page > 0 ? paged_prefill(threads, nthreads, reps, batch, lmax, page, chunk,
+                                                hq, hk, d, dt, cu, q, k, v)
+                                : 0;
     free(cu), free(q), free(k), free(v), free(o);
-    return 0;
+    return status;
 }

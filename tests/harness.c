@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "api/api.h"              /* fai_problem_make */
-#include "backends/tiled/plan.h" /* fai_tiled_tiles, fai_tiled_plan_forward */
+#include "backends/tiled/plan.h" /* fai_tiled_tiles, fai_tiled_decode_keys */
 #include "core/philox.h"
 #include "base/dtype.h"
 
@@ -260,7 +260,7 @@ int64_t ht_decode_keys(int threads, const fa_params *p, const fa_tensor *q, cons
     fai_problem pr;
     int64_t keys = -1;
     if (fai_problem_make(&pr, p, q, k, v, 0) == FA_OK)
-        keys = fai_tiled_plan_forward(ctx, &pr).decode_keys;
+        keys = fai_tiled_decode_keys(ctx, &pr);
     fa_context_destroy(ctx);
     return keys;
 }

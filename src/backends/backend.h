@@ -296,6 +296,21 @@ static inline fai_problem fai_group(const fai_problem *pr, int64_t g)
  * (fai_write_empty). */
 static inline int fai_group_empty(const fai_problem *s) { return s->sq == 0 || s->sk == 0; }
 
+/* A task space cut into parts (a call's groups, say), part i holding tasks [first[i],
+ * first[i + 1]) (first[0] = 0, ascending, first[n] the number of tasks): the part of task t. */
+static inline int64_t fai_task_part(const int64_t *first, int64_t n, int64_t t)
+{
+    int64_t lo = 0, hi = n; /* first[lo] <= t < first[hi] */
+    while (hi - lo > 1) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (first[mid] <= t)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return lo;
+}
+
 /*
  * What one run allocates before anything is written: `per` bytes for each thread and one
  * `shared` block. fai_run_groups (backends/groups.c) runs an op's groups on one allocation,

@@ -83,10 +83,10 @@ typedef struct {
     int scale_only;          /* the score pipeline is the scale alone: dot_rows applies it */
 } decode_group;
 
-/* An item of a wave: batch b of group g (nc chunks), its tasks from task0 (each a chunk of
- * `heads` kv heads) and its states from state0 (floats into the wave's states). */
+/* An item of a wave: batch b of group g (nc chunks), its tasks each a chunk of `heads` kv
+ * heads, its states from state0 (floats into the wave's states). */
 typedef struct {
-    int64_t g, b, nc, heads, task0, state0;
+    int64_t g, b, nc, heads, state0;
 } decode_item;
 
 static int takes_decode(const fa_context *ctx, const fai_problem *s)
@@ -146,14 +146,14 @@ static size_t item_floats(const decode_group *dg)
 
 /*
  * The next wave, from item (*g, *b) on: as many items as STATE_BYTES of states and WAVE_ITEMS
- * hold (one at least), written to items[] where items is not NULL (and items[n].task0, the
- * tasks' number), with their heads per task: up to each group's bound, fewer while the wave
- * has under four tasks a thread (a head's state does not depend on its task). Advances
- * (*g, *b) past them; returns their number (0: none left) and the states' floats in *floats,
- * or -1 where one item's states overflow the address space.
+ * hold (one at least), written to items[] where items is not NULL, with their heads per task
+ * (up to each group's bound, fewer while the wave has under four tasks a thread: a head's state
+ * does not depend on its task) and their first tasks in first[0 .. n] (first[n]: all of
+ * them). Advances (*g, *b) past them; returns their number (0: none left) and the states'
+ * floats in *floats, or -1 where one item's states overflow the address space.
  */
 static int64_t next_wave(const fa_context *ctx, const fai_problem *call, int64_t *g, int64_t *b,
-                         decode_item *items, size_t *floats)
+                         decode_item *items, int64_t *first, size_t *floats)
 {
     const int64_t ng = fai_groups(call);
     int64_t n = 0, chunks = 0, hmax = 1;
@@ -189,10 +189,10 @@ full:
         int64_t t = 0;
         for (int64_t i = 0; i < n; i++) {
             items[i].heads = items[i].heads < cap ? items[i].heads : cap;
-            items[i].task0 = t;
+            first[i] = t;
             t += items[i].nc * ((hk + items[i].heads - 1) / items[i].heads);
         }
-        items[n].task0 = t;
+        first[n] = t;
     }
     return n;
 }
@@ -368,28 +368,16 @@ static void decode_finish(const decode_group *dg, const fai_kernels_f32 *kern, i
         fai_lse_write(pr, b, h, i, lse);
 }
 
-/* The item of the wave that task t belongs to: the last whose task0 <= t. */
-static const decode_item *item_of(const decode_item *items, int64_t n, int64_t t)
-{
-    int64_t lo = 0, hi = n; /* items[lo].task0 <= t < items[hi].task0 */
-    while (hi - lo > 1) {
-        const int64_t mid = lo + (hi - lo) / 2;
-        if (items[mid].task0 <= t)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    return &items[lo];
-}
-
-/* The wave's items, then its states, in the shared block. */
-static void wave_carve(int64_t n, size_t floats, void *base, decode_item **items, float **states,
-                       size_t *bytes)
+/* The wave's items, their first tasks and their states, in the shared block (base NULL:
+ * measures); returns the bytes. */
+static size_t wave_carve(int64_t n, size_t floats, void *base, decode_item **items,
+                         int64_t **first, float **states)
 {
     fai_arena a = {base, 0};
-    *items = fai_carve(&a, (size_t)(n + 1) * sizeof(decode_item));
+    *items = fai_carve(&a, (size_t)n * sizeof(decode_item));
+    *first = fai_carve(&a, (size_t)(n + 1) * sizeof(int64_t));
     *states = fai_carve(&a, floats * sizeof(float));
-    *bytes = a.used;
+    return a.used;
 }
 
 fa_status fai_tiled_decode_need(const fa_context *ctx, const fai_problem *call, fai_need *need)
@@ -407,15 +395,15 @@ fa_status fai_tiled_decode_need(const fa_context *ctx, const fai_problem *call, 
     }
     int64_t g = 0, b = 0, n; /* the largest wave */
     size_t floats;
-    while ((n = next_wave(ctx, call, &g, &b, NULL, &floats)) != 0) {
+    while ((n = next_wave(ctx, call, &g, &b, NULL, NULL, &floats)) != 0) {
         if (n < 0)
             return fai_fail(FA_ERR_NO_MEMORY, "tiled decode: the chunk states of one batch (%lld "
                                               "kv heads) exceed the address space",
                             (long long)call->hk);
-        size_t bytes;
         decode_item *items;
+        int64_t *first;
         float *states;
-        wave_carve(n, floats, NULL, &items, &states, &bytes);
+        const size_t bytes = wave_carve(n, floats, NULL, &items, &first, &states);
         need->shared = bytes > need->shared ? bytes : need->shared;
     }
     return FA_OK;
@@ -425,16 +413,17 @@ void fai_tiled_decode(fa_context *ctx, const fai_problem *call, const fai_kernel
                       const fai_scratch *sc)
 {
     int64_t g = 0, b = 0, n;
-    size_t floats, bytes;
+    size_t floats;
     decode_item *items;
+    int64_t *first;
     float *states;
     for (;;) {
         int64_t g0 = g, b0 = b; /* measure the wave, then write it */
-        if ((n = next_wave(ctx, call, &g0, &b0, NULL, &floats)) <= 0)
+        if ((n = next_wave(ctx, call, &g0, &b0, NULL, NULL, &floats)) <= 0)
             return; /* none left (an overflow failed fai_tiled_decode_need) */
-        wave_carve(n, floats, sc->shared, &items, &states, &bytes);
-        next_wave(ctx, call, &g, &b, items, &floats);
-        const int64_t ntasks = items[n].task0;
+        wave_carve(n, floats, sc->shared, &items, &first, &states);
+        next_wave(ctx, call, &g, &b, items, first, &floats);
+        const int64_t ntasks = first[n];
 #pragma omp parallel num_threads(ctx->num_threads)
         {
             decode_ws mine;
@@ -444,13 +433,14 @@ void fai_tiled_decode(fa_context *ctx, const fai_problem *call, const fai_kernel
             /* item by item, chunk-major within one: neighbouring tasks read neighbouring keys */
 #pragma omp for schedule(dynamic, 1)
             for (int64_t t = 0; t < ntasks; t++) {
-                const decode_item *it = item_of(items, n, t);
+                const int64_t i = fai_task_part(first, n, t);
+                const decode_item *it = &items[i];
                 if (it->g != at) {
                     group_setup(ctx, call, it->g, &dg);
                     at = it->g;
                 }
                 ws_carve(&dg, it->heads, base, &mine);
-                const int64_t hg = (call->hk + it->heads - 1) / it->heads, u = t - it->task0;
+                const int64_t hg = (call->hk + it->heads - 1) / it->heads, u = t - first[i];
                 const int64_t c = u / hg, h0 = u % hg * it->heads;
                 const int64_t h1 = h0 + it->heads < call->hk ? h0 + it->heads : call->hk;
                 int64_t j0;

@@ -87,16 +87,16 @@ fai_tiles fai_plan_forward_tiles(const fai_cache_info *ci, int64_t dqk, int64_t 
 
 /*
  * The query rows a forward task takes: the plan's Bq, halved (down to one strip) while the
- * (batch, head, query tile) tasks number fewer than four per thread. Tasks are whole tiles and
- * threads take them dynamically, so four per thread bounds the imbalance by about a quarter
- * (the backward's single-pass rule below uses the same bound). The workspace keeps the plan's
- * size, and no row's result depends on its query tile, so results stay the same at every
- * thread count.
+ * call's (group, batch, head, query tile) tasks number fewer than four per thread. Tasks are
+ * whole tiles and threads take them dynamically, so four per thread bounds the imbalance by
+ * about a quarter (the backward's single-pass rule below uses the same bound). The workspace
+ * keeps the plan's size, and no row's result depends on its query tile, so results stay the
+ * same at every thread count.
  */
-static int64_t forward_task_rows(fai_tiles tl, int64_t heads, int64_t sq, int threads)
+static int64_t forward_task_rows(const fa_context *ctx, const fai_problem *call, fai_tiles tl)
 {
     int64_t bq = tl.bq;
-    while (bq / 2 >= tl.br && heads * ((sq + bq - 1) / bq) < 4 * (int64_t)threads)
+    while (bq / 2 >= tl.br && fai_tiled_forward_tasks(ctx, call, bq) < 4.0 * ctx->num_threads)
         bq /= 2;
     return bq;
 }
@@ -200,19 +200,33 @@ int64_t fai_tiled_decode_keys(const fa_context *ctx, const fai_problem *pr)
     return applies ? DECODE_KEYS : 0;
 }
 
-fai_tiled_plan fai_tiled_plan_forward(const fa_context *ctx, const fai_problem *pr)
+int fai_tiled_takes_tiles(const fa_context *ctx, const fai_problem *s)
+{
+    return !fai_group_empty(s) && fai_tiled_decode_keys(ctx, s) == 0;
+}
+
+double fai_tiled_forward_tasks(const fa_context *ctx, const fai_problem *call, int64_t bq)
+{
+    double n = 0;
+    for (int64_t g = 0; g < fai_groups(call); g++) {
+        const fai_problem s = fai_group(call, g);
+        if (fai_tiled_takes_tiles(ctx, &s))
+            n += (double)s.b * (double)s.hq * (double)((s.sq + bq - 1) / bq);
+    }
+    return n;
+}
+
+fai_tiled_plan fai_tiled_plan_forward(const fa_context *ctx, const fai_problem *call)
 {
     fai_tiled_plan p = {0};
-    p.decode_keys = fai_tiled_decode_keys(ctx, pr);
+    const fai_problem *pr = call; /* the dims and dtypes below are every group's */
     /* a cache dtype apart from q's takes the kernels' tiles, never the tile products' */
     p.tl = fai_tiled_tiles(ctx, pr->dqk, pr->dv, pr->kv_dtype == pr->dtype ? pr->dtype : FA_F32, 0);
     /* the tile products take bf16 Q, K and V alike (a cache of another dtype: the kernels) */
     p.tile_products = pr->kv_dtype == pr->dtype ? tile_products(ctx, pr->dtype, pr->dqk, pr->dv)
                                                 : NULL;
     /* forced tiles are taken as they are; the workspace is sized by p.tl either way */
-    p.task_rows = ctx->tiled.bq > 0
-                      ? p.tl.bq
-                      : forward_task_rows(p.tl, pr->b * pr->hq, pr->sq, ctx->num_threads);
+    p.task_rows = ctx->tiled.bq > 0 ? p.tl.bq : forward_task_rows(ctx, call, p.tl);
     return p;
 }
 

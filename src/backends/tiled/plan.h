@@ -24,13 +24,16 @@ typedef struct {
     const fai_kernels_bf16 *tile_products; /* forward: the set's tile products, where they
                                               take the problem (bf16 storage), else NULL */
     int single_pass;   /* backward: dQ accumulated per kv head in one pass, else two passes */
-    int64_t decode_keys; /* forward: > 0 takes the decode path (backends/tiled/decode.c), the
-                            keys split into chunks of this many; 0: the tiles */
 } fai_tiled_plan;
 
-fai_tiled_plan fai_tiled_plan_forward(const fa_context *ctx, const fai_problem *pr);
-/* The forward plan's decode_keys alone. */
-int64_t fai_tiled_decode_keys(const fa_context *ctx, const fai_problem *pr);
+/* The forward of a call: each group that is not empty takes the decode path
+ * (backends/tiled/decode.c) where fai_tiled_decode_keys is > 0, its keys split into chunks of
+ * that many, else the tiles (fai_tiled_takes_tiles), which the plan is for: every tile group's
+ * tasks in one task space, fai_tiled_forward_tasks of them at task_rows rows a task. */
+fai_tiled_plan fai_tiled_plan_forward(const fa_context *ctx, const fai_problem *call);
+int64_t fai_tiled_decode_keys(const fa_context *ctx, const fai_problem *group);
+int fai_tiled_takes_tiles(const fa_context *ctx, const fai_problem *group);
+double fai_tiled_forward_tasks(const fa_context *ctx, const fai_problem *call, int64_t bq);
 fai_tiled_plan fai_tiled_plan_backward(const fa_context *ctx, const fai_problem *pr);
 
 /* The tiles of a forward or a backward with these head dims and storage dtype in ctx (forced

@@ -43,38 +43,73 @@
 #include "backends/tiled/forward_tpl.h"
 #include "backends/tiled/backward_tpl.h"
 
-/* The forward of a call (fai_run_call): the decode path over every group it takes, in one run
- * (a batch of short sequences shares the threads out as one dense batch does), then the tiles
- * for each other group. */
+/*
+ * The forward of a call (fai_run_call): the decode path over every group it takes, in one run,
+ * then the tiles over every other group, in one task space: a batch of short sequences shares
+ * the threads out as one dense batch does. The tiles' groups and their first tasks lie in the
+ * shared block (the decode path's, before).
+ */
+/* The groups that take the tiles (fai_tiled_takes_tiles), in order, into g[0 .. n - 1] and
+ * their first tasks into first[0 .. n] (first[n]: all their tasks), where g is not NULL;
+ * returns n. */
+static int64_t tile_groups(const fa_context *ctx, const fai_problem *call, int64_t bq,
+                           int64_t *g, int64_t *first)
+{
+    int64_t n = 0, t = 0;
+    for (int64_t x = 0; x < fai_groups(call); x++) {
+        const fai_problem s = fai_group(call, x);
+        if (!fai_tiled_takes_tiles(ctx, &s))
+            continue;
+        if (g)
+            g[n] = x, first[n] = t;
+        t += s.b * s.hq * ((s.sq + bq - 1) / bq);
+        n++;
+    }
+    if (g)
+        first[n] = t;
+    return n;
+}
+
+/* Carves g (n) and first (n + 1) from the shared block (base NULL: measures). */
+static size_t tile_groups_carve(int64_t n, void *base, int64_t **g, int64_t **first)
+{
+    fai_arena a = {base, 0};
+    *g = fai_carve(&a, (size_t)n * sizeof(int64_t));
+    *first = fai_carve(&a, (size_t)(n + 1) * sizeof(int64_t));
+    return a.used;
+}
+
 static fa_status forward_need(const fa_context *ctx, const fai_problem *call, fai_need *need)
 {
     FAI_TRY(fai_tiled_decode_need(ctx, call, need));
-    for (int64_t g = 0; g < fai_groups(call); g++) {
-        const fai_problem s = fai_group(call, g);
-        if (fai_group_empty(&s) || fai_tiled_decode_keys(ctx, &s))
-            continue;
-        const fai_tiled_plan plan = fai_tiled_plan_forward(ctx, &s);
-        const size_t per = s.dtype == FA_F64
-                               ? forward_need_f64(&s, fai_kernels_f64_portable(), &plan)
-                               : forward_need_f32(&s, ctx->kernels, &plan);
-        need->per = per > need->per ? per : need->per;
-    }
+    const fai_tiled_plan plan = fai_tiled_plan_forward(ctx, call);
+    const int64_t n = tile_groups(ctx, call, plan.task_rows, NULL, NULL);
+    if (n == 0)
+        return FA_OK;
+    const size_t per = call->dtype == FA_F64
+                           ? forward_need_f64(call, fai_kernels_f64_portable(), &plan)
+                           : forward_need_f32(call, ctx->kernels, &plan);
+    int64_t *g, *first;
+    const size_t shared = tile_groups_carve(n, NULL, &g, &first);
+    need->per = per > need->per ? per : need->per;
+    need->shared = shared > need->shared ? shared : need->shared;
     return FA_OK;
 }
 
 static void forward_run(fa_context *ctx, const fai_problem *call, const fai_scratch *sc)
 {
     fai_tiled_decode(ctx, call, ctx->kernels, sc);
-    for (int64_t g = 0; g < fai_groups(call); g++) {
-        const fai_problem s = fai_group(call, g);
-        if (fai_group_empty(&s) || fai_tiled_decode_keys(ctx, &s))
-            continue;
-        const fai_tiled_plan plan = fai_tiled_plan_forward(ctx, &s);
-        if (s.dtype == FA_F64)
-            forward_f64(ctx, &s, fai_kernels_f64_portable(), &plan, sc);
-        else
-            forward_f32(ctx, &s, ctx->kernels, &plan, sc);
-    }
+    const fai_tiled_plan plan = fai_tiled_plan_forward(ctx, call);
+    const int64_t n = tile_groups(ctx, call, plan.task_rows, NULL, NULL);
+    if (n == 0)
+        return;
+    int64_t *g, *first;
+    tile_groups_carve(n, sc->shared, &g, &first);
+    tile_groups(ctx, call, plan.task_rows, g, first);
+    if (call->dtype == FA_F64)
+        forward_f64(ctx, call, fai_kernels_f64_portable(), &plan, g, first, n, sc);
+    else
+        forward_f32(ctx, call, ctx->kernels, &plan, g, first, n, sc);
 }
 
 static fa_status backward_need(const fa_context *ctx, const fai_problem *pr, fai_need *need)
