@@ -16,7 +16,7 @@
  * at most --min: each sequence's last C positions, bottom-right causal). Its rate is set
  * against a dense batch of the same shape at the mean length (C rows against `mean` keys), and
  * its time against the same call over the keys stored contiguously (fa_forward_kvcache with
- * the lengths), which it equals bit for bit.
+ * the lengths), whose output it must equal bit for bit (checked: exit status 4 otherwise).
  */
 #include "config.h"
 
@@ -45,7 +45,8 @@ static double chunk_pairs(long c, long n) { return causal_pairs(n) - causal_pair
  * copied into pages of `page` keys in a shuffled order, and a contiguous cache of lmax keys a
  * sequence; the last `chunk` query rows of each sequence against them, through
  * fa_forward_paged and through fa_forward_kvcache on the contiguous cache, alternated, against
- * a dense batch of `chunk` rows and `mean` keys. Prints one line per thread count.
+ * a dense batch of `chunk` rows and `mean` keys (the first `mean` keys of each sequence,
+ * repeated where it is shorter). Prints one line per thread count.
  */
 static int paged_prefill(const long *threads, int nthreads, int reps, long batch, long lmax,
                          long page, long chunk, long hq, long hk, long d, fa_dtype dt,
@@ -68,9 +69,14 @@ static int paged_prefill(const long *threads, int nthreads, int reps, long batch
     char *kp = malloc((size_t)(npages * page) * krow), *vp = malloc((size_t)(npages * page) * krow);
     char *kc = malloc((size_t)(batch * lmax) * krow), *vc = malloc((size_t)(batch * lmax) * krow);
     char *qc = malloc((size_t)(batch * chunk) * qrow), *oc = malloc((size_t)(batch * chunk) * qrow);
+    char *oc2 = malloc((size_t)(batch * chunk) * qrow);
     char *dk = malloc((size_t)(batch * mean) * krow), *dv = malloc((size_t)(batch * mean) * krow);
-    if (!table || !perm || !used || !kp || !vp || !kc || !vc || !qc || !oc || !dk || !dv)
-        return 3;
+    int status = 0;
+    if (!table || !perm || !used || !kp || !vp || !kc || !vc || !qc || !oc || !oc2 || !dk || !dv) {
+        fprintf(stderr, "bench_varlen: out of memory for the paged prefill\n");
+        status = 3;
+        goto done;
+    }
     unsigned r = 4242;
     for (long n = 0; n < npages; n++)
         perm[n] = n;
@@ -95,10 +101,10 @@ static int paged_prefill(const long *threads, int nthreads, int reps, long batch
         memcpy(vc + (size_t)(b * lmax) * krow, vs, (size_t)n * krow);
         memcpy(qc + (size_t)(b * chunk) * qrow, (const char *)q + (size_t)(cu[b + 1] - chunk) * qrow,
                (size_t)chunk * qrow);
-        memcpy(dk + (size_t)(b * mean) * krow, kc + (size_t)(b * lmax) * krow,
-               (size_t)(n < mean ? n : mean) * krow);
-        memcpy(dv + (size_t)(b * mean) * krow, vc + (size_t)(b * lmax) * krow,
-               (size_t)(n < mean ? n : mean) * krow);
+        for (long j = 0; j < mean; j++) { /* a shorter sequence's keys repeated */
+            memcpy(dk + (size_t)(b * mean + j) * krow, ks + (size_t)(j % n) * krow, krow);
+            memcpy(dv + (size_t)(b * mean + j) * krow, vs + (size_t)(j % n) * krow, krow);
+        }
     }
     const fa_paged_kv pages = {{table, FA_INDEX_INT64, batch * max_pages}, max_pages,
                                {used, FA_INDEX_INT64, batch}};
@@ -120,9 +126,10 @@ static int paged_prefill(const long *threads, int nthreads, int reps, long batch
         fa_params p;
         fa_params_init(&p);
         p.causal = 1;
-        fa_tensor tq, to, tkp, tvp, tkc, tvc, tdk, tdv;
+        fa_tensor tq, to, to2, tkp, tvp, tkc, tvc, tdk, tdv;
         fa_tensor_init(&tq, qc, dt, batch, chunk, hq, d, 0);
         fa_tensor_init(&to, oc, dt, batch, chunk, hq, d, 0);
+        fa_tensor_init(&to2, oc2, dt, batch, chunk, hq, d, 0);
         fa_tensor_init(&tkp, kp, dt, npages, page, hk, d, 0);
         fa_tensor_init(&tvp, vp, dt, npages, page, hk, d, 0);
         fa_tensor_init(&tkc, kc, dt, batch, lmax, hk, d, 0);
@@ -137,16 +144,20 @@ static int paged_prefill(const long *threads, int nthreads, int reps, long batch
             double t = now() - t0;
             best_paged = t < best_paged ? t : best_paged;
             t0 = now();
-            if (fa_forward(ctx, &p, &tq, &tdk, &tdv, &to, NULL) != FA_OK)
+            if (fa_forward(ctx, &p, &tq, &tdk, &tdv, &to2, NULL) != FA_OK)
                 return fail("dense");
             t = now() - t0;
             best_dense = t < best_dense ? t : best_dense;
             t0 = now();
-            if (fa_forward_kvcache(ctx, &p, &tq, &tkc, &tvc, NULL, NULL, &lens, NULL, &to,
+            if (fa_forward_kvcache(ctx, &p, &tq, &tkc, &tvc, NULL, NULL, &lens, NULL, &to2,
                                    NULL) != FA_OK)
                 return fail("contiguous");
             t = now() - t0;
             best_cont = t < best_cont ? t : best_cont;
+            if (memcmp(oc, oc2, (size_t)(batch * chunk) * qrow)) {
+                fprintf(stderr, "bench_varlen: the paged output differs from the contiguous\n");
+                status = 4;
+            }
         }
         const double gp = flops_paged / best_paged * 1e-9, gd = flops_dense / best_dense * 1e-9;
         printf("%7ld %11.2f %9.1f %11.2f %9.1f %11.3f %12.2f %10.3f\n", threads[ti],
@@ -154,9 +165,10 @@ static int paged_prefill(const long *threads, int nthreads, int reps, long batch
                best_paged / best_cont);
         fa_context_destroy(ctx);
     }
+done:
     free(table), free(perm), free(used), free(kp), free(vp), free(kc), free(vc), free(qc);
-    free(oc), free(dk), free(dv);
-    return 0;
+    free(oc), free(oc2), free(dk), free(dv);
+    return status;
 }
 
 int main(int argc, char **argv)
@@ -195,7 +207,7 @@ int main(int argc, char **argv)
         }
     }
     if (nthreads < 1 || batch < 1 || lmin < 1 || lmax < lmin || hq < 1 || hk < 1 || hq % hk ||
-        d < 1 || reps < 1 || page < 0 || chunk < 1 || chunk > lmin) {
+        d < 1 || reps < 1 || page < 0 || (page > 0 && (chunk < 1 || chunk > lmin))) {
         fprintf(stderr, "bench_varlen: bad arguments\n");
         return 2;
     }

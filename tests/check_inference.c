@@ -211,6 +211,49 @@ START_TEST(varlen_of_many_sequences_is_each_alone)
 }
 END_TEST
 
+/* A dense decode batch of more batches than the decode path's wave holds (a wave ends inside
+ * one group): each batch to the bit as a call on it alone, at 1 and 3 threads. */
+START_TEST(decode_batch_past_a_wave_is_each_batch_alone)
+{
+    enum { B = 4200, SK = 37, HQm = 4, HKm = 2, Dm = 8 };
+    const int threads = _i == 0 ? 1 : 3;
+    ht_tensor q, k, v, out, lse, out1, lse1;
+    ht_alloc(&q, FA_F32, B, 1, HQm, Dm, HT_BSHD);
+    ht_alloc(&k, FA_F32, B, SK, HKm, Dm, HT_BSHD);
+    ht_alloc(&v, FA_F32, B, SK, HKm, Dm, HT_BSHD);
+    ht_fill(&q, 21, 1, 0), ht_fill(&k, 22, 1, 0), ht_fill(&v, 23, 1, 0);
+    ht_alloc(&out, FA_F32, B, 1, HQm, Dm, HT_BSHD);
+    ht_alloc(&out1, FA_F32, B, 1, HQm, Dm, HT_BSHD);
+    ht_alloc_lse(&lse, FA_F32, B, 1, HQm);
+    ht_alloc_lse(&lse1, FA_F32, B, 1, HQm);
+    ht_poison(&out), ht_poison(&out1), ht_poison(&lse), ht_poison(&lse1);
+    fa_params p;
+    fa_params_init(&p);
+    p.causal = 1;
+    ck_assert(ht_decode_keys(threads, &p, &q.t, &k.t, &v.t) > 0);
+    fa_context *ctx = ht_context(FA_BACKEND_TILED, threads);
+    ck_assert_msg(fa_forward(ctx, &p, &q.t, &k.t, &v.t, &out.t, &lse.t) == FA_OK, "%s",
+                  fa_last_error());
+    for (int b = 0; b < B; b++) {
+        fa_tensor qs = q.t, ks = k.t, vs = v.t, os = out1.t, ls = lse1.t;
+        qs.batch = ks.batch = vs.batch = os.batch = ls.batch = 1;
+        qs.data = (char *)q.t.data + (size_t)(b * q.t.batch_stride) * 4;
+        ks.data = (char *)k.t.data + (size_t)(b * k.t.batch_stride) * 4;
+        vs.data = (char *)v.t.data + (size_t)(b * v.t.batch_stride) * 4;
+        os.data = (char *)out1.t.data + (size_t)(b * out1.t.batch_stride) * 4;
+        ls.data = (char *)lse1.t.data + (size_t)(b * lse1.t.batch_stride) * 4;
+        ck_assert_msg(fa_forward(ctx, &p, &qs, &ks, &vs, &os, &ls) == FA_OK, "%s",
+                      fa_last_error());
+    }
+    ck_assert_msg(same_bytes(&out, &out1) && same_bytes(&lse, &lse1),
+                  "%d threads: a batch differs from its call alone", threads);
+    fa_context_destroy(ctx);
+    ht_tensor *all[7] = {&q, &k, &v, &out, &lse, &out1, &lse1};
+    for (int i = 0; i < 7; i++)
+        ht_free(all[i]);
+}
+END_TEST
+
 /* Equal lengths with dropout: the varlen batch is the dense batch of B sequences, forward and
  * backward, bit for bit (sequence b draws batch b's dropout stream). */
 START_TEST(varlen_of_equal_lengths_is_a_dense_batch)
@@ -778,6 +821,7 @@ Suite *make_inference_suite(void)
     tcase_add_loop_test(tc, varlen_is_each_sequence_alone, 0, 18);
     tcase_add_loop_test(tc, varlen_of_equal_lengths_is_a_dense_batch, 0, 2);
     tcase_add_loop_test(tc, varlen_of_many_sequences_is_each_alone, 0, 2);
+    tcase_add_loop_test(tc, decode_batch_past_a_wave_is_each_batch_alone, 0, 2);
     tcase_add_test(tc, varlen_sink_gradient_sums_the_sequences);
     tcase_add_loop_test(tc, varlen_bad_input_is_refused, 0, 12);
     suite_add_tcase(s, tc);

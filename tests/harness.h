@@ -67,8 +67,8 @@ double ht_max_abs(const ht_tensor *x);
 /* Tile sizes whose multiples are tile edges of both the tiled forward and backward (internal;
  * the tests link the static library). */
 void ht_tiles(int64_t dqk, int64_t dv, fa_dtype dt, int64_t *bq, int64_t *bk);
-/* The tiled plan's decode_keys for a forward of these operands on a context of `threads`
- * (0: the tiles; > 0: the decode path's chunk; -1: the operands are refused). Internal too. */
+/* fai_tiled_decode_keys for a forward of these operands on a context of `threads` (0: the
+ * tiles; > 0: the decode path's chunk; -1: the operands are refused). Internal too. */
 int64_t ht_decode_keys(int threads, const fa_params *p, const fa_tensor *q, const fa_tensor *k,
                        const fa_tensor *v);
 

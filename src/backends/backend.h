@@ -73,9 +73,9 @@ typedef struct {
  * parameters, dropout, and the tensors (NULL where the op has none: forward has no dout, dq,
  * dk, dv; lse may be NULL in a forward).
  *
- * A call of nseq > 0 sequences is run one sequence at a time, each a problem of its own
- * (fai_group) with batch 1; the call's own dims b, sq, sk and its mask are no backend's to
- * read. Sequence s is
+ * A call of nseq > 0 sequences is made of one problem per sequence (fai_group), each with
+ * batch 1, which a backend runs one by one (fai_run_groups) or all at once (fai_run_call);
+ * the call's own dims b, sq, sk and its mask are no backend's to read. Sequence s is
  *   - in a variable-length batch (cu_q set): q-side rows [cu_q[s], cu_q[s + 1]) and keys
  *     [cu_k[s], cu_k[s + 1]) of batch 0, the tensors packed along seqlen;
  *   - over a paged K/V (page_size > 0): q-side batch s, and seqused[s] keys, key j in page
@@ -84,7 +84,8 @@ typedef struct {
  *   - over a contiguous cache with used lengths (seqused set, page_size 0): q-side and key
  *     batch s, seqused[s] keys.
  * With new keys to append (k_new, v_new: B x s_new rows), a cache's sequence s holds
- * seqused[s] + s_new keys once fai_run_groups has written them (fai_append_new_keys).
+ * seqused[s] + s_new keys once fai_run_groups or fai_run_call has written them
+ * (fai_append_new_keys).
  * A sequence's problem has its rows' bases: q-side rows from row q0 of batch qb0, keys from
  * row k0 of batch kb0, and seq0, the call's index of its batch 0 (its dropout stream, its row
  * of the page table).

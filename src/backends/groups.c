@@ -1,9 +1,10 @@
 /*
  * Running an op over the groups of a call (backends/backend.h): a dense problem is one group,
  * a call of sequences (variable-length, paged, a cache) one per sequence. The groups share one
- * allocation, sized for the largest, made before anything is written; then the new keys of a
- * cache are appended, and groups without a (query, key) pair get their defined results here,
- * on the host, for every backend alike.
+ * allocation made before anything is written (fai_run_groups: sized for the largest group,
+ * which are run one by one; fai_run_call: sized by the backend for the whole call, run at
+ * once); then the new keys of a cache are appended, and groups without a (query, key) pair get
+ * their defined results here, on the host, for every backend alike.
  */
 #include "config.h"
 
@@ -57,8 +58,8 @@ void fai_append_new_keys(const fai_problem *pr)
 }
 
 /* fai_run_groups (whole = 0) and fai_run_call (whole = 1). */
-static fa_status run_groups(fa_context *ctx, const fai_problem *pr, int backward, const char *who,
-                     fai_need_fn need, fai_run_fn run, int whole)
+static fa_status run_groups(fa_context *ctx, const fai_problem *pr, int backward,
+                            const char *who, fai_need_fn need, fai_run_fn run, int whole)
 {
     const int64_t n = fai_groups(pr);
     fai_need most = {0, 0};

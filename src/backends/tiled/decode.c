@@ -91,7 +91,7 @@ typedef struct {
 
 static int takes_decode(const fa_context *ctx, const fai_problem *s)
 {
-    return !fai_group_empty(s) && fai_tiled_decode_keys(ctx, s) > 0;
+    return fai_tiled_forward_path(ctx, s) == FAI_TILED_DECODE;
 }
 
 /* Group g of the call as the decode path sees it (where takes_decode holds). */
@@ -133,13 +133,15 @@ static size_t ws_carve(const decode_group *dg, int64_t heads, char *base, decode
 /* A chunk's state: m[R], l[R], then acc (R x Dv). */
 static int64_t state_floats(const decode_group *dg) { return dg->rows * (dg->pr.dv + 2); }
 
-/* The floats of one item's states (its kv heads x chunks), or 0 if they overflow: a K and V of
- * broadcast strides can declare more keys and heads than memory holds. */
+/* The floats of one item's states (its kv heads x chunks), or 0 if their bytes pass half the
+ * address space: a K and V of broadcast strides can declare more keys and heads than memory
+ * holds. A wave holds one such item at most beside WAVE_ITEMS records, so its bytes
+ * (wave_carve) cannot wrap. */
 static size_t item_floats(const decode_group *dg)
 {
     size_t n;
     if (!fai_mul_size((size_t)dg->pr.hk, (size_t)dg->nc, &n) ||
-        !fai_mul_size(n, (size_t)state_floats(dg), &n) || n > SIZE_MAX / sizeof(float))
+        !fai_mul_size(n, (size_t)state_floats(dg), &n) || n > SIZE_MAX / 2 / sizeof(float))
         return 0;
     return n;
 }
@@ -267,7 +269,9 @@ static void decode_chunk(const decode_group *dg, const fai_kernels_f32 *kern,
             kern->widen(fai_q_row(pr, FAI_Q, b, h * G + r % G, r / G), pr->dtype, dqk,
                         w->q + ((h - h0) * R + r) * dqk);
     const float scale = (float)pr->score.scale;
-    const int64_t first = cs1 - cs0 < PREFETCH ? cs1 : cs0 + PREFETCH; /* fetched up front */
+    /* the first PREFETCH keys are fetched up front for every head at once (1/32 of a whole
+     * chunk's rows): nothing is in flight yet, and the first calls need them at once */
+    const int64_t first = cs1 - cs0 < PREFETCH ? cs1 : cs0 + PREFETCH;
     prefetch_keys(pr, FAI_K, b, h0, h1, j0 + cs0, j0 + first, dqk, w->runs);
     for (int64_t c = cs0; c < cs1; c += BLOCK) {
         const int64_t e = cs1 - c < BLOCK ? cs1 : c + BLOCK;
@@ -433,14 +437,14 @@ void fai_tiled_decode(fa_context *ctx, const fai_problem *call, const fai_kernel
             /* item by item, chunk-major within one: neighbouring tasks read neighbouring keys */
 #pragma omp for schedule(dynamic, 1)
             for (int64_t t = 0; t < ntasks; t++) {
-                const int64_t i = fai_task_part(first, n, t);
-                const decode_item *it = &items[i];
+                const int64_t part = fai_task_part(first, n, t);
+                const decode_item *it = &items[part];
                 if (it->g != at) {
                     group_setup(ctx, call, it->g, &dg);
                     at = it->g;
                 }
                 ws_carve(&dg, it->heads, base, &mine);
-                const int64_t hg = (call->hk + it->heads - 1) / it->heads, u = t - first[i];
+                const int64_t hg = (call->hk + it->heads - 1) / it->heads, u = t - first[part];
                 const int64_t c = u / hg, h0 = u % hg * it->heads;
                 const int64_t h1 = h0 + it->heads < call->hk ? h0 + it->heads : call->hk;
                 int64_t j0;
@@ -450,7 +454,7 @@ void fai_tiled_decode(fa_context *ctx, const fai_problem *call, const fai_kernel
                 decode_chunk(&dg, kern, mask, it->b, h0, h1, j0, len, &mine,
                              states + it->state0 + (h0 * dg.nc + c) * sf, dg.nc * sf);
             }
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 1) /* items' chunk counts differ */
             for (int64_t t = 0; t < n * call->hk; t++) {
                 const decode_item *it = &items[t / call->hk];
                 const int64_t hk = t % call->hk;

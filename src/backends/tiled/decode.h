@@ -1,6 +1,6 @@
 /* The tiled forward's decode path (backends/tiled/decode.c), taken by the groups of a call
- * whose plan sets decode_keys (fai_tiled_decode_keys): few query rows per kv head,
- * f32/f16/bf16 storage, no dropout. */
+ * that fai_tiled_forward_path sends to it: few query rows per kv head, f32/f16/bf16 storage,
+ * no dropout. */
 #ifndef FAI_TILED_DECODE_H
 #define FAI_TILED_DECODE_H
 

@@ -362,7 +362,7 @@ static size_t FAI_T(forward_need)(const fai_problem *pr, const FAI_T(fai_kernels
 }
 
 /* The tiles of a call: the tasks (batch, head, query tile) of its groups g[0 .. n - 1], group
- * g[i]'s from first[i] (first[n]: all of them), in one task space. */
+ * g[x]'s from first[x] (first[n]: all of them), in one task space. */
 static void FAI_T(forward)(fa_context *ctx, const fai_problem *call,
                            const FAI_T(fai_kernels) *kern, const fai_tiled_plan *plan,
                            const int64_t *g, const int64_t *first, int64_t n,
@@ -381,12 +381,12 @@ static void FAI_T(forward)(fa_context *ctx, const fai_problem *call,
         /* dynamic: causal and windowed tiles differ in cost; each task's result is fixed */
 #pragma omp for schedule(dynamic, 1)
         for (int64_t task = 0; task < tasks; task++) {
-            const int64_t i = fai_task_part(first, n, task);
-            if (i != at) {
-                pr = fai_group(call, g[i]);
-                at = i;
+            const int64_t part = fai_task_part(first, n, task);
+            if (part != at) {
+                pr = fai_group(call, g[part]);
+                at = part;
             }
-            const int64_t nqt = (pr.sq + bq - 1) / bq, u = task - first[i];
+            const int64_t nqt = (pr.sq + bq - 1) / bq, u = task - first[part];
             const int64_t qt = u % nqt, h = (u / nqt) % pr.hq, b = u / (nqt * pr.hq);
             const int64_t i0 = qt * bq, i1 = i0 + bq < pr.sq ? i0 + bq : pr.sq;
             FAI_T(fwd_qtile)(&pr, tl, b, h, i0, i1, &mine);

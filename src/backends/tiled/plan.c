@@ -96,9 +96,22 @@ fai_tiles fai_plan_forward_tiles(const fai_cache_info *ci, int64_t dqk, int64_t 
 static int64_t forward_task_rows(const fa_context *ctx, const fai_problem *call, fai_tiles tl)
 {
     int64_t bq = tl.bq;
-    while (bq / 2 >= tl.br && fai_tiled_forward_tasks(ctx, call, bq) < 4.0 * ctx->num_threads)
-        bq /= 2;
+    for (; bq / 2 >= tl.br; bq /= 2) {
+        double tasks = 0; /* a double: the count only meets a bound */
+        for (int64_t g = 0; g < fai_groups(call); g++) {
+            const fai_problem s = fai_group(call, g);
+            if (fai_tiled_forward_path(ctx, &s) == FAI_TILED_TILES)
+                tasks += (double)fai_tiled_group_tasks(&s, bq);
+        }
+        if (tasks >= 4.0 * ctx->num_threads)
+            break;
+    }
     return bq;
+}
+
+int64_t fai_tiled_group_tasks(const fai_problem *group, int64_t bq)
+{
+    return group->b * group->hq * ((group->sq + bq - 1) / bq);
 }
 
 /*
@@ -182,7 +195,7 @@ fai_tiles fai_tiled_tiles(const fa_context *ctx, int64_t dqk, int64_t dv, fa_dty
  * Measured on Zen 4 (B=1, Sq=1, Hq=32, Hk=8, D=128, f16 KV, causal; docs/notes/inference.md):
  * KV read at 7.5-8.1 GB/s on 1 thread (0.43-0.45 of stream reads), 13.6-14.6 on 2 (0.45-0.47),
  * where the tiles read 0.6-0.9 and 0.9-2.2 (0.03-0.07); on Zen 5, once each head's rows were
- * fetched just before its kernel call (decode.c), 0.89-1.01 on 1 thread and 0.65-0.74 on 2
+ * fetched just before its kernel call (decode.c), 0.94-1.05 on 1 thread and 0.70-0.76 on 2
  * (two vCPUs sharing one core's FMA units). 16 rows: a GQA group of 4 to 16
  * heads, or a few query positions (speculative decode); 512-key chunks: a 64k-key head is
  * 128 tasks, the merge costs 1/512 of the chunk's work.
@@ -200,20 +213,11 @@ int64_t fai_tiled_decode_keys(const fa_context *ctx, const fai_problem *pr)
     return applies ? DECODE_KEYS : 0;
 }
 
-int fai_tiled_takes_tiles(const fa_context *ctx, const fai_problem *s)
+fai_tiled_path fai_tiled_forward_path(const fa_context *ctx, const fai_problem *group)
 {
-    return !fai_group_empty(s) && fai_tiled_decode_keys(ctx, s) == 0;
-}
-
-double fai_tiled_forward_tasks(const fa_context *ctx, const fai_problem *call, int64_t bq)
-{
-    double n = 0;
-    for (int64_t g = 0; g < fai_groups(call); g++) {
-        const fai_problem s = fai_group(call, g);
-        if (fai_tiled_takes_tiles(ctx, &s))
-            n += (double)s.b * (double)s.hq * (double)((s.sq + bq - 1) / bq);
-    }
-    return n;
+    if (fai_group_empty(group))
+        return FAI_TILED_NONE;
+    return fai_tiled_decode_keys(ctx, group) > 0 ? FAI_TILED_DECODE : FAI_TILED_TILES;
 }
 
 fai_tiled_plan fai_tiled_plan_forward(const fa_context *ctx, const fai_problem *call)

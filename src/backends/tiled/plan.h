@@ -26,14 +26,18 @@ typedef struct {
     int single_pass;   /* backward: dQ accumulated per kv head in one pass, else two passes */
 } fai_tiled_plan;
 
-/* The forward of a call: each group that is not empty takes the decode path
+/*
+ * The forward of a call: each group takes one path (fai_tiled_forward_path), decided here. An
+ * empty group none (its results are fai_write_empty's); the decode path
  * (backends/tiled/decode.c) where fai_tiled_decode_keys is > 0, its keys split into chunks of
- * that many, else the tiles (fai_tiled_takes_tiles), which the plan is for: every tile group's
- * tasks in one task space, fai_tiled_forward_tasks of them at task_rows rows a task. */
-fai_tiled_plan fai_tiled_plan_forward(const fa_context *ctx, const fai_problem *call);
+ * that many; else the tiles, which the plan is for: every tile group's tasks (batch, head,
+ * query tile: fai_tiled_group_tasks at task_rows rows a task) in one task space.
+ */
+typedef enum { FAI_TILED_NONE, FAI_TILED_DECODE, FAI_TILED_TILES } fai_tiled_path;
+fai_tiled_path fai_tiled_forward_path(const fa_context *ctx, const fai_problem *group);
 int64_t fai_tiled_decode_keys(const fa_context *ctx, const fai_problem *group);
-int fai_tiled_takes_tiles(const fa_context *ctx, const fai_problem *group);
-double fai_tiled_forward_tasks(const fa_context *ctx, const fai_problem *call, int64_t bq);
+int64_t fai_tiled_group_tasks(const fai_problem *group, int64_t bq);
+fai_tiled_plan fai_tiled_plan_forward(const fa_context *ctx, const fai_problem *call);
 fai_tiled_plan fai_tiled_plan_backward(const fa_context *ctx, const fai_problem *pr);
 
 /* The tiles of a forward or a backward with these head dims and storage dtype in ctx (forced

@@ -43,26 +43,21 @@
 #include "backends/tiled/forward_tpl.h"
 #include "backends/tiled/backward_tpl.h"
 
-/*
- * The forward of a call (fai_run_call): the decode path over every group it takes, in one run,
- * then the tiles over every other group, in one task space: a batch of short sequences shares
- * the threads out as one dense batch does. The tiles' groups and their first tasks lie in the
- * shared block (the decode path's, before).
- */
-/* The groups that take the tiles (fai_tiled_takes_tiles), in order, into g[0 .. n - 1] and
- * their first tasks into first[0 .. n] (first[n]: all their tasks), where g is not NULL;
- * returns n. */
+/* The groups that take the tiles, in order, into g[0 .. n - 1] and their first tasks into
+ * first[0 .. n] (first[n]: all their tasks), where g is not NULL; returns n. */
 static int64_t tile_groups(const fa_context *ctx, const fai_problem *call, int64_t bq,
                            int64_t *g, int64_t *first)
 {
     int64_t n = 0, t = 0;
     for (int64_t x = 0; x < fai_groups(call); x++) {
         const fai_problem s = fai_group(call, x);
-        if (!fai_tiled_takes_tiles(ctx, &s))
+        if (fai_tiled_forward_path(ctx, &s) != FAI_TILED_TILES)
             continue;
-        if (g)
-            g[n] = x, first[n] = t;
-        t += s.b * s.hq * ((s.sq + bq - 1) / bq);
+        if (g) {
+            g[n] = x;
+            first[n] = t;
+        }
+        t += fai_tiled_group_tasks(&s, bq);
         n++;
     }
     if (g)
@@ -79,6 +74,12 @@ static size_t tile_groups_carve(int64_t n, void *base, int64_t **g, int64_t **fi
     return a.used;
 }
 
+/*
+ * The forward of a call (fai_run_call): the decode path over every group it takes, in one run,
+ * then the tiles over every other group, in one task space: a batch of short sequences shares
+ * the threads out as one dense batch does. The tiles' groups and their first tasks lie in the
+ * shared block (the decode path's, before).
+ */
 static fa_status forward_need(const fa_context *ctx, const fai_problem *call, fai_need *need)
 {
     FAI_TRY(fai_tiled_decode_need(ctx, call, need));
