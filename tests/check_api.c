@@ -98,6 +98,7 @@ MUT(m_order, s->p.score_order = (fa_score_order)2)
 MUT(m_slope_nan, s->slopes[1] = NAN; s->p.alibi_slopes = s->slopes)
 MUT(m_sink_nan, s->sinks[1] = NAN; s->p.sink_logits = s->sinks)
 MUT(m_sink_inf, s->sinks[2] = INFINITY; s->p.sink_logits = s->sinks)
+MUT(m_sink_tokens, s->p.window_left = 3; s->p.sink_tokens = -1)
 MUT(m_sink_grad_alone, s->p.sink_grad = s->sinks)
 MUT(m_sink_grad_in_dq, s->p.sink_logits = s->sinks; s->p.sink_grad = (float *)s->tdq.data + 2)
 MUT(m_sink_grad_on_sinks, s->p.sink_logits = s->sinks; s->p.sink_grad = s->sinks + 1)
@@ -163,6 +164,7 @@ static const bad_case bad[] = {
     {"score order 2", m_order, FA_ERR_INVALID_ARGUMENT, "params->score_order", 0},
     {"ALiBi slope NaN", m_slope_nan, FA_ERR_INVALID_ARGUMENT, "params->alibi_slopes[1]", 0},
     {"sink NaN", m_sink_nan, FA_ERR_INVALID_ARGUMENT, "params->sink_logits[1]", 0},
+    {"sink_tokens -1", m_sink_tokens, FA_ERR_INVALID_ARGUMENT, "params->sink_tokens", 0},
     {"sink +inf", m_sink_inf, FA_ERR_INVALID_ARGUMENT, "params->sink_logits[2]", 0},
     {"sink_grad without sinks", m_sink_grad_alone, FA_ERR_INVALID_ARGUMENT, "params->sink_grad", 1},
     {"sink_grad inside dq", m_sink_grad_in_dq, FA_ERR_STRIDE, "params->sink_grad overlaps dq", 1},
