@@ -295,6 +295,36 @@ typedef struct {
 FA_API fa_status fa_compare(const fa_tensor *cand, const fa_tensor *ref, const fa_tensor *baseline,
                             const fa_tolerance *tol, fa_comparison *result);
 
+/*
+ * Convention profiles: what a kernel family's interface means where the families disagree,
+ * so that a check compares like with like (README.md, "Convention profiles", gives each
+ * fact's source). "flashattn" is this library's own; the others are "fa2", "fa3", "pytorch",
+ * "flashinfer", "xformers" and "ggml". fa_profile_at(i) lists them (NULL past the last).
+ */
+typedef enum {
+    FA_EMPTY_LSE_NEG_INF, /* a row with no allowed key carries LSE -inf (this library)        */
+    FA_EMPTY_LSE_POS_INF, /* ... +inf (FlashAttention-2)                                       */
+    FA_EMPTY_LSE_ANY      /* the kernels write no defined value there: not compared           */
+} fa_empty_lse;
+
+typedef struct {
+    const char    *name;
+    fa_align       align;           /* what causal means when Sq != Sk                        */
+    int            lse_base2;       /* the kernels' LSE is log2-sum-exp2 (FlashInfer)         */
+    fa_empty_lse   empty_lse;       /* the LSE of a fully masked row                          */
+    int            window_is_count; /* one window number W counts keys, the query's own
+                                       included: window (W - 1, 0)                          */
+    fa_score_order score_order;     /* ALiBi before or after softcap                          */
+    int            has_lse;         /* the kernels return an LSE at all                       */
+} fa_profile;
+
+FA_API const fa_profile *fa_profile_find(const char *name); /* NULL: no profile of that name */
+FA_API const fa_profile *fa_profile_at(int i);
+/* An LSE tensor (f32 or f64) rewritten in place from this library's convention (natural log,
+ * -inf for an empty row) to the profile's, or back. */
+FA_API fa_status fa_lse_to_profile(const fa_profile *pf, fa_tensor *lse);
+FA_API fa_status fa_lse_from_profile(const fa_profile *pf, fa_tensor *lse);
+
 /* Converts n elements from src (dtype sd) to dst (dtype dd): widening is exact, narrowing
  * rounds to nearest even once, straight from the source precision. */
 FA_API fa_status fa_convert(const void *src, fa_dtype sd, void *dst, fa_dtype dd, size_t n);

@@ -705,6 +705,44 @@ START_TEST(status_strings_distinct)
 }
 END_TEST
 
+/* The convention profiles: listed, found by name, and the LSE conventions of README's table
+ * (FlashInfer's log2, FA2's +inf for an empty row) applied in place and undone. */
+START_TEST(profiles_convert_lse)
+{
+    static const char *const names[] = {"flashattn", "fa2", "fa3", "pytorch", "flashinfer",
+                                        "xformers", "ggml"};
+    const int n = (int)(sizeof names / sizeof *names);
+    for (int i = 0; i < n; i++) {
+        ck_assert_ptr_nonnull(fa_profile_at(i));
+        ck_assert_str_eq(fa_profile_at(i)->name, names[i]);
+        ck_assert_ptr_eq(fa_profile_find(names[i]), fa_profile_at(i));
+    }
+    ck_assert_ptr_null(fa_profile_at(n));
+    ck_assert_ptr_null(fa_profile_at(-1));
+    ck_assert_ptr_null(fa_profile_find("fa4"));
+    ck_assert_ptr_null(fa_profile_find(NULL));
+    ck_assert_int_eq(fa_profile_find("pytorch")->align, FA_ALIGN_TOP_LEFT);
+    ck_assert_int_eq(fa_profile_find("ggml")->has_lse, 0);
+    ck_assert_int_eq(fa_profile_find("xformers")->window_is_count, 1);
+
+    double v[3] = {1.5, -INFINITY, -2.0}; /* B 1, H 1, S 3 */
+    fa_tensor t = {v, FA_F64, 1, 3, 1, 1, 3, 1, 3, 1};
+    ck_assert_int_eq(fa_lse_to_profile(fa_profile_find("flashinfer"), &t), FA_OK);
+    ck_assert(fabs(v[0] - 1.5 / log(2.0)) < 1e-15 && v[1] == -INFINITY &&
+              fabs(v[2] + 2.0 / log(2.0)) < 1e-15);
+    ck_assert_int_eq(fa_lse_from_profile(fa_profile_find("flashinfer"), &t), FA_OK);
+    ck_assert(fabs(v[0] - 1.5) < 1e-15 && fabs(v[2] + 2.0) < 1e-15);
+    ck_assert_int_eq(fa_lse_to_profile(fa_profile_find("fa2"), &t), FA_OK);
+    ck_assert(v[1] == INFINITY && fabs(v[0] - 1.5) < 1e-15);
+    ck_assert_int_eq(fa_lse_from_profile(fa_profile_find("fa2"), &t), FA_OK);
+    ck_assert(v[1] == -INFINITY);
+    ck_assert_int_eq(fa_lse_to_profile(NULL, &t), FA_ERR_NULL_POINTER);
+    t.headdim = 2; /* not an LSE: refused, nothing written */
+    ck_assert_int_eq(fa_lse_to_profile(fa_profile_find("fa2"), &t), FA_ERR_SHAPE);
+    ck_assert(v[1] == -INFINITY);
+}
+END_TEST
+
 /* fa_last_error is per thread: a failure on one thread does not overwrite another's detail. */
 START_TEST(last_error_thread_local)
 {
@@ -741,6 +779,7 @@ Suite *make_api_suite(void)
     tcase_add_test(tc, isa_names_round_trip);
     tcase_add_test(tc, missing_op_unsupported);
     tcase_add_test(tc, status_strings_distinct);
+    tcase_add_test(tc, profiles_convert_lse);
     suite_add_tcase(s, tc);
     TCase *cc = tcase_create("concurrency"); /* CI's ThreadSanitizer stage runs these */
     tcase_add_test(cc, last_error_thread_local);

@@ -157,37 +157,6 @@ int cli_alloc(const cli_opts *o, fa_dtype dt, int64_t b, int64_t s, int64_t h, i
     return 0;
 }
 
-#define LOG2E 1.4426950408889634 /* log2 sum 2^(s log2 e) = ln sum e^s / ln 2 */
-
-/* Applies f elementwise to an LSE held as f32 or f64. */
-static void lse_map(cli_tensor *x, const cli_profile *pf, double (*f)(const cli_profile *, double))
-{
-    const size_t n = x->a.nbytes / npy_kind_size(x->a.kind);
-    for (size_t i = 0; i < n; i++) {
-        if (x->t.dtype == FA_F64)
-            ((double *)x->a.data)[i] = f(pf, ((double *)x->a.data)[i]);
-        else
-            ((float *)x->a.data)[i] = (float)f(pf, ((float *)x->a.data)[i]);
-    }
-}
-
-static double to_profile(const cli_profile *pf, double v)
-{
-    if (v == -INFINITY)
-        return pf->empty == EMPTY_POS_INF ? INFINITY : -INFINITY;
-    return pf->lse_base2 ? v * LOG2E : v;
-}
-
-static double from_profile(const cli_profile *pf, double v)
-{
-    if (v == INFINITY && pf->empty == EMPTY_POS_INF)
-        return -INFINITY;
-    return pf->lse_base2 ? v / LOG2E : v;
-}
-
-void cli_lse_to_profile(const cli_profile *pf, cli_tensor *lse) { lse_map(lse, pf, to_profile); }
-void cli_lse_from_profile(const cli_profile *pf, cli_tensor *lse) { lse_map(lse, pf, from_profile); }
-
 int cli_convert(const cli_opts *o, const cli_tensor *x, fa_dtype dt, cli_role role, cli_tensor *y)
 {
     const fa_tensor *t = &x->t;

@@ -23,13 +23,13 @@ static void json_num(double x)
         printf("%.17g", x);
 }
 
-/* The reference's and the yardstick's LSE as the profile's kernels write it (cli_lse_to_profile),
- * and for profiles whose empty-row LSE varies (EMPTY_ANY) the candidate's own value in those
- * rows, so that they are not compared. */
-static void lse_as_candidate_writes_it(const cli_profile *pf, cli_tensor *x, const cli_tensor *cand)
+/* The reference's and the yardstick's LSE as the profile's kernels write it (fa_lse_to_profile),
+ * and for profiles whose empty-row LSE varies (FA_EMPTY_LSE_ANY) the candidate's own value in
+ * those rows, so that they are not compared. */
+static void lse_as_candidate_writes_it(const fa_profile *pf, cli_tensor *x, const cli_tensor *cand)
 {
-    cli_lse_to_profile(pf, x);
-    if (pf->empty != EMPTY_ANY)
+    fa_lse_to_profile(pf, &x->t); /* the library's own LSE: cannot fail */
+    if (pf->empty_lse != FA_EMPTY_LSE_ANY)
         return;
     const size_t n = x->a.nbytes / npy_kind_size(x->a.kind);
     double v, c;

@@ -9,19 +9,6 @@
 #include "flashattn.h"
 #include "npy.h"
 
-/* What a profile fixes: the conventions the popular kernels disagree on (README, "Profiles"). */
-typedef enum { EMPTY_NEG_INF, EMPTY_POS_INF, EMPTY_ANY } cli_empty_lse;
-
-typedef struct {
-    const char *name;
-    fa_align align;        /* what --causal means when Sq != Sk                         */
-    int lse_base2;         /* the candidate's LSE is log2-sum-exp2 (FlashInfer)          */
-    cli_empty_lse empty;   /* the LSE a fully masked row carries                         */
-    int window_is_count;   /* a bare --window W counts keys incl. the query: (W - 1, 0)  */
-    fa_score_order order;  /* ALiBi before or after softcap                              */
-    int has_lse;           /* the kernel returns an LSE at all                           */
-} cli_profile;
-
 /* Everything the options of forward, backward and check say. */
 typedef struct {
     const char *q, *k, *v, *out, *lse, *dout, *dq, *dk, *dv;
@@ -47,7 +34,7 @@ typedef struct {
     fa_backend backend;
     fa_isa isa;
     double atol, rtol;
-    const cli_profile *profile;
+    const fa_profile *profile; /* --profile (fa_profile_find) */
 } cli_opts;
 
 enum { CAND_OUT, CAND_LSE, CAND_DQ, CAND_DK, CAND_DV };
@@ -65,8 +52,6 @@ void cli_opts_free(cli_opts *o);
 /* dt = the dtype named v (f32, f64, f16, bf16); nonzero if v names none. */
 int cli_dtype_from_name(const char *v, fa_dtype *dt);
 void cli_usage(FILE *f, const char *cmd);
-const cli_profile *cli_profile_find(const char *name);
-extern const cli_profile cli_profiles[];
 
 /* .npy <-> fa_tensor. A loaded tensor owns its npy_array. */
 typedef struct {
@@ -83,10 +68,6 @@ int cli_load(const cli_opts *o, const char *path, cli_role role, cli_tensor *x);
  * B x H x S storage). */
 int cli_alloc(const cli_opts *o, fa_dtype dt, int64_t b, int64_t s, int64_t h, int64_t d,
               cli_role role, cli_tensor *x);
-/* An LSE between the library's convention (natural log, -inf for an empty row) and the
- * profile's (log2 for FlashInfer, +inf for FA2's empty rows), in place. */
-void cli_lse_to_profile(const cli_profile *pf, cli_tensor *lse);
-void cli_lse_from_profile(const cli_profile *pf, cli_tensor *lse);
 void cli_free(cli_tensor *x);
 /* A copy of x converted to dtype dt, same logical shape and layout. */
 int cli_convert(const cli_opts *o, const cli_tensor *x, fa_dtype dt, cli_role role, cli_tensor *y);

@@ -8,34 +8,6 @@
 
 #include "cli.h"
 
-/*
- * The profiles (README.md, "Convention profiles", gives each fact's source):
- *   align      causal alignment when Sq != Sk
- *   base2      LSE returned as log2-sum-exp2 (FlashInfer)
- *   empty      the LSE written for a row with no allowed key
- *   count      a bare --window W counts keys including the query's own: (W - 1, 0)
- *   order      where ALiBi is added relative to softcap
- *   lse        the kernel returns an LSE
- */
-const cli_profile cli_profiles[] = {
-    /* name        align                  base2 empty          count order                  lse */
-    {"flashattn", FA_ALIGN_BOTTOM_RIGHT, 0, EMPTY_NEG_INF, 0, FA_SOFTCAP_THEN_ALIBI, 1},
-    {"fa2", FA_ALIGN_BOTTOM_RIGHT, 0, EMPTY_POS_INF, 0, FA_SOFTCAP_THEN_ALIBI, 1},
-    {"fa3", FA_ALIGN_BOTTOM_RIGHT, 0, EMPTY_NEG_INF, 0, FA_SOFTCAP_THEN_ALIBI, 1},
-    {"pytorch", FA_ALIGN_TOP_LEFT, 0, EMPTY_ANY, 0, FA_SOFTCAP_THEN_ALIBI, 1},
-    {"flashinfer", FA_ALIGN_BOTTOM_RIGHT, 1, EMPTY_ANY, 0, FA_ALIBI_THEN_SOFTCAP, 1},
-    {"xformers", FA_ALIGN_TOP_LEFT, 0, EMPTY_ANY, 1, FA_SOFTCAP_THEN_ALIBI, 1},
-    {"ggml", FA_ALIGN_BOTTOM_RIGHT, 0, EMPTY_ANY, 1, FA_SOFTCAP_THEN_ALIBI, 0},
-    {NULL, 0, 0, 0, 0, 0, 0},
-};
-
-const cli_profile *cli_profile_find(const char *name)
-{
-    for (const cli_profile *p = cli_profiles; p->name; p++)
-        if (!strcmp(p->name, name))
-            return p;
-    return NULL;
-}
 
 
 /* The backend or ISA named v: one of the values from 1 on that the library's name function
@@ -240,7 +212,7 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
 {
     memset(o, 0, sizeof *o);
     fa_params_init(&o->p);
-    o->profile = &cli_profiles[0];
+    o->profile = fa_profile_at(0);
     o->backend = FA_BACKEND_AUTO;
     o->isa = FA_ISA_AUTO;
     const char *window = NULL, *align = NULL;
@@ -330,7 +302,7 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
                 return bad(cmd, a, v, "expected bshd or bhsd");
             o->bhsd = !strcmp(v, "bhsd");
         } else if (!strcmp(a, "--profile")) {
-            if (!(o->profile = cli_profile_find(v)))
+            if (!(o->profile = fa_profile_find(v)))
                 return bad(cmd, a, v,
                            "expected flashattn, fa2, fa3, pytorch, flashinfer, xformers or ggml");
         } else if (!strcmp(a, "--backend")) {
@@ -356,7 +328,7 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
 
     /* what the profile decides, unless an option said otherwise */
     o->p.align = o->profile->align;
-    o->p.score_order = o->profile->order;
+    o->p.score_order = o->profile->score_order;
     if (align) {
         if (strcmp(align, "bottom-right") && strcmp(align, "top-left"))
             return bad(cmd, "--align", align, "expected bottom-right or top-left");

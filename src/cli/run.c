@@ -272,8 +272,10 @@ int cmd_forward(int argc, char **argv)
         fa_status s = cli_forward(ctx, &o, &q.t, &k.t, &v.t, &out.t, o.lse ? &lse.t : NULL);
         rc = s == FA_OK ? 0 : cli_fail(s, "forward");
     }
-    if (!rc && o.lse)
-        cli_lse_to_profile(o.profile, &lse); /* written as the profile's kernels write it */
+    if (!rc && o.lse) { /* written as the profile's kernels write it */
+        fa_status s = fa_lse_to_profile(o.profile, &lse.t);
+        rc = s == FA_OK ? 0 : cli_fail(s, "lse");
+    }
     if (!rc)
         rc = cli_outputs_commit(&files);
     else
@@ -311,8 +313,10 @@ int cmd_backward(int argc, char **argv)
         rc = cli_load_slopes(&o, in[0].t.heads);
     if (!rc)
         rc = cli_load_indices(&o, in[1].t.seqlen);
-    if (!rc) /* read as the profile's kernels write it */
-        cli_lse_from_profile(o.profile, &in[4]);
+    if (!rc) { /* read as the profile's kernels write it */
+        fa_status s = fa_lse_from_profile(o.profile, &in[4].t);
+        rc = s == FA_OK ? 0 : cli_fail(s, "lse");
+    }
     for (int i = 0; i < 3 && !rc; i++) /* dq, dk, dv shaped like q, k, v */
         rc = cli_alloc(&o, in[i].t.dtype, in[i].t.batch, in[i].t.seqlen, in[i].t.heads,
                        in[i].t.headdim, ROLE_QKV, &g[i]);
