@@ -1,0 +1,495 @@
+"""The library's entry points with Python names and defaults (include/flashattn.h is the
+contract; docs/DESIGN.md §1 the semantics)."""
+from __future__ import annotations
+
+import ctypes
+from ctypes import byref
+from typing import Any, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _native as N
+from ._arrays import Frame, View, float_vector, index_array
+
+Window = Union[None, int, Tuple[int, int]]
+
+#: The tensors of the last call, as the library received them (fa_tensor structs, by role):
+#: what the tests read to prove that the library read the caller's own buffers.
+last_call: dict = {}
+
+# ------------------------------------------------------------------ shared pieces
+
+
+def _layout(layout: str, name: str = "layout") -> str:
+    if layout not in ("bshd", "bhsd"):
+        raise N.InvalidArgumentError(f"{name}={layout!r}: expected 'bshd' (batch, seq, heads, "
+                                     "dim) or 'bhsd' (batch, heads, seq, dim)",
+                                     N.FA_ERR_INVALID_ARGUMENT)
+    return layout
+
+
+def _window(window: Window) -> Tuple[int, int]:
+    if window is None:
+        return -1, -1
+    if isinstance(window, (int, np.integer)):
+        return int(window), -1
+    try:
+        left, right = window
+        return int(left), int(right)
+    except (TypeError, ValueError):
+        raise N.InvalidArgumentError(f"window={window!r}: expected None, an int (the left "
+                                     "bound) or a pair (left, right), -1 for unbounded",
+                                     N.FA_ERR_INVALID_ARGUMENT) from None
+
+
+def _choice(table: dict, value: str, name: str) -> int:
+    if value not in table:
+        raise N.InvalidArgumentError(f"{name}={value!r}: expected one of "
+                                     f"{', '.join(map(repr, table))}", N.FA_ERR_INVALID_ARGUMENT)
+    return table[value]
+
+
+_DEFAULT_PARAMS = N.Params()
+N.lib.fa_params_init(byref(_DEFAULT_PARAMS))
+
+
+class _Call:
+    """What one call needs beside its tensors: the params struct (and the host arrays it
+    points into), and the context for the arrays' framework, device and stream."""
+
+    def __init__(self, frame: Frame, hq: int = 0, *, causal: bool = False,
+                 align: str = "bottom-right",
+                 window: Window = None, softcap: Optional[float] = None,
+                 alibi_slopes: Any = None, scale: Optional[float] = None,
+                 dropout_p: float = 0.0, seed: int = 0, offset: int = 0, sinks: Any = None,
+                 sink_tokens: int = 0, score_order: str = "softcap-then-alibi",
+                 backend: str = "auto", isa: str = "auto", threads: int = 0,
+                 deterministic: bool = False):
+        p = N.Params.from_buffer_copy(_DEFAULT_PARAMS)
+        p.scale = 0.0 if scale is None else float(scale)
+        p.causal = int(bool(causal))
+        p.window_left, p.window_right = _window(window)
+        p.align = _choice(N.ALIGNS, align, "align")
+        p.softcap = 0.0 if softcap is None else float(softcap)
+        p.dropout_p = float(dropout_p)
+        if not 0 <= int(seed) < 1 << 64 or not 0 <= int(offset) < 1 << 64:
+            raise N.InvalidArgumentError(f"seed={seed}, offset={offset}: each in [0, 2^64)",
+                                         N.FA_ERR_INVALID_ARGUMENT)
+        p.dropout_seed, p.dropout_offset = int(seed), int(offset)
+        p.score_order = _choice(N.SCORE_ORDERS, score_order, "score_order")
+        p.sink_tokens = int(sink_tokens)
+        self.slopes = float_vector(alibi_slopes, "alibi_slopes", hq)
+        self.sinks = float_vector(sinks, "sinks", hq)
+        fp = ctypes.POINTER(ctypes.c_float)
+        if self.slopes is not None:
+            p.alibi_slopes = self.slopes.ctypes.data_as(fp)
+        if self.sinks is not None:
+            p.sink_logits = self.sinks.ctypes.data_as(fp)
+        self.params = p
+        if frame.on_gpu:
+            if backend not in ("auto", "cuda"):
+                raise N.InvalidArgumentError(
+                    f"backend={backend!r}: the arrays are on a GPU, which only the 'cuda' "
+                    "backend reads ('auto' takes it)", N.FA_ERR_INVALID_ARGUMENT)
+            backend = "cuda"
+        self.ctx = N.contexts.get(backend, isa, threads, frame.stream, deterministic)
+
+    def sink_grad(self) -> Optional[np.ndarray]:
+        """A host buffer for d loss / d sink, wired into the params (None without sinks)."""
+        if self.sinks is None:
+            return None
+        g = np.zeros_like(self.sinks)
+        self.params.sink_grad = g.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        return g
+
+
+_CALL_DOC = """
+    causal: each query row sees keys up to its own position (aligned as `align` says).
+    align: where query row i sits among the keys when Sq != Sk: "bottom-right" (the last
+        query row sees the last key: FlashAttention's convention) or "top-left" (PyTorch's).
+    window: None (no window), an int (the left bound: keys at most that many positions left
+        of the row's own), or (left, right), -1 for unbounded on that side (FlashAttention's
+        window_size).
+    softcap: None (off), or c > 0: scores become c tanh(s / c).
+    alibi_slopes: None, or one slope per query head (host or device array, float32).
+    scale: None (1 / sqrt(D)), or the score scale.
+    dropout_p: the probability of dropping each (row, key) term, from Philox(seed, offset)
+        as docs/DESIGN.md §1 defines it (draws are this library's, not any other's).
+    sinks: None, or one logit per query head that joins every row's softmax denominator
+        with no value (gpt-oss); a row with no allowed key then has LSE = the sink, O = 0.
+    sink_tokens: the first n keys stay visible beside a sliding window (StreamingLLM).
+    score_order: "softcap-then-alibi" (FlashAttention-2, ggml) or "alibi-then-softcap"
+        (FlashInfer).
+    backend: "auto" (CUDA for GPU arrays where it is built, else "tiled"), "tiled",
+        "reference" (the float64 oracle), "conventional" (S and P materialized), "cuda".
+    isa: the CPU kernel set: "auto", "avx512", "avx2", "amx", "neon", "scalar".
+    threads: CPU threads (0: OpenMP's default); CPU results are the same bits for any count.
+    deterministic: CUDA backend: a bitwise repeatable backward.
+"""
+
+
+def _doc(f):
+    f.__doc__ = f.__doc__.replace("{options}", _CALL_DOC.strip("\n"))
+    return f
+
+
+def _lse_shape(b: int, h: int, s: int) -> tuple:
+    return (b, h, s)
+
+
+def _lse_dtype(dtype: int) -> int:
+    return N.F64 if dtype == N.F64 else N.F32
+
+
+def _packed(view: View, name: str) -> N.Tensor:
+    """The fa_tensor (1, total, H, D) of a packed (total, H, D) array."""
+    if len(view.shape) != 3:
+        raise N.InvalidArgumentError(f"{name}: expected 3 dims (total tokens, heads, dim), got "
+                                     f"shape {view.shape}", N.FA_ERR_SHAPE)
+    (t, h, d), (st, sh, sd) = view.shape, view.strides
+    return N.Tensor(view.ptr, view.dtype, 1, t, h, d, 0, st, sh, sd)
+
+
+def _packed_lse(view: View) -> N.Tensor:
+    """The fa_tensor of a varlen LSE, (H, total) as FlashAttention returns it."""
+    (h, t), (sh, st) = view.shape, view.strides
+    return N.Tensor(view.ptr, view.dtype, 1, t, h, 1, 0, st, sh, 1)
+
+
+def _indices(x, name: str):
+    a, kind = index_array(x, name)
+    return a, N.Indices(a.ctypes.data, kind, a.size)
+
+
+def _run(fn: str, *args) -> None:
+    N.check_status(getattr(N.lib, fn)(*args), fn[3:])
+
+
+# ------------------------------------------------------------------ dense
+
+
+@_doc
+def attention(q, k, v, *, layout: str = "bshd", causal: bool = False,
+              align: str = "bottom-right", window: Window = None,
+              softcap: Optional[float] = None, alibi_slopes=None, scale: Optional[float] = None,
+              dropout_p: float = 0.0, seed: int = 0, offset: int = 0, sinks=None,
+              sink_tokens: int = 0, score_order: str = "softcap-then-alibi",
+              return_lse: bool = False, out=None, backend: str = "auto", isa: str = "auto",
+              threads: int = 0, deterministic: bool = False):
+    """Exact attention: out = softmax(scale q k^T + mask and biases) v (fa_forward).
+
+    q is (B, Sq, Hq, D), k (B, Sk, Hk, D) and v (B, Sk, Hk, Dv) in layout "bshd" (the
+    default, FlashAttention's), or (B, H, S, D) each in layout "bhsd" (PyTorch SDPA's); Hq a
+    multiple of Hk (GQA, MQA). Arrays of numpy (ml_dtypes' bfloat16 too), PyTorch, JAX or
+    CuPy, float64, float32, float16 or bfloat16, any strides with a contiguous head dim; k
+    and v share a dtype: q's, or float16 / bfloat16 under float32 or bfloat16 q (a KV cache).
+    They are read where they lie (no copy); GPU arrays run on the CUDA backend, on the
+    framework's current stream, where it is built (a JAX array on a GPU is copied to the
+    host and back).
+
+    Returns out, shaped and laid out like q with v's head dim, in q's framework and dtype
+    (written into `out` where given), and with return_lse=True also lse, (B, Hq, Sq) float32
+    (float64 for float64 q): the natural-log log-sum-exp of each row's scores, -inf for a row
+    with no allowed key.
+
+    {options}
+
+    Raises InvalidArgumentError (a ValueError) naming the argument for bad input, with
+    nothing written; UnsupportedError, OutOfMemoryError, BackendUnavailableError, DeviceError.
+    """
+    layout = _layout(layout)
+    frame = Frame(q, "q")
+    vq, vk, vv = frame.view(q, "q"), frame.view(k, "k"), frame.view(v, "v")
+    tq, tk, tv = vq.tensor(layout, "q"), vk.tensor(layout, "k"), vv.tensor(layout, "v")
+    call = _Call(frame, tq.heads, causal=causal, align=align, window=window, softcap=softcap,
+                 alibi_slopes=alibi_slopes, scale=scale, dropout_p=dropout_p, seed=seed,
+                 offset=offset, sinks=sinks, sink_tokens=sink_tokens, score_order=score_order,
+                 backend=backend, isa=isa, threads=threads, deterministic=deterministic)
+    shape = tuple(vq.shape[:3]) + (vv.shape[3],)
+    if out is None:
+        out, vo = frame.empty(shape, vq.dtype, "out")
+    else:
+        vo = frame.writable(out, "out")
+    to = vo.tensor(layout, "out")
+    lse = tl = None
+    if return_lse:
+        lse, vl = frame.empty(_lse_shape(tq.batch, tq.heads, tq.seqlen), _lse_dtype(vq.dtype),
+                              "lse")
+        tl = vl.lse_tensor("lse")
+    last_call.update(q=tq, k=tk, v=tv, out=to)
+    _run("fa_forward", call.ctx, byref(call.params), byref(tq), byref(tk), byref(tv),
+         byref(to), byref(tl) if tl is not None else None)
+    out = frame.result(out)
+    return (out, frame.result(lse)) if return_lse else out
+
+
+@_doc
+def attention_backward(dout, q, k, v, out, lse, *, layout: str = "bshd", causal: bool = False,
+                       align: str = "bottom-right", window: Window = None,
+                       softcap: Optional[float] = None, alibi_slopes=None,
+                       scale: Optional[float] = None, dropout_p: float = 0.0, seed: int = 0,
+                       offset: int = 0, sinks=None, sink_tokens: int = 0,
+                       score_order: str = "softcap-then-alibi", backend: str = "auto",
+                       isa: str = "auto", threads: int = 0, deterministic: bool = False):
+    """Gradients of attention for the cotangent dout (fa_backward): (dq, dk, dv), and with
+    `sinks` also dsinks, d loss / d sink per query head (float32).
+
+    out and lse are the forward's results with the same options (lse (B, Hq, Sq), float64
+    for float64 q); dout is shaped like out. One storage dtype for q, k, v, out and dout.
+    dk and dv of a GQA group sum over its query heads. The options must be the forward's:
+
+    {options}
+    """
+    layout = _layout(layout)
+    frame = Frame(q, "q")
+    names = ("dout", "q", "k", "v", "out")
+    views = [frame.view(x, n) for x, n in zip((dout, q, k, v, out), names)]
+    tg, tq, tk, tv, to = (vw.tensor(layout, n) for vw, n in zip(views, names))
+    tl = frame.view(lse, "lse").lse_tensor("lse")
+    call = _Call(frame, tq.heads, causal=causal, align=align, window=window, softcap=softcap,
+                 alibi_slopes=alibi_slopes, scale=scale, dropout_p=dropout_p, seed=seed,
+                 offset=offset, sinks=sinks, sink_tokens=sink_tokens, score_order=score_order,
+                 backend=backend, isa=isa, threads=threads, deterministic=deterministic)
+    dsinks = call.sink_grad()
+    grads, tgrads = [], []
+    for x, n in zip(views[1:4], ("dq", "dk", "dv")):
+        a, vg = frame.empty(x.shape, x.dtype, n)
+        grads.append(a)
+        tgrads.append(vg.tensor(layout, n))
+    _run("fa_backward", call.ctx, byref(call.params), byref(tq), byref(tk), byref(tv),
+         byref(to), byref(tl), byref(tg), *(byref(t) for t in tgrads))
+    res = tuple(frame.result(a) for a in grads)
+    return res + (frame.from_host(dsinks),) if dsinks is not None else res
+
+
+def merge_states(outs: Sequence, lses: Sequence, *, layout: str = "bshd"):
+    """Merges partial attention states over disjoint key sets (split-KV, ring attention):
+    LSE = ln sum_k exp(LSE_k), O = sum_k exp(LSE_k - LSE) O_k (fa_merge_states). Each out is
+    (B, S, H, D) in `layout`, each lse (B, H, S); the empty state (O = 0, LSE = -inf) is
+    neutral. Returns (out, lse)."""
+    layout = _layout(layout)
+    if len(outs) != len(lses) or not outs:
+        raise N.InvalidArgumentError(f"outs and lses: {len(outs)} and {len(lses)} states; "
+                                     "expected the same number, at least one",
+                                     N.FA_ERR_INVALID_ARGUMENT)
+    frame = Frame(outs[0], "outs[0]")
+    n = len(outs)
+    vo = [frame.view(x, f"outs[{i}]") for i, x in enumerate(outs)]
+    vl = [frame.view(x, f"lses[{i}]") for i, x in enumerate(lses)]
+    to = (N.Tensor * n)(*(x.tensor(layout, f"outs[{i}]") for i, x in enumerate(vo)))
+    tl = (N.Tensor * n)(*(x.lse_tensor(f"lses[{i}]") for i, x in enumerate(vl)))
+    out, vout = frame.empty(vo[0].shape, vo[0].dtype, "out")
+    lse, vlse = frame.empty(vl[0].shape, vl[0].dtype, "lse")
+    t_out, t_lse = vout.tensor(layout, "out"), vlse.lse_tensor("lse")
+    _run("fa_merge_states", n, to, tl, byref(t_out), byref(t_lse))
+    return frame.result(out), frame.result(lse)
+
+
+# ------------------------------------------------------------------ calls of sequences
+
+
+@_doc
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal: bool = False,
+                     align: str = "bottom-right", window: Window = None,
+                     softcap: Optional[float] = None, alibi_slopes=None,
+                     scale: Optional[float] = None, dropout_p: float = 0.0, seed: int = 0,
+                     offset: int = 0, sinks=None, sink_tokens: int = 0,
+                     score_order: str = "softcap-then-alibi", return_lse: bool = False,
+                     backend: str = "auto", isa: str = "auto", threads: int = 0,
+                     deterministic: bool = False):
+    """A variable-length batch (fa_forward_varlen), as FlashAttention's
+    flash_attn_varlen_func: q (total_q, Hq, D), k and v (total_k, Hk, D) packed along the
+    tokens; cu_seqlens_q and cu_seqlens_k (B + 1 int32 or int64 offsets) say where each
+    sequence's rows lie. Each sequence is attended alone (masks aligned within it; it may be
+    empty). Returns out (total_q, Hq, Dv), and with return_lse=True lse (Hq, total_q).
+
+    {options}
+    """
+    frame = Frame(q, "q")
+    vq, vk, vv = frame.view(q, "q"), frame.view(k, "k"), frame.view(v, "v")
+    tq, tk, tv = _packed(vq, "q"), _packed(vk, "k"), _packed(vv, "v")
+    keep_q, iq = _indices(cu_seqlens_q, "cu_seqlens_q")
+    keep_k, ik = _indices(cu_seqlens_k, "cu_seqlens_k")
+    call = _Call(frame, tq.heads, causal=causal, align=align, window=window, softcap=softcap,
+                 alibi_slopes=alibi_slopes, scale=scale, dropout_p=dropout_p, seed=seed,
+                 offset=offset, sinks=sinks, sink_tokens=sink_tokens, score_order=score_order,
+                 backend=backend, isa=isa, threads=threads, deterministic=deterministic)
+    out, vo = frame.empty(tuple(vq.shape[:2]) + (vv.shape[2],), vq.dtype, "out")
+    to = _packed(vo, "out")
+    lse = tl = None
+    if return_lse:
+        lse, vl = frame.empty((tq.heads, tq.seqlen), _lse_dtype(vq.dtype), "lse")
+        tl = _packed_lse(vl)
+    _run("fa_forward_varlen", call.ctx, byref(call.params), byref(tq), byref(tk), byref(tv),
+         byref(iq), byref(ik), byref(to), byref(tl) if tl is not None else None)
+    out = frame.result(out)
+    return (out, frame.result(lse)) if return_lse else out
+
+
+@_doc
+def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *,
+                              causal: bool = False, align: str = "bottom-right",
+                              window: Window = None, softcap: Optional[float] = None,
+                              alibi_slopes=None, scale: Optional[float] = None,
+                              dropout_p: float = 0.0, seed: int = 0, offset: int = 0,
+                              sinks=None, sink_tokens: int = 0,
+                              score_order: str = "softcap-then-alibi", backend: str = "auto",
+                              isa: str = "auto", threads: int = 0,
+                              deterministic: bool = False):
+    """Gradients of a variable-length batch (fa_backward_varlen): (dq, dk, dv) packed as q,
+    k, v, and with `sinks` also dsinks. lse is the forward's (Hq, total_q).
+
+    {options}
+    """
+    frame = Frame(q, "q")
+    names = ("dout", "q", "k", "v", "out")
+    views = [frame.view(x, n) for x, n in zip((dout, q, k, v, out), names)]
+    tg, tq, tk, tv, to = (_packed(vw, n) for vw, n in zip(views, names))
+    tl = _packed_lse(frame.view(lse, "lse"))
+    keep_q, iq = _indices(cu_seqlens_q, "cu_seqlens_q")
+    keep_k, ik = _indices(cu_seqlens_k, "cu_seqlens_k")
+    call = _Call(frame, tq.heads, causal=causal, align=align, window=window, softcap=softcap,
+                 alibi_slopes=alibi_slopes, scale=scale, dropout_p=dropout_p, seed=seed,
+                 offset=offset, sinks=sinks, sink_tokens=sink_tokens, score_order=score_order,
+                 backend=backend, isa=isa, threads=threads, deterministic=deterministic)
+    dsinks = call.sink_grad()
+    grads, tgrads = [], []
+    for x, n in zip(views[1:4], ("dq", "dk", "dv")):
+        a, vg = frame.empty(x.shape, x.dtype, n)
+        grads.append(a)
+        tgrads.append(_packed(vg, n))
+    _run("fa_backward_varlen", call.ctx, byref(call.params), byref(tq), byref(tk), byref(tv),
+         byref(iq), byref(ik), byref(to), byref(tl), byref(tg), *(byref(t) for t in tgrads))
+    res = tuple(frame.result(a) for a in grads)
+    return res + (frame.from_host(dsinks),) if dsinks is not None else res
+
+
+def _pages(block_table, seqused):
+    keep_t, table = _indices(block_table, "block_table")
+    keep_u, used = _indices(seqused, "seqused_k")
+    if keep_t.ndim != 2:
+        raise N.InvalidArgumentError(f"block_table: expected (B, max pages), got shape "
+                                     f"{keep_t.shape}", N.FA_ERR_SHAPE)
+    return (keep_t, keep_u), N.PagedKV(table, keep_t.shape[1], used)
+
+
+def _kv_layout(kv_layout: str) -> str:
+    """FlashInfer's names for a page's layout: NHD (page_size, Hk, D), HND (Hk, page_size, D)."""
+    if kv_layout not in ("nhd", "hnd"):
+        raise N.InvalidArgumentError(f"kv_layout={kv_layout!r}: expected 'nhd' (pages of "
+                                     "(page_size, heads, dim)) or 'hnd' ((heads, page_size, "
+                                     "dim))", N.FA_ERR_INVALID_ARGUMENT)
+    return "bshd" if kv_layout == "nhd" else "bhsd"
+
+
+@_doc
+def attention_paged(q, k_pages, v_pages, block_table, seqused_k, *, layout: str = "bshd",
+                    kv_layout: str = "nhd", causal: bool = False, align: str = "bottom-right",
+                    window: Window = None, softcap: Optional[float] = None, alibi_slopes=None,
+                    scale: Optional[float] = None, sinks=None, sink_tokens: int = 0,
+                    score_order: str = "softcap-then-alibi", return_lse: bool = False,
+                    backend: str = "auto", isa: str = "auto", threads: int = 0):
+    """Attention over a paged KV cache (fa_forward_paged), as vLLM, FlashInfer and
+    FlashAttention's block_table: k_pages and v_pages are (num_pages, page_size, Hk, D)
+    (kv_layout "nhd") or (num_pages, Hk, page_size, D) ("hnd"), any page size >= 1;
+    block_table (B, max pages) page ids and seqused_k (B,) the keys each sequence uses; pages
+    may be shared. q is (B, Sq, Hq, D) in `layout`: each sequence's last Sq positions
+    (bottom-right) for decode (Sq = 1) or a chunk of prefill. Returns out like q, and with
+    return_lse=True lse (B, Hq, Sq). Forward only.
+
+    {options}
+    """
+    layout, kv = _layout(layout), _kv_layout(kv_layout)
+    frame = Frame(q, "q")
+    vq, vk, vv = frame.view(q, "q"), frame.view(k_pages, "k_pages"), frame.view(v_pages, "v_pages")
+    tq, tk, tv = vq.tensor(layout, "q"), vk.tensor(kv, "k_pages"), vv.tensor(kv, "v_pages")
+    keep, pages = _pages(block_table, seqused_k)
+    call = _Call(frame, tq.heads, causal=causal, align=align, window=window, softcap=softcap,
+                 alibi_slopes=alibi_slopes, scale=scale, sinks=sinks, sink_tokens=sink_tokens,
+                 score_order=score_order, backend=backend, isa=isa, threads=threads)
+    out, vo = frame.empty(tuple(vq.shape[:3]) + (vv.shape[3],), vq.dtype, "out")
+    to = vo.tensor(layout, "out")
+    lse = tl = None
+    if return_lse:
+        lse, vl = frame.empty(_lse_shape(tq.batch, tq.heads, tq.seqlen), _lse_dtype(vq.dtype),
+                              "lse")
+        tl = vl.lse_tensor("lse")
+    _run("fa_forward_paged", call.ctx, byref(call.params), byref(tq), byref(tk), byref(tv),
+         byref(pages), byref(to), byref(tl) if tl is not None else None)
+    out = frame.result(out)
+    return (out, frame.result(lse)) if return_lse else out
+
+
+def _cache(frame, k_cache, v_cache, kv, cache_seqlens, block_table):
+    vk, vv = frame.writable(k_cache, "k_cache"), frame.writable(v_cache, "v_cache")
+    tk, tv = vk.tensor(kv, "k_cache"), vv.tensor(kv, "v_cache")
+    if block_table is None:
+        keep, lens = _indices(cache_seqlens, "cache_seqlens")
+        return (keep,), tk, tv, byref(lens), None
+    keep, pages = _pages(block_table, cache_seqlens)
+    return keep, tk, tv, None, byref(pages)
+
+
+def append_kv(k_new, v_new, k_cache, v_cache, cache_seqlens, *, block_table=None,
+              layout: str = "bshd", kv_layout: str = "nhd", backend: str = "auto",
+              threads: int = 0):
+    """Writes k_new and v_new (B, S_new, Hk, D) into a cache at each sequence's current
+    length cache_seqlens[b] (fa_append_kv): a contiguous cache (B, S_cache, Hk, D) in
+    `layout`, or pages (num_pages, page_size, Hk, D) in `kv_layout` with `block_table`. A
+    sequence without room is refused with nothing written. cache_seqlens is not changed (add
+    S_new yourself)."""
+    layout = _layout(layout)
+    kv = _kv_layout(kv_layout) if block_table is not None else layout
+    frame = Frame(k_cache, "k_cache")
+    tkn = frame.view(k_new, "k_new").tensor(layout, "k_new")
+    tvn = frame.view(v_new, "v_new").tensor(layout, "v_new")
+    keep, tk, tv, lens, pages = _cache(frame, k_cache, v_cache, kv, cache_seqlens, block_table)
+    ctx = _Call(frame, backend=backend, threads=threads).ctx
+    _run("fa_append_kv", ctx, byref(tkn), byref(tvn), byref(tk), byref(tv), lens, pages)
+
+
+@_doc
+def attention_kvcache(q, k_cache, v_cache, *, cache_seqlens, k_new=None, v_new=None,
+                      block_table=None, layout: str = "bshd", kv_layout: str = "nhd",
+                      causal: bool = False, align: str = "bottom-right", window: Window = None,
+                      softcap: Optional[float] = None, alibi_slopes=None,
+                      scale: Optional[float] = None, sinks=None, sink_tokens: int = 0,
+                      score_order: str = "softcap-then-alibi", return_lse: bool = False,
+                      backend: str = "auto", isa: str = "auto", threads: int = 0):
+    """FlashAttention's flash_attn_with_kvcache (fa_forward_kvcache): appends k_new and v_new
+    (if given) to the cache at cache_seqlens, then attends each sequence's Sq query rows to
+    its cache_seqlens[b] + S_new keys. The cache is contiguous (B, S_cache, Hk, D) in
+    `layout`, or paged with `block_table` (kv_layout as attention_paged's). All or nothing:
+    a cache without room is refused with nothing written. Returns out (and lse).
+
+    {options}
+    """
+    layout = _layout(layout)
+    kv = _kv_layout(kv_layout) if block_table is not None else layout
+    frame = Frame(q, "q")
+    vq = frame.view(q, "q")
+    tq = vq.tensor(layout, "q")
+    tkn = tvn = None
+    if k_new is not None or v_new is not None:
+        if k_new is None or v_new is None:
+            raise N.InvalidArgumentError("k_new and v_new: give both or neither",
+                                         N.FA_ERR_INVALID_ARGUMENT)
+        tkn = frame.view(k_new, "k_new").tensor(layout, "k_new")
+        tvn = frame.view(v_new, "v_new").tensor(layout, "v_new")
+    keep, tk, tv, lens, pages = _cache(frame, k_cache, v_cache, kv, cache_seqlens, block_table)
+    call = _Call(frame, tq.heads, causal=causal, align=align, window=window, softcap=softcap,
+                 alibi_slopes=alibi_slopes, scale=scale, sinks=sinks, sink_tokens=sink_tokens,
+                 score_order=score_order, backend=backend, isa=isa, threads=threads)
+    dv = tv.headdim
+    out, vo = frame.empty(tuple(vq.shape[:3]) + (dv,), vq.dtype, "out")
+    to = vo.tensor(layout, "out")
+    lse = tl = None
+    if return_lse:
+        lse, vl = frame.empty(_lse_shape(tq.batch, tq.heads, tq.seqlen), _lse_dtype(vq.dtype),
+                              "lse")
+        tl = vl.lse_tensor("lse")
+    _run("fa_forward_kvcache", call.ctx, byref(call.params), byref(tq), byref(tk), byref(tv),
+         byref(tkn) if tkn is not None else None, byref(tvn) if tvn is not None else None,
+         lens, pages, byref(to), byref(tl) if tl is not None else None)
+    out = frame.result(out)
+    return (out, frame.result(lse)) if return_lse else out

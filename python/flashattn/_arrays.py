@@ -1,0 +1,346 @@
+"""Arrays of numpy, PyTorch, JAX and CuPy as the library's tensors, and results in the
+caller's framework.
+
+An input is read where it lies: a numpy array (ml_dtypes' bfloat16 included) through its own
+pointer and strides, any other array through DLPack (``__dlpack__``), so no input is copied,
+whatever its strides; the library itself refuses what it cannot read (a head dim that is not
+contiguous, a negative stride) with a message naming the argument. The one exception is a
+JAX array on a GPU, which cannot be written in place: its inputs are copied to the host and
+its results put back on its device (flashattn.attention's docstring says so).
+"""
+from __future__ import annotations
+
+import ctypes
+from ctypes import POINTER, Structure, c_int32, c_int64, c_uint8, c_uint16, c_uint64, c_void_p
+
+import numpy as np
+
+from . import _native as N
+
+# ------------------------------------------------------------------ DLPack (dlpack.h, v0.8)
+
+KDL_CPU, KDL_CUDA, KDL_CUDA_HOST, KDL_CUDA_MANAGED = 1, 2, 3, 13
+KDL_FLOAT, KDL_BFLOAT = 2, 4
+
+
+class _DLDevice(Structure):
+    _fields_ = [("device_type", c_int32), ("device_id", c_int32)]
+
+
+class _DLDataType(Structure):
+    _fields_ = [("code", c_uint8), ("bits", c_uint8), ("lanes", c_uint16)]
+
+
+class _DLTensor(Structure):
+    _fields_ = [("data", c_void_p), ("device", _DLDevice), ("ndim", c_int32),
+                ("dtype", _DLDataType), ("shape", POINTER(c_int64)),
+                ("strides", POINTER(c_int64)), ("byte_offset", c_uint64)]
+
+
+class _DLManagedTensor(Structure):
+    _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", c_void_p), ("deleter", c_void_p)]
+
+
+_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer.restype = c_void_p
+_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+
+_DL_DTYPES = {(KDL_FLOAT, 16): N.F16, (KDL_FLOAT, 32): N.F32, (KDL_FLOAT, 64): N.F64,
+              (KDL_BFLOAT, 16): N.BF16}
+
+# ------------------------------------------------------------------ dtypes
+
+
+def _bf16_numpy():
+    """ml_dtypes' bfloat16, or None without it."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        return None
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+_NP_DTYPES = {np.dtype(np.float32): N.F32, np.dtype(np.float64): N.F64,
+              np.dtype(np.float16): N.F16}
+
+
+def numpy_dtype(dtype: int) -> np.dtype:
+    """The numpy dtype of an fa_dtype (bfloat16 needs ml_dtypes)."""
+    if dtype == N.BF16:
+        bf16 = _bf16_numpy()
+        if bf16 is None:
+            raise ImportError("flashattn: bfloat16 numpy arrays need ml_dtypes "
+                              "(pip install ml_dtypes)")
+        return bf16
+    return {N.F32: np.dtype(np.float32), N.F64: np.dtype(np.float64),
+            N.F16: np.dtype(np.float16)}[dtype]
+
+
+def _fa_dtype_of_numpy(dt: np.dtype, name: str) -> int:
+    code = _NP_DTYPES.get(dt)
+    if code is None and dt.name == "bfloat16":
+        code = N.BF16
+    if code is None:
+        raise TypeError(f"{name}: dtype {dt} is not one the library stores (float64, float32, "
+                        "float16, bfloat16)")
+    return code
+
+
+# ------------------------------------------------------------------ an array as the library sees it
+
+
+class View:
+    """One array: its data pointer, fa_dtype, shape and strides in elements, and where it
+    lives (device type and id, DLPack's); ``keep`` holds what keeps the memory alive."""
+
+    __slots__ = ("ptr", "dtype", "shape", "strides", "device", "keep")
+
+    def __init__(self, ptr, dtype, shape, strides, device, keep):
+        self.ptr, self.dtype, self.shape, self.strides = ptr, dtype, shape, strides
+        self.device, self.keep = device, keep
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device[0] in (KDL_CUDA, KDL_CUDA_MANAGED)
+
+    def tensor(self, layout: str, name: str) -> N.Tensor:
+        """The 4-D fa_tensor of a (B, S, H, D) array ("bshd") or a (B, H, S, D) one ("bhsd")."""
+        if len(self.shape) != 4:
+            raise N.InvalidArgumentError(
+                f"{name}: expected 4 dims ({'B, S, H, D' if layout == 'bshd' else 'B, H, S, D'}"
+                f" for layout {layout!r}), got shape {self.shape}", N.FA_ERR_SHAPE)
+        (b, s, h, d), (sb, ss, sh, sd) = self._order(layout, self.shape), self._order(layout, self.strides)
+        return N.Tensor(self.ptr, self.dtype, b, s, h, d, sb, ss, sh, sd)
+
+    def lse_tensor(self, name: str) -> N.Tensor:
+        """The fa_tensor of a (B, H, S) LSE array (batch x seqlen x heads, headdim 1)."""
+        if len(self.shape) != 3:
+            raise N.InvalidArgumentError(f"{name}: expected 3 dims (B, H, S), got shape "
+                                         f"{self.shape}", N.FA_ERR_SHAPE)
+        (b, h, s), (sb, sh, ss) = self.shape, self.strides
+        return N.Tensor(self.ptr, self.dtype, b, s, h, 1, sb, ss, sh, 1)
+
+    @staticmethod
+    def _order(layout, x):
+        return (x[0], x[2], x[1], x[3]) if layout == "bhsd" else tuple(x)
+
+
+def _numpy_view(x: np.ndarray, name: str, dtype: int | None = None) -> View:
+    code = _fa_dtype_of_numpy(x.dtype, name) if dtype is None else dtype
+    item = x.itemsize
+    if not x.flags.aligned:  # (aligned: the pointer and every stride whole elements)
+        raise N.InvalidArgumentError(f"{name}: the array is not aligned to its {item}-byte "
+                                     f"elements (strides {x.strides} bytes)", N.FA_ERR_STRIDE)
+    return View(x.ctypes.data, code, x.shape, [s // item for s in x.strides], (KDL_CPU, 0), x)
+
+
+def host_view(x: np.ndarray, dtype: int, name: str) -> View:
+    """A numpy array whose elements are stored as `dtype` (bfloat16 bits in uint16, say)."""
+    return _numpy_view(x, name, dtype)
+
+
+def _stream_of(framework: str, device_id: int) -> int:
+    """The framework's current CUDA stream on that device, as a cudaStream_t (0: the legacy
+    default stream)."""
+    if framework == "torch":
+        import torch
+        return torch.cuda.current_stream(device_id).cuda_stream
+    if framework == "cupy":
+        import cupy
+        with cupy.cuda.Device(device_id):
+            return cupy.cuda.get_current_stream().ptr
+    return 0
+
+
+def _dlpack_view(x, name: str, framework: str) -> tuple[View, int]:
+    dev_type, dev_id = x.__dlpack_device__()
+    dev_type, dev_id = int(dev_type), int(dev_id)
+    stream = 0
+    if dev_type in (KDL_CUDA, KDL_CUDA_MANAGED):
+        stream = _stream_of(framework, dev_id)
+        capsule = x.__dlpack__(stream=stream or 1)  # 1: DLPack's legacy default stream
+    elif dev_type in (KDL_CPU, KDL_CUDA_HOST):
+        capsule = x.__dlpack__()
+    else:
+        raise N.InvalidArgumentError(f"{name}: arrays on DLPack device type {dev_type} are not "
+                                     "supported (CPU or CUDA)", N.FA_ERR_INVALID_ARGUMENT)
+    managed = _DLManagedTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
+    t = managed.dl_tensor
+    code = _DL_DTYPES.get((t.dtype.code, t.dtype.bits))
+    if code is None or t.dtype.lanes != 1:
+        raise TypeError(f"{name}: DLPack dtype (code {t.dtype.code}, {t.dtype.bits} bits, "
+                        f"{t.dtype.lanes} lanes) is not one the library stores (float64, "
+                        "float32, float16, bfloat16)")
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    if t.strides:
+        strides = tuple(t.strides[i] for i in range(t.ndim))
+    else:  # compact row-major
+        strides, acc = [], 1
+        for n in reversed(shape):
+            strides.append(acc)
+            acc *= n
+        strides = tuple(reversed(strides))
+    # the capsule's destructor calls the producer's deleter once the view is dropped
+    view = View((t.data or 0) + t.byte_offset, code, shape, strides,
+                (KDL_CPU if dev_type == KDL_CUDA_HOST else dev_type, dev_id), (x, capsule))
+    return view, stream
+
+
+def framework_of(x) -> str:
+    if isinstance(x, np.ndarray):
+        return "numpy"
+    mod = type(x).__module__.split(".")[0]
+    if mod in ("torch", "jax", "jaxlib", "cupy"):
+        return "jax" if mod == "jaxlib" else mod
+    if hasattr(x, "__dlpack__"):
+        return "dlpack"
+    raise TypeError(f"expected an array (numpy, PyTorch, JAX, CuPy or any with __dlpack__), "
+                    f"got {type(x).__name__}")
+
+
+class Frame:
+    """The framework of a call's arrays: reads them (``view``), allocates its results
+    (``empty``) and hands them back (``result``), on the arrays' device and stream."""
+
+    def __init__(self, first, name: str):
+        self.framework = framework_of(first)
+        self.stream = 0
+        self.host_copy = False  # a JAX GPU array: computed on the host
+        self.device = (KDL_CPU, 0)
+        self.template = first
+        if self.framework in ("numpy",):
+            return
+        dev_type, dev_id = first.__dlpack_device__()
+        self.device = (int(dev_type), int(dev_id))
+        if self.framework == "jax" and self.device[0] != KDL_CPU:
+            self.host_copy = True
+            self.device = (KDL_CPU, 0)
+
+    @property
+    def on_gpu(self) -> bool:
+        return self.device[0] in (KDL_CUDA, KDL_CUDA_MANAGED)
+
+    def view(self, x, name: str) -> View:
+        fw = framework_of(x)
+        if fw != self.framework:
+            raise TypeError(f"{name}: a {fw} array among {self.framework} arrays: pass one "
+                            "framework's arrays")
+        if fw == "numpy":
+            return _numpy_view(x, name)
+        if self.host_copy:
+            return _numpy_view(np.asarray(x), name)
+        v, stream = _dlpack_view(x, name, fw)
+        if v.device != self.device:
+            raise N.InvalidArgumentError(f"{name}: on device {v.device}, the call's arrays on "
+                                         f"{self.device} (DLPack device type, id)",
+                                         N.FA_ERR_INVALID_ARGUMENT)
+        self.stream = stream or self.stream
+        return v
+
+    def writable(self, x, name: str) -> View:
+        """A caller's output array (out=, lse=): written in place."""
+        if self.framework == "jax":
+            raise TypeError(f"{name}: JAX arrays are immutable: leave {name} out and take the "
+                            "result")
+        if isinstance(x, np.ndarray) and not x.flags.writeable:
+            raise N.InvalidArgumentError(f"{name}: the array is read-only",
+                                         N.FA_ERR_INVALID_ARGUMENT)
+        return self.view(x, name)
+
+    def empty(self, shape, dtype: int, name: str):
+        """A new array of the call's framework and device, and its view."""
+        fw = self.framework
+        if fw == "torch":
+            import torch
+            tdt = {N.F32: torch.float32, N.F64: torch.float64, N.F16: torch.float16,
+                   N.BF16: torch.bfloat16}[dtype]
+            dev = self.template.device
+            a = torch.empty(shape, dtype=tdt, device=dev)
+            return a, self.view(a, name)
+        if fw == "cupy":
+            import cupy
+            with cupy.cuda.Device(self.device[1]):
+                a = cupy.empty(shape, dtype=numpy_dtype(dtype))
+            return a, self.view(a, name)
+        a = np.empty(shape, dtype=numpy_dtype(dtype))
+        return a, _numpy_view(a, name)
+
+    def result(self, a):
+        """A result array as the caller's framework holds it (a JAX array is made from the
+        host buffer the call wrote, on the device of the call's arrays)."""
+        if self.framework == "jax":
+            import jax
+            return jax.device_put(a, next(iter(self.template.devices())))
+        return a
+
+    def from_host(self, a: np.ndarray):
+        """A small host result (the sink gradient) in the caller's framework and device."""
+        if self.framework == "torch":
+            import torch
+            return torch.from_numpy(a).to(self.template.device)
+        if self.framework == "cupy":
+            import cupy
+            with cupy.cuda.Device(self.device[1]):
+                return cupy.asarray(a)
+        return self.result(a)
+
+
+def index_array(x, name: str) -> tuple[np.ndarray, int]:
+    """An int32 or int64 vector or matrix of offsets, lengths or page ids on the host (the
+    library reads them there: a device array is copied), and its fa_index_type."""
+    if not isinstance(x, np.ndarray):
+        fw = framework_of(x)
+        if fw == "torch":
+            x = x.detach().cpu().numpy()
+        elif fw == "cupy":
+            x = x.get()
+        else:
+            x = np.asarray(x)
+    if x.dtype == np.int32:
+        kind = N.INDEX_INT32
+    elif x.dtype == np.int64:
+        kind = N.INDEX_INT64
+    else:
+        raise TypeError(f"{name}: expected int32 or int64 entries, got {x.dtype}")
+    return np.ascontiguousarray(x), kind
+
+
+def float_vector(x, name: str, n: int) -> np.ndarray | None:
+    """Per-head parameters (ALiBi slopes, sink logits): n values as contiguous float32 on the
+    host (the library reads n of them)."""
+    if x is None:
+        return None
+    if not isinstance(x, np.ndarray):
+        fw = framework_of(x) if not isinstance(x, (list, tuple)) else "list"
+        if fw == "torch":
+            x = x.detach().float().cpu().numpy()
+        elif fw == "cupy":
+            x = x.get()
+        else:
+            x = np.asarray(x)
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    if x.shape != (n,):
+        raise N.InvalidArgumentError(f"{name}: expected one value per query head, shape "
+                                     f"({n},), got {x.shape}", N.FA_ERR_SHAPE)
+    return x
+
+
+def to_host(x):
+    """A copy on the host as numpy, its values exactly (bfloat16 as bfloat16 where ml_dtypes
+    is installed, else as its bits in uint16 with ``bf16 = True``)."""
+    if isinstance(x, np.ndarray):
+        return x, x.dtype.name == "bfloat16"
+    fw = framework_of(x)
+    if fw == "torch":
+        import torch
+        t = x.detach()
+        if t.dtype == torch.bfloat16:
+            bits = t.contiguous().view(torch.int16).cpu().numpy().view(np.uint16)
+            bf16 = _bf16_numpy()
+            return (bits.view(bf16), True) if bf16 is not None else (bits, True)
+        return t.cpu().numpy(), False
+    if fw == "cupy":
+        return x.get(), False
+    a = np.asarray(x)
+    return a, a.dtype.name == "bfloat16"
+

@@ -1,0 +1,338 @@
+"""The oracle: a candidate kernel's results against the float64 reference, under the
+tolerance rule of docs/DESIGN.md §4 (fa_compare) and a kernel family's conventions (the
+library's convention profiles, fa_profile_find), as ``flashattn check`` does."""
+from __future__ import annotations
+
+import math
+from ctypes import byref
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+
+from . import _native as N
+from ._api import (_Call, _indices, _kv_layout, _layout, _lse_dtype, _packed, _packed_lse,
+                   _pages)
+from ._arrays import Frame, View, host_view, numpy_dtype, to_host
+
+_NAMES = ("out", "lse", "dq", "dk", "dv")
+
+
+@dataclass
+class TensorReport:
+    """One candidate tensor against the reference (fa_comparison)."""
+
+    name: str
+    passed: bool
+    max_abs: float
+    max_rel: float
+    nmse: float
+    worst_index: Tuple[int, ...]  # in the candidate's own index order
+    worst_candidate: float
+    worst_reference: float
+    nonfinite_mismatches: int
+    bound: float
+    baseline_error: float
+    rule: str
+
+    def __str__(self) -> str:
+        at = "[" + ",".join(map(str, self.worst_index)) + "]"
+        return (f"{self.name:<4} {'PASS' if self.passed else 'FAIL':<7} {self.max_abs:10.3g} "
+                f"{self.max_rel:10.3g} {self.nmse:10.3g} {at:<22} {self.worst_candidate:13.6g} "
+                f"{self.worst_reference:13.6g} {self.nonfinite_mismatches:9d}\n"
+                f"     rule: {self.rule}")
+
+
+@dataclass
+class CheckReport:
+    """What flashattn.check found: a verdict per candidate tensor and one for all. True in a
+    boolean context when every tensor passes; str() is a table like ``flashattn check``'s."""
+
+    passed: bool
+    profile: str
+    storage_dtype: str
+    explicit_rule: bool
+    tensors: Dict[str, TensorReport] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return self.passed
+
+    def __getitem__(self, name: str) -> TensorReport:
+        return self.tensors[name]
+
+    def __str__(self) -> str:
+        head = ("reference float64; explicit tolerance" if self.explicit_rule else
+                f"reference float64; yardstick conventional {self.storage_dtype}")
+        lines = [f"flashattn check: {head}; profile {self.profile}",
+                 f"{'':<4} {'verdict':<7} {'max abs':>10} {'max rel':>10} {'nmse':>10} "
+                 f"{'worst index':<22} {'candidate':>13} {'reference':>13} {'nan/inf':>9}"]
+        lines += [str(t) for t in self.tensors.values()]
+        lines.append(f"verdict: {'PASS' if self.passed else 'FAIL'}")
+        return "\n".join(lines)
+
+
+def profile_names() -> Tuple[str, ...]:
+    """The convention profiles the library knows (README.md, "Convention profiles")."""
+    names, i = [], 0
+    while True:
+        p = N.lib.fa_profile_at(i)
+        if not p:
+            return tuple(names)
+        names.append(p.contents.name.decode())
+        i += 1
+
+
+def _profile(name: str):
+    p = N.lib.fa_profile_find(name.encode()) if isinstance(name, str) else None
+    if not p:
+        raise N.InvalidArgumentError(f"profile={name!r}: expected one of "
+                                     f"{', '.join(profile_names())}", N.FA_ERR_INVALID_ARGUMENT)
+    return p
+
+
+class _Host:
+    """An array copied to the host with its storage dtype (bfloat16 as uint16 bits where
+    ml_dtypes is absent), and views of it in any dtype."""
+
+    def __init__(self, x, name: str):
+        a, bf16 = to_host(x)
+        self.name = name
+        self.dtype = N.BF16 if bf16 else {np.dtype(np.float32): N.F32, np.dtype(np.float64): N.F64,
+                                          np.dtype(np.float16): N.F16}.get(a.dtype)
+        if self.dtype is None:
+            raise TypeError(f"{name}: dtype {a.dtype} is not one the library stores (float64, "
+                            "float32, float16, bfloat16)")
+        self.array = a
+
+    def view(self) -> View:
+        return host_view(self.array, self.dtype, self.name)
+
+    def converted(self, dtype: int) -> View:
+        """A contiguous copy in `dtype` (fa_convert: exact widening, one rounding down)."""
+        src = np.ascontiguousarray(self.array)
+        dst = _host_empty(src.shape, dtype)
+        N.check_status(N.lib.fa_convert(src.ctypes.data, self.dtype, dst.ctypes.data, dtype,
+                                        src.size), f"{self.name}: convert")
+        return host_view(dst, dtype, self.name)
+
+
+def _host_empty(shape, dtype: int) -> np.ndarray:
+    """Host storage for `dtype` (bfloat16 as uint16)."""
+    return np.empty(shape, dtype=np.uint16 if dtype == N.BF16 else numpy_dtype(dtype))
+
+
+class _Shape:
+    """How the call's tensors map to fa_tensors: dense (layout), varlen or paged."""
+
+    def __init__(self, layout: str, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k,
+                 kv_layout: str):
+        self.varlen = cu_seqlens_q is not None or cu_seqlens_k is not None
+        self.paged = block_table is not None or seqused_k is not None
+        if self.varlen and (cu_seqlens_q is None or cu_seqlens_k is None):
+            raise N.InvalidArgumentError("cu_seqlens_q and cu_seqlens_k: give both or neither",
+                                         N.FA_ERR_INVALID_ARGUMENT)
+        if self.paged and (block_table is None or seqused_k is None):
+            raise N.InvalidArgumentError("block_table and seqused_k: give both or neither",
+                                         N.FA_ERR_INVALID_ARGUMENT)
+        if self.varlen and self.paged:
+            raise N.InvalidArgumentError("cu_seqlens_* with block_table: a variable-length q "
+                                         "over pages is not supported",
+                                         N.FA_ERR_UNSUPPORTED)
+        self.layout = _layout(layout)
+        self.kv = _kv_layout(kv_layout) if self.paged else self.layout
+        self.cu = (cu_seqlens_q, cu_seqlens_k)
+        self.pages = (block_table, seqused_k)
+
+    def qt(self, v: View, name: str) -> N.Tensor:
+        return _packed(v, name) if self.varlen else v.tensor(self.layout, name)
+
+    def kt(self, v: View, name: str) -> N.Tensor:
+        return _packed(v, name) if self.varlen else v.tensor(self.kv, name)
+
+    def lt(self, v: View) -> N.Tensor:
+        return _packed_lse(v) if self.varlen else v.lse_tensor("lse")
+
+    def lse_shape(self, tq: N.Tensor) -> tuple:
+        return (tq.heads, tq.seqlen) if self.varlen else (tq.batch, tq.heads, tq.seqlen)
+
+    def index(self, name: str, worst) -> Tuple[int, ...]:
+        """fa_comparison's [batch, seq, head, dim] in the candidate array's own order."""
+        b, s, h, d = (int(x) for x in worst)
+        if name == "lse":
+            return (h, s) if self.varlen else (b, h, s)
+        if self.varlen:
+            return (s, h, d)
+        kv_side = name in ("dk", "dv") and self.paged
+        order = self.kv if kv_side else self.layout
+        return (b, h, s, d) if order == "bhsd" else (b, s, h, d)
+
+
+def _run_all(shape: _Shape, call: _Call, ins: Dict[str, View], grads: bool,
+             dtype: int) -> Dict[str, np.ndarray]:
+    """Forward (and backward) of one backend on inputs already in `dtype`; host results."""
+    tq, tk, tv = shape.qt(ins["q"], "q"), shape.kt(ins["k"], "k"), shape.kt(ins["v"], "v")
+    res, views = {}, {}
+    out_shape = tuple(ins["q"].shape[:-1]) + (ins["v"].shape[-1],)
+    res["out"] = _host_empty(out_shape, dtype)
+    res["lse"] = _host_empty(shape.lse_shape(tq), _lse_dtype(dtype))
+    views["out"] = host_view(res["out"], dtype, "out")
+    views["lse"] = host_view(res["lse"], _lse_dtype(dtype), "lse")
+    to, tl = shape.qt(views["out"], "out"), shape.lt(views["lse"])
+    p = byref(call.params)
+    if shape.varlen:
+        (kq, iq), (kk, ik) = _indices(shape.cu[0], "cu_seqlens_q"), _indices(shape.cu[1],
+                                                                             "cu_seqlens_k")
+        N.check_status(N.lib.fa_forward_varlen(call.ctx, p, byref(tq), byref(tk), byref(tv),
+                                               byref(iq), byref(ik), byref(to), byref(tl)),
+                       "reference forward")
+    elif shape.paged:
+        keep, pages = _pages(*shape.pages)
+        N.check_status(N.lib.fa_forward_paged(call.ctx, p, byref(tq), byref(tk), byref(tv),
+                                              byref(pages), byref(to), byref(tl)),
+                       "reference forward")
+    else:
+        N.check_status(N.lib.fa_forward(call.ctx, p, byref(tq), byref(tk), byref(tv), byref(to),
+                                        byref(tl)), "reference forward")
+    if not grads:
+        return res
+    tg = shape.qt(ins["dout"], "dout")
+    tgrads = []
+    for n, src in (("dq", "q"), ("dk", "k"), ("dv", "v")):
+        res[n] = _host_empty(ins[src].shape, dtype)
+        views[n] = host_view(res[n], dtype, n)
+        tgrads.append(shape.qt(views[n], n) if n == "dq" else shape.kt(views[n], n))
+    if shape.varlen:
+        N.check_status(N.lib.fa_backward_varlen(call.ctx, p, byref(tq), byref(tk), byref(tv),
+                                                byref(iq), byref(ik), byref(to), byref(tl),
+                                                byref(tg), *map(byref, tgrads)), "backward")
+    else:
+        N.check_status(N.lib.fa_backward(call.ctx, p, byref(tq), byref(tk), byref(tv),
+                                         byref(to), byref(tl), byref(tg), *map(byref, tgrads)),
+                       "backward")
+    return res
+
+
+def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
+          profile: str = "flashattn", dtype: Optional[str] = None, atol: Optional[float] = None,
+          rtol: Optional[float] = None, layout: str = "bshd", causal: bool = False,
+          align: Optional[str] = None, window=None, softcap: Optional[float] = None,
+          alibi_slopes=None, scale: Optional[float] = None, dropout_p: float = 0.0,
+          seed: int = 0, offset: int = 0, sinks=None, sink_tokens: int = 0,
+          score_order: Optional[str] = None, cu_seqlens_q=None, cu_seqlens_k=None,
+          block_table=None, seqused_k=None, kv_layout: str = "nhd",
+          threads: int = 0) -> CheckReport:
+    """Checks a candidate kernel's results (out, lse, dq, dk, dv: any of them) for the inputs
+    q, k, v (and dout, the cotangent, for gradients) against the float64 reference, as
+    ``flashattn check`` does: with no atol/rtol, each tensor's max error must be within
+    2x (3x for gradients) the conventional path's error in the candidate's storage dtype on
+    the same inputs, plus eps(dtype) x max(1, |ref|); with atol or rtol, every element within
+    atol + rtol |ref|. NaN and inf must match exactly. Returns a CheckReport (true when every
+    tensor passes; print it for the table).
+
+    Arrays of any framework (GPU ones are copied to the host for the reference). dtype: the
+    candidate's storage dtype ("float16", "bfloat16", "float32", "float64"; default: that of
+    its first output, else q's). profile: a kernel family's conventions ("flashattn",
+    "fa2", "fa3", "pytorch", "flashinfer", "xformers", "ggml"): its causal alignment and
+    ALiBi/softcap order unless align / score_order say otherwise, its LSE's base and
+    empty-row value, and, for xformers and ggml, an int window counting keys (W: window
+    (W - 1, 0)). The other options are flashattn.attention's, plus a variable-length batch
+    (cu_seqlens_q, cu_seqlens_k; packed (total, H, D) arrays, lse (H, total)) or a paged K/V
+    (block_table, seqused_k, kv_layout; forward only).
+    """
+    cands = {n: x for n, x in zip(_NAMES, (out, lse, dq, dk, dv)) if x is not None}
+    if not cands:
+        raise N.InvalidArgumentError("give at least one candidate: out, lse, dq, dk or dv",
+                                     N.FA_ERR_INVALID_ARGUMENT)
+    pf = _profile(profile).contents
+    grads = any(n in cands for n in ("dq", "dk", "dv"))
+    shape = _Shape(layout, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, kv_layout)
+    if grads and dout is None:
+        raise N.InvalidArgumentError("dq, dk, dv: gradient candidates need dout, the cotangent",
+                                     N.FA_ERR_INVALID_ARGUMENT)
+    if grads and shape.paged:
+        raise N.InvalidArgumentError("dq, dk, dv: a paged K/V is forward only",
+                                     N.FA_ERR_UNSUPPORTED)
+    if "lse" in cands and not pf.has_lse:
+        raise N.InvalidArgumentError(f"lse: profile {profile}: these kernels return no LSE",
+                                     N.FA_ERR_INVALID_ARGUMENT)
+    if isinstance(window, (int, np.integer)) and pf.window_is_count:
+        if window < 1:
+            raise N.InvalidArgumentError(f"window={window}: profile {profile} counts keys, "
+                                         "the query's own included: expected W >= 1",
+                                         N.FA_ERR_INVALID_ARGUMENT)
+        window = (int(window) - 1, 0)
+    align = align or ("top-left" if pf.align == N.ALIGNS["top-left"] else "bottom-right")
+    if score_order is None:
+        score_order = ("alibi-then-softcap" if pf.score_order else "softcap-then-alibi")
+
+    inputs = {"q": q, "k": k, "v": v}
+    if grads:
+        inputs["dout"] = dout
+    hin = {n: _Host(x, n) for n, x in inputs.items()}
+    hc = {n: _Host(x, n) for n, x in cands.items()}
+    if dtype is not None:
+        names = {"float32": N.F32, "float64": N.F64, "float16": N.F16, "bfloat16": N.BF16}
+        if dtype not in names:
+            raise N.InvalidArgumentError(f"dtype={dtype!r}: expected one of "
+                                         f"{', '.join(names)}", N.FA_ERR_INVALID_ARGUMENT)
+        dt = names[dtype]
+    else:
+        dt = next((c.dtype for n, c in hc.items() if n != "lse"), hin["q"].dtype)
+    explicit = (atol or 0) > 0 or (rtol or 0) > 0
+    host = Frame(np.empty(0), "host")  # the reference and the yardstick run on the host
+    hq = hin["q"].array.shape[-2 if shape.varlen or shape.layout == "bshd" else 1]
+    opts = dict(causal=causal, align=align, window=window, softcap=softcap,
+                alibi_slopes=alibi_slopes, scale=scale, dropout_p=dropout_p, seed=seed,
+                offset=offset, sinks=sinks, sink_tokens=sink_tokens, score_order=score_order,
+                threads=threads)
+    ref = _run_all(shape, _Call(host, hq, backend="reference", **opts),
+                   {n: h.converted(N.F64) for n, h in hin.items()}, grads, N.F64)
+    base = None
+    if not explicit:
+        base = _run_all(shape, _Call(host, hq, backend="conventional", **opts),
+                        {n: h.converted(dt) for n, h in hin.items()}, grads, dt)
+    for n, c in hc.items():
+        if tuple(c.array.shape) != tuple(ref[n].shape):
+            raise N.InvalidArgumentError(f"{n}: shape {tuple(c.array.shape)} does not match the "
+                                         f"{n} the inputs give, {tuple(ref[n].shape)}",
+                                         N.FA_ERR_SHAPE)
+    if "lse" in cands:
+        _lse_as_candidate_writes_it(pf, ref, hc["lse"])
+        if base is not None:
+            _lse_as_candidate_writes_it(pf, base, hc["lse"])
+
+    def tensor_of(v: View, n: str) -> N.Tensor:
+        if n == "lse":
+            return shape.lt(v)
+        return shape.qt(v, n) if n in ("out", "dq") else shape.kt(v, n)
+
+    report = CheckReport(True, profile, N.DTYPE_NAMES[dt], explicit)
+    for n, c in hc.items():
+        tc, tr = tensor_of(c.view(), n), tensor_of(host_view(ref[n], N.F64, n), n)
+        tb = None
+        if base is not None:
+            tb = tensor_of(host_view(base[n], _lse_dtype(dt) if n == "lse" else dt, n), n)
+        tol = N.Tolerance(3.0 if n in ("dq", "dk", "dv") else 2.0, atol or 0.0, rtol or 0.0)
+        r = N.Comparison()
+        N.check_status(N.lib.fa_compare(byref(tc), byref(tr), byref(tb) if tb else None,
+                                        byref(tol), byref(r)), f"{n}: compare")
+        t = TensorReport(n, bool(r.pass_), r.max_abs, r.max_rel, r.nmse,
+                         shape.index(n, r.worst), r.worst_cand, r.worst_ref,
+                         int(r.nonfinite_mismatches), r.bound, r.baseline_err,
+                         r.rule.decode(errors="replace"))
+        report.tensors[n] = t
+        report.passed &= t.passed
+    return report
+
+
+def _lse_as_candidate_writes_it(pf, res: Dict[str, np.ndarray], cand: _Host) -> None:
+    """A reference's (or yardstick's) LSE in the profile's convention (fa_lse_to_profile),
+    and, where the profile's kernels write no defined value for an empty row, the candidate's
+    own value there, so that those rows are not compared (as ``flashattn check``)."""
+    a = res["lse"]
+    v = host_view(a, N.F64 if a.dtype == np.float64 else N.F32, "lse")
+    t = v.lse_tensor("lse") if a.ndim == 3 else _packed_lse(v)
+    N.check_status(N.lib.fa_lse_to_profile(byref(pf), byref(t)), "lse")
+    if pf.empty_lse == N.EMPTY_LSE_ANY:
+        c = cand.converted(N.F64).keep
+        res["lse"] = np.where(a == -math.inf, c, a).astype(a.dtype)
