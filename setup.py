@@ -17,6 +17,11 @@ from setuptools import setup
 from setuptools.command.build_py import build_py
 from setuptools.dist import Distribution
 
+try:
+    from setuptools.command.bdist_wheel import bdist_wheel
+except ImportError:  # setuptools < 70.1
+    from wheel.bdist_wheel import bdist_wheel
+
 ROOT = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -61,4 +66,13 @@ class BinaryDistribution(Distribution):
         return True
 
 
-setup(cmdclass={"build_py": BuildWithLibrary}, distclass=BinaryDistribution)
+class AnyPythonWheel(bdist_wheel):
+    """... for any Python 3: the package reaches the library through ctypes, not the CPython
+    ABI (py3-none-<platform>)."""
+
+    def get_tag(self):
+        return ("py3", "none", super().get_tag()[2])
+
+
+setup(cmdclass={"build_py": BuildWithLibrary, "bdist_wheel": AnyPythonWheel},
+      distclass=BinaryDistribution)
