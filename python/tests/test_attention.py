@@ -274,3 +274,34 @@ def test_help_reads_like_the_header():
     doc = fa.attention.__doc__
     for word in ("bottom-right", "window", "sinks", "InvalidArgumentError", "bhsd"):
         assert word in doc
+
+
+def test_the_gil_is_released_during_a_call():
+    """While one thread is inside a long call, another runs Python at its own pace: the call
+    holds no GIL (held, the other thread would count only until its switch interval ran
+    out, 5 ms of a call of over 50)."""
+    import threading
+    import time
+    q = make((1, 1024, 8, 64), np.float32, 38)
+    k, v = make((1, 1024, 8, 64), np.float32, 39), make((1, 1024, 8, 64), np.float32, 40)
+    fa.attention(q, k, v, backend="reference", threads=1)  # the context, made once
+    counts, done = [0], threading.Event()
+
+    def count():
+        while not done.is_set():
+            counts[0] += 1
+
+    t = threading.Thread(target=count)
+    t.start()
+    time.sleep(0.01)
+    c0, t0 = counts[0], time.perf_counter()
+    time.sleep(0.05)
+    rate = (counts[0] - c0) / (time.perf_counter() - t0)  # counts a second, alone
+    c0, t0 = counts[0], time.perf_counter()
+    fa.attention(q, k, v, backend="reference", threads=1)
+    took = time.perf_counter() - t0
+    during = counts[0] - c0
+    done.set()
+    t.join()
+    assert took > 0.05, took
+    assert during > 0.5 * rate * took, (during, rate * took)
