@@ -3,6 +3,7 @@ contract; docs/DESIGN.md §1 the semantics)."""
 from __future__ import annotations
 
 import ctypes
+import operator
 from ctypes import byref
 from typing import Any, Optional, Sequence, Tuple, Union
 
@@ -28,18 +29,31 @@ def _layout(layout: str, name: str = "layout") -> str:
     return layout
 
 
+def _int64(x, name: str) -> int:
+    """An int that fits the C int64 it goes to (ctypes would wrap a larger one)."""
+    try:
+        v = operator.index(x)
+    except TypeError:
+        raise N.InvalidArgumentError(f"{name}={x!r}: expected an int",
+                                     N.FA_ERR_INVALID_ARGUMENT) from None
+    if not -(1 << 63) <= v < 1 << 63:
+        raise N.InvalidArgumentError(f"{name}={x!r}: out of the int64 range",
+                                     N.FA_ERR_INVALID_ARGUMENT)
+    return v
+
+
 def _window(window: Window) -> Tuple[int, int]:
     if window is None:
         return -1, -1
     if isinstance(window, (int, np.integer)):
-        return int(window), -1
+        return _int64(window, "window"), -1
     try:
         left, right = window
-        return int(left), int(right)
     except (TypeError, ValueError):
         raise N.InvalidArgumentError(f"window={window!r}: expected None, an int (the left "
                                      "bound) or a pair (left, right), -1 for unbounded",
                                      N.FA_ERR_INVALID_ARGUMENT) from None
+    return _int64(left, "window[0]"), _int64(right, "window[1]")
 
 
 def _choice(table: dict, value: str, name: str) -> int:
@@ -66,9 +80,13 @@ class _Call:
                  backend: str = "auto", isa: str = "auto", threads: int = 0,
                  deterministic: bool = False):
         p = N.Params.from_buffer_copy(_DEFAULT_PARAMS)
+        if scale is not None and not float(scale) > 0:
+            raise N.InvalidArgumentError(f"scale={scale!r}: None for 1 / sqrt(D), else a "
+                                         "finite value > 0", N.FA_ERR_INVALID_ARGUMENT)
         p.scale = 0.0 if scale is None else float(scale)
         p.causal = int(bool(causal))
         p.window_left, p.window_right = _window(window)
+        p.sink_tokens = _int64(sink_tokens, "sink_tokens")
         p.align = _choice(N.ALIGNS, align, "align")
         p.softcap = 0.0 if softcap is None else float(softcap)
         p.dropout_p = float(dropout_p)
@@ -77,7 +95,6 @@ class _Call:
                                          N.FA_ERR_INVALID_ARGUMENT)
         p.dropout_seed, p.dropout_offset = int(seed), int(offset)
         p.score_order = _choice(N.SCORE_ORDERS, score_order, "score_order")
-        p.sink_tokens = int(sink_tokens)
         self.slopes = float_vector(alibi_slopes, "alibi_slopes", hq)
         self.sinks = float_vector(sinks, "sinks", hq)
         fp = ctypes.POINTER(ctypes.c_float)
@@ -86,13 +103,21 @@ class _Call:
         if self.sinks is not None:
             p.sink_logits = self.sinks.ctypes.data_as(fp)
         self.params = p
+        self.frame = frame
+        device = -1
         if frame.on_gpu:
             if backend not in ("auto", "cuda"):
                 raise N.InvalidArgumentError(
                     f"backend={backend!r}: the arrays are on a GPU, which only the 'cuda' "
                     "backend reads ('auto' takes it)", N.FA_ERR_INVALID_ARGUMENT)
-            backend = "cuda"
-        self.ctx = N.contexts.get(backend, isa, threads, frame.stream, deterministic)
+            backend, device = "cuda", frame.device[1]
+        with frame.guard():
+            self.ctx = N.contexts.get(backend, isa, threads, frame.stream, deterministic, device)
+
+    def run(self, fn: str, *args) -> None:
+        """Calls the library's fn(context, *args) with the arrays' device current."""
+        with self.frame.guard():
+            N.check_status(getattr(N.lib, fn)(self.ctx, *args), fn[3:])
 
     def sink_grad(self) -> Optional[np.ndarray]:
         """A host buffer for d loss / d sink, wired into the params (None without sinks)."""
@@ -133,10 +158,6 @@ def _doc(f):
     return f
 
 
-def _lse_shape(b: int, h: int, s: int) -> tuple:
-    return (b, h, s)
-
-
 def _lse_dtype(dtype: int) -> int:
     return N.F64 if dtype == N.F64 else N.F32
 
@@ -152,6 +173,9 @@ def _packed(view: View, name: str) -> N.Tensor:
 
 def _packed_lse(view: View) -> N.Tensor:
     """The fa_tensor of a varlen LSE, (H, total) as FlashAttention returns it."""
+    if len(view.shape) != 2:
+        raise N.InvalidArgumentError(f"lse: expected 2 dims (heads, total tokens), got shape "
+                                     f"{tuple(view.shape)}", N.FA_ERR_SHAPE)
     (h, t), (sh, st) = view.shape, view.strides
     return N.Tensor(view.ptr, view.dtype, 1, t, h, 1, 0, st, sh, 1)
 
@@ -159,10 +183,6 @@ def _packed_lse(view: View) -> N.Tensor:
 def _indices(x, name: str):
     a, kind = index_array(x, name)
     return a, N.Indices(a.ctypes.data, kind, a.size)
-
-
-def _run(fn: str, *args) -> None:
-    N.check_status(getattr(N.lib, fn)(*args), fn[3:])
 
 
 # ------------------------------------------------------------------ dense
@@ -206,19 +226,22 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False,
                  offset=offset, sinks=sinks, sink_tokens=sink_tokens, score_order=score_order,
                  backend=backend, isa=isa, threads=threads, deterministic=deterministic)
     shape = tuple(vq.shape[:3]) + (vv.shape[3],)
-    if out is None:
+    given = out is not None
+    if not given:
         out, vo = frame.empty(shape, vq.dtype, "out")
     else:
         vo = frame.writable(out, "out")
     to = vo.tensor(layout, "out")
     lse = tl = None
     if return_lse:
-        lse, vl = frame.empty(_lse_shape(tq.batch, tq.heads, tq.seqlen), _lse_dtype(vq.dtype),
+        lse, vl = frame.empty((tq.batch, tq.heads, tq.seqlen), _lse_dtype(vq.dtype),
                               "lse")
         tl = vl.lse_tensor("lse")
     last_call.update(q=tq, k=tk, v=tv, out=to)
-    _run("fa_forward", call.ctx, byref(call.params), byref(tq), byref(tk), byref(tv),
-         byref(to), byref(tl) if tl is not None else None)
+    call.run("fa_forward", byref(call.params), byref(tq), byref(tk), byref(tv),
+             byref(to), byref(tl) if tl is not None else None)
+    if given:
+        frame.written(out)
     out = frame.result(out)
     return (out, frame.result(lse)) if return_lse else out
 
@@ -256,8 +279,8 @@ def attention_backward(dout, q, k, v, out, lse, *, layout: str = "bshd", causal:
         a, vg = frame.empty(x.shape, x.dtype, n)
         grads.append(a)
         tgrads.append(vg.tensor(layout, n))
-    _run("fa_backward", call.ctx, byref(call.params), byref(tq), byref(tk), byref(tv),
-         byref(to), byref(tl), byref(tg), *(byref(t) for t in tgrads))
+    call.run("fa_backward", byref(call.params), byref(tq), byref(tk), byref(tv),
+             byref(to), byref(tl), byref(tg), *(byref(t) for t in tgrads))
     res = tuple(frame.result(a) for a in grads)
     return res + (frame.from_host(dsinks),) if dsinks is not None else res
 
@@ -268,11 +291,14 @@ def merge_states(outs: Sequence, lses: Sequence, *, layout: str = "bshd"):
     (B, S, H, D) in `layout`, each lse (B, H, S); the empty state (O = 0, LSE = -inf) is
     neutral. Returns (out, lse)."""
     layout = _layout(layout)
-    if len(outs) != len(lses) or not outs:
+    if len(outs) != len(lses) or len(outs) == 0:
         raise N.InvalidArgumentError(f"outs and lses: {len(outs)} and {len(lses)} states; "
                                      "expected the same number, at least one",
                                      N.FA_ERR_INVALID_ARGUMENT)
     frame = Frame(outs[0], "outs[0]")
+    if frame.on_gpu:
+        raise N.UnsupportedError("merge_states: the states are on a GPU; fa_merge_states runs "
+                                 "on the host", N.FA_ERR_UNSUPPORTED)
     n = len(outs)
     vo = [frame.view(x, f"outs[{i}]") for i, x in enumerate(outs)]
     vl = [frame.view(x, f"lses[{i}]") for i, x in enumerate(lses)]
@@ -281,7 +307,7 @@ def merge_states(outs: Sequence, lses: Sequence, *, layout: str = "bshd"):
     out, vout = frame.empty(vo[0].shape, vo[0].dtype, "out")
     lse, vlse = frame.empty(vl[0].shape, vl[0].dtype, "lse")
     t_out, t_lse = vout.tensor(layout, "out"), vlse.lse_tensor("lse")
-    _run("fa_merge_states", n, to, tl, byref(t_out), byref(t_lse))
+    N.check_status(N.lib.fa_merge_states(n, to, tl, byref(t_out), byref(t_lse)), "merge_states")
     return frame.result(out), frame.result(lse)
 
 
@@ -320,8 +346,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal: bool = Fals
     if return_lse:
         lse, vl = frame.empty((tq.heads, tq.seqlen), _lse_dtype(vq.dtype), "lse")
         tl = _packed_lse(vl)
-    _run("fa_forward_varlen", call.ctx, byref(call.params), byref(tq), byref(tk), byref(tv),
-         byref(iq), byref(ik), byref(to), byref(tl) if tl is not None else None)
+    call.run("fa_forward_varlen", byref(call.params), byref(tq), byref(tk), byref(tv),
+             byref(iq), byref(ik), byref(to), byref(tl) if tl is not None else None)
     out = frame.result(out)
     return (out, frame.result(lse)) if return_lse else out
 
@@ -358,8 +384,8 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
         a, vg = frame.empty(x.shape, x.dtype, n)
         grads.append(a)
         tgrads.append(_packed(vg, n))
-    _run("fa_backward_varlen", call.ctx, byref(call.params), byref(tq), byref(tk), byref(tv),
-         byref(iq), byref(ik), byref(to), byref(tl), byref(tg), *(byref(t) for t in tgrads))
+    call.run("fa_backward_varlen", byref(call.params), byref(tq), byref(tk), byref(tv),
+             byref(iq), byref(ik), byref(to), byref(tl), byref(tg), *(byref(t) for t in tgrads))
     res = tuple(frame.result(a) for a in grads)
     return res + (frame.from_host(dsinks),) if dsinks is not None else res
 
@@ -411,11 +437,11 @@ def attention_paged(q, k_pages, v_pages, block_table, seqused_k, *, layout: str 
     to = vo.tensor(layout, "out")
     lse = tl = None
     if return_lse:
-        lse, vl = frame.empty(_lse_shape(tq.batch, tq.heads, tq.seqlen), _lse_dtype(vq.dtype),
+        lse, vl = frame.empty((tq.batch, tq.heads, tq.seqlen), _lse_dtype(vq.dtype),
                               "lse")
         tl = vl.lse_tensor("lse")
-    _run("fa_forward_paged", call.ctx, byref(call.params), byref(tq), byref(tk), byref(tv),
-         byref(pages), byref(to), byref(tl) if tl is not None else None)
+    call.run("fa_forward_paged", byref(call.params), byref(tq), byref(tk), byref(tv),
+             byref(pages), byref(to), byref(tl) if tl is not None else None)
     out = frame.result(out)
     return (out, frame.result(lse)) if return_lse else out
 
@@ -444,8 +470,9 @@ def append_kv(k_new, v_new, k_cache, v_cache, cache_seqlens, *, block_table=None
     tkn = frame.view(k_new, "k_new").tensor(layout, "k_new")
     tvn = frame.view(v_new, "v_new").tensor(layout, "v_new")
     keep, tk, tv, lens, pages = _cache(frame, k_cache, v_cache, kv, cache_seqlens, block_table)
-    ctx = _Call(frame, backend=backend, threads=threads).ctx
-    _run("fa_append_kv", ctx, byref(tkn), byref(tvn), byref(tk), byref(tv), lens, pages)
+    call = _Call(frame, backend=backend, threads=threads)
+    call.run("fa_append_kv", byref(tkn), byref(tvn), byref(tk), byref(tv), lens, pages)
+    frame.written(k_cache, v_cache)
 
 
 @_doc
@@ -485,11 +512,13 @@ def attention_kvcache(q, k_cache, v_cache, *, cache_seqlens, k_new=None, v_new=N
     to = vo.tensor(layout, "out")
     lse = tl = None
     if return_lse:
-        lse, vl = frame.empty(_lse_shape(tq.batch, tq.heads, tq.seqlen), _lse_dtype(vq.dtype),
+        lse, vl = frame.empty((tq.batch, tq.heads, tq.seqlen), _lse_dtype(vq.dtype),
                               "lse")
         tl = vl.lse_tensor("lse")
-    _run("fa_forward_kvcache", call.ctx, byref(call.params), byref(tq), byref(tk), byref(tv),
-         byref(tkn) if tkn is not None else None, byref(tvn) if tvn is not None else None,
-         lens, pages, byref(to), byref(tl) if tl is not None else None)
+    call.run("fa_forward_kvcache", byref(call.params), byref(tq), byref(tk), byref(tv),
+             byref(tkn) if tkn is not None else None, byref(tvn) if tvn is not None else None,
+             lens, pages, byref(to), byref(tl) if tl is not None else None)
+    if tkn is not None:
+        frame.written(k_cache, v_cache)
     out = frame.result(out)
     return (out, frame.result(lse)) if return_lse else out

@@ -10,6 +10,7 @@ its results put back on its device (flashattn.attention's docstring says so).
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from ctypes import POINTER, Structure, c_int32, c_int64, c_uint8, c_uint16, c_uint64, c_void_p
 
@@ -41,9 +42,14 @@ class _DLManagedTensor(Structure):
     _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", c_void_p), ("deleter", c_void_p)]
 
 
-_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-_capsule_pointer.restype = c_void_p
-_capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
+def _capsule_pointer(capsule, name: bytes) -> int:
+    """PyCapsule_GetPointer (CPython's; DLPack capsules need CPython)."""
+    api = getattr(ctypes, "pythonapi", None)
+    if api is None:
+        raise RuntimeError("flashattn: DLPack arrays need CPython (ctypes.pythonapi)")
+    f = api.PyCapsule_GetPointer
+    f.restype, f.argtypes = c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    return f(capsule, name)
 
 _DL_DTYPES = {(KDL_FLOAT, 16): N.F16, (KDL_FLOAT, 32): N.F32, (KDL_FLOAT, 64): N.F64,
               (KDL_BFLOAT, 16): N.BF16}
@@ -60,8 +66,9 @@ def _bf16_numpy():
     return np.dtype(ml_dtypes.bfloat16)
 
 
-_NP_DTYPES = {np.dtype(np.float32): N.F32, np.dtype(np.float64): N.F64,
-              np.dtype(np.float16): N.F16}
+#: numpy's dtypes the library stores (bfloat16, ml_dtypes', is matched by name)
+NUMPY_DTYPES = {np.dtype(np.float32): N.F32, np.dtype(np.float64): N.F64,
+                np.dtype(np.float16): N.F16}
 
 
 def numpy_dtype(dtype: int) -> np.dtype:
@@ -72,12 +79,11 @@ def numpy_dtype(dtype: int) -> np.dtype:
             raise ImportError("flashattn: bfloat16 numpy arrays need ml_dtypes "
                               "(pip install ml_dtypes)")
         return bf16
-    return {N.F32: np.dtype(np.float32), N.F64: np.dtype(np.float64),
-            N.F16: np.dtype(np.float16)}[dtype]
+    return next(d for d, code in NUMPY_DTYPES.items() if code == dtype)
 
 
 def _fa_dtype_of_numpy(dt: np.dtype, name: str) -> int:
-    code = _NP_DTYPES.get(dt)
+    code = NUMPY_DTYPES.get(dt)
     if code is None and dt.name == "bfloat16":
         code = N.BF16
     if code is None:
@@ -99,17 +105,14 @@ class View:
         self.ptr, self.dtype, self.shape, self.strides = ptr, dtype, shape, strides
         self.device, self.keep = device, keep
 
-    @property
-    def on_gpu(self) -> bool:
-        return self.device[0] in (KDL_CUDA, KDL_CUDA_MANAGED)
-
     def tensor(self, layout: str, name: str) -> N.Tensor:
         """The 4-D fa_tensor of a (B, S, H, D) array ("bshd") or a (B, H, S, D) one ("bhsd")."""
         if len(self.shape) != 4:
             raise N.InvalidArgumentError(
                 f"{name}: expected 4 dims ({'B, S, H, D' if layout == 'bshd' else 'B, H, S, D'}"
                 f" for layout {layout!r}), got shape {self.shape}", N.FA_ERR_SHAPE)
-        (b, s, h, d), (sb, ss, sh, sd) = self._order(layout, self.shape), self._order(layout, self.strides)
+        b, s, h, d = self._order(layout, self.shape)
+        sb, ss, sh, sd = self._order(layout, self.strides)
         return N.Tensor(self.ptr, self.dtype, b, s, h, d, sb, ss, sh, sd)
 
     def lse_tensor(self, name: str) -> N.Tensor:
@@ -153,6 +156,8 @@ def _stream_of(framework: str, device_id: int) -> int:
 
 
 def _dlpack_view(x, name: str, framework: str) -> tuple[View, int]:
+    if framework == "torch":
+        x = x.detach()  # the same storage; torch refuses to export a tensor that needs grad
     dev_type, dev_id = x.__dlpack_device__()
     dev_type, dev_id = int(dev_type), int(dev_id)
     stream = 0
@@ -186,7 +191,7 @@ def _dlpack_view(x, name: str, framework: str) -> tuple[View, int]:
     return view, stream
 
 
-def framework_of(x) -> str:
+def framework_of(x, name: str) -> str:
     if isinstance(x, np.ndarray):
         return "numpy"
     mod = type(x).__module__.split(".")[0]
@@ -194,20 +199,23 @@ def framework_of(x) -> str:
         return "jax" if mod == "jaxlib" else mod
     if hasattr(x, "__dlpack__"):
         return "dlpack"
-    raise TypeError(f"expected an array (numpy, PyTorch, JAX, CuPy or any with __dlpack__), "
-                    f"got {type(x).__name__}")
+    raise TypeError(f"{name}: expected an array (numpy, PyTorch, JAX, CuPy or any with "
+                    f"__dlpack__), got {type(x).__name__}")
 
 
 class Frame:
     """The framework of a call's arrays: reads them (``view``), allocates its results
-    (``empty``) and hands them back (``result``), on the arrays' device and stream."""
+    (``empty``) and hands them back (``result``), on the arrays' device and stream. It keeps
+    every view it made (and so the DLPack capsules and host copies behind them) until the
+    call is over: the library reads their pointers then."""
 
     def __init__(self, first, name: str):
-        self.framework = framework_of(first)
+        self.framework = framework_of(first, name)
         self.stream = 0
         self.host_copy = False  # a JAX GPU array: computed on the host
         self.device = (KDL_CPU, 0)
         self.template = first
+        self.views: list = []
         if self.framework in ("numpy",):
             return
         dev_type, dev_id = first.__dlpack_device__()
@@ -215,35 +223,66 @@ class Frame:
         if self.framework == "jax" and self.device[0] != KDL_CPU:
             self.host_copy = True
             self.device = (KDL_CPU, 0)
+        if self.on_gpu and self.framework not in ("torch", "cupy"):
+            raise TypeError(f"{name}: {self.framework} arrays on a GPU: the package allocates "
+                            "GPU results with PyTorch or CuPy only")
 
     @property
     def on_gpu(self) -> bool:
         return self.device[0] in (KDL_CUDA, KDL_CUDA_MANAGED)
 
     def view(self, x, name: str) -> View:
-        fw = framework_of(x)
+        fw = framework_of(x, name)
         if fw != self.framework:
             raise TypeError(f"{name}: a {fw} array among {self.framework} arrays: pass one "
                             "framework's arrays")
         if fw == "numpy":
-            return _numpy_view(x, name)
-        if self.host_copy:
-            return _numpy_view(np.asarray(x), name)
-        v, stream = _dlpack_view(x, name, fw)
-        if v.device != self.device:
-            raise N.InvalidArgumentError(f"{name}: on device {v.device}, the call's arrays on "
-                                         f"{self.device} (DLPack device type, id)",
-                                         N.FA_ERR_INVALID_ARGUMENT)
-        self.stream = stream or self.stream
+            v = _numpy_view(x, name)
+        elif self.host_copy:
+            v = _numpy_view(np.asarray(x), name)
+        else:
+            v, stream = _dlpack_view(x, name, fw)
+            if v.device != self.device:
+                raise N.InvalidArgumentError(f"{name}: on device {v.device}, the call's arrays "
+                                             f"on {self.device} (DLPack device type, id)",
+                                             N.FA_ERR_INVALID_ARGUMENT)
+            self.stream = stream or self.stream
+        self.views.append(v)
         return v
 
+    def guard(self):
+        """A context manager making the arrays' GPU the current device (the CUDA backend
+        reads only the current device's memory); nothing on the host."""
+        if self.on_gpu and self.framework == "torch":
+            import torch
+            return torch.cuda.device(self.device[1])
+        if self.on_gpu and self.framework == "cupy":
+            import cupy
+            return cupy.cuda.Device(self.device[1])
+        return contextlib.nullcontext()
+
+    def written(self, *arrays) -> None:
+        """Tells PyTorch's autograd that these tensors were written in place (their version
+        counter), as its own in-place operations do."""
+        if self.framework != "torch":
+            return
+        import torch
+        bump = getattr(getattr(torch.autograd, "graph", None), "increment_version", None)
+        for a in arrays:
+            if a is not None and bump is not None:
+                bump(a)
+
     def writable(self, x, name: str) -> View:
-        """A caller's output array (out=, lse=): written in place."""
+        """A caller's array the call writes in place (out=, a KV cache)."""
         if self.framework == "jax":
             raise TypeError(f"{name}: JAX arrays are immutable: leave {name} out and take the "
                             "result")
         if isinstance(x, np.ndarray) and not x.flags.writeable:
             raise N.InvalidArgumentError(f"{name}: the array is read-only",
+                                         N.FA_ERR_INVALID_ARGUMENT)
+        if self.framework == "torch" and getattr(x, "requires_grad", False):
+            raise N.InvalidArgumentError(f"{name}: a tensor that requires grad cannot be "
+                                         "written in place (as torch's own out= refuses)",
                                          N.FA_ERR_INVALID_ARGUMENT)
         return self.view(x, name)
 
@@ -263,7 +302,7 @@ class Frame:
                 a = cupy.empty(shape, dtype=numpy_dtype(dtype))
             return a, self.view(a, name)
         a = np.empty(shape, dtype=numpy_dtype(dtype))
-        return a, _numpy_view(a, name)
+        return a, self.view(a, name) if self.framework == "numpy" else _numpy_view(a, name)
 
     def result(self, a):
         """A result array as the caller's framework holds it (a JAX array is made from the
@@ -289,7 +328,7 @@ def index_array(x, name: str) -> tuple[np.ndarray, int]:
     """An int32 or int64 vector or matrix of offsets, lengths or page ids on the host (the
     library reads them there: a device array is copied), and its fa_index_type."""
     if not isinstance(x, np.ndarray):
-        fw = framework_of(x)
+        fw = framework_of(x, name)
         if fw == "torch":
             x = x.detach().cpu().numpy()
         elif fw == "cupy":
@@ -311,7 +350,7 @@ def float_vector(x, name: str, n: int) -> np.ndarray | None:
     if x is None:
         return None
     if not isinstance(x, np.ndarray):
-        fw = framework_of(x) if not isinstance(x, (list, tuple)) else "list"
+        fw = framework_of(x, name) if not isinstance(x, (list, tuple)) else "list"
         if fw == "torch":
             x = x.detach().float().cpu().numpy()
         elif fw == "cupy":
@@ -325,12 +364,13 @@ def float_vector(x, name: str, n: int) -> np.ndarray | None:
     return x
 
 
-def to_host(x):
-    """A copy on the host as numpy, its values exactly (bfloat16 as bfloat16 where ml_dtypes
-    is installed, else as its bits in uint16 with ``bf16 = True``)."""
+def to_host(x, name: str):
+    """The array's values on the host as numpy (the array itself for numpy, a view of a CPU
+    tensor, a copy from a GPU), exactly: bfloat16 as bfloat16 where ml_dtypes is installed,
+    else as its bits in uint16; and whether it is bfloat16."""
     if isinstance(x, np.ndarray):
         return x, x.dtype.name == "bfloat16"
-    fw = framework_of(x)
+    fw = framework_of(x, name)
     if fw == "torch":
         import torch
         t = x.detach()

@@ -13,9 +13,12 @@ import numpy as np
 from . import _native as N
 from ._api import (_Call, _indices, _kv_layout, _layout, _lse_dtype, _packed, _packed_lse,
                    _pages)
-from ._arrays import Frame, View, host_view, numpy_dtype, to_host
+from ._arrays import NUMPY_DTYPES, Frame, View, host_view, numpy_dtype, to_host
 
 _NAMES = ("out", "lse", "dq", "dk", "dv")
+#: dtype= names: numpy's and the command's (--dtype)
+DTYPE_BY_NAME = {"float32": N.F32, "float64": N.F64, "float16": N.F16, "bfloat16": N.BF16,
+                 "f32": N.F32, "f64": N.F64, "f16": N.F16, "bf16": N.BF16}
 
 
 @dataclass
@@ -95,10 +98,9 @@ class _Host:
     ml_dtypes is absent), and views of it in any dtype."""
 
     def __init__(self, x, name: str):
-        a, bf16 = to_host(x)
+        a, bf16 = to_host(x, name)
         self.name = name
-        self.dtype = N.BF16 if bf16 else {np.dtype(np.float32): N.F32, np.dtype(np.float64): N.F64,
-                                          np.dtype(np.float16): N.F16}.get(a.dtype)
+        self.dtype = N.BF16 if bf16 else NUMPY_DTYPES.get(a.dtype)
         if self.dtype is None:
             raise TypeError(f"{name}: dtype {a.dtype} is not one the library stores (float64, "
                             "float32, float16, bfloat16)")
@@ -107,13 +109,14 @@ class _Host:
     def view(self) -> View:
         return host_view(self.array, self.dtype, self.name)
 
-    def converted(self, dtype: int) -> View:
-        """A contiguous copy in `dtype` (fa_convert: exact widening, one rounding down)."""
+    def converted(self, dtype: int) -> np.ndarray:
+        """A contiguous copy in `dtype` (fa_convert: exact widening, one rounding down), as
+        host storage (bfloat16 as uint16)."""
         src = np.ascontiguousarray(self.array)
         dst = _host_empty(src.shape, dtype)
         N.check_status(N.lib.fa_convert(src.ctypes.data, self.dtype, dst.ctypes.data, dtype,
                                         src.size), f"{self.name}: convert")
-        return host_view(dst, dtype, self.name)
+        return dst
 
 
 def _host_empty(shape, dtype: int) -> np.ndarray:
@@ -162,9 +165,8 @@ class _Shape:
             return (h, s) if self.varlen else (b, h, s)
         if self.varlen:
             return (s, h, d)
-        kv_side = name in ("dk", "dv") and self.paged
-        order = self.kv if kv_side else self.layout
-        return (b, h, s, d) if order == "bhsd" else (b, s, h, d)
+        # dk and dv are laid out as q (a paged K/V has no gradients)
+        return (b, h, s, d) if self.layout == "bhsd" else (b, s, h, d)
 
 
 def _run_all(shape: _Shape, call: _Call, ins: Dict[str, View], grads: bool,
@@ -180,19 +182,16 @@ def _run_all(shape: _Shape, call: _Call, ins: Dict[str, View], grads: bool,
     to, tl = shape.qt(views["out"], "out"), shape.lt(views["lse"])
     p = byref(call.params)
     if shape.varlen:
-        (kq, iq), (kk, ik) = _indices(shape.cu[0], "cu_seqlens_q"), _indices(shape.cu[1],
-                                                                             "cu_seqlens_k")
-        N.check_status(N.lib.fa_forward_varlen(call.ctx, p, byref(tq), byref(tk), byref(tv),
-                                               byref(iq), byref(ik), byref(to), byref(tl)),
-                       "reference forward")
+        (kq, iq), (kk, ik) = (_indices(shape.cu[0], "cu_seqlens_q"),
+                              _indices(shape.cu[1], "cu_seqlens_k"))
+        call.run("fa_forward_varlen", p, byref(tq), byref(tk), byref(tv), byref(iq), byref(ik),
+                 byref(to), byref(tl))
     elif shape.paged:
         keep, pages = _pages(*shape.pages)
-        N.check_status(N.lib.fa_forward_paged(call.ctx, p, byref(tq), byref(tk), byref(tv),
-                                              byref(pages), byref(to), byref(tl)),
-                       "reference forward")
+        call.run("fa_forward_paged", p, byref(tq), byref(tk), byref(tv), byref(pages),
+                 byref(to), byref(tl))
     else:
-        N.check_status(N.lib.fa_forward(call.ctx, p, byref(tq), byref(tk), byref(tv), byref(to),
-                                        byref(tl)), "reference forward")
+        call.run("fa_forward", p, byref(tq), byref(tk), byref(tv), byref(to), byref(tl))
     if not grads:
         return res
     tg = shape.qt(ins["dout"], "dout")
@@ -202,13 +201,11 @@ def _run_all(shape: _Shape, call: _Call, ins: Dict[str, View], grads: bool,
         views[n] = host_view(res[n], dtype, n)
         tgrads.append(shape.qt(views[n], n) if n == "dq" else shape.kt(views[n], n))
     if shape.varlen:
-        N.check_status(N.lib.fa_backward_varlen(call.ctx, p, byref(tq), byref(tk), byref(tv),
-                                                byref(iq), byref(ik), byref(to), byref(tl),
-                                                byref(tg), *map(byref, tgrads)), "backward")
+        call.run("fa_backward_varlen", p, byref(tq), byref(tk), byref(tv), byref(iq), byref(ik),
+                 byref(to), byref(tl), byref(tg), *map(byref, tgrads))
     else:
-        N.check_status(N.lib.fa_backward(call.ctx, p, byref(tq), byref(tk), byref(tv),
-                                         byref(to), byref(tl), byref(tg), *map(byref, tgrads)),
-                       "backward")
+        call.run("fa_backward", p, byref(tq), byref(tk), byref(tv), byref(to), byref(tl),
+                 byref(tg), *map(byref, tgrads))
     return res
 
 
@@ -239,6 +236,10 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
     (cu_seqlens_q, cu_seqlens_k; packed (total, H, D) arrays, lse (H, total)) or a paged K/V
     (block_table, seqused_k, kv_layout; forward only).
     """
+    for name, x in (("atol", atol), ("rtol", rtol)):
+        if x is not None and not (math.isfinite(x) and x >= 0):
+            raise N.InvalidArgumentError(f"{name}={x!r}: expected a finite value >= 0",
+                                         N.FA_ERR_INVALID_ARGUMENT)
     cands = {n: x for n, x in zip(_NAMES, (out, lse, dq, dk, dv)) if x is not None}
     if not cands:
         raise N.InvalidArgumentError("give at least one candidate: out, lse, dq, dk or dv",
@@ -271,11 +272,11 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
     hin = {n: _Host(x, n) for n, x in inputs.items()}
     hc = {n: _Host(x, n) for n, x in cands.items()}
     if dtype is not None:
-        names = {"float32": N.F32, "float64": N.F64, "float16": N.F16, "bfloat16": N.BF16}
-        if dtype not in names:
+        dt = DTYPE_BY_NAME.get(getattr(dtype, "name", None) or str(dtype))
+        if dt is None:
             raise N.InvalidArgumentError(f"dtype={dtype!r}: expected one of "
-                                         f"{', '.join(names)}", N.FA_ERR_INVALID_ARGUMENT)
-        dt = names[dtype]
+                                         f"{', '.join(DTYPE_BY_NAME)}",
+                                         N.FA_ERR_INVALID_ARGUMENT)
     else:
         dt = next((c.dtype for n, c in hc.items() if n != "lse"), hin["q"].dtype)
     explicit = (atol or 0) > 0 or (rtol or 0) > 0
@@ -286,11 +287,13 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
                 offset=offset, sinks=sinks, sink_tokens=sink_tokens, score_order=score_order,
                 threads=threads)
     ref = _run_all(shape, _Call(host, hq, backend="reference", **opts),
-                   {n: h.converted(N.F64) for n, h in hin.items()}, grads, N.F64)
+                   {n: host_view(h.converted(N.F64), N.F64, n) for n, h in hin.items()}, grads,
+                   N.F64)
     base = None
     if not explicit:
         base = _run_all(shape, _Call(host, hq, backend="conventional", **opts),
-                        {n: h.converted(dt) for n, h in hin.items()}, grads, dt)
+                        {n: host_view(h.converted(dt), dt, n) for n, h in hin.items()}, grads,
+                        dt)
     for n, c in hc.items():
         if tuple(c.array.shape) != tuple(ref[n].shape):
             raise N.InvalidArgumentError(f"{n}: shape {tuple(c.array.shape)} does not match the "
@@ -314,8 +317,9 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
             tb = tensor_of(host_view(base[n], _lse_dtype(dt) if n == "lse" else dt, n), n)
         tol = N.Tolerance(3.0 if n in ("dq", "dk", "dv") else 2.0, atol or 0.0, rtol or 0.0)
         r = N.Comparison()
-        N.check_status(N.lib.fa_compare(byref(tc), byref(tr), byref(tb) if tb else None,
-                                        byref(tol), byref(r)), f"{n}: compare")
+        N.check_status(N.lib.fa_compare(byref(tc), byref(tr),
+                                        byref(tb) if tb is not None else None, byref(tol),
+                                        byref(r)), f"{n}: compare")
         t = TensorReport(n, bool(r.pass_), r.max_abs, r.max_rel, r.nmse,
                          shape.index(n, r.worst), r.worst_cand, r.worst_ref,
                          int(r.nonfinite_mismatches), r.bound, r.baseline_err,
@@ -334,5 +338,5 @@ def _lse_as_candidate_writes_it(pf, res: Dict[str, np.ndarray], cand: _Host) -> 
     t = v.lse_tensor("lse") if a.ndim == 3 else _packed_lse(v)
     N.check_status(N.lib.fa_lse_to_profile(byref(pf), byref(t)), "lse")
     if pf.empty_lse == N.EMPTY_LSE_ANY:
-        c = cand.converted(N.F64).keep
+        c = cand.converted(N.F64)
         res["lse"] = np.where(a == -math.inf, c, a).astype(a.dtype)

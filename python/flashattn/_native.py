@@ -7,6 +7,7 @@ root. ctypes releases the GIL for the length of every call into it.
 from __future__ import annotations
 
 import ctypes
+import operator
 import os
 import threading
 from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_float, c_int, c_int64,
@@ -131,6 +132,22 @@ for _name, (_res, _args) in _sig.items():
     _f = getattr(lib, _name)
     _f.restype, _f.argtypes = _res, _args
 
+
+def _check_layouts() -> None:
+    """The structs the library's init functions fill are the size this module declares: a
+    library whose fa_params or fa_options grew (appended fields) would write past them."""
+    for struct, init in ((Params, lib.fa_params_init), (Options, lib.fa_options_init)):
+        size = ctypes.sizeof(struct)
+        buf = (ctypes.c_ubyte * (size + 64))(*([0xA5] * (size + 64)))
+        init(ctypes.cast(buf, POINTER(struct)))
+        if any(b != 0xA5 for b in buf[size:]):
+            raise ImportError(f"flashattn: the C library at {_library_path()} has a larger "
+                              f"{struct.__name__[0].lower()}{struct.__name__[1:]} struct than "
+                              "this package: a library of another version")
+
+
+_check_layouts()
+
 # ------------------------------------------------------------------ errors
 
 
@@ -190,8 +207,11 @@ class _Contexts:
         self._lock = threading.Lock()
         self._made: dict = {}
 
-    def get(self, backend: str, isa: str, threads: int, stream: int, deterministic: bool):
-        key = (backend, isa, threads, stream, deterministic)
+    def get(self, backend: str, isa: str, threads: int, stream: int, deterministic: bool,
+            device: int = -1):
+        """device: the CUDA device the stream belongs to (current while the context is made
+        and used), -1 on the host."""
+        key = (backend, isa, threads, stream, deterministic, device)
         ctx = self._made.get(key)
         if ctx is not None:
             return ctx
@@ -201,7 +221,11 @@ class _Contexts:
         if isa not in ISAS:
             raise InvalidArgumentError(f"isa={isa!r}: expected one of {', '.join(ISAS)}",
                                        FA_ERR_INVALID_ARGUMENT)
-        if not isinstance(threads, int) or threads < 0:
+        try:
+            threads = operator.index(threads)
+        except TypeError:
+            threads = -1
+        if not 0 <= threads < 1 << 31:
             raise InvalidArgumentError(f"threads={threads!r}: expected an int >= 0 (0: "
                                        "OpenMP's default)", FA_ERR_INVALID_ARGUMENT)
         o = Options()

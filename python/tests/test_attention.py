@@ -226,7 +226,10 @@ def qkv(dt=np.float32):
     (lambda a: dict(q=a["q"][..., ::2]), fa.InvalidArgumentError, "headdim_stride"),
     (lambda a: dict(k=a["k"].astype(np.float64)), fa.InvalidArgumentError, "dtype"),
     (lambda a: dict(q=a["q"][0]), fa.InvalidArgumentError, "q: expected 4 dims"),
-    (lambda a: dict(v=a["v"][:, :3]), fa.InvalidArgumentError, "v"),
+    (lambda a: dict(v=a["v"][:, :3]), fa.InvalidArgumentError, "v->seqlen"),
+    (lambda a: dict(scale=0.0), fa.InvalidArgumentError, "scale"),
+    (lambda a: dict(window=(2 ** 64 - 1, 0)), fa.InvalidArgumentError, "window[0]"),
+    (lambda a: dict(threads=-1), fa.InvalidArgumentError, "threads"),
     (lambda a: dict(layout="sbhd"), fa.InvalidArgumentError, "layout"),
     (lambda a: dict(window="left"), fa.InvalidArgumentError, "window"),
     (lambda a: dict(softcap=-1.0), fa.InvalidArgumentError, "softcap"),
@@ -264,9 +267,9 @@ def test_errors_carry_the_status():
     with pytest.raises(fa.FlashAttnError) as e:
         fa.attention(q, k, v, window=(-3, 0))
     assert e.value.status == 2 and isinstance(e.value, ValueError)  # FA_ERR_INVALID_ARGUMENT
-    with pytest.raises(fa.UnsupportedError):  # a cache dtype is forward only
-        kk, vv = k.astype(np.float16), v.astype(np.float16)
-        out, lse = fa.attention(q, kk, vv, return_lse=True)
+    kk, vv = k.astype(np.float16), v.astype(np.float16)
+    out, lse = fa.attention(q, kk, vv, return_lse=True)  # a cache dtype: forward only
+    with pytest.raises(fa.UnsupportedError, match="forward only"):
         fa.attention_backward(out, q, kk, vv, out, lse)
 
 
@@ -305,3 +308,46 @@ def test_the_gil_is_released_during_a_call():
     t.join()
     assert took > 0.05, took
     assert during > 0.5 * rate * took, (during, rate * took)
+
+
+def poisoned_when_freed(a):
+    """A copy of a whose memory is filled with NaN bytes as it is freed."""
+    import ctypes
+    n = a.nbytes
+
+    class Buffer(ctypes.c_char * n):
+        def __del__(self):
+            ctypes.memset(ctypes.addressof(self), 0xFF, n)
+
+    buf = Buffer()
+    copy = np.frombuffer(buf, dtype=a.dtype).reshape(a.shape)
+    copy[...] = a
+    return copy
+
+
+class CopyingProducer:
+    """A DLPack producer that exports a fresh copy each time, as DLPack allows: the copy lives
+    as long as the capsule, so the package must keep every capsule until the call is over
+    (a view dropped early once put v_new's values into the K cache)."""
+
+    def __init__(self, a):
+        self.a = a
+
+    def __dlpack_device__(self):
+        return self.a.__dlpack_device__()
+
+    def __dlpack__(self, stream=None):
+        return poisoned_when_freed(self.a).__dlpack__()
+
+
+def test_dlpack_capsules_live_until_the_call_is_over():
+    q = make((2, 5, 4, 8), np.float32, 43)
+    k, v = make((2, 7, 2, 8), np.float32, 44), make((2, 7, 2, 8), np.float32, 45)
+    dout = make((2, 5, 4, 8), np.float32, 46)
+    out, lse = fa.attention(q, k, v, causal=True, return_lse=True)
+    want = fa.attention_backward(dout, q, k, v, out, lse, causal=True)
+    for _ in range(3):  # fresh copies each time, freed as soon as nothing holds them
+        got = fa.attention_backward(*(CopyingProducer(x) for x in (dout, q, k, v, out, lse)),
+                                    causal=True)
+        for g, w in zip(got, want):
+            assert np.array_equal(g, w)

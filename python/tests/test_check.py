@@ -167,6 +167,16 @@ def test_window_as_a_key_count_under_xformers():
     assert not fa.check(q, k, v, out=out, window=5)  # here 5 is the left bound
 
 
+def test_tolerances_are_checked_first():
+    q, k, v = inputs(np.float32, seed=18)
+    for bad in (dict(atol=float("inf")), dict(atol=-1.0), dict(rtol=float("nan"))):
+        with pytest.raises(fa.InvalidArgumentError, match="atol|rtol"):
+            fa.check(q, k, v, out=np.zeros((2, 40, 4, 32), np.float32), **bad)
+    out, _ = kernel(q, k, v)
+    assert fa.check(q, k, v, out=out, dtype="f32").storage_dtype == "float32"
+    assert fa.check(q, k, v, out=out, dtype=np.dtype(np.float16)).storage_dtype == "float16"
+
+
 def test_explicit_tolerance():
     q, k, v = inputs(np.float32, seed=8)
     out, _ = kernel(q, k, v)

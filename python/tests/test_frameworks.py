@@ -80,6 +80,16 @@ def test_torch_cpu_tensors(dtype):
 
 
 @pytest.mark.skipif(TORCH is None, reason="needs torch")
+def test_torch_tensors_that_require_grad():
+    t = TORCH
+    q, k, v = (t.from_numpy(x).requires_grad_() for x in qkv(7))
+    out = fa.attention(q, k, v)  # read through a detached view, no copy
+    assert not out.requires_grad
+    with pytest.raises(fa.InvalidArgumentError, match="requires grad"):
+        fa.attention(q, k, v, out=t.zeros_like(q, requires_grad=True))
+
+
+@pytest.mark.skipif(TORCH is None, reason="needs torch")
 def test_torch_sdpa_math_is_checked_in_bhsd():
     t = TORCH
     q, k, v = (t.from_numpy(x).transpose(1, 2) for x in qkv(5, hk=4))  # (B, H, S, D)
@@ -138,11 +148,16 @@ def test_torch_sdpa_gqa_checked():
 
 @pytest.mark.skipif(not CUDA, reason="needs torch with CUDA")
 def test_torch_cuda_tensors_run_on_the_cuda_backend():
+    """FLASHATTN_EXPECT_CUDA=1 (a wheel built with --enable-cuda) makes a library without
+    CUDA a failure instead of a skip."""
+    import os
     t = TORCH
     q, k, v = (t.from_numpy(x).to("cuda", t.bfloat16) for x in qkv(6))
     try:
         out, lse = fa.attention(q, k, v, causal=True, return_lse=True)
     except fa.BackendUnavailableError as e:
+        if os.environ.get("FLASHATTN_EXPECT_CUDA") == "1":
+            raise
         pytest.skip(f"the library was built without CUDA: {e}")
     assert out.is_cuda and out.dtype == t.bfloat16 and lse.is_cuda
     assert fa.check(q, k, v, out=out, lse=lse, causal=True)
@@ -155,5 +170,6 @@ def test_torch_cuda_tensors_run_on_the_cuda_backend():
         out2 = fa.attention(q, k, v, causal=True)
     s.synchronize()
     assert t.equal(out2, out)
+    assert any(key[3] == s.cuda_stream for key in fa._native.contexts._made)
     with pytest.raises(fa.InvalidArgumentError, match="GPU"):
         fa.attention(q, k, v, backend="tiled")
