@@ -1,7 +1,11 @@
 """How a kernel's own pytest suite adopts the oracle, in the style of FlashAttention's
 tests/test_flash_attn.py: parametrize over shapes, dtypes and options, run the kernel under
 test, and assert it matches attention's float64 reference within the tolerance rule that
-FlashAttention's own tests use (2x the error of a plain implementation in the same dtype).
+FlashAttention's own tests use (2x, 3x for gradients, the error of a plain implementation in
+the same dtype). Like FlashAttention's suite, it takes the 16-bit dtypes, where the storage
+rounding dominates: in float32 the yardstick's error is its summation order's, which moves
+with the BLAS (OpenBLAS's SkylakeX kernels sum an M = 1 product far more accurately than its
+Haswell ones), so a float32 verdict depends on the machine as much as on the kernel.
 
     pip install . ml_dtypes pytest      # from the repository's root
     pytest examples/test_my_kernel.py
@@ -18,9 +22,9 @@ from flashattn.testing import assert_attention_close
 
 try:
     import ml_dtypes
-    DTYPES = [np.float32, np.float16, ml_dtypes.bfloat16]
+    DTYPES = [np.float16, ml_dtypes.bfloat16]
 except ImportError:
-    DTYPES = [np.float32, np.float16]
+    DTYPES = [np.float16]
 
 
 def my_kernel(q, k, v, dout, *, causal, window):

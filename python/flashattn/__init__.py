@@ -11,7 +11,9 @@ attention, attention_backward, merge_states, the calls of sequences (attention_v
 its backward, attention_paged, attention_kvcache, append_kv), and the oracle (check,
 testing.assert_attention_close). Errors are raised as InvalidArgumentError (a ValueError
 naming the argument), UnsupportedError, OutOfMemoryError, BackendUnavailableError and
-DeviceError, all FlashAttnError; nothing is written when one is raised.
+DeviceError, all FlashAttnError, and TypeError for what is not an array of a stored dtype or
+mixes frameworks; nothing is written when one is raised. The functions run eagerly on
+concrete arrays (not inside jax.jit or torch.compile traces).
 """
 from . import testing
 from ._api import (append_kv, attention, attention_backward, attention_kvcache,

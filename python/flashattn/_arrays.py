@@ -69,6 +69,8 @@ def _bf16_numpy():
 #: numpy's dtypes the library stores (bfloat16, ml_dtypes', is matched by name)
 NUMPY_DTYPES = {np.dtype(np.float32): N.F32, np.dtype(np.float64): N.F64,
                 np.dtype(np.float16): N.F16}
+_NUMPY_OF = {code: dt for dt, code in NUMPY_DTYPES.items()}
+_NO_GUARD = contextlib.nullcontext()
 
 
 def numpy_dtype(dtype: int) -> np.dtype:
@@ -79,7 +81,7 @@ def numpy_dtype(dtype: int) -> np.dtype:
             raise ImportError("flashattn: bfloat16 numpy arrays need ml_dtypes "
                               "(pip install ml_dtypes)")
         return bf16
-    return next(d for d, code in NUMPY_DTYPES.items() if code == dtype)
+    return _NUMPY_OF[dtype]
 
 
 def _fa_dtype_of_numpy(dt: np.dtype, name: str) -> int:
@@ -111,8 +113,10 @@ class View:
             raise N.InvalidArgumentError(
                 f"{name}: expected 4 dims ({'B, S, H, D' if layout == 'bshd' else 'B, H, S, D'}"
                 f" for layout {layout!r}), got shape {self.shape}", N.FA_ERR_SHAPE)
-        b, s, h, d = self._order(layout, self.shape)
-        sb, ss, sh, sd = self._order(layout, self.strides)
+        if layout == "bshd":
+            return N.Tensor(self.ptr, self.dtype, *self.shape, *self.strides)
+        b, h, s, d = self.shape
+        sb, sh, ss, sd = self.strides
         return N.Tensor(self.ptr, self.dtype, b, s, h, d, sb, ss, sh, sd)
 
     def lse_tensor(self, name: str) -> N.Tensor:
@@ -123,10 +127,6 @@ class View:
         (b, h, s), (sb, sh, ss) = self.shape, self.strides
         return N.Tensor(self.ptr, self.dtype, b, s, h, 1, sb, ss, sh, 1)
 
-    @staticmethod
-    def _order(layout, x):
-        return (x[0], x[2], x[1], x[3]) if layout == "bhsd" else tuple(x)
-
 
 def _numpy_view(x: np.ndarray, name: str, dtype: int | None = None) -> View:
     code = _fa_dtype_of_numpy(x.dtype, name) if dtype is None else dtype
@@ -134,7 +134,10 @@ def _numpy_view(x: np.ndarray, name: str, dtype: int | None = None) -> View:
     if not x.flags.aligned:  # (aligned: the pointer and every stride whole elements)
         raise N.InvalidArgumentError(f"{name}: the array is not aligned to its {item}-byte "
                                      f"elements (strides {x.strides} bytes)", N.FA_ERR_STRIDE)
-    return View(x.ctypes.data, code, x.shape, [s // item for s in x.strides], (KDL_CPU, 0), x)
+    st = x.strides
+    strides = ((st[0] // item, st[1] // item, st[2] // item, st[3] // item) if len(st) == 4
+               else tuple(s // item for s in st))
+    return View(x.ctypes.data, code, x.shape, strides, (KDL_CPU, 0), x)
 
 
 def host_view(x: np.ndarray, dtype: int, name: str) -> View:
@@ -259,7 +262,7 @@ class Frame:
         if self.on_gpu and self.framework == "cupy":
             import cupy
             return cupy.cuda.Device(self.device[1])
-        return contextlib.nullcontext()
+        return _NO_GUARD
 
     def written(self, *arrays) -> None:
         """Tells PyTorch's autograd that these tensors were written in place (their version

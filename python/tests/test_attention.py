@@ -280,9 +280,10 @@ def test_help_reads_like_the_header():
 
 
 def test_the_gil_is_released_during_a_call():
-    """While one thread is inside a long call, another runs Python at its own pace: the call
-    holds no GIL (held, the other thread would count only until its switch interval ran
-    out, 5 ms of a call of over 50)."""
+    """While one thread is inside a long call, another runs Python: the call holds no GIL.
+    Held, the other thread counts only until its switch interval runs out (5 ms of a call
+    of over 50: under 10% of its pace alone, measured); released, it keeps 45-100% of its
+    pace (the low end where two vCPUs share one core)."""
     import threading
     import time
     q = make((1, 1024, 8, 64), np.float32, 38)
@@ -307,7 +308,7 @@ def test_the_gil_is_released_during_a_call():
     done.set()
     t.join()
     assert took > 0.05, took
-    assert during > 0.5 * rate * took, (during, rate * took)
+    assert during > 0.25 * rate * took, (during, rate * took)
 
 
 def poisoned_when_freed(a):
