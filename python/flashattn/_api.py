@@ -79,22 +79,32 @@ class _Call:
                  sink_tokens: int = 0, score_order: str = "softcap-then-alibi",
                  backend: str = "auto", isa: str = "auto", threads: int = 0,
                  deterministic: bool = False):
+        # the defaults' fields are _DEFAULT_PARAMS's: only the others are written
         p = N.Params.from_buffer_copy(_DEFAULT_PARAMS)
-        if scale is not None and not float(scale) > 0:
-            raise N.InvalidArgumentError(f"scale={scale!r}: None for 1 / sqrt(D), else a "
-                                         "finite value > 0", N.FA_ERR_INVALID_ARGUMENT)
-        p.scale = 0.0 if scale is None else float(scale)
-        p.causal = int(bool(causal))
-        p.window_left, p.window_right = _window(window)
-        p.sink_tokens = _int64(sink_tokens, "sink_tokens")
-        p.align = _choice(N.ALIGNS, align, "align")
-        p.softcap = 0.0 if softcap is None else float(softcap)
-        p.dropout_p = float(dropout_p)
-        if not 0 <= int(seed) < 1 << 64 or not 0 <= int(offset) < 1 << 64:
-            raise N.InvalidArgumentError(f"seed={seed}, offset={offset}: each in [0, 2^64)",
-                                         N.FA_ERR_INVALID_ARGUMENT)
-        p.dropout_seed, p.dropout_offset = int(seed), int(offset)
-        p.score_order = _choice(N.SCORE_ORDERS, score_order, "score_order")
+        if scale is not None:
+            if not float(scale) > 0:
+                raise N.InvalidArgumentError(f"scale={scale!r}: None for 1 / sqrt(D), else a "
+                                             "finite value > 0", N.FA_ERR_INVALID_ARGUMENT)
+            p.scale = float(scale)
+        if causal:
+            p.causal = 1
+        if window is not None:
+            p.window_left, p.window_right = _window(window)
+        if sink_tokens:
+            p.sink_tokens = _int64(sink_tokens, "sink_tokens")
+        if align != "bottom-right":
+            p.align = _choice(N.ALIGNS, align, "align")
+        if softcap is not None:
+            p.softcap = float(softcap)
+        if dropout_p:
+            p.dropout_p = float(dropout_p)
+        if seed or offset:
+            if not 0 <= int(seed) < 1 << 64 or not 0 <= int(offset) < 1 << 64:
+                raise N.InvalidArgumentError(f"seed={seed}, offset={offset}: each in [0, 2^64)",
+                                             N.FA_ERR_INVALID_ARGUMENT)
+            p.dropout_seed, p.dropout_offset = int(seed), int(offset)
+        if score_order != "softcap-then-alibi":
+            p.score_order = _choice(N.SCORE_ORDERS, score_order, "score_order")
         self.slopes = float_vector(alibi_slopes, "alibi_slopes", hq)
         self.sinks = float_vector(sinks, "sinks", hq)
         fp = ctypes.POINTER(ctypes.c_float)
@@ -104,18 +114,22 @@ class _Call:
             p.sink_logits = self.sinks.ctypes.data_as(fp)
         self.params = p
         self.frame = frame
-        device = -1
-        if frame.on_gpu:
-            if backend not in ("auto", "cuda"):
-                raise N.InvalidArgumentError(
-                    f"backend={backend!r}: the arrays are on a GPU, which only the 'cuda' "
-                    "backend reads ('auto' takes it)", N.FA_ERR_INVALID_ARGUMENT)
-            backend, device = "cuda", frame.device[1]
+        if not frame.on_gpu:
+            self.ctx = N.contexts.get(backend, isa, threads, 0, deterministic)
+            return
+        if backend not in ("auto", "cuda"):
+            raise N.InvalidArgumentError(
+                f"backend={backend!r}: the arrays are on a GPU, which only the 'cuda' backend "
+                "reads ('auto' takes it)", N.FA_ERR_INVALID_ARGUMENT)
         with frame.guard():
-            self.ctx = N.contexts.get(backend, isa, threads, frame.stream, deterministic, device)
+            self.ctx = N.contexts.get("cuda", isa, threads, frame.stream, deterministic,
+                                      frame.device[1])
 
     def run(self, fn: str, *args) -> None:
         """Calls the library's fn(context, *args) with the arrays' device current."""
+        if not self.frame.on_gpu:
+            N.check_status(getattr(N.lib, fn)(self.ctx, *args), fn[3:])
+            return
         with self.frame.guard():
             N.check_status(getattr(N.lib, fn)(self.ctx, *args), fn[3:])
 

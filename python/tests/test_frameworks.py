@@ -173,3 +173,35 @@ def test_torch_cuda_tensors_run_on_the_cuda_backend():
     assert any(key[3] == s.cuda_stream for key in fa._native.contexts._made)
     with pytest.raises(fa.InvalidArgumentError, match="GPU"):
         fa.attention(q, k, v, backend="tiled")
+
+
+# ------------------------------------------------------------------ CuPy
+
+
+def _cupy_gpu():
+    cupy = _import("cupy")
+    try:
+        return cupy if cupy is not None and cupy.cuda.runtime.getDeviceCount() > 0 else None
+    except Exception:  # a CuPy without a driver or device
+        return None
+
+
+CUPY = _cupy_gpu()
+
+
+@pytest.mark.skipif(CUPY is None, reason="needs cupy with a GPU")
+def test_cupy_arrays_run_on_the_cuda_backend():
+    import os
+    cp = CUPY
+    q, k, v = (cp.asarray(x.astype(np.float16)) for x in qkv(8))
+    try:
+        out, lse = fa.attention(q, k, v, causal=True, return_lse=True)
+    except fa.BackendUnavailableError as e:
+        if os.environ.get("FLASHATTN_EXPECT_CUDA") == "1":
+            raise
+        pytest.skip(f"the library was built without CUDA: {e}")
+    assert isinstance(out, cp.ndarray) and out.dtype == cp.float16
+    assert fa._api.last_call["q"].data == q.data.ptr  # read in place, on the device
+    assert fa.check(q, k, v, out=out, lse=lse, causal=True)
+    host = fa.attention(*(cp.asnumpy(x) for x in (q, k, v)), causal=True)
+    assert np.abs(cp.asnumpy(out).astype(np.float32) - host.astype(np.float32)).max() < 2e-3
