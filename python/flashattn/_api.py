@@ -194,6 +194,23 @@ def _packed_lse(view: View) -> N.Tensor:
     return N.Tensor(view.ptr, view.dtype, 1, t, h, 1, 0, st, sh, 1)
 
 
+def _grad_outputs(frame: Frame, views, tensor_of):
+    """dq, dk, dv allocated like the views of q, k, v, and their fa_tensors (tensor_of(view,
+    name))."""
+    grads, tensors = [], []
+    for x, n in zip(views, ("dq", "dk", "dv")):
+        a, vg = frame.empty(x.shape, x.dtype, n)
+        grads.append(a)
+        tensors.append(tensor_of(vg, n))
+    return grads, tensors
+
+
+def _grad_results(frame: Frame, grads, dsinks):
+    """(dq, dk, dv), and dsinks after them where the call had sinks."""
+    res = tuple(frame.result(a) for a in grads)
+    return res + (frame.from_host(dsinks),) if dsinks is not None else res
+
+
 def _indices(x, name: str):
     a, kind = index_array(x, name)
     return a, N.Indices(a.ctypes.data, kind, a.size)
@@ -288,15 +305,10 @@ def attention_backward(dout, q, k, v, out, lse, *, layout: str = "bshd", causal:
                  offset=offset, sinks=sinks, sink_tokens=sink_tokens, score_order=score_order,
                  backend=backend, isa=isa, threads=threads, deterministic=deterministic)
     dsinks = call.sink_grad()
-    grads, tgrads = [], []
-    for x, n in zip(views[1:4], ("dq", "dk", "dv")):
-        a, vg = frame.empty(x.shape, x.dtype, n)
-        grads.append(a)
-        tgrads.append(vg.tensor(layout, n))
+    grads, tgrads = _grad_outputs(frame, views[1:4], lambda vg, n: vg.tensor(layout, n))
     call.run("fa_backward", byref(call.params), byref(tq), byref(tk), byref(tv),
              byref(to), byref(tl), byref(tg), *(byref(t) for t in tgrads))
-    res = tuple(frame.result(a) for a in grads)
-    return res + (frame.from_host(dsinks),) if dsinks is not None else res
+    return _grad_results(frame, grads, dsinks)
 
 
 def merge_states(outs: Sequence, lses: Sequence, *, layout: str = "bshd"):
@@ -393,15 +405,10 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
                  offset=offset, sinks=sinks, sink_tokens=sink_tokens, score_order=score_order,
                  backend=backend, isa=isa, threads=threads, deterministic=deterministic)
     dsinks = call.sink_grad()
-    grads, tgrads = [], []
-    for x, n in zip(views[1:4], ("dq", "dk", "dv")):
-        a, vg = frame.empty(x.shape, x.dtype, n)
-        grads.append(a)
-        tgrads.append(_packed(vg, n))
+    grads, tgrads = _grad_outputs(frame, views[1:4], _packed)
     call.run("fa_backward_varlen", byref(call.params), byref(tq), byref(tk), byref(tv),
              byref(iq), byref(ik), byref(to), byref(tl), byref(tg), *(byref(t) for t in tgrads))
-    res = tuple(frame.result(a) for a in grads)
-    return res + (frame.from_host(dsinks),) if dsinks is not None else res
+    return _grad_results(frame, grads, dsinks)
 
 
 def _pages(block_table, seqused):
