@@ -194,6 +194,28 @@ def _packed_lse(view: View) -> N.Tensor:
     return N.Tensor(view.ptr, view.dtype, 1, t, h, 1, 0, st, sh, 1)
 
 
+def _dense_outputs(frame: Frame, vq: View, tq: N.Tensor, dv: int, layout: str,
+                   return_lse: bool, out=None):
+    """A forward's out (shaped and laid out like q, with head dim dv; the caller's `out`
+    where given) and, with return_lse, its lse (B, Hq, Sq), with their fa_tensors (the lse's
+    None without)."""
+    if out is None:
+        out, vo = frame.empty(tuple(vq.shape[:3]) + (dv,), vq.dtype, "out")
+    else:
+        vo = frame.writable(out, "out")
+    lse = tl = None
+    if return_lse:
+        lse, vl = frame.empty((tq.batch, tq.heads, tq.seqlen), _lse_dtype(vq.dtype), "lse")
+        tl = vl.lse_tensor("lse")
+    return out, vo.tensor(layout, "out"), lse, tl
+
+
+def _forward_results(frame: Frame, out, lse):
+    """out, or (out, lse) where the call returns the LSE."""
+    out = frame.result(out)
+    return out if lse is None else (out, frame.result(lse))
+
+
 def _grad_outputs(frame: Frame, views, tensor_of):
     """dq, dk, dv allocated like the views of q, k, v, and their fa_tensors (tensor_of(view,
     name))."""
@@ -256,25 +278,14 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False,
                  alibi_slopes=alibi_slopes, scale=scale, dropout_p=dropout_p, seed=seed,
                  offset=offset, sinks=sinks, sink_tokens=sink_tokens, score_order=score_order,
                  backend=backend, isa=isa, threads=threads, deterministic=deterministic)
-    shape = tuple(vq.shape[:3]) + (vv.shape[3],)
     given = out is not None
-    if not given:
-        out, vo = frame.empty(shape, vq.dtype, "out")
-    else:
-        vo = frame.writable(out, "out")
-    to = vo.tensor(layout, "out")
-    lse = tl = None
-    if return_lse:
-        lse, vl = frame.empty((tq.batch, tq.heads, tq.seqlen), _lse_dtype(vq.dtype),
-                              "lse")
-        tl = vl.lse_tensor("lse")
+    out, to, lse, tl = _dense_outputs(frame, vq, tq, vv.shape[3], layout, return_lse, out)
     last_call.update(q=tq, k=tk, v=tv, out=to)
     call.run("fa_forward", byref(call.params), byref(tq), byref(tk), byref(tv),
              byref(to), byref(tl) if tl is not None else None)
     if given:
         frame.written(out)
-    out = frame.result(out)
-    return (out, frame.result(lse)) if return_lse else out
+    return _forward_results(frame, out, lse)
 
 
 @_doc
@@ -374,8 +385,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal: bool = Fals
         tl = _packed_lse(vl)
     call.run("fa_forward_varlen", byref(call.params), byref(tq), byref(tk), byref(tv),
              byref(iq), byref(ik), byref(to), byref(tl) if tl is not None else None)
-    out = frame.result(out)
-    return (out, frame.result(lse)) if return_lse else out
+    return _forward_results(frame, out, lse)
 
 
 @_doc
@@ -454,17 +464,10 @@ def attention_paged(q, k_pages, v_pages, block_table, seqused_k, *, layout: str 
     call = _Call(frame, tq.heads, causal=causal, align=align, window=window, softcap=softcap,
                  alibi_slopes=alibi_slopes, scale=scale, sinks=sinks, sink_tokens=sink_tokens,
                  score_order=score_order, backend=backend, isa=isa, threads=threads)
-    out, vo = frame.empty(tuple(vq.shape[:3]) + (vv.shape[3],), vq.dtype, "out")
-    to = vo.tensor(layout, "out")
-    lse = tl = None
-    if return_lse:
-        lse, vl = frame.empty((tq.batch, tq.heads, tq.seqlen), _lse_dtype(vq.dtype),
-                              "lse")
-        tl = vl.lse_tensor("lse")
+    out, to, lse, tl = _dense_outputs(frame, vq, tq, vv.shape[3], layout, return_lse)
     call.run("fa_forward_paged", byref(call.params), byref(tq), byref(tk), byref(tv),
              byref(pages), byref(to), byref(tl) if tl is not None else None)
-    out = frame.result(out)
-    return (out, frame.result(lse)) if return_lse else out
+    return _forward_results(frame, out, lse)
 
 
 def _cache(frame, k_cache, v_cache, kv, cache_seqlens, block_table):
@@ -528,18 +531,10 @@ def attention_kvcache(q, k_cache, v_cache, *, cache_seqlens, k_new=None, v_new=N
     call = _Call(frame, tq.heads, causal=causal, align=align, window=window, softcap=softcap,
                  alibi_slopes=alibi_slopes, scale=scale, sinks=sinks, sink_tokens=sink_tokens,
                  score_order=score_order, backend=backend, isa=isa, threads=threads)
-    dv = tv.headdim
-    out, vo = frame.empty(tuple(vq.shape[:3]) + (dv,), vq.dtype, "out")
-    to = vo.tensor(layout, "out")
-    lse = tl = None
-    if return_lse:
-        lse, vl = frame.empty((tq.batch, tq.heads, tq.seqlen), _lse_dtype(vq.dtype),
-                              "lse")
-        tl = vl.lse_tensor("lse")
+    out, to, lse, tl = _dense_outputs(frame, vq, tq, tv.headdim, layout, return_lse)
     call.run("fa_forward_kvcache", byref(call.params), byref(tq), byref(tk), byref(tv),
              byref(tkn) if tkn is not None else None, byref(tvn) if tvn is not None else None,
              lens, pages, byref(to), byref(tl) if tl is not None else None)
     if tkn is not None:
         frame.written(k_cache, v_cache)
-    out = frame.result(out)
-    return (out, frame.result(lse)) if return_lse else out
+    return _forward_results(frame, out, lse)
