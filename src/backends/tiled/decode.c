@@ -89,17 +89,15 @@ typedef struct {
     int64_t g, b, nc, heads, state0;
 } decode_item;
 
-static int takes_decode(const fa_context *ctx, const fai_problem *s)
-{
-    return fai_tiled_forward_path(ctx, s) == FAI_TILED_DECODE;
-}
-
-/* Group g of the call as the decode path sees it (where takes_decode holds). */
-static void group_setup(const fa_context *ctx, const fai_problem *call, int64_t g,
-                        decode_group *dg)
+/* Group g of the call as the decode path sees it; 0 (dg's chunking unset) where the plan does
+ * not send the group here. */
+static int group_setup(const fa_context *ctx, const fai_problem *call, int64_t g,
+                       decode_group *dg)
 {
     dg->pr = fai_group(call, g);
     const fai_problem *pr = &dg->pr;
+    if (fai_tiled_forward_path(ctx, pr) != FAI_TILED_DECODE)
+        return 0;
     dg->keys = fai_tiled_decode_keys(ctx, pr);
     dg->rows = pr->group * pr->sq;
     dg->scale_only = pr->score.softcap == 0 && !pr->slopes;
@@ -118,6 +116,7 @@ static void group_setup(const fa_context *ctx, const fai_problem *call, int64_t 
         dg->c_n[0] = dg->nc = 1;
     dg->heads_max = (int64_t)(SCORE_BYTES / ((size_t)(dg->rows * dg->keys) * sizeof(float)));
     dg->heads_max = dg->heads_max < 1 ? 1 : dg->heads_max > pr->hk ? pr->hk : dg->heads_max;
+    return 1;
 }
 
 static size_t ws_carve(const decode_group *dg, int64_t heads, char *base, decode_ws *w)
@@ -162,10 +161,8 @@ static int64_t next_wave(const fa_context *ctx, const fai_problem *call, int64_t
     size_t total = 0;
     for (; *g < ng; (*g)++, *b = 0) {
         decode_group dg;
-        const fai_problem s = fai_group(call, *g);
-        if (!takes_decode(ctx, &s))
+        if (!group_setup(ctx, call, *g, &dg))
             continue;
-        group_setup(ctx, call, *g, &dg);
         const size_t f = item_floats(&dg);
         if (f == 0)
             return -1;
@@ -388,12 +385,10 @@ fa_status fai_tiled_decode_need(const fa_context *ctx, const fai_problem *call, 
 {
     *need = (fai_need){0, 0};
     for (int64_t g = 0; g < fai_groups(call); g++) { /* the largest workspace of a thread */
-        const fai_problem s = fai_group(call, g);
-        if (!takes_decode(ctx, &s))
-            continue;
         decode_group dg;
         decode_ws w;
-        group_setup(ctx, call, g, &dg);
+        if (!group_setup(ctx, call, g, &dg))
+            continue;
         const size_t per = ws_carve(&dg, dg.heads_max, NULL, &w);
         need->per = per > need->per ? per : need->per;
     }
