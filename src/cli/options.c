@@ -1,4 +1,5 @@
-/* Options of the `flashattn` subcommands, and the convention profiles. */
+/* Options of the `flashattn` subcommands (the convention profiles are the library's:
+ * fa_profile_find). */
 #include "config.h"
 
 #include <errno.h>
@@ -302,9 +303,13 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
                 return bad(cmd, a, v, "expected bshd or bhsd");
             o->bhsd = !strcmp(v, "bhsd");
         } else if (!strcmp(a, "--profile")) {
-            if (!(o->profile = fa_profile_find(v)))
-                return bad(cmd, a, v,
-                           "expected flashattn, fa2, fa3, pytorch, flashinfer, xformers or ggml");
+            if (!(o->profile = fa_profile_find(v))) {
+                char names[200] = "expected one of";
+                for (int x = 0; fa_profile_at(x); x++)
+                    snprintf(names + strlen(names), sizeof names - strlen(names), "%s %s",
+                             x ? "," : "", fa_profile_at(x)->name);
+                return bad(cmd, a, v, names);
+            }
         } else if (!strcmp(a, "--backend")) {
             int k;
             char names[200], why[220];
