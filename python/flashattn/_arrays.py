@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 from ctypes import POINTER, Structure, c_int32, c_int64, c_uint8, c_uint16, c_uint64, c_void_p
 
 import numpy as np
@@ -42,14 +43,19 @@ class _DLManagedTensor(Structure):
     _fields_ = [("dl_tensor", _DLTensor), ("manager_ctx", c_void_p), ("deleter", c_void_p)]
 
 
-def _capsule_pointer(capsule, name: bytes) -> int:
-    """PyCapsule_GetPointer (CPython's; DLPack capsules need CPython)."""
+@functools.lru_cache(maxsize=None)
+def _get_pointer():
+    """CPython's PyCapsule_GetPointer, declared once (DLPack capsules need CPython)."""
     api = getattr(ctypes, "pythonapi", None)
     if api is None:
         raise RuntimeError("flashattn: DLPack arrays need CPython (ctypes.pythonapi)")
     f = api.PyCapsule_GetPointer
     f.restype, f.argtypes = c_void_p, [ctypes.py_object, ctypes.c_char_p]
-    return f(capsule, name)
+    return f
+
+
+def _capsule_pointer(capsule, name: bytes) -> int:
+    return _get_pointer()(capsule, name)
 
 _DL_DTYPES = {(KDL_FLOAT, 16): N.F16, (KDL_FLOAT, 32): N.F32, (KDL_FLOAT, 64): N.F64,
               (KDL_BFLOAT, 16): N.BF16}
