@@ -40,7 +40,8 @@ typedef enum {
     FA_ERR_DEVICE               /* the accelerator reported an error                            */
 } fa_status;
 
-typedef enum { FA_F32, FA_F64, FA_F16, FA_BF16 } fa_dtype;
+/* FA_BOOL: one byte per element, nonzero true; only a keep-mask (fa_params.bias) has it. */
+typedef enum { FA_F32, FA_F64, FA_F16, FA_BF16, FA_BOOL } fa_dtype;
 
 /*
  * A strided 4-D tensor, logical shape batch x seqlen x heads x headdim (BSHD). Strides are in
@@ -71,6 +72,11 @@ typedef enum { FA_ALIGN_BOTTOM_RIGHT, FA_ALIGN_TOP_LEFT } fa_align;
  * order of FlashAttention-2 and ggml; FlashInfer adds the bias before the cap. */
 typedef enum { FA_SOFTCAP_THEN_ALIBI, FA_ALIBI_THEN_SOFTCAP } fa_score_order;
 
+/* Where a bias tensor's entries enter the score pipeline (docs/DESIGN.md §1, step 2b): added to
+ * the scaled dot product, before softcap and ALiBi (PyTorch SDPA's attn_mask, xformers'
+ * attn_bias: the default), or after both (ggml's flash_attn_ext mask). */
+typedef enum { FA_BIAS_AFTER_SCALE, FA_BIAS_AFTER_SOFTCAP } fa_bias_place;
+
 typedef struct {
     double       scale;                     /* 0: 1/sqrt(Dqk); else finite and > 0            */
     int          causal;                    /* nonzero: window_right = 0                      */
@@ -96,6 +102,23 @@ typedef struct {
      * the sinks left of its window and the window itself, so the keys in between cost
      * nothing. */
     int64_t sink_tokens;
+    /* A bias tensor, or NULL: an additive bias (f32, f16, bf16 or f64) or a keep-mask (FA_BOOL:
+     * nonzero keeps the key, 0 masks it), viewed as an fa_tensor whose batch is B or 1, seqlen
+     * Sq or 1, heads Hq or 1 and headdim Sk (the key axis, contiguous): PyTorch's (B, H, Sq,
+     * Sk) attn_mask has head_stride Sq Sk and seq_stride Sk. A dim of 1 broadcasts (its stride
+     * is not read), as does a stride of 0. An entry of -inf, or a mask's 0, masks its key as the
+     * window does (a row masked entirely is empty: O = 0, LSE = -inf or the sink); NaN makes the
+     * row NaN. Memory of the backend's kind (host, or device for CUDA). Calls of sequences
+     * (varlen, paged, a cache) do not take one: FA_ERR_UNSUPPORTED. */
+    const fa_tensor *bias;
+    fa_bias_place    bias_place;    /* default FA_BIAS_AFTER_SCALE                          */
+    /* ggml: with alibi_slopes, head h's slope multiplies the bias and ALiBi's distance term
+     * is not applied (ggml's mask carries the positions). Needs bias. */
+    int              bias_by_slope;
+    /* fa_backward: d loss / d bias, in the bias's own shape (batch, seqlen, heads, headdim as
+     * the bias has them; a broadcast dim receives the sum over it), f32 or f64; NULL: not
+     * wanted. Only for an additive bias (a keep-mask has no gradient). */
+    fa_tensor       *bias_grad;
 } fa_params; /* new fields are only ever appended */
 
 typedef enum {
@@ -307,6 +330,11 @@ typedef enum {
     FA_EMPTY_LSE_ANY      /* the kernels write no defined value there: not compared           */
 } fa_empty_lse;
 
+/* What a kernel family writes to O for a row with no allowed key (a mask or bias that masks the
+ * whole row): 0 (this library, FlashAttention), NaN (softmax over -inf only), or no defined
+ * value (not compared). */
+typedef enum { FA_EMPTY_OUT_ZERO, FA_EMPTY_OUT_NAN, FA_EMPTY_OUT_ANY } fa_empty_out;
+
 typedef struct {
     const char    *name;
     fa_align       align;           /* what causal means when Sq != Sk                        */
@@ -316,6 +344,9 @@ typedef struct {
                                        included: window (W - 1, 0)                          */
     fa_score_order score_order;     /* ALiBi before or after softcap                          */
     int            has_lse;         /* the kernels return an LSE at all                       */
+    fa_bias_place  bias_place;      /* where its mask or bias tensor enters the scores        */
+    int            bias_by_slope;   /* its ALiBi slopes scale the bias (fa_params.bias_by_slope) */
+    fa_empty_out   empty_out;       /* O of a row that a mask or bias masks entirely          */
 } fa_profile;
 
 FA_API const fa_profile *fa_profile_find(const char *name); /* NULL: no profile of that name */

@@ -12,7 +12,10 @@
 /* Argument checks (arguments.c). A tensor is an input or an output (an output must not
  * overlap itself); an LSE tensor is f32 or f64 with headdim 1. `name` names it in the error. */
 typedef enum { FAI_INPUT, FAI_OUTPUT } fai_tensor_use;
-fa_status fai_check_tensor(const fa_tensor *t, const char *name, fai_tensor_use use, int is_lse);
+/* What a tensor holds: values (a storage dtype), an LSE (f32 or f64, headdim 1), or a bias or
+ * keep-mask (bool too, and headdim Sk may be 0). Callers pass 0 and 1 for the first two. */
+enum { FAI_TENSOR_VALUES = 0, FAI_TENSOR_LSE = 1, FAI_TENSOR_BIAS = 2 };
+fa_status fai_check_tensor(const fa_tensor *t, const char *name, fai_tensor_use use, int kind);
 /* t is batch x seqlen x heads x headdim as given (headdim not checked when d < 0); `ref`
  * names where the dims come from. */
 fa_status fai_check_shape(const fa_tensor *t, const char *name, int64_t b, int64_t s,
@@ -47,6 +50,10 @@ fa_tensor fai_indices_view(const fa_indices *x);
  * q's). */
 fa_status fai_problem_make(fai_problem *pr, const fa_params *p, const fa_tensor *q,
                            const fa_tensor *k, const fa_tensor *v, int paged);
+
+/* FA_ERR_UNSUPPORTED, naming op, where the problem has a bias tensor: a call of sequences
+ * (varlen, paged, a cache) takes none. */
+fa_status fai_refuse_bias_in_sequences(const fai_problem *pr, const char *op);
 
 /* Makes the problem a variable-length batch (fa_forward_varlen): checks the offsets against the
  * packed q and k and sets nseq, cu_q and cu_k. */

@@ -50,7 +50,7 @@ void fa_tensor_init(fa_tensor *t, void *data, fa_dtype dtype, int64_t batch, int
 }
 
 
-static int valid_dtype(fa_dtype d) { return (unsigned)d <= FA_BF16; }
+static int valid_dtype(fa_dtype d) { return (unsigned)d <= FA_BOOL; }
 
 /* a * b + c for non-negative int64, 0 on overflow. */
 static int mad64(int64_t a, int64_t b, int64_t c, int64_t *out)
@@ -98,12 +98,16 @@ static int non_overlapping(const fa_tensor *t)
     return 1;
 }
 
-fa_status fai_check_tensor(const fa_tensor *t, const char *name, fai_tensor_use use, int is_lse)
+fa_status fai_check_tensor(const fa_tensor *t, const char *name, fai_tensor_use use, int kind)
 {
+    const int is_lse = kind == FAI_TENSOR_LSE;
     if (!t)
         return fai_fail(FA_ERR_NULL_POINTER, "%s is NULL", name);
     if (!valid_dtype(t->dtype))
         return fai_fail(FA_ERR_DTYPE, "%s->dtype: %d is not a fa_dtype", name, (int)t->dtype);
+    if (t->dtype == FA_BOOL && kind != FAI_TENSOR_BIAS)
+        return fai_fail(FA_ERR_DTYPE, "%s->dtype: bool; only a keep-mask (params->bias) has it",
+                        name);
     if (is_lse && t->dtype != FA_F32 && t->dtype != FA_F64)
         return fai_fail(FA_ERR_DTYPE, "%s->dtype: %s; an LSE tensor is f32 or f64", name,
                         fa_dtype_name(t->dtype));
@@ -123,7 +127,7 @@ fa_status fai_check_tensor(const fa_tensor *t, const char *name, fai_tensor_use 
     if (is_lse && t->headdim != 1)
         return fai_fail(FA_ERR_SHAPE, "%s->headdim = %lld; an LSE tensor has headdim 1", name,
                         (long long)t->headdim);
-    if (t->headdim < 1)
+    if (t->headdim < 1 && kind != FAI_TENSOR_BIAS) /* a bias's headdim is Sk: may be 0 */
         return fai_fail(FA_ERR_SHAPE, "%s->headdim = %lld; at least 1 is needed", name,
                         (long long)t->headdim);
     if (t->headdim_stride != 0 && t->headdim_stride != 1)
@@ -658,6 +662,71 @@ static fa_status check_params(const fa_params *p, int64_t hq)
     return FA_OK;
 }
 
+/*
+ * The bias tensor and its gradient (fa_params.bias, bias_grad) against the problem's dims:
+ * batch B or 1, seqlen Sq or 1, heads Hq or 1, headdim Sk; the gradient in the bias's shape,
+ * f32 or f64, and only for an additive bias.
+ */
+static fa_status check_bias(const fa_params *p, const fai_problem *pr)
+{
+    if (p->bias_place != FA_BIAS_AFTER_SCALE && p->bias_place != FA_BIAS_AFTER_SOFTCAP)
+        return fai_fail(FA_ERR_INVALID_ARGUMENT, "params->bias_place = %d is not a fa_bias_place",
+                        (int)p->bias_place);
+    const fa_tensor *t = p->bias;
+    if (!t) {
+        if (p->bias_by_slope)
+            return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                            "params->bias_by_slope is set but params->bias is NULL (the slopes "
+                            "would scale no bias)");
+        if (p->bias_grad)
+            return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                            "params->bias_grad is set but params->bias is NULL (no bias has a "
+                            "gradient)");
+        return FA_OK;
+    }
+    FAI_TRY(fai_check_tensor(t, "params->bias", FAI_INPUT, FAI_TENSOR_BIAS));
+    const struct {
+        const char *dim, *ref;
+        int64_t got, want;
+    } d[4] = {{"batch", "q->batch", t->batch, pr->b},
+              {"seqlen", "q->seqlen", t->seqlen, pr->sq},
+              {"heads", "q->heads", t->heads, pr->hq},
+              {"headdim", "k->seqlen (the keys)", t->headdim, pr->sk}};
+    for (int i = 0; i < 4; i++)
+        if (d[i].got != d[i].want && (i == 3 || d[i].got != 1))
+            return fai_fail(FA_ERR_SHAPE,
+                            "params->bias->%s = %lld; it must be %s = %lld%s", d[i].dim,
+                            (long long)d[i].got, d[i].ref, (long long)d[i].want,
+                            i == 3 ? "" : " or 1 (broadcast)");
+    if (p->bias_by_slope && !p->alibi_slopes)
+        return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                        "params->bias_by_slope is set but params->alibi_slopes is NULL (no slope "
+                        "to scale the bias)");
+    fa_tensor *g = p->bias_grad;
+    if (!g)
+        return FA_OK;
+    if (t->dtype == FA_BOOL)
+        return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                        "params->bias_grad is set but params->bias is a keep-mask (bool): a mask "
+                        "has no gradient");
+    FAI_TRY(fai_check_tensor(g, "params->bias_grad", FAI_OUTPUT, FAI_TENSOR_BIAS));
+    FAI_TRY(fai_check_shape(g, "params->bias_grad", t->batch, t->seqlen, t->heads, t->headdim,
+                            "params->bias"));
+    if (g->dtype != FA_F32 && g->dtype != FA_F64)
+        return fai_fail(FA_ERR_DTYPE, "params->bias_grad->dtype = %s; a bias gradient is f32 or "
+                                      "f64", fa_dtype_name(g->dtype));
+    return FA_OK;
+}
+
+fa_status fai_refuse_bias_in_sequences(const fai_problem *pr, const char *op)
+{
+    if (!pr->bias)
+        return FA_OK;
+    return fai_fail(FA_ERR_UNSUPPORTED,
+                    "params->bias with %s: a bias tensor is (B, Sq, H, Sk) of a dense call; "
+                    "calls of sequences do not take one", op);
+}
+
 /* k and v share a dtype: q's, or an f16 / bf16 cache under f32 or bf16 q (a forward's; the ops
  * that cannot take it say so). */
 static fa_status check_kv_dtypes(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v)
@@ -725,5 +794,12 @@ fa_status fai_problem_make(fai_problem *pr, const fa_params *p, const fa_tensor 
     pr->io[FAI_Q] = q;
     pr->io[FAI_K] = k;
     pr->io[FAI_V] = v;
+    FAI_TRY(check_bias(p, pr));
+    if (p->bias) {
+        pr->bias = p->bias;
+        pr->score.bias = p->bias_place == FA_BIAS_AFTER_SOFTCAP ? FAI_BIAS_AFTER_CAP
+                                                                : FAI_BIAS_BEFORE_CAP;
+        pr->score.bias_by_slope = p->bias_by_slope != 0;
+    }
     return FA_OK;
 }

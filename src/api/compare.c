@@ -18,6 +18,7 @@ static double eps_of(fa_dtype d)
     case FA_F32: return 0x1p-23;
     case FA_F16: return 0x1p-10;
     case FA_BF16: return 0x1p-7;
+    case FA_BOOL: break; /* refused before: not a value dtype */
     }
     return 1;
 }

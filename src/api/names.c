@@ -34,6 +34,7 @@ const char *fa_dtype_name(fa_dtype d)
     case FA_F64: return "f64";
     case FA_F16: return "f16";
     case FA_BF16: return "bf16";
+    case FA_BOOL: return "bool";
     }
     return "invalid";
 }

@@ -134,6 +134,10 @@ static fa_status forward(fa_context *ctx, const fa_params *p, const fa_tensor *q
         return fai_fail(FA_ERR_NULL_POINTER, "ctx is NULL");
     fai_problem pr;
     FAI_TRY(fai_problem_make(&pr, p, q, k, v, sh->pages != NULL));
+    if (sh->varlen || sh->pages || sh->cache)
+        FAI_TRY(fai_refuse_bias_in_sequences(&pr, sh->varlen  ? "fa_forward_varlen"
+                                                  : sh->cache ? "fa_forward_kvcache"
+                                                              : "fa_forward_paged"));
     if (sh->varlen)
         FAI_TRY(fai_problem_sequences(&pr, sh->cu_q, sh->cu_k));
     FAI_TRY(kv_layout(ctx, &pr, sh, k, v));
@@ -147,10 +151,11 @@ static fa_status forward(fa_context *ctx, const fa_params *p, const fa_tensor *q
         /* outputs: out, lse, and a cache that is appended to; every other tensor an input */
         const fa_tensor slopes = fai_slopes_view(p, pr.hq), sinks = fai_sinks_view(p, pr.hq);
         fa_tensor ix[NINDEX];
-        const char *in[7 + NINDEX] = {"q", "params->alibi_slopes", "params->sink_logits"},
+        const char *in[8 + NINDEX] = {"q", "params->alibi_slopes", "params->sink_logits",
+                                      "params->bias"},
                    *on[4] = {"out"};
-        const fa_tensor *ins[7 + NINDEX] = {q, &slopes, &sinks}, *outs[4] = {out};
-        int ni = 3, no = 1;
+        const fa_tensor *ins[8 + NINDEX] = {q, &slopes, &sinks, p->bias}, *outs[4] = {out};
+        int ni = p->bias ? 4 : 3, no = 1;
         if (lse)
             outs[no] = lse, on[no++] = "lse";
         const fa_tensor *const kv[4] = {k, v, pr.k_new, pr.v_new};
@@ -273,8 +278,10 @@ static fa_status backward(fa_context *ctx, const fa_params *p, const fa_tensor *
         return fai_fail(FA_ERR_NULL_POINTER, "ctx is NULL");
     fai_problem pr;
     FAI_TRY(fai_problem_make(&pr, p, q, k, v, 0));
-    if (varlen)
+    if (varlen) {
+        FAI_TRY(fai_refuse_bias_in_sequences(&pr, "fa_backward_varlen"));
         FAI_TRY(fai_problem_sequences(&pr, cu_q, cu_k));
+    }
     if (pr.kv_dtype != pr.dtype)
         return fai_fail(FA_ERR_UNSUPPORTED, "k->dtype = %s under q->dtype = %s: a cache dtype "
                                             "apart from q's is forward only",
@@ -306,13 +313,20 @@ static fa_status backward(fa_context *ctx, const fa_params *p, const fa_tensor *
         const fa_tensor sgrad = fai_sink_grad_view(p, pr.hq);
         fa_tensor ix[NINDEX];
         const call_shape sh = {.varlen = varlen, .cu_q = cu_q, .cu_k = cu_k};
-        const fa_tensor *outs[4] = {dq, dk, dv, &sgrad};
-        const fa_tensor *ins[8 + NINDEX] = {q, k, v, out, lse, dout, &slopes, &sinks};
-        const char *on[4] = {"dq", "dk", "dv", "params->sink_grad"};
-        const char *in[8 + NINDEX] = {"q",   "k",   "v",    "out", "lse", "dout",
+        const fa_tensor *outs[5] = {dq, dk, dv};
+        const fa_tensor *ins[9 + NINDEX] = {q, k, v, out, lse, dout, &slopes, &sinks};
+        const char *on[5] = {"dq", "dk", "dv"};
+        const char *in[9 + NINDEX] = {"q",   "k",   "v",    "out", "lse", "dout",
                                       "params->alibi_slopes", "params->sink_logits"};
-        const int ni = add_index_views(&sh, ix, ins, in, 8);
-        FAI_TRY(fai_check_outputs_disjoint(outs, on, p->sink_grad ? 4 : 3, ins, in, ni));
+        int no = 3, ni = 8;
+        if (p->sink_grad)
+            outs[no] = &sgrad, on[no++] = "params->sink_grad";
+        if (p->bias_grad)
+            outs[no] = p->bias_grad, on[no++] = "params->bias_grad";
+        if (p->bias)
+            ins[ni] = p->bias, in[ni++] = "params->bias";
+        ni = add_index_views(&sh, ix, ins, in, ni);
+        FAI_TRY(fai_check_outputs_disjoint(outs, on, no, ins, in, ni));
     }
     pr.io[FAI_OUT] = out;
     pr.io[FAI_LSE] = lse;
@@ -320,6 +334,7 @@ static fa_status backward(fa_context *ctx, const fa_params *p, const fa_tensor *
     pr.io[FAI_DQ] = dq;
     pr.io[FAI_DK] = dk;
     pr.io[FAI_DV] = dv;
+    pr.bias_grad = p->bias_grad;
     const fai_backend *be;
     FAI_TRY(call_backend(ctx, &pr, q, &be));
     if (be->device_memory) /* it forms the sink gradient where out, lse and dout are */
@@ -327,13 +342,15 @@ static fa_status backward(fa_context *ctx, const fa_params *p, const fa_tensor *
     if (pr.b == 0) {
         if (p->sink_grad) /* a sum over no rows */
             memset(p->sink_grad, 0, (size_t)pr.hq * sizeof(float));
+        if (p->bias_grad && !be->device_memory)
+            fai_zero_bias_grad(&pr);
         return FA_OK;
     }
     fai_op_fn run;
     FAI_TRY(fai_backend_op(be, FAI_OP_BACKWARD, "backward", &run));
     if ((pr.sq == 0 || pr.sk == 0) && !be->device_memory) { /* no (query, key) pair: every
                                                                gradient is 0 */
-        fai_write_empty(&pr, 1);
+        fai_write_empty(&pr, 1); /* the bias gradient included */
         if (p->sink_grad) /* O = 0 (or no row): D_i = 0 */
             memset(p->sink_grad, 0, (size_t)pr.hq * sizeof(float));
         return FA_OK;

@@ -11,14 +11,22 @@
 #include "api/api.h"
 
 static const fa_profile profiles[] = {
-    /* name        align                  base2 empty                count order         lse */
-    {"flashattn", FA_ALIGN_BOTTOM_RIGHT, 0, FA_EMPTY_LSE_NEG_INF, 0, FA_SOFTCAP_THEN_ALIBI, 1},
-    {"fa2", FA_ALIGN_BOTTOM_RIGHT, 0, FA_EMPTY_LSE_POS_INF, 0, FA_SOFTCAP_THEN_ALIBI, 1},
-    {"fa3", FA_ALIGN_BOTTOM_RIGHT, 0, FA_EMPTY_LSE_NEG_INF, 0, FA_SOFTCAP_THEN_ALIBI, 1},
-    {"pytorch", FA_ALIGN_TOP_LEFT, 0, FA_EMPTY_LSE_ANY, 0, FA_SOFTCAP_THEN_ALIBI, 1},
-    {"flashinfer", FA_ALIGN_BOTTOM_RIGHT, 1, FA_EMPTY_LSE_ANY, 0, FA_ALIBI_THEN_SOFTCAP, 1},
-    {"xformers", FA_ALIGN_TOP_LEFT, 0, FA_EMPTY_LSE_ANY, 1, FA_SOFTCAP_THEN_ALIBI, 1},
-    {"ggml", FA_ALIGN_BOTTOM_RIGHT, 0, FA_EMPTY_LSE_ANY, 1, FA_SOFTCAP_THEN_ALIBI, 0},
+    /* name     align       base2 empty LSE         count order            lse  bias enters
+     *                                                                          by slope, empty O */
+    {"flashattn", FA_ALIGN_BOTTOM_RIGHT, 0, FA_EMPTY_LSE_NEG_INF, 0, FA_SOFTCAP_THEN_ALIBI, 1,
+     FA_BIAS_AFTER_SCALE, 0, FA_EMPTY_OUT_ZERO},
+    {"fa2", FA_ALIGN_BOTTOM_RIGHT, 0, FA_EMPTY_LSE_POS_INF, 0, FA_SOFTCAP_THEN_ALIBI, 1,
+     FA_BIAS_AFTER_SCALE, 0, FA_EMPTY_OUT_ZERO},
+    {"fa3", FA_ALIGN_BOTTOM_RIGHT, 0, FA_EMPTY_LSE_NEG_INF, 0, FA_SOFTCAP_THEN_ALIBI, 1,
+     FA_BIAS_AFTER_SCALE, 0, FA_EMPTY_OUT_ZERO},
+    {"pytorch", FA_ALIGN_TOP_LEFT, 0, FA_EMPTY_LSE_ANY, 0, FA_SOFTCAP_THEN_ALIBI, 1,
+     FA_BIAS_AFTER_SCALE, 0, FA_EMPTY_OUT_ANY},
+    {"flashinfer", FA_ALIGN_BOTTOM_RIGHT, 1, FA_EMPTY_LSE_ANY, 0, FA_ALIBI_THEN_SOFTCAP, 1,
+     FA_BIAS_AFTER_SCALE, 0, FA_EMPTY_OUT_ZERO},
+    {"xformers", FA_ALIGN_TOP_LEFT, 0, FA_EMPTY_LSE_ANY, 1, FA_SOFTCAP_THEN_ALIBI, 1,
+     FA_BIAS_AFTER_SCALE, 0, FA_EMPTY_OUT_ANY},
+    {"ggml", FA_ALIGN_BOTTOM_RIGHT, 0, FA_EMPTY_LSE_ANY, 1, FA_SOFTCAP_THEN_ALIBI, 0,
+     FA_BIAS_AFTER_SOFTCAP, 1, FA_EMPTY_OUT_ANY},
 };
 #define NPROFILES ((int)(sizeof profiles / sizeof *profiles))
 

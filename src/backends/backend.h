@@ -106,6 +106,10 @@ typedef struct {
                           cache under f32 or bf16 q */
     fai_mask mask;
     fai_score score;
+    const fa_tensor *bias;    /* the bias tensor (fa_params.bias: batch B or 1, seqlen Sq or 1,
+                                 heads Hq or 1, headdim Sk), or NULL; score.bias says where it
+                                 enters */
+    const fa_tensor *bias_grad; /* the backward's d loss / d bias (the bias's shape), or NULL */
     const float *slopes; /* Hq, or NULL */
     const float *sinks;  /* Hq sink logits (finite or -inf), or NULL */
     float *sink_grad;    /* a device backend's backward: Hq floats of host memory for d loss /
@@ -207,6 +211,26 @@ static inline double fai_lse_read(const fai_problem *pr, int64_t b, int64_t h, i
 static inline float fai_slope(const fai_problem *pr, int64_t h)
 {
     return pr->slopes ? pr->slopes[h] : 0.0f;
+}
+
+/* Row i of query head h of batch b of a tensor in the bias's shape (the bias, or its
+ * gradient): its Sk entries from key 0, a dim of 1 read at index 0 (broadcast). A bias comes
+ * only with a dense call, whose rows have no bases. */
+static inline void *fai_bias_row_of(const fa_tensor *t, int64_t b, int64_t h, int64_t i)
+{
+    return fai_row(t, t->batch == 1 ? 0 : b, t->seqlen == 1 ? 0 : i, t->heads == 1 ? 0 : h);
+}
+
+static inline const void *fai_bias_row(const fai_problem *pr, int64_t b, int64_t h, int64_t i)
+{
+    return fai_bias_row_of(pr->bias, b, h, i);
+}
+
+/* The bias's factor for head h in the pipeline's bias term (core/score.h): the slope where
+ * the slopes scale the bias, else 1; what its gradient is multiplied by. */
+static inline double fai_bias_factor(const fai_problem *pr, int64_t h)
+{
+    return pr->score.bias_by_slope ? (double)fai_slope(pr, h) : 1.0;
 }
 
 /* Head h's sink logit: -inf (no sink) without sinks. */
@@ -337,8 +361,11 @@ fa_status fai_run_call(fa_context *ctx, const fai_problem *pr, int backward, con
                        fai_need_fn need, fai_run_fn run);
 
 /* Writes what a problem with no (query, key) pair gives (host tensors): the forward's O = 0
- * and LSE = the sink (-inf without one) for each row; the backward's dQ, dK, dV = 0. */
+ * and LSE = the sink (-inf without one) for each row; the backward's dQ, dK, dV = 0 and the
+ * bias gradient 0. */
 void fai_write_empty(const fai_problem *pr, int backward);
+/* Zeroes the bias gradient (host memory): the gradient of a call with no (query, key) pair. */
+void fai_zero_bias_grad(const fai_problem *pr);
 
 /* Copies k_new and v_new into the cache, sequence s's rows to its keys [seqused[s],
  * seqused[s] + s_new) (host tensors; the API layer checked the room and the pages). */

@@ -38,6 +38,7 @@ static double round_t(const conv *cv, double x)
     case FA_F32: return (float)x;
     case FA_F16: return fai_f16_to_f64(fai_f64_to_f16(x));
     case FA_BF16: return fai_bf16_to_f64(fai_f64_to_bf16(x));
+    case FA_BOOL: break; /* no storage of values */
     }
     return x;
 }
@@ -125,10 +126,11 @@ static void row_store(const conv *cv, void *mat, int64_t i, const double *src)
 
 /*
  * S for head (b, h) = scale Q K^T into `s` (Sq x Sk, T), then the elementwise steps 2-4 of
- * docs/DESIGN.md §1, each rounded to T: softcap (its tanh saved in `tc` when not NULL, for the
- * backward) and ALiBi in the problem's order, and the mask written as -inf.
+ * docs/DESIGN.md §1 (core/score.h), each rounded to T: the bias before the cap, softcap (its
+ * tanh saved in `tc` when not NULL, for the backward) and ALiBi in the problem's order, the
+ * bias after the cap, and the mask (the window's, and the bias's -inf) written as -inf.
  */
-static void scores(const conv *cv, const conv_pack *w, int64_t h, void *s, void *tc)
+static void scores(const conv *cv, const conv_pack *w, int64_t b, int64_t h, void *s, void *tc)
 {
     const fai_problem *pr = cv->pr;
     for (int64_t r0 = 0; r0 < pr->sq; r0 += CONV_ROWS) {
@@ -140,23 +142,32 @@ static void scores(const conv *cv, const conv_pack *w, int64_t h, void *s, void 
         commit(cv, s, r0, n, pr->sk, c);
     }
     const double cap = pr->score.softcap, slope = fai_slope(pr, h);
-    double *x = w->row[0], *t = w->row[1];
+    const double factor = pr->bias ? fai_bias_factor(pr, h) : 0.0;
+    const int distance = slope != 0 && !pr->score.bias_by_slope;
+    const fai_bias_place place = pr->score.bias;
+    double *x = w->row[0], *t = w->row[1], *bias = w->row[2];
     for (int64_t i = 0; i < pr->sq; i++) {
         row_load(cv, s, i, x);
+        if (pr->bias)
+            fai_load_f64(fai_bias_row(pr, b, h, i), pr->bias->dtype, pr->sk, bias);
         for (int64_t j = 0; j < pr->sk; j++) {
             t[j] = 0;
-            if (!fai_mask_allows(&pr->mask, i, j)) {
+            if (!fai_mask_allows(&pr->mask, i, j) || (pr->bias && fai_bias_masks(bias[j]))) {
                 x[j] = -INFINITY;
                 continue;
             }
-            if (slope != 0 && pr->score.alibi_first)
+            if (place == FAI_BIAS_BEFORE_CAP)
+                x[j] = round_t(cv, x[j] + factor * bias[j]);
+            if (distance && pr->score.alibi_first)
                 x[j] = round_t(cv, x[j] - slope * fai_alibi_distance(&pr->score, i, j));
             if (cap > 0) {
                 t[j] = round_t(cv, tanh(x[j] / cap));
                 x[j] = round_t(cv, cap * t[j]);
             }
-            if (slope != 0 && !pr->score.alibi_first)
+            if (distance && !pr->score.alibi_first)
                 x[j] = round_t(cv, x[j] - slope * fai_alibi_distance(&pr->score, i, j));
+            if (place == FAI_BIAS_AFTER_CAP)
+                x[j] = round_t(cv, x[j] + factor * bias[j]);
         }
         row_store(cv, s, i, x);
         if (tc)
@@ -329,7 +340,7 @@ static void conv_forward(fa_context *ctx, const fai_problem *pr, const fai_scrat
         pack(&cv, fai_q_row, FAI_Q, b, h, pr->sq, pr->dqk, w->qp);
         pack(&cv, fai_kv_row, FAI_K, b, hk, pr->sk, pr->dqk, w->kp);
         pack(&cv, fai_kv_row, FAI_V, b, hk, pr->sk, pr->dv, w->vp);
-        scores(&cv, w, h, S + at, NULL);
+        scores(&cv, w, b, h, S + at, NULL);
         softmax(&cv, w, b, h, S + at, P + at, P + at, fai_io(pr, FAI_LSE) != NULL);
         for (int64_t r0 = 0; r0 < pr->sq; r0 += CONV_ROWS) { /* O = P~ V, rounded to T */
             const int64_t n = pr->sq - r0 < CONV_ROWS ? pr->sq - r0 : CONV_ROWS;
@@ -344,10 +355,11 @@ static void conv_forward(fa_context *ctx, const fai_problem *pr, const fai_scrat
 /*
  * dS = P (g - D) row by row, with g = dP keep / (1 - p) (dropout's backward) and
  * D_i = sum_j g_ij P_ij (softmax's backward, as frameworks compute it), then the softcap chain
- * (1 - tanh^2); each step rounded to T. dp holds dP on entry and dS on return.
+ * (1 - tanh^2); each step rounded to T. dp holds dP on entry and dS on return. With keep_uncapped
+ * (a bias gradient taken after the cap), tc's row, once read, receives dS before the chain.
  */
 static void softmax_backward(const conv *cv, const conv_pack *w, int64_t b, int64_t h,
-                             const void *p, void *dp, const void *tc)
+                             const void *p, void *dp, void *tc, int keep_uncapped)
 {
     const fai_problem *pr = cv->pr;
     const double keep_scale = pr->keep_scale;
@@ -373,12 +385,48 @@ static void softmax_backward(const conv *cv, const conv_pack *w, int64_t b, int6
             D = Df;
         if (tc)
             row_load(cv, tc, i, t);
-        for (int64_t j = 0; j < pr->sk; j++) {
+        for (int64_t j = 0; j < pr->sk; j++)
             g[j] = round_t(cv, pp[j] * (g[j] - D));
-            if (tc)
-                g[j] = round_t(cv, g[j] * (1 - t[j] * t[j]));
-        }
+        if (tc && keep_uncapped)
+            row_store(cv, tc, i, g);
+        for (int64_t j = 0; j < pr->sk && tc; j++)
+            g[j] = round_t(cv, g[j] * (1 - t[j] * t[j]));
         row_store(cv, dp, i, g);
+    }
+}
+
+/*
+ * d loss / d bias from every head's dS (T, B x Hq x Sq x Sk at ds), as autograd reduces an
+ * expanded bias's gradient: each row of the gradient the sum, in the compute type and in the
+ * order (batch, head, row), of the factor-scaled dS rows that read that row of the bias.
+ */
+static void bias_grad(const conv *cv, const fai_scratch *sc, const char *ds)
+{
+    const fai_problem *pr = cv->pr;
+    const fa_tensor *g = pr->bias_grad, *bias = pr->bias;
+    const size_t head = (size_t)(pr->sq * pr->sk) * cv->ts;
+    const int64_t tasks = g->batch * g->heads * g->seqlen;
+#pragma omp parallel for num_threads(cv->nt) schedule(dynamic, 1)
+    for (int64_t task = 0; task < tasks; task++) {
+        const conv_pack w = pack_carve(cv, 1, sc->base + (size_t)omp_get_thread_num() * sc->per);
+        const int64_t gi = task % g->seqlen, gh = (task / g->seqlen) % g->heads,
+                      gb = task / (g->seqlen * g->heads);
+        double *acc = w.row[1], *x = w.row[0];
+        memset(acc, 0, (size_t)pr->sk * sizeof(double));
+        for (int64_t b = bias->batch == 1 ? 0 : gb; b < (bias->batch == 1 ? pr->b : gb + 1); b++)
+            for (int64_t h = bias->heads == 1 ? 0 : gh; h < (bias->heads == 1 ? pr->hq : gh + 1);
+                 h++) {
+                const double factor = fai_bias_factor(pr, h);
+                for (int64_t i = bias->seqlen == 1 ? 0 : gi;
+                     i < (bias->seqlen == 1 ? pr->sq : gi + 1); i++) {
+                    row_load(cv, ds + (size_t)(b * pr->hq + h) * head, i, x);
+                    for (int64_t j = 0; j < pr->sk; j++)
+                        acc[j] = cv->wide ? acc[j] + round_t(cv, factor * x[j])
+                                          : (double)((float)acc[j] +
+                                                     (float)round_t(cv, factor * x[j]));
+                }
+            }
+        fai_store_f64(fai_bias_row_of(g, gb, gh, gi), g->dtype, pr->sk, acc);
     }
 }
 
@@ -408,6 +456,8 @@ static void conv_backward(fa_context *ctx, const fai_problem *pr, const fai_scra
     }
     if (pr->score.softcap > 0)
         Tc = rest;
+    /* the bias gradient is dS where the bias enters: after the cap, dS before its chain */
+    const int uncapped_grad = pr->bias_grad && Tc && pr->score.bias == FAI_BIAS_AFTER_CAP;
     /* one task per (b, kv head): the group's dK, dV sum in one thread, in head order */
 #pragma omp parallel for num_threads(cv.nt) schedule(dynamic, 1)
     for (int64_t bk = 0; bk < pr->b * pr->hk; bk++) {
@@ -423,7 +473,7 @@ static void conv_backward(fa_context *ctx, const fai_problem *pr, const fai_scra
             char *x = X + at, *p = P + at, *pd = Pd + at, *tc = Tc ? Tc + at : NULL;
             pack(&cv, fai_q_row, FAI_Q, b, h, pr->sq, pr->dqk, w->qp);
             pack(&cv, fai_q_row, FAI_DOUT, b, h, pr->sq, pr->dv, w->dop);
-            scores(&cv, w, h, x, tc);
+            scores(&cv, w, b, h, x, tc);
             softmax(&cv, w, b, h, x, p, pd, 0); /* lse is an input here */
             for (int64_t r0 = 0; r0 < pr->sq; r0 += CONV_ROWS) {
                 const int64_t n = pr->sq - r0 < CONV_ROWS ? pr->sq - r0 : CONV_ROWS;
@@ -437,7 +487,7 @@ static void conv_backward(fa_context *ctx, const fai_problem *pr, const fai_scra
                 gemm(&cv, 0, 1, n, pr->sk, pr->dv, 1.0, dob, pr->dv, w->vp, pr->dv, 0.0, c, pr->sk);
                 commit(&cv, x, r0, n, pr->sk, c);
             }
-            softmax_backward(&cv, w, b, h, p, x, tc);
+            softmax_backward(&cv, w, b, h, p, x, tc, uncapped_grad);
             for (int64_t r0 = 0; r0 < pr->sq; r0 += CONV_ROWS) {
                 const int64_t n = pr->sq - r0 < CONV_ROWS ? pr->sq - r0 : CONV_ROWS;
                 const void *dsb = as_compute(&cv, x, r0, n, pr->sk, w->stage);
@@ -453,6 +503,8 @@ static void conv_backward(fa_context *ctx, const fai_problem *pr, const fai_scra
         unpack(&cv, fai_kv_row, FAI_DK, b, hk, 0, pr->sk, pr->dqk, w->dk);
         unpack(&cv, fai_kv_row, FAI_DV, b, hk, 0, pr->sk, pr->dv, w->dv);
     }
+    if (pr->bias_grad)
+        bias_grad(&cv, sc, uncapped_grad ? Tc : X);
 }
 
 static fa_status conv_forward_groups(fa_context *ctx, const fai_problem *pr)

@@ -25,12 +25,24 @@ static void zero_rows(const fai_problem *pr, fai_role r, int64_t heads, int64_t 
                 memset(kv ? fai_kv_row(pr, r, b, h, i) : fai_q_row(pr, r, b, h, i), 0, bytes);
 }
 
+void fai_zero_bias_grad(const fai_problem *pr)
+{
+    const fa_tensor *g = pr->bias_grad;
+    const size_t row = (size_t)g->headdim * fai_dtype_size(g->dtype);
+    for (int64_t b = 0; b < g->batch; b++)
+        for (int64_t h = 0; h < g->heads; h++)
+            for (int64_t i = 0; i < g->seqlen; i++)
+                memset(fai_bias_row_of(g, b, h, i), 0, row);
+}
+
 void fai_write_empty(const fai_problem *pr, int backward)
 {
     if (backward) { /* no (query, key) pair: every gradient is 0 */
         zero_rows(pr, FAI_DQ, pr->hq, pr->sq, pr->dqk);
         zero_rows(pr, FAI_DK, pr->hk, pr->sk, pr->dqk);
         zero_rows(pr, FAI_DV, pr->hk, pr->sk, pr->dv);
+        if (pr->bias_grad)
+            fai_zero_bias_grad(pr);
         return;
     }
     zero_rows(pr, FAI_OUT, pr->hq, pr->sq, pr->dv); /* no key: O = 0, LSE = the sink's */

@@ -54,10 +54,11 @@ static int all_finite(const fai_problem *pr, void *(*p)(const fai_problem *, fai
 
 /* ================================================================== row by row */
 
-/* Per-thread scratch of the row path: a row of scores and their tanh (softcap), and rows of
- * q, dq, o, dO and one of k or v. */
+/* Per-thread scratch of the row path: a row of scores and their tanh (softcap), the row's
+ * bias and a row of bias gradient (with a bias tensor), and rows of q, dq, o, dO and one of k
+ * or v. */
 typedef struct {
-    double *s, *t, *q, *kv, *o, *dout, *dq;
+    double *s, *t, *bias, *dbias, *q, *kv, *o, *dout, *dq;
 } row_ws;
 
 static void row_carve(const fai_problem *pr, fai_arena *a, row_ws *w)
@@ -65,6 +66,8 @@ static void row_carve(const fai_problem *pr, fai_arena *a, row_ws *w)
     const size_t d = sizeof(double);
     w->s = fai_carve(a, (size_t)pr->sk * d);
     w->t = fai_carve(a, (size_t)pr->sk * d);
+    w->bias = pr->bias ? fai_carve(a, (size_t)pr->sk * d) : NULL;
+    w->dbias = pr->bias_grad ? fai_carve(a, (size_t)pr->sk * d) : NULL;
     w->q = fai_carve(a, (size_t)pr->dqk * d);
     w->dq = fai_carve(a, (size_t)pr->dqk * d);
     w->o = fai_carve(a, (size_t)pr->dv * d);
@@ -87,6 +90,16 @@ static void key_hull(const fai_problem *pr, int64_t i0, int64_t i1, int64_t *lo,
         *lo = 0;
 }
 
+/* Whether row i sees key j: the window's mask, and the bias row w->bias (loaded for row i by
+ * row_scores) where there is one. */
+static int row_allows(const fai_problem *pr, const double *bias, int64_t i, int64_t j)
+{
+    return fai_mask_allows(&pr->mask, i, j) && !(bias && fai_bias_masks(bias[j]));
+}
+
+/* The bias entry of key j in a row loaded into bias (0 without a bias tensor). */
+static double bias_at(const double *bias, int64_t j) { return bias ? bias[j] : 0.0; }
+
 /*
  * Steps 1-5 of docs/DESIGN.md §1 for row i of (b, h): fills w->s[j] (and w->t[j]) for allowed j
  * in [*lo, *hi) (key_hull) and returns LSE_i; -inf for an empty row (no allowed key, or all
@@ -99,12 +112,15 @@ static double row_scores(const fai_problem *pr, int64_t b, int64_t h, int64_t i,
     const double slope = fai_slope(pr, h);
     key_hull(pr, i, i + 1, lo, hi);
     fai_load_f64(fai_q_row(pr, FAI_Q, b, h, i), pr->dtype, pr->dqk, w->q);
+    if (w->bias)
+        fai_load_f64(fai_bias_row(pr, b, h, i), pr->bias->dtype, pr->sk, w->bias);
     double mx = -INFINITY;
     for (int64_t j = *lo; j < *hi; j++) {
-        if (!fai_mask_allows(&pr->mask, i, j))
+        if (!row_allows(pr, w->bias, i, j))
             continue;
         fai_load_f64(fai_kv_row(pr, FAI_K, b, hk, j), pr->kv_dtype, pr->dqk, w->kv);
-        w->s[j] = fai_score_f64(&pr->score, dot64(w->q, w->kv, pr->dqk), slope, i, j, &w->t[j]);
+        w->s[j] = fai_score_biased_f64(&pr->score, dot64(w->q, w->kv, pr->dqk), slope,
+                                       bias_at(w->bias, j), i, j, &w->t[j]);
         mx = fai_nanmax_f64(mx, w->s[j]);
     }
     if (pr->drop.threshold && *lo < *hi) {
@@ -117,7 +133,7 @@ static double row_scores(const fai_problem *pr, int64_t b, int64_t h, int64_t i,
         return mx;
     double sum = exp(sink - mx);
     for (int64_t j = *lo; j < *hi; j++)
-        if (fai_mask_allows(&pr->mask, i, j))
+        if (row_allows(pr, w->bias, i, j))
             sum += exp(w->s[j] - mx);
     return mx + log(sum);
 }
@@ -131,7 +147,7 @@ static void row_output(const fai_problem *pr, int64_t b, int64_t h, int64_t i, d
     if (lse == -INFINITY)
         return;
     for (int64_t j = lo; j < hi; j++) {
-        if (!fai_mask_allows(&pr->mask, i, j) || (pr->drop.threshold && !keep[j]))
+        if (!row_allows(pr, w->bias, i, j) || (pr->drop.threshold && !keep[j]))
             continue; /* masked and dropped keys by selection */
         double pt = exp(w->s[j] - lse) * pr->keep_scale;
         fai_load_f64(fai_kv_row(pr, FAI_V, b, hk, j), pr->kv_dtype, pr->dv, w->kv);
@@ -167,7 +183,7 @@ static void row_backward_group(const fai_problem *pr, int64_t b, int64_t hk, row
                 fai_load_f64(fai_q_row(pr, FAI_DOUT, b, h, i), pr->dtype, pr->dv, w->dout);
                 const double Di = dot64(w->dout, w->o, pr->dv);
                 for (int64_t j = lo; j < hi; j++) {
-                    if (!fai_mask_allows(&pr->mask, i, j))
+                    if (!row_allows(pr, w->bias, i, j))
                         continue;
                     const double P = exp(w->s[j] - lse);
                     const double z = !pr->drop.threshold || keep[j] ? pr->keep_scale : 0.0;
@@ -191,6 +207,32 @@ static void row_backward_group(const fai_problem *pr, int64_t b, int64_t hk, row
         }
 }
 
+/* Row i of (b, h)'s terms of d loss / d bias (docs/DESIGN.md §1, core/gradient.h), added to
+ * w->dbias[j] for its allowed keys j. */
+static void row_dbias(const fai_problem *pr, int64_t b, int64_t h, int64_t i, row_ws *w,
+                      unsigned char *keep)
+{
+    const int64_t hk = h / pr->group;
+    const double factor = fai_bias_factor(pr, h);
+    const int capped = pr->score.softcap > 0, after = pr->score.bias == FAI_BIAS_AFTER_CAP;
+    int64_t lo, hi;
+    const double lse = row_scores(pr, b, h, i, w, keep, &lo, &hi);
+    if (lse == -INFINITY) /* an empty row: no gradient flows through it */
+        return;
+    row_output(pr, b, h, i, lse, lo, hi, keep, w);
+    fai_load_f64(fai_q_row(pr, FAI_DOUT, b, h, i), pr->dtype, pr->dv, w->dout);
+    const double Di = dot64(w->dout, w->o, pr->dv);
+    for (int64_t j = lo; j < hi; j++) {
+        if (!row_allows(pr, w->bias, i, j))
+            continue;
+        const double z = !pr->drop.threshold || keep[j] ? pr->keep_scale : 0.0;
+        fai_load_f64(fai_kv_row(pr, FAI_V, b, hk, j), pr->kv_dtype, pr->dv, w->kv);
+        const double dPz = dot64(w->dout, w->kv, pr->dv) * z;
+        w->dbias[j] += fai_dbias_f64(exp(w->s[j] - lse), dPz, 1, Di, w->t[j], capped, after,
+                                     factor);
+    }
+}
+
 /* ================================================================== blocked */
 
 /* Per-thread scratch of the blocked path; k and v hold the kv head (b * Hk + hk) == packed. */
@@ -200,6 +242,7 @@ typedef struct {
     double *k, *v;              /* the kv head, Sk x Dqk and Sk x Dv                  */
     unsigned char *keep;        /* Sk dropout decisions of one row                     */
     unsigned char *allow;       /* Sk: which keys of the block one row sees            */
+    double *bias;               /* Sk: one row's bias (with a bias tensor)              */
     int64_t packed;
 } blk_ws;
 
@@ -213,6 +256,7 @@ static void blk_carve(const fai_problem *pr, fai_arena *a, int backward, blk_ws 
     w->v = fai_carve(a, sk * (size_t)pr->dv * d);
     w->keep = fai_carve(a, sk);
     w->allow = fai_carve(a, sk);
+    w->bias = pr->bias ? fai_carve(a, sk * d) : NULL;
     w->dout = backward ? fai_carve(a, R * (size_t)pr->dv * d) : NULL;
     w->dq = backward ? fai_carve(a, R * (size_t)pr->dqk * d) : NULL;
     w->pd = backward ? fai_carve(a, R * sk * d) : NULL;
@@ -263,12 +307,16 @@ static void blk_probs(const fai_problem *pr, int64_t b, int64_t h, int64_t i0, i
         lo = (lo > jlo ? lo : jlo) - jlo; /* the row's keys as block columns */
         hi = (hi < jlo + nk ? hi : jlo + nk) - jlo;
         unsigned char *allow = w->allow;
+        const double *bias = w->bias; /* the row's bias, by key */
+        if (bias)
+            fai_load_f64(fai_bias_row(pr, b, h, i), pr->bias->dtype, pr->sk, w->bias);
         for (int64_t c = 0; c < nk; c++)
-            allow[c] = c >= lo && c < hi && fai_mask_allows(&pr->mask, i, jlo + c);
+            allow[c] = c >= lo && c < hi && row_allows(pr, bias, i, jlo + c);
         for (int64_t c = lo; c < hi; c++) {
             if (!allow[c])
                 continue;
-            s[c] = fai_score_f64(&pr->score, s[c], slope, i, jlo + c, tr ? &tr[c] : NULL);
+            s[c] = fai_score_biased_f64(&pr->score, s[c], slope, bias_at(bias, jlo + c), i,
+                                        jlo + c, tr ? &tr[c] : NULL);
             mx = fai_nanmax_f64(mx, s[c]);
         }
         mx = fai_nanmax_f64(mx, sink); /* the sink: one more logit, with no value */
@@ -476,6 +524,8 @@ static void ref_forward_group(fa_context *ctx, const fai_problem *pr, const fai_
     }
 }
 
+static void ref_bias_grad(fa_context *ctx, const fai_problem *pr, const fai_scratch *sc);
+
 /*
  * Backward, per (batch, kv head): the group's dK, dV accumulate in float64 over its query heads
  * and rows in a fixed order, so no two threads touch one gradient. out and lse are recomputed
@@ -504,6 +554,40 @@ static void ref_backward_group(fa_context *ctx, const fai_problem *pr, const fai
                 fai_store_f64(fai_kv_row(pr, FAI_DV, b, hk, j), pr->dtype, pr->dv,
                               mine.dv + j * pr->dv);
             }
+        }
+    }
+    if (pr->bias_grad)
+        ref_bias_grad(ctx, pr, sc);
+}
+
+/*
+ * d loss / d bias, one task per row of the gradient: the sum, in the order (batch, head, row),
+ * of the terms of every (b, h, i) that reads that row of the bias (one, or all of a broadcast
+ * dim's). Row by row, so NaN and inf in masked places stay out as in the row path.
+ */
+static void ref_bias_grad(fa_context *ctx, const fai_problem *pr, const fai_scratch *sc)
+{
+    const fa_tensor *g = pr->bias_grad, *bias = pr->bias;
+    const int64_t tasks = g->batch * g->heads * g->seqlen;
+#pragma omp parallel num_threads(ctx->num_threads)
+    {
+        ref_ws mine;
+        ref_carve(pr, 1, sc->base + (size_t)omp_get_thread_num() * sc->per, &mine);
+        row_ws *w = &mine.row;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < tasks; task++) {
+            const int64_t gi = task % g->seqlen, gh = (task / g->seqlen) % g->heads,
+                          gb = task / (g->seqlen * g->heads);
+            memset(w->dbias, 0, (size_t)pr->sk * sizeof(double));
+            const int64_t b0 = bias->batch == 1 ? 0 : gb, b1 = bias->batch == 1 ? pr->b : gb + 1;
+            const int64_t h0 = bias->heads == 1 ? 0 : gh, h1 = bias->heads == 1 ? pr->hq : gh + 1;
+            const int64_t i0 = bias->seqlen == 1 ? 0 : gi,
+                          i1 = bias->seqlen == 1 ? pr->sq : gi + 1;
+            for (int64_t b = b0; b < b1; b++)
+                for (int64_t h = h0; h < h1; h++)
+                    for (int64_t i = i0; i < i1; i++)
+                        row_dbias(pr, b, h, i, w, mine.keep);
+            fai_store_f64(fai_bias_row_of(g, gb, gh, gi), g->dtype, pr->sk, w->dbias);
         }
     }
 }

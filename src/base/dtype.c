@@ -17,6 +17,7 @@ size_t fai_dtype_size(fa_dtype d)
     case FA_F32: return 4;
     case FA_F16:
     case FA_BF16: return 2;
+    case FA_BOOL: return 1;
     }
     return 0;
 }
@@ -132,6 +133,9 @@ void fai_load_f32(const void *src, fa_dtype d, int64_t n, float *dst)
     case FA_BF16:
         for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(((const uint16_t *)src)[i]);
         break;
+    case FA_BOOL: /* a keep-mask, as the bias it is: 0 where it keeps, -inf where it masks */
+        for (int64_t i = 0; i < n; i++) dst[i] = ((const uint8_t *)src)[i] ? 0 : -INFINITY;
+        break;
     }
 }
 
@@ -147,6 +151,9 @@ void fai_load_f64(const void *src, fa_dtype d, int64_t n, double *dst)
         break;
     case FA_BF16:
         for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(((const uint16_t *)src)[i]);
+        break;
+    case FA_BOOL: /* a keep-mask, as the bias it is: 0 where it keeps, -inf where it masks */
+        for (int64_t i = 0; i < n; i++) dst[i] = ((const uint8_t *)src)[i] ? 0 : -INFINITY;
         break;
     }
 }
@@ -164,6 +171,9 @@ void fai_store_f32(void *dst, fa_dtype d, int64_t n, const float *src)
     case FA_BF16:
         for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = f32_to_bf16(src[i]);
         break;
+    case FA_BOOL: /* the inverse of the load: -inf masks (0), anything else keeps (1) */
+        for (int64_t i = 0; i < n; i++) ((uint8_t *)dst)[i] = src[i] != -INFINITY;
+        break;
     }
 }
 
@@ -179,6 +189,9 @@ void fai_store_f64(void *dst, fa_dtype d, int64_t n, const double *src)
         break;
     case FA_BF16:
         for (int64_t i = 0; i < n; i++) ((uint16_t *)dst)[i] = fai_f64_to_bf16(src[i]);
+        break;
+    case FA_BOOL:
+        for (int64_t i = 0; i < n; i++) ((uint8_t *)dst)[i] = src[i] != -INFINITY;
         break;
     }
 }

@@ -12,7 +12,8 @@
 
 size_t fai_dtype_size(fa_dtype d);
 /* Row conversions: loads are exact; stores round to nearest even (f16/bf16 directly from the
- * source precision, never through a second rounding). */
+ * source precision, never through a second rounding). FA_BOOL, a keep-mask, loads as the bias
+ * it means (0 where it keeps, -inf where it masks) and stores back (-inf: 0, else 1). */
 void fai_load_f32(const void *src, fa_dtype d, int64_t n, float *dst);
 void fai_load_f64(const void *src, fa_dtype d, int64_t n, double *dst);
 void fai_store_f32(void *dst, fa_dtype d, int64_t n, const float *src);

@@ -51,6 +51,26 @@ FA_HOST_DEVICE static inline double fai_dscore_f64(double p, double dp, double z
 }
 
 /*
+ * A bias tensor's gradient (docs/DESIGN.md §1, step 2b): its entry B_ij adds to x, the cap's
+ * argument (before the cap), or to s (after it), so d loss / d B_ij is the dS above taken at
+ * that point: with the chain factor 1 - t^2 before the cap, without it after; times the
+ * slope where the slopes scale the bias (`factor`: the slope, else 1). A masked pair (B = -inf,
+ * or masked by the window) has 0, as SDPA's gradient of a -inf entry of attn_mask does.
+ */
+FA_HOST_DEVICE static inline double fai_dbias_f64(double p, double dp, double z, double di,
+                                                  double t, int capped, int after_cap,
+                                                  double factor)
+{
+    return factor * fai_dscore_f64(p, dp, z, di, t, capped && !after_cap);
+}
+
+FA_HOST_DEVICE static inline float fai_dbias_f32(float p, float dp, float z, float di, float t,
+                                                 int capped, int after_cap, float factor)
+{
+    return factor * fai_dscore_f32(p, dp, z, di, t, capped && !after_cap);
+}
+
+/*
  * An attention sink s_h (fa_params.sink_logits) is one more column of row i's softmax with
  * P_sink = exp(s_h - LSE_i) and no value: its dP is 0, so the Jacobian above gives
  * dS_sink = P_sink (0 - D_i), and

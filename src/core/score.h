@@ -144,17 +144,40 @@ FA_HOST_DEVICE static inline fai_tile_class fai_mask_classify(const fai_mask *m,
 }
 
 /*
- * Score pipeline, steps 1-3 of docs/DESIGN.md §1: s = scale * dot; softcap c > 0: s = c * tanh(s /
- * c); ALiBi: s -= slope * |i + off - j| — or, with alibi_first, the bias before the cap. `t` (may
- * be NULL) receives tanh(x / c), x the cap's argument, for the backward's chain rule d(c
- * tanh(x/c))/dx = 1 - tanh^2(x/c) (the bias is additive, so the rule is the same in both orders);
- * it is 0 when softcap is off.
+ * Score pipeline, steps 1-3 of docs/DESIGN.md §1, for a pair (i, j) with its entry `bias` of
+ * the bias tensor (0 without one; a keep-mask is loaded as 0 where it keeps and -inf where it
+ * masks, base/dtype.c):
+ *
+ *     x = scale * dot  [+ B]              B before the cap (SDPA, xformers: after the scale)
+ *     x = x - slope |i + off - j|         with alibi_first (FlashInfer), else after the cap
+ *     s = c tanh(x / c)                   softcap c > 0, else s = x
+ *     s = s - slope |i + off - j|         ALiBi after the cap (FlashAttention, the default)
+ *     s = s  [+ B]                        B after the cap (ggml)
+ *
+ * with B = bias, or slope * bias where the slopes scale the bias instead of a distance
+ * (bias_by_slope: ggml's ALiBi, whose mask holds the positions; no distance term then). A bias
+ * of -inf masks the key whatever else: s = -inf (a cap would otherwise turn -inf into -c, and
+ * a zero slope -inf into NaN), and callers that skip masked keys by selection skip it too
+ * (fai_bias_masks). NaN propagates. `t` (may be NULL) receives tanh(x / c), for the backward's
+ * chain rule d(c tanh(x/c))/dx = 1 - tanh^2(x/c) (the bias and ALiBi are additive, so the rule
+ * is the same in every order); it is 0 when softcap is off.
+ *
+ * The scale alone (no cap, no distance term) gives s = scale * dot + B with one rounding for
+ * the product and one for the sum in either placement: the tiled strips form the product in
+ * their GEMM's store and add B in a vector loop (fai_bias_add), the same two operations.
  */
+typedef enum { FAI_BIAS_NONE, FAI_BIAS_BEFORE_CAP, FAI_BIAS_AFTER_CAP } fai_bias_place;
+
 typedef struct {
     double scale, softcap; /* softcap 0: off */
     int64_t off;           /* the mask's alignment offset, shared with ALiBi */
     int alibi_first;       /* FA_ALIBI_THEN_SOFTCAP */
+    fai_bias_place bias;   /* where a bias tensor's entries enter (NONE: no tensor) */
+    int bias_by_slope;     /* the ALiBi slope multiplies the bias; no distance term */
 } fai_score;
+
+/* Whether a bias entry masks its key. */
+FA_HOST_DEVICE static inline int fai_bias_masks(double bias) { return bias == -INFINITY; }
 
 FA_HOST_DEVICE static inline double fai_alibi_distance(const fai_score *sc, int64_t i, int64_t j)
 {
@@ -162,40 +185,84 @@ FA_HOST_DEVICE static inline double fai_alibi_distance(const fai_score *sc, int6
     return (double)(d < 0 ? -d : d);
 }
 
-FA_HOST_DEVICE static inline double fai_score_f64(const fai_score *sc, double dot, double slope,
-                                                  int64_t i, int64_t j, double *t)
+FA_HOST_DEVICE static inline double fai_score_biased_f64(const fai_score *sc, double dot,
+                                                         double slope, double bias, int64_t i,
+                                                         int64_t j, double *t)
 {
     double s = sc->scale * dot, th = 0.0;
-    if (slope != 0 && sc->alibi_first)
+    const int distance = slope != 0 && !sc->bias_by_slope;
+    if (sc->bias != FAI_BIAS_NONE && fai_bias_masks(bias)) {
+        if (t)
+            *t = 0.0;
+        return -INFINITY;
+    }
+    const double b = sc->bias_by_slope ? slope * bias : bias;
+    if (sc->bias == FAI_BIAS_BEFORE_CAP)
+        s += b;
+    if (distance && sc->alibi_first)
         s -= slope * fai_alibi_distance(sc, i, j);
     if (sc->softcap > 0) {
         th = fai_tanh(s / sc->softcap);
         s = sc->softcap * th;
     }
-    if (slope != 0 && !sc->alibi_first)
+    if (distance && !sc->alibi_first)
         s -= slope * fai_alibi_distance(sc, i, j);
+    if (sc->bias == FAI_BIAS_AFTER_CAP)
+        s += b;
     if (t)
         *t = th;
     return s;
 }
 
 /* The same in float: what the f32-accumulating paths compute. */
-FA_HOST_DEVICE static inline float fai_score_f32(const fai_score *sc, float dot, float slope,
-                                                 int64_t i, int64_t j, float *t)
+FA_HOST_DEVICE static inline float fai_score_biased_f32(const fai_score *sc, float dot,
+                                                        float slope, float bias, int64_t i,
+                                                        int64_t j, float *t)
 {
     float s = (float)sc->scale * dot, th = 0.0f;
-    if (slope != 0 && sc->alibi_first)
+    const int distance = slope != 0 && !sc->bias_by_slope;
+    if (sc->bias != FAI_BIAS_NONE && fai_bias_masks(bias)) {
+        if (t)
+            *t = 0.0f;
+        return -INFINITY;
+    }
+    const float b = sc->bias_by_slope ? slope * bias : bias;
+    if (sc->bias == FAI_BIAS_BEFORE_CAP)
+        s += b;
+    if (distance && sc->alibi_first)
         s -= slope * (float)fai_alibi_distance(sc, i, j);
     if (sc->softcap > 0) {
         float cap = (float)sc->softcap;
         th = fai_tanhf(s / cap);
         s = cap * th;
     }
-    if (slope != 0 && !sc->alibi_first)
+    if (distance && !sc->alibi_first)
         s -= slope * (float)fai_alibi_distance(sc, i, j);
+    if (sc->bias == FAI_BIAS_AFTER_CAP)
+        s += b;
     if (t)
         *t = th;
     return s;
+}
+
+/* Without a bias tensor (sc->bias NONE). */
+FA_HOST_DEVICE static inline double fai_score_f64(const fai_score *sc, double dot, double slope,
+                                                  int64_t i, int64_t j, double *t)
+{
+    return fai_score_biased_f64(sc, dot, slope, 0.0, i, j, t);
+}
+
+FA_HOST_DEVICE static inline float fai_score_f32(const fai_score *sc, float dot, float slope,
+                                                 int64_t i, int64_t j, float *t)
+{
+    return fai_score_biased_f32(sc, dot, slope, 0.0f, i, j, t);
+}
+
+/* Whether the pipeline is the scale, then the bias added, and nothing else: no cap, no
+ * distance term (the slope 0, or scaling the bias). */
+FA_HOST_DEVICE static inline int fai_score_is_affine(const fai_score *sc, double slope)
+{
+    return sc->softcap == 0 && (slope == 0 || sc->bias_by_slope);
 }
 
 #endif

@@ -290,8 +290,18 @@ static fai_cuda_result append_new_keys(const fai_problem *pr, const fai_cuda_arg
 
 /* The forward: every group (a dense call is one) launched in order, after the inputs the
  * kernels read from the host are on the device and a cache's new keys are in it. */
+/* A bias tensor is the host backends' for now (docs/notes/masks.md). */
+static fa_status refuse_bias(const fai_problem *pr)
+{
+    if (!pr->bias)
+        return FA_OK;
+    return fai_fail(FA_ERR_UNSUPPORTED, "cuda: params->bias is not built on this backend yet; "
+                                        "the host backends take it");
+}
+
 static fa_status cuda_forward(fa_context *ctx, const fai_problem *pr)
 {
+    FAI_TRY(refuse_bias(pr));
     fai_cuda_args a;
     FAI_TRY(fill(ctx, pr, &a));
     char err[300] = "";
@@ -372,6 +382,7 @@ static fa_status sink_grad_to_host(fa_context *ctx, const fai_problem *pr, const
  * sink_grad, each group's terms added to one device sum after its gradients. */
 static fa_status cuda_backward(fa_context *ctx, const fai_problem *pr)
 {
+    FAI_TRY(refuse_bias(pr));
     fai_cuda_args a;
     FAI_TRY(fill(ctx, pr, &a));
     cudaStream_t st = (cudaStream_t)a.stream;

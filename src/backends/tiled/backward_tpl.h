@@ -31,6 +31,11 @@ typedef struct {
     double *lse;
     FT *s, *dp, *t, *p, *ds;     /* bq x bk: scores, dP, tanh(x / c), P~, scale dS             */
     unsigned char *keep;
+    FT *bias;                    /* a row's bias entries for the key tile (bk; with a bias)    */
+    unsigned char *masked;       /* bq x bk: where the bias masks (with a bias)                */
+    FT *gb;                      /* bq x bk: d loss / d bias of the block (want_dbias)         */
+    FT *dbias;                   /* bq x bk: a key tile's bias gradient rows (with bias_grad)  */
+    int want_dbias;              /* bwd_block forms gb                                         */
     FT *dq_all;                  /* single pass: dQ of the group's heads (group x Sq x Dqk),
                                     else NULL                                                  */
     int q_finite, kv_finite;     /* whether the loaded Q and dO, K and V hold no inf or NaN    */
@@ -67,6 +72,11 @@ static size_t FAI_T(bwd_carve)(const fai_problem *pr, fai_tiles tl, int single_p
     w->p = fai_carve(&a, bq * bk * f);
     w->ds = fai_carve(&a, bq * bk * f);
     w->keep = fai_carve(&a, bk);
+    w->bias = pr->bias ? fai_carve(&a, bk * f) : NULL;
+    w->masked = pr->bias ? fai_carve(&a, bq * bk) : NULL;
+    w->gb = pr->bias_grad ? fai_carve(&a, bq * bk * f) : NULL;
+    w->dbias = pr->bias_grad ? fai_carve(&a, bq * bk * f) : NULL;
+    w->want_dbias = 0;
     return a.used;
 }
 
@@ -111,8 +121,9 @@ static void FAI_T(load_key_tile)(const fai_problem *pr, fai_tiles tl, int64_t b,
 /*
  * Rows [i0, i0 + nq) of (b, h) (loaded in w) against key tile [j0, j0 + n): S and dP by the
  * GEMM kernel, then per row over its allowed keys P~ into w->p and scale dS into w->ds, exact
- * zeros elsewhere (and in rows that are empty or see no key here). Returns whether any row
- * contributes.
+ * zeros elsewhere (and in rows that are empty or see no key here); with a bias, where it
+ * masks into w->masked, and with want_dbias, d loss / d bias into w->gb (core/gradient.h).
+ * Returns whether any row contributes.
  */
 static int FAI_T(bwd_block)(const fai_problem *pr, fai_tiles tl, int64_t b, int64_t h,
                             int64_t i0, int64_t nq, int64_t j0, int64_t n, fai_tile_class cls,
@@ -122,6 +133,8 @@ static int FAI_T(bwd_block)(const fai_problem *pr, fai_tiles tl, int64_t b, int6
     const FT keep_scale = (FT)pr->keep_scale, scale = (FT)pr->score.scale;
     const FT slope = (FT)fai_slope(pr, h);
     const int softcap = pr->score.softcap > 0, scale_only = FAI_T(scale_only)(pr, slope);
+    const int after_cap = pr->score.bias == FAI_BIAS_AFTER_CAP;
+    const FT factor = pr->bias ? (FT)fai_bias_factor(pr, h) : 0;
     const fai_dropout drop = fai_dropout_for(pr, b, h);
     FAI_T(fai_gemm)(w->kern, nq, n, pr->dqk, w->q, pr->dqk, w->kt, ld, w->s, ld, 0,
                     scale_only ? w->scale_rows : NULL); /* Q K^T, scaled as the forward's */
@@ -133,8 +146,11 @@ static int FAI_T(bwd_block)(const fai_problem *pr, fai_tiles tl, int64_t b, int6
         const double lse = w->lse[r]; /* P = exp(s - LSE) with the subtraction in double */
         FT *s = w->s + r * ld, *dp = w->dp + r * ld, *t = w->t + r * ld, *p = w->p + r * ld,
            *ds = w->ds + r * ld;
+        FT *gb = w->want_dbias ? w->gb + r * ld : NULL;
         int64_t c0, c1;
         FAI_T(row_cols)(pr, cls, i, j0, n, &c0, &c1);
+        if (gb)
+            memset(gb, 0, (size_t)n * sizeof(FT));
         if (c0 >= c1 || lse == -INFINITY) { /* -inf: empty row, every gradient through it is 0 */
             memset(p, 0, (size_t)n * sizeof(FT));
             memset(ds, 0, (size_t)n * sizeof(FT));
@@ -145,13 +161,24 @@ static int FAI_T(bwd_block)(const fai_problem *pr, fai_tiles tl, int64_t b, int6
         memset(p + c1, 0, (size_t)(n - c1) * sizeof(FT));
         memset(ds + c1, 0, (size_t)(n - c1) * sizeof(FT));
         any = 1;
-        /* the forward's pipeline, operation for operation (scale_only: done by the GEMM) */
+        /* the forward's pipeline, operation for operation (scale_only: the scale done by the
+         * GEMM, the bias by add_bias) */
+        if (pr->bias) {
+            FAI_T(load_bias)(pr, w->kern, b, h, i, j0 + c0, c1 - c0, w->bias);
+            for (int64_t c = c0; c < c1; c++)
+                w->masked[r * ld + c] = (unsigned char)fai_bias_masks(w->bias[c - c0]);
+            if (scale_only)
+                FAI_T(add_bias)(c1 - c0, w->bias, factor, s + c0);
+        }
         if (!scale_only)
             for (int64_t c = c0; c < c1; c++)
-                s[c] = FAI_T(fai_score)(&pr->score, s[c], slope, i, j0 + c,
-                                        softcap ? &t[c] : NULL);
+                s[c] = FAI_T(fai_score_biased)(&pr->score, s[c], slope,
+                                               pr->bias ? w->bias[c - c0] : 0, i, j0 + c,
+                                               softcap ? &t[c] : NULL);
         if (!softcap && !drop.threshold) { /* P~ = P, dS = P (dP - D) by one kernel */
             w->kern->dsoftmax(c1 - c0, s + c0, lse, dp + c0, w->di[r], scale, p + c0, ds + c0);
+            for (int64_t c = c0; gb && c < c1; c++)
+                gb[c] = FAI_T(fai_dbias)(p[c], dp[c], 1, w->di[r], 0, 0, after_cap, factor);
             continue;
         }
         if (drop.threshold)
@@ -163,6 +190,9 @@ static int FAI_T(bwd_block)(const fai_problem *pr, fai_tiles tl, int64_t b, int6
             const FT P = p[c];
             const FT z = (drop.threshold && !w->keep[c]) ? 0 : keep_scale;
             const FT g = FAI_T(fai_dscore)(P, dp[c], z, w->di[r], softcap ? t[c] : 0, softcap);
+            if (gb)
+                gb[c] = FAI_T(fai_dbias)(P, dp[c], z, w->di[r], softcap ? t[c] : 0, softcap,
+                                         after_cap, factor);
             p[c] = P * z;
             ds[c] = scale * g;
         }
@@ -170,8 +200,16 @@ static int FAI_T(bwd_block)(const fai_problem *pr, fai_tiles tl, int64_t b, int6
     return any;
 }
 
-/* dq (nq rows) += scale dS K by selection: each row over its allowed keys only, so that inf or
- * NaN in K or Q rows that the row does not see stays out (the terms, in order, of the GEMM). */
+/* Whether the bias masks column c of block row r (bwd_block's w->masked). */
+static int FAI_T(bias_masked)(const fai_problem *pr, fai_tiles tl, const FAI_T(bwd_ws) *w,
+                              int64_t r, int64_t c)
+{
+    return pr->bias && w->masked[r * tl.bk + c];
+}
+
+/* dq (nq rows) += scale dS K by selection: each row over its allowed keys only (the window's
+ * and the bias's), so that inf or NaN in K or Q rows that the row does not see stays out (the
+ * terms, in order, of the GEMM). */
 static void FAI_T(dq_by_selection)(const fai_problem *pr, fai_tiles tl, fai_tile_class cls,
                                    int64_t i0, int64_t nq, int64_t j0, int64_t n,
                                    const FAI_T(bwd_ws) *w, FT *dq)
@@ -180,9 +218,19 @@ static void FAI_T(dq_by_selection)(const fai_problem *pr, fai_tiles tl, fai_tile
     for (int64_t r = 0; r < nq; r++) {
         int64_t c0, c1;
         FAI_T(row_cols)(pr, cls, i0 + r, j0, n, &c0, &c1);
-        if (c0 < c1 && w->lse[r] != -INFINITY)
-            FAI_T(fai_gemm)(w->kern, 1, dqk, c1 - c0, w->ds + r * ld + c0, ld, w->k + c0 * dqk,
-                            dqk, dq + r * dqk, dqk, 1, NULL);
+        if (w->lse[r] == -INFINITY)
+            continue;
+        for (int64_t ca = c0; ca < c1;) { /* runs of keys the bias does not mask */
+            while (ca < c1 && FAI_T(bias_masked)(pr, tl, w, r, ca))
+                ca++;
+            int64_t cb = ca;
+            while (cb < c1 && !FAI_T(bias_masked)(pr, tl, w, r, cb))
+                cb++;
+            if (cb > ca)
+                FAI_T(fai_gemm)(w->kern, 1, dqk, cb - ca, w->ds + r * ld + ca, ld,
+                                w->k + ca * dqk, dqk, dq + r * dqk, dqk, 1, NULL);
+            ca = cb;
+        }
     }
 }
 
@@ -230,6 +278,8 @@ static void FAI_T(bwd_ktile_head)(const fai_problem *pr, fai_tiles tl, int64_t b
                 if (drop.threshold)
                     fai_dropout_keep_row(&drop, i0 + r, j0 + c0, c1 - c0, w->keep + c0);
                 for (int64_t c = c0; c < c1; c++) {
+                    if (FAI_T(bias_masked)(pm, tl, w, r, c))
+                        continue;
                     const FT *pc = w->p + r * ld + c, *dsc = w->ds + r * ld + c;
                     if (!drop.threshold || w->keep[c])
                         FAI_T(fai_gemm)(w->kern, 1, dvd, 1, pc, 1, w->dout + r * dvd, dvd,
@@ -343,6 +393,68 @@ static void FAI_T(bwd_kv_head)(const fai_problem *pr, fai_tiles tl, int64_t b, i
         FAI_T(store_dq)(pr, b, hk * pr->group + g, 0, pr->sq, w->dq_all + g * pr->sq * dqk, w);
 }
 
+/*
+ * Pass 3, with a bias gradient: the rows of key tile [j0, j0 + n) of gradient row block (gb,
+ * gh), each element the sum over the (b, h) that read it (one, or all of a broadcast dim's:
+ * batch, then head, ascending) of bwd_block's d loss / d bias, and over the query rows too
+ * where the bias has one row. A task owns its elements: no reduction across threads. It
+ * recomputes S and dP once more per (b, h) (a bias gradient costs one more pass over the
+ * backward's GEMMs of S and dP).
+ */
+static void FAI_T(bias_grad_tile)(const fai_problem *pr, fai_tiles tl, int64_t gb, int64_t gh,
+                                  int64_t j0, int64_t n, FAI_T(bwd_ws) *w)
+{
+    const fa_tensor *g = pr->bias_grad, *bias = pr->bias;
+    const int one_row = bias->seqlen == 1;
+    const int64_t b0 = bias->batch == 1 ? 0 : gb, b1 = bias->batch == 1 ? pr->b : gb + 1;
+    const int64_t h0 = bias->heads == 1 ? 0 : gh, h1 = bias->heads == 1 ? pr->hq : gh + 1;
+    const int64_t ld = tl.bk;
+    fai_problem part[2];
+    const int np = fai_mask_part_problems(pr, part);
+    w->want_dbias = 1;
+    if (one_row)
+        memset(w->dbias, 0, (size_t)n * sizeof(FT));
+    for (int64_t i0 = 0; i0 < pr->sq; i0 += tl.bq) {
+        const int64_t nq = pr->sq - i0 < tl.bq ? pr->sq - i0 : tl.bq;
+        if (!one_row)
+            memset(w->dbias, 0, (size_t)(nq * ld) * sizeof(FT));
+        for (int64_t b = b0; b < b1; b++)
+            for (int64_t h = h0; h < h1; h++) {
+                int loaded = 0;
+                for (int p = 0; p < np; p++) {
+                    const fai_problem *pm = &part[p];
+                    const fai_tile_class cls =
+                        fai_mask_classify(&pm->mask, i0, i0 + nq, j0, j0 + n);
+                    if (cls == FAI_TILE_EMPTY)
+                        continue;
+                    if (!loaded) {
+                        FAI_T(load_key_tile)(pr, tl, b, h / pr->group, j0, n, w);
+                        FAI_T(load_query_block)(pr, b, h, i0, nq, tl.bq, w);
+                        loaded = 1;
+                    }
+                    if (!FAI_T(bwd_block)(pm, tl, b, h, i0, nq, j0, n, cls, w))
+                        continue;
+                    for (int64_t r = 0; r < nq; r++) {
+                        FT *acc = w->dbias + (one_row ? 0 : r * ld);
+                        const FT *x = w->gb + r * ld;
+#pragma omp simd
+                        for (int64_t c = 0; c < n; c++)
+                            acc[c] += x[c];
+                    }
+                }
+            }
+        for (int64_t r = 0; !one_row && r < nq; r++)
+            w->kern->narrow((char *)fai_bias_row_of(g, gb, gh, i0 + r) +
+                                (size_t)j0 * fai_dtype_size(g->dtype),
+                            g->dtype, n, w->dbias + r * ld);
+    }
+    if (one_row)
+        w->kern->narrow((char *)fai_bias_row_of(g, gb, gh, 0) +
+                            (size_t)j0 * fai_dtype_size(g->dtype),
+                        g->dtype, n, w->dbias);
+    w->want_dbias = 0;
+}
+
 static size_t FAI_T(backward_need)(const fai_problem *pr, const fai_tiled_plan *plan)
 {
     FAI_T(bwd_ws) w;
@@ -356,7 +468,8 @@ static void FAI_T(backward)(fa_context *ctx, const fai_problem *pr,
     const fai_tiles tl = plan->tl;
     const int single = plan->single_pass;
     const int64_t head_tasks = single ? pr->b * pr->hk : 0;
-    const int64_t nkt = (pr->sk + tl.bk - 1) / tl.bk, ktasks = single ? 0 : pr->b * pr->hk * nkt;
+    const int64_t nkt = (pr->sk + tl.bk - 1) / tl.bk;
+    const int64_t ktasks = single ? 0 : pr->b * pr->hk * nkt;
     const int64_t nqt = (pr->sq + tl.bq - 1) / tl.bq, qtasks = single ? 0 : pr->b * pr->hq * nqt;
 #pragma omp parallel num_threads(ctx->num_threads)
     {
@@ -379,6 +492,15 @@ static void FAI_T(backward)(fa_context *ctx, const fai_problem *pr,
             const int64_t qt = task % nqt, h = (task / nqt) % pr->hq, b = task / (nqt * pr->hq);
             const int64_t i0 = qt * tl.bq, i1 = i0 + tl.bq < pr->sq ? i0 + tl.bq : pr->sq;
             FAI_T(bwd_qtile)(pr, tl, b, h, i0, i1, &mine);
+        }
+        const fa_tensor *g = pr->bias_grad;
+        const int64_t gtasks = g ? g->batch * g->heads * nkt : 0;
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < gtasks; task++) {
+            const int64_t kt = task % nkt, gh = (task / nkt) % g->heads,
+                          gb = task / (nkt * g->heads);
+            const int64_t j0 = kt * tl.bk, n = pr->sk - j0 < tl.bk ? pr->sk - j0 : tl.bk;
+            FAI_T(bias_grad_tile)(pr, tl, gb, gh, j0, n, &mine);
         }
     }
 }

@@ -9,6 +9,7 @@ typedef struct {
     FT *scale_rows;              /* MR copies of the score scale (FAI_T(gemm_qk))               */
     int64_t *cols;               /* a strip's rows' allowed columns, [c0, c1) pairs (br x 2)    */
     unsigned char *live, *keep;
+    FT *bias;                    /* a row's bias entries for the tile's keys (bk; with a bias)  */
     const FAI_T(fai_kernels) *kern;
     int64_t sp_ld;               /* row pitch of sp: bk, or bk rounded up to the tile products'
                                   * key chunk                                                */
@@ -59,6 +60,7 @@ static size_t FAI_T(fwd_carve)(const fai_problem *pr, const fai_tiled_plan *plan
     w->cols = fai_carve(&a, (size_t)(2 * tl.br) * sizeof(int64_t));
     w->live = fai_carve(&a, (size_t)tl.bq);
     w->keep = fai_carve(&a, (size_t)tl.bk);
+    w->bias = pr->bias ? fai_carve(&a, (size_t)tl.bk * sizeof(FT)) : NULL;
     const int64_t dmax = pr->dqk > pr->dv ? pr->dqk : pr->dv;
     w->kv_stage = pr->page_size
                       ? fai_carve(&a, (size_t)(tl.bk * dmax) * fai_dtype_size(pr->kv_dtype))
@@ -126,7 +128,9 @@ static void FAI_T(gemm_qk)(FAI_T(fwd_ws) *w, int64_t r0, int64_t r1, int64_t c0,
 typedef struct {
     int64_t j0, n;        /* keys [j0, j0 + n), packed in w->kt and w->v (tiles: w->ktb, w->vb) */
     fai_tile_class cls;
+    int64_t b, h;         /* the query tile's batch and head */
     FT slope;             /* ALiBi slope of the head */
+    FT bias_factor;       /* the bias's factor (fai_bias_factor) */
     int scale_only;       /* the score pipeline is x scale */
     int selective;        /* P V by selection: V holds inf/NaN and P has masked/dropped zeros */
     int pv_tiles;         /* P V by the tile products: V finite and packed in w->vb */
@@ -162,13 +166,20 @@ static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, in
         const int64_t i = i0 + r;
         FT *s = w->sp + (r - r0) * ld, bmax = -INFINITY;
         const int64_t c0 = w->cols[2 * (r - r0)], c1 = w->cols[2 * (r - r0) + 1];
-        if (c0 < c1 && tile->scale_only) /* scaled by the GEMM */
+        const FT *bias = w->bias; /* from column c0 */
+        if (bias && c0 < c1)
+            FAI_T(load_bias)(pr, w->kern, tile->b, tile->h, i, j0 + c0, c1 - c0, w->bias);
+        if (c0 < c1 && tile->scale_only) { /* scaled by the GEMM */
+            if (bias)
+                FAI_T(add_bias)(c1 - c0, w->bias, tile->bias_factor, s + c0);
             bmax = w->kern->max(c1 - c0, s + c0);
-        else
+        } else {
             for (int64_t c = c0; c < c1; c++) {
-                s[c] = FAI_T(fai_score)(&pr->score, s[c], tile->slope, i, j0 + c, NULL);
+                s[c] = FAI_T(fai_score_biased)(&pr->score, s[c], tile->slope,
+                                               bias ? bias[c - c0] : 0, i, j0 + c, NULL);
                 bmax = FAI_T(fai_nanmax)(bmax, s[c]);
             }
+        }
         /* A row that sees nothing here, or only -inf before anything finite, leaves its
          * state alone (a = 1) and P at 0; its allowed terms 0 * v still enter acc below
          * or in the GEMM, as they do in the reference. */
@@ -205,14 +216,21 @@ static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, in
             continue;
         /* by selection: the GEMM kernel over each run of allowed, kept keys. The terms and
          * their order are those of the tile's GEMM less its masked and dropped zeros, so
-         * the bits are the same as without the non-finite rows */
+         * the bits are the same as without the non-finite rows. Keys the bias masks are
+         * skipped as the window's are (their flags in keep, which dropout may have filled) */
         for (int64_t d = 0; d < dv; d++)
             acc[d] *= w->x[r];
+        const int skip = drop->threshold || w->bias;
+        if (w->bias) {
+            FAI_T(load_bias)(pr, w->kern, tile->b, tile->h, i, j0 + c0, c1 - c0, w->bias);
+            for (int64_t c = c0; c < c1; c++)
+                w->keep[c] = (!drop->threshold || w->keep[c]) && !fai_bias_masks(w->bias[c - c0]);
+        }
         for (int64_t ca = c0; ca < c1;) {
-            while (ca < c1 && drop->threshold && !w->keep[ca])
+            while (ca < c1 && skip && !w->keep[ca])
                 ca++;
             int64_t cb = ca;
-            while (cb < c1 && !(drop->threshold && !w->keep[cb]))
+            while (cb < c1 && !(skip && !w->keep[cb]))
                 cb++;
             if (cb > ca)
                 FAI_T(fai_gemm)(w->kern, 1, dv, cb - ca, p + ca, ld, w->v + ca * dv, dv, acc,
@@ -261,7 +279,8 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
 {
     const int64_t hk = h / pr->group, nq = i1 - i0, dv = pr->dv;
     const fai_dropout drop = fai_dropout_for(pr, b, h);
-    FAI_T(fwd_ktile) tile = {.slope = (FT)fai_slope(pr, h), .drop = &drop};
+    FAI_T(fwd_ktile) tile = {.b = b, .h = h, .slope = (FT)fai_slope(pr, h), .drop = &drop};
+    tile.bias_factor = pr->bias ? (FT)fai_bias_factor(pr, h) : 0;
     tile.scale_only = FAI_T(scale_only)(pr, tile.slope);
 
     if (w->bf16)
@@ -314,7 +333,8 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
             const void *v = fai_kv_gather(pr, FAI_V, b, hk, tile.j0, nv, dv, w->kv_stage, &ldv);
             FAI_T(load_run)(w->kern, v, ldv, pr->kv_dtype, nv, dv, w->v);
             const int v_finite = w->kern->finite(nv * dv, w->v);
-            tile.selective = (tile.cls != FAI_TILE_FULL || drop.threshold) && !v_finite;
+            tile.selective =
+                (tile.cls != FAI_TILE_FULL || drop.threshold || pr->bias) && !v_finite;
             tile.pv_tiles = w->bf16 && v_finite;
             if (tile.pv_tiles) {
                 tile.nk = FAI_T(round_up)(nv, w->bf16->keys);

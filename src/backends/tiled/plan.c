@@ -207,7 +207,7 @@ fai_tiles fai_tiled_tiles(const fa_context *ctx, int64_t dqk, int64_t dv, fa_dty
 
 int64_t fai_tiled_decode_keys(const fa_context *ctx, const fai_problem *pr)
 {
-    const int applies = pr->dtype != FA_F64 && pr->drop.threshold == 0 &&
+    const int applies = pr->dtype != FA_F64 && pr->drop.threshold == 0 && !pr->bias &&
                         pr->group * pr->sq <= DECODE_ROWS && !ctx->tiled.decode_off &&
                         ctx->tiled.bq == 0; /* forced tiles (FA_TILES) are for the tiles */
     return applies ? DECODE_KEYS : 0;

@@ -83,11 +83,31 @@ static const FT *FAI_T(view_run)(const FAI_T(fai_kernels) *kern, const void *src
     return buf;
 }
 
-/* Whether head h's score pipeline is the scale alone (no softcap, no ALiBi): the Q K^T GEMM then
- * applies it in its store, with the single rounding of the pipeline's multiply. */
+/* Whether head h's score pipeline is the scale alone, and a bias added (no softcap, no ALiBi
+ * distance): the Q K^T GEMM then applies the scale in its store, with the single rounding of
+ * the pipeline's multiply, and add_bias the bias. */
 static int FAI_T(scale_only)(const fai_problem *pr, FT slope)
 {
-    return pr->score.softcap == 0 && slope == 0;
+    return fai_score_is_affine(&pr->score, slope);
+}
+
+/* Row i of (b, h)'s bias entries for keys [j, j + n), widened to FT into dst (a keep-mask as
+ * 0 / -inf, base/dtype.h). */
+static void FAI_T(load_bias)(const fai_problem *pr, const FAI_T(fai_kernels) *kern, int64_t b,
+                             int64_t h, int64_t i, int64_t j, int64_t n, FT *dst)
+{
+    const fa_dtype dt = pr->bias->dtype;
+    kern->widen((const char *)fai_bias_row(pr, b, h, i) + (size_t)j * fai_dtype_size(dt), dt, n,
+                dst);
+}
+
+/* s[c] += factor bias[c] for n scores that the scale alone formed, -inf where the bias masks:
+ * core/score.h's pipeline without cap or distance term (factor: fai_bias_factor). */
+static void FAI_T(add_bias)(int64_t n, const FT *bias, FT factor, FT *s)
+{
+#pragma omp simd
+    for (int64_t c = 0; c < n; c++)
+        s[c] = fai_bias_masks(bias[c]) ? (FT)-INFINITY : s[c] + factor * bias[c];
 }
 
 /* n copies of the score scale from the arena: the GEMM's store factors (filled once carved). */
