@@ -63,6 +63,29 @@ def _choice(table: dict, value: str, name: str) -> int:
     return table[value]
 
 
+def _mask_view(frame: Frame, attn_mask) -> View:
+    """attn_mask's view, its key axis contiguous: a row-major copy where it is not (a stride
+    other than 1, a broadcast key axis) or where a stride is negative."""
+    v = frame.view(attn_mask, "attn_mask", mask=True)
+    if len(v.shape) > 4:
+        raise N.InvalidArgumentError(f"attn_mask (the bias): expected at most 4 dims (B, H, Sq, "
+                                     f"Sk), got shape {tuple(v.shape)}", N.FA_ERR_SHAPE)
+    if (v.shape and v.shape[-1] > 1 and v.strides[-1] != 1) or min(v.strides, default=0) < 0:
+        v = frame.view(frame.contiguous(attn_mask), "attn_mask", mask=True)
+    return v
+
+
+def _bias_tensor(v: View, name: str) -> N.Tensor:
+    """The fa_tensor of a mask (or its gradient) in PyTorch SDPA's (B, H, Sq, Sk) order, fewer
+    leading dims counting as 1 (broadcast, as the library broadcasts a dim of 1)."""
+    n = 4 - len(v.shape)
+    t = View(v.ptr, v.dtype, (1,) * n + tuple(v.shape), (0,) * n + tuple(v.strides), v.device,
+             None).tensor("bhsd", name)
+    if t.headdim <= 1:
+        t.headdim_stride = 1  # a stride of one key or none is never read
+    return t
+
+
 _DEFAULT_PARAMS = N.Params()
 N.lib.fa_params_init(byref(_DEFAULT_PARAMS))
 
@@ -77,8 +100,9 @@ class _Call:
                  alibi_slopes: Any = None, scale: Optional[float] = None,
                  dropout_p: float = 0.0, seed: int = 0, offset: int = 0, sinks: Any = None,
                  sink_tokens: int = 0, score_order: str = "softcap-then-alibi",
-                 backend: str = "auto", isa: str = "auto", threads: int = 0,
-                 deterministic: bool = False):
+                 attn_mask: Any = None, bias_place: str = "after-scale",
+                 bias_by_slope: bool = False, backend: str = "auto", isa: str = "auto",
+                 threads: int = 0, deterministic: bool = False):
         # the defaults' fields are _DEFAULT_PARAMS's: only the others are written
         p = N.Params.from_buffer_copy(_DEFAULT_PARAMS)
         if scale is not None:
@@ -112,6 +136,15 @@ class _Call:
             p.alibi_slopes = self.slopes.ctypes.data_as(fp)
         if self.sinks is not None:
             p.sink_logits = self.sinks.ctypes.data_as(fp)
+        self.mask = self.bias = None
+        if attn_mask is not None:
+            self.mask = _mask_view(frame, attn_mask)
+            self.bias = _bias_tensor(self.mask, "attn_mask")
+            p.bias = ctypes.pointer(self.bias)
+        if bias_place != "after-scale":
+            p.bias_place = _choice(N.BIAS_PLACES, bias_place, "bias_place")
+        if bias_by_slope:
+            p.bias_by_slope = 1
         self.params = p
         self.frame = frame
         if not frame.on_gpu:
@@ -139,6 +172,20 @@ class _Call:
             return None
         g = np.zeros_like(self.sinks)
         self.params.sink_grad = g.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+        return g
+
+    def bias_grad(self, dtype: int):
+        """An array for d loss / d attn_mask in the mask's own shape, float32 (float64 for
+        float64 storage), wired into the params."""
+        if self.mask is None or self.mask.dtype == N.BOOL:
+            raise N.InvalidArgumentError(
+                "bias_grad=True: " + ("attn_mask is None: there is no bias to differentiate"
+                                      if self.mask is None else "attn_mask is a bool keep-mask, "
+                                      "which has no gradient (pass an additive float bias)"),
+                N.FA_ERR_INVALID_ARGUMENT)
+        g, vg = self.frame.empty(tuple(self.mask.shape), _lse_dtype(dtype), "bias_grad")
+        self.dbias = _bias_tensor(vg, "bias_grad")
+        self.params.bias_grad = ctypes.pointer(self.dbias)
         return g
 
 
@@ -227,10 +274,11 @@ def _grad_outputs(frame: Frame, views, tensor_of):
     return grads, tensors
 
 
-def _grad_results(frame: Frame, grads, dsinks):
-    """(dq, dk, dv), and dsinks after them where the call had sinks."""
+def _grad_results(frame: Frame, grads, dsinks, dbias=None):
+    """(dq, dk, dv), dsinks after them where the call had sinks, and dbias where asked."""
     res = tuple(frame.result(a) for a in grads)
-    return res + (frame.from_host(dsinks),) if dsinks is not None else res
+    res += (frame.from_host(dsinks),) if dsinks is not None else ()
+    return res + (frame.result(dbias),) if dbias is not None else res
 
 
 def _indices(x, name: str):
@@ -246,7 +294,8 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False,
               align: str = "bottom-right", window: Window = None,
               softcap: Optional[float] = None, alibi_slopes=None, scale: Optional[float] = None,
               dropout_p: float = 0.0, seed: int = 0, offset: int = 0, sinks=None,
-              sink_tokens: int = 0, score_order: str = "softcap-then-alibi",
+              sink_tokens: int = 0, score_order: str = "softcap-then-alibi", attn_mask=None,
+              bias_place: str = "after-scale", bias_by_slope: bool = False,
               return_lse: bool = False, out=None, backend: str = "auto", isa: str = "auto",
               threads: int = 0, deterministic: bool = False):
     """Exact attention: out = softmax(scale q k^T + mask and biases) v (fa_forward).
@@ -266,6 +315,18 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False,
     with no allowed key.
 
     {options}
+    attn_mask: None, or PyTorch SDPA's attn_mask: a bool keep-mask (True keeps the key) or an
+        additive float bias (float64, float32, float16 or bfloat16, any of them under any q;
+        -inf masks), shaped (B, H, Sq, Sk) whatever `layout` is (H: q's heads), or
+        broadcastable to it: fewer leading dims ((Sq, Sk), (H, Sq, Sk)) and dims of 1 or of
+        stride 0 (np.broadcast_to, torch's expand) are read as broadcast, with no copy; the
+        key axis must be Sk long, and is copied to a row-major array where its stride is not
+        1. A row it masks entirely has O = 0 and LSE = -inf (the sink's logit with sinks).
+        Dense calls only (the calls of sequences do not take one).
+    bias_place: where the bias enters the scores: "after-scale" (added to scale q.k, before
+        softcap and ALiBi: SDPA, xformers) or "after-softcap" (after both: ggml).
+    bias_by_slope: ggml's ALiBi: each head's slope multiplies the bias, and ALiBi's own
+        distance term is dropped (needs attn_mask and alibi_slopes).
 
     Raises InvalidArgumentError (a ValueError) naming the argument for bad input, with
     nothing written; UnsupportedError, OutOfMemoryError, BackendUnavailableError, DeviceError.
@@ -277,10 +338,11 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False,
     call = _Call(frame, tq.heads, causal=causal, align=align, window=window, softcap=softcap,
                  alibi_slopes=alibi_slopes, scale=scale, dropout_p=dropout_p, seed=seed,
                  offset=offset, sinks=sinks, sink_tokens=sink_tokens, score_order=score_order,
+                 attn_mask=attn_mask, bias_place=bias_place, bias_by_slope=bias_by_slope,
                  backend=backend, isa=isa, threads=threads, deterministic=deterministic)
     given = out is not None
     out, to, lse, tl = _dense_outputs(frame, vq, tq, vv.shape[3], layout, return_lse, out)
-    last_call.update(q=tq, k=tk, v=tv, out=to)
+    last_call.update(q=tq, k=tk, v=tv, out=to, attn_mask=call.bias)
     call.run("fa_forward", byref(call.params), byref(tq), byref(tk), byref(tv),
              byref(to), byref(tl) if tl is not None else None)
     if given:
@@ -294,14 +356,20 @@ def attention_backward(dout, q, k, v, out, lse, *, layout: str = "bshd", causal:
                        softcap: Optional[float] = None, alibi_slopes=None,
                        scale: Optional[float] = None, dropout_p: float = 0.0, seed: int = 0,
                        offset: int = 0, sinks=None, sink_tokens: int = 0,
-                       score_order: str = "softcap-then-alibi", backend: str = "auto",
-                       isa: str = "auto", threads: int = 0, deterministic: bool = False):
-    """Gradients of attention for the cotangent dout (fa_backward): (dq, dk, dv), and with
-    `sinks` also dsinks, d loss / d sink per query head (float32).
+                       score_order: str = "softcap-then-alibi", attn_mask=None,
+                       bias_place: str = "after-scale", bias_by_slope: bool = False,
+                       bias_grad: bool = False, backend: str = "auto", isa: str = "auto",
+                       threads: int = 0, deterministic: bool = False):
+    """Gradients of attention for the cotangent dout (fa_backward): (dq, dk, dv), with
+    `sinks` also dsinks, d loss / d sink per query head (float32), and with bias_grad=True
+    last dbias, d loss / d attn_mask in the mask's own shape as given (a broadcast dim
+    receives the sum over it), float32 (float64 for float64 q); a bool keep-mask has none
+    (InvalidArgumentError).
 
     out and lse are the forward's results with the same options (lse (B, Hq, Sq), float64
     for float64 q); dout is shaped like out. One storage dtype for q, k, v, out and dout.
-    dk and dv of a GQA group sum over its query heads. The options must be the forward's:
+    dk and dv of a GQA group sum over its query heads. The options must be the forward's
+    (attn_mask, bias_place and bias_by_slope as attention's):
 
     {options}
     """
@@ -314,12 +382,14 @@ def attention_backward(dout, q, k, v, out, lse, *, layout: str = "bshd", causal:
     call = _Call(frame, tq.heads, causal=causal, align=align, window=window, softcap=softcap,
                  alibi_slopes=alibi_slopes, scale=scale, dropout_p=dropout_p, seed=seed,
                  offset=offset, sinks=sinks, sink_tokens=sink_tokens, score_order=score_order,
+                 attn_mask=attn_mask, bias_place=bias_place, bias_by_slope=bias_by_slope,
                  backend=backend, isa=isa, threads=threads, deterministic=deterministic)
     dsinks = call.sink_grad()
+    dbias = call.bias_grad(tq.dtype) if bias_grad else None
     grads, tgrads = _grad_outputs(frame, views[1:4], lambda vg, n: vg.tensor(layout, n))
     call.run("fa_backward", byref(call.params), byref(tq), byref(tk), byref(tv),
              byref(to), byref(tl), byref(tg), *(byref(t) for t in tgrads))
-    return _grad_results(frame, grads, dsinks)
+    return _grad_results(frame, grads, dsinks, dbias)
 
 
 def merge_states(outs: Sequence, lses: Sequence, *, layout: str = "bshd"):

@@ -22,7 +22,7 @@ from . import _native as N
 # ------------------------------------------------------------------ DLPack (dlpack.h, v0.8)
 
 KDL_CPU, KDL_CUDA, KDL_CUDA_HOST, KDL_CUDA_MANAGED = 1, 2, 3, 13
-KDL_FLOAT, KDL_BFLOAT = 2, 4
+KDL_FLOAT, KDL_BFLOAT, KDL_BOOL = 2, 4, 6
 
 
 class _DLDevice(Structure):
@@ -58,7 +58,7 @@ def _capsule_pointer(capsule, name: bytes) -> int:
     return _get_pointer()(capsule, name)
 
 _DL_DTYPES = {(KDL_FLOAT, 16): N.F16, (KDL_FLOAT, 32): N.F32, (KDL_FLOAT, 64): N.F64,
-              (KDL_BFLOAT, 16): N.BF16}
+              (KDL_BFLOAT, 16): N.BF16, (KDL_BOOL, 8): N.BOOL}
 
 # ------------------------------------------------------------------ dtypes
 
@@ -94,6 +94,8 @@ def _fa_dtype_of_numpy(dt: np.dtype, name: str) -> int:
     code = NUMPY_DTYPES.get(dt)
     if code is None and dt.name == "bfloat16":
         code = N.BF16
+    if code is None and dt == np.bool_:
+        code = N.BOOL  # a keep-mask's (Frame.view refuses it elsewhere)
     if code is None:
         raise TypeError(f"{name}: dtype {dt} is not one the library stores (float64, float32, "
                         "float16, bfloat16)")
@@ -240,7 +242,8 @@ class Frame:
     def on_gpu(self) -> bool:
         return self.device[0] in (KDL_CUDA, KDL_CUDA_MANAGED)
 
-    def view(self, x, name: str) -> View:
+    def view(self, x, name: str, mask: bool = False) -> View:
+        """The view of one of the call's arrays; bool only where `mask` (a keep-mask)."""
         fw = framework_of(x, name)
         if fw != self.framework:
             raise TypeError(f"{name}: a {fw} array among {self.framework} arrays: pass one "
@@ -256,8 +259,22 @@ class Frame:
                                              f"on {self.device} (DLPack device type, id)",
                                              N.FA_ERR_INVALID_ARGUMENT)
             self.stream = stream or self.stream
+        if v.dtype == N.BOOL and not mask:
+            raise TypeError(f"{name}: dtype bool is not one the library stores (float64, "
+                            "float32, float16, bfloat16); only attn_mask may be bool")
         self.views.append(v)
         return v
+
+    def contiguous(self, x):
+        """A row-major copy of one of the call's arrays in its framework (numpy, PyTorch,
+        CuPy; an array of another framework is given back as it is)."""
+        if self.framework == "torch":
+            return x.contiguous()
+        if self.framework == "cupy":
+            import cupy
+            with cupy.cuda.Device(self.device[1]):
+                return cupy.ascontiguousarray(x)
+        return np.ascontiguousarray(x) if isinstance(x, np.ndarray) else x
 
     def guard(self):
         """A context manager making the arrays' GPU the current device (the CUDA backend

@@ -158,6 +158,11 @@ class _Shape:
     def lse_shape(self, tq: N.Tensor) -> tuple:
         return (tq.heads, tq.seqlen) if self.varlen else (tq.batch, tq.heads, tq.seqlen)
 
+    def out_rows(self, rows: np.ndarray) -> np.ndarray:
+        """A per-row array shaped as the LSE, in out's index order with a dim of 1 last."""
+        return (rows if self.layout == "bhsd" and not self.varlen
+                else np.swapaxes(rows, -1, -2))[..., None]
+
     def index(self, name: str, worst) -> Tuple[int, ...]:
         """fa_comparison's [batch, seq, head, dim] in the candidate array's own order."""
         b, s, h, d = (int(x) for x in worst)
@@ -215,7 +220,8 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
           align: Optional[str] = None, window=None, softcap: Optional[float] = None,
           alibi_slopes=None, scale: Optional[float] = None, dropout_p: float = 0.0,
           seed: int = 0, offset: int = 0, sinks=None, sink_tokens: int = 0,
-          score_order: Optional[str] = None, cu_seqlens_q=None, cu_seqlens_k=None,
+          score_order: Optional[str] = None, attn_mask=None, bias_place: Optional[str] = None,
+          bias_by_slope: Optional[bool] = None, cu_seqlens_q=None, cu_seqlens_k=None,
           block_table=None, seqused_k=None, kv_layout: str = "nhd",
           threads: int = 0) -> CheckReport:
     """Checks a candidate kernel's results (out, lse, dq, dk, dv: any of them) for the inputs
@@ -231,10 +237,14 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
     its first output, else q's). profile: a kernel family's conventions ("flashattn",
     "fa2", "fa3", "pytorch", "flashinfer", "xformers", "ggml"): its causal alignment and
     ALiBi/softcap order unless align / score_order say otherwise, its LSE's base and
-    empty-row value, and, for xformers and ggml, an int window counting keys (W: window
-    (W - 1, 0)). The other options are flashattn.attention's, plus a variable-length batch
-    (cu_seqlens_q, cu_seqlens_k; packed (total, H, D) arrays, lse (H, total)) or a paged K/V
-    (block_table, seqused_k, kv_layout; forward only).
+    empty-row value, its O of a row with no allowed key (0, NaN, or not compared), where its
+    bias enters and whether its ALiBi slopes scale the bias (ggml; with attn_mask and
+    alibi_slopes) unless bias_place / bias_by_slope say otherwise, and, for xformers and
+    ggml, an int window counting keys (W: window (W - 1, 0)). The other options are
+    flashattn.attention's (attn_mask too: a bool keep-mask or an additive bias, SDPA's (B, H,
+    Sq, Sk) or broadcastable; dense only), plus a variable-length batch (cu_seqlens_q,
+    cu_seqlens_k; packed (total, H, D) arrays, lse (H, total)) or a paged K/V (block_table,
+    seqused_k, kv_layout; forward only).
     """
     for name, x in (("atol", atol), ("rtol", rtol)):
         if x is not None and not (math.isfinite(x) and x >= 0):
@@ -265,6 +275,11 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
     align = align or ("top-left" if pf.align == N.ALIGNS["top-left"] else "bottom-right")
     if score_order is None:
         score_order = ("alibi-then-softcap" if pf.score_order else "softcap-then-alibi")
+    if bias_place is None:
+        bias_place = "after-softcap" if pf.bias_place else "after-scale"
+    if bias_by_slope is None:
+        bias_by_slope = (bool(pf.bias_by_slope) and attn_mask is not None
+                         and alibi_slopes is not None)
 
     inputs = {"q": q, "k": k, "v": v}
     if grads:
@@ -285,7 +300,8 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
     opts = dict(causal=causal, align=align, window=window, softcap=softcap,
                 alibi_slopes=alibi_slopes, scale=scale, dropout_p=dropout_p, seed=seed,
                 offset=offset, sinks=sinks, sink_tokens=sink_tokens, score_order=score_order,
-                threads=threads)
+                attn_mask=None if attn_mask is None else to_host(attn_mask, "attn_mask")[0],
+                bias_place=bias_place, bias_by_slope=bias_by_slope, threads=threads)
     ref = _run_all(shape, _Call(host, hq, backend="reference", **opts),
                    {n: host_view(h.converted(N.F64), N.F64, n) for n, h in hin.items()}, grads,
                    N.F64)
@@ -299,6 +315,8 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
             raise N.InvalidArgumentError(f"{n}: shape {tuple(c.array.shape)} does not match the "
                                          f"{n} the inputs give, {tuple(ref[n].shape)}",
                                          N.FA_ERR_SHAPE)
+    if "out" in cands and pf.empty_out != N.EMPTY_OUT_ZERO:  # before the LSE's conversion
+        _out_as_candidate_writes_it(pf, shape, ref, base, hc["out"], dt)
     if "lse" in cands:
         _lse_as_candidate_writes_it(pf, ref, hc["lse"])
         if base is not None:
@@ -340,3 +358,18 @@ def _lse_as_candidate_writes_it(pf, res: Dict[str, np.ndarray], cand: _Host) -> 
     if pf.empty_lse == N.EMPTY_LSE_ANY:
         c = cand.converted(N.F64)
         res["lse"] = np.where(a == -math.inf, c, a).astype(a.dtype)
+
+
+def _out_as_candidate_writes_it(pf, shape: _Shape, ref: Dict[str, np.ndarray],
+                                base: Optional[Dict[str, np.ndarray]], cand: _Host,
+                                dtype: int) -> None:
+    """The reference's O of a row with no allowed key (its LSE -inf) as the profile's kernels
+    write it: NaN, or, where they write no defined value, the candidate's own row in the
+    reference and the yardstick, so that those rows are not compared."""
+    empty = shape.out_rows(ref["lse"] == -math.inf)
+    if pf.empty_out == N.EMPTY_OUT_NAN:
+        ref["out"] = np.where(empty, np.nan, ref["out"])
+        return
+    ref["out"] = np.where(empty, cand.converted(N.F64), ref["out"])
+    if base is not None:
+        base["out"] = np.where(empty, cand.converted(dtype), base["out"])

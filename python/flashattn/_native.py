@@ -40,9 +40,9 @@ FA_OK = 0
  FA_ERR_UNSUPPORTED, FA_ERR_OVERFLOW, FA_ERR_NO_MEMORY, FA_ERR_BACKEND_UNAVAILABLE,
  FA_ERR_DEVICE) = range(1, 11)
 
-F32, F64, F16, BF16 = range(4)
-DTYPE_NAMES = {F32: "float32", F64: "float64", F16: "float16", BF16: "bfloat16"}
-ITEMSIZE = {F32: 4, F64: 8, F16: 2, BF16: 2}
+F32, F64, F16, BF16, BOOL = range(5)
+DTYPE_NAMES = {F32: "float32", F64: "float64", F16: "float16", BF16: "bfloat16", BOOL: "bool"}
+ITEMSIZE = {F32: 4, F64: 8, F16: 2, BF16: 2, BOOL: 1}
 
 BACKENDS = {"auto": 0, "reference": 1, "conventional": 2, "tiled": 3, "cuda": 4}
 ISAS = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3, "neon": 4, "amx": 5}
@@ -50,6 +50,8 @@ ALIGNS = {"bottom-right": 0, "top-left": 1}
 SCORE_ORDERS = {"softcap-then-alibi": 0, "alibi-then-softcap": 1}
 INDEX_INT32, INDEX_INT64 = 0, 1
 EMPTY_LSE_NEG_INF, EMPTY_LSE_POS_INF, EMPTY_LSE_ANY = range(3)
+EMPTY_OUT_ZERO, EMPTY_OUT_NAN, EMPTY_OUT_ANY = range(3)
+BIAS_PLACES = {"after-scale": 0, "after-softcap": 1}
 
 # ------------------------------------------------------------------ structs
 
@@ -66,7 +68,8 @@ class Params(Structure):
                 ("alibi_slopes", POINTER(c_float)), ("dropout_p", c_double),
                 ("dropout_seed", c_uint64), ("dropout_offset", c_uint64), ("score_order", c_int),
                 ("sink_logits", POINTER(c_float)), ("sink_grad", POINTER(c_float)),
-                ("sink_tokens", c_int64)]
+                ("sink_tokens", c_int64), ("bias", POINTER(Tensor)), ("bias_place", c_int),
+                ("bias_by_slope", c_int), ("bias_grad", POINTER(Tensor))]
 
 
 class Options(Structure):
@@ -96,7 +99,8 @@ class Comparison(Structure):
 class Profile(Structure):
     _fields_ = [("name", c_char_p), ("align", c_int), ("lse_base2", c_int),
                 ("empty_lse", c_int), ("window_is_count", c_int), ("score_order", c_int),
-                ("has_lse", c_int)]
+                ("has_lse", c_int), ("bias_place", c_int), ("bias_by_slope", c_int),
+                ("empty_out", c_int)]
 
 
 _T = POINTER(Tensor)

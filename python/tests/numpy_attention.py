@@ -22,8 +22,10 @@ def allowed(sq, sk, causal=False, window=(-1, -1), align="bottom-right", sink_to
 
 def forward(q, k, v, *, causal=False, window=(-1, -1), align="bottom-right", scale=None,
             softcap=None, alibi_slopes=None, sinks=None, sink_tokens=0,
-            score_order="softcap-then-alibi"):
-    """(out (B, Sq, Hq, Dv), lse (B, Hq, Sq), p (B, Hq, Sq, Sk)) in float64."""
+            score_order="softcap-then-alibi", bias=None):
+    """(out (B, Sq, Hq, Dv), lse (B, Hq, Sq), p (B, Hq, Sq, Sk)) in float64. bias: None, or
+    an additive bias broadcastable to (B, Hq, Sq, Sk), added to the scaled scores (step 2b,
+    before softcap and ALiBi)."""
     q, k, v = (np.asarray(x, dtype=np.float64) for x in (q, k, v))
     b, sq, hq, d = q.shape
     sk, hk = k.shape[1], k.shape[2]
@@ -32,6 +34,8 @@ def forward(q, k, v, *, causal=False, window=(-1, -1), align="bottom-right", sca
     kk = np.repeat(k, g, axis=2)  # head h reads kv head h // g
     vv = np.repeat(v, g, axis=2)
     s = scale * np.einsum("bihd,bjhd->bhij", q, kk)
+    if bias is not None:
+        s = s + np.asarray(bias, np.float64)
     off = sk - sq if align == "bottom-right" else 0
     dist = np.abs(np.arange(sq)[:, None] + off - np.arange(sk)[None, :])
     bias = 0 if alibi_slopes is None else -np.asarray(alibi_slopes, np.float64)[None, :, None, None] * dist

@@ -128,7 +128,7 @@ static void FAI_T(gemm_qk)(FAI_T(fwd_ws) *w, int64_t r0, int64_t r1, int64_t c0,
 typedef struct {
     int64_t j0, n;        /* keys [j0, j0 + n), packed in w->kt and w->v (tiles: w->ktb, w->vb) */
     fai_tile_class cls;
-    int64_t b, h;         /* the query tile's batch and head */
+    int64_t b, h, i1;     /* the query tile's batch and head, and its end */
     FT slope;             /* ALiBi slope of the head */
     FT bias_factor;       /* the bias's factor (fai_bias_factor) */
     int scale_only;       /* the score pipeline is x scale */
@@ -169,6 +169,8 @@ static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, in
         const FT *bias = w->bias; /* from column c0 */
         if (bias && c0 < c1)
             FAI_T(load_bias)(pr, w->kern, tile->b, tile->h, i, j0 + c0, c1 - c0, w->bias);
+        if (bias && i + tl.br < tile->i1) /* the row of the next strip, in the same columns */
+            FAI_T(prefetch_bias)(pr, tile->b, tile->h, i + tl.br, j0 + c0, c1 - c0);
         if (c0 < c1 && tile->scale_only) { /* scaled by the GEMM */
             if (bias)
                 FAI_T(add_bias)(c1 - c0, w->bias, tile->bias_factor, s + c0);
@@ -279,7 +281,8 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
 {
     const int64_t hk = h / pr->group, nq = i1 - i0, dv = pr->dv;
     const fai_dropout drop = fai_dropout_for(pr, b, h);
-    FAI_T(fwd_ktile) tile = {.b = b, .h = h, .slope = (FT)fai_slope(pr, h), .drop = &drop};
+    FAI_T(fwd_ktile) tile = {.b = b, .h = h, .i1 = i1, .slope = (FT)fai_slope(pr, h),
+                             .drop = &drop};
     tile.bias_factor = pr->bias ? (FT)fai_bias_factor(pr, h) : 0;
     tile.scale_only = FAI_T(scale_only)(pr, tile.slope);
 

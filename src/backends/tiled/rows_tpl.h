@@ -14,6 +14,7 @@
  *                      FAI_T(fai_online_finalize) (core/recurrence.h); the gradient
  *                      FAI_T(fai_dscore) (core/gradient.h)
  *   FT_DTYPE           the storage dtype that is FT itself (read in place, without conversion)
+ *   FT_UINT            the unsigned integer type of FT's size (its bits)
  *   FT_TILE_PRODUCTS   1 where the kernel set may have tile products (float), else 0: the two
  *                      calls that pass them FT buffers (their Q K^T and P V take float) are
  *                      compiled only then; with double the plan never gives tile products,
@@ -92,22 +93,53 @@ static int FAI_T(scale_only)(const fai_problem *pr, FT slope)
 }
 
 /* Row i of (b, h)'s bias entries for keys [j, j + n), widened to FT into dst (a keep-mask as
- * 0 / -inf, base/dtype.h). */
+ * 0 / -inf, base/dtype.h, here in a loop the compiler vectorizes). */
 static void FAI_T(load_bias)(const fai_problem *pr, const FAI_T(fai_kernels) *kern, int64_t b,
                              int64_t h, int64_t i, int64_t j, int64_t n, FT *dst)
 {
     const fa_dtype dt = pr->bias->dtype;
-    kern->widen((const char *)fai_bias_row(pr, b, h, i) + (size_t)j * fai_dtype_size(dt), dt, n,
-                dst);
+    const char *row = (const char *)fai_bias_row(pr, b, h, i) + (size_t)j * fai_dtype_size(dt);
+    if (dt != FA_BOOL) {
+        kern->widen(row, dt, n, dst);
+        return;
+    }
+    const unsigned char *keep = (const unsigned char *)row;
+#pragma omp simd
+    for (int64_t c = 0; c < n; c++)
+        dst[c] = keep[c] != 0 ? (FT)0 : (FT)-INFINITY;
+}
+
+/* Asks for row i of (b, h)'s bias entries for keys [j, j + n) ahead of their load_bias: bias
+ * rows lie a whole key row apart, which the hardware prefetchers do not follow (on a Zen 3,
+ * the loads of an f16 bias broadcast over 8 heads stalled the forward by half its time). */
+static void FAI_T(prefetch_bias)(const fai_problem *pr, int64_t b, int64_t h, int64_t i,
+                                 int64_t j, int64_t n)
+{
+    const size_t es = fai_dtype_size(pr->bias->dtype);
+    const char *row = (const char *)fai_bias_row(pr, b, h, i) + (size_t)j * es;
+    for (size_t x = 0; x < (size_t)n * es; x += 64)
+        __builtin_prefetch(row + x, 0, 3);
 }
 
 /* s[c] += factor bias[c] for n scores that the scale alone formed, -inf where the bias masks:
- * core/score.h's pipeline without cap or distance term (factor: fai_bias_factor). */
+ * core/score.h's pipeline without cap or distance term (factor: fai_bias_factor). The choice of
+ * -inf is made on the bits (the bias's own -inf where it masks, else the sum), because gcc -O2
+ * turns a floating-point select into a branch, which stops it vectorizing the loop. */
 static void FAI_T(add_bias)(int64_t n, const FT *bias, FT factor, FT *s)
 {
+    const FT neg_inf = -INFINITY;
+    FT_UINT inf_bits;
+    memcpy(&inf_bits, &neg_inf, sizeof inf_bits);
 #pragma omp simd
-    for (int64_t c = 0; c < n; c++)
-        s[c] = fai_bias_masks(bias[c]) ? (FT)-INFINITY : s[c] + factor * bias[c];
+    for (int64_t c = 0; c < n; c++) {
+        const FT sum = s[c] + factor * bias[c];
+        FT_UINT sb, bb;
+        memcpy(&sb, &sum, sizeof sb);
+        memcpy(&bb, &bias[c], sizeof bb);
+        const FT_UINT masks = (FT_UINT)0 - (FT_UINT)(bb == inf_bits); /* all ones or none */
+        const FT_UINT r = (sb & ~masks) | (bb & masks);
+        memcpy(&s[c], &r, sizeof r);
+    }
 }
 
 /* n copies of the score scale from the arena: the GEMM's store factors (filled once carved). */

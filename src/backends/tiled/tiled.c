@@ -26,6 +26,7 @@
 #define FT float
 #define FAI_T(name) name##_f32
 #define FT_DTYPE FA_F32
+#define FT_UINT uint32_t
 #define FT_TILE_PRODUCTS 1
 #include "backends/tiled/rows_tpl.h"
 #include "backends/tiled/forward_tpl.h"
@@ -33,11 +34,13 @@
 #undef FT
 #undef FAI_T
 #undef FT_DTYPE
+#undef FT_UINT
 #undef FT_TILE_PRODUCTS
 
 #define FT double
 #define FAI_T(name) name##_f64
 #define FT_DTYPE FA_F64
+#define FT_UINT uint64_t
 #define FT_TILE_PRODUCTS 0
 #include "backends/tiled/rows_tpl.h"
 #include "backends/tiled/forward_tpl.h"
