@@ -502,6 +502,155 @@ def profile_window_as_key_count():
     run("check", *qkv_args(), "--candidate-out", o, "--profile", "nope", code=2)
 
 
+# ------------------------------------------------------------------ bias and keep-masks
+
+def allowed_keys(sq, sk, left=-1, right=0):
+    """Bottom-right aligned window (left, right) as a (Sq, Sk) bool array (-1: unbounded)."""
+    i, j = np.arange(sq)[:, None] + sk - sq, np.arange(sk)[None, :]
+    return (j <= i + right if right >= 0 else j >= 0) & (j >= i - left if left >= 0 else j >= 0)
+
+
+def same_bits(a, b):
+    return all(open(x, "rb").read() == open(y, "rb").read() for x, y in zip(a, b))
+
+
+@test
+def attn_mask_bool_causal_is_causal():
+    # np.tril below the diagonal Sk - Sq: the bottom-right causal mask, bit for bit on the
+    # tiled backend; as a float 0/1 array with --mask-kind keep, and as (B, H, Sq, Sk), too
+    tril = np.tril(np.ones((40, 56), bool), 16)
+    assert (tril == allowed_keys(40, 56)).all()
+    want = forward("--causal", "--backend", "tiled", out="mc_o.npy", lse="mc_l.npy")
+    for name, a, opts in (("mc_m.npy", tril, []),
+                          ("mc_f.npy", tril.astype(np.float32), ["--mask-kind", "keep"]),
+                          ("mc_4.npy", np.broadcast_to(tril, (2, 4, 40, 56)).copy(), [])):
+        got = forward("--attn-mask", save(name, a), *opts, "--backend", "tiled", "--threads", "3",
+                      out="mc_o2.npy", lse="mc_l2.npy")
+        assert same_bits(want, got), name
+    check(*got, "--attn-mask", save("mc_m.npy", tril), code=0)
+    check(*got, code=1)
+
+
+@test
+def bias_of_minus_inf_is_a_window():
+    # a float bias of 0 inside the window (5, 2) and -inf outside it: the window's result, bit
+    # for bit on the reference; within the f32 rule on the tiled backend, whose arithmetic with
+    # a bias differs (the bias is added to the scaled score)
+    w = save("bw.npy", np.where(allowed_keys(40, 56, 5, 2), 0, -np.inf).astype(np.float32))
+    for be in ["reference", "tiled"]:
+        want = forward("--window", "5,2", "--backend", be, out="bw_o.npy", lse="bw_l.npy")
+        got = forward("--bias", w, "--backend", be, out="bw_o2.npy", lse="bw_l2.npy")
+        assert be != "reference" or same_bits(want, got)
+        check(*got, "--window", "5,2", code=0)
+        check(*want, "--bias", w, code=0)
+        check(*got, "--window", "5,3", code=1)
+
+
+@test
+def bias_broadcasts_like_sdpa():
+    # (1, 1, Sq, Sk), (Sq, Sk) and (1, Sq, Sk) give what the bias repeated to (B, H, Sq, Sk) gives
+    b = RNG.standard_normal((40, 56)).astype(np.float32)
+    full = forward("--bias", save("bb4.npy", np.broadcast_to(b, (2, 4, 40, 56)).copy()),
+                   "--backend", "tiled", out="bb_o.npy", lse="bb_l.npy")
+    for name, a in (("bb1.npy", b[None, None]), ("bb2.npy", b), ("bb3.npy", b[None])):
+        got = forward("--bias", save(name, a), "--backend", "tiled", out="bb_o2.npy",
+                      lse="bb_l2.npy")
+        assert same_bits(full, got), name
+    # per head: head 2 alone differs
+    bh = np.broadcast_to(b, (2, 4, 40, 56)).copy()
+    bh[:, 2] += 1.5 * np.eye(40, 56, 16, dtype=np.float32)
+    got = forward("--bias", save("bbh.npy", bh), out="bb_o3.npy", lse="bb_l3.npy")
+    o1, o2 = np.load(full[0]), np.load(got[0])
+    assert (o1[:, :, [0, 1, 3]] == o2[:, :, [0, 1, 3]]).all() and (o1[:, :, 2] != o2[:, :, 2]).any()
+    check(*got, "--bias", path("bbh.npy"), code=0)
+    check(*got, "--bias", path("bb4.npy"), code=1)
+
+
+@test
+def check_with_a_mask_and_its_profiles():
+    # a keep-mask with a fully masked row: the tiled candidate PASSes with the mask, FAILs
+    # without; a profile whose empty rows are undefined (pytorch) does not compare that row
+    m = np.tril(np.ones((2, 1, 40, 56), bool), 16)
+    m[1, 0, 7] = False
+    mask = save("cm_m.npy", m)
+    pair(["--backend", "tiled", "--attn-mask", mask], ["--attn-mask", mask], [])
+    o, l = forward("--backend", "tiled", "--attn-mask", mask, out="cm_o.npy", lse="cm_l.npy")
+    assert (np.load(o)[1, 7] == 0).all() and np.isneginf(np.load(l)[1, :, 7]).all()
+    out = np.load(o)
+    out[1, 7] = np.nan
+    junk = save("cm_junk.npy", out)
+    for prof, code in (("pytorch", 0), ("xformers", 0), ("flashattn", 1), ("fa2", 1)):
+        p = run("check", *qkv_args(), "--candidate-out", junk, "--attn-mask", mask, "--profile",
+                prof, "--align", "bottom-right")
+        assert p.returncode == code, (prof, p.stdout, p.stderr)
+    # the gradients, dbias among them: PASS, and one element off FAILs
+    b = save("cm_b.npy", np.where(m, RNG.standard_normal(m.shape), -np.inf).astype(np.float32))
+    o, l = forward("--bias", b, out="cm_o.npy", lse="cm_l.npy")
+    dout = save("cm_do.npy", RNG.standard_normal((2, 40, 4, 16)).astype(np.float32))
+    g = [path(f"cm_{n}.npy") for n in ("dq", "dk", "dv", "db")]
+    run("backward", *qkv_args(), "--out", o, "--lse", l, "--dout", dout, "--dq", g[0], "--dk",
+        g[1], "--dv", g[2], "--bias", b, "--dbias", g[3], code=0)
+    db = np.load(g[3])
+    assert db.shape == (2, 1, 40, 56) and db.dtype == np.float32 and (db[~m] == 0).all()
+    cands = ["--candidate-dq", g[0], "--candidate-dk", g[1], "--candidate-dv", g[2],
+             "--candidate-dbias", g[3]]
+    run("check", *qkv_args(), "--dout", dout, *cands, "--bias", b, code=0)
+    db[0, 0, 3, 4] += 1e-3 * np.abs(db).max()
+    p = run("check", *qkv_args(), "--dout", dout, "--candidate-dbias", save("cm_db2.npy", db),
+            "--bias", b, "--json", code=1)
+    t = json.loads(p.stdout)["tensors"][0]
+    assert t["name"] == "dbias" and t["worst_index"] == {"batch": 0, "seq": 3, "head": 0, "dim": 4}
+
+
+@test
+def dbias_against_finite_differences():
+    # f64, B 2, Sq 3, Sk 5, a (H, Sq, Sk) bias: dbias (summed over the batch, in the file's
+    # shape) against central differences of loss = sum(O * dO), one entry at a time
+    files = inputs(sq=3, sk=5, hq=2, hk=1, d=4, dtype=np.float64, prefix="fd_")
+    bias = RNG.standard_normal((2, 3, 5))
+    dout = RNG.standard_normal((2, 3, 2, 4))
+    opts = ["--causal", "--softcap", "2"]
+    o, l = forward("--bias", save("fd_b.npy", bias), *opts, files=files, out="fd_o.npy",
+                   lse="fd_l.npy")
+    g = [path(f"fd_{n}.npy") for n in ("dq", "dk", "dv", "db")]
+    run("backward", *qkv_args(files), "--out", o, "--lse", l, "--dout", save("fd_do.npy", dout),
+        "--dq", g[0], "--dk", g[1], "--dv", g[2], "--bias", path("fd_b.npy"), "--dbias", g[3],
+        *opts, code=0)
+    db = np.load(g[3])
+    assert db.shape == (2, 3, 5) and db.dtype == np.float64
+
+    def loss(b):
+        o, _ = forward("--bias", save("fd_b2.npy", b), *opts, files=files, out="fd_o2.npy",
+                       lse="fd_l2.npy")
+        return (np.load(o) * dout).sum()
+    for at in [(0, 2, 1), (1, 1, 0), (1, 2, 4), (0, 0, 0)]:
+        e = np.zeros_like(bias)
+        e[at] = 1e-6
+        fd = (loss(bias + e) - loss(bias - e)) / 2e-6
+        assert abs(fd - db[at]) <= 1e-6 * max(abs(fd), 1e-3), (at, fd, db[at])
+    assert db[1, 2, 4] != 0 and (db[:, 0, 3:] == 0).all()  # masked keys (causal): no gradient
+
+
+@test
+def bias_place_and_slopes_from_the_profile():
+    # ggml's mask enters after softcap and is scaled by the ALiBi slopes: --profile ggml sets
+    # both, as --bias-place after-softcap --bias-by-slope do
+    slopes = save("gg_s.npy", np.array([0.5, 0.25, 0.125, 0.0625], np.float32))
+    b = save("gg_b.npy", (RNG.standard_normal((40, 56)) * 3).astype(np.float32))
+    opts = ["--bias", b, "--softcap", "2", "--alibi", slopes, "--backend", "tiled"]
+    want = forward(*opts, "--bias-place", "after-softcap", "--bias-by-slope", out="gg_o.npy",
+                   lse="gg_l.npy")
+    got = forward(*opts, "--profile", "ggml", out="gg_o2.npy", lse="gg_l2.npy")
+    assert np.array_equal(np.load(want[0]), np.load(got[0]))
+    plain = forward(*opts, out="gg_o3.npy", lse="gg_l3.npy")
+    assert not np.array_equal(np.load(plain[0]), np.load(got[0]))
+    p = run("check", *qkv_args(), "--candidate-out", got[0], *opts[:-2], "--profile", "ggml")
+    assert p.returncode == 0, p.stdout
+    p = run("check", *qkv_args(), "--candidate-out", got[0], *opts[:-2], "--profile", "ggml",
+            "--bias-place", "after-scale")  # an explicit flag overrides the profile
+    assert p.returncode == 1, p.stdout
+
+
 # ------------------------------------------------------------------ other subcommands, usage, bad input
 
 @test
@@ -843,6 +992,11 @@ def hostile_cli_table():
     np.save(os.path.join(d, "slopes2d.npy"), np.ones((4, 1), np.float32))
     np.save(os.path.join(d, "slopes_nan.npy"), np.array([1, np.nan, 1, 1], np.float32))
     np.save(os.path.join(d, "lse_bad.npy"), np.zeros((2, 40, 4), np.float32))
+    np.save(os.path.join(d, "mask_sk.npy"), np.ones((40, 57), bool))
+    np.save(os.path.join(d, "mask_h3.npy"), np.ones((1, 3, 40, 56), bool))
+    np.save(os.path.join(d, "mask_5d.npy"), np.ones((1, 1, 1, 40, 56), bool))
+    np.save(os.path.join(d, "mask_i4.npy"), np.ones((40, 56), np.int32))
+    np.save(os.path.join(d, "bias_ok.npy"), np.zeros((40, 56), np.float32))
     os.mkfifo(os.path.join(d, "fifo.npy"))
     os.symlink(os.path.join(d, "nowhere.npy"), os.path.join(d, "dangling.npy"))
     F = lambda *a: ["forward", "--q", q, "--k", k, "--v", v, "--out", o_keep, *a]
@@ -904,6 +1058,21 @@ def hostile_cli_table():
         ("alibi NaN", F("--alibi", os.path.join(d, "slopes_nan.npy")), 2, "alibi_slopes[1] = nan"),
         ("alibi missing", F("--alibi", os.path.join(d, "none.npy")), 2, "No such file"),
         ("lse input transposed", B("--lse", os.path.join(d, "lse_bad.npy")), 2, "lse->seqlen = 4"),
+        ("mask of Sk + 1", F("--attn-mask", os.path.join(d, "mask_sk.npy")), 2, "params->bias->headdim = 57"),
+        ("mask of 3 heads", F("--attn-mask", os.path.join(d, "mask_h3.npy")), 2, "params->bias->heads = 3"),
+        ("mask 5-D", F("--attn-mask", os.path.join(d, "mask_5d.npy")), 2, "--attn-mask: 5-D"),
+        ("mask int32", F("--attn-mask", os.path.join(d, "mask_i4.npy")), 2, "--mask-kind keep"),
+        ("bias bool", F("--bias", os.path.join(d, "mask_sk.npy")), 2, "--bias takes floats"),
+        ("mask and bias", F("--attn-mask", os.path.join(d, "mask_sk.npy"), "--bias", os.path.join(d, "bias_ok.npy")), 2, "--attn-mask or --bias"),
+        ("mask kind", F("--attn-mask", os.path.join(d, "bias_ok.npy"), "--mask-kind", "mask"), 2, "--mask-kind"),
+        ("mask kind with --bias", F("--bias", os.path.join(d, "bias_ok.npy"), "--mask-kind", "keep"), 2, "--mask-kind"),
+        ("bias place", F("--bias-place", "before"), 2, "--bias-place"),
+        ("bias by slope without slopes", F("--bias", os.path.join(d, "bias_ok.npy"), "--bias-by-slope"), 2, "alibi_slopes"),
+        ("mask with varlen", F("--attn-mask", os.path.join(d, "bias_ok.npy"), "--cu-seqlens-q", q, "--cu-seqlens-k", q), 2, "--attn-mask"),
+        ("dbias without a bias", B("--dbias", os.path.join(d, "db.npy")), 2, "--dbias"),
+        ("dbias of a keep-mask", B("--dbias", os.path.join(d, "db.npy"), "--attn-mask", os.path.join(d, "mask_h3.npy")), 2, "keep-mask"),
+        ("check dbias without a bias", ["check", "--q", q, "--k", k, "--v", v, "--dout", dout, "--candidate-dbias", os.path.join(d, "bias_ok.npy")], 2, "--candidate-dbias needs"),
+        ("dbias of a bool mask read as a bias", B("--dbias", os.path.join(d, "db.npy"), "--attn-mask", os.path.join(d, "mask_sk.npy"), "--mask-kind", "bias"), 2, "--attn-mask takes floats"),
         ("dout missing", B("--dout", os.path.join(d, "none.npy")), 2, "No such file"),
         ("dout a FIFO", B("--dout", os.path.join(d, "fifo.npy")), 2, "FIFO"),
         # the outputs

@@ -30,10 +30,11 @@ static int kind_to_dtype(const cli_opts *o, const char *path, npy_kind k, fa_dty
                 path);
         return EXIT_USAGE;
     case NPY_I4:
-    case NPY_I8: break;
+    case NPY_I8:
+    case NPY_B1: break;
     }
-    fprintf(stderr, "flashattn: %s: an integer array; tensors hold float16, bfloat16, float32 "
-                    "or float64\n", path);
+    fprintf(stderr, "flashattn: %s: %s array; tensors hold float16, bfloat16, float32 or "
+                    "float64\n", path, k == NPY_B1 ? "a bool" : "an integer");
     return EXIT_USAGE;
 }
 
@@ -121,40 +122,48 @@ int cli_load(const cli_opts *o, const char *path, cli_role role, cli_tensor *x)
     return 0;
 }
 
+/* The zeroed data of an output array whose kind and shape a gives. */
+static int alloc_array(npy_array *a)
+{
+    /* An output's size follows its inputs' declared dims (Dv from v even when Sk = 0, so three
+     * tiny files can declare any size): bounded like a declared input, by the memory. */
+    size_t n = npy_kind_size(a->kind);
+    int over = 0;
+    for (int i = 0; i < a->ndim; i++)
+        over |= __builtin_mul_overflow(n, (size_t)a->shape[i], &n);
+    if (over || n > max_input_bytes()) {
+        char shp[128];
+        int at = 0;
+        for (int i = 0; i < a->ndim; i++)
+            at += snprintf(shp + at, sizeof shp - (size_t)at, "%s%lld", i ? ", " : "",
+                           (long long)a->shape[i]);
+        char size[32] = "more than 2^64";
+        if (!over)
+            snprintf(size, sizeof size, "%zu", n);
+        fprintf(stderr, "flashattn: an output of shape (%s) would take %s bytes, more than this "
+                "machine's memory (%zu bytes)\n", shp, size, max_input_bytes());
+        memset(a, 0, sizeof *a);
+        return EXIT_USAGE;
+    }
+    a->nbytes = n;
+    a->data = calloc(1, n ? n : 1);
+    if (!a->data) {
+        fprintf(stderr, "flashattn: out of memory (%zu bytes)\n", n);
+        return EXIT_ERROR;
+    }
+    return 0;
+}
+
 int cli_alloc(const cli_opts *o, fa_dtype dt, int64_t b, int64_t s, int64_t h, int64_t d,
               cli_role role, cli_tensor *x)
 {
     memset(x, 0, sizeof *x);
     x->a.kind = dtype_to_kind(dt);
     x->a.ndim = file_shape(o, role, b, s, h, d, x->a.shape);
-    /* An output's size follows its inputs' declared dims (Dv from v even when Sk = 0, so three
-     * tiny files can declare any size): bounded like a declared input, by the memory. */
-    size_t n = npy_kind_size(x->a.kind);
-    int over = 0;
-    for (int i = 0; i < x->a.ndim; i++)
-        over |= __builtin_mul_overflow(n, (size_t)x->a.shape[i], &n);
-    if (over || n > max_input_bytes()) {
-        char shp[128];
-        int at = 0;
-        for (int i = 0; i < x->a.ndim; i++)
-            at += snprintf(shp + at, sizeof shp - (size_t)at, "%s%lld", i ? ", " : "",
-                           (long long)x->a.shape[i]);
-        char size[32] = "more than 2^64";
-        if (!over)
-            snprintf(size, sizeof size, "%zu", n);
-        fprintf(stderr, "flashattn: an output of shape (%s) would take %s bytes, more than this "
-                "machine's memory (%zu bytes)\n", shp, size, max_input_bytes());
-        memset(x, 0, sizeof *x);
-        return EXIT_USAGE;
-    }
-    x->a.nbytes = n;
-    x->a.data = calloc(1, n ? n : 1);
-    if (!x->a.data) {
-        fprintf(stderr, "flashattn: out of memory (%zu bytes)\n", n);
-        return EXIT_ERROR;
-    }
-    view(o, role, x->a.data, dt, b, s, h, d, &x->t);
-    return 0;
+    int rc = alloc_array(&x->a);
+    if (!rc)
+        view(o, role, x->a.data, dt, b, s, h, d, &x->t);
+    return rc;
 }
 
 int cli_convert(const cli_opts *o, const cli_tensor *x, fa_dtype dt, cli_role role, cli_tensor *y)
@@ -170,6 +179,107 @@ int cli_convert(const cli_opts *o, const cli_tensor *x, fa_dtype dt, cli_role ro
         return cli_fail(s, "convert");
     }
     return 0;
+}
+
+/* x->a, an array of (B|1, H|1, Sq|1, Sk) or its last 2 or 3 dims, as the bias tensor of
+ * fa_params: batch B, seqlen Sq, heads H, headdim Sk (the keys, contiguous). */
+static void bias_view(cli_tensor *x, fa_dtype dt)
+{
+    int64_t d[4] = {1, 1, 1, 1};
+    for (int i = 0; i < x->a.ndim; i++)
+        d[4 - x->a.ndim + i] = x->a.shape[i];
+    x->t = (fa_tensor){x->a.data, dt, d[0], d[2], d[1], d[3], d[1] * d[2] * d[3], d[3],
+                       d[2] * d[3], 1};
+}
+
+/* A numeric array as a keep-mask, in place: one byte per element, 1 where the element is
+ * nonzero (floats: any bit but the sign's, so -0 masks and NaN keeps; 16-bit words are
+ * bfloat16 with --bf16, else integers). Byte i is written once element i is read and lies at
+ * or before it, so no element is overwritten before it is read. */
+static void to_keep_mask(const cli_opts *o, npy_array *a)
+{
+    const size_t w = npy_kind_size(a->kind), n = a->nbytes / w;
+    const int is_float = a->kind == NPY_F16 || a->kind == NPY_F32 || a->kind == NPY_F64 ||
+                         (a->kind == NPY_U2 && o->bf16);
+    unsigned char *m = a->data;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char any = 0;
+        for (size_t j = 0; j < w; j++)
+            any |= m[i * w + j] & (is_float && j == w - 1 ? 0x7f : 0xff);
+        m[i] = any != 0;
+    }
+    a->kind = NPY_B1;
+    a->nbytes = n;
+}
+
+/* path (the option opt) as a bias-shaped tensor into x: a keep-mask or floats, as kind (MASK_*)
+ * says; MASK_INFER: a bool array is a keep-mask, any other floats. */
+static int load_bias_file(const cli_opts *o, const char *path, const char *opt, int kind,
+                          cli_tensor *x)
+{
+    char err[512];
+    memset(x, 0, sizeof *x);
+    int r = npy_read(path, max_input_bytes(), &x->a, err, sizeof err);
+    if (r) {
+        fprintf(stderr, "flashattn: %s\n", err);
+        return r == NPY_ERR_NO_MEMORY ? EXIT_ERROR : EXIT_USAGE;
+    }
+    const npy_kind k = x->a.kind;
+    fa_dtype dt = FA_BOOL;
+    int rc = 0;
+    if (x->a.ndim < 2 || x->a.ndim > 4) {
+        fprintf(stderr, "flashattn: %s: %s: %d-D array; expected 4-D (B|1, H|1, Sq|1, Sk) in "
+                        "PyTorch's order, or its last 2 or 3 dims\n", path, opt, x->a.ndim);
+        rc = EXIT_USAGE;
+    } else if (kind == MASK_KEEP) {
+        to_keep_mask(o, &x->a);
+    } else if (k == NPY_B1 ? kind == MASK_BIAS : (k == NPY_I4 || k == NPY_I8)) {
+        fprintf(stderr, "flashattn: %s: %s array; %s takes floats%s\n", path,
+                k == NPY_B1 ? "a bool" : "an integer", opt,
+                strcmp(opt, "--attn-mask") ? "" : " as a bias (--mask-kind keep reads any array "
+                                                  "as a keep-mask)");
+        rc = EXIT_USAGE;
+    } else if (k != NPY_B1) {
+        rc = kind_to_dtype(o, path, k, &dt);
+    }
+    if (rc) {
+        npy_free(&x->a);
+        return rc;
+    }
+    bias_view(x, dt);
+    return 0;
+}
+
+int cli_load_bias(cli_opts *o)
+{
+    if (!o->bias)
+        return 0;
+    int rc = load_bias_file(o, o->bias, o->bias_opt, o->mask_kind, &o->bias_vals);
+    if (!rc)
+        o->p.bias = &o->bias_vals.t;
+    return rc;
+}
+
+int cli_load_bias_shaped(const cli_opts *o, const char *path, const char *opt, cli_tensor *x)
+{
+    return load_bias_file(o, path, opt, MASK_BIAS, x);
+}
+
+int cli_alloc_bias_grad(const cli_opts *o, const char *opt, fa_dtype dt, cli_tensor *g)
+{
+    memset(g, 0, sizeof *g);
+    if (!o->p.bias || o->p.bias->dtype == FA_BOOL) {
+        fprintf(stderr, "flashattn: %s needs a float --bias or --attn-mask (a keep-mask has no "
+                        "gradient)\n", opt);
+        return EXIT_USAGE;
+    }
+    g->a.kind = dtype_to_kind(dt);
+    g->a.ndim = o->bias_vals.a.ndim;
+    memcpy(g->a.shape, o->bias_vals.a.shape, sizeof g->a.shape);
+    int rc = alloc_array(&g->a);
+    if (!rc)
+        bias_view(g, dt);
+    return rc;
 }
 
 void cli_free(cli_tensor *x)

@@ -10,7 +10,7 @@
 
 #include "cli.h"
 
-static const char *const cand_names[5] = {"out", "lse", "dq", "dk", "dv"};
+static const char *const cand_names[CAND_N] = {"out", "lse", "dq", "dk", "dv", "dbias"};
 
 /* JSON has no NaN or infinity: those travel as strings. */
 static void json_num(double x)
@@ -43,6 +43,38 @@ static void lse_as_candidate_writes_it(const fa_profile *pf, cli_tensor *x, cons
     }
 }
 
+/* Element (b, s, h, d) of x. */
+static char *elem(const cli_tensor *x, int64_t b, int64_t s, int64_t h, int64_t d)
+{
+    const fa_tensor *t = &x->t;
+    return (char *)x->a.data + (size_t)(b * t->batch_stride + s * t->seq_stride +
+                                        h * t->head_stride + d) * npy_kind_size(x->a.kind);
+}
+
+/* The reference's or the yardstick's O (x) as the profile's kernels write it in the rows that
+ * the reference leaves empty (its LSE -inf, in this library's convention; its O 0): NaN for
+ * FA_EMPTY_OUT_NAN, and for FA_EMPTY_OUT_ANY the candidate's own values, so that those rows are
+ * not compared. */
+static void out_as_candidate_writes_it(const fa_profile *pf, const cli_tensor *ref_lse,
+                                       cli_tensor *x, const cli_tensor *cand)
+{
+    if (pf->empty_out == FA_EMPTY_OUT_ZERO)
+        return;
+    const fa_tensor *t = &x->t;
+    double v;
+    for (int64_t b = 0; b < t->batch; b++)
+        for (int64_t s = 0; s < t->seqlen; s++)
+            for (int64_t h = 0; h < t->heads; h++) {
+                fa_convert(elem(ref_lse, b, s, h, 0), ref_lse->t.dtype, &v, FA_F64, 1);
+                for (int64_t d = 0; d < t->headdim && v == -INFINITY; d++) {
+                    double y = NAN;
+                    if (pf->empty_out == FA_EMPTY_OUT_ANY)
+                        fa_convert(elem(cand, b, s, h, d), cand->t.dtype, &y, FA_F64, 1);
+                    fa_convert(&y, FA_F64, elem(x, b, s, h, d), t->dtype, 1);
+                }
+            }
+}
+
 /* A JSON string: quotes, backslashes and control characters escaped. */
 static void json_str(const char *s)
 {
@@ -61,13 +93,15 @@ static void json_str(const char *s)
 
 typedef struct {
     cli_tensor in[4];            /* q, k, v, dout as given                          */
-    cli_tensor ref[5];           /* float64 reference: out, lse, dq, dk, dv          */
-    cli_tensor base[5];          /* conventional in the candidate dtype              */
+    cli_tensor ref[CAND_N];      /* float64 reference: out, lse, dq, dk, dv, dbias   */
+    cli_tensor base[CAND_N];     /* conventional in the candidate dtype              */
     int grads;
 } check_state;
 
-/* Runs forward (and backward if grads) of `be` on inputs converted to dt, into r[5]. */
-static int run_all(const cli_opts *o, check_state *st, fa_backend be, fa_dtype dt, cli_tensor r[5])
+/* Runs forward (and backward if grads, with the bias's gradient if it is a candidate) of `be`
+ * on inputs converted to dt, into r[CAND_N]. */
+static int run_all(cli_opts *o, check_state *st, fa_backend be, fa_dtype dt,
+                   cli_tensor r[CAND_N])
 {
     cli_tensor x[4];
     memset(x, 0, sizeof x);
@@ -83,6 +117,10 @@ static int run_all(const cli_opts *o, check_state *st, fa_backend be, fa_dtype d
     for (int i = 0; i < 3 && st->grads && !rc; i++)
         rc = cli_alloc(o, dt, x[i].t.batch, x[i].t.seqlen, x[i].t.heads, x[i].t.headdim,
                        ROLE_QKV, &r[2 + i]);
+    if (!rc && st->grads && o->cand[CAND_DBIAS] &&
+        !(rc = cli_alloc_bias_grad(o, "--candidate-dbias", dt == FA_F64 ? FA_F64 : FA_F32,
+                                   &r[CAND_DBIAS])))
+        o->p.bias_grad = &r[CAND_DBIAS].t;
     fa_context *ctx = rc ? NULL : cli_context(o, be);
     if (!rc && !ctx)
         rc = EXIT_ERROR;
@@ -94,6 +132,7 @@ static int run_all(const cli_opts *o, check_state *st, fa_backend be, fa_dtype d
         if (s != FA_OK)
             rc = cli_fail(s, be == FA_BACKEND_REFERENCE ? "reference" : "conventional baseline");
     }
+    o->p.bias_grad = NULL;
     fa_context_destroy(ctx);
     for (int i = 0; i < 4; i++)
         cli_free(&x[i]);
@@ -114,12 +153,13 @@ int cmd_check(int argc, char **argv)
         return rc;
     rc = 0;
     int any = 0, grads = 0;
-    for (int c = 0; c < 5; c++) {
+    for (int c = 0; c < CAND_N; c++) {
         any |= o.cand[c] != NULL;
         grads |= c >= CAND_DQ && o.cand[c];
     }
     if (!any) {
-        fprintf(stderr, "flashattn check: give at least one --candidate-out/-lse/-dq/-dk/-dv\n");
+        fprintf(stderr, "flashattn check: give at least one "
+                        "--candidate-out/-lse/-dq/-dk/-dv/-dbias\n");
         return EXIT_USAGE;
     }
     if (grads && o.paged) {
@@ -139,22 +179,26 @@ int cmd_check(int argc, char **argv)
     check_state st;
     memset(&st, 0, sizeof st);
     st.grads = grads;
-    cli_tensor cand[5];
+    cli_tensor cand[CAND_N];
     memset(cand, 0, sizeof cand);
     const char *inputs[4] = {o.q, o.k, o.v, o.dout};
     for (int i = 0; i < (grads ? 4 : 3) && !rc; i++)
         rc = cli_load(&o, inputs[i], ROLE_QKV, &st.in[i]);
-    for (int c = 0; c < 5 && !rc; c++)
-        if (o.cand[c])
+    for (int c = 0; c < CAND_N && !rc; c++)
+        if (c == CAND_DBIAS && o.cand[c])
+            rc = cli_load_bias_shaped(&o, o.cand[c], "--candidate-dbias", &cand[c]);
+        else if (o.cand[c])
             rc = cli_load(&o, o.cand[c], c == CAND_LSE ? ROLE_LSE : ROLE_QKV, &cand[c]);
     if (!rc)
         rc = cli_load_slopes(&o, st.in[0].t.heads);
     if (!rc)
+        rc = cli_load_bias(&o);
+    if (!rc)
         rc = cli_load_indices(&o, st.in[1].t.seqlen);
     /* the candidate's storage dtype: --dtype, else that of its outputs, else of its inputs */
     fa_dtype dt = st.in[0].t.dtype;
-    for (int c = 0; c < 5 && !rc && !o.has_dtype; c++)
-        if (o.cand[c] && c != CAND_LSE) {
+    for (int c = 0; c < CAND_N && !rc && !o.has_dtype; c++)
+        if (o.cand[c] && c != CAND_LSE && c != CAND_DBIAS) { /* those are f32 or f64 */
             dt = cand[c].t.dtype;
             break;
         }
@@ -165,7 +209,7 @@ int cmd_check(int argc, char **argv)
         rc = run_all(&o, &st, FA_BACKEND_REFERENCE, FA_F64, st.ref);
     if (!rc && !explicit_rule)
         rc = run_all(&o, &st, FA_BACKEND_CONVENTIONAL, dt, st.base);
-    for (int c = 0; c < 5 && !rc; c++)
+    for (int c = 0; c < CAND_N && !rc; c++)
         if (o.cand[c] && !same_dims(&cand[c].t, &st.ref[c].t)) {
             const fa_tensor *a = &cand[c].t, *b = &st.ref[c].t;
             fprintf(stderr,
@@ -176,15 +220,22 @@ int cmd_check(int argc, char **argv)
                     (long long)b->seqlen, (long long)b->heads, (long long)b->headdim);
             rc = EXIT_USAGE;
         }
+    if (!rc && o.cand[CAND_OUT]) { /* before the LSE leaves the library's convention */
+        out_as_candidate_writes_it(o.profile, &st.ref[CAND_LSE], &st.ref[CAND_OUT],
+                                   &cand[CAND_OUT]);
+        if (!explicit_rule)
+            out_as_candidate_writes_it(o.profile, &st.ref[CAND_LSE], &st.base[CAND_OUT],
+                                       &cand[CAND_OUT]);
+    }
     if (!rc && o.cand[CAND_LSE]) {
         lse_as_candidate_writes_it(o.profile, &st.ref[CAND_LSE], &cand[CAND_LSE]);
         if (!explicit_rule)
             lse_as_candidate_writes_it(o.profile, &st.base[CAND_LSE], &cand[CAND_LSE]);
     }
 
-    fa_comparison res[5];
+    fa_comparison res[CAND_N];
     int pass = 1;
-    for (int c = 0; c < 5 && !rc; c++) {
+    for (int c = 0; c < CAND_N && !rc; c++) {
         if (!o.cand[c])
             continue;
         fa_tolerance tol = {c >= CAND_DQ ? 3 : 2, o.atol, o.rtol};
@@ -200,7 +251,7 @@ int cmd_check(int argc, char **argv)
                "\"tensors\": [",
                pass ? "PASS" : "FAIL", o.profile->name, fa_dtype_name(dt));
         const char *sep = "";
-        for (int c = 0; c < 5; c++) {
+        for (int c = 0; c < CAND_N; c++) {
             if (!o.cand[c])
                 continue;
             const fa_comparison *r = &res[c];
@@ -236,25 +287,25 @@ int cmd_check(int argc, char **argv)
         else
             printf("flashattn check: reference float64; yardstick conventional %s; profile %s\n",
                    fa_dtype_name(dt), o.profile->name);
-        printf("%-4s %-7s %10s %10s %10s %-22s %13s %13s %9s\n", "", "verdict", "max abs",
+        printf("%-5s %-7s %10s %10s %10s %-22s %13s %13s %9s\n", "", "verdict", "max abs",
                "max rel", "nmse", "worst [b,s,h,d]", "candidate", "reference", "nan/inf");
-        for (int c = 0; c < 5; c++) {
+        for (int c = 0; c < CAND_N; c++) {
             if (!o.cand[c])
                 continue;
             const fa_comparison *r = &res[c];
             char at[64];
             snprintf(at, sizeof at, "[%lld,%lld,%lld,%lld]", (long long)r->worst[0],
                      (long long)r->worst[1], (long long)r->worst[2], (long long)r->worst[3]);
-            printf("%-4s %-7s %10.3g %10.3g %10.3g %-22s %13.6g %13.6g %9lld\n", cand_names[c],
+            printf("%-5s %-7s %10.3g %10.3g %10.3g %-22s %13.6g %13.6g %9lld\n", cand_names[c],
                    r->pass ? "PASS" : "FAIL", r->max_abs, r->max_rel, r->nmse, at, r->worst_cand,
                    r->worst_ref, (long long)r->nonfinite_mismatches);
-            printf("     rule: %s\n", r->rule);
+            printf("      rule: %s\n", r->rule);
         }
         printf("verdict: %s\n", pass ? "PASS" : "FAIL");
     }
     for (int i = 0; i < 4; i++)
         cli_free(&st.in[i]);
-    for (int c = 0; c < 5; c++)
+    for (int c = 0; c < CAND_N; c++)
         cli_free(&st.ref[c]), cli_free(&st.base[c]), cli_free(&cand[c]);
     cli_opts_free(&o);
     return rc ? rc : pass ? EXIT_PASS : EXIT_FAILED;

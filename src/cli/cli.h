@@ -9,11 +9,26 @@
 #include "flashattn.h"
 #include "npy.h"
 
+/* .npy <-> fa_tensor. A loaded tensor owns its npy_array. */
+typedef struct {
+    fa_tensor t;
+    npy_array a;
+} cli_tensor;
+
+enum { CAND_OUT, CAND_LSE, CAND_DQ, CAND_DK, CAND_DV, CAND_DBIAS, CAND_N };
+
+/* What --mask-kind says an --attn-mask holds (--bias: MASK_BIAS). */
+enum { MASK_INFER, MASK_KEEP, MASK_BIAS };
+
 /* Everything the options of forward, backward and check say. */
 typedef struct {
     const char *q, *k, *v, *out, *lse, *dout, *dq, *dk, *dv;
-    const char *cand[5]; /* check: --candidate-out, -lse, -dq, -dk, -dv */
+    const char *cand[CAND_N]; /* check: --candidate-out, -lse, -dq, -dk, -dv, -dbias */
     const char *alibi, *sinks, *dsinks;
+    /* --attn-mask or --bias (bias_opt says which), and the backward's --dbias */
+    const char *bias, *bias_opt, *dbias;
+    int mask_kind;        /* MASK_* */
+    cli_tensor bias_vals; /* the bias as loaded (cli_load_bias): o->p.bias is its view */
     const char *cu_q, *cu_k; /* --cu-seqlens-q, -k: a variable-length batch */
     int packed;              /* those given: tensors are (total, heads, headdim) */
     fa_indices cu[2];
@@ -37,8 +52,6 @@ typedef struct {
     const fa_profile *profile; /* --profile (fa_profile_find) */
 } cli_opts;
 
-enum { CAND_OUT, CAND_LSE, CAND_DQ, CAND_DK, CAND_DV };
-
 /* Exit codes of every subcommand: 0 success (check: PASS), 1 check's FAIL verdict, 2 bad usage
  * or unreadable input, 3 the work could not be completed (out of memory, a backend or ISA that
  * is unavailable, an output file that cannot be written). */
@@ -53,12 +66,6 @@ void cli_opts_free(cli_opts *o);
 int cli_dtype_from_name(const char *v, fa_dtype *dt);
 void cli_usage(FILE *f, const char *cmd);
 
-/* .npy <-> fa_tensor. A loaded tensor owns its npy_array. */
-typedef struct {
-    fa_tensor t;
-    npy_array a;
-} cli_tensor;
-
 typedef enum { ROLE_QKV, ROLE_LSE } cli_role;
 /* Loads `path` as a 4-D tensor in o's layout (ROLE_QKV) or a (B, H, S) LSE (ROLE_LSE); for
  * packed sequences (--cu-seqlens-q) a (total, H, D) tensor or an (H, total) LSE, batch 1.
@@ -71,6 +78,16 @@ int cli_alloc(const cli_opts *o, fa_dtype dt, int64_t b, int64_t s, int64_t h, i
 void cli_free(cli_tensor *x);
 /* A copy of x converted to dtype dt, same logical shape and layout. */
 int cli_convert(const cli_opts *o, const cli_tensor *x, fa_dtype dt, cli_role role, cli_tensor *y);
+/* --attn-mask or --bias: the file, a (B|1, H|1, Sq|1, Sk) array in PyTorch's order (or its
+ * last 2 or 3 dims), into o->bias_vals and o->p.bias: a keep-mask (bool, or any numeric array
+ * with --mask-kind keep) or an additive bias (floats). The library checks its dims. */
+int cli_load_bias(cli_opts *o);
+/* An array of the same shape as the file `path` names (`opt` in messages): a candidate's bias
+ * gradient, of float dtype. */
+int cli_load_bias_shaped(const cli_opts *o, const char *path, const char *opt, cli_tensor *x);
+/* A new zeroed bias gradient of dtype dt (f32 or f64) in the bias's own shape, for the option
+ * opt; EXIT_USAGE after a message where o has no float bias. */
+int cli_alloc_bias_grad(const cli_opts *o, const char *opt, fa_dtype dt, cli_tensor *g);
 
 /* The output files of a command, written all or nothing (src/cli/outputs.c). */
 #define CLI_MAX_OUTPUTS 5

@@ -52,14 +52,17 @@ void cli_usage(FILE *f, const char *cmd)
     else if (!strcmp(cmd, "backward"))
         fprintf(f, "usage: flashattn backward --q Q.npy --k K.npy --v V.npy --out O.npy --lse LSE.npy\n"
                    "       --dout DO.npy --dq DQ.npy --dk DK.npy --dv DV.npy [--dsinks DS.npy]\n"
-                   "       [attention options] [run options]\n"
+                   "       [--dbias DB.npy] [attention options] [run options]\n"
                    "Writes the gradients of attention for the cotangent dO (--dsinks, with --sinks:\n"
-                   "the sinks' gradient, 1-D f32 of one per query head).\n");
+                   "the sinks' gradient, 1-D f32 of one per query head; --dbias, with a float\n"
+                   "--bias or --attn-mask: the bias's gradient in its file's shape, f32, or f64\n"
+                   "for f64 inputs).\n");
     else if (!strcmp(cmd, "check"))
         fprintf(f,
                 "usage: flashattn check --q Q.npy --k K.npy --v V.npy [--dout DO.npy]\n"
                 "       [--candidate-out O.npy] [--candidate-lse LSE.npy] [--candidate-dq DQ.npy]\n"
-                "       [--candidate-dk DK.npy] [--candidate-dv DV.npy] [--profile NAME]\n"
+                "       [--candidate-dk DK.npy] [--candidate-dv DV.npy]\n"
+                "       [--candidate-dbias DB.npy] [--profile NAME]\n"
                 "       [--atol A] [--rtol R] [--dtype f32|f64|f16|bf16] [--json]\n"
                 "       [attention options] [--threads T]\n"
                 "Compares a kernel's results with the float64 reference on the same inputs.\n"
@@ -103,6 +106,17 @@ void cli_usage(FILE *f, const char *cmd)
             "  --kv-indptr IP.npy --kv-indices IX.npy --kv-last-page-len LP.npy   the same in\n"
             "                            FlashInfer's CSR form (B + 1 offsets into the page ids,\n"
             "                            the keys of each sequence's last page)\n");
+    fprintf(f,
+            "  --attn-mask MASK.npy      (B|1, H|1, Sq|1, Sk) in PyTorch's order, or its last 2\n"
+            "                            or 3 dims (SDPA's attn_mask): bool keeps the keys that\n"
+            "                            are true, floats are added to the scores\n"
+            "  --mask-kind keep|bias     read --attn-mask as a keep-mask (any numbers: nonzero\n"
+            "                            keeps) or as an additive bias (floats)\n"
+            "  --bias BIAS.npy           an additive float bias, shaped as --attn-mask\n"
+            "  --bias-place after-scale|after-softcap   where the bias enters the scores\n"
+            "                            (default: the profile's; ggml: after softcap, ALiBi)\n"
+            "  --bias-by-slope           the ALiBi slopes scale the bias (ggml; its profile's\n"
+            "                            default when --alibi is given)\n");
     fprintf(f,
             "  --threads T               0: all\n");
     char names[200];
@@ -175,7 +189,8 @@ static const opt_def defs[] = {
     {"--q", "attn"}, {"--k", "attn"}, {"--v", "attn"}, {"--out", "io"}, {"--lse", "io"},
     {"--dout", "grad check"}, {"--dq", "grad"}, {"--dk", "grad"}, {"--dv", "grad"},
     {"--candidate-out", "check"}, {"--candidate-lse", "check"}, {"--candidate-dq", "check"},
-    {"--candidate-dk", "check"}, {"--candidate-dv", "check"}, {"--atol", "check"},
+    {"--candidate-dk", "check"}, {"--candidate-dv", "check"}, {"--candidate-dbias", "check"},
+    {"--atol", "check"},
     {"--rtol", "check"}, {"--json", "check"}, {"--dtype", "check"}, {"--causal", "attn"}, {"--align", "attn"},
     {"--window", "attn"}, {"--softcap", "attn"}, {"--alibi", "attn"}, {"--sinks", "attn"},
     {"--dsinks", "grad"}, {"--sink-tokens", "attn"}, {"--scale", "attn"},
@@ -183,7 +198,9 @@ static const opt_def defs[] = {
     {"--bf16", "attn"}, {"--profile", "attn"}, {"--backend", "io"}, {"--isa", "io"},
     {"--threads", "attn"}, {"--cu-seqlens-q", "attn"}, {"--cu-seqlens-k", "attn"},
     {"--block-table", "pages"}, {"--seqused-k", "pages"}, {"--kv-indptr", "pages"},
-    {"--kv-indices", "pages"}, {"--kv-last-page-len", "pages"}, {NULL, NULL},
+    {"--kv-indices", "pages"}, {"--kv-last-page-len", "pages"}, {"--attn-mask", "attn"},
+    {"--bias", "attn"}, {"--mask-kind", "attn"}, {"--bias-place", "attn"},
+    {"--bias-by-slope", "attn"}, {"--dbias", "grad"}, {NULL, NULL},
 };
 
 static const opt_def *find_def(const char *name)
@@ -206,7 +223,8 @@ static int accepted(const opt_def *d, const char *allowed)
 
 static int is_flag(const char *name)
 {
-    return !strcmp(name, "--causal") || !strcmp(name, "--json") || !strcmp(name, "--bf16");
+    return !strcmp(name, "--causal") || !strcmp(name, "--json") || !strcmp(name, "--bf16") ||
+           !strcmp(name, "--bias-by-slope");
 }
 
 int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_opts *o)
@@ -216,7 +234,8 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
     o->profile = fa_profile_at(0);
     o->backend = FA_BACKEND_AUTO;
     o->isa = FA_ISA_AUTO;
-    const char *window = NULL, *align = NULL;
+    const char *window = NULL, *align = NULL, *mask_kind = NULL, *bias_place = NULL;
+    int by_slope = 0;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -249,6 +268,7 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
         else if (!strcmp(a, "--candidate-dq")) o->cand[CAND_DQ] = v;
         else if (!strcmp(a, "--candidate-dk")) o->cand[CAND_DK] = v;
         else if (!strcmp(a, "--candidate-dv")) o->cand[CAND_DV] = v;
+        else if (!strcmp(a, "--candidate-dbias")) o->cand[CAND_DBIAS] = v;
         else if (!strcmp(a, "--alibi")) o->alibi = v;
         else if (!strcmp(a, "--sinks")) o->sinks = v;
         else if (!strcmp(a, "--dsinks")) o->dsinks = v;
@@ -259,6 +279,17 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
         else if (!strcmp(a, "--kv-indptr")) o->kv_indptr = v;
         else if (!strcmp(a, "--kv-indices")) o->kv_indices = v;
         else if (!strcmp(a, "--kv-last-page-len")) o->kv_last = v;
+        else if (!strcmp(a, "--dbias")) o->dbias = v;
+        else if (!strcmp(a, "--mask-kind")) mask_kind = v;
+        else if (!strcmp(a, "--bias-place")) bias_place = v;
+        else if (!strcmp(a, "--bias-by-slope")) by_slope = 1;
+        else if (!strcmp(a, "--attn-mask") || !strcmp(a, "--bias")) {
+            if (o->bias && strcmp(o->bias_opt, d->name))
+                return bad(cmd, a, v, "give --attn-mask or --bias, not both: they set the one "
+                                      "bias tensor");
+            o->bias = v;
+            o->bias_opt = d->name;
+        }
         else if (!strcmp(a, "--causal")) o->p.causal = 1;
         else if (!strcmp(a, "--json")) o->json = 1;
         else if (!strcmp(a, "--bf16")) o->bf16 = 1;
@@ -334,6 +365,24 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
     /* what the profile decides, unless an option said otherwise */
     o->p.align = o->profile->align;
     o->p.score_order = o->profile->score_order;
+    o->p.bias_place = o->profile->bias_place;
+    /* ggml's slopes scale its mask: where both are given */
+    o->p.bias_by_slope = by_slope || (o->profile->bias_by_slope && o->alibi && o->bias);
+    if (bias_place) {
+        if (strcmp(bias_place, "after-scale") && strcmp(bias_place, "after-softcap"))
+            return bad(cmd, "--bias-place", bias_place, "expected after-scale or after-softcap");
+        o->p.bias_place = !strcmp(bias_place, "after-softcap") ? FA_BIAS_AFTER_SOFTCAP
+                                                               : FA_BIAS_AFTER_SCALE;
+    }
+    o->mask_kind = o->bias && !strcmp(o->bias_opt, "--bias") ? MASK_BIAS : MASK_INFER;
+    if (mask_kind) {
+        if (strcmp(mask_kind, "keep") && strcmp(mask_kind, "bias"))
+            return bad(cmd, "--mask-kind", mask_kind, "expected keep or bias");
+        if (!o->bias || strcmp(o->bias_opt, "--attn-mask"))
+            return bad(cmd, "--mask-kind", mask_kind, "goes with --attn-mask (--bias is a "
+                                                      "float bias)");
+        o->mask_kind = !strcmp(mask_kind, "keep") ? MASK_KEEP : MASK_BIAS;
+    }
     if (align) {
         if (strcmp(align, "bottom-right") && strcmp(align, "top-left"))
             return bad(cmd, "--align", align, "expected bottom-right or top-left");
@@ -388,6 +437,9 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
                                                                        : "--kv-indptr",
                    NULL, "goes with neither the other page description nor --cu-seqlens-q");
     o->paged = table || csr;
+    if (o->bias && (o->packed || o->paged))
+        return bad(cmd, o->bias_opt, o->bias, "a bias is (B, H, Sq, Sk) of a dense batch: not "
+                                              "with --cu-seqlens-q or a KV cache");
     return -1;
 }
 
@@ -396,6 +448,8 @@ void cli_opts_free(cli_opts *o)
     free(o->slopes);
     free(o->sink_vals);
     o->slopes = o->sink_vals = NULL;
+    npy_free(&o->bias_vals.a); /* npy_free: this file goes without arrays.c (the fuzz harness) */
+    o->p.bias = NULL;
     for (int i = 0; i < IDX_N; i++)
         npy_free(&o->idx[i]);
     free(o->page_table);

@@ -53,8 +53,9 @@ static int load_per_head(const char *path, const char *what, int64_t heads, floa
         npy_free(&s.a);
         return EXIT_USAGE;
     }
-    if (s.a.kind == NPY_I4 || s.a.kind == NPY_I8) {
-        fprintf(stderr, "flashattn: %s: an integer array; %s are floats\n", path, what);
+    if (s.a.kind == NPY_I4 || s.a.kind == NPY_I8 || s.a.kind == NPY_B1) {
+        fprintf(stderr, "flashattn: %s: %s array; %s are floats\n", path,
+                s.a.kind == NPY_B1 ? "a bool" : "an integer", what);
         npy_free(&s.a);
         return EXIT_USAGE;
     }
@@ -249,6 +250,8 @@ int cmd_forward(int argc, char **argv)
     }
     rc = cli_load_slopes(&o, q.t.heads);
     if (!rc)
+        rc = cli_load_bias(&o);
+    if (!rc)
         rc = cli_load_indices(&o, k.t.seqlen);
     if (!rc)
         rc = cli_alloc(&o, q.t.dtype, q.t.batch, q.t.seqlen, q.t.heads, v.t.headdim, ROLE_QKV,
@@ -260,11 +263,11 @@ int cmd_forward(int argc, char **argv)
     cli_outputs_init(&files);
     cli_outputs_add(&files, o.out, &out);
     cli_outputs_add(&files, o.lse, &lse);
-    const char *inputs[12] = {o.q,           o.k,       o.v,         o.alibi,
+    const char *inputs[13] = {o.q,           o.k,       o.v,         o.alibi,
                               o.sinks,       o.cu_q,    o.cu_k,      o.block_table,
-                              o.seqused,     o.kv_indptr, o.kv_indices, o.kv_last};
+                              o.seqused,     o.kv_indptr, o.kv_indices, o.kv_last, o.bias};
     if (!rc)
-        rc = cli_outputs_open(&files, inputs, 12);
+        rc = cli_outputs_open(&files, inputs, 13);
     fa_context *ctx = rc ? NULL : cli_context(&o, o.backend);
     if (!rc && !ctx)
         rc = EXIT_ERROR;
@@ -302,15 +305,18 @@ int cmd_backward(int argc, char **argv)
     for (int i = 0; i < 6; i++)
         if ((rc = need("backward", req[i][0], req[i][1])))
             return rc;
-    cli_tensor in[6], g[3], ds;
+    cli_tensor in[6], g[3], ds, db;
     memset(in, 0, sizeof in);
     memset(g, 0, sizeof g);
     memset(&ds, 0, sizeof ds);
+    memset(&db, 0, sizeof db);
     const char *paths[6] = {o.q, o.k, o.v, o.out, o.lse, o.dout};
     for (int i = 0; i < 6 && !rc; i++)
         rc = cli_load(&o, paths[i], i == 4 ? ROLE_LSE : ROLE_QKV, &in[i]);
     if (!rc)
         rc = cli_load_slopes(&o, in[0].t.heads);
+    if (!rc)
+        rc = cli_load_bias(&o);
     if (!rc)
         rc = cli_load_indices(&o, in[1].t.seqlen);
     if (!rc) { /* read as the profile's kernels write it */
@@ -340,10 +346,16 @@ int cmd_backward(int argc, char **argv)
             cli_outputs_add(&files, o.dsinks, &ds);
         }
     }
-    const char *inputs[10] = {o.q, o.k, o.v, o.out, o.lse, o.dout, o.alibi, o.sinks, o.cu_q,
-                              o.cu_k};
+    if (!rc && o.dbias && /* d loss / d bias, in the bias file's shape */
+        !(rc = cli_alloc_bias_grad(&o, "--dbias", in[0].t.dtype == FA_F64 ? FA_F64 : FA_F32,
+                                   &db))) {
+        o.p.bias_grad = &db.t;
+        cli_outputs_add(&files, o.dbias, &db);
+    }
+    const char *inputs[11] = {o.q, o.k, o.v, o.out, o.lse, o.dout, o.alibi, o.sinks, o.cu_q,
+                              o.cu_k, o.bias};
     if (!rc)
-        rc = cli_outputs_open(&files, inputs, 10);
+        rc = cli_outputs_open(&files, inputs, 11);
     fa_context *ctx = rc ? NULL : cli_context(&o, o.backend);
     if (!rc && !ctx)
         rc = EXIT_ERROR;
@@ -362,6 +374,7 @@ int cmd_backward(int argc, char **argv)
     for (int i = 0; i < 3; i++)
         cli_free(&g[i]);
     npy_free(&ds.a);
+    cli_free(&db);
     cli_opts_free(&o);
     return rc;
 }
