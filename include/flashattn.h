@@ -40,8 +40,11 @@ typedef enum {
     FA_ERR_DEVICE               /* the accelerator reported an error                            */
 } fa_status;
 
-/* FA_BOOL: one byte per element, nonzero true; only a keep-mask (fa_params.bias) has it. */
-typedef enum { FA_F32, FA_F64, FA_F16, FA_BF16, FA_BOOL } fa_dtype;
+/* FA_BOOL: one byte per element, nonzero true; only a keep-mask (fa_params.bias) has it.
+ * FA_E4M3, FA_E5M2: the OCP FP8 formats (e4m3 without infinities, NaN S.1111.111, largest 448;
+ * e5m2 IEEE-like, largest 57344), for q, k and v of a forward (fa_params.descale_q says how
+ * they are scaled) or a K/V cache under f32 / bf16 q. */
+typedef enum { FA_F32, FA_F64, FA_F16, FA_BF16, FA_BOOL, FA_E4M3, FA_E5M2 } fa_dtype;
 
 /*
  * A strided 4-D tensor, logical shape batch x seqlen x heads x headdim (BSHD). Strides are in
@@ -76,6 +79,10 @@ typedef enum { FA_SOFTCAP_THEN_ALIBI, FA_ALIBI_THEN_SOFTCAP } fa_score_order;
  * the scaled dot product, before softcap and ALiBi (PyTorch SDPA's attn_mask, xformers'
  * attn_bias: the default), or after both (ggml's flash_attn_ext mask). */
 typedef enum { FA_BIAS_AFTER_SCALE, FA_BIAS_AFTER_SOFTCAP } fa_bias_place;
+
+/* The layout of FP8 descale factors (fa_params.descale_q/k/v): one float for the tensor, or one
+ * per (batch, kv head), B x Hk row-major (FlashAttention-3's q_descale, k_descale, v_descale). */
+typedef enum { FA_DESCALE_PER_TENSOR, FA_DESCALE_PER_KV_HEAD } fa_descale_layout;
 
 typedef struct {
     double       scale;                     /* 0: 1/sqrt(Dqk); else finite and > 0            */
@@ -119,6 +126,13 @@ typedef struct {
      * the bias has them; a broadcast dim receives the sum over it), f32 or f64; NULL: not
      * wanted. Only for an additive bias (a keep-mask has no gradient). */
     fa_tensor       *bias_grad;
+    /* FP8 descale factors (host memory, finite and > 0), or NULL (1): the value an FP8 element
+     * c of q (k, v) stands for is descale x c, with the descale of its batch and kv head (a q
+     * head h: kv head h / (Hq / Hk)). Only for an FP8 tensor. The fused paths fold
+     * descale_q descale_k into the score scale and descale_v into the output's final factor
+     * (once each); the reference widens exactly and multiplies in float64. */
+    const float      *descale_q, *descale_k, *descale_v;
+    fa_descale_layout descale_layout; /* default FA_DESCALE_PER_TENSOR */
 } fa_params; /* new fields are only ever appended */
 
 typedef enum {
@@ -165,7 +179,9 @@ FA_API void      fa_context_destroy(fa_context *ctx);
  * out = attention(q, k, v) per docs/DESIGN.md §1; lse (may be NULL) receives the natural-log
  * log-sum-exp of each row (pre-dropout), -inf for rows with no allowed key (the sink's logit
  * with sinks). Outputs must not overlap inputs or each other (see fa_tensor). k and v share a
- * dtype: q's, or an f16 / bf16 cache under f32 or bf16 q (out takes q's dtype).
+ * dtype: q's, or an f16 / bf16 / FP8 cache under f32 or bf16 q (out takes q's dtype). FP8 q
+ * (FlashAttention-3's FP8 forward) takes k and v of its FP8 format and an out of f32, f16,
+ * bf16 or f64 (the reference's); the backward takes no FP8.
  */
 FA_API fa_status fa_forward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
                             const fa_tensor *k, const fa_tensor *v, fa_tensor *out,

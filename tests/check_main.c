@@ -19,6 +19,7 @@ int main(void)
     srunner_add_suite(sr, make_kernels_suite());
     srunner_add_suite(sr, make_faults_suite());
     srunner_add_suite(sr, make_masks_suite());
+    srunner_add_suite(sr, make_fp8_suite());
     srunner_run_all(sr, CK_NORMAL);
     int failed = srunner_ntests_failed(sr);
     srunner_free(sr);

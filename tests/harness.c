@@ -105,6 +105,8 @@ static double round_to(fa_dtype dt, double v)
     case FA_F32: return (float)v;
     case FA_F16: return fai_f16_to_f64(fai_f64_to_f16(v));
     case FA_BF16: return fai_bf16_to_f64(fai_f64_to_bf16(v));
+    case FA_E4M3: return fai_e4m3_to_f64(fai_f64_to_e4m3(v));
+    case FA_E5M2: return fai_e5m2_to_f64(fai_f64_to_e5m2(v));
     default: return v;
     }
 }

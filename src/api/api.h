@@ -51,9 +51,10 @@ fa_tensor fai_indices_view(const fa_indices *x);
 fa_status fai_problem_make(fai_problem *pr, const fa_params *p, const fa_tensor *q,
                            const fa_tensor *k, const fa_tensor *v, int paged);
 
-/* FA_ERR_UNSUPPORTED, naming op, where the problem has a bias tensor: a call of sequences
- * (varlen, paged, a cache) takes none. */
-fa_status fai_refuse_bias_in_sequences(const fai_problem *pr, const char *op);
+/* FA_ERR_UNSUPPORTED, naming op, where the problem has what only a dense call takes: a bias
+ * tensor, or descale factors per (batch, kv head). For calls of sequences (varlen, paged, a
+ * cache). */
+fa_status fai_refuse_dense_only(const fai_problem *pr, const char *op);
 
 /* Makes the problem a variable-length batch (fa_forward_varlen): checks the offsets against the
  * packed q and k and sets nseq, cu_q and cu_k. */

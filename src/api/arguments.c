@@ -50,7 +50,7 @@ void fa_tensor_init(fa_tensor *t, void *data, fa_dtype dtype, int64_t batch, int
 }
 
 
-static int valid_dtype(fa_dtype d) { return (unsigned)d <= FA_BOOL; }
+static int valid_dtype(fa_dtype d) { return (unsigned)d <= FA_E5M2; }
 
 /* a * b + c for non-negative int64, 0 on overflow. */
 static int mad64(int64_t a, int64_t b, int64_t c, int64_t *out)
@@ -718,17 +718,22 @@ static fa_status check_bias(const fa_params *p, const fai_problem *pr)
     return FA_OK;
 }
 
-fa_status fai_refuse_bias_in_sequences(const fai_problem *pr, const char *op)
+fa_status fai_refuse_dense_only(const fai_problem *pr, const char *op)
 {
-    if (!pr->bias)
-        return FA_OK;
-    return fai_fail(FA_ERR_UNSUPPORTED,
-                    "params->bias with %s: a bias tensor is (B, Sq, H, Sk) of a dense call; "
-                    "calls of sequences do not take one", op);
+    if (pr->bias)
+        return fai_fail(FA_ERR_UNSUPPORTED,
+                        "params->bias with %s: a bias tensor is (B, Sq, H, Sk) of a dense call; "
+                        "calls of sequences do not take one", op);
+    if (pr->descale_per_head)
+        return fai_fail(FA_ERR_UNSUPPORTED,
+                        "params->descale_layout = FA_DESCALE_PER_KV_HEAD with %s: descale "
+                        "factors per (batch, kv head) are a dense call's; a call of sequences "
+                        "takes them per tensor", op);
+    return FA_OK;
 }
 
-/* k and v share a dtype: q's, or an f16 / bf16 cache under f32 or bf16 q (a forward's; the ops
- * that cannot take it say so). */
+/* k and v share a dtype: q's, or an f16 / bf16 / FP8 cache under f32 or bf16 q (a forward's;
+ * the ops that cannot take it say so); FP8 q takes k and v of its own format. */
 static fa_status check_kv_dtypes(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v)
 {
     if (v->dtype != k->dtype)
@@ -737,12 +742,40 @@ static fa_status check_kv_dtypes(const fa_tensor *q, const fa_tensor *k, const f
                         fa_dtype_name(k->dtype));
     if (k->dtype == q->dtype)
         return FA_OK;
-    const int cache = k->dtype == FA_F16 || k->dtype == FA_BF16;
+    const int cache = k->dtype == FA_F16 || k->dtype == FA_BF16 || fai_dtype_is_fp8(k->dtype);
     if (cache && (q->dtype == FA_F32 || q->dtype == FA_BF16))
         return FA_OK;
     return fai_fail(FA_ERR_DTYPE, "k->dtype = %s but q->dtype = %s; k and v take q's dtype, or "
-                                  "f16 / bf16 under f32 or bf16 q", fa_dtype_name(k->dtype),
-                    fa_dtype_name(q->dtype));
+                                  "f16 / bf16 / e4m3 / e5m2 under f32 or bf16 q",
+                    fa_dtype_name(k->dtype), fa_dtype_name(q->dtype));
+}
+
+/* The FP8 descale factors: each for an FP8 tensor only, one float or B x Hk (the layout), every
+ * one finite and > 0. */
+static fa_status check_descales(const fa_params *p, const fai_problem *pr)
+{
+    if (p->descale_layout != FA_DESCALE_PER_TENSOR && p->descale_layout != FA_DESCALE_PER_KV_HEAD)
+        return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                        "params->descale_layout = %d is not a fa_descale_layout",
+                        (int)p->descale_layout);
+    const float *const d[3] = {p->descale_q, p->descale_k, p->descale_v};
+    const char *const name[3] = {"descale_q", "descale_k", "descale_v"};
+    const fa_dtype dt[3] = {pr->q_dtype, pr->kv_dtype, pr->kv_dtype};
+    const int64_t n = p->descale_layout == FA_DESCALE_PER_KV_HEAD ? pr->b * pr->hk : 1;
+    for (int x = 0; x < 3; x++) {
+        if (!d[x])
+            continue;
+        if (!fai_dtype_is_fp8(dt[x]))
+            return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                            "params->%s is set but %c->dtype = %s; descale factors are for FP8 "
+                            "tensors", name[x], "qkv"[x], fa_dtype_name(dt[x]));
+        for (int64_t i = 0; i < n; i++)
+            if (!(d[x][i] > 0) || isinf(d[x][i]))
+                return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                                "params->%s[%lld] = %g; a descale factor is finite and > 0",
+                                name[x], (long long)i, (double)d[x][i]);
+    }
+    return FA_OK;
 }
 
 fa_status fai_problem_make(fai_problem *pr, const fa_params *p, const fa_tensor *q,
@@ -771,7 +804,8 @@ fa_status fai_problem_make(fai_problem *pr, const fa_params *p, const fa_tensor 
     pr->sk = k->seqlen;
     pr->dqk = q->headdim;
     pr->dv = v->headdim;
-    pr->dtype = q->dtype;
+    pr->dtype = q->dtype; /* FP8 q: the op sets out's */
+    pr->q_dtype = q->dtype;
     pr->kv_dtype = k->dtype;
     pr->mask_spec = (fai_mask_spec){.causal = p->causal != 0,
                                     .top_left = p->align == FA_ALIGN_TOP_LEFT,
@@ -795,6 +829,11 @@ fa_status fai_problem_make(fai_problem *pr, const fa_params *p, const fa_tensor 
     pr->io[FAI_K] = k;
     pr->io[FAI_V] = v;
     FAI_TRY(check_bias(p, pr));
+    FAI_TRY(check_descales(p, pr));
+    pr->descale_q = p->descale_q;
+    pr->descale_k = p->descale_k;
+    pr->descale_v = p->descale_v;
+    pr->descale_per_head = p->descale_layout == FA_DESCALE_PER_KV_HEAD;
     if (p->bias) {
         pr->bias = p->bias;
         pr->score.bias = p->bias_place == FA_BIAS_AFTER_SOFTCAP ? FAI_BIAS_AFTER_CAP

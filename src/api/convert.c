@@ -6,9 +6,11 @@
 
 fa_status fa_convert(const void *src, fa_dtype sd, void *dst, fa_dtype dd, size_t n)
 {
-    if ((unsigned)sd > FA_BF16 || (unsigned)dd > FA_BF16)
-        return fai_fail(FA_ERR_DTYPE, "fa_convert: %s is not a fa_dtype",
-                        (unsigned)sd > FA_BF16 ? "sd" : "dd");
+    const int bad_s = (unsigned)sd > FA_E5M2 || sd == FA_BOOL,
+              bad_d = (unsigned)dd > FA_E5M2 || dd == FA_BOOL;
+    if (bad_s || bad_d)
+        return fai_fail(FA_ERR_DTYPE, "fa_convert: %s is not a value dtype (f32, f64, f16, bf16, "
+                                      "e4m3, e5m2)", bad_s ? "sd" : "dd");
     if (n > 0 && (!src || !dst))
         return fai_fail(FA_ERR_NULL_POINTER, "fa_convert: %s is NULL", src ? "dst" : "src");
     double chunk[256]; /* f64 holds every source value exactly: one rounding, at the store */

@@ -35,6 +35,8 @@ const char *fa_dtype_name(fa_dtype d)
     case FA_F16: return "f16";
     case FA_BF16: return "bf16";
     case FA_BOOL: return "bool";
+    case FA_E4M3: return "e4m3";
+    case FA_E5M2: return "e5m2";
     }
     return "invalid";
 }

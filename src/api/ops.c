@@ -135,13 +135,21 @@ static fa_status forward(fa_context *ctx, const fa_params *p, const fa_tensor *q
     fai_problem pr;
     FAI_TRY(fai_problem_make(&pr, p, q, k, v, sh->pages != NULL));
     if (sh->varlen || sh->pages || sh->cache)
-        FAI_TRY(fai_refuse_bias_in_sequences(&pr, sh->varlen  ? "fa_forward_varlen"
+        FAI_TRY(fai_refuse_dense_only(&pr, sh->varlen  ? "fa_forward_varlen"
                                                   : sh->cache ? "fa_forward_kvcache"
                                                               : "fa_forward_paged"));
     if (sh->varlen)
         FAI_TRY(fai_problem_sequences(&pr, sh->cu_q, sh->cu_k));
     FAI_TRY(kv_layout(ctx, &pr, sh, k, v));
-    FAI_TRY(fai_check_operand(out, "out", FAI_OUTPUT, q->dtype, pr.b, pr.sq, pr.hq, pr.dv,
+    if (fai_dtype_is_fp8(q->dtype)) { /* out in a wider dtype, its own */
+        FAI_TRY(fai_check_tensor(out, "out", FAI_OUTPUT, 0));
+        if (fai_dtype_is_fp8(out->dtype))
+            return fai_fail(FA_ERR_DTYPE, "out->dtype = %s with q->dtype = %s; the output of "
+                                          "FP8 inputs is f32, f16, bf16 or f64",
+                            fa_dtype_name(out->dtype), fa_dtype_name(q->dtype));
+        pr.dtype = out->dtype;
+    }
+    FAI_TRY(fai_check_operand(out, "out", FAI_OUTPUT, pr.dtype, pr.b, pr.sq, pr.hq, pr.dv,
                               "q (headdim: v)"));
     if (lse) {
         FAI_TRY(fai_check_tensor(lse, "lse", FAI_OUTPUT, 1));
@@ -279,13 +287,17 @@ static fa_status backward(fa_context *ctx, const fa_params *p, const fa_tensor *
     fai_problem pr;
     FAI_TRY(fai_problem_make(&pr, p, q, k, v, 0));
     if (varlen) {
-        FAI_TRY(fai_refuse_bias_in_sequences(&pr, "fa_backward_varlen"));
+        FAI_TRY(fai_refuse_dense_only(&pr, "fa_backward_varlen"));
         FAI_TRY(fai_problem_sequences(&pr, cu_q, cu_k));
     }
     if (pr.kv_dtype != pr.dtype)
         return fai_fail(FA_ERR_UNSUPPORTED, "k->dtype = %s under q->dtype = %s: a cache dtype "
                                             "apart from q's is forward only",
                         fa_dtype_name(pr.kv_dtype), fa_dtype_name(pr.dtype));
+    if (fai_dtype_is_fp8(pr.q_dtype))
+        return fai_fail(FA_ERR_UNSUPPORTED, "q->dtype = %s: FP8 inputs are forward only (as "
+                                            "FlashAttention-3's FP8 path)",
+                        fa_dtype_name(pr.q_dtype));
     FAI_TRY(fai_check_operand(out, "out", FAI_INPUT, q->dtype, pr.b, pr.sq, pr.hq, pr.dv,
                               "q (headdim: v)"));
     FAI_TRY(fai_check_tensor(lse, "lse", FAI_INPUT, 1));

@@ -101,7 +101,8 @@ typedef struct {
     int64_t s_new;                  /* their rows per sequence */
     fai_mask_spec mask_spec;
     int64_t q0, k0, qb0, kb0, seq0; /* where the rows lie: 0 but in a sequence of a call */
-    fa_dtype dtype;    /* storage of q, out, dout and the gradients */
+    fa_dtype dtype;    /* storage of out, dout and the gradients (and of q, but for FP8 q) */
+    fa_dtype q_dtype;  /* storage of q: dtype, or an FP8 format (out then f32, f16 or bf16) */
     fa_dtype kv_dtype; /* storage of k and v (and dk, dv): dtype, or a forward's f16 / bf16
                           cache under f32 or bf16 q */
     fai_mask mask;
@@ -110,6 +111,8 @@ typedef struct {
                                  heads Hq or 1, headdim Sk), or NULL; score.bias says where it
                                  enters */
     const fa_tensor *bias_grad; /* the backward's d loss / d bias (the bias's shape), or NULL */
+    const float *descale_q, *descale_k, *descale_v; /* FP8 descale factors, or NULL (1) */
+    int descale_per_head; /* they are B x Hk (fa_params.descale_layout), else one each */
     const float *slopes; /* Hq, or NULL */
     const float *sinks;  /* Hq sink logits (finite or -inf), or NULL */
     float *sink_grad;    /* a device backend's backward: Hq floats of host memory for d loss /
@@ -193,7 +196,27 @@ static inline void *fai_kv_row(const fai_problem *pr, fai_role r, int64_t b, int
 /* The storage dtype of a role's rows. */
 static inline fa_dtype fai_role_dtype(const fai_problem *pr, fai_role r)
 {
+    if (r == FAI_Q)
+        return pr->q_dtype;
     return r == FAI_K || r == FAI_V || r == FAI_DK || r == FAI_DV ? pr->kv_dtype : pr->dtype;
+}
+
+/* The FP8 descale factor of (b, kv head hk) in one of the arrays (1 without one). */
+static inline double fai_descale_at(const fai_problem *pr, const float *d, int64_t b, int64_t hk)
+{
+    return !d ? 1.0 : pr->descale_per_head ? (double)d[(pr->seq0 + b) * pr->hk + hk] : (double)d[0];
+}
+
+/* What the descales of (b, hk) multiply: the score scale (q's times k's) and O (v's). Exact in
+ * double (two floats' product); a float path rounds it once. */
+static inline double fai_descale_qk(const fai_problem *pr, int64_t b, int64_t hk)
+{
+    return fai_descale_at(pr, pr->descale_q, b, hk) * fai_descale_at(pr, pr->descale_k, b, hk);
+}
+
+static inline double fai_descale_v(const fai_problem *pr, int64_t b, int64_t hk)
+{
+    return fai_descale_at(pr, pr->descale_v, b, hk);
 }
 
 /* The LSE of row i of (b, h) (f32 or f64 storage). */

@@ -25,23 +25,28 @@
 typedef struct {
     const fai_problem *pr;
     fa_dtype t;   /* storage dtype of S, P, dP */
+    fa_dtype pt;  /* what P is rounded to before P V: t, or V's format for FP8 inputs */
     int wide;     /* compute in double (f64 storage) rather than float */
     size_t cs;    /* compute element size */
     size_t ts;    /* storage element size */
     int nt;
 } conv;
 
-static double round_t(const conv *cv, double x)
+static double round_as(fa_dtype t, double x)
 {
-    switch (cv->t) {
+    switch (t) {
     case FA_F64: return x;
     case FA_F32: return (float)x;
     case FA_F16: return fai_f16_to_f64(fai_f64_to_f16(x));
     case FA_BF16: return fai_bf16_to_f64(fai_f64_to_bf16(x));
+    case FA_E4M3: return fai_e4m3_to_f64(fai_f64_to_e4m3(x));
+    case FA_E5M2: return fai_e5m2_to_f64(fai_f64_to_e5m2(x));
     case FA_BOOL: break; /* no storage of values */
     }
     return x;
 }
+
+static double round_t(const conv *cv, double x) { return round_as(cv->t, x); }
 
 static void gemm(const conv *cv, int ta, int tb, int64_t m, int64_t n, int64_t k, double alpha,
                  const void *a, int64_t lda, const void *b, int64_t ldb, double beta, void *c,
@@ -136,7 +141,7 @@ static void scores(const conv *cv, const conv_pack *w, int64_t b, int64_t h, voi
     for (int64_t r0 = 0; r0 < pr->sq; r0 += CONV_ROWS) {
         int64_t n = pr->sq - r0 < CONV_ROWS ? pr->sq - r0 : CONV_ROWS;
         void *c = gemm_target(cv, s, r0, pr->sk, w->stage);
-        gemm(cv, 0, 1, n, pr->sk, pr->dqk, pr->score.scale,
+        gemm(cv, 0, 1, n, pr->sk, pr->dqk, pr->score.scale * fai_descale_qk(pr, b, h / pr->group),
              (const char *)w->qp + (size_t)(r0 * pr->dqk) * cv->cs, pr->dqk, w->kp, pr->dqk, 0.0,
              c, pr->sk);
         commit(cv, s, r0, n, pr->sk, c);
@@ -216,7 +221,7 @@ static void softmax(const conv *cv, const conv_pack *w, int64_t b, int64_t h, co
         if (drop.threshold)
             fai_dropout_keep_row(&drop, i, 0, pr->sk, w->keep);
         for (int64_t j = 0; j < pr->sk; j++) {
-            x[j] = sum == 0 ? 0 : round_t(cv, x[j] / sum);
+            x[j] = sum == 0 ? 0 : round_as(cv->pt, x[j] / sum);
             if (drop.threshold)
                 xd[j] = w->keep[j] ? round_t(cv, x[j] * keep_scale) : 0;
         }
@@ -299,10 +304,13 @@ static conv conv_make(const fa_context *ctx, const fai_problem *pr)
 {
     conv cv;
     cv.pr = pr;
-    cv.t = pr->dtype;
+    /* FP8 inputs as FlashAttention-3 computes them: S and the softmax in f32, P rounded to V's
+     * FP8 format for the second product, O accumulated in f32 and stored in out's dtype */
+    cv.t = fai_dtype_is_fp8(pr->q_dtype) ? FA_F32 : pr->dtype;
+    cv.pt = fai_dtype_is_fp8(pr->q_dtype) ? pr->kv_dtype : cv.t;
     cv.wide = pr->dtype == FA_F64;
     cv.cs = cv.wide ? sizeof(double) : sizeof(float);
-    cv.ts = fai_dtype_size(pr->dtype);
+    cv.ts = fai_dtype_size(cv.t);
     cv.nt = ctx->num_threads;
     return cv;
 }
@@ -345,7 +353,8 @@ static void conv_forward(fa_context *ctx, const fai_problem *pr, const fai_scrat
         for (int64_t r0 = 0; r0 < pr->sq; r0 += CONV_ROWS) { /* O = P~ V, rounded to T */
             const int64_t n = pr->sq - r0 < CONV_ROWS ? pr->sq - r0 : CONV_ROWS;
             const void *pb = as_compute(&cv, P + at, r0, n, pr->sk, w->stage);
-            gemm(&cv, 0, 0, n, pr->dv, pr->sk, 1.0, pb, pr->sk, w->vp, pr->dv, 0.0, w->stage2,
+            gemm(&cv, 0, 0, n, pr->dv, pr->sk, fai_descale_v(pr, b, hk), pb, pr->sk, w->vp, pr->dv,
+                 0.0, w->stage2,
                  pr->dv);
             unpack(&cv, fai_q_row, FAI_OUT, b, h, r0, n, pr->dv, w->stage2);
         }

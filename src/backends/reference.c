@@ -110,8 +110,10 @@ static double row_scores(const fai_problem *pr, int64_t b, int64_t h, int64_t i,
 {
     const int64_t hk = h / pr->group;
     const double slope = fai_slope(pr, h);
+    fai_score sc = pr->score; /* FP8: the descales of q and k scale the scores */
+    sc.scale *= fai_descale_qk(pr, b, hk);
     key_hull(pr, i, i + 1, lo, hi);
-    fai_load_f64(fai_q_row(pr, FAI_Q, b, h, i), pr->dtype, pr->dqk, w->q);
+    fai_load_f64(fai_q_row(pr, FAI_Q, b, h, i), pr->q_dtype, pr->dqk, w->q);
     if (w->bias)
         fai_load_f64(fai_bias_row(pr, b, h, i), pr->bias->dtype, pr->sk, w->bias);
     double mx = -INFINITY;
@@ -119,7 +121,7 @@ static double row_scores(const fai_problem *pr, int64_t b, int64_t h, int64_t i,
         if (!row_allows(pr, w->bias, i, j))
             continue;
         fai_load_f64(fai_kv_row(pr, FAI_K, b, hk, j), pr->kv_dtype, pr->dqk, w->kv);
-        w->s[j] = fai_score_biased_f64(&pr->score, dot64(w->q, w->kv, pr->dqk), slope,
+        w->s[j] = fai_score_biased_f64(&sc, dot64(w->q, w->kv, pr->dqk), slope,
                                        bias_at(w->bias, j), i, j, &w->t[j]);
         mx = fai_nanmax_f64(mx, w->s[j]);
     }
@@ -138,7 +140,8 @@ static double row_scores(const fai_problem *pr, int64_t b, int64_t h, int64_t i,
     return mx + log(sum);
 }
 
-/* O_i = sum_{allowed, kept j} exp(s_j - LSE) / (1 - p) v_j, into w->o (0 for an empty row). */
+/* O_i = sum_{allowed, kept j} exp(s_j - LSE) / (1 - p) v_j, into w->o (0 for an empty row),
+ * v_j times its FP8 descale. */
 static void row_output(const fai_problem *pr, int64_t b, int64_t h, int64_t i, double lse,
                        int64_t lo, int64_t hi, const unsigned char *keep, row_ws *w)
 {
@@ -146,10 +149,11 @@ static void row_output(const fai_problem *pr, int64_t b, int64_t h, int64_t i, d
     memset(w->o, 0, (size_t)pr->dv * sizeof(double));
     if (lse == -INFINITY)
         return;
+    const double descale_v = fai_descale_v(pr, b, hk);
     for (int64_t j = lo; j < hi; j++) {
         if (!row_allows(pr, w->bias, i, j) || (pr->drop.threshold && !keep[j]))
             continue; /* masked and dropped keys by selection */
-        double pt = exp(w->s[j] - lse) * pr->keep_scale;
+        double pt = exp(w->s[j] - lse) * pr->keep_scale * descale_v;
         fai_load_f64(fai_kv_row(pr, FAI_V, b, hk, j), pr->kv_dtype, pr->dv, w->kv);
         for (int64_t d = 0; d < pr->dv; d++)
             w->o[d] += pt * w->kv[d];
@@ -297,6 +301,8 @@ static void blk_probs(const fai_problem *pr, int64_t b, int64_t h, int64_t i0, i
 {
     const double slope = fai_slope(pr, h), sink = fai_sink(pr, h);
     const fai_dropout drop = fai_dropout_for(pr, b, h);
+    fai_score sc = pr->score; /* FP8: the descales of q and k scale the scores */
+    sc.scale *= fai_descale_qk(pr, b, h / pr->group);
     fai_blas_gemm(1, 0, 1, n, nk, pr->dqk, 1.0, w->q, pr->dqk, w->k + jlo * pr->dqk, pr->dqk, 0.0,
                   w->s, nk);
     for (int64_t r = 0; r < n; r++) {
@@ -315,8 +321,8 @@ static void blk_probs(const fai_problem *pr, int64_t b, int64_t h, int64_t i0, i
         for (int64_t c = lo; c < hi; c++) {
             if (!allow[c])
                 continue;
-            s[c] = fai_score_biased_f64(&pr->score, s[c], slope, bias_at(bias, jlo + c), i,
-                                        jlo + c, tr ? &tr[c] : NULL);
+            s[c] = fai_score_biased_f64(&sc, s[c], slope, bias_at(bias, jlo + c), i, jlo + c,
+                                        tr ? &tr[c] : NULL);
             mx = fai_nanmax_f64(mx, s[c]);
         }
         mx = fai_nanmax_f64(mx, sink); /* the sink: one more logit, with no value */
@@ -361,8 +367,8 @@ static void blk_forward(const fai_problem *pr, int64_t b, int64_t h, int64_t i0,
     memset(w->o, 0, (size_t)(n * pr->dv) * sizeof(double));
     if (nk > 0) {
         blk_probs(pr, b, h, i0, n, jlo, nk, w, NULL, NULL, lse); /* P~ in place in w->s */
-        fai_blas_gemm(1, 0, 0, n, pr->dv, nk, 1.0, w->s, nk, w->v + jlo * pr->dv, pr->dv, 0.0,
-                      w->o, pr->dv);
+        fai_blas_gemm(1, 0, 0, n, pr->dv, nk, fai_descale_v(pr, b, h / pr->group), w->s, nk,
+                      w->v + jlo * pr->dv, pr->dv, 0.0, w->o, pr->dv);
     } else { /* no row of the block sees a key: LSE is the sink's (-inf without one) */
         for (int64_t r = 0; r < n; r++)
             lse[r] = fai_sink(pr, h);

@@ -17,7 +17,9 @@ size_t fai_dtype_size(fa_dtype d)
     case FA_F32: return 4;
     case FA_F16:
     case FA_BF16: return 2;
-    case FA_BOOL: return 1;
+    case FA_BOOL:
+    case FA_E4M3:
+    case FA_E5M2: return 1;
     }
     return 0;
 }
@@ -108,6 +110,53 @@ uint16_t fai_f64_to_bf16(double x)
     return sign | encode_exact(round_to_format(a, 7, -126), 7, -126, 127);
 }
 
+/*
+ * FP8 (the OCP 8-bit formats). e4m3 ("e4m3fn"): 4 exponent bits (bias 7), 3 fraction bits, no
+ * infinity, NaN = S.1111.111, largest 448. e5m2: 5 exponent bits (bias 15), 2 fraction bits,
+ * IEEE-like (exponent 31: inf or NaN), largest 57344. Widening is exact in f32 and f64.
+ * Narrowing rounds to nearest even once; past the largest value it gives e4m3's NaN (it has
+ * no infinity) and e5m2's infinity, as the IEEE-style conversions of ml_dtypes and PyTorch's
+ * non-saturating casts do. The halfway points above the largest values: 464 (e4m3) and 61440
+ * (e5m2).
+ */
+double fai_e4m3_to_f64(uint8_t c)
+{
+    const int sign = c >> 7, e = (c >> 3) & 15, m = c & 7;
+    if (e == 15 && m == 7)
+        return sign ? -NAN : NAN;
+    const double a = e == 0 ? ldexp(m, -9) : ldexp(8 + m, e - 10);
+    return sign ? -a : a;
+}
+
+double fai_e5m2_to_f64(uint8_t c)
+{
+    const int sign = c >> 7, e = (c >> 2) & 31, m = c & 3;
+    if (e == 31)
+        return m ? (sign ? -NAN : NAN) : (sign ? -INFINITY : INFINITY);
+    const double a = e == 0 ? ldexp(m, -16) : ldexp(4 + m, e - 17);
+    return sign ? -a : a;
+}
+
+uint8_t fai_f64_to_e4m3(double x)
+{
+    const uint8_t sign = signbit(x) ? 0x80u : 0;
+    const double a = fabs(x);
+    if (isnan(x) || a >= 464.0)
+        return sign | 0x7fu;
+    return sign | (uint8_t)encode_exact(round_to_format(a, 3, -6), 3, -6, 7);
+}
+
+uint8_t fai_f64_to_e5m2(double x)
+{
+    const uint8_t sign = signbit(x) ? 0x80u : 0;
+    if (isnan(x))
+        return sign | 0x7fu;
+    const double a = fabs(x);
+    if (a >= 61440.0)
+        return sign | 0x7cu;
+    return sign | (uint8_t)encode_exact(round_to_format(a, 2, -14), 2, -14, 15);
+}
+
 /* f32 -> bf16, ties to even, by integer arithmetic on the bits (same result as above). */
 static inline uint16_t f32_to_bf16(float f)
 {
@@ -136,6 +185,12 @@ void fai_load_f32(const void *src, fa_dtype d, int64_t n, float *dst)
     case FA_BOOL: /* a keep-mask, as the bias it is: 0 where it keeps, -inf where it masks */
         for (int64_t i = 0; i < n; i++) dst[i] = ((const uint8_t *)src)[i] ? 0 : -INFINITY;
         break;
+    case FA_E4M3:
+        for (int64_t i = 0; i < n; i++) dst[i] = fai_e4m3_to_f64(((const uint8_t *)src)[i]);
+        break;
+    case FA_E5M2:
+        for (int64_t i = 0; i < n; i++) dst[i] = fai_e5m2_to_f64(((const uint8_t *)src)[i]);
+        break;
     }
 }
 
@@ -154,6 +209,12 @@ void fai_load_f64(const void *src, fa_dtype d, int64_t n, double *dst)
         break;
     case FA_BOOL: /* a keep-mask, as the bias it is: 0 where it keeps, -inf where it masks */
         for (int64_t i = 0; i < n; i++) dst[i] = ((const uint8_t *)src)[i] ? 0 : -INFINITY;
+        break;
+    case FA_E4M3:
+        for (int64_t i = 0; i < n; i++) dst[i] = fai_e4m3_to_f64(((const uint8_t *)src)[i]);
+        break;
+    case FA_E5M2:
+        for (int64_t i = 0; i < n; i++) dst[i] = fai_e5m2_to_f64(((const uint8_t *)src)[i]);
         break;
     }
 }
@@ -174,6 +235,12 @@ void fai_store_f32(void *dst, fa_dtype d, int64_t n, const float *src)
     case FA_BOOL: /* the inverse of the load: -inf masks (0), anything else keeps (1) */
         for (int64_t i = 0; i < n; i++) ((uint8_t *)dst)[i] = src[i] != -INFINITY;
         break;
+    case FA_E4M3: /* from f32 exactly widened: one rounding */
+        for (int64_t i = 0; i < n; i++) ((uint8_t *)dst)[i] = fai_f64_to_e4m3(src[i]);
+        break;
+    case FA_E5M2:
+        for (int64_t i = 0; i < n; i++) ((uint8_t *)dst)[i] = fai_f64_to_e5m2(src[i]);
+        break;
     }
 }
 
@@ -192,6 +259,12 @@ void fai_store_f64(void *dst, fa_dtype d, int64_t n, const double *src)
         break;
     case FA_BOOL:
         for (int64_t i = 0; i < n; i++) ((uint8_t *)dst)[i] = src[i] != -INFINITY;
+        break;
+    case FA_E4M3:
+        for (int64_t i = 0; i < n; i++) ((uint8_t *)dst)[i] = fai_f64_to_e4m3(src[i]);
+        break;
+    case FA_E5M2:
+        for (int64_t i = 0; i < n; i++) ((uint8_t *)dst)[i] = fai_f64_to_e5m2(src[i]);
         break;
     }
 }

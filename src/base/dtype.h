@@ -22,6 +22,13 @@ uint16_t fai_f64_to_f16(double x);
 uint16_t fai_f64_to_bf16(double x);
 double fai_f16_to_f64(uint16_t h);
 double fai_bf16_to_f64(uint16_t h);
+/* FP8 codes (base/dtype.c says which formats): exact widening, narrowing to nearest even. */
+double fai_e4m3_to_f64(uint8_t c);
+double fai_e5m2_to_f64(uint8_t c);
+uint8_t fai_f64_to_e4m3(double x);
+uint8_t fai_f64_to_e5m2(double x);
+/* Whether d is an FP8 storage dtype. */
+static inline int fai_dtype_is_fp8(fa_dtype d) { return d == FA_E4M3 || d == FA_E5M2; }
 
 /* Address of row s of head h of batch b of t (the headdim elements are contiguous from it). */
 static inline void *fai_row(const fa_tensor *t, int64_t b, int64_t s, int64_t h)

@@ -83,7 +83,7 @@ static void FAI_T(load_q_panels)(const fai_problem *pr, int64_t b, int64_t h, in
         const int64_t m = nq - r < panel ? nq - r : panel;
         int64_t lq, ld;
         const void *q = fai_q_rows(pr, FAI_Q, b, h, i0 + r, m, &lq);
-        const FT *rows = FAI_T(view_run)(w->kern, q, lq, pr->dtype, m, dqk, w->qrows, &ld);
+        const FT *rows = FAI_T(view_run)(w->kern, q, lq, pr->q_dtype, m, dqk, w->qrows, &ld);
         w->kern->transpose(m, dqk, rows, ld, w->q + r * dqk, panel);
     }
 }
@@ -276,10 +276,20 @@ static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, in
  * holds inf or NaN and that has masked or dropped entries, the rows accumulate P V by selection
  * instead, so that docs/DESIGN.md §1's "masked NaN never reaches the output" holds to the bit.
  */
-static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int64_t h,
+static void FAI_T(fwd_qtile)(const fai_problem *call, fai_tiles tl, int64_t b, int64_t h,
                              int64_t i0, int64_t i1, FAI_T(fwd_ws) *w)
 {
-    const int64_t hk = h / pr->group, nq = i1 - i0, dv = pr->dv;
+    const int64_t hk = h / call->group, nq = i1 - i0, dv = call->dv;
+    /* FP8: the descales of q and k fold into the score scale (the GEMM's store factors too),
+     * v's into the output's final factor; each multiplies once */
+    fai_problem scaled = *call;
+    const fai_problem *pr = &scaled;
+    const FT descale_v = (FT)fai_descale_v(call, b, hk);
+    if (call->descale_q || call->descale_k) {
+        scaled.score.scale *= fai_descale_qk(call, b, hk);
+        for (int64_t r = 0; r < w->kern->mr; r++)
+            w->scale_rows[r] = (FT)scaled.score.scale;
+    }
     const fai_dropout drop = fai_dropout_for(pr, b, h);
     FAI_T(fwd_ktile) tile = {.b = b, .h = h, .i1 = i1, .slope = (FT)fai_slope(pr, h),
                              .drop = &drop};
@@ -366,6 +376,7 @@ static void FAI_T(fwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
         if (!FAI_T(fai_online_end)(w->m[r], w->l[r], (FT)fai_sink(pr, h), keep_scale, &lse, &f)) {
             memset(acc, 0, (size_t)dv * sizeof(FT));
         } else {
+            f *= descale_v; /* 1 but for FP8 v */
 #pragma omp simd
             for (int64_t d = 0; d < dv; d++)
                 acc[d] = FAI_T(fai_online_out)(acc[d], f);
