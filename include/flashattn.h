@@ -80,6 +80,9 @@ typedef enum { FA_SOFTCAP_THEN_ALIBI, FA_ALIBI_THEN_SOFTCAP } fa_score_order;
  * attn_bias: the default), or after both (ggml's flash_attn_ext mask). */
 typedef enum { FA_BIAS_AFTER_SCALE, FA_BIAS_AFTER_SOFTCAP } fa_bias_place;
 
+/* A block-sparse mask (fa_block_mask, below). */
+typedef struct fa_block_mask fa_block_mask;
+
 /* The layout of FP8 descale factors (fa_params.descale_q/k/v): one float for the tensor, or one
  * per (batch, kv head), B x Hk row-major (FlashAttention-3's q_descale, k_descale, v_descale). */
 typedef enum { FA_DESCALE_PER_TENSOR, FA_DESCALE_PER_KV_HEAD } fa_descale_layout;
@@ -133,6 +136,9 @@ typedef struct {
      * (once each); the reference widens exactly and multiplies in float64. */
     const float      *descale_q, *descale_k, *descale_v;
     fa_descale_layout descale_layout; /* default FA_DESCALE_PER_TENSOR */
+    /* A block-sparse mask (FlexAttention's BlockMask; fa_block_mask below), or NULL. Calls of
+     * sequences do not take one. */
+    const fa_block_mask *block_mask;
 } fa_params; /* new fields are only ever appended */
 
 typedef enum {
@@ -220,6 +226,28 @@ typedef struct {
     fa_index_type type;
     int64_t       count; /* entries */
 } fa_indices;
+
+/*
+ * A block-sparse mask in FlexAttention's BlockMask form: queries in blocks of q_block rows and
+ * keys in blocks of kv_block keys (FlexAttention's Q_BLOCK_SIZE and KV_BLOCK_SIZE, 128 by
+ * default); query block r of (b, h) lists its key blocks in row r of kv_indices, the first
+ * kv_num_blocks[r] entries, and, where full_kv_num_blocks is given (count > 0), more in row r
+ * of full_kv_indices. Key j is visible to row i iff j's block is listed for i's block (in
+ * either list) and the rest of the mask (window, bias) allows it: a listed block is a hint,
+ * never a permission. FlexAttention's full blocks are those where its mask_mod is all true
+ * (create_block_mask builds them so), where it skips mask_mod: the same keys. The tiled
+ * backend skips key tiles that no query block of a tile lists, whole.
+ * Shapes (row-major, host memory, int32 or int64): kv_num_blocks batch x heads x
+ * ceil(Sq / q_block), kv_indices that x ceil(Sk / kv_block); batch is B or 1 and heads Hq or
+ * 1 (broadcast). Indices lie in [0, ceil(Sk / kv_block)), and a key block appears at most once
+ * in a query block's two lists together.
+ */
+struct fa_block_mask {
+    int64_t    batch, heads;
+    int64_t    q_block, kv_block;
+    fa_indices kv_num_blocks, kv_indices;
+    fa_indices full_kv_num_blocks, full_kv_indices; /* count 0: none */
+};
 
 FA_API fa_status fa_forward_varlen(fa_context *ctx, const fa_params *p, const fa_tensor *q,
                                    const fa_tensor *k, const fa_tensor *v,

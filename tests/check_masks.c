@@ -484,6 +484,154 @@ START_TEST(bad_bias_arguments)
 }
 END_TEST
 
+/* A random block mask of q_block x kv_block blocks keeping each block with probability
+ * `density` (split between the partial and the full lists), and the same mask expanded into a
+ * bool keep-mask (1, Sq, heads, Sk). */
+typedef struct {
+    fa_block_mask bm;
+    int32_t *num, *idx, *fnum, *fidx;
+    ht_tensor keep;
+} blocks;
+
+static void blocks_make(blocks *x, int64_t heads, int64_t sq, int64_t sk, int64_t qb, int64_t kb,
+                        double density, uint64_t seed)
+{
+    const int64_t nq = (sq + qb - 1) / qb, nk = (sk + kb - 1) / kb, rows = heads * nq;
+    x->num = calloc((size_t)rows, 4), x->fnum = calloc((size_t)rows, 4);
+    x->idx = calloc((size_t)(rows * nk), 4), x->fidx = calloc((size_t)(rows * nk), 4);
+    ht_alloc(&x->keep, FA_BOOL, 1, sq, heads, sk, HT_BSHD);
+    for (int64_t h = 0; h < heads; h++)
+        for (int64_t i = 0; i < sq; i++)
+            for (int64_t j = 0; j < sk; j++)
+                ht_set(&x->keep, 0, i, h, j, -INFINITY);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = nk - 1; c >= 0; c--) { /* listed in descending order: any order goes */
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            const double u = (double)(seed >> 11) * 0x1p-53;
+            if (u >= density)
+                continue;
+            if (u < density / 2)
+                x->idx[r * nk + x->num[r]++] = (int32_t)c;
+            else
+                x->fidx[r * nk + x->fnum[r]++] = (int32_t)c;
+            const int64_t h = r / nq, i0 = r % nq * qb, j0 = c * kb;
+            for (int64_t i = i0; i < i0 + qb && i < sq; i++)
+                for (int64_t j = j0; j < j0 + kb && j < sk; j++)
+                    ht_set(&x->keep, 0, i, h, j, 0);
+        }
+    x->bm = (fa_block_mask){1,
+                            heads,
+                            qb,
+                            kb,
+                            {x->num, FA_INDEX_INT32, rows},
+                            {x->idx, FA_INDEX_INT32, rows * nk},
+                            {x->fnum, FA_INDEX_INT32, rows},
+                            {x->fidx, FA_INDEX_INT32, rows * nk}};
+}
+
+static void blocks_free(blocks *x)
+{
+    free(x->num), free(x->idx), free(x->fnum), free(x->fidx);
+    ht_free(&x->keep);
+}
+
+/* A block mask of every density from 0 to 1 gives the bits of the same mask as a dense bool
+ * keep-mask, forward and backward, with a causal window on top, on every CPU backend; block
+ * sizes that cut across the tiles, the mask broadcast over batch (and over heads when the
+ * case says so). The tiled path skips the key tiles no row of a query tile sees. */
+START_TEST(block_mask_equals_dense_mask)
+{
+    static const double density[5] = {0, 0.25, 0.5, 0.75, 1};
+    const fa_backend be = cpu_backends[_i % 3];
+    const int64_t B = 2, sq = 200, sk = 260, H = 2, D = 32, mh = (_i / 3) % 2 ? 1 : H;
+    for (int d = 0; d < 5; d++) {
+        set a, b;
+        set_alloc(&a, FA_F32, B, sq, sk, H, 1, D);
+        set_alloc(&b, FA_F32, B, sq, sk, H, 1, D);
+        blocks x;
+        blocks_make(&x, mh, sq, sk, 48, 40, density[d], 71 + (uint64_t)d);
+        fa_params p;
+        fa_params_init(&p);
+        p.causal = 1;
+        p.block_mask = &x.bm;
+        run_both(be, 2, &p, &a);
+        p.block_mask = NULL;
+        p.bias = &x.keep.t;
+        run_both(be, 2, &p, &b);
+        char what[64];
+        snprintf(what, sizeof what, "%s density %g", fa_backend_name(be), density[d]);
+        assert_same_results(&a, &b, 1, what);
+        if (density[d] == 0) /* every row empty */
+            ck_assert(ht_max_abs(&a.o) == 0 && ht_get(&a.l, 0, 7, 0, 0) == -INFINITY);
+        blocks_free(&x);
+        set_free(&a);
+        set_free(&b);
+    }
+}
+END_TEST
+
+/* Each bad block mask: its own status and message, and no output written. */
+START_TEST(bad_block_masks)
+{
+    const int64_t B = 1, sq = 64, sk = 80, H = 2, D = 8;
+    set x;
+    set_alloc(&x, FA_F32, B, sq, sk, H, H, D);
+    blocks good;
+    blocks_make(&good, H, sq, sk, 32, 32, 0.5, 5); /* 2 x 3 blocks per head */
+    int32_t num[4] = {1, 1, 1, 1}, idx[12] = {0}, fnum[4] = {1, 0, 0, 0}, fidx[12] = {0};
+    struct {
+        int what;
+        fa_status want;
+        const char *says;
+    } cases[] = {
+        {0, FA_ERR_INVALID_ARGUMENT, "kv_indices[0] = 3 is outside [0, 3)"},
+        {1, FA_ERR_INVALID_ARGUMENT, "listed twice"},
+        {2, FA_ERR_INVALID_ARGUMENT, "full_kv_indices[0] = 0: key block 0 is listed twice"},
+        {3, FA_ERR_INVALID_ARGUMENT, "kv_num_blocks[2] = 4"},
+        {4, FA_ERR_SHAPE, "kv_indices.count"},
+        {5, FA_ERR_SHAPE, "params->block_mask->batch"},
+        {6, FA_ERR_INVALID_ARGUMENT, "block sizes"},
+        {7, FA_ERR_SHAPE, "params->block_mask->heads"},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof *cases; c++) {
+        fa_block_mask bm = good.bm;
+        memset(idx, 0, sizeof idx), memset(fidx, 0, sizeof fidx);
+        for (int r = 0; r < 4; r++)
+            num[r] = 1, fnum[r] = 0, idx[r * 3] = r % 3;
+        bm.kv_num_blocks = (fa_indices){num, FA_INDEX_INT32, 4};
+        bm.kv_indices = (fa_indices){idx, FA_INDEX_INT32, 12};
+        bm.full_kv_num_blocks = (fa_indices){fnum, FA_INDEX_INT32, 4};
+        bm.full_kv_indices = (fa_indices){fidx, FA_INDEX_INT32, 12};
+        switch (cases[c].what) {
+        case 0: idx[0] = 3; break;
+        case 1: num[1] = 2, idx[3] = 1, idx[4] = 1; break;
+        case 2: fnum[0] = 1, fidx[0] = 0; break;
+        case 3: num[2] = 4; break;
+        case 4: bm.kv_indices.count = 11; break;
+        case 5: bm.batch = 3; break;
+        case 6: bm.q_block = 0; break;
+        case 7: bm.heads = 3; break;
+        }
+        fa_params p;
+        fa_params_init(&p);
+        p.block_mask = &bm;
+        ht_poison(&x.o), ht_poison(&x.dq);
+        fa_status st = ht_forward(FA_BACKEND_TILED, 1, &p, &x.q.t, &x.k.t, &x.v.t, &x.o.t, NULL);
+        ck_assert_msg(st == cases[c].want, "case %zu: %s (%s)", c, fa_status_string(st),
+                      fa_last_error());
+        ck_assert_msg(strstr(fa_last_error(), cases[c].says), "case %zu: '%s' lacks '%s'", c,
+                      fa_last_error(), cases[c].says);
+        ck_assert(ht_is_poisoned(&x.o));
+        st = ht_backward(FA_BACKEND_REFERENCE, 1, &p, &x.q.t, &x.k.t, &x.v.t, &x.o.t, &x.l.t,
+                         &x.dout.t, &x.dq.t, &x.dk.t, &x.dv.t);
+        ck_assert_int_eq(st, cases[c].want);
+        ck_assert(ht_is_poisoned(&x.dq));
+    }
+    blocks_free(&good);
+    set_free(&x);
+}
+END_TEST
+
 Suite *make_masks_suite(void)
 {
     Suite *s = suite_create("masks");
@@ -498,6 +646,8 @@ Suite *make_masks_suite(void)
     tcase_add_loop_test(tc, bias_grad_finite_differences, 0, 6);
     tcase_add_loop_test(tc, bias_bits_across_threads, 0, 2);
     tcase_add_test(tc, bad_bias_arguments);
+    tcase_add_loop_test(tc, block_mask_equals_dense_mask, 0, 6);
+    tcase_add_test(tc, bad_block_masks);
     suite_add_tcase(s, tc);
     return s;
 }

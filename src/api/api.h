@@ -54,7 +54,12 @@ fa_status fai_problem_make(fai_problem *pr, const fa_params *p, const fa_tensor 
 /* FA_ERR_UNSUPPORTED, naming op, where the problem has what only a dense call takes: a bias
  * tensor, or descale factors per (batch, kv head). For calls of sequences (varlen, paged, a
  * cache). */
-fa_status fai_refuse_dense_only(const fai_problem *pr, const char *op);
+fa_status fai_refuse_dense_only(const fai_problem *pr, const fa_params *p, const char *op);
+/* Checks a block mask against the problem (NULL: none) and expands it into *m, its map of
+ * *bytes bytes allocated on ctx (fai_free them after the call); sets pr->blocks. Call after
+ * fai_problem_make, on a dense call. */
+fa_status fai_problem_blocks(fa_context *ctx, fai_problem *pr, const fa_block_mask *bm,
+                             fai_block_map *m, size_t *bytes);
 
 /* Makes the problem a variable-length batch (fa_forward_varlen): checks the offsets against the
  * packed q and k and sets nseq, cu_q and cu_k. */

@@ -381,6 +381,96 @@ static fa_status check_index_array(const fa_indices *x, const char *name, const 
     return FA_OK;
 }
 
+/* One list of a block mask (partial or full) into the map: row r's first num[r] entries of
+ * idx, each a key block of [0, kv_blocks) not yet in row r. */
+static fa_status mark_blocks(const fa_block_mask *bm, fai_block_map *m, unsigned char *listed,
+                             int full)
+{
+    const char *const nn = full ? "full_kv_num_blocks" : "kv_num_blocks",
+                      *const in = full ? "full_kv_indices" : "kv_indices";
+    const fa_indices *const num_x = full ? &bm->full_kv_num_blocks : &bm->kv_num_blocks,
+                            *const idx_x = full ? &bm->full_kv_indices : &bm->kv_indices;
+    const int64_t rows = m->batch * m->heads * m->q_blocks;
+    char name[64];
+    fai_index num, idx;
+    snprintf(name, sizeof name, "params->block_mask->%s", nn);
+    FAI_TRY(check_index_array(num_x, name, ".", rows,
+                              "batch x heads x ceil(Sq / q_block) counts", &num));
+    snprintf(name, sizeof name, "params->block_mask->%s", in);
+    FAI_TRY(check_index_array(idx_x, name, ".", rows * m->kv_blocks,
+                              "batch x heads x ceil(Sq / q_block) x ceil(Sk / kv_block) indices",
+                              &idx));
+    for (int64_t r = 0; r < rows; r++) {
+        const int64_t n = fai_index_at(num, r);
+        if (n < 0 || n > m->kv_blocks)
+            return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                            "params->block_mask->%s[%lld] = %lld is outside [0, %lld] (the key "
+                            "blocks)", nn, (long long)r, (long long)n, (long long)m->kv_blocks);
+        for (int64_t c = 0; c < n; c++) {
+            const int64_t at = r * m->kv_blocks + c, kb = fai_index_at(idx, at);
+            if (kb < 0 || kb >= m->kv_blocks)
+                return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                                "params->block_mask->%s[%lld] = %lld is outside [0, %lld)", in,
+                                (long long)at, (long long)kb, (long long)m->kv_blocks);
+            if (listed[r * m->kv_blocks + kb])
+                return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                                "params->block_mask->%s[%lld] = %lld: key block %lld is listed "
+                                "twice for query block %lld", in, (long long)at, (long long)kb,
+                                (long long)kb, (long long)(r % m->q_blocks));
+            listed[r * m->kv_blocks + kb] = 1;
+        }
+    }
+    return FA_OK;
+}
+
+fa_status fai_problem_blocks(fa_context *ctx, fai_problem *pr, const fa_block_mask *bm,
+                             fai_block_map *m, size_t *bytes)
+{
+    *bytes = 0;
+    m->listed = NULL;
+    if (!bm)
+        return FA_OK;
+    if (bm->batch != pr->b && bm->batch != 1)
+        return fai_fail(FA_ERR_SHAPE, "params->block_mask->batch = %lld; it must be q->batch = "
+                                      "%lld or 1 (broadcast)", (long long)bm->batch,
+                        (long long)pr->b);
+    if (bm->heads != pr->hq && bm->heads != 1)
+        return fai_fail(FA_ERR_SHAPE, "params->block_mask->heads = %lld; it must be q->heads = "
+                                      "%lld or 1 (broadcast)", (long long)bm->heads,
+                        (long long)pr->hq);
+    if (bm->q_block < 1 || bm->kv_block < 1 || bm->q_block > FAI_DIM_MAX ||
+        bm->kv_block > FAI_DIM_MAX)
+        return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                        "params->block_mask->q_block = %lld, kv_block = %lld; block sizes are "
+                        ">= 1", (long long)bm->q_block, (long long)bm->kv_block);
+    *m = (fai_block_map){NULL, bm->batch, bm->heads, bm->q_block, bm->kv_block,
+                         (pr->sq + bm->q_block - 1) / bm->q_block,
+                         (pr->sk + bm->kv_block - 1) / bm->kv_block};
+    size_t n;
+    if (!fai_mul_size((size_t)(m->batch * m->heads), (size_t)m->q_blocks, &n) ||
+        !fai_mul_size(n, (size_t)m->kv_blocks, &n))
+        return fai_fail(FA_ERR_OVERFLOW, "params->block_mask: its map overflows size_t");
+    unsigned char *listed = n ? fai_alloc(&ctx->mem, n) : NULL;
+    if (n && !listed)
+        return fai_fail(FA_ERR_NO_MEMORY, "params->block_mask: %zu bytes for its map", n);
+    if (n)
+        memset(listed, 0, n);
+    fa_status st = mark_blocks(bm, m, listed, 0);
+    const int full = bm->full_kv_num_blocks.count > 0 || bm->full_kv_indices.count > 0;
+    if (st == FA_OK && full)
+        st = mark_blocks(bm, m, listed, 1);
+    if (st != FA_OK) {
+        fai_free(&ctx->mem, listed, n);
+        return st;
+    }
+    m->listed = listed;
+    pr->blocks = m;
+    if (pr->score.bias == FAI_BIAS_NONE) /* the block mask's -inf enter as a bias of 0 would */
+        pr->score.bias = FAI_BIAS_BEFORE_CAP;
+    *bytes = n;
+    return FA_OK;
+}
+
 /* x: B + 1 offsets, from 0, never decreasing, to `total` (tname's seqlen). */
 static fa_status check_offsets(const fa_indices *x, const char *name, int64_t total,
                                const char *tname, fai_index *out)
@@ -718,8 +808,12 @@ static fa_status check_bias(const fa_params *p, const fai_problem *pr)
     return FA_OK;
 }
 
-fa_status fai_refuse_dense_only(const fai_problem *pr, const char *op)
+fa_status fai_refuse_dense_only(const fai_problem *pr, const fa_params *p, const char *op)
 {
+    if (p->block_mask)
+        return fai_fail(FA_ERR_UNSUPPORTED,
+                        "params->block_mask with %s: a block mask is one of a dense call; calls "
+                        "of sequences do not take one", op);
     if (pr->bias)
         return fai_fail(FA_ERR_UNSUPPORTED,
                         "params->bias with %s: a bias tensor is (B, Sq, H, Sk) of a dense call; "

@@ -135,7 +135,7 @@ static fa_status forward(fa_context *ctx, const fa_params *p, const fa_tensor *q
     fai_problem pr;
     FAI_TRY(fai_problem_make(&pr, p, q, k, v, sh->pages != NULL));
     if (sh->varlen || sh->pages || sh->cache)
-        FAI_TRY(fai_refuse_dense_only(&pr, sh->varlen  ? "fa_forward_varlen"
+        FAI_TRY(fai_refuse_dense_only(&pr, p, sh->varlen  ? "fa_forward_varlen"
                                                   : sh->cache ? "fa_forward_kvcache"
                                                               : "fa_forward_paged"));
     if (sh->varlen)
@@ -185,11 +185,16 @@ static fa_status forward(fa_context *ctx, const fa_params *p, const fa_tensor *q
         return FA_OK;
     fai_op_fn run;
     FAI_TRY(fai_backend_op(be, FAI_OP_FORWARD, "forward", &run));
-    if (pr.sk == 0 && !be->device_memory) { /* no row has a key (and no key is new) */
+    fai_block_map blocks;
+    size_t map_bytes;
+    FAI_TRY(fai_problem_blocks(ctx, &pr, p->block_mask, &blocks, &map_bytes));
+    fa_status st = FA_OK;
+    if (pr.sk == 0 && !be->device_memory) /* no row has a key (and no key is new) */
         fai_write_empty(&pr, 0);
-        return FA_OK;
-    }
-    return run(ctx, &pr);
+    else
+        st = run(ctx, &pr);
+    fai_free(&ctx->mem, (void *)blocks.listed, map_bytes);
+    return st;
 }
 
 fa_status fa_forward(fa_context *ctx, const fa_params *p, const fa_tensor *q, const fa_tensor *k,
@@ -287,7 +292,7 @@ static fa_status backward(fa_context *ctx, const fa_params *p, const fa_tensor *
     fai_problem pr;
     FAI_TRY(fai_problem_make(&pr, p, q, k, v, 0));
     if (varlen) {
-        FAI_TRY(fai_refuse_dense_only(&pr, "fa_backward_varlen"));
+        FAI_TRY(fai_refuse_dense_only(&pr, p, "fa_backward_varlen"));
         FAI_TRY(fai_problem_sequences(&pr, cu_q, cu_k));
     }
     if (pr.kv_dtype != pr.dtype)
@@ -367,7 +372,12 @@ static fa_status backward(fa_context *ctx, const fa_params *p, const fa_tensor *
             memset(p->sink_grad, 0, (size_t)pr.hq * sizeof(float));
         return FA_OK;
     }
-    FAI_TRY(run(ctx, &pr));
+    fai_block_map blocks;
+    size_t map_bytes;
+    FAI_TRY(fai_problem_blocks(ctx, &pr, p->block_mask, &blocks, &map_bytes));
+    const fa_status st = run(ctx, &pr);
+    fai_free(&ctx->mem, (void *)blocks.listed, map_bytes);
+    FAI_TRY(st);
     if (p->sink_grad && !be->device_memory)
         sink_gradient(ctx, &pr, p->sink_grad);
     return FA_OK;

@@ -62,6 +62,13 @@ static inline int64_t fai_index_at(fai_index x, int64_t i)
     return x.wide ? ((const int64_t *)x.data)[i] : (int64_t)((const int32_t *)x.data)[i];
 }
 
+/* A block-sparse mask expanded: listed[((b * heads + h) * q_blocks + r) * kv_blocks + c] is 1
+ * where query block r of (b, h) lists key block c (batch, heads: B or 1, Hq or 1). */
+typedef struct fai_block_map {
+    const unsigned char *listed;
+    int64_t batch, heads, q_block, kv_block, q_blocks, kv_blocks;
+} fai_block_map;
+
 /* What the mask is made of (fai_mask_make), kept for the sequences of a batch. */
 typedef struct {
     int causal, top_left;
@@ -111,6 +118,8 @@ typedef struct {
                                  heads Hq or 1, headdim Sk), or NULL; score.bias says where it
                                  enters */
     const fa_tensor *bias_grad; /* the backward's d loss / d bias (the bias's shape), or NULL */
+    /* a block-sparse mask, checked and expanded by the API layer (fai_block_listed), or NULL */
+    const struct fai_block_map *blocks;
     const float *descale_q, *descale_k, *descale_v; /* FP8 descale factors, or NULL (1) */
     int descale_per_head; /* they are B x Hk (fa_params.descale_layout), else one each */
     const float *slopes; /* Hq, or NULL */
@@ -248,6 +257,41 @@ static inline const void *fai_bias_row(const fai_problem *pr, int64_t b, int64_t
 {
     return fai_bias_row_of(pr->bias, b, h, i);
 }
+
+/* Whether the block mask lists the block of key j for the block of row i of (b, h) (1 without a
+ * block mask); and the keys [*lo, *hi) of j's key block. */
+static inline int fai_block_listed(const fai_problem *pr, int64_t b, int64_t h, int64_t i,
+                                   int64_t j)
+{
+    const fai_block_map *m = pr->blocks;
+    if (!m)
+        return 1;
+    const int64_t bb = m->batch == 1 ? 0 : b, hh = m->heads == 1 ? 0 : h;
+    return m->listed[((bb * m->heads + hh) * m->q_blocks + i / m->q_block) * m->kv_blocks +
+                     j / m->kv_block];
+}
+
+/* Whether the block mask lists, for some row of [i0, i1) of (b, h), some key of [j0, j0 + n) (1
+ * without a block mask): a tile of keys that it lists for none of its rows can be skipped. */
+static inline int fai_blocks_meet(const fai_problem *pr, int64_t b, int64_t h, int64_t i0,
+                                  int64_t i1, int64_t j0, int64_t n)
+{
+    const fai_block_map *m = pr->blocks;
+    if (!m || i0 >= i1 || n <= 0)
+        return 1;
+    const int64_t bb = m->batch == 1 ? 0 : b, hh = m->heads == 1 ? 0 : h;
+    for (int64_t r = i0 / m->q_block; r <= (i1 - 1) / m->q_block; r++) {
+        const unsigned char *row = m->listed + ((bb * m->heads + hh) * m->q_blocks + r) * m->kv_blocks;
+        for (int64_t c = j0 / m->kv_block; c <= (j0 + n - 1) / m->kv_block; c++)
+            if (row[c])
+                return 1;
+    }
+    return 0;
+}
+
+/* Whether the scores take a per-key row of additions: the bias tensor's entries, the block
+ * mask's -inf, or both (what the tiled strips load per row: fai_row_bias). */
+static inline int fai_row_biased(const fai_problem *pr) { return pr->bias || pr->blocks; }
 
 /* The bias's factor for head h in the pipeline's bias term (core/score.h): the slope where
  * the slopes scale the bias, else 1; what its gradient is multiplied by. */

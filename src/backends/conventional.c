@@ -149,7 +149,8 @@ static void scores(const conv *cv, const conv_pack *w, int64_t b, int64_t h, voi
     const double cap = pr->score.softcap, slope = fai_slope(pr, h);
     const double factor = pr->bias ? fai_bias_factor(pr, h) : 0.0;
     const int distance = slope != 0 && !pr->score.bias_by_slope;
-    const fai_bias_place place = pr->score.bias;
+    const fai_bias_place place = pr->bias ? pr->score.bias : FAI_BIAS_NONE; /* (a block mask's
+                                                                               is -inf alone) */
     double *x = w->row[0], *t = w->row[1], *bias = w->row[2];
     for (int64_t i = 0; i < pr->sq; i++) {
         row_load(cv, s, i, x);
@@ -157,7 +158,8 @@ static void scores(const conv *cv, const conv_pack *w, int64_t b, int64_t h, voi
             fai_load_f64(fai_bias_row(pr, b, h, i), pr->bias->dtype, pr->sk, bias);
         for (int64_t j = 0; j < pr->sk; j++) {
             t[j] = 0;
-            if (!fai_mask_allows(&pr->mask, i, j) || (pr->bias && fai_bias_masks(bias[j]))) {
+            if (!fai_mask_allows(&pr->mask, i, j) || !fai_block_listed(pr, b, h, i, j) ||
+                (pr->bias && fai_bias_masks(bias[j]))) {
                 x[j] = -INFINITY;
                 continue;
             }

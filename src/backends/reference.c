@@ -90,11 +90,13 @@ static void key_hull(const fai_problem *pr, int64_t i0, int64_t i1, int64_t *lo,
         *lo = 0;
 }
 
-/* Whether row i sees key j: the window's mask, and the bias row w->bias (loaded for row i by
- * row_scores) where there is one. */
-static int row_allows(const fai_problem *pr, const double *bias, int64_t i, int64_t j)
+/* Whether row i of (b, h) sees key j: the window's mask, the block mask, and the bias row
+ * `bias` (row i's, by key) where there is one. */
+static int row_allows(const fai_problem *pr, const double *bias, int64_t b, int64_t h,
+                      int64_t i, int64_t j)
 {
-    return fai_mask_allows(&pr->mask, i, j) && !(bias && fai_bias_masks(bias[j]));
+    return fai_mask_allows(&pr->mask, i, j) && fai_block_listed(pr, b, h, i, j) &&
+           !(bias && fai_bias_masks(bias[j]));
 }
 
 /* The bias entry of key j in a row loaded into bias (0 without a bias tensor). */
@@ -118,7 +120,7 @@ static double row_scores(const fai_problem *pr, int64_t b, int64_t h, int64_t i,
         fai_load_f64(fai_bias_row(pr, b, h, i), pr->bias->dtype, pr->sk, w->bias);
     double mx = -INFINITY;
     for (int64_t j = *lo; j < *hi; j++) {
-        if (!row_allows(pr, w->bias, i, j))
+        if (!row_allows(pr, w->bias, b, h, i, j))
             continue;
         fai_load_f64(fai_kv_row(pr, FAI_K, b, hk, j), pr->kv_dtype, pr->dqk, w->kv);
         w->s[j] = fai_score_biased_f64(&sc, dot64(w->q, w->kv, pr->dqk), slope,
@@ -135,7 +137,7 @@ static double row_scores(const fai_problem *pr, int64_t b, int64_t h, int64_t i,
         return mx;
     double sum = exp(sink - mx);
     for (int64_t j = *lo; j < *hi; j++)
-        if (row_allows(pr, w->bias, i, j))
+        if (row_allows(pr, w->bias, b, h, i, j))
             sum += exp(w->s[j] - mx);
     return mx + log(sum);
 }
@@ -151,7 +153,7 @@ static void row_output(const fai_problem *pr, int64_t b, int64_t h, int64_t i, d
         return;
     const double descale_v = fai_descale_v(pr, b, hk);
     for (int64_t j = lo; j < hi; j++) {
-        if (!row_allows(pr, w->bias, i, j) || (pr->drop.threshold && !keep[j]))
+        if (!row_allows(pr, w->bias, b, h, i, j) || (pr->drop.threshold && !keep[j]))
             continue; /* masked and dropped keys by selection */
         double pt = exp(w->s[j] - lse) * pr->keep_scale * descale_v;
         fai_load_f64(fai_kv_row(pr, FAI_V, b, hk, j), pr->kv_dtype, pr->dv, w->kv);
@@ -187,7 +189,7 @@ static void row_backward_group(const fai_problem *pr, int64_t b, int64_t hk, row
                 fai_load_f64(fai_q_row(pr, FAI_DOUT, b, h, i), pr->dtype, pr->dv, w->dout);
                 const double Di = dot64(w->dout, w->o, pr->dv);
                 for (int64_t j = lo; j < hi; j++) {
-                    if (!row_allows(pr, w->bias, i, j))
+                    if (!row_allows(pr, w->bias, b, h, i, j))
                         continue;
                     const double P = exp(w->s[j] - lse);
                     const double z = !pr->drop.threshold || keep[j] ? pr->keep_scale : 0.0;
@@ -227,7 +229,7 @@ static void row_dbias(const fai_problem *pr, int64_t b, int64_t h, int64_t i, ro
     fai_load_f64(fai_q_row(pr, FAI_DOUT, b, h, i), pr->dtype, pr->dv, w->dout);
     const double Di = dot64(w->dout, w->o, pr->dv);
     for (int64_t j = lo; j < hi; j++) {
-        if (!row_allows(pr, w->bias, i, j))
+        if (!row_allows(pr, w->bias, b, h, i, j))
             continue;
         const double z = !pr->drop.threshold || keep[j] ? pr->keep_scale : 0.0;
         fai_load_f64(fai_kv_row(pr, FAI_V, b, hk, j), pr->kv_dtype, pr->dv, w->kv);
@@ -317,7 +319,7 @@ static void blk_probs(const fai_problem *pr, int64_t b, int64_t h, int64_t i0, i
         if (bias)
             fai_load_f64(fai_bias_row(pr, b, h, i), pr->bias->dtype, pr->sk, w->bias);
         for (int64_t c = 0; c < nk; c++)
-            allow[c] = c >= lo && c < hi && row_allows(pr, bias, i, jlo + c);
+            allow[c] = c >= lo && c < hi && row_allows(pr, bias, b, h, i, jlo + c);
         for (int64_t c = lo; c < hi; c++) {
             if (!allow[c])
                 continue;

@@ -72,8 +72,8 @@ static size_t FAI_T(bwd_carve)(const fai_problem *pr, fai_tiles tl, int single_p
     w->p = fai_carve(&a, bq * bk * f);
     w->ds = fai_carve(&a, bq * bk * f);
     w->keep = fai_carve(&a, bk);
-    w->bias = pr->bias ? fai_carve(&a, bk * f) : NULL;
-    w->masked = pr->bias ? fai_carve(&a, bq * bk) : NULL;
+    w->bias = fai_row_biased(pr) ? fai_carve(&a, bk * f) : NULL;
+    w->masked = fai_row_biased(pr) ? fai_carve(&a, bq * bk) : NULL;
     w->gb = pr->bias_grad ? fai_carve(&a, bq * bk * f) : NULL;
     w->dbias = pr->bias_grad ? fai_carve(&a, bq * bk * f) : NULL;
     w->want_dbias = 0;
@@ -163,7 +163,7 @@ static int FAI_T(bwd_block)(const fai_problem *pr, fai_tiles tl, int64_t b, int6
         any = 1;
         /* the forward's pipeline, operation for operation (scale_only: the scale done by the
          * GEMM, the bias by add_bias) */
-        if (pr->bias) {
+        if (fai_row_biased(pr)) {
             FAI_T(load_bias)(pr, w->kern, b, h, i, j0 + c0, c1 - c0, w->bias);
             for (int64_t c = c0; c < c1; c++)
                 w->masked[r * ld + c] = (unsigned char)fai_bias_masks(w->bias[c - c0]);
@@ -173,7 +173,7 @@ static int FAI_T(bwd_block)(const fai_problem *pr, fai_tiles tl, int64_t b, int6
         if (!scale_only)
             for (int64_t c = c0; c < c1; c++)
                 s[c] = FAI_T(fai_score_biased)(&pr->score, s[c], slope,
-                                               pr->bias ? w->bias[c - c0] : 0, i, j0 + c,
+                                               fai_row_biased(pr) ? w->bias[c - c0] : 0, i, j0 + c,
                                                softcap ? &t[c] : NULL);
         if (!softcap && !drop.threshold) { /* P~ = P, dS = P (dP - D) by one kernel */
             w->kern->dsoftmax(c1 - c0, s + c0, lse, dp + c0, w->di[r], scale, p + c0, ds + c0);
@@ -204,7 +204,7 @@ static int FAI_T(bwd_block)(const fai_problem *pr, fai_tiles tl, int64_t b, int6
 static int FAI_T(bias_masked)(const fai_problem *pr, fai_tiles tl, const FAI_T(bwd_ws) *w,
                               int64_t r, int64_t c)
 {
-    return pr->bias && w->masked[r * tl.bk + c];
+    return fai_row_biased(pr) && w->masked[r * tl.bk + c];
 }
 
 /* dq (nq rows) += scale dS K by selection: each row over its allowed keys only (the window's
@@ -251,7 +251,7 @@ static void FAI_T(bwd_ktile_head)(const fai_problem *pr, fai_tiles tl, int64_t b
         for (int64_t i0 = ilo; i0 < ihi; i0 += tl.bq) {
             const int64_t nq = ihi - i0 < tl.bq ? ihi - i0 : tl.bq;
             const fai_tile_class cls = fai_mask_classify(&pm->mask, i0, i0 + nq, j0, j0 + n);
-            if (cls == FAI_TILE_EMPTY)
+            if (cls == FAI_TILE_EMPTY || !fai_blocks_meet(pr, b, h, i0, i0 + nq, j0, n))
                 continue;
             FAI_T(load_query_block)(pr, b, h, i0, nq, tl.bq, w);
             if (!FAI_T(bwd_block)(pm, tl, b, h, i0, nq, j0, n, cls, w))
@@ -361,7 +361,7 @@ static void FAI_T(bwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
         for (int64_t j0 = jlo; j0 < jhi; j0 += tl.bk) {
             const int64_t n = jhi - j0 < tl.bk ? jhi - j0 : tl.bk;
             const fai_tile_class cls = fai_mask_classify(&pm->mask, i0, i1, j0, j0 + n);
-            if (cls == FAI_TILE_EMPTY)
+            if (cls == FAI_TILE_EMPTY || !fai_blocks_meet(pr, b, h, i0, i1, j0, n))
                 continue;
             FAI_T(load_key_tile)(pr, tl, b, hk, j0, n, w);
             if (!FAI_T(bwd_block)(pm, tl, b, h, i0, nq, j0, n, cls, w))

@@ -60,7 +60,7 @@ static size_t FAI_T(fwd_carve)(const fai_problem *pr, const fai_tiled_plan *plan
     w->cols = fai_carve(&a, (size_t)(2 * tl.br) * sizeof(int64_t));
     w->live = fai_carve(&a, (size_t)tl.bq);
     w->keep = fai_carve(&a, (size_t)tl.bk);
-    w->bias = pr->bias ? fai_carve(&a, (size_t)tl.bk * sizeof(FT)) : NULL;
+    w->bias = fai_row_biased(pr) ? fai_carve(&a, (size_t)tl.bk * sizeof(FT)) : NULL;
     const int64_t dmax = pr->dqk > pr->dv ? pr->dqk : pr->dv;
     w->kv_stage = pr->page_size
                       ? fai_carve(&a, (size_t)(tl.bk * dmax) * fai_dtype_size(pr->kv_dtype))
@@ -169,7 +169,7 @@ static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, in
         const FT *bias = w->bias; /* from column c0 */
         if (bias && c0 < c1)
             FAI_T(load_bias)(pr, w->kern, tile->b, tile->h, i, j0 + c0, c1 - c0, w->bias);
-        if (bias && i + tl.br < tile->i1) /* the row of the next strip, in the same columns */
+        if (pr->bias && i + tl.br < tile->i1) /* the next strip's row, in the same columns */
             FAI_T(prefetch_bias)(pr, tile->b, tile->h, i + tl.br, j0 + c0, c1 - c0);
         if (c0 < c1 && tile->scale_only) { /* scaled by the GEMM */
             if (bias)
@@ -319,7 +319,7 @@ static void FAI_T(fwd_qtile)(const fai_problem *call, fai_tiles tl, int64_t b, i
         for (tile.j0 = jlo - jlo % tl.bk; tile.j0 < jhi; tile.j0 += tl.bk) {
             tile.n = jhi - tile.j0 < tl.bk ? jhi - tile.j0 : tl.bk;
             tile.cls = fai_mask_classify(&pm->mask, i0, i1, tile.j0, tile.j0 + tile.n);
-            if (tile.cls == FAI_TILE_EMPTY)
+            if (tile.cls == FAI_TILE_EMPTY || !fai_blocks_meet(pr, b, h, i0, i1, tile.j0, tile.n))
                 continue;
             int64_t r0, r1;
             FAI_T(row_span)(pm, tile.cls, i0, nq, tile.j0, tile.n, &r0, &r1);
@@ -347,7 +347,7 @@ static void FAI_T(fwd_qtile)(const fai_problem *call, fai_tiles tl, int64_t b, i
             FAI_T(load_run)(w->kern, v, ldv, pr->kv_dtype, nv, dv, w->v);
             const int v_finite = w->kern->finite(nv * dv, w->v);
             tile.selective =
-                (tile.cls != FAI_TILE_FULL || drop.threshold || pr->bias) && !v_finite;
+                (tile.cls != FAI_TILE_FULL || drop.threshold || fai_row_biased(pr)) && !v_finite;
             tile.pv_tiles = w->bf16 && v_finite;
             if (tile.pv_tiles) {
                 tile.nk = FAI_T(round_up)(nv, w->bf16->keys);

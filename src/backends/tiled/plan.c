@@ -208,7 +208,7 @@ fai_tiles fai_tiled_tiles(const fa_context *ctx, int64_t dqk, int64_t dv, fa_dty
 int64_t fai_tiled_decode_keys(const fa_context *ctx, const fai_problem *pr)
 {
     /* the decode kernels read f32, f16 and bf16 rows */
-    const int applies = pr->dtype != FA_F64 && pr->drop.threshold == 0 && !pr->bias &&
+    const int applies = pr->dtype != FA_F64 && pr->drop.threshold == 0 && !fai_row_biased(pr) &&
                         !fai_dtype_is_fp8(pr->q_dtype) && !fai_dtype_is_fp8(pr->kv_dtype) &&
                         pr->group * pr->sq <= DECODE_ROWS && !ctx->tiled.decode_off &&
                         ctx->tiled.bq == 0; /* forced tiles (FA_TILES) are for the tiles */

@@ -92,21 +92,35 @@ static int FAI_T(scale_only)(const fai_problem *pr, FT slope)
     return fai_score_is_affine(&pr->score, slope);
 }
 
-/* Row i of (b, h)'s bias entries for keys [j, j + n), widened to FT into dst (a keep-mask as
- * 0 / -inf, base/dtype.h, here in a loop the compiler vectorizes). */
+/* Row i of (b, h)'s additions to the scores of keys [j, j + n) into dst (fai_row_biased): the
+ * bias tensor's entries widened to FT (a keep-mask as 0 / -inf, base/dtype.h, here in a loop
+ * the compiler vectorizes), or 0 without one; then -inf in the key blocks that the block mask
+ * does not list for the row's block. */
 static void FAI_T(load_bias)(const fai_problem *pr, const FAI_T(fai_kernels) *kern, int64_t b,
                              int64_t h, int64_t i, int64_t j, int64_t n, FT *dst)
 {
-    const fa_dtype dt = pr->bias->dtype;
-    const char *row = (const char *)fai_bias_row(pr, b, h, i) + (size_t)j * fai_dtype_size(dt);
-    if (dt != FA_BOOL) {
-        kern->widen(row, dt, n, dst);
-        return;
-    }
-    const unsigned char *keep = (const unsigned char *)row;
+    if (!pr->bias) {
+        for (int64_t c = 0; c < n; c++)
+            dst[c] = 0;
+    } else if (pr->bias->dtype != FA_BOOL) {
+        const fa_dtype dt = pr->bias->dtype;
+        kern->widen((const char *)fai_bias_row(pr, b, h, i) + (size_t)j * fai_dtype_size(dt), dt,
+                    n, dst);
+    } else {
+        const unsigned char *keep = (const unsigned char *)fai_bias_row(pr, b, h, i) + j;
 #pragma omp simd
-    for (int64_t c = 0; c < n; c++)
-        dst[c] = keep[c] != 0 ? (FT)0 : (FT)-INFINITY;
+        for (int64_t c = 0; c < n; c++)
+            dst[c] = keep[c] != 0 ? (FT)0 : (FT)-INFINITY;
+    }
+    const fai_block_map *m = pr->blocks;
+    for (int64_t c = 0; m && c < n;) { /* key block by key block */
+        const int64_t end = ((j + c) / m->kv_block + 1) * m->kv_block - j,
+                      stop = end < n ? end : n;
+        if (!fai_block_listed(pr, b, h, i, j + c))
+            for (int64_t x = c; x < stop; x++)
+                dst[x] = (FT)-INFINITY;
+        c = stop;
+    }
 }
 
 /* Asks for row i of (b, h)'s bias entries for keys [j, j + n) ahead of their load_bias: bias
