@@ -289,6 +289,22 @@ static inline int fai_blocks_meet(const fai_problem *pr, int64_t b, int64_t h, i
     return 0;
 }
 
+/* Whether the block mask lists every key block of [j0, j0 + n) for every query block of rows
+ * [i0, i1) of (b, h): those scores then take nothing from it. */
+static inline int fai_blocks_cover(const fai_problem *pr, int64_t b, int64_t h, int64_t i0,
+                                   int64_t i1, int64_t j0, int64_t n)
+{
+    const fai_block_map *m = pr->blocks;
+    const int64_t bb = m->batch == 1 ? 0 : b, hh = m->heads == 1 ? 0 : h;
+    for (int64_t r = i0 / m->q_block; r <= (i1 - 1) / m->q_block; r++) {
+        const unsigned char *row = m->listed + ((bb * m->heads + hh) * m->q_blocks + r) * m->kv_blocks;
+        for (int64_t c = j0 / m->kv_block; c <= (j0 + n - 1) / m->kv_block; c++)
+            if (!row[c])
+                return 0;
+    }
+    return 1;
+}
+
 /* Whether the scores take a per-key row of additions: the bias tensor's entries, the block
  * mask's -inf, or both (what the tiled strips load per row: fai_row_bias). */
 static inline int fai_row_biased(const fai_problem *pr) { return pr->bias || pr->blocks; }

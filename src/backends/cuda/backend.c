@@ -102,6 +102,25 @@ static fa_status view(const fa_tensor *t, const char *name, int dev, fai_cuda_vi
     return FA_OK;
 }
 
+/* A tensor in the bias's shape (the bias, or its gradient) for the kernels: device memory as
+ * view() checks it, its dims, and strides with the stride of a dim of 1 set to 0 (it is not
+ * read: the kernels index such a dim with the problem's own index). */
+static fa_status bias_view(const fa_tensor *t, const char *name, int dev, fai_cuda_bias_view *bv)
+{
+    memset(bv, 0, sizeof *bv);
+    if (!t)
+        return FA_OK;
+    fai_cuda_view v;
+    FAI_TRY(view(t, name, dev, &v));
+    bv->data = v.data;
+    bv->dtype = (int)t->dtype;
+    bv->b = t->batch, bv->s = t->seqlen, bv->h = t->heads, bv->sk = t->headdim;
+    bv->sb = t->batch == 1 ? 0 : v.sb;
+    bv->ss = t->seqlen == 1 ? 0 : v.ss;
+    bv->sh = t->heads == 1 ? 0 : v.sh;
+    return FA_OK;
+}
+
 static fa_status fill(fa_context *ctx, const fai_problem *pr, fai_cuda_args *a)
 {
     memset(a, 0, sizeof *a);
@@ -132,6 +151,10 @@ static fa_status fill(fa_context *ctx, const fai_problem *pr, fai_cuda_args *a)
      * contiguous rows of q's dtype */
     if (pr->mask.sink_keys > 0 || pr->page_size > 0 || pr->kv_dtype != pr->dtype)
         a->kernel = FAI_CUDA_KERNEL_GENERIC;
+    /* a bias tensor: only the generic kernels read one (and only they leave the D_i that the
+     * bias gradient's kernel reads in the workspace) */
+    if (pr->bias)
+        a->kernel = FAI_CUDA_KERNEL_GENERIC;
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e != cudaSuccess) {
@@ -151,6 +174,8 @@ static fa_status fill(fa_context *ctx, const fai_problem *pr, fai_cuda_args *a)
     FAI_TRY(view(fai_io(pr, FAI_DV), "dv", dev, &a->tdv));
     FAI_TRY(view(pr->k_new, "k_new", dev, &a->tkn));
     FAI_TRY(view(pr->v_new, "v_new", dev, &a->tvn));
+    FAI_TRY(bias_view(pr->bias, "params->bias", dev, &a->bias));
+    FAI_TRY(bias_view(pr->bias_grad, "params->bias_grad", dev, &a->bias_grad));
     return FA_OK;
 }
 
@@ -289,19 +314,10 @@ static fai_cuda_result append_new_keys(const fai_problem *pr, const fai_cuda_arg
 }
 
 /* The forward: every group (a dense call is one) launched in order, after the inputs the
- * kernels read from the host are on the device and a cache's new keys are in it. */
-/* A bias tensor is the host backends' for now (docs/notes/masks.md). */
-static fa_status refuse_bias(const fai_problem *pr)
-{
-    if (!pr->bias)
-        return FA_OK;
-    return fai_fail(FA_ERR_UNSUPPORTED, "cuda: params->bias is not built on this backend yet; "
-                                        "the host backends take it");
-}
-
+ * kernels read from the host are on the device and a cache's new keys are in it. A bias
+ * (dense calls only, the API layer says) goes to the generic kernels (fill). */
 static fa_status cuda_forward(fa_context *ctx, const fai_problem *pr)
 {
-    FAI_TRY(refuse_bias(pr));
     fai_cuda_args a;
     FAI_TRY(fill(ctx, pr, &a));
     char err[300] = "";
@@ -379,10 +395,11 @@ static fa_status sink_grad_to_host(fa_context *ctx, const fai_problem *pr, const
 }
 
 /* The backward: every group in order, on one workspace, the largest any group needs; with
- * sink_grad, each group's terms added to one device sum after its gradients. */
+ * sink_grad, each group's terms added to one device sum after its gradients; with bias_grad
+ * (a dense call: one group), the bias gradient's kernel after the gradients, reading the D_i
+ * that the generic backward left in the workspace. */
 static fa_status cuda_backward(fa_context *ctx, const fai_problem *pr)
 {
-    FAI_TRY(refuse_bias(pr));
     fai_cuda_args a;
     FAI_TRY(fill(ctx, pr, &a));
     cudaStream_t st = (cudaStream_t)a.stream;
@@ -420,6 +437,8 @@ static fa_status cuda_backward(fa_context *ctx, const fai_problem *pr)
             r = fai_cuda_backward(&ga, err, sizeof err);
             if (r == FAI_CUDA_OK && grad)
                 r = fai_cuda_sink_grad(&ga, grad, err, sizeof err);
+            if (r == FAI_CUDA_OK && ga.bias_grad.data)
+                r = fai_cuda_bias_grad(&ga, err, sizeof err);
         }
         s = result(r, err);
         if (s == FA_OK && grad)

@@ -67,6 +67,37 @@ __device__ __forceinline__ double fai_dscore(double p, double dp, double z, doub
     return fai_dscore_f64(p, dp, z, di, t, capped);
 }
 
+__device__ __forceinline__ float fai_dbias(float p, float dp, float z, float di, float t,
+                                           int capped, int after_cap, float factor)
+{
+    return fai_dbias_f32(p, dp, z, di, t, capped, after_cap, factor);
+}
+__device__ __forceinline__ double fai_dbias(double p, double dp, double z, double di, double t,
+                                            int capped, int after_cap, double factor)
+{
+    return fai_dbias_f64(p, dp, z, di, t, capped, after_cap, factor);
+}
+
+/* The bias entry of (b, h, i, j) in the compute type C (launch.h: a broadcast dim has stride 0,
+ * so it reads index 0): loads are exact but for an f64 bias under f32 compute, which rounds
+ * once, as the host's f32 paths do; a keep-mask's 0 is -inf, anything else 0 (base/dtype.c).
+ * 0 without a bias. */
+template <typename C>
+__device__ __forceinline__ C fai_bias_get(const fai_cuda_bias_view &t, int64_t b, int64_t h,
+                                          int64_t i, int64_t j)
+{
+    if (!t.data)
+        return (C)0;
+    const int64_t e = b * t.sb + i * t.ss + h * t.sh + j;
+    switch (t.dtype) {
+    case FA_F32: return (C)((const float *)t.data)[e];
+    case FA_F64: return (C)((const double *)t.data)[e];
+    case FA_F16: return (C)__half2float(((const __half *)t.data)[e]);
+    case FA_BF16: return (C)__bfloat162float(((const __nv_bfloat16 *)t.data)[e]);
+    default: return ((const unsigned char *)t.data)[e] ? (C)0 : (C)-INFINITY;
+    }
+}
+
 /* The max over a warp, each lane's own value taken into the other's (a NaN sticks). */
 template <typename C> __device__ __forceinline__ C fai_warp_max(C x)
 {
@@ -126,12 +157,13 @@ typedef struct {
     int *flag;
 } fai_cuda_bwd_ws;
 
-/* Whether the tensor-core backward applies: 16-bit storage, Dqk = Dv in {32, 64, 96, 128},
- * every row of q, k, v, dout, dq, dk, dv 16-byte aligned (inline here: bwd_wgmma.cu asks it
- * too, and the objects stay free of circles, tests/layers.sh). */
+/* Whether the tensor-core backward applies: no bias tensor (only the generic kernels read
+ * one), 16-bit storage, Dqk = Dv in {32, 64, 96, 128}, every row of q, k, v, dout, dq, dk, dv
+ * 16-byte aligned (inline here: bwd_wgmma.cu asks it too, and the objects stay free of
+ * circles, tests/layers.sh). */
 static inline bool fai_cuda_backward_mma_applies(const fai_cuda_args *a)
 {
-    if (a->kernel == FAI_CUDA_KERNEL_GENERIC || (a->dtype != FA_BF16 && a->dtype != FA_F16) ||
+    if (a->kernel == FAI_CUDA_KERNEL_GENERIC || a->bias.data || (a->dtype != FA_BF16 && a->dtype != FA_F16) ||
         a->dqk != a->dv)
         return false;
     if (a->dqk != 32 && a->dqk != 64 && a->dqk != 96 && a->dqk != 128)

@@ -3,8 +3,10 @@
  * computes in f64, the others in f32) and any head dims up to 512, by FMA, one warp per attention
  * row. It is the path for f32/f64 storage, for head dims the tensor-core kernels do not cover, and
  * for strides they cannot load with 16-byte copies; it is also what the tensor-core forward is
- * checked against on the device. The backward is three deterministic launches (no atomics): D_i =
- * dO_i . O_i; dK, dV per key row (summing the GQA group in registers); dQ per query row.
+ * checked against on the device, and the only path that reads a bias tensor (fa_params.bias,
+ * forward and backward, and its gradient by fa_bias_grad_kernel). The backward is three
+ * deterministic launches (no atomics): D_i = dO_i . O_i; dK, dV per key row (summing the GQA
+ * group in registers); dQ per query row.
  *
  * Row-warp layout: lane L owns head-dim elements d = L + 32 c (c < NV) of the row's
  * accumulator, so a V row is read by the warp in one coalesced sweep; while scoring, lane L
@@ -34,15 +36,16 @@ __device__ __forceinline__ int end(double m, double l, double sink, double ks, d
 {
     return fai_online_end_f64(m, l, sink, ks, lse, f);
 }
-__device__ __forceinline__ float score(const fai_score *sc, float dot, float slope, int64_t i,
-                                       int64_t j, float *t)
+/* The score pipeline with the pair's bias entry (0 without a bias tensor: sc->bias NONE). */
+__device__ __forceinline__ float score(const fai_score *sc, float dot, float slope, float bias,
+                                       int64_t i, int64_t j, float *t)
 {
-    return fai_score_f32(sc, dot, slope, i, j, t);
+    return fai_score_biased_f32(sc, dot, slope, bias, i, j, t);
 }
-__device__ __forceinline__ double score(const fai_score *sc, double dot, double slope, int64_t i,
-                                        int64_t j, double *t)
+__device__ __forceinline__ double score(const fai_score *sc, double dot, double slope,
+                                        double bias, int64_t i, int64_t j, double *t)
 {
-    return fai_score_f64(sc, dot, slope, i, j, t);
+    return fai_score_biased_f64(sc, dot, slope, bias, i, j, t);
 }
 __device__ __forceinline__ float fexp(float x) { return expf(x); }
 __device__ __forceinline__ double fexp(double x) { return exp(x); }
@@ -102,11 +105,16 @@ __global__ void __launch_bounds__(kWarps * 32) fa_fwd_kernel_rowwarp(const fai_c
             fai_mask_row(&part[q], i, &lo, &hi);
             for (int64_t j0 = lo; j0 < hi; j0 += 32) {
                 const int64_t j = j0 + lane;
-                const bool valid = j < hi;
+                /* allowed: inside the window and not masked by the bias (-inf, a mask's 0):
+                 * a masked key is dropped by selection, its K and V never read */
+                C bias = 0;
+                if (j < hi)
+                    bias = fai_bias_get<C>(a.bias, b, h, i, j);
+                const bool valid = j < hi && !(a.bias.data && fai_bias_masks((double)bias));
                 C s = -INFINITY;
                 if (valid)
                     s = score(&sc, dot2<C>(qs, fai_kv_at<K>(a, a.tk, b, j, hk), a.dqk),
-                              slope, i, j, (C *)nullptr);
+                              slope, bias, i, j, (C *)nullptr);
                 C alpha;
                 if (!rescale(&m, fai_warp_max(s), &alpha)) /* uniform: the max is the warp's */
                     continue;
@@ -166,20 +174,21 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_delta_kernel(const fai_cud
 }
 
 /*
- * One allowed pair (i, j): P = exp(s - LSE) (the subtraction in double, as the CPU paths), the
+ * One allowed pair (i, j) (the window's and the bias's: callers skip a masked pair by
+ * selection, never calling this): P = exp(s - LSE) (the subtraction in double, as the CPU paths), the
  * dropout-scaled P~ that multiplies dO into dV, and dS = scale * P (dP z - D_i) (1 - t^2) that
  * multiplies q into dK and k into dQ (docs/DESIGN.md §1's backward). Returns 0 if the row is empty
  * (LSE -inf: every gradient through it is 0).
  */
 template <typename S, typename C>
 __device__ __forceinline__ int pair_grads(const fai_score &sc, const fai_dropout &dr,
-                                          C keep_scale, int64_t i, int64_t j, C sdot, C dp, double lse, C di, C slope,
-                                          C *pt, C *ds)
+                                          C keep_scale, int64_t i, int64_t j, C sdot, C dp,
+                                          double lse, C di, C slope, C bias, C *pt, C *ds)
 {
     if (lse == -INFINITY)
         return 0;
     C t = 0;
-    const C s = score(&sc, sdot, slope, i, j, &t);
+    const C s = score(&sc, sdot, slope, bias, i, j, &t);
     const C p = fexp((C)((double)s - lse));
     const C z = (dr.threshold && !fai_dropout_keep(&dr, i, j)) ? (C)0 : keep_scale;
     *pt = p * z;
@@ -227,12 +236,14 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_dkdv_kernel_rowwarp(const 
                     const int64_t i = i0 + lane;
                     C pt = 0, ds = 0;
                     int live = 0;
-                    if (i < ihi[q])
+                    const C bias = i < ihi[q] ? fai_bias_get<C>(a.bias, b, h, i, j) : (C)0;
+                    if (i < ihi[q] && !(a.bias.data && fai_bias_masks((double)bias)))
                         live = pair_grads<S, C>(
                             sc, dr, (C)a.keep_scale, i, j,
                             dot2<C>(ks, fai_at<S>(a.tq, b, i, h), a.dqk),
                             dot2<C>(vs, fai_at<S>(a.tdout, b, i, h), a.dv),
-                            fai_lse_get(a.tlse, a.lse_f64, b, h, i), delta[i], slope, &pt, &ds);
+                            fai_lse_get(a.tlse, a.lse_f64, b, h, i), delta[i], slope, bias, &pt,
+                            &ds);
                     const int n = ihi[q] - i0 < 32 ? (int)(ihi[q] - i0) : 32;
                     /* Two-level summation: the chunk's 32 terms apart, then into the total.
                      * One running sum over thousands of rows grows its rounding error with
@@ -314,11 +325,12 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_dq_kernel_rowwarp(const fa
                 const int64_t j = j0 + lane;
                 C pt = 0, ds = 0;
                 int live = 0;
-                if (j < hi)
+                const C bias = j < hi ? fai_bias_get<C>(a.bias, b, h, i, j) : (C)0;
+                if (j < hi && !(a.bias.data && fai_bias_masks((double)bias)))
                     live = pair_grads<S, C>(sc, dr, (C)a.keep_scale, i, j,
                                             dot2<C>(qs, fai_at<S>(a.tk, b, j, hk), a.dqk),
                                             dot2<C>(gs, fai_at<S>(a.tv, b, j, hk), a.dv), lse, di,
-                                            slope, &pt, &ds);
+                                            slope, bias, &pt, &ds);
                 const int n = hi - j0 < 32 ? (int)(hi - j0) : 32;
                 C part[NV]; /* two-level summation, as in dK and dV */
 #pragma unroll
@@ -381,6 +393,73 @@ template <typename S> __global__ void fa_sink_grad_kernel(const fai_cuda_args a,
     }
     if (threadIdx.x == 0)
         grad[h] += part[0];
+}
+
+/* ------------------------------------------------------------------ the bias gradient */
+
+constexpr int kBiasGradThreads = 128;
+
+/*
+ * d loss / d bias (core/gradient.h, fai_dbias): one thread per element (gb, gi, gh, j) of the
+ * gradient, which sums, in the order (b, h, i), the terms of every pair (b, h, i, j) that reads
+ * that bias entry (a broadcast dim's every index, else its own; the reference's order). Each
+ * term is recomputed: s from q_i . k_j and the bias entry (the forward's pipeline), P =
+ * exp(s - LSE_i) with the forward's LSE, dP = dO_i . v_j (dot2, as the dK/dV and dQ kernels),
+ * the dropout factor z, and D_i from the workspace, where the generic backward's delta kernel
+ * left it (so this runs after it, on the same args). A pair that the window or the bias masks,
+ * or a row that is empty (LSE -inf), adds nothing, by selection (no K/V of a masked key is
+ * read): such an entry's gradient is 0. Terms in the compute type C, their sum in double, one
+ * store per element: no atomics, the same bits at every run.
+ */
+template <typename S, typename C>
+__global__ void __launch_bounds__(kBiasGradThreads) fa_bias_grad_kernel(const fai_cuda_args a)
+{
+    const fai_cuda_bias_view g = a.bias_grad, bv = a.bias;
+    const fai_mask mask = a.mask;
+    const fai_score sc = a.score;
+    const int capped = sc.softcap > 0, after = sc.bias == FAI_BIAS_AFTER_CAP;
+    const int64_t n = g.b * g.s * g.h * g.sk;
+    for (int64_t e = (int64_t)blockIdx.x * blockDim.x + threadIdx.x; e < n;
+         e += (int64_t)gridDim.x * blockDim.x) {
+        const int64_t j = e % g.sk, r = e / g.sk;
+        const int64_t gi = r % g.s, gh = (r / g.s) % g.h, gb = r / (g.s * g.h);
+        const int64_t b0 = bv.b == 1 ? 0 : gb, b1 = bv.b == 1 ? a.b : gb + 1;
+        const int64_t h0 = bv.h == 1 ? 0 : gh, h1 = bv.h == 1 ? a.hq : gh + 1;
+        const int64_t i0 = bv.s == 1 ? 0 : gi, i1 = bv.s == 1 ? a.sq : gi + 1;
+        double acc = 0;
+        for (int64_t b = b0; b < b1; b++)
+            for (int64_t h = h0; h < h1; h++) {
+                const int64_t hk = h / a.group;
+                const fai_dropout dr = fai_drop_head(a, b, h);
+                const C slope = a.slopes ? (C)a.slopes[h] : (C)0;
+                const C factor = sc.bias_by_slope ? slope : (C)1;
+                const C *delta = (const C *)a.work + (b * a.hq + h) * a.sq;
+                const S *kr = fai_at<S>(a.tk, b, j, hk), *vr = fai_at<S>(a.tv, b, j, hk);
+                for (int64_t i = i0; i < i1; i++) {
+                    if (!fai_mask_allows(&mask, i, j))
+                        continue;
+                    const C bias = fai_bias_get<C>(bv, b, h, i, j);
+                    if (fai_bias_masks((double)bias))
+                        continue;
+                    const double lse = fai_lse_get(a.tlse, a.lse_f64, b, h, i);
+                    if (lse == -INFINITY)
+                        continue;
+                    C t = 0;
+                    const C s = score(&sc, dot2<C>(fai_at<S>(a.tq, b, i, h), kr, a.dqk), slope,
+                                      bias, i, j, &t);
+                    const C p = fexp((C)((double)s - lse));
+                    const C z = (dr.threshold && !fai_dropout_keep(&dr, i, j)) ? (C)0
+                                                                               : (C)a.keep_scale;
+                    const C dp = dot2<C>(fai_at<S>(a.tdout, b, i, h), vr, a.dv);
+                    acc += (double)fai_dbias(p, dp, z, delta[i], t, capped, after, factor);
+                }
+            }
+        const int64_t at = gb * g.sb + gi * g.ss + gh * g.sh + j;
+        if (g.dtype == FA_F64)
+            ((double *)g.data)[at] = acc;
+        else
+            ((float *)g.data)[at] = (float)acc;
+    }
 }
 
 /* ------------------------------------------------------------------ appending to a cache */
@@ -564,6 +643,28 @@ extern "C" fai_cuda_result fai_cuda_sink_grad(const fai_cuda_args *a, double *gr
     return fai_cuda_check_launch("the sink gradient", err, n);
 }
 
+extern "C" fai_cuda_result fai_cuda_bias_grad(const fai_cuda_args *a, char *err, size_t n)
+{
+    const fai_cuda_bias_view &g = a->bias_grad;
+    const int64_t total = g.b * g.s * g.h * g.sk;
+    if (!g.data || total == 0)
+        return FAI_CUDA_OK;
+    const int64_t want = (total + kBiasGradThreads - 1) / kBiasGradThreads;
+    const unsigned blocks = (unsigned)(want < (1 << 20) ? want : (1 << 20)); /* grid-stride */
+    cudaStream_t st = (cudaStream_t)a->stream;
+    switch (a->dtype) {
+    case FA_F32: fa_bias_grad_kernel<float, float><<<blocks, kBiasGradThreads, 0, st>>>(*a); break;
+    case FA_F64:
+        fa_bias_grad_kernel<double, double><<<blocks, kBiasGradThreads, 0, st>>>(*a);
+        break;
+    case FA_F16: fa_bias_grad_kernel<__half, float><<<blocks, kBiasGradThreads, 0, st>>>(*a); break;
+    default:
+        fa_bias_grad_kernel<__nv_bfloat16, float><<<blocks, kBiasGradThreads, 0, st>>>(*a);
+        break;
+    }
+    return fai_cuda_check_launch("the bias gradient", err, n);
+}
+
 extern "C" fai_cuda_result fai_cuda_append(const fai_cuda_args *a, int64_t n, int64_t at,
                                            char *err, size_t errn)
 {
@@ -582,7 +683,7 @@ extern "C" fai_cuda_result fai_cuda_append(const fai_cuda_args *a, int64_t n, in
 
 extern "C" fai_cuda_result fai_cuda_forward(const fai_cuda_args *a, char *err, size_t n)
 {
-    if (a->kernel != FAI_CUDA_KERNEL_GENERIC) {
+    if (a->kernel != FAI_CUDA_KERNEL_GENERIC && !a->bias.data) { /* a bias: the FMA path's */
         fai_cuda_result r = fai_cuda_forward_wgmma(a, err, n);
         if (r == FAI_CUDA_UNSUPPORTED)
             r = fai_cuda_forward_mma(a, err, n);

@@ -23,6 +23,18 @@ typedef struct {
     int64_t sb, ss, sh;
 } fai_cuda_view;
 
+/* A tensor in the bias's shape (fa_params.bias, or its gradient) on the device: dims B or 1,
+ * Sq or 1, Hq or 1 and Sk; entry (b, i, h, j) at data + b*sb + i*ss + h*sh + j (elements). The
+ * host side sets the stride of a dim of 1 to 0, so the kernels index every dim with the
+ * problem's own (b, i, h): a broadcast dim reads its index 0. data NULL: no such tensor. */
+typedef struct {
+    void *data;
+    int dtype; /* fa_dtype: f32, f64, f16, bf16 or bool (a keep-mask) for the bias; f32 or f64
+                  for its gradient */
+    int64_t b, s, h, sk;
+    int64_t sb, ss, sh;
+} fai_cuda_bias_view;
+
 typedef struct {
     int dtype;    /* fa_dtype of q, out, dout, dq (and k, v, dk, dv but for a cache dtype) */
     int kv_dtype; /* of k, v: dtype, or a forward's f16 / bf16 cache under f32 / bf16 q */
@@ -43,6 +55,9 @@ typedef struct {
     double keep_scale;            /* 1 / (1 - p) */
     fai_cuda_view tq, tk, tv, tout, tlse, tdout, tdq, tdk, tdv; /* the tensors */
     fai_cuda_view tkn, tvn;       /* a cache's new keys and values (fa_forward_kvcache) */
+    fai_cuda_bias_view bias;      /* fa_params.bias (score.bias says where it enters), or data
+                                     NULL; only the generic kernels read it */
+    fai_cuda_bias_view bias_grad; /* the backward's d loss / d bias, or data NULL */
     void *work;                   /* device workspace of fai_cuda_backward_workspace bytes */
     void *stream;                 /* cudaStream_t */
     int deterministic;
@@ -67,6 +82,12 @@ size_t fai_cuda_backward_workspace(const fai_cuda_args *a);
 /* grad[h] += d loss / d sink_h over a's rows (core/gradient.h, fai_dsink_term: in double, from
  * its out, lse and dout; a's sinks on the device). One launch per group, in order. */
 fai_cuda_result fai_cuda_sink_grad(const fai_cuda_args *a, double *grad, char *err, size_t n);
+/* d loss / d bias into a's bias_grad (core/gradient.h, fai_dbias): one thread per element of
+ * the gradient, summing in a fixed order over the (b, h, i) that read it, P and dP recomputed
+ * from q, k, v, dout and the forward's LSE, D_i from the generic backward's workspace (so it
+ * runs after fai_cuda_backward on the same a, with the generic kernels). No atomics: the same
+ * bits at every run. */
+fai_cuda_result fai_cuda_bias_grad(const fai_cuda_args *a, char *err, size_t n);
 /* Copies rows [0, n) of batch 0 of a's tkn and tvn (Hk heads of Dqk and Dv elements, its
  * kv_dtype) to key rows [at, at + n) of batch 0 of its k and v, through its page table where it
  * has one. */

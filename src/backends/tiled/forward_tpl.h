@@ -151,6 +151,11 @@ static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, in
 {
     const int64_t dv = pr->dv, ld = w->sp_ld, j0 = tile->j0, n = tile->n;
     const fai_dropout *drop = tile->drop;
+    /* the rows' additions: the bias's, or the block mask's where it does not cover the strip */
+    FT *const bias = pr->bias || (pr->blocks && !fai_blocks_cover(pr, tile->b, tile->h, i0 + r0,
+                                                                  i0 + r1, j0, n))
+                         ? w->bias
+                         : NULL;
     int64_t cs0 = n, cs1 = 0;
     for (int64_t r = r0; r < r1; r++) { /* each row's allowed columns, and their union */
         int64_t *c = w->cols + 2 * (r - r0);
@@ -166,14 +171,13 @@ static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, in
         const int64_t i = i0 + r;
         FT *s = w->sp + (r - r0) * ld, bmax = -INFINITY;
         const int64_t c0 = w->cols[2 * (r - r0)], c1 = w->cols[2 * (r - r0) + 1];
-        const FT *bias = w->bias; /* from column c0 */
-        if (bias && c0 < c1)
-            FAI_T(load_bias)(pr, w->kern, tile->b, tile->h, i, j0 + c0, c1 - c0, w->bias);
+        if (bias && c0 < c1) /* from column c0 */
+            FAI_T(load_bias)(pr, w->kern, tile->b, tile->h, i, j0 + c0, c1 - c0, bias);
         if (pr->bias && i + tl.br < tile->i1) /* the next strip's row, in the same columns */
             FAI_T(prefetch_bias)(pr, tile->b, tile->h, i + tl.br, j0 + c0, c1 - c0);
         if (c0 < c1 && tile->scale_only) { /* scaled by the GEMM */
             if (bias)
-                FAI_T(add_bias)(c1 - c0, w->bias, tile->bias_factor, s + c0);
+                FAI_T(add_bias)(c1 - c0, bias, tile->bias_factor, s + c0);
             bmax = w->kern->max(c1 - c0, s + c0);
         } else {
             for (int64_t c = c0; c < c1; c++) {
@@ -222,11 +226,11 @@ static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, in
          * skipped as the window's are (their flags in keep, which dropout may have filled) */
         for (int64_t d = 0; d < dv; d++)
             acc[d] *= w->x[r];
-        const int skip = drop->threshold || w->bias;
-        if (w->bias) {
-            FAI_T(load_bias)(pr, w->kern, tile->b, tile->h, i, j0 + c0, c1 - c0, w->bias);
+        const int skip = drop->threshold || bias;
+        if (bias) {
+            FAI_T(load_bias)(pr, w->kern, tile->b, tile->h, i, j0 + c0, c1 - c0, bias);
             for (int64_t c = c0; c < c1; c++)
-                w->keep[c] = (!drop->threshold || w->keep[c]) && !fai_bias_masks(w->bias[c - c0]);
+                w->keep[c] = (!drop->threshold || w->keep[c]) && !fai_bias_masks(bias[c - c0]);
         }
         for (int64_t ca = c0; ca < c1;) {
             while (ca < c1 && skip && !w->keep[ca])
@@ -357,11 +361,22 @@ static void FAI_T(fwd_qtile)(const fai_problem *call, fai_tiles tl, int64_t b, i
              * multiple of the kernel's MR, so its strips start on panel boundaries, or of the
              * tile products' rows; any br works) */
             for (int64_t g = r0 - r0 % tl.br; g < r1; g += tl.br) {
-                const int64_t s0 = g > r0 ? g : r0, s1 = g + tl.br < r1 ? g + tl.br : r1;
-                int64_t a0, a1; /* the strip's rows that see the tile */
-                FAI_T(row_span)(pm, tile.cls, i0 + s0, s1 - s0, tile.j0, tile.n, &a0, &a1);
-                if (a0 < a1)
-                    FAI_T(fwd_strip)(pm, tl, i0, s0 + a0, s0 + a1, &tile, w);
+                const int64_t g1 = g + tl.br < r1 ? g + tl.br : r1;
+                /* with a block mask, strips are cut where query blocks end, each block's rows
+                 * seeing their own key blocks: a strip that sees none of the tile's is
+                 * skipped, one that sees all of it takes no mask */
+                for (int64_t s0 = g > r0 ? g : r0, s1; s0 < g1; s0 = s1) {
+                    s1 = g1;
+                    if (pr->blocks) {
+                        const int64_t qb = pr->blocks->q_block, end = ((i0 + s0) / qb + 1) * qb;
+                        s1 = end - i0 < g1 ? end - i0 : g1;
+                    }
+                    int64_t a0, a1; /* the strip's rows that see the tile */
+                    FAI_T(row_span)(pm, tile.cls, i0 + s0, s1 - s0, tile.j0, tile.n, &a0, &a1);
+                    if (a0 < a1 && fai_blocks_meet(pr, b, h, i0 + s0 + a0, i0 + s0 + a1,
+                                                   tile.j0, tile.n))
+                        FAI_T(fwd_strip)(pm, tl, i0, s0 + a0, s0 + a1, &tile, w);
+                }
             }
         }
     }
