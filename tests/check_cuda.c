@@ -5,7 +5,8 @@
  * under the same tolerance rule (fa_compare against the conventional path in the same dtype);
  * dropout decisions identical to the CPU reference's; empty rows exactly 0 with LSE -inf;
  * masked NaN/inf never reaching an output; host pointers refused with nothing written;
- * deterministic backward; device bytes in fa_memory_stats.
+ * deterministic backward; device bytes in fa_memory_stats; bias and keep-mask tensors and the
+ * bias gradient (test case "bias").
  *
  * Its own program, because it needs a GPU: with no CUDA device it exits 77 (automake SKIP).
  */
@@ -1018,6 +1019,292 @@ START_TEST(cuda_sequences_match_reference)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ bias tensors */
+
+/*
+ * A bias (or keep-mask) on the device (the generic kernels, whatever the shape and dtype)
+ * against the float64 reference with the conventional path in the same storage as the
+ * yardstick: out, LSE, dQ, dK, dV and, with `grad`, the bias gradient (f64 under f64 storage,
+ * else f32; in the bias's shape, a broadcast dim summed). `bias` is a host tensor; the GPU
+ * reads a device copy. Rows that the reference finds empty must be O = 0, LSE = -inf, dQ = 0.
+ * With `twice`, a second GPU backward must give the bias gradient's bits again (one thread
+ * per element, a fixed order, no atomics). p is the case's params with the bias's fields.
+ */
+static void bias_run(const ht_sweep_case *c, fa_dtype dt, int idx, fa_params *p, ht_tensor *bias,
+                     int grad, int twice, const char *what)
+{
+    const fa_dtype lse_dt = dt == FA_F64 ? FA_F64 : FA_F32, gdt = dt == FA_F64 ? FA_F64 : FA_F32;
+    const fa_tensor *bt = &bias->t;
+    ht_bundle conv, gpu, ref;
+    ht_bundle_alloc(&conv, dt, c, c->sq, c->sk, c->layout, lse_dt);
+    ht_bundle_alloc(&gpu, dt, c, c->sq, c->sk, c->layout, lse_dt);
+    ht_bundle_alloc(&ref, FA_F64, c, c->sq, c->sk, HT_BSHD, FA_F64);
+    ht_fill(&conv.q, 1000 + idx, 1, -1);
+    ht_fill(&conv.k, 2000 + idx, 1, -1);
+    ht_fill(&conv.v, 3000 + idx, -1, 1);
+    ht_fill(&conv.dout, 4000 + idx, -1, 1);
+    ht_tensor g[4]; /* the bias gradient: reference, conventional, GPU, GPU again */
+    for (int x = 0; grad && x < 4; x++) {
+        ht_alloc(&g[x], x ? gdt : FA_F64, bt->batch, bt->seqlen, bt->heads, bt->headdim,
+                 HT_BSHD);
+        ht_poison(&g[x]);
+    }
+    p->bias = bt;
+    p->bias_grad = grad ? &g[1].t : NULL;
+    run_cpu(FA_BACKEND_CONVENTIONAL, p, &conv, &conv, 0);
+    p->bias_grad = grad ? &g[0].t : NULL;
+    run_cpu(FA_BACKEND_REFERENCE, p, &conv, &ref, 1);
+    ht_free(&gpu.q), ht_free(&gpu.k), ht_free(&gpu.v), ht_free(&gpu.dout);
+    gpu.q = conv.q, gpu.k = conv.k, gpu.v = conv.v, gpu.dout = conv.dout; /* shared inputs */
+    dtensor db, dg[2];
+    d_up(&db, bias);
+    fa_params pg = *p;
+    pg.bias = &db.t;
+    fa_context *ctx = cuda_context(0);
+    for (int r = 0; r < (twice ? 2 : 1); r++) {
+        if (grad) {
+            d_up(&dg[r], &g[2 + r]);
+            pg.bias_grad = &dg[r].t;
+        }
+        run_cuda(ctx, &pg, &gpu, 1);
+        if (grad)
+            d_down(&dg[r]), d_free(&dg[r]);
+    }
+    fa_context_destroy(ctx);
+    d_free(&db);
+    p->bias = NULL, p->bias_grad = NULL;
+    char label[200];
+    snprintf(label, sizeof label, "bias %s %d %s, bias %s (%lld %lld %lld %lld) %s (B%ld Sq%ld "
+                                  "Sk%ld H%ld/%ld D%ld/%ld)",
+             what, idx, fa_dtype_name(dt), fa_dtype_name(bt->dtype), (long long)bt->batch,
+             (long long)bt->seqlen, (long long)bt->heads, (long long)bt->headdim,
+             p->bias_place == FA_BIAS_AFTER_SOFTCAP ? "after cap" : "after scale", (long)c->b,
+             (long)c->sq, (long)c->sk, (long)c->hq, (long)c->hk, (long)c->dqk, (long)c->dv);
+    compare("out", label, &conv.out, &gpu.out, &ref.out, 0);
+    compare("lse", label, &conv.lse, &gpu.lse, &ref.lse, 0);
+    compare("dq", label, &conv.dq, &gpu.dq, &ref.dq, 1);
+    compare("dk", label, &conv.dk, &gpu.dk, &ref.dk, 1);
+    compare("dv", label, &conv.dv, &gpu.dv, &ref.dv, 1);
+    if (grad)
+        compare("bias_grad", label, &g[1], &g[2], &g[0], 1);
+    if (grad && twice)
+        ck_assert_msg(!memcmp(g[2].buf, g[3].buf, g[2].nbytes), "%s: two runs' bias gradients "
+                                                                "differ", label);
+    for (int64_t b = 0; b < c->b; b++)
+        for (int64_t h = 0; h < c->hq; h++)
+            for (int64_t i = 0; i < c->sq; i++) {
+                if (ht_get(&ref.lse, b, i, h, 0) != -INFINITY)
+                    continue;
+                ck_assert_msg(ht_get(&gpu.lse, b, i, h, 0) == -INFINITY, "%s: empty row %ld LSE",
+                              label, (long)i);
+                for (int64_t d = 0; d < c->dv; d++)
+                    ck_assert_msg(ht_get(&gpu.out, b, i, h, d) == 0, "%s: empty row %ld out",
+                                  label, (long)i);
+                for (int64_t d = 0; d < c->dqk; d++)
+                    ck_assert_msg(ht_get(&gpu.dq, b, i, h, d) == 0, "%s: empty row %ld dq",
+                                  label, (long)i);
+            }
+    for (int x = 0; grad && x < 4; x++)
+        ht_free(&g[x]);
+    ht_free(&gpu.out), ht_free(&gpu.lse), ht_free(&gpu.dq), ht_free(&gpu.dk), ht_free(&gpu.dv);
+    ht_bundle_free(&conv), ht_bundle_free(&ref);
+}
+
+/* Row i's keep entry for key j of a bottom-right causal mask of Sq rows and Sk keys. */
+static double causal_entry(int64_t sq, int64_t sk, int64_t i, int64_t j)
+{
+    return j <= i + (sk - sq) ? 0.0 : -INFINITY;
+}
+
+/*
+ * A keep-mask (bool, (1, Sq, 1, Sk)) equal to the causal mask, without causal: the reference's
+ * causal results within the tolerance rule, every dtype. D 64 with 16-byte rows in f16 / bf16
+ * would take the tensor-core kernels, which read no bias: the mask must route it to the generic
+ * ones (else the rows see every key). Sk < Sq too: the first rows are empty.
+ */
+START_TEST(cuda_keep_mask_equals_causal)
+{
+    const fa_dtype dt = dtypes[_i % 4];
+    const int64_t sq = _i < 4 ? 150 : 170, sk = _i < 4 ? 170 : 150;
+    const ht_sweep_case c = {2, sq, sk, 4, 2, 64, 64, 0, -1, -1, 0, 0, 0, 0, HT_BSHD,
+                             FA_SOFTCAP_THEN_ALIBI, 0};
+    ht_tensor mask;
+    ht_alloc(&mask, FA_BOOL, 1, sq, 1, sk, HT_BSHD);
+    for (int64_t i = 0; i < sq; i++)
+        for (int64_t j = 0; j < sk; j++)
+            ht_set(&mask, 0, i, 0, j, causal_entry(sq, sk, i, j));
+    fa_params p;
+    fa_params_init(&p);
+    bias_run(&c, dt, 300 + _i, &p, &mask, 0, 0, "keep-mask = causal");
+    /* and the reference with the mask is the reference with causal (check_masks.c), so the
+     * GPU's out agrees with a causal call on the device as well */
+    ht_free(&mask);
+}
+END_TEST
+
+/*
+ * A float bias on the device against the reference, outputs and gradients, the bias's own
+ * included, both placements (before and after the softcap of 5), every storage dtype; _i:
+ * place, dtype, shape:
+ *   0: (1, Sq, 1, Sk) f16, broadcast over batch and heads (its gradient sums B Hq rows), a row
+ *      masked entirely (empty) and scattered -inf entries; run twice (the same bits);
+ *   1: (B, 1, Hq, Sk) bf16, one row for every query (key padding), ALiBi slopes scaling the
+ *      bias (ggml, bias_by_slope), GQA, a causal window;
+ *   2: (B, Sq, Hq, Sk) f32 (f64 under f64 storage), BHSD, ALiBi by distance, dropout 0.2,
+ *      padded q/k/v rows, a sliding window.
+ */
+START_TEST(cuda_bias_matches_reference)
+{
+    static const float slopes[4] = {0.5f, 0.25f, 0.125f, 0.0625f};
+    const int place = _i & 1, shape = _i / 8;
+    const fa_dtype dt = dtypes[(_i >> 1) & 3];
+    ht_sweep_case c = {2, 97, 131, 4, 2, 64, 64, 0, -1, -1, 0, 5, 0, 0, HT_BSHD,
+                       FA_SOFTCAP_THEN_ALIBI, 0};
+    fa_params p;
+    fa_params_init(&p);
+    p.softcap = 5;
+    p.bias_place = place ? FA_BIAS_AFTER_SOFTCAP : FA_BIAS_AFTER_SCALE;
+    ht_tensor bias;
+    if (shape == 0) {
+        ht_alloc(&bias, FA_F16, 1, c.sq, 1, c.sk, HT_BSHD);
+        ht_fill(&bias, 71 + _i, 3, -3);
+        for (int64_t j = 0; j < c.sk; j++)
+            ht_set(&bias, 0, 5, 0, j, -INFINITY); /* row 5: empty */
+        for (int64_t i = 0; i < c.sq; i++)
+            for (int64_t j = i % 7; j < c.sk; j += 11)
+                ht_set(&bias, 0, i, 0, j, -INFINITY);
+    } else if (shape == 1) {
+        c.hk = 1;
+        c.causal = 1;
+        p.causal = 1;
+        p.alibi_slopes = slopes;
+        p.bias_by_slope = 1;
+        ht_alloc(&bias, FA_BF16, c.b, 1, c.hq, c.sk, HT_BSHD);
+        ht_fill(&bias, 81 + _i, 4, -4);
+        for (int64_t j = 3; j < c.sk; j += 5)
+            ht_set(&bias, 1, 0, 2, j, -INFINITY);
+    } else {
+        c.layout = HT_PADDED;
+        c.dropout = 0.2;
+        c.wl = 40, c.wr = 7;
+        p.window_left = 40, p.window_right = 7;
+        p.alibi_slopes = slopes;
+        p.dropout_p = 0.2;
+        p.dropout_seed = 0x5eed0000ull + (uint64_t)_i;
+        p.dropout_offset = 9;
+        ht_alloc(&bias, dt == FA_F64 ? FA_F64 : FA_F32, c.b, c.sq, c.hq, c.sk, HT_BHSD);
+        ht_fill(&bias, 91 + _i, 2, -2);
+        ht_set(&bias, 1, 50, 3, 52, -INFINITY);
+    }
+    bias_run(&c, dt, 310 + _i, &p, &bias, 1, shape == 0, "float");
+    ht_free(&bias);
+}
+END_TEST
+
+/*
+ * NaN and inf in the K and V rows of keys that a keep-mask masks for every row (key padding,
+ * (1, 1, 1, Sk)) never reach an output: out and LSE to the bit of a run with finite values
+ * there, dQ, dK, dV finite, and dK, dV of the masked keys exactly 0. f32 D 16 and bf16 D 64
+ * (a tensor-core shape without the mask).
+ */
+START_TEST(cuda_bias_masked_nonfinite_kv)
+{
+    const int64_t D = _i ? 64 : 16, sq = 50, sk = 80;
+    const fa_dtype dt = _i ? FA_BF16 : FA_F32;
+    const ht_sweep_case c = {1, sq, sk, 2, 1, D, D, 0, -1, -1, 0, 0, 0, 0, HT_BSHD,
+                             FA_SOFTCAP_THEN_ALIBI, 0};
+    ht_tensor mask;
+    ht_alloc(&mask, FA_BOOL, 1, 1, 1, sk, HT_BSHD);
+    for (int64_t j = 0; j < sk; j++)
+        ht_set(&mask, 0, 0, 0, j, j % 9 == 4 ? -INFINITY : 0);
+    ht_bundle clean, dirty;
+    ht_bundle_alloc(&clean, dt, &c, sq, sk, HT_BSHD, FA_F32);
+    ht_bundle_alloc(&dirty, dt, &c, sq, sk, HT_BSHD, FA_F32);
+    ht_bundle *xs[2] = {&clean, &dirty};
+    for (int x = 0; x < 2; x++) {
+        ht_fill(&xs[x]->q, 11, 1, -1), ht_fill(&xs[x]->k, 12, 1, -1);
+        ht_fill(&xs[x]->v, 13, 1, -1), ht_fill(&xs[x]->dout, 14, 1, -1);
+    }
+    for (int64_t j = 4; j < sk; j += 9)
+        for (int64_t d = 0; d < D; d++) {
+            ht_set(&dirty.v, 0, j, 0, d, d & 1 ? NAN : -INFINITY);
+            ht_set(&dirty.k, 0, j, 0, d, d & 1 ? INFINITY : NAN);
+        }
+    dtensor dm;
+    d_up(&dm, &mask);
+    fa_params p;
+    fa_params_init(&p);
+    p.bias = &dm.t;
+    fa_context *ctx = cuda_context(0);
+    run_cuda(ctx, &p, &clean, 1);
+    run_cuda(ctx, &p, &dirty, 1);
+    fa_context_destroy(ctx);
+    d_free(&dm);
+    ck_assert_msg(!memcmp(clean.out.buf, dirty.out.buf, clean.out.nbytes), "D%ld: out changed",
+                  (long)D);
+    ck_assert_msg(!memcmp(clean.lse.buf, dirty.lse.buf, clean.lse.nbytes), "D%ld: LSE changed",
+                  (long)D);
+    const ht_tensor *outs[4] = {&dirty.out, &dirty.dq, &dirty.dk, &dirty.dv};
+    for (int t = 0; t < 4; t++)
+        for (int64_t s = 0; s < outs[t]->t.seqlen; s++)
+            for (int64_t h = 0; h < outs[t]->t.heads; h++)
+                for (int64_t d = 0; d < D; d++) {
+                    const double x = ht_get(outs[t], 0, s, h, d);
+                    ck_assert_msg(isfinite(x), "D%ld tensor %d row %ld h%ld d%ld: %g", (long)D, t,
+                                  (long)s, (long)h, (long)d, x);
+                    if (t >= 2 && s % 9 == 4)
+                        ck_assert_msg(x == 0, "D%ld masked key %ld: d%s = %g", (long)D, (long)s,
+                                      t == 2 ? "k" : "v", x);
+                }
+    ht_free(&mask);
+    ht_bundle_free(&clean), ht_bundle_free(&dirty);
+}
+END_TEST
+
+/* A bias (or bias gradient) in host memory with device q is refused by name with
+ * FA_ERR_INVALID_ARGUMENT, and nothing is written. */
+START_TEST(cuda_bias_host_pointer_refused)
+{
+    const ht_sweep_case c = {1, 10, 12, 1, 1, 32, 32, 0, -1, -1, 0, 0, 0, 0, HT_BSHD,
+                             FA_SOFTCAP_THEN_ALIBI, 0};
+    ht_bundle x;
+    ht_bundle_alloc(&x, FA_F32, &c, c.sq, c.sk, HT_BSHD, FA_F32);
+    ht_fill(&x.q, 1, 1, -1), ht_fill(&x.k, 2, 1, -1), ht_fill(&x.v, 3, 1, -1);
+    ht_fill(&x.dout, 4, 1, -1);
+    ht_poison(&x.out), ht_poison(&x.lse), ht_poison(&x.dq);
+    ht_tensor bias, grad;
+    ht_alloc(&bias, FA_F32, 1, c.sq, 1, c.sk, HT_BSHD);
+    ht_alloc(&grad, FA_F32, 1, c.sq, 1, c.sk, HT_BSHD);
+    ht_fill(&bias, 5, 1, -1);
+    dtensor q, k, v, out, lse, dout, dq, dk, dv, db;
+    d_up(&q, &x.q), d_up(&k, &x.k), d_up(&v, &x.v), d_up(&out, &x.out), d_up(&lse, &x.lse);
+    d_up(&dout, &x.dout), d_up(&dq, &x.dq), d_up(&dk, &x.dk), d_up(&dv, &x.dv);
+    d_up(&db, &bias);
+    fa_params p;
+    fa_params_init(&p);
+    p.bias = &bias.t; /* host */
+    fa_context *ctx = cuda_context(0);
+    fa_status s = fa_forward(ctx, &p, &q.t, &k.t, &v.t, &out.t, &lse.t);
+    ck_assert_int_eq(s, FA_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fa_last_error(), "params->bias->data") != NULL, "%s", fa_last_error());
+    p.bias = &db.t;
+    ht_poison(&grad);
+    p.bias_grad = &grad.t; /* host */
+    s = fa_backward(ctx, &p, &q.t, &k.t, &v.t, &out.t, &lse.t, &dout.t, &dq.t, &dk.t, &dv.t);
+    ck_assert_int_eq(s, FA_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fa_last_error(), "params->bias_grad->data") != NULL, "%s",
+                  fa_last_error());
+    fa_context_destroy(ctx);
+    d_down(&out), d_down(&lse), d_down(&dq);
+    ck_assert(ht_is_poisoned(&x.out) && ht_is_poisoned(&x.lse) && ht_is_poisoned(&x.dq));
+    ck_assert(ht_is_poisoned(&grad));
+    d_free(&q), d_free(&k), d_free(&v), d_free(&out), d_free(&lse), d_free(&dout);
+    d_free(&dq), d_free(&dk), d_free(&dv), d_free(&db);
+    ht_free(&bias), ht_free(&grad);
+    ht_bundle_free(&x);
+}
+END_TEST
+
 /* A backward of 2^40 batches with no rows on the device: nothing to do, at once. */
 START_TEST(cuda_empty_huge_batch)
 {
@@ -1043,6 +1330,20 @@ START_TEST(cuda_empty_huge_batch)
 }
 END_TEST
 
+/* The bias tests, a test case of their own (CK_RUN_CASE=bias runs them alone). */
+static TCase *make_bias_tcase(int small)
+{
+    TCase *tc = tcase_create("bias");
+    tcase_set_timeout(tc, 600);
+    tcase_add_loop_test(tc, cuda_keep_mask_equals_causal, 0, small ? 2 : 8);
+    tcase_add_loop_test(tc, cuda_bias_matches_reference, 0, small ? 4 : 24);
+    if (small)
+        tcase_add_loop_test(tc, cuda_bias_matches_reference, 16, 20);
+    tcase_add_loop_test(tc, cuda_bias_masked_nonfinite_kv, 0, 2);
+    tcase_add_test(tc, cuda_bias_host_pointer_refused);
+    return tc;
+}
+
 static Suite *make_cuda_suite(void)
 {
     Suite *s = suite_create("cuda");
@@ -1050,6 +1351,7 @@ static Suite *make_cuda_suite(void)
     tcase_set_timeout(tc, 600);
     /* CHECK_CUDA_SMALL=1: a short sweep for compute-sanitizer (every kernel, small sizes) */
     const int small = getenv("CHECK_CUDA_SMALL") != NULL;
+    suite_add_tcase(s, make_bias_tcase(small));
     if (small) {
         tcase_add_loop_test(tc, cuda_matches_reference, 4 * 3, 4 * 10);
         tcase_add_loop_test(tc, cuda_matches_reference, 4 * 19, 4 * 22);
