@@ -241,7 +241,8 @@ START_TEST(finite_detects_each_position)
 END_TEST
 
 /* widen: every f16 and bf16 bit pattern (NaN payloads included) to the bits of the portable
- * conversion, then a short unaligned call with a partial vector; nothing written beyond n. */
+ * conversion, then a short unaligned call with a partial vector; every FP8 code at every
+ * lane and every tail length 0 .. 39; nothing written beyond n. */
 START_TEST(widen_every_half)
 {
     const fai_kernels_f32 *kt = kernels_or_skip(_i);
@@ -263,6 +264,21 @@ START_TEST(widen_every_half)
         kt->widen(h + 1, ds[d], 3, got); /* short and unaligned */
         fai_load_f32(h + 1, ds[d], 3, want);
         ck_assert(memcmp(got, want, sizeof(float) * 4) == 0);
+    }
+    const fa_dtype fp8[2] = {FA_E4M3, FA_E5M2}; /* every code, each at every lane, and tails */
+    uint8_t *c = (uint8_t *)h;
+    for (int64_t i = 0; i < 4096; i++)
+        c[i] = (uint8_t)(i * 37 + i / 256);
+    for (int d = 0; d < 2; d++) {
+        for (int64_t len = 0; len <= 40; len++) {
+            const int64_t m = len == 40 ? 4096 : len;
+            for (int64_t i = 0; i < 4097; i++)
+                got[i] = want[i] = 1234.5f;
+            kt->widen(c + 1, fp8[d], m, got);
+            fai_load_f32(c + 1, fp8[d], m, want);
+            ck_assert_msg(memcmp(got, want, sizeof(float) * 4097) == 0, "%s %s, %lld codes",
+                          kt->widen_name, fa_dtype_name(fp8[d]), (long long)m);
+        }
     }
     free(h), free(got), free(want);
 }

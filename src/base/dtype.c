@@ -119,9 +119,9 @@ uint16_t fai_f64_to_bf16(double x)
  * non-saturating casts do. The halfway points above the largest values: 464 (e4m3) and 61440
  * (e5m2).
  */
-/* Every code's value, generated from the definitions above (fai_e4m3_to_f64 and
- * fai_e5m2_to_f64 compute them; tests/check_fp8.c checks both against the formats written
- * out), for the row loads: a lookup per element instead of an ldexp. */
+/* Every e4m3 code's value, generated from the definition (fai_e4m3_to_f64 computes it;
+ * tests/check_fp8.c checks both against the format written out), for the row loads: a lookup
+ * per element instead of an ldexp. Its NaN is the default quiet NaN with the code's sign. */
 static const float e4m3_values[256] = {
     0.0f, 0x1p-9f, 0x1p-8f, 0x1.8p-8f, 0x1p-7f, 0x1.4p-7f, 0x1.8p-7f, 0x1.cp-7f,
     0x1p-6f, 0x1.2p-6f, 0x1.4p-6f, 0x1.6p-6f, 0x1.8p-6f, 0x1.ap-6f, 0x1.cp-6f, 0x1.ep-6f,
@@ -157,43 +157,6 @@ static const float e4m3_values[256] = {
     -0x1p8f, -0x1.2p8f, -0x1.4p8f, -0x1.6p8f, -0x1.8p8f, -0x1.ap8f, -0x1.cp8f, -NAN,
 };
 
-static const float e5m2_values[256] = {
-    0.0f, 0x1p-16f, 0x1p-15f, 0x1.8p-15f, 0x1p-14f, 0x1.4p-14f, 0x1.8p-14f, 0x1.cp-14f,
-    0x1p-13f, 0x1.4p-13f, 0x1.8p-13f, 0x1.cp-13f, 0x1p-12f, 0x1.4p-12f, 0x1.8p-12f, 0x1.cp-12f,
-    0x1p-11f, 0x1.4p-11f, 0x1.8p-11f, 0x1.cp-11f, 0x1p-10f, 0x1.4p-10f, 0x1.8p-10f, 0x1.cp-10f,
-    0x1p-9f, 0x1.4p-9f, 0x1.8p-9f, 0x1.cp-9f, 0x1p-8f, 0x1.4p-8f, 0x1.8p-8f, 0x1.cp-8f,
-    0x1p-7f, 0x1.4p-7f, 0x1.8p-7f, 0x1.cp-7f, 0x1p-6f, 0x1.4p-6f, 0x1.8p-6f, 0x1.cp-6f,
-    0x1p-5f, 0x1.4p-5f, 0x1.8p-5f, 0x1.cp-5f, 0x1p-4f, 0x1.4p-4f, 0x1.8p-4f, 0x1.cp-4f,
-    0x1p-3f, 0x1.4p-3f, 0x1.8p-3f, 0x1.cp-3f, 0x1p-2f, 0x1.4p-2f, 0x1.8p-2f, 0x1.cp-2f,
-    0x1p-1f, 0x1.4p-1f, 0x1.8p-1f, 0x1.cp-1f, 0x1p0f, 0x1.4p0f, 0x1.8p0f, 0x1.cp0f,
-    0x1p1f, 0x1.4p1f, 0x1.8p1f, 0x1.cp1f, 0x1p2f, 0x1.4p2f, 0x1.8p2f, 0x1.cp2f,
-    0x1p3f, 0x1.4p3f, 0x1.8p3f, 0x1.cp3f, 0x1p4f, 0x1.4p4f, 0x1.8p4f, 0x1.cp4f,
-    0x1p5f, 0x1.4p5f, 0x1.8p5f, 0x1.cp5f, 0x1p6f, 0x1.4p6f, 0x1.8p6f, 0x1.cp6f,
-    0x1p7f, 0x1.4p7f, 0x1.8p7f, 0x1.cp7f, 0x1p8f, 0x1.4p8f, 0x1.8p8f, 0x1.cp8f,
-    0x1p9f, 0x1.4p9f, 0x1.8p9f, 0x1.cp9f, 0x1p10f, 0x1.4p10f, 0x1.8p10f, 0x1.cp10f,
-    0x1p11f, 0x1.4p11f, 0x1.8p11f, 0x1.cp11f, 0x1p12f, 0x1.4p12f, 0x1.8p12f, 0x1.cp12f,
-    0x1p13f, 0x1.4p13f, 0x1.8p13f, 0x1.cp13f, 0x1p14f, 0x1.4p14f, 0x1.8p14f, 0x1.cp14f,
-    0x1p15f, 0x1.4p15f, 0x1.8p15f, 0x1.cp15f, INFINITY, NAN, NAN, NAN,
-    -0.0f, -0x1p-16f, -0x1p-15f, -0x1.8p-15f, -0x1p-14f, -0x1.4p-14f, -0x1.8p-14f, -0x1.cp-14f,
-    -0x1p-13f, -0x1.4p-13f, -0x1.8p-13f, -0x1.cp-13f,
-    -0x1p-12f, -0x1.4p-12f, -0x1.8p-12f, -0x1.cp-12f,
-    -0x1p-11f, -0x1.4p-11f, -0x1.8p-11f, -0x1.cp-11f,
-    -0x1p-10f, -0x1.4p-10f, -0x1.8p-10f, -0x1.cp-10f,
-    -0x1p-9f, -0x1.4p-9f, -0x1.8p-9f, -0x1.cp-9f, -0x1p-8f, -0x1.4p-8f, -0x1.8p-8f, -0x1.cp-8f,
-    -0x1p-7f, -0x1.4p-7f, -0x1.8p-7f, -0x1.cp-7f, -0x1p-6f, -0x1.4p-6f, -0x1.8p-6f, -0x1.cp-6f,
-    -0x1p-5f, -0x1.4p-5f, -0x1.8p-5f, -0x1.cp-5f, -0x1p-4f, -0x1.4p-4f, -0x1.8p-4f, -0x1.cp-4f,
-    -0x1p-3f, -0x1.4p-3f, -0x1.8p-3f, -0x1.cp-3f, -0x1p-2f, -0x1.4p-2f, -0x1.8p-2f, -0x1.cp-2f,
-    -0x1p-1f, -0x1.4p-1f, -0x1.8p-1f, -0x1.cp-1f, -0x1p0f, -0x1.4p0f, -0x1.8p0f, -0x1.cp0f,
-    -0x1p1f, -0x1.4p1f, -0x1.8p1f, -0x1.cp1f, -0x1p2f, -0x1.4p2f, -0x1.8p2f, -0x1.cp2f,
-    -0x1p3f, -0x1.4p3f, -0x1.8p3f, -0x1.cp3f, -0x1p4f, -0x1.4p4f, -0x1.8p4f, -0x1.cp4f,
-    -0x1p5f, -0x1.4p5f, -0x1.8p5f, -0x1.cp5f, -0x1p6f, -0x1.4p6f, -0x1.8p6f, -0x1.cp6f,
-    -0x1p7f, -0x1.4p7f, -0x1.8p7f, -0x1.cp7f, -0x1p8f, -0x1.4p8f, -0x1.8p8f, -0x1.cp8f,
-    -0x1p9f, -0x1.4p9f, -0x1.8p9f, -0x1.cp9f, -0x1p10f, -0x1.4p10f, -0x1.8p10f, -0x1.cp10f,
-    -0x1p11f, -0x1.4p11f, -0x1.8p11f, -0x1.cp11f, -0x1p12f, -0x1.4p12f, -0x1.8p12f, -0x1.cp12f,
-    -0x1p13f, -0x1.4p13f, -0x1.8p13f, -0x1.cp13f, -0x1p14f, -0x1.4p14f, -0x1.8p14f, -0x1.cp14f,
-    -0x1p15f, -0x1.4p15f, -0x1.8p15f, -0x1.cp15f, -INFINITY, -NAN, -NAN, -NAN,
-};
-
 double fai_e4m3_to_f64(uint8_t c)
 {
     const int sign = c >> 7, e = (c >> 3) & 15, m = c & 7;
@@ -203,14 +166,9 @@ double fai_e4m3_to_f64(uint8_t c)
     return sign ? -a : a;
 }
 
-double fai_e5m2_to_f64(uint8_t c)
-{
-    const int sign = c >> 7, e = (c >> 2) & 31, m = c & 3;
-    if (e == 31)
-        return m ? (sign ? -NAN : NAN) : (sign ? -INFINITY : INFINITY);
-    const double a = e == 0 ? ldexp(m, -16) : ldexp(4 + m, e - 17);
-    return sign ? -a : a;
-}
+/* e5m2 is the top byte of an f16 (the same exponent bias, two of its ten fraction bits): its
+ * value is that f16's, NaN payloads converted as f16's are (the vector kernels do the same). */
+double fai_e5m2_to_f64(uint8_t c) { return f16_to_f32((uint16_t)(c << 8)); }
 
 uint8_t fai_f64_to_e4m3(double x)
 {
@@ -264,7 +222,7 @@ void fai_load_f32(const void *src, fa_dtype d, int64_t n, float *dst)
         for (int64_t i = 0; i < n; i++) dst[i] = e4m3_values[((const uint8_t *)src)[i]];
         break;
     case FA_E5M2:
-        for (int64_t i = 0; i < n; i++) dst[i] = e5m2_values[((const uint8_t *)src)[i]];
+        for (int64_t i = 0; i < n; i++) dst[i] = fai_e5m2_to_f64(((const uint8_t *)src)[i]);
         break;
     }
 }
@@ -289,7 +247,7 @@ void fai_load_f64(const void *src, fa_dtype d, int64_t n, double *dst)
         for (int64_t i = 0; i < n; i++) dst[i] = e4m3_values[((const uint8_t *)src)[i]];
         break;
     case FA_E5M2:
-        for (int64_t i = 0; i < n; i++) dst[i] = e5m2_values[((const uint8_t *)src)[i]];
+        for (int64_t i = 0; i < n; i++) dst[i] = fai_e5m2_to_f64(((const uint8_t *)src)[i]);
         break;
     }
 }

@@ -303,10 +303,49 @@ static float fa_f32_max__avx2(int64_t n, const float *x)
     return m;
 }
 
+/*
+ * 8 FP8 codes, exactly, through F16C. e5m2 is the top byte of an f16. e4m3's magnitude bits
+ * shifted 7 left are an f16 with the same exponent field under bias 15 instead of 7 (its
+ * subnormals f16 subnormals), so that f16 times 2^8 is the value, exact in f32; its NaN
+ * (magnitude 0x7f) becomes the default quiet NaN with the code's sign, as in base/dtype.c.
+ */
+static __m256 fp8_widen8__avx2(fa_dtype d, const uint8_t *p)
+{
+    const __m128i c = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
+    if (d == FA_E5M2)
+        return _mm256_cvtph_ps(_mm_slli_epi16(c, 8));
+    const __m128i sign = _mm_slli_epi16(_mm_and_si128(c, _mm_set1_epi16(0x80)), 8),
+                  mag = _mm_and_si128(c, _mm_set1_epi16(0x7f));
+    const __m256 f = _mm256_mul_ps(_mm256_cvtph_ps(_mm_or_si128(sign, _mm_slli_epi16(mag, 7))),
+                                   _mm256_set1_ps(256.0f));
+    const __m256 nan = _mm256_castsi256_ps(_mm256_or_si256(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(sign), 16), _mm256_set1_epi32(0x7fc00000)));
+    const __m256i is_nan = _mm256_cvtepi16_epi32(_mm_cmpeq_epi16(mag, _mm_set1_epi16(0x7f)));
+    return _mm256_blendv_ps(f, nan, _mm256_castsi256_ps(is_nan));
+}
+
 /* f16 by F16C, bf16 by widening to 32 bits and shifting into the top half: both exact, NaN
- * payloads kept. The last partial vector goes through a zero-padded copy. */
+ * payloads kept; FP8 by fp8_widen8__avx2. The last partial vector goes through a zero-padded
+ * copy. */
 static void fa_f32_widen__avx2(const void *src, fa_dtype d, int64_t n, float *dst)
 {
+    if (d == FA_E4M3 || d == FA_E5M2) {
+        const uint8_t *c = src;
+        for (int64_t i = 0; i < n; i += 8) {
+            uint8_t t[8] = {0};
+            const uint8_t *p = c + i;
+            if (n - i < 8) {
+                memcpy(t, p, (size_t)(n - i));
+                p = t;
+            }
+            const __m256 y = fp8_widen8__avx2(d, p);
+            if (n - i >= 8)
+                _mm256_storeu_ps(dst + i, y);
+            else
+                _mm256_maskstore_ps(dst + i, lanes_below(n - i), y);
+        }
+        return;
+    }
     if (d != FA_F16 && d != FA_BF16) {
         fai_load_f32(src, d, n, dst);
         return;

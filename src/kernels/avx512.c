@@ -317,10 +317,35 @@ static float fa_f32_max__avx512(int64_t n, const float *x)
         _mm512_max_ps(_mm512_max_ps(vmax[0], vmax[1]), _mm512_max_ps(vmax[2], vmax[3])));
 }
 
+/* 16 FP8 codes (lanes outside mk read as 0), exactly, as fp8_widen8__avx2 says (avx2.c): e5m2
+ * is an f16's top byte; e4m3's magnitude << 7 is an f16 of 2^-8 its value; its NaN the default
+ * quiet NaN with the code's sign. */
+static __m512 fp8_widen16__avx512(fa_dtype d, const uint8_t *p, __mmask16 mk)
+{
+    const __m256i c = _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(mk, p));
+    if (d == FA_E5M2)
+        return _mm512_cvtph_ps(_mm256_slli_epi16(c, 8));
+    const __m256i sign = _mm256_slli_epi16(_mm256_and_si256(c, _mm256_set1_epi16(0x80)), 8),
+                  mag = _mm256_and_si256(c, _mm256_set1_epi16(0x7f));
+    const __m512 f = _mm512_mul_ps(
+        _mm512_cvtph_ps(_mm256_or_si256(sign, _mm256_slli_epi16(mag, 7))), _mm512_set1_ps(256.0f));
+    const __m512 nan = _mm512_castsi512_ps(_mm512_or_si512(
+        _mm512_slli_epi32(_mm512_cvtepu16_epi32(sign), 16), _mm512_set1_epi32(0x7fc00000)));
+    const __mmask16 is_nan = _mm256_cmpeq_epi16_mask(mag, _mm256_set1_epi16(0x7f));
+    return _mm512_mask_blend_ps(is_nan, f, nan);
+}
+
 /* f16 by the F16C-style conversion of 16 halves, bf16 by widening to 32 bits and shifting the
- * bits into the top half: both exact, NaN payloads kept. */
+ * bits into the top half: both exact, NaN payloads kept; FP8 by fp8_widen16__avx512. */
 static void fa_f32_widen__avx512(const void *src, fa_dtype d, int64_t n, float *dst)
 {
+    if (d == FA_E4M3 || d == FA_E5M2) {
+        for (int64_t i = 0; i < n; i += 16) {
+            const __mmask16 mk = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+            _mm512_mask_storeu_ps(dst + i, mk, fp8_widen16__avx512(d, (const uint8_t *)src + i, mk));
+        }
+        return;
+    }
     if (d != FA_F16 && d != FA_BF16) {
         fai_load_f32(src, d, n, dst);
         return;
