@@ -185,14 +185,15 @@ START_TEST(descale_applied_once)
 }
 END_TEST
 
-/* The tolerance rule on FP8 (e4m3 inputs, descales per kv head, bf16 and f32 out): the fused
+/* The tolerance rule on FP8 (e4m3 inputs, descales per kv head, bf16, f32 and f64 out): the fused
  * path passes against the reference with the conventional FP8 path (P rounded to e4m3 before
  * P V, as FlashAttention-3) as the yardstick; candidates with the realistic bugs fail: v's
  * descale forgotten, the descales of kv heads swapped (a q head indexing them by itself), the
  * bytes read as the other FP8 format. */
 START_TEST(fp8_rule_passes_fused_fails_bugs)
 {
-    const fa_dtype out = _i ? FA_F32 : FA_BF16;
+    static const fa_dtype outs[3] = {FA_BF16, FA_F32, FA_F64};
+    const fa_dtype out = outs[_i];
     const int64_t B = 1, sq = 128, sk = 256, hq = 4, hk = 2, D = 64;
     fwd_set ref, conv, cand;
     fwd_alloc(&ref, FA_E4M3, FA_E4M3, FA_F64, B, sq, sk, hq, hk, D);
@@ -335,7 +336,7 @@ Suite *make_fp8_suite(void)
     tcase_add_loop_test(tc, widen_every_code, 0, 2);
     tcase_add_loop_test(tc, narrow_to_nearest_even, 0, 2);
     tcase_add_loop_test(tc, descale_applied_once, 0, 2);
-    tcase_add_loop_test(tc, fp8_rule_passes_fused_fails_bugs, 0, 2);
+    tcase_add_loop_test(tc, fp8_rule_passes_fused_fails_bugs, 0, 3);
     tcase_add_loop_test(tc, fp8_cache_under_f32_q, 0, 2);
     tcase_add_test(tc, bad_fp8_arguments);
     suite_add_tcase(s, tc);

@@ -404,6 +404,126 @@ def bf16_as_uint16():
     check(o, l, "--bf16", files=files, code=0)
 
 
+FP8 = {"e4m3": (4, 3), "e5m2": (5, 2)}  # exponent and mantissa bits (OCP formats)
+
+
+def fp8_codes(fmt, shape):
+    """Random FP8 codes (uint8, what --fp8 reads) of magnitude 1/8 to 8: no NaN or inf."""
+    e_bits, m_bits = FP8[fmt]
+    bias = (1 << (e_bits - 1)) - 1
+    sign, e, m = (RNG.integers(0, 2, shape), RNG.integers(bias - 3, bias + 3, shape),
+                  RNG.integers(0, 1 << m_bits, shape))
+    return (sign << 7 | e << m_bits | m).astype(np.uint8)
+
+
+def fp8_values(fmt, codes):
+    """What finite FP8 codes stand for, written from the formats' definition."""
+    e_bits, m_bits = FP8[fmt]
+    bias = (1 << (e_bits - 1)) - 1
+    c = codes.astype(np.int64)
+    e, m = c >> m_bits & ((1 << e_bits) - 1), (c & ((1 << m_bits) - 1)) / (1 << m_bits)
+    mag = np.where(e == 0, m * 2.0 ** (1 - bias), (1 + m) * 2.0 ** (e - bias))
+    return np.where(c >> 7, -mag, mag)
+
+
+def descaled(x, d):
+    """x times its descale: one factor, or (B, Hk) (query head h: kv head h // group)."""
+    d = np.asarray(d, np.float64)
+    return x * (np.repeat(d, x.shape[2] // d.shape[1], 1)[:, None, :, None] if d.ndim else d)
+
+
+def np_attention(q, k, v):
+    g = q.shape[2] // k.shape[2]
+    s = np.einsum("bihd,bjhd->bhij", q, np.repeat(k, g, 2)) / np.sqrt(q.shape[3])
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return np.einsum("bhij,bjhd->bihd", p / p.sum(-1, keepdims=True), np.repeat(v, g, 2))
+
+
+def fp8_case(fmt, per_head, name):
+    """FP8 input files, their --fp8 and --descale options, and O in float64 by numpy."""
+    codes = [fp8_codes(fmt, s) for s in ((2, 9, 4, 16), (2, 13, 2, 16), (2, 13, 2, 16))]
+    ds = [RNG.uniform(0.25, 4, (2, 2) if per_head else ()).astype(np.float32) for _ in "qkv"]
+    files = [save(f"{name}_{x}.npy", c) for x, c in zip("qkv", codes)]
+    opts = ["--fp8", fmt]
+    for x, d in zip("qkv", ds):
+        opts += [f"--descale-{x}", save(f"{name}_d{x}.npy", d)]
+    want = np_attention(*(descaled(fp8_values(fmt, c), d) for c, d in zip(codes, ds)))
+    return files, opts, want
+
+
+def bf16_values(a):
+    return (a.astype(np.uint32) << 16).view(np.float32)
+
+
+@test
+def fp8_forward_equals_numpy():
+    """--fp8 reads uint8 codes, or what np.save writes for ml_dtypes' float8_e4m3fn ('<V1')
+    and float8_e5m2 ('<f1'); O is attention on the descaled values: the reference's f64 to
+    1e-12, the tiled default (bf16) to bf16's precision."""
+    for fmt, per_head in (("e4m3", False), ("e5m2", True)):
+        files, opts, want = fp8_case(fmt, per_head, f"f8{fmt}")
+        o, l = forward(*opts, "--backend", "reference", "--out-dtype", "f64", files=files,
+                       out="f8o.npy", lse="f8l.npy")
+        assert np.load(o).dtype == np.load(l).dtype == np.float64
+        assert np.abs(np.load(o) - want).max() <= 1e-12 * np.abs(want).max()
+        o, _ = forward(*opts, "--backend", "tiled", files=files, out="f8t.npy", lse="f8tl.npy")
+        bf = np.load(o)
+        assert bf.dtype == np.uint16  # bf16, FlashAttention-3's default
+        assert np.abs(bf16_values(bf) - want).max() <= 0.02 * np.abs(want).max()
+        ml = []
+        for f in files:
+            with open(f, "rb") as src, open(f + ".ml.npy", "wb") as dst:
+                dst.write(src.read().replace(b"'|u1'", b"'<V1'" if fmt == "e4m3" else b"'<f1'"))
+            ml.append(f + ".ml.npy")
+        o, _ = forward(*opts, "--backend", "tiled", files=ml, out="f8m.npy", lse="f8ml.npy")
+        assert np.array_equal(np.load(o), bf)
+        p = run("forward", *qkv_args(files), "--out", path("f8x.npy"), code=2)
+        assert "--fp8" in p.stderr and not os.path.exists(path("f8x.npy"))
+
+
+@test
+def fp8_check_against_the_fp8_yardstick():
+    files, opts, _ = fp8_case("e4m3", True, "f8c")
+    o, l = forward(*opts, "--backend", "tiled", files=files, out="f8co.npy", lse="f8cl.npy")
+    p = check(o, l, *opts, "--bf16", files=files, code=0)
+    assert "yardstick conventional e4m3 -> bf16" in p.stdout, p.stdout
+    o32, l32 = forward(*opts, "--out-dtype", "f32", files=files, out="f8c32.npy",
+                       lse="f8cl32.npy")
+    assert "-> f32" in check(o32, l32, *opts, files=files, code=0).stdout
+    dv = opts.index("--descale-v") + 1
+    wrong = opts[:dv] + [save("f8c_dv2.npy", 2 * np.load(opts[dv]))] + opts[dv + 1:]
+    bad, bad_l = forward(*wrong, "--backend", "tiled", files=files, out="f8cb.npy",
+                         lse="f8cbl.npy")
+    check(bad, bad_l, *opts, "--bf16", files=files, code=1)
+    p = run("backward", *qkv_args(files), *opts, "--out", o32, "--lse", l32, "--dout", o32,
+            "--dq", path("f8dq.npy"), "--dk", path("f8dk.npy"), "--dv", path("f8dv.npy"), code=3)
+    assert "forward only" in p.stderr and not os.path.exists(path("f8dq.npy"))
+    p = run("check", "--q", QKV[0], "--k", files[1], "--v", files[2], "--fp8", "e4m3",
+            "--candidate-out", QKV[0], code=2)  # an FP8 K/V under f32 Q: no yardstick
+    assert "FP8 K/V" in p.stderr
+
+
+@test
+def fp8_bad_descale_files():
+    files, opts, _ = fp8_case("e5m2", False, "f8b")
+    dv = opts.index("--descale-v") + 1
+    for bad, why in [(np.float32(0), "finite and > 0"), (np.float32(np.nan), "finite and > 0"),
+                     (np.array([1, -1, 1, 1], np.float32).reshape(2, 2), "layout"),
+                     (np.ones(3, np.float32), "shape"), (np.ones((2, 2, 1), np.float32), "shape"),
+                     (np.ones(1, np.int32), "floats")]:
+        f = save("f8b_bad.npy", bad)
+        p = run("forward", *qkv_args(files), *opts[:dv], f, *opts[dv + 1:], "--out",
+                path("f8b_o.npy"), "--lse", path("f8b_l.npy"), code=2)
+        assert f in p.stderr and why in p.stderr, (bad, p.stderr)
+        assert ("--descale-v" in p.stderr or why == "floats") and not temps_in(TMP)
+        assert not os.path.exists(path("f8b_o.npy")) and not os.path.exists(path("f8b_l.npy"))
+    run("forward", *qkv_args(files), *opts, "--out", path("f8b_o.npy"), "--fp8", "e3m4", code=2)
+    run("forward", *qkv_args(files), *opts, "--out", path("f8b_o.npy"), "--out-dtype", "e4m3",
+        code=2)
+    run("check", *qkv_args(files), *opts, "--candidate-out", QKV[0], "--out-dtype", "f32",
+        code=2)  # check takes --dtype
+
+
 @test
 def backward_and_gradient_check():
     o, l = forward("--causal")

@@ -10,7 +10,7 @@ from typing import Any, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from . import _native as N
-from ._arrays import Frame, View, float_vector, index_array
+from ._arrays import Frame, View, float_vector, host_floats, index_array
 
 Window = Union[None, int, Tuple[int, int]]
 
@@ -63,6 +63,63 @@ def _choice(table: dict, value: str, name: str) -> int:
     return table[value]
 
 
+#: dtype names: numpy's and the command's (--dtype, --out-dtype)
+DTYPE_BY_NAME = {"float32": N.F32, "float64": N.F64, "float16": N.F16, "bfloat16": N.BF16,
+                 "f32": N.F32, "f64": N.F64, "f16": N.F16, "bf16": N.BF16}
+
+
+def dtype_arg(x, name: str) -> int:
+    """The fa_dtype of a dtype argument: a name ("bfloat16", "bf16"), a numpy dtype (ml_dtypes'
+    bfloat16 too) or a torch dtype."""
+    try:
+        key = x if isinstance(x, str) else np.dtype(x).name
+    except TypeError:
+        key = str(x).replace("torch.", "")
+    if key not in DTYPE_BY_NAME:
+        raise N.InvalidArgumentError(f"{name}={x!r}: expected one of "
+                                     f"{', '.join(DTYPE_BY_NAME)}", N.FA_ERR_INVALID_ARGUMENT)
+    return DTYPE_BY_NAME[key]
+
+
+def _out_dtype(q_dtype: int, out_dtype) -> int:
+    """out's dtype: q's, or for FP8 q out_dtype's (default bfloat16, FlashAttention-3's)."""
+    if q_dtype in N.FP8:
+        return N.BF16 if out_dtype is None else dtype_arg(out_dtype, "out_dtype")
+    if out_dtype is not None and dtype_arg(out_dtype, "out_dtype") != q_dtype:
+        raise N.InvalidArgumentError(f"out_dtype={out_dtype!r}: out takes q's dtype "
+                                     f"({N.DTYPE_NAMES[q_dtype]}); out_dtype is for FP8 q",
+                                     N.FA_ERR_DTYPE)
+    return q_dtype
+
+
+_DESCALES = ("descale_q", "descale_k", "descale_v")
+
+
+def _descales(values, batch: int, kv_heads: int):
+    """The descale factors given (None where not) as float32 host arrays, and their layout:
+    a number or a 0-d / 1-element array each (per tensor), or (B, Hk) each (per kv head)."""
+    arrays, layouts = [], set()
+    for name, x in zip(_DESCALES, values):
+        a = None if x is None else host_floats(x, name)
+        arrays.append(a)
+        if a is None:
+            continue
+        if a.shape == (batch, kv_heads):
+            layouts.add(N.DESCALE_PER_KV_HEAD)
+        elif a.size == 1 and a.ndim <= 1:
+            layouts.add(N.DESCALE_PER_TENSOR)
+        else:
+            raise N.InvalidArgumentError(
+                f"{name}: expected a number or a 1-element array (per tensor) or shape "
+                f"({batch}, {kv_heads}) (B, Hk: per kv head), got shape {a.shape}",
+                N.FA_ERR_SHAPE)
+    if len(layouts) > 1:
+        raise N.InvalidArgumentError("descale_q, descale_k, descale_v: one layout for all, per "
+                                     "tensor or per kv head (B, Hk), not a mix",
+                                     N.FA_ERR_INVALID_ARGUMENT)
+    return arrays, layouts.pop() if layouts else N.DESCALE_PER_TENSOR
+
+
 def _mask_view(frame: Frame, attn_mask) -> View:
     """attn_mask's view, its key axis contiguous: a row-major copy where it is not (a stride
     other than 1, a broadcast key axis) or where a stride is negative."""
@@ -101,8 +158,10 @@ class _Call:
                  dropout_p: float = 0.0, seed: int = 0, offset: int = 0, sinks: Any = None,
                  sink_tokens: int = 0, score_order: str = "softcap-then-alibi",
                  attn_mask: Any = None, bias_place: str = "after-scale",
-                 bias_by_slope: bool = False, backend: str = "auto", isa: str = "auto",
-                 threads: int = 0, deterministic: bool = False):
+                 bias_by_slope: bool = False, descale_q: Any = None, descale_k: Any = None,
+                 descale_v: Any = None, kv_shape: Tuple[int, int] = (0, 0),
+                 backend: str = "auto", isa: str = "auto", threads: int = 0,
+                 deterministic: bool = False):
         # the defaults' fields are _DEFAULT_PARAMS's: only the others are written
         p = N.Params.from_buffer_copy(_DEFAULT_PARAMS)
         if scale is not None:
@@ -136,6 +195,11 @@ class _Call:
             p.alibi_slopes = self.slopes.ctypes.data_as(fp)
         if self.sinks is not None:
             p.sink_logits = self.sinks.ctypes.data_as(fp)
+        self.descales, p.descale_layout = _descales((descale_q, descale_k, descale_v),
+                                                    *kv_shape)
+        for name, d in zip(_DESCALES, self.descales):
+            if d is not None:
+                setattr(p, name, d.ctypes.data_as(fp))
         self.mask = self.bias = None
         if attn_mask is not None:
             self.mask = _mask_view(frame, attn_mask)
@@ -242,17 +306,21 @@ def _packed_lse(view: View) -> N.Tensor:
 
 
 def _dense_outputs(frame: Frame, vq: View, tq: N.Tensor, dv: int, layout: str,
-                   return_lse: bool, out=None):
-    """A forward's out (shaped and laid out like q, with head dim dv; the caller's `out`
-    where given) and, with return_lse, its lse (B, Hq, Sq), with their fa_tensors (the lse's
-    None without)."""
+                   return_lse: bool, out=None, out_dtype=None):
+    """A forward's out (shaped and laid out like q, with head dim dv, in q's dtype or for
+    FP8 q out_dtype's; the caller's `out` where given) and, with return_lse, its lse (B, Hq,
+    Sq), with their fa_tensors (the lse's None without)."""
+    dtype = _out_dtype(vq.dtype, out_dtype)
     if out is None:
-        out, vo = frame.empty(tuple(vq.shape[:3]) + (dv,), vq.dtype, "out")
+        out, vo = frame.empty(tuple(vq.shape[:3]) + (dv,), dtype, "out")
     else:
         vo = frame.writable(out, "out")
+        if out_dtype is not None and vo.dtype != dtype:
+            raise N.InvalidArgumentError(f"out_dtype={out_dtype!r}: out is "
+                                         f"{N.DTYPE_NAMES[vo.dtype]}", N.FA_ERR_DTYPE)
     lse = tl = None
     if return_lse:
-        lse, vl = frame.empty((tq.batch, tq.heads, tq.seqlen), _lse_dtype(vq.dtype), "lse")
+        lse, vl = frame.empty((tq.batch, tq.heads, tq.seqlen), _lse_dtype(vo.dtype), "lse")
         tl = vl.lse_tensor("lse")
     return out, vo.tensor(layout, "out"), lse, tl
 
@@ -296,7 +364,8 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False,
               dropout_p: float = 0.0, seed: int = 0, offset: int = 0, sinks=None,
               sink_tokens: int = 0, score_order: str = "softcap-then-alibi", attn_mask=None,
               bias_place: str = "after-scale", bias_by_slope: bool = False,
-              return_lse: bool = False, out=None, backend: str = "auto", isa: str = "auto",
+              return_lse: bool = False, out=None, out_dtype=None, descale_q=None,
+              descale_k=None, descale_v=None, backend: str = "auto", isa: str = "auto",
               threads: int = 0, deterministic: bool = False):
     """Exact attention: out = softmax(scale q k^T + mask and biases) v (fa_forward).
 
@@ -304,17 +373,25 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False,
     default, FlashAttention's), or (B, H, S, D) each in layout "bhsd" (PyTorch SDPA's); Hq a
     multiple of Hk (GQA, MQA). Arrays of numpy (ml_dtypes' bfloat16 too), PyTorch, JAX or
     CuPy, float64, float32, float16 or bfloat16, any strides with a contiguous head dim; k
-    and v share a dtype: q's, or float16 / bfloat16 under float32 or bfloat16 q (a KV cache).
-    They are read where they lie (no copy); GPU arrays run on the CUDA backend, on the
-    framework's current stream, where it is built (a JAX array on a GPU is copied to the
-    host and back).
+    and v share a dtype: q's, or float16 / bfloat16 / FP8 under float32 or bfloat16 q (a KV
+    cache). FP8 (float8_e4m3fn, float8_e5m2: ml_dtypes' or torch's; forward only): q, k and
+    v all of one format (FlashAttention-3's FP8 forward; out in out_dtype, default bfloat16),
+    or k and v alone under float32 / bfloat16 q. They are read where they lie (no copy); GPU
+    arrays run on the CUDA backend, on the framework's current stream, where it is built (a
+    JAX array on a GPU is copied to the host and back).
 
     Returns out, shaped and laid out like q with v's head dim, in q's framework and dtype
-    (written into `out` where given), and with return_lse=True also lse, (B, Hq, Sq) float32
-    (float64 for float64 q): the natural-log log-sum-exp of each row's scores, -inf for a row
-    with no allowed key.
+    (out_dtype for FP8 q; written into `out` where given), and with return_lse=True also lse,
+    (B, Hq, Sq) float32 (float64 for a float64 out): the natural-log log-sum-exp of each
+    row's scores, -inf for a row with no allowed key.
 
     {options}
+    out_dtype: FP8 q only: out's dtype, "float32", "float16", "bfloat16" (the default) or
+        "float64" (names, numpy or torch dtypes).
+    descale_q, descale_k, descale_v: FP8 tensors only: the value an element c stands for is
+        descale x c. A number or a 1-element array each (per tensor), or (B, Hk) each (per
+        batch and kv head, FlashAttention-3's layout; q head h takes kv head h // (Hq / Hk));
+        finite and > 0; one layout for all those given.
     attn_mask: None, or PyTorch SDPA's attn_mask: a bool keep-mask (True keeps the key) or an
         additive float bias (float64, float32, float16 or bfloat16, any of them under any q;
         -inf masks), shaped (B, H, Sq, Sk) whatever `layout` is (H: q's heads), or
@@ -339,9 +416,12 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False,
                  alibi_slopes=alibi_slopes, scale=scale, dropout_p=dropout_p, seed=seed,
                  offset=offset, sinks=sinks, sink_tokens=sink_tokens, score_order=score_order,
                  attn_mask=attn_mask, bias_place=bias_place, bias_by_slope=bias_by_slope,
-                 backend=backend, isa=isa, threads=threads, deterministic=deterministic)
+                 descale_q=descale_q, descale_k=descale_k, descale_v=descale_v,
+                 kv_shape=(tq.batch, tk.heads), backend=backend, isa=isa, threads=threads,
+                 deterministic=deterministic)
     given = out is not None
-    out, to, lse, tl = _dense_outputs(frame, vq, tq, vv.shape[3], layout, return_lse, out)
+    out, to, lse, tl = _dense_outputs(frame, vq, tq, vv.shape[3], layout, return_lse, out,
+                                      out_dtype)
     last_call.update(q=tq, k=tk, v=tv, out=to, attn_mask=call.bias)
     call.run("fa_forward", byref(call.params), byref(tq), byref(tk), byref(tv),
              byref(to), byref(tl) if tl is not None else None)

@@ -1,10 +1,12 @@
 """Arrays of numpy, PyTorch, JAX and CuPy as the library's tensors, and results in the
 caller's framework.
 
-An input is read where it lies: a numpy array (ml_dtypes' bfloat16 included) through its own
-pointer and strides, any other array through DLPack (``__dlpack__``), so no input is copied,
-whatever its strides; the library itself refuses what it cannot read (a head dim that is not
-contiguous, a negative stride) with a message naming the argument. The one exception is a
+An input is read where it lies: a numpy array (ml_dtypes' bfloat16, float8_e4m3fn and
+float8_e5m2 included) through its own pointer and strides, any other array through DLPack
+(``__dlpack__``; a PyTorch FP8 tensor as its bytes viewed as uint8, which every torch
+exports), so no input is copied, whatever its strides; the library itself refuses what it
+cannot read (a head dim that is not contiguous, a negative stride) with a message naming the
+argument. The one exception is a
 JAX array on a GPU, which cannot be written in place: its inputs are copied to the host and
 its results put back on its device (flashattn.attention's docstring says so).
 """
@@ -23,6 +25,7 @@ from . import _native as N
 
 KDL_CPU, KDL_CUDA, KDL_CUDA_HOST, KDL_CUDA_MANAGED = 1, 2, 3, 13
 KDL_FLOAT, KDL_BFLOAT, KDL_BOOL = 2, 4, 6
+KDL_FLOAT8_E4M3FN, KDL_FLOAT8_E5M2 = 10, 12  # DLPack 1.1 (torch 2.15 exports them)
 
 
 class _DLDevice(Structure):
@@ -58,21 +61,28 @@ def _capsule_pointer(capsule, name: bytes) -> int:
     return _get_pointer()(capsule, name)
 
 _DL_DTYPES = {(KDL_FLOAT, 16): N.F16, (KDL_FLOAT, 32): N.F32, (KDL_FLOAT, 64): N.F64,
-              (KDL_BFLOAT, 16): N.BF16, (KDL_BOOL, 8): N.BOOL}
+              (KDL_BFLOAT, 16): N.BF16, (KDL_BOOL, 8): N.BOOL, (KDL_FLOAT8_E4M3FN, 8): N.E4M3,
+              (KDL_FLOAT8_E5M2, 8): N.E5M2}
 
 # ------------------------------------------------------------------ dtypes
 
+#: what a TypeError lists
+STORED = "float64, float32, float16, bfloat16, float8_e4m3fn, float8_e5m2"
+#: the dtypes numpy has through ml_dtypes, by their names there (and torch's)
+ML_DTYPES = {N.BF16: "bfloat16", N.E4M3: "float8_e4m3fn", N.E5M2: "float8_e5m2"}
+_ML_CODE = {name: code for code, name in ML_DTYPES.items()}
 
-def _bf16_numpy():
-    """ml_dtypes' bfloat16, or None without it."""
+
+def _ml_numpy(dtype: int):
+    """ml_dtypes' numpy dtype of BF16, E4M3 or E5M2, or None without ml_dtypes."""
     try:
         import ml_dtypes
     except ImportError:
         return None
-    return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(getattr(ml_dtypes, ML_DTYPES[dtype]))
 
 
-#: numpy's dtypes the library stores (bfloat16, ml_dtypes', is matched by name)
+#: numpy's own dtypes the library stores (ml_dtypes' are matched by name)
 NUMPY_DTYPES = {np.dtype(np.float32): N.F32, np.dtype(np.float64): N.F64,
                 np.dtype(np.float16): N.F16}
 _NUMPY_OF = {code: dt for dt, code in NUMPY_DTYPES.items()}
@@ -80,26 +90,36 @@ _NO_GUARD = contextlib.nullcontext()
 
 
 def numpy_dtype(dtype: int) -> np.dtype:
-    """The numpy dtype of an fa_dtype (bfloat16 needs ml_dtypes)."""
-    if dtype == N.BF16:
-        bf16 = _bf16_numpy()
-        if bf16 is None:
-            raise ImportError("flashattn: bfloat16 numpy arrays need ml_dtypes "
+    """The numpy dtype of an fa_dtype (bfloat16 and FP8 need ml_dtypes)."""
+    if dtype in ML_DTYPES:
+        dt = _ml_numpy(dtype)
+        if dt is None:
+            raise ImportError(f"flashattn: {ML_DTYPES[dtype]} numpy arrays need ml_dtypes "
                               "(pip install ml_dtypes)")
-        return bf16
+        return dt
     return _NUMPY_OF[dtype]
 
 
 def _fa_dtype_of_numpy(dt: np.dtype, name: str) -> int:
     code = NUMPY_DTYPES.get(dt)
-    if code is None and dt.name == "bfloat16":
-        code = N.BF16
+    if code is None:  # ml_dtypes' float8_e4m3 (with infinities) and the fnuz kinds are others
+        code = _ML_CODE.get(dt.name)
     if code is None and dt == np.bool_:
         code = N.BOOL  # a keep-mask's (Frame.view refuses it elsewhere)
     if code is None:
-        raise TypeError(f"{name}: dtype {dt} is not one the library stores (float64, float32, "
-                        "float16, bfloat16)")
+        raise TypeError(f"{name}: dtype {dt} is not one the library stores ({STORED})")
     return code
+
+
+def _torch_fp8(t):
+    """A PyTorch FP8 tensor's fa_dtype and its bytes viewed as uint8, or (None, t) for any
+    other: torch's DLPack exported no FP8 before DLPack 1.1 ("float8 types are not supported
+    by dlpack"), and the bytes go through every version."""
+    code = _ML_CODE.get(str(t.dtype)[len("torch."):])
+    if code not in N.FP8:
+        return None, t
+    import torch
+    return code, t.view(torch.uint8)
 
 
 # ------------------------------------------------------------------ an array as the library sees it
@@ -167,8 +187,10 @@ def _stream_of(framework: str, device_id: int) -> int:
 
 
 def _dlpack_view(x, name: str, framework: str) -> tuple[View, int]:
+    fp8 = None
     if framework == "torch":
         x = x.detach()  # the same storage; torch refuses to export a tensor that needs grad
+        fp8, x = _torch_fp8(x)
     dev_type, dev_id = x.__dlpack_device__()
     dev_type, dev_id = int(dev_type), int(dev_id)
     stream = 0
@@ -182,11 +204,10 @@ def _dlpack_view(x, name: str, framework: str) -> tuple[View, int]:
                                      "supported (CPU or CUDA)", N.FA_ERR_INVALID_ARGUMENT)
     managed = _DLManagedTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
     t = managed.dl_tensor
-    code = _DL_DTYPES.get((t.dtype.code, t.dtype.bits))
+    code = fp8 or _DL_DTYPES.get((t.dtype.code, t.dtype.bits))
     if code is None or t.dtype.lanes != 1:
         raise TypeError(f"{name}: DLPack dtype (code {t.dtype.code}, {t.dtype.bits} bits, "
-                        f"{t.dtype.lanes} lanes) is not one the library stores (float64, "
-                        "float32, float16, bfloat16)")
+                        f"{t.dtype.lanes} lanes) is not one the library stores ({STORED})")
     shape = tuple(t.shape[i] for i in range(t.ndim))
     if t.strides:
         strides = tuple(t.strides[i] for i in range(t.ndim))
@@ -260,8 +281,8 @@ class Frame:
                                              N.FA_ERR_INVALID_ARGUMENT)
             self.stream = stream or self.stream
         if v.dtype == N.BOOL and not mask:
-            raise TypeError(f"{name}: dtype bool is not one the library stores (float64, "
-                            "float32, float16, bfloat16); only attn_mask may be bool")
+            raise TypeError(f"{name}: dtype bool is not one the library stores ({STORED}); "
+                            "only attn_mask may be bool")
         self.views.append(v)
         return v
 
@@ -370,20 +391,26 @@ def index_array(x, name: str) -> tuple[np.ndarray, int]:
     return np.ascontiguousarray(x), kind
 
 
-def float_vector(x, name: str, n: int) -> np.ndarray | None:
-    """Per-head parameters (ALiBi slopes, sink logits): n values as contiguous float32 on the
-    host (the library reads n of them)."""
-    if x is None:
-        return None
+def host_floats(x, name: str) -> np.ndarray:
+    """An array of any framework, a list or a number as contiguous float32 on the host."""
     if not isinstance(x, np.ndarray):
-        fw = framework_of(x, name) if not isinstance(x, (list, tuple)) else "list"
+        fw = ("python" if isinstance(x, (list, tuple, int, float, np.generic))
+              else framework_of(x, name))
         if fw == "torch":
             x = x.detach().float().cpu().numpy()
         elif fw == "cupy":
             x = x.get()
         else:
             x = np.asarray(x)
-    x = np.ascontiguousarray(x, dtype=np.float32)
+    return np.ascontiguousarray(x, dtype=np.float32)
+
+
+def float_vector(x, name: str, n: int) -> np.ndarray | None:
+    """Per-head parameters (ALiBi slopes, sink logits): n values as contiguous float32 on the
+    host (the library reads n of them)."""
+    if x is None:
+        return None
+    x = host_floats(x, name)
     if x.shape != (n,):
         raise N.InvalidArgumentError(f"{name}: expected one value per query head, shape "
                                      f"({n},), got {x.shape}", N.FA_ERR_SHAPE)
@@ -392,21 +419,21 @@ def float_vector(x, name: str, n: int) -> np.ndarray | None:
 
 def to_host(x, name: str):
     """The array's values on the host as numpy (the array itself for numpy, a view of a CPU
-    tensor, a copy from a GPU), exactly: bfloat16 as bfloat16 where ml_dtypes is installed,
-    else as its bits in uint16; and whether it is bfloat16."""
-    if isinstance(x, np.ndarray):
-        return x, x.dtype.name == "bfloat16"
-    fw = framework_of(x, name)
-    if fw == "torch":
-        import torch
-        t = x.detach()
-        if t.dtype == torch.bfloat16:
-            bits = t.contiguous().view(torch.int16).cpu().numpy().view(np.uint16)
-            bf16 = _bf16_numpy()
-            return (bits.view(bf16), True) if bf16 is not None else (bits, True)
-        return t.cpu().numpy(), False
-    if fw == "cupy":
-        return x.get(), False
-    a = np.asarray(x)
-    return a, a.dtype.name == "bfloat16"
+    tensor, a copy from a GPU), exactly: bfloat16 and FP8 as ml_dtypes' where it is
+    installed, else as their bits in uint16 / uint8; and the fa_dtype of those (None for
+    numpy's own dtypes)."""
+    if not isinstance(x, np.ndarray):
+        fw = framework_of(x, name)
+        if fw == "torch":
+            import torch
+            t = x.detach()
+            code = _ML_CODE.get(str(t.dtype)[len("torch."):])
+            if code is None:
+                return t.cpu().numpy(), None
+            word = (torch.int16, np.uint16) if code == N.BF16 else (torch.uint8, np.uint8)
+            bits = t.contiguous().view(word[0]).cpu().numpy().view(word[1])
+            ml = _ml_numpy(code)
+            return (bits if ml is None else bits.view(ml)), code
+        x = x.get() if fw == "cupy" else np.asarray(x)
+    return x, _ML_CODE.get(x.dtype.name)
 

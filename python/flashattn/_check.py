@@ -12,13 +12,10 @@ import numpy as np
 
 from . import _native as N
 from ._api import (_Call, _indices, _kv_layout, _layout, _lse_dtype, _packed, _packed_lse,
-                   _pages)
-from ._arrays import NUMPY_DTYPES, Frame, View, host_view, numpy_dtype, to_host
+                   _pages, dtype_arg)
+from ._arrays import NUMPY_DTYPES, STORED, Frame, View, host_view, numpy_dtype, to_host
 
 _NAMES = ("out", "lse", "dq", "dk", "dv")
-#: dtype= names: numpy's and the command's (--dtype)
-DTYPE_BY_NAME = {"float32": N.F32, "float64": N.F64, "float16": N.F16, "bfloat16": N.BF16,
-                 "f32": N.F32, "f64": N.F64, "f16": N.F16, "bf16": N.BF16}
 
 
 @dataclass
@@ -98,12 +95,11 @@ class _Host:
     ml_dtypes is absent), and views of it in any dtype."""
 
     def __init__(self, x, name: str):
-        a, bf16 = to_host(x, name)
+        a, code = to_host(x, name)
         self.name = name
-        self.dtype = N.BF16 if bf16 else NUMPY_DTYPES.get(a.dtype)
+        self.dtype = code if code is not None else NUMPY_DTYPES.get(a.dtype)
         if self.dtype is None:
-            raise TypeError(f"{name}: dtype {a.dtype} is not one the library stores (float64, "
-                            "float32, float16, bfloat16)")
+            raise TypeError(f"{name}: dtype {a.dtype} is not one the library stores ({STORED})")
         self.array = a
 
     def view(self) -> View:
@@ -222,8 +218,8 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
           seed: int = 0, offset: int = 0, sinks=None, sink_tokens: int = 0,
           score_order: Optional[str] = None, attn_mask=None, bias_place: Optional[str] = None,
           bias_by_slope: Optional[bool] = None, cu_seqlens_q=None, cu_seqlens_k=None,
-          block_table=None, seqused_k=None, kv_layout: str = "nhd",
-          threads: int = 0) -> CheckReport:
+          block_table=None, seqused_k=None, kv_layout: str = "nhd", descale_q=None,
+          descale_k=None, descale_v=None, threads: int = 0) -> CheckReport:
     """Checks a candidate kernel's results (out, lse, dq, dk, dv: any of them) for the inputs
     q, k, v (and dout, the cotangent, for gradients) against the float64 reference, as
     ``flashattn check`` does: with no atol/rtol, each tensor's max error must be within
@@ -231,6 +227,12 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
     the same inputs, plus eps(dtype) x max(1, |ref|); with atol or rtol, every element within
     atol + rtol |ref|. NaN and inf must match exactly. Returns a CheckReport (true when every
     tensor passes; print it for the table).
+
+    FP8 inputs (q, k and v of one FP8 format, with descale_q, descale_k, descale_v as
+    flashattn.attention takes them): the reference reads the same FP8 values (float64 out)
+    and the yardstick is the conventional path on them (P rounded to V's format, as
+    FlashAttention-3), its out in the candidate's dtype (default: its out's, else bfloat16).
+    An FP8 K/V under wider q is not checked (UnsupportedError).
 
     Arrays of any framework (GPU ones are copied to the host for the reference). dtype: the
     candidate's storage dtype ("float16", "bfloat16", "float32", "float64"; default: that of
@@ -286,30 +288,36 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
         inputs["dout"] = dout
     hin = {n: _Host(x, n) for n, x in inputs.items()}
     hc = {n: _Host(x, n) for n, x in cands.items()}
+    fp8 = hin["q"].dtype in N.FP8
+    if hin["k"].dtype in N.FP8 and not fp8:
+        raise N.UnsupportedError("k, v: an FP8 K/V under wider q is not checked (the float64 "
+                                 "reference and the FP8 yardstick need FP8 q)",
+                                 N.FA_ERR_UNSUPPORTED)
     if dtype is not None:
-        dt = DTYPE_BY_NAME.get(getattr(dtype, "name", None) or str(dtype))
-        if dt is None:
-            raise N.InvalidArgumentError(f"dtype={dtype!r}: expected one of "
-                                         f"{', '.join(DTYPE_BY_NAME)}",
-                                         N.FA_ERR_INVALID_ARGUMENT)
-    else:
-        dt = next((c.dtype for n, c in hc.items() if n != "lse"), hin["q"].dtype)
+        dt = dtype_arg(dtype, "dtype")
+    else:  # FP8: the out dtype's default as flashattn.attention's
+        dt = next((c.dtype for n, c in hc.items() if n != "lse"),
+                  N.BF16 if fp8 else hin["q"].dtype)
     explicit = (atol or 0) > 0 or (rtol or 0) > 0
     host = Frame(np.empty(0), "host")  # the reference and the yardstick run on the host
-    hq = hin["q"].array.shape[-2 if shape.varlen or shape.layout == "bshd" else 1]
+    tq, tk = shape.qt(hin["q"].view(), "q"), shape.kt(hin["k"].view(), "k")
     opts = dict(causal=causal, align=align, window=window, softcap=softcap,
                 alibi_slopes=alibi_slopes, scale=scale, dropout_p=dropout_p, seed=seed,
                 offset=offset, sinks=sinks, sink_tokens=sink_tokens, score_order=score_order,
                 attn_mask=None if attn_mask is None else to_host(attn_mask, "attn_mask")[0],
-                bias_place=bias_place, bias_by_slope=bias_by_slope, threads=threads)
-    ref = _run_all(shape, _Call(host, hq, backend="reference", **opts),
-                   {n: host_view(h.converted(N.F64), N.F64, n) for n, h in hin.items()}, grads,
-                   N.F64)
+                bias_place=bias_place, bias_by_slope=bias_by_slope, descale_q=descale_q,
+                descale_k=descale_k, descale_v=descale_v, kv_shape=(tq.batch, tk.heads),
+                threads=threads)
+
+    def inputs_in(d: int) -> Dict[str, View]:  # FP8 inputs as they are: out takes d
+        return {n: h.view() if fp8 else host_view(h.converted(d), d, n) for n, h in hin.items()}
+
+    ref = _run_all(shape, _Call(host, tq.heads, backend="reference", **opts), inputs_in(N.F64),
+                   grads, N.F64)
     base = None
     if not explicit:
-        base = _run_all(shape, _Call(host, hq, backend="conventional", **opts),
-                        {n: host_view(h.converted(dt), dt, n) for n, h in hin.items()}, grads,
-                        dt)
+        base = _run_all(shape, _Call(host, tq.heads, backend="conventional", **opts),
+                        inputs_in(dt), grads, dt)
     for n, c in hc.items():
         if tuple(c.array.shape) != tuple(ref[n].shape):
             raise N.InvalidArgumentError(f"{n}: shape {tuple(c.array.shape)} does not match the "
@@ -327,7 +335,9 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
             return shape.lt(v)
         return shape.qt(v, n) if n in ("out", "dq") else shape.kt(v, n)
 
-    report = CheckReport(True, profile, N.DTYPE_NAMES[dt], explicit)
+    storage = (f"{N.DTYPE_NAMES[hin['q'].dtype]} (out {N.DTYPE_NAMES[dt]})" if fp8
+               else N.DTYPE_NAMES[dt])
+    report = CheckReport(True, profile, storage, explicit)
     for n, c in hc.items():
         tc, tr = tensor_of(c.view(), n), tensor_of(host_view(ref[n], N.F64, n), n)
         tb = None

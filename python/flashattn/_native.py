@@ -40,9 +40,12 @@ FA_OK = 0
  FA_ERR_UNSUPPORTED, FA_ERR_OVERFLOW, FA_ERR_NO_MEMORY, FA_ERR_BACKEND_UNAVAILABLE,
  FA_ERR_DEVICE) = range(1, 11)
 
-F32, F64, F16, BF16, BOOL = range(5)
-DTYPE_NAMES = {F32: "float32", F64: "float64", F16: "float16", BF16: "bfloat16", BOOL: "bool"}
-ITEMSIZE = {F32: 4, F64: 8, F16: 2, BF16: 2, BOOL: 1}
+F32, F64, F16, BF16, BOOL, E4M3, E5M2 = range(7)
+DTYPE_NAMES = {F32: "float32", F64: "float64", F16: "float16", BF16: "bfloat16", BOOL: "bool",
+               E4M3: "float8_e4m3fn", E5M2: "float8_e5m2"}
+ITEMSIZE = {F32: 4, F64: 8, F16: 2, BF16: 2, BOOL: 1, E4M3: 1, E5M2: 1}
+FP8 = (E4M3, E5M2)
+DESCALE_PER_TENSOR, DESCALE_PER_KV_HEAD = 0, 1
 
 BACKENDS = {"auto": 0, "reference": 1, "conventional": 2, "tiled": 3, "cuda": 4}
 ISAS = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3, "neon": 4, "amx": 5}
@@ -69,7 +72,10 @@ class Params(Structure):
                 ("dropout_seed", c_uint64), ("dropout_offset", c_uint64), ("score_order", c_int),
                 ("sink_logits", POINTER(c_float)), ("sink_grad", POINTER(c_float)),
                 ("sink_tokens", c_int64), ("bias", POINTER(Tensor)), ("bias_place", c_int),
-                ("bias_by_slope", c_int), ("bias_grad", POINTER(Tensor))]
+                ("bias_by_slope", c_int), ("bias_grad", POINTER(Tensor)),
+                ("descale_q", POINTER(c_float)), ("descale_k", POINTER(c_float)),
+                ("descale_v", POINTER(c_float)), ("descale_layout", c_int),
+                ("block_mask", c_void_p)]  # (fa_block_mask: not wrapped; always NULL)
 
 
 class Options(Structure):

@@ -306,9 +306,11 @@ static conv conv_make(const fa_context *ctx, const fai_problem *pr)
 {
     conv cv;
     cv.pr = pr;
-    /* FP8 inputs as FlashAttention-3 computes them: S and the softmax in f32, P rounded to V's
-     * FP8 format for the second product, O accumulated in f32 and stored in out's dtype */
-    cv.t = fai_dtype_is_fp8(pr->q_dtype) ? FA_F32 : pr->dtype;
+    /* FP8 inputs as FlashAttention-3 computes them: S and the softmax in f32 (f64 for an f64
+     * out), P rounded to V's FP8 format for the second product, O accumulated in f32 and
+     * stored in out's dtype */
+    const fa_dtype wide_enough = pr->dtype == FA_F64 ? FA_F64 : FA_F32;
+    cv.t = fai_dtype_is_fp8(pr->q_dtype) ? wide_enough : pr->dtype;
     cv.pt = fai_dtype_is_fp8(pr->q_dtype) ? pr->kv_dtype : cv.t;
     cv.wide = pr->dtype == FA_F64;
     cv.cs = cv.wide ? sizeof(double) : sizeof(float);

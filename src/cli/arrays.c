@@ -29,6 +29,14 @@ static int kind_to_dtype(const cli_opts *o, const char *path, npy_kind k, fa_dty
         fprintf(stderr, "flashattn: %s: a uint16 array; pass --bf16 if it holds bfloat16 bits\n",
                 path);
         return EXIT_USAGE;
+    case NPY_U1:
+        if (o->fp8) {
+            *dt = (fa_dtype)o->fp8;
+            return 0;
+        }
+        fprintf(stderr, "flashattn: %s: a uint8 array; pass --fp8 e4m3|e5m2 if it holds FP8 "
+                        "codes\n", path);
+        return EXIT_USAGE;
     case NPY_I4:
     case NPY_I8:
     case NPY_B1: break;

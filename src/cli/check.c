@@ -99,23 +99,25 @@ typedef struct {
 } check_state;
 
 /* Runs forward (and backward if grads, with the bias's gradient if it is a candidate) of `be`
- * on inputs converted to dt, into r[CAND_N]. */
+ * on inputs converted to dt (FP8 inputs as they are, their out in dt), into r[CAND_N]. */
 static int run_all(cli_opts *o, check_state *st, fa_backend be, fa_dtype dt,
                    cli_tensor r[CAND_N])
 {
     cli_tensor x[4];
     memset(x, 0, sizeof x);
+    const int fp8 = cli_is_fp8(st->in[0].t.dtype);
     int rc = 0, n = st->grads ? 4 : 3;
-    for (int i = 0; i < n && !rc; i++)
+    for (int i = 0; i < n && !rc && !fp8; i++)
         rc = cli_convert(o, &st->in[i], dt, ROLE_QKV, &x[i]);
-    const fa_tensor *q = &x[0].t, *k = &x[1].t, *v = &x[2].t;
+    const cli_tensor *in = fp8 ? st->in : x;
+    const fa_tensor *q = &in[0].t, *k = &in[1].t, *v = &in[2].t;
     if (!rc)
         rc = cli_alloc(o, dt, q->batch, q->seqlen, q->heads, v->headdim, ROLE_QKV, &r[0]);
     if (!rc)
         rc = cli_alloc(o, dt == FA_F64 ? FA_F64 : FA_F32, q->batch, q->seqlen, q->heads, 1,
                        ROLE_LSE, &r[1]);
     for (int i = 0; i < 3 && st->grads && !rc; i++)
-        rc = cli_alloc(o, dt, x[i].t.batch, x[i].t.seqlen, x[i].t.heads, x[i].t.headdim,
+        rc = cli_alloc(o, dt, in[i].t.batch, in[i].t.seqlen, in[i].t.heads, in[i].t.headdim,
                        ROLE_QKV, &r[2 + i]);
     if (!rc && st->grads && o->cand[CAND_DBIAS] &&
         !(rc = cli_alloc_bias_grad(o, "--candidate-dbias", dt == FA_F64 ? FA_F64 : FA_F32,
@@ -127,7 +129,7 @@ static int run_all(cli_opts *o, check_state *st, fa_backend be, fa_dtype dt,
     if (!rc) {
         fa_status s = cli_forward(ctx, o, q, k, v, &r[0].t, &r[1].t);
         if (s == FA_OK && st->grads)
-            s = cli_backward(ctx, o, q, k, v, &r[0].t, &r[1].t, &x[3].t, &r[2].t, &r[3].t,
+            s = cli_backward(ctx, o, q, k, v, &r[0].t, &r[1].t, &in[3].t, &r[2].t, &r[3].t,
                              &r[4].t);
         if (s != FA_OK)
             rc = cli_fail(s, be == FA_BACKEND_REFERENCE ? "reference" : "conventional baseline");
@@ -190,13 +192,20 @@ int cmd_check(int argc, char **argv)
         else if (o.cand[c])
             rc = cli_load(&o, o.cand[c], c == CAND_LSE ? ROLE_LSE : ROLE_QKV, &cand[c]);
     if (!rc)
-        rc = cli_load_slopes(&o, st.in[0].t.heads);
+        rc = cli_load_params(&o, &st.in[0].t, &st.in[1].t);
     if (!rc)
         rc = cli_load_bias(&o);
     if (!rc)
         rc = cli_load_indices(&o, st.in[1].t.seqlen);
-    /* the candidate's storage dtype: --dtype, else that of its outputs, else of its inputs */
-    fa_dtype dt = st.in[0].t.dtype;
+    /* the candidate's storage dtype: --dtype, else that of its outputs, else of its inputs
+     * (FP8: bf16, forward's default) */
+    const int fp8 = cli_is_fp8(st.in[0].t.dtype);
+    fa_dtype dt = fp8 ? FA_BF16 : st.in[0].t.dtype;
+    if (!rc && !fp8 && cli_is_fp8(st.in[1].t.dtype)) {
+        fprintf(stderr, "flashattn check: an FP8 K/V under wider Q is not checked (the float64 "
+                        "reference and the FP8 yardstick need FP8 Q)\n");
+        rc = EXIT_USAGE;
+    }
     for (int c = 0; c < CAND_N && !rc && !o.has_dtype; c++)
         if (o.cand[c] && c != CAND_LSE && c != CAND_DBIAS) { /* those are f32 or f64 */
             dt = cand[c].t.dtype;
@@ -285,8 +294,9 @@ int cmd_check(int argc, char **argv)
             printf("flashattn check: reference float64; explicit tolerance; profile %s\n",
                    o.profile->name);
         else
-            printf("flashattn check: reference float64; yardstick conventional %s; profile %s\n",
-                   fa_dtype_name(dt), o.profile->name);
+            printf("flashattn check: reference float64; yardstick conventional %s%s%s; "
+                   "profile %s\n", fp8 ? fa_dtype_name(st.in[0].t.dtype) : "",
+                   fp8 ? " -> " : "", fa_dtype_name(dt), o.profile->name);
         printf("%-5s %-7s %10s %10s %10s %-22s %13s %13s %9s\n", "", "verdict", "max abs",
                "max rel", "nmse", "worst [b,s,h,d]", "candidate", "reference", "nan/inf");
         for (int c = 0; c < CAND_N; c++) {

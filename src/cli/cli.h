@@ -25,6 +25,8 @@ typedef struct {
     const char *q, *k, *v, *out, *lse, *dout, *dq, *dk, *dv;
     const char *cand[CAND_N]; /* check: --candidate-out, -lse, -dq, -dk, -dv, -dbias */
     const char *alibi, *sinks, *dsinks;
+    const char *descale[3];   /* --descale-q, -k, -v: FP8 descale factors */
+    float *descale_vals[3];   /* as loaded (cli_load_params): o->p.descale_q, _k, _v */
     /* --attn-mask or --bias (bias_opt says which), and the backward's --dbias */
     const char *bias, *bias_opt, *dbias;
     int mask_kind;        /* MASK_* */
@@ -44,6 +46,9 @@ typedef struct {
     float *slopes;    /* from --alibi */
     float *sink_vals; /* from --sinks */
     int bhsd, bf16, json, threads;
+    int fp8;                  /* --fp8: FA_E4M3 or FA_E5M2, what 1-byte inputs hold; 0: none */
+    int has_out_dtype;        /* forward --out-dtype: out's dtype for FP8 inputs */
+    fa_dtype out_dtype;
     int has_dtype;   /* check --dtype: the candidate kernel's storage dtype */
     fa_dtype dtype;
     fa_backend backend;
@@ -121,9 +126,11 @@ void cli_outputs_abort(cli_outputs *s);
 fa_context *cli_context(const cli_opts *o, fa_backend backend);
 /* Prints the library's detail; returns EXIT_USAGE for argument errors, else EXIT_ERROR. */
 int cli_fail(fa_status s, const char *what);
-/* --alibi and --sinks: load one slope and one sink logit per query head into o->slopes and
- * o->p.alibi_slopes, o->sink_vals and o->p.sink_logits. */
-int cli_load_slopes(cli_opts *o, int64_t heads);
+/* --alibi and --sinks: load one slope and one sink logit per q head into o->slopes and
+ * o->p.alibi_slopes, o->sink_vals and o->p.sink_logits; --descale-q, -k, -v: one factor each
+ * (per tensor) or q's batch x k's heads (per kv head) into o->descale_vals and o->p. */
+int cli_load_params(cli_opts *o, const fa_tensor *q, const fa_tensor *k);
+static inline int cli_is_fp8(fa_dtype d) { return d == FA_E4M3 || d == FA_E5M2; }
 /* The index files of o, by what they are. */
 enum { IDX_CU_Q, IDX_CU_K, IDX_TABLE, IDX_USED, IDX_INDPTR, IDX_INDICES, IDX_LAST, IDX_N };
 /* The index files given (int32 or int64; a block table 2-D, the others 1-D) into o->cu and

@@ -57,7 +57,8 @@
 static const unsigned char npy_magic[6] = {0x93, 'N', 'U', 'M', 'P', 'Y'};
 
 #define NPY_SUPPORTED                                                                          \
-    "supported: '<f2' '<f4' '<f8' '<u2' '|V2' '<i4' '<i8' '|b1', or '=' in place of '<'"
+    "supported: '<f2' '<f4' '<f8' '<u2' '|V2' '<i4' '<i8' '|b1', or '=' in place of '<'; "   \
+    "FP8 codes: '|u1' '|V1' '<V1' '<f1'"
 
 /* ---------------------------------------------------------------------------------------- */
 /* Messages                                                                                 */
@@ -159,7 +160,8 @@ size_t npy_kind_size(npy_kind k)
     case NPY_U2: return 2;
     case NPY_I4: return 4;
     case NPY_I8: return 8;
-    case NPY_B1: return 1;
+    case NPY_B1:
+    case NPY_U1: return 1;
     }
     return 0;
 }
@@ -174,6 +176,7 @@ const char *npy_kind_descr(npy_kind k)
     case NPY_I4: return "<i4";
     case NPY_I8: return "<i8";
     case NPY_B1: return "|b1";
+    case NPY_U1: return "|u1";
     }
     return NULL;
 }
@@ -579,6 +582,7 @@ static int check_descr(lexer *L, const header_info *hi, npy_kind *kind)
         {"=f2", NPY_F16}, {"=f4", NPY_F32}, {"=f8", NPY_F64}, {"=u2", NPY_U2},
         {"<i4", NPY_I4},  {"<i8", NPY_I8},  {"=i4", NPY_I4},  {"=i8", NPY_I8},
         {"|b1", NPY_B1},
+        {"|u1", NPY_U1},  {"|V1", NPY_U1},  {"<V1", NPY_U1},  {"<f1", NPY_U1}, /* ml_dtypes' FP8 */
     };
     const char *d = L->h + hi->descr_pos;
     char txt[160];

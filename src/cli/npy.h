@@ -1,8 +1,8 @@
 /*
- * .npy files for the command: a strict reader and a numpy-compatible writer of the four storage
- * types the CLI exchanges with Python (float16/32/64 and 16-bit words, the way bfloat16 travels),
- * of the two integer types its offsets and indices come in (int32, int64) and of numpy's bool
- * (a keep-mask).
+ * .npy files for the command: a strict reader and a numpy-compatible writer of the five storage
+ * types the CLI exchanges with Python (float16/32/64, 16-bit words, the way bfloat16 travels,
+ * and bytes, the way FP8 codes travel), of the two integer types its offsets and indices come
+ * in (int32, int64) and of numpy's bool (a keep-mask).
  *
  * Written from the NPY format specification (numpy/doc/neps/nep-0001-npy-format.rst):
  *   "\x93NUMPY" | major | minor | header length (LE uint16 for 1.x, LE uint32 for 2.x/3.x)
@@ -23,8 +23,9 @@
  *   - the header: keys in any order, either quote, any blanks, trailing commas optional;
  *     unknown/duplicate/missing keys, escapes and non-decimal dims are refused (grammar in npy.c);
  *   - accepted descr: '<f2' '<f4' '<f8' '<u2' '|V2' '<i4' '<i8' '|b1', and '=' in place of '<'
- *     (native order, which on the little-endian hosts we build for is '<'); fortran_order
- *     must be False.
+ *     (native order, which on the little-endian hosts we build for is '<'); bytes as '|u1',
+ *     '|V1', or '<V1' / '<f1', what np.save writes for ml_dtypes' float8_e4m3fn / float8_e5m2;
+ *     fortran_order must be False.
  * The writer emits what numpy.save emits for a C-contiguous little-endian array: version 1.0,
  * keys in sorted order, shape as a Python tuple repr, total header a multiple of 64 bytes.
  *
@@ -38,8 +39,9 @@
 #include <stdio.h>
 
 /* NPY_U2: 16-bit words, how bf16 travels ('<u2' or '|V2' on disk; written as '<u2'). NPY_I4,
- * NPY_I8: signed integers. NPY_B1: numpy's bool, one byte per element ('|b1'). */
-typedef enum { NPY_F16, NPY_F32, NPY_F64, NPY_U2, NPY_I4, NPY_I8, NPY_B1 } npy_kind;
+ * NPY_I8: signed integers. NPY_B1: numpy's bool, one byte per element ('|b1'). NPY_U1: bytes,
+ * how FP8 codes travel ('|u1', '|V1', '<V1' or '<f1'; written as '|u1'). */
+typedef enum { NPY_F16, NPY_F32, NPY_F64, NPY_U2, NPY_I4, NPY_I8, NPY_B1, NPY_U1 } npy_kind;
 
 #define NPY_MAX_DIMS 8
 
@@ -86,10 +88,10 @@ const char *npy_file_type(unsigned mode);
 /* Frees a->data and zeroes *a; safe on a zeroed array and on NULL. */
 void npy_free(npy_array *a);
 
-/* Bytes per item: 2, 4, 8, 2, 4, 8, 1; 0 for a value outside the enum. */
+/* Bytes per item: 2, 4, 8, 2, 4, 8, 1, 1; 0 for a value outside the enum. */
 size_t npy_kind_size(npy_kind k);
 
-/* "<f2", "<f4", "<f8", "<u2", "<i4", "<i8", "|b1"; NULL for a value outside the enum. */
+/* "<f2", "<f4", "<f8", "<u2", "<i4", "<i8", "|b1", "|u1"; NULL for a value outside the enum. */
 const char *npy_kind_descr(npy_kind k);
 
 #endif /* FA_CLI_NPY_H */

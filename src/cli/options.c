@@ -46,9 +46,10 @@ void cli_usage(FILE *f, const char *cmd)
 {
     if (!strcmp(cmd, "forward"))
         fprintf(f, "usage: flashattn forward --q Q.npy --k K.npy --v V.npy --out OUT.npy\n"
-                   "       [--lse LSE.npy] [attention options] [run options]\n"
-                   "Runs a backend on Q, K, V and writes O (the inputs' dtype) and LSE (B, H, S;\n"
-                   "f32, or f64 for f64 inputs).\n");
+                   "       [--lse LSE.npy] [--out-dtype f32|f16|bf16|f64] [attention options]\n"
+                   "       [run options]\n"
+                   "Runs a backend on Q, K, V and writes O (the inputs' dtype; FP8 inputs:\n"
+                   "--out-dtype, default bf16) and LSE (B, H, S; f32, or f64 for an f64 O).\n");
     else if (!strcmp(cmd, "backward"))
         fprintf(f, "usage: flashattn backward --q Q.npy --k K.npy --v V.npy --out O.npy --lse LSE.npy\n"
                    "       --dout DO.npy --dq DQ.npy --dk DK.npy --dv DV.npy [--dsinks DS.npy]\n"
@@ -91,6 +92,10 @@ void cli_usage(FILE *f, const char *cmd)
             "  --dropout P --seed S --offset O   dropout with the Philox stream of docs/DESIGN.md\n"
             "  --layout bshd|bhsd        how Q, K, V, O files are laid out (default bshd)\n"
             "  --bf16                    read uint16 ('<u2', '|V2') arrays as bfloat16\n"
+            "  --fp8 e4m3|e5m2           read uint8 ('|u1') arrays as FP8 codes of that format:\n"
+            "                            Q, K, V all FP8 (forward only), or K, V under f32/bf16 Q\n"
+            "  --descale-q D.npy --descale-k D.npy --descale-v D.npy   FP8 descale factors\n"
+            "                            (f32): one value (per tensor) or (B, Hk) (per kv head)\n"
             "  --profile NAME            conventions of a kernel family (see README); forward\n"
             "                            writes and backward reads the LSE in its convention\n"
             "  --cu-seqlens-q CQ.npy --cu-seqlens-k CK.npy   a variable-length batch: B + 1\n"
@@ -181,8 +186,8 @@ static int parse_u64(const char *s, uint64_t *out)
 /* Options and the subcommand groups that accept them. */
 typedef struct {
     const char *name;
-    const char *groups; /* "io" forward/backward, "grad" backward, "check", "pages" a paged
-                           K/V (backward refuses it), "attn" all three */
+    const char *groups; /* "io" forward/backward, "fwd" forward, "grad" backward, "check",
+                           "pages" a paged K/V (backward refuses it), "attn" all three */
 } opt_def;
 
 static const opt_def defs[] = {
@@ -200,7 +205,9 @@ static const opt_def defs[] = {
     {"--block-table", "pages"}, {"--seqused-k", "pages"}, {"--kv-indptr", "pages"},
     {"--kv-indices", "pages"}, {"--kv-last-page-len", "pages"}, {"--attn-mask", "attn"},
     {"--bias", "attn"}, {"--mask-kind", "attn"}, {"--bias-place", "attn"},
-    {"--bias-by-slope", "attn"}, {"--dbias", "grad"}, {NULL, NULL},
+    {"--bias-by-slope", "attn"}, {"--dbias", "grad"}, {"--fp8", "attn"},
+    {"--descale-q", "attn"}, {"--descale-k", "attn"}, {"--descale-v", "attn"},
+    {"--out-dtype", "fwd"}, {NULL, NULL},
 };
 
 static const opt_def *find_def(const char *name)
@@ -280,6 +287,14 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
         else if (!strcmp(a, "--kv-indices")) o->kv_indices = v;
         else if (!strcmp(a, "--kv-last-page-len")) o->kv_last = v;
         else if (!strcmp(a, "--dbias")) o->dbias = v;
+        else if (!strcmp(a, "--descale-q")) o->descale[0] = v;
+        else if (!strcmp(a, "--descale-k")) o->descale[1] = v;
+        else if (!strcmp(a, "--descale-v")) o->descale[2] = v;
+        else if (!strcmp(a, "--fp8")) {
+            if (strcmp(v, "e4m3") && strcmp(v, "e5m2"))
+                return bad(cmd, a, v, "expected e4m3 or e5m2");
+            o->fp8 = !strcmp(v, "e4m3") ? FA_E4M3 : FA_E5M2;
+        }
         else if (!strcmp(a, "--mask-kind")) mask_kind = v;
         else if (!strcmp(a, "--bias-place")) bias_place = v;
         else if (!strcmp(a, "--bias-by-slope")) by_slope = 1;
@@ -299,6 +314,11 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
             if (cli_dtype_from_name(v, &o->dtype))
                 return bad(cmd, a, v, "expected f32, f64, f16 or bf16");
             o->has_dtype = 1;
+        }
+        else if (!strcmp(a, "--out-dtype")) {
+            if (cli_dtype_from_name(v, &o->out_dtype))
+                return bad(cmd, a, v, "expected f32, f64, f16 or bf16");
+            o->has_out_dtype = 1;
         }
         else if (!strcmp(a, "--atol")) {
             if (parse_double(v, &o->atol) || !(o->atol >= 0) || isinf(o->atol))
@@ -448,6 +468,11 @@ void cli_opts_free(cli_opts *o)
     free(o->slopes);
     free(o->sink_vals);
     o->slopes = o->sink_vals = NULL;
+    for (int i = 0; i < 3; i++) {
+        free(o->descale_vals[i]);
+        o->descale_vals[i] = NULL;
+    }
+    o->p.descale_q = o->p.descale_k = o->p.descale_v = NULL;
     npy_free(&o->bias_vals.a); /* npy_free: this file goes without arrays.c (the fuzz harness) */
     o->p.bias = NULL;
     for (int i = 0; i < IDX_N; i++)

@@ -1,6 +1,7 @@
 /* `flashattn forward` and `flashattn backward`: run a backend on .npy files. */
 #include "config.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,51 +37,95 @@ fa_context *cli_context(const cli_opts *o, fa_backend backend)
     return ctx;
 }
 
-/* A 1-D array of one float per query head (`what`), any float dtype, into *vals. */
-static int load_per_head(const char *path, const char *what, int64_t heads, float **vals)
+/* Floats (`what`) of any float dtype from path into *vals as f32, the file's shape in *a (its
+ * data freed). */
+static int load_floats(const char *path, const char *what, npy_array *a, float **vals)
 {
-    cli_tensor s;
     char err[512];
-    memset(&s, 0, sizeof s);
-    int r = npy_read(path, (size_t)1 << 30, &s.a, err, sizeof err);
+    int r = npy_read(path, (size_t)1 << 30, a, err, sizeof err);
     if (r) {
         fprintf(stderr, "flashattn: %s\n", err);
         return r == NPY_ERR_NO_MEMORY ? EXIT_ERROR : EXIT_USAGE;
     }
-    if (s.a.ndim != 1 || s.a.shape[0] != heads) {
+    const npy_kind k = a->kind;
+    const size_t n = a->nbytes / npy_kind_size(k);
+    if (k == NPY_I4 || k == NPY_I8 || k == NPY_B1 || k == NPY_U1) {
+        fprintf(stderr, "flashattn: %s: %s array; %s are floats\n", path,
+                k == NPY_B1 ? "a bool" : "an integer", what);
+        r = EXIT_USAGE;
+    } else if (!(*vals = malloc(n * sizeof(float) + 1))) {
+        r = EXIT_ERROR;
+    } else {
+        const fa_dtype dt = k == NPY_F16   ? FA_F16
+                            : k == NPY_F64 ? FA_F64
+                            : k == NPY_U2  ? FA_BF16 /* bf16 bits, with or without --bf16 */
+                                           : FA_F32;
+        fa_convert(a->data, dt, *vals, FA_F32, n);
+    }
+    free(a->data);
+    a->data = NULL;
+    return r;
+}
+
+/* A 1-D array of one float per query head (`what`) into *vals. */
+static int load_per_head(const char *path, const char *what, int64_t heads, float **vals)
+{
+    npy_array a;
+    int rc = load_floats(path, what, &a, vals);
+    if (!rc && (a.ndim != 1 || a.shape[0] != heads)) {
         fprintf(stderr, "flashattn: %s: expected a 1-D array of %lld %s (one per query head)\n",
                 path, (long long)heads, what);
-        npy_free(&s.a);
-        return EXIT_USAGE;
+        rc = EXIT_USAGE;
     }
-    if (s.a.kind == NPY_I4 || s.a.kind == NPY_I8 || s.a.kind == NPY_B1) {
-        fprintf(stderr, "flashattn: %s: %s array; %s are floats\n", path,
-                s.a.kind == NPY_B1 ? "a bool" : "an integer", what);
-        npy_free(&s.a);
-        return EXIT_USAGE;
+    return rc;
+}
+
+/* --descale-q, -k, -v: one factor each (0-d or 1 element) or B x Hk, every one finite and
+ * > 0, one layout for all. */
+static int load_descales(cli_opts *o, int64_t b, int64_t hk)
+{
+    static const char *const opt[3] = {"--descale-q", "--descale-k", "--descale-v"};
+    const float **field[3] = {&o->p.descale_q, &o->p.descale_k, &o->p.descale_v};
+    int layout = -1;
+    for (int x = 0; x < 3; x++) {
+        if (!o->descale[x])
+            continue;
+        npy_array a;
+        int rc = load_floats(o->descale[x], "descale factors", &a, &o->descale_vals[x]);
+        if (rc)
+            return rc;
+        const int per_head = a.ndim == 2 && a.shape[0] == b && a.shape[1] == hk;
+        const int64_t n = per_head ? b * hk : (int64_t)(a.nbytes / npy_kind_size(a.kind));
+        const char *why = NULL;
+        if (!per_head && (a.ndim > 1 || n != 1))
+            why = "the wrong shape";
+        else if (layout >= 0 && layout != per_head)
+            why = "not the others' layout";
+        for (int64_t i = 0; i < n && !why; i++)
+            if (!(o->descale_vals[x][i] > 0) || isinf(o->descale_vals[x][i]))
+                why = "a factor that is not finite and > 0";
+        if (why) {
+            fprintf(stderr, "flashattn: %s %s: %s; expected one factor (per tensor) or (B, Hk) "
+                            "= (%lld, %lld) (per kv head), each finite and > 0, one layout for "
+                            "all\n", opt[x], o->descale[x], why, (long long)b, (long long)hk);
+            return EXIT_USAGE;
+        }
+        layout = per_head;
+        *field[x] = o->descale_vals[x];
     }
-    const fa_dtype dt = s.a.kind == NPY_F16   ? FA_F16
-                        : s.a.kind == NPY_F64 ? FA_F64
-                        : s.a.kind == NPY_U2  ? FA_BF16 /* bf16 bits, with or without --bf16 */
-                                              : FA_F32;
-    *vals = malloc((size_t)heads * sizeof(float) + 1);
-    if (!*vals) {
-        npy_free(&s.a);
-        return EXIT_ERROR;
-    }
-    fa_convert(s.a.data, dt, *vals, FA_F32, (size_t)heads);
-    npy_free(&s.a);
+    o->p.descale_layout = layout == 1 ? FA_DESCALE_PER_KV_HEAD : FA_DESCALE_PER_TENSOR;
     return 0;
 }
 
-int cli_load_slopes(cli_opts *o, int64_t heads)
+int cli_load_params(cli_opts *o, const fa_tensor *q, const fa_tensor *k)
 {
     int rc = 0;
-    if (o->alibi && !(rc = load_per_head(o->alibi, "slopes", heads, &o->slopes)))
+    if (o->alibi && !(rc = load_per_head(o->alibi, "slopes", q->heads, &o->slopes)))
         o->p.alibi_slopes = o->slopes;
-    if (!rc && o->sinks && !(rc = load_per_head(o->sinks, "sink logits", heads, &o->sink_vals)))
+    if (!rc && o->sinks && !(rc = load_per_head(o->sinks, "sink logits", q->heads,
+                                                &o->sink_vals)))
         o->p.sink_logits = o->sink_vals;
-    return rc;
+    return rc ? rc : load_descales(o, q->batch, k->heads);
 }
 
 /* A 1-D (or, for a block table, 2-D) int32 or int64 array from path into *a. */
@@ -230,7 +275,7 @@ static int need(const char *cmd, const char *opt, const char *val)
 int cmd_forward(int argc, char **argv)
 {
     cli_opts o;
-    int rc = cli_parse("forward", argc, argv, "io pages", &o);
+    int rc = cli_parse("forward", argc, argv, "io fwd pages", &o);
     if (rc >= 0)
         return rc;
     if ((rc = need("forward", "--out", o.out)))
@@ -248,26 +293,30 @@ int cmd_forward(int argc, char **argv)
         cli_free(&q), cli_free(&k);
         return rc;
     }
-    rc = cli_load_slopes(&o, q.t.heads);
+    rc = cli_load_params(&o, &q.t, &k.t);
     if (!rc)
         rc = cli_load_bias(&o);
     if (!rc)
         rc = cli_load_indices(&o, k.t.seqlen);
+    /* out: q's dtype, or for FP8 q --out-dtype's (default bf16, FlashAttention-3's) */
+    const fa_dtype odt = o.has_out_dtype     ? o.out_dtype
+                         : cli_is_fp8(q.t.dtype) ? FA_BF16
+                                                 : q.t.dtype;
     if (!rc)
-        rc = cli_alloc(&o, q.t.dtype, q.t.batch, q.t.seqlen, q.t.heads, v.t.headdim, ROLE_QKV,
-                       &out);
+        rc = cli_alloc(&o, odt, q.t.batch, q.t.seqlen, q.t.heads, v.t.headdim, ROLE_QKV, &out);
     if (!rc && o.lse)
-        rc = cli_alloc(&o, q.t.dtype == FA_F64 ? FA_F64 : FA_F32, q.t.batch, q.t.seqlen,
-                       q.t.heads, 1, ROLE_LSE, &lse);
+        rc = cli_alloc(&o, odt == FA_F64 ? FA_F64 : FA_F32, q.t.batch, q.t.seqlen, q.t.heads, 1,
+                       ROLE_LSE, &lse);
     cli_outputs files;
     cli_outputs_init(&files);
     cli_outputs_add(&files, o.out, &out);
     cli_outputs_add(&files, o.lse, &lse);
-    const char *inputs[13] = {o.q,           o.k,       o.v,         o.alibi,
-                              o.sinks,       o.cu_q,    o.cu_k,      o.block_table,
-                              o.seqused,     o.kv_indptr, o.kv_indices, o.kv_last, o.bias};
+    const char *inputs[16] = {o.q,           o.k,         o.v,          o.alibi,
+                              o.sinks,       o.cu_q,      o.cu_k,       o.block_table,
+                              o.seqused,     o.kv_indptr, o.kv_indices, o.kv_last,
+                              o.bias,        o.descale[0], o.descale[1], o.descale[2]};
     if (!rc)
-        rc = cli_outputs_open(&files, inputs, 13);
+        rc = cli_outputs_open(&files, inputs, 16);
     fa_context *ctx = rc ? NULL : cli_context(&o, o.backend);
     if (!rc && !ctx)
         rc = EXIT_ERROR;
@@ -314,7 +363,7 @@ int cmd_backward(int argc, char **argv)
     for (int i = 0; i < 6 && !rc; i++)
         rc = cli_load(&o, paths[i], i == 4 ? ROLE_LSE : ROLE_QKV, &in[i]);
     if (!rc)
-        rc = cli_load_slopes(&o, in[0].t.heads);
+        rc = cli_load_params(&o, &in[0].t, &in[1].t);
     if (!rc)
         rc = cli_load_bias(&o);
     if (!rc)
@@ -352,10 +401,11 @@ int cmd_backward(int argc, char **argv)
         o.p.bias_grad = &db.t;
         cli_outputs_add(&files, o.dbias, &db);
     }
-    const char *inputs[11] = {o.q, o.k, o.v, o.out, o.lse, o.dout, o.alibi, o.sinks, o.cu_q,
-                              o.cu_k, o.bias};
+    const char *inputs[14] = {o.q,    o.k,    o.v,     o.out,  o.lse,        o.dout,
+                              o.alibi, o.sinks, o.cu_q, o.cu_k, o.bias, o.descale[0],
+                              o.descale[1], o.descale[2]};
     if (!rc)
-        rc = cli_outputs_open(&files, inputs, 11);
+        rc = cli_outputs_open(&files, inputs, 14);
     fa_context *ctx = rc ? NULL : cli_context(&o, o.backend);
     if (!rc && !ctx)
         rc = EXIT_ERROR;
