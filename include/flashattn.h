@@ -366,7 +366,8 @@ FA_API fa_status fa_compare(const fa_tensor *cand, const fa_tensor *ref, const f
  * Convention profiles: what a kernel family's interface means where the families disagree,
  * so that a check compares like with like (README.md, "Convention profiles", gives each
  * fact's source). "flashattn" is this library's own; the others are "fa2", "fa3", "pytorch",
- * "flashinfer", "xformers" and "ggml". fa_profile_at(i) lists them (NULL past the last).
+ * "flashinfer", "xformers", "ggml" and "flex" (FlexAttention, with its BlockMask).
+ * fa_profile_at(i) lists them (NULL past the last).
  */
 typedef enum {
     FA_EMPTY_LSE_NEG_INF, /* a row with no allowed key carries LSE -inf (this library)        */
@@ -391,6 +392,7 @@ typedef struct {
     fa_bias_place  bias_place;      /* where its mask or bias tensor enters the scores        */
     int            bias_by_slope;   /* its ALiBi slopes scale the bias (fa_params.bias_by_slope) */
     fa_empty_out   empty_out;       /* O of a row that a mask or bias masks entirely          */
+    fa_descale_layout descale_layout; /* its FP8 descale factors' layout (fa3: per kv head)   */
 } fa_profile;
 
 FA_API const fa_profile *fa_profile_find(const char *name); /* NULL: no profile of that name */

@@ -710,7 +710,7 @@ END_TEST
 START_TEST(profiles_convert_lse)
 {
     static const char *const names[] = {"flashattn", "fa2", "fa3", "pytorch", "flashinfer",
-                                        "xformers", "ggml"};
+                                        "xformers", "ggml", "flex"};
     const int n = (int)(sizeof names / sizeof *names);
     for (int i = 0; i < n; i++) {
         ck_assert_ptr_nonnull(fa_profile_at(i));
@@ -724,6 +724,10 @@ START_TEST(profiles_convert_lse)
     ck_assert_int_eq(fa_profile_find("pytorch")->align, FA_ALIGN_TOP_LEFT);
     ck_assert_int_eq(fa_profile_find("ggml")->has_lse, 0);
     ck_assert_int_eq(fa_profile_find("xformers")->window_is_count, 1);
+    ck_assert_int_eq(fa_profile_find("ggml")->bias_place, FA_BIAS_AFTER_SOFTCAP);
+    ck_assert_int_eq(fa_profile_find("ggml")->bias_by_slope, 1);
+    ck_assert_int_eq(fa_profile_find("fa3")->descale_layout, FA_DESCALE_PER_KV_HEAD);
+    ck_assert_int_eq(fa_profile_find("flex")->empty_out, FA_EMPTY_OUT_ZERO);
 
     double v[3] = {1.5, -INFINITY, -2.0}; /* B 1, H 1, S 3 */
     fa_tensor t = {v, FA_F64, 1, 3, 1, 1, 3, 1, 3, 1};

@@ -106,7 +106,7 @@ class Profile(Structure):
     _fields_ = [("name", c_char_p), ("align", c_int), ("lse_base2", c_int),
                 ("empty_lse", c_int), ("window_is_count", c_int), ("score_order", c_int),
                 ("has_lse", c_int), ("bias_place", c_int), ("bias_by_slope", c_int),
-                ("empty_out", c_int)]
+                ("empty_out", c_int), ("descale_layout", c_int)]
 
 
 _T = POINTER(Tensor)

@@ -12,21 +12,25 @@
 
 static const fa_profile profiles[] = {
     /* name     align       base2 empty LSE         count order            lse  bias enters
-     *                                                                          by slope, empty O */
+     *                                                      by slope, empty O, descale layout */
     {"flashattn", FA_ALIGN_BOTTOM_RIGHT, 0, FA_EMPTY_LSE_NEG_INF, 0, FA_SOFTCAP_THEN_ALIBI, 1,
-     FA_BIAS_AFTER_SCALE, 0, FA_EMPTY_OUT_ZERO},
+     FA_BIAS_AFTER_SCALE, 0, FA_EMPTY_OUT_ZERO, FA_DESCALE_PER_TENSOR},
     {"fa2", FA_ALIGN_BOTTOM_RIGHT, 0, FA_EMPTY_LSE_POS_INF, 0, FA_SOFTCAP_THEN_ALIBI, 1,
-     FA_BIAS_AFTER_SCALE, 0, FA_EMPTY_OUT_ZERO},
+     FA_BIAS_AFTER_SCALE, 0, FA_EMPTY_OUT_ZERO, FA_DESCALE_PER_TENSOR},
     {"fa3", FA_ALIGN_BOTTOM_RIGHT, 0, FA_EMPTY_LSE_NEG_INF, 0, FA_SOFTCAP_THEN_ALIBI, 1,
-     FA_BIAS_AFTER_SCALE, 0, FA_EMPTY_OUT_ZERO},
+     FA_BIAS_AFTER_SCALE, 0, FA_EMPTY_OUT_ZERO, FA_DESCALE_PER_KV_HEAD},
     {"pytorch", FA_ALIGN_TOP_LEFT, 0, FA_EMPTY_LSE_ANY, 0, FA_SOFTCAP_THEN_ALIBI, 1,
-     FA_BIAS_AFTER_SCALE, 0, FA_EMPTY_OUT_ANY},
+     FA_BIAS_AFTER_SCALE, 0, FA_EMPTY_OUT_ANY, FA_DESCALE_PER_TENSOR},
     {"flashinfer", FA_ALIGN_BOTTOM_RIGHT, 1, FA_EMPTY_LSE_ANY, 0, FA_ALIBI_THEN_SOFTCAP, 1,
-     FA_BIAS_AFTER_SCALE, 0, FA_EMPTY_OUT_ZERO},
+     FA_BIAS_AFTER_SCALE, 0, FA_EMPTY_OUT_ZERO, FA_DESCALE_PER_TENSOR},
     {"xformers", FA_ALIGN_TOP_LEFT, 0, FA_EMPTY_LSE_ANY, 1, FA_SOFTCAP_THEN_ALIBI, 1,
-     FA_BIAS_AFTER_SCALE, 0, FA_EMPTY_OUT_ANY},
+     FA_BIAS_AFTER_SCALE, 0, FA_EMPTY_OUT_ANY, FA_DESCALE_PER_TENSOR},
     {"ggml", FA_ALIGN_BOTTOM_RIGHT, 0, FA_EMPTY_LSE_ANY, 1, FA_SOFTCAP_THEN_ALIBI, 0,
-     FA_BIAS_AFTER_SOFTCAP, 1, FA_EMPTY_OUT_ANY},
+     FA_BIAS_AFTER_SOFTCAP, 1, FA_EMPTY_OUT_ANY, FA_DESCALE_PER_TENSOR},
+    /* FlexAttention: masks are mask_mods (q_idx >= kv_idx: top-left), score_mod sees the scaled
+     * score, a row its BlockMask masks whole gives O = 0 and LSE -inf */
+    {"flex", FA_ALIGN_TOP_LEFT, 0, FA_EMPTY_LSE_NEG_INF, 0, FA_SOFTCAP_THEN_ALIBI, 1,
+     FA_BIAS_AFTER_SCALE, 0, FA_EMPTY_OUT_ZERO, FA_DESCALE_PER_TENSOR},
 };
 #define NPROFILES ((int)(sizeof profiles / sizeof *profiles))
 
