@@ -6,7 +6,8 @@
  * dropout decisions identical to the CPU reference's; empty rows exactly 0 with LSE -inf;
  * masked NaN/inf never reaching an output; host pointers refused with nothing written;
  * deterministic backward; device bytes in fa_memory_stats; bias and keep-mask tensors and the
- * bias gradient (test case "bias").
+ * bias gradient (test case "bias"); FP8 inputs and caches with descales, block masks (test case
+ * "fp8_blocks").
  *
  * Its own program, because it needs a GPU: with no CUDA device it exits 77 (automake SKIP).
  */
@@ -1305,6 +1306,398 @@ START_TEST(cuda_bias_host_pointer_refused)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ FP8 and block masks */
+
+/* FP8 values for x: N(0, 1) scaled by `spread`, rounded to the format by ht_set's store (as
+ * check_fp8.c). */
+static void fill_fp8(ht_tensor *x, uint64_t seed, double spread)
+{
+    ht_fill(x, seed, 1, -1); /* lo > hi: normal draws */
+    for (int64_t b = 0; b < x->t.batch; b++)
+        for (int64_t s = 0; s < x->t.seqlen; s++)
+            for (int64_t h = 0; h < x->t.heads; h++)
+                for (int64_t d = 0; d < x->t.headdim; d++)
+                    ht_set(x, b, s, h, d, spread * ht_get(x, b, s, h, d));
+}
+
+/* fa_memory_stats of ctx: nothing held now, at least `least` bytes at the peak. */
+static void assert_memory(fa_context *ctx, size_t least, const char *label)
+{
+    size_t cur = 1, peak = 0;
+    ck_assert_int_eq(fa_memory_stats(ctx, &cur, &peak), FA_OK);
+    ck_assert_msg(cur == 0 && peak >= least, "%s: bytes now %zu, peak %zu (want >= %zu)", label,
+                  cur, peak, least);
+}
+
+/*
+ * FP8 q, k and v on the device (the generic forward, decoding the codes) against the float64
+ * reference on the same FP8 inputs, with the conventional path on the same inputs and out
+ * dtype as the yardstick (it rounds P to e4m3 before P V, as FlashAttention-3:
+ * check_fp8.c, fp8_rule_passes_fused_fails_bugs); _i:
+ *   0-3: e4m3 / e5m2 (bit 0) into bf16 / f32 out (bit 1), descales per (batch, kv head), GQA
+ *        4 / 2, D 64 (a tensor-core shape, were it 16-bit), causal for f32 out;
+ *   4:   e4m3 into f64 out (the f64 kernels), descales per tensor, a window, D 40 / 24;
+ *   5:   e5m2 into f16 out, a variable-length batch (q's 1-byte rows at each sequence's base),
+ *        descales per tensor, causal.
+ * The descales differ per (batch, kv head), so a kernel that indexed them by q head, or forgot
+ * v's, would be off by their ratio.
+ */
+START_TEST(cuda_fp8_matches_reference)
+{
+    const int varlen = _i == 5, f64 = _i == 4;
+    const fa_dtype fmt = _i == 5 || (_i < 4 && (_i & 1)) ? FA_E5M2 : FA_E4M3;
+    const fa_dtype odt = _i == 5 ? FA_F16 : f64 ? FA_F64 : (_i & 2) ? FA_F32 : FA_BF16;
+    const int64_t B = varlen ? 1 : 2, hq = 4, hk = 2, dqk = f64 ? 40 : 64, dv = f64 ? 24 : 64;
+    static const int32_t cq[4] = {0, 7, 7, 137}, ck[4] = {0, 12, 17, 167};
+    const int64_t sq = varlen ? cq[3] : 130, sk = varlen ? ck[3] : 200;
+    static const float dq[4] = {0.5f, 1.25f, 0.75f, 2.0f}, dk[4] = {0.75f, 0.25f, 1.5f, 0.625f},
+                       dvs[4] = {2.0f, 0.625f, 0.3125f, 1.25f};
+    fa_params p;
+    fa_params_init(&p);
+    p.causal = varlen || (_i < 4 && (_i & 2));
+    if (f64)
+        p.window_left = 30, p.window_right = 9;
+    p.descale_q = dq, p.descale_k = dk, p.descale_v = dvs;
+    p.descale_layout = _i < 4 ? FA_DESCALE_PER_KV_HEAD : FA_DESCALE_PER_TENSOR;
+    ht_tensor q, k, v, o[3], l[3];
+    ht_alloc(&q, fmt, B, sq, hq, dqk, HT_BSHD);
+    ht_alloc(&k, fmt, B, sk, hk, dqk, HT_BSHD);
+    ht_alloc(&v, fmt, B, sk, hk, dv, HT_BSHD);
+    fill_fp8(&q, 31 + _i, 3), fill_fp8(&k, 32 + _i, 3), fill_fp8(&v, 33 + _i, 3);
+    for (int c = 0; c < 3; c++) { /* reference (f64), conventional, GPU */
+        ht_alloc(&o[c], c ? odt : FA_F64, B, sq, hq, dv, HT_BSHD);
+        ht_alloc_lse(&l[c], c ? (f64 ? FA_F64 : FA_F32) : FA_F64, B, sq, hq);
+    }
+    const fa_indices iq = {cq, FA_INDEX_INT32, 4}, ik = {ck, FA_INDEX_INT32, 4};
+    for (int c = 0; c < 3; c++) {
+        fa_context *ctx = c == 2 ? cuda_context(0)
+                                 : ht_context(c ? FA_BACKEND_CONVENTIONAL : FA_BACKEND_REFERENCE, 2);
+        dtensor t[5];
+        ht_tensor *h[5] = {&q, &k, &v, &o[c], &l[c]};
+        fa_tensor ft[5];
+        for (int x = 0; x < 5; x++) {
+            if (c == 2) {
+                if (x >= 3)
+                    ht_poison(h[x]);
+                d_up(&t[x], h[x]);
+                ft[x] = t[x].t;
+            } else {
+                ft[x] = h[x]->t;
+            }
+        }
+        const fa_status st =
+            varlen ? fa_forward_varlen(ctx, &p, &ft[0], &ft[1], &ft[2], &iq, &ik, &ft[3], &ft[4])
+                   : fa_forward(ctx, &p, &ft[0], &ft[1], &ft[2], &ft[3], &ft[4]);
+        ck_assert_msg(st == FA_OK, "FP8 forward %d: %s", c, fa_last_error());
+        if (c == 2) {
+            d_down(&t[3]), d_down(&t[4]);
+            for (int x = 0; x < 5; x++)
+                d_free(&t[x]);
+            /* the descales' device copy: 2 doubles per (batch, kv head), or 2 */
+            assert_memory(ctx, (size_t)(_i < 4 ? 2 * B * hk : 2) * sizeof(double), "FP8");
+        }
+        fa_context_destroy(ctx);
+    }
+    char label[100];
+    snprintf(label, sizeof label, "FP8 %s -> %s%s (B%ld Sq%ld Sk%ld H%ld/%ld D%ld/%ld)",
+             fa_dtype_name(fmt), fa_dtype_name(odt), varlen ? " varlen" : "", (long)B, (long)sq,
+             (long)sk, (long)hq, (long)hk, (long)dqk, (long)dv);
+    compare("out", label, &o[1], &o[2], &o[0], 0);
+    compare("lse", label, &l[1], &l[2], &l[0], 0);
+    ht_free(&q), ht_free(&k), ht_free(&v);
+    for (int c = 0; c < 3; c++)
+        ht_free(&o[c]), ht_free(&l[c]);
+}
+END_TEST
+
+/*
+ * An FP8 K/V cache under f32 or bf16 q on the device against the float64 reference on the
+ * values the codes stand for (f64 K/V holding descale x code, exact; no descales), with the
+ * conventional path on the same storage as the yardstick; _i:
+ *   0: f32 q over e4m3 K/V, descale_k, descale_v per tensor, a causal chunk (Sq 40, Sk 300);
+ *   1: f32 q over e5m2, descales per (batch, kv head), decode (Sq 1, Sk 700, GQA 8 / 2, D 128);
+ *   2: bf16 q over an e4m3 cache that grows by fa_forward_kvcache (3 new FP8 keys a sequence,
+ *      appended by the 1-byte copy), descales per tensor: the device cache equal to the host's
+ *      to the bit.
+ */
+START_TEST(cuda_fp8_cache_matches_reference)
+{
+    const fa_dtype qd = _i == 2 ? FA_BF16 : FA_F32, kd = _i == 1 ? FA_E5M2 : FA_E4M3;
+    const int64_t B = 2, sq = _i == 0 ? 40 : _i == 1 ? 1 : 3, sk = _i == 0 ? 300 : _i == 1 ? 700 : 64;
+    const int64_t hq = _i == 1 ? 8 : 4, hk = 2, d = _i == 1 ? 128 : 64, s_new = _i == 2 ? 3 : 0;
+    static const float dk1 = 0.125f, dv1 = 0.375f;
+    static const float dk4[4] = {0.25f, 1.5f, 0.75f, 0.125f}, dv4[4] = {0.5f, 2.5f, 1.25f, 0.3125f};
+    static const int32_t lens[2] = {5, 30};
+    fa_params p;
+    fa_params_init(&p);
+    p.causal = 1;
+    p.descale_k = _i == 1 ? dk4 : &dk1;
+    p.descale_v = _i == 1 ? dv4 : &dv1;
+    p.descale_layout = _i == 1 ? FA_DESCALE_PER_KV_HEAD : FA_DESCALE_PER_TENSOR;
+    ht_tensor q, k[3], v[3], kn[3], vn[3], o[3], l[3];
+    ht_alloc(&q, qd, B, sq, hq, d, HT_BSHD);
+    ht_fill(&q, 41 + _i, 1, -1);
+    for (int c = 0; c < 3; c++) { /* reference (f64), conventional, GPU: each its own cache */
+        const fa_dtype st = c ? kd : FA_F64;
+        ht_alloc(&k[c], st, B, sk, hk, d, HT_BSHD), ht_alloc(&v[c], st, B, sk, hk, d, HT_BSHD);
+        ht_alloc(&o[c], c ? qd : FA_F64, B, sq, hq, d, HT_BSHD);
+        ht_alloc_lse(&l[c], c ? FA_F32 : FA_F64, B, sq, hq);
+        if (s_new)
+            ht_alloc(&kn[c], st, B, s_new, hk, d, HT_BSHD),
+                ht_alloc(&vn[c], st, B, s_new, hk, d, HT_BSHD);
+    }
+    for (int c = 1; c < 3; c++) {
+        fill_fp8(&k[c], 42 + _i, 4), fill_fp8(&v[c], 43 + _i, 4);
+        if (s_new)
+            fill_fp8(&kn[c], 44, 4), fill_fp8(&vn[c], 45, 4);
+    }
+    /* the reference's K/V: descale x code, exact in f64 */
+    ht_tensor *const r64[4] = {&k[0], &v[0], &kn[0], &vn[0]}, *const f8[4] = {&k[1], &v[1],
+                                                                             &kn[1], &vn[1]};
+    for (int t = 0; t < (s_new ? 4 : 2); t++)
+        for (int64_t b = 0; b < B; b++)
+            for (int64_t s = 0; s < f8[t]->t.seqlen; s++)
+                for (int64_t h = 0; h < hk; h++) {
+                    const float *ds = t & 1 ? p.descale_v : p.descale_k;
+                    const double x = _i == 1 ? ds[b * hk + h] : ds[0];
+                    for (int64_t e = 0; e < d; e++)
+                        ht_set(r64[t], b, s, h, e, x * ht_get(f8[t], b, s, h, e));
+                }
+    fa_params p0;
+    fa_params_init(&p0);
+    p0.causal = 1;
+    const fa_indices cl = {lens, FA_INDEX_INT32, 2};
+    for (int c = 0; c < 3; c++) {
+        fa_context *ctx = c == 2 ? cuda_context(0)
+                                 : ht_context(c ? FA_BACKEND_CONVENTIONAL : FA_BACKEND_REFERENCE, 2);
+        dtensor t[7];
+        ht_tensor *h[7] = {&q,     &k[c], &v[c], &o[c], &l[c], s_new ? &kn[c] : NULL,
+                           s_new ? &vn[c] : NULL};
+        fa_tensor ft[7];
+        for (int x = 0; x < 7; x++) {
+            if (!h[x])
+                continue;
+            if (c == 2) {
+                if (x == 3 || x == 4)
+                    ht_poison(h[x]);
+                d_up(&t[x], h[x]);
+                ft[x] = t[x].t;
+            } else {
+                ft[x] = c == 0 && x == 0 ? h[x]->t64 : h[x]->t;
+            }
+        }
+        const fa_params *pc = c ? &p : &p0;
+        const fa_status st =
+            s_new ? fa_forward_kvcache(ctx, pc, &ft[0], &ft[1], &ft[2], &ft[5], &ft[6], &cl, NULL,
+                                       &ft[3], &ft[4])
+                  : fa_forward(ctx, pc, &ft[0], &ft[1], &ft[2], &ft[3], &ft[4]);
+        ck_assert_msg(st == FA_OK, "FP8 cache forward %d: %s", c, fa_last_error());
+        if (c == 2)
+            for (int x = 0; x < 7; x++)
+                if (h[x]) {
+                    if (x >= 1 && x <= 4)
+                        d_down(&t[x]);
+                    d_free(&t[x]);
+                }
+        fa_context_destroy(ctx);
+    }
+    char label[80];
+    snprintf(label, sizeof label, "q %s over an FP8 %s cache, case %d", fa_dtype_name(qd),
+             fa_dtype_name(kd), _i);
+    compare("out", label, &o[1], &o[2], &o[0], 0);
+    compare("lse", label, &l[1], &l[2], &l[0], 0);
+    if (s_new) /* the device's appends are the host's, to the bit */
+        ck_assert_msg(!memcmp(k[1].buf, k[2].buf, k[1].nbytes) &&
+                          !memcmp(v[1].buf, v[2].buf, v[1].nbytes),
+                      "%s: the device cache differs from the host's", label);
+    ht_free(&q);
+    for (int c = 0; c < 3; c++) {
+        ht_free(&k[c]), ht_free(&v[c]), ht_free(&o[c]), ht_free(&l[c]);
+        if (s_new)
+            ht_free(&kn[c]), ht_free(&vn[c]);
+    }
+}
+END_TEST
+
+/* FP8 q in host memory with device k and v: refused by name, nothing written. */
+START_TEST(cuda_fp8_host_pointer_refused)
+{
+    ht_tensor q, k, v, o, l;
+    ht_alloc(&q, FA_E4M3, 1, 10, 2, 32, HT_BSHD), ht_alloc(&k, FA_E4M3, 1, 12, 1, 32, HT_BSHD);
+    ht_alloc(&v, FA_E4M3, 1, 12, 1, 32, HT_BSHD), ht_alloc(&o, FA_BF16, 1, 10, 2, 32, HT_BSHD);
+    ht_alloc_lse(&l, FA_F32, 1, 10, 2);
+    fill_fp8(&q, 1, 2), fill_fp8(&k, 2, 2), fill_fp8(&v, 3, 2);
+    ht_poison(&o), ht_poison(&l);
+    dtensor dk, dv, dout, dl;
+    d_up(&dk, &k), d_up(&dv, &v), d_up(&dout, &o), d_up(&dl, &l);
+    static const float ds = 0.5f;
+    fa_params p;
+    fa_params_init(&p);
+    p.descale_q = &ds;
+    fa_context *ctx = cuda_context(0);
+    const fa_status s = fa_forward(ctx, &p, &q.t, &dk.t, &dv.t, &dout.t, &dl.t);
+    ck_assert_int_eq(s, FA_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fa_last_error(), "q->data") != NULL, "%s", fa_last_error());
+    assert_memory(ctx, 0, "refused FP8 call");
+    fa_context_destroy(ctx);
+    d_down(&dout), d_down(&dl);
+    ck_assert(ht_is_poisoned(&o) && ht_is_poisoned(&l));
+    d_free(&dk), d_free(&dv), d_free(&dout), d_free(&dl);
+    ht_free(&q), ht_free(&k), ht_free(&v), ht_free(&o), ht_free(&l);
+}
+END_TEST
+
+/* A random block mask of q_block x kv_block blocks (batch x heads of them) keeping each block
+ * with probability `density`, split between the partial and the full lists (as
+ * check_masks.c's). */
+typedef struct {
+    fa_block_mask bm;
+    int32_t *num, *idx, *fnum, *fidx;
+} cuda_blocks;
+
+static void cuda_blocks_make(cuda_blocks *x, int64_t batch, int64_t heads, int64_t sq,
+                             int64_t sk, int64_t qb, int64_t kb, double density, uint64_t seed)
+{
+    const int64_t nq = (sq + qb - 1) / qb, nk = (sk + kb - 1) / kb, rows = batch * heads * nq;
+    x->num = calloc((size_t)rows, 4), x->fnum = calloc((size_t)rows, 4);
+    x->idx = calloc((size_t)(rows * nk), 4), x->fidx = calloc((size_t)(rows * nk), 4);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = nk - 1; c >= 0; c--) { /* descending: any order goes */
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            const double u = (double)(seed >> 11) * 0x1p-53;
+            if (u >= density)
+                continue;
+            if (u < density / 2)
+                x->idx[r * nk + x->num[r]++] = (int32_t)c;
+            else
+                x->fidx[r * nk + x->fnum[r]++] = (int32_t)c;
+        }
+    x->bm = (fa_block_mask){batch,
+                            heads,
+                            qb,
+                            kb,
+                            {x->num, FA_INDEX_INT32, rows},
+                            {x->idx, FA_INDEX_INT32, rows * nk},
+                            {x->fnum, FA_INDEX_INT32, rows},
+                            {x->fidx, FA_INDEX_INT32, rows * nk}};
+}
+
+static void cuda_blocks_free(cuda_blocks *x)
+{
+    free(x->num), free(x->idx), free(x->fnum), free(x->fidx);
+}
+
+/*
+ * A block mask (fa_params.block_mask) with causal on top, forward and backward on the device
+ * against the reference, the conventional path in the same storage as the yardstick, as the
+ * sweep; _i: density 0, 0.5, 1 (_i % 3) x dtype f64, f32, f16, bf16 (_i / 3). Blocks of 48
+ * rows x 40 keys cut across every kernel tile; the map is per (batch, head) for f64 and f16,
+ * broadcast over batch and heads for f32 and bf16. D 64 in f16 / bf16 is a tensor-core shape:
+ * the mask must route it to the generic kernels. Density 0: every row empty (O = 0, LSE -inf,
+ * every gradient 0). The map's device copy is counted in fa_memory_stats (with the API
+ * layer's host map, at least twice its bytes at the peak).
+ */
+START_TEST(cuda_block_mask_matches_reference)
+{
+    static const double density[3] = {0, 0.5, 1};
+    const fa_dtype dt = dtypes[_i / 3];
+    const int per_head = dt == FA_F64 || dt == FA_F16;
+    const ht_sweep_case c = {2, 200, 260, 4, 2, 64, 64, 1, -1, -1, 0, 0, 0, 0, HT_BSHD,
+                             FA_SOFTCAP_THEN_ALIBI, 0};
+    const int64_t mb = per_head ? c.b : 1, mh = per_head ? c.hq : 1;
+    cuda_blocks x;
+    cuda_blocks_make(&x, mb, mh, c.sq, c.sk, 48, 40, density[_i % 3], 171 + (uint64_t)_i);
+    fa_params p;
+    params_for(&c, 400 + _i, &p);
+    p.block_mask = &x.bm;
+    const fa_dtype lse_dt = dt == FA_F64 ? FA_F64 : FA_F32;
+    ht_bundle conv, gpu, ref;
+    ht_bundle_alloc(&conv, dt, &c, c.sq, c.sk, c.layout, lse_dt);
+    ht_bundle_alloc(&gpu, dt, &c, c.sq, c.sk, c.layout, lse_dt);
+    ht_bundle_alloc(&ref, FA_F64, &c, c.sq, c.sk, HT_BSHD, FA_F64);
+    ht_fill(&conv.q, 1400 + _i, 1, -1), ht_fill(&conv.k, 2400 + _i, 1, -1);
+    ht_fill(&conv.v, 3400 + _i, -1, 1), ht_fill(&conv.dout, 4400 + _i, -1, 1);
+    run_cpu(FA_BACKEND_CONVENTIONAL, &p, &conv, &conv, 0);
+    run_cpu(FA_BACKEND_REFERENCE, &p, &conv, &ref, 1);
+    ht_free(&gpu.q), ht_free(&gpu.k), ht_free(&gpu.v), ht_free(&gpu.dout);
+    gpu.q = conv.q, gpu.k = conv.k, gpu.v = conv.v, gpu.dout = conv.dout; /* shared inputs */
+    fa_context *ctx = cuda_context(0);
+    run_cuda(ctx, &p, &gpu, 1);
+    const size_t map = (size_t)(mb * mh * ((c.sq + 47) / 48) * ((c.sk + 39) / 40));
+    char label[120];
+    snprintf(label, sizeof label, "block mask density %g %s map (%ld, %ld)", density[_i % 3],
+             fa_dtype_name(dt), (long)mb, (long)mh);
+    assert_memory(ctx, 2 * map, label);
+    fa_context_destroy(ctx);
+    compare("out", label, &conv.out, &gpu.out, &ref.out, 0);
+    compare("lse", label, &conv.lse, &gpu.lse, &ref.lse, 0);
+    compare("dq", label, &conv.dq, &gpu.dq, &ref.dq, 1);
+    compare("dk", label, &conv.dk, &gpu.dk, &ref.dk, 1);
+    compare("dv", label, &conv.dv, &gpu.dv, &ref.dv, 1);
+    int64_t empty = 0;
+    for (int64_t b = 0; b < c.b; b++)
+        for (int64_t h = 0; h < c.hq; h++)
+            for (int64_t i = 0; i < c.sq; i++) {
+                if (ht_get(&ref.lse, b, i, h, 0) != -INFINITY)
+                    continue;
+                empty++;
+                ck_assert_msg(ht_get(&gpu.lse, b, i, h, 0) == -INFINITY, "%s: empty row %ld LSE",
+                              label, (long)i);
+                for (int64_t d = 0; d < c.dv; d++)
+                    ck_assert_msg(ht_get(&gpu.out, b, i, h, d) == 0 &&
+                                      ht_get(&gpu.dq, b, i, h, d) == 0,
+                                  "%s: empty row %ld", label, (long)i);
+            }
+    if (density[_i % 3] == 0) { /* every row empty, every gradient 0 */
+        ck_assert_int_eq(empty, c.b * c.hq * c.sq);
+        ck_assert(ht_max_abs(&gpu.dk) == 0 && ht_max_abs(&gpu.dv) == 0);
+    }
+    if (density[_i % 3] == 1)
+        ck_assert_int_eq(empty, 0);
+    ht_free(&gpu.out), ht_free(&gpu.lse), ht_free(&gpu.dq), ht_free(&gpu.dk), ht_free(&gpu.dv);
+    ht_bundle_free(&conv), ht_bundle_free(&ref);
+    cuda_blocks_free(&x);
+}
+END_TEST
+
+/*
+ * A block mask of density 0.5 beside a float bias (1, Sq, 1, Sk) with its gradient, causal:
+ * the bias gradient's kernel skips the pairs the map does not list (their entries' gradients
+ * 0, as the reference's), against the reference within the rule (bias_run); f32 and bf16.
+ */
+START_TEST(cuda_block_mask_bias_grad)
+{
+    const fa_dtype dt = _i ? FA_BF16 : FA_F32;
+    const ht_sweep_case c = {2, 97, 131, 4, 2, 64, 64, 1, -1, -1, 0, 0, 0, 0, HT_BSHD,
+                             FA_SOFTCAP_THEN_ALIBI, 0};
+    cuda_blocks x;
+    cuda_blocks_make(&x, 1, c.hq, c.sq, c.sk, 32, 24, 0.5, 913 + (uint64_t)_i);
+    ht_tensor bias;
+    ht_alloc(&bias, FA_F32, 1, c.sq, 1, c.sk, HT_BSHD);
+    ht_fill(&bias, 97 + _i, 2, -2);
+    fa_params p;
+    fa_params_init(&p);
+    p.causal = 1;
+    p.block_mask = &x.bm;
+    bias_run(&c, dt, 420 + _i, &p, &bias, 1, 0, "with a block mask");
+    ht_free(&bias);
+    cuda_blocks_free(&x);
+}
+END_TEST
+
+/* The FP8 and block-mask tests, a test case of their own (CK_RUN_CASE=fp8_blocks). */
+static TCase *make_fp8_blocks_tcase(int small)
+{
+    TCase *tc = tcase_create("fp8_blocks");
+    tcase_set_timeout(tc, 600);
+    tcase_add_loop_test(tc, cuda_fp8_matches_reference, 0, 6);
+    tcase_add_loop_test(tc, cuda_fp8_cache_matches_reference, 0, 3);
+    tcase_add_test(tc, cuda_fp8_host_pointer_refused);
+    tcase_add_loop_test(tc, cuda_block_mask_matches_reference, 0, small ? 6 : 12);
+    tcase_add_loop_test(tc, cuda_block_mask_bias_grad, 0, 2);
+    return tc;
+}
+
 /* A backward of 2^40 batches with no rows on the device: nothing to do, at once. */
 START_TEST(cuda_empty_huge_batch)
 {
@@ -1352,6 +1745,7 @@ static Suite *make_cuda_suite(void)
     /* CHECK_CUDA_SMALL=1: a short sweep for compute-sanitizer (every kernel, small sizes) */
     const int small = getenv("CHECK_CUDA_SMALL") != NULL;
     suite_add_tcase(s, make_bias_tcase(small));
+    suite_add_tcase(s, make_fp8_blocks_tcase(small));
     if (small) {
         tcase_add_loop_test(tc, cuda_matches_reference, 4 * 3, 4 * 10);
         tcase_add_loop_test(tc, cuda_matches_reference, 4 * 19, 4 * 22);

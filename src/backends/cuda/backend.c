@@ -125,6 +125,7 @@ static fa_status fill(fa_context *ctx, const fai_problem *pr, fai_cuda_args *a)
 {
     memset(a, 0, sizeof *a);
     a->dtype = (int)pr->dtype;
+    a->q_dtype = (int)pr->q_dtype;
     a->kv_dtype = (int)pr->kv_dtype;
     a->lse_f64 = fai_io(pr, FAI_LSE) && fai_io(pr, FAI_LSE)->dtype == FA_F64;
     a->b = pr->b, a->hq = pr->hq, a->hk = pr->hk, a->sq = pr->sq, a->sk = pr->sk;
@@ -155,6 +156,18 @@ static fa_status fill(fa_context *ctx, const fai_problem *pr, fai_cuda_args *a)
      * bias gradient's kernel reads in the workspace) */
     if (pr->bias)
         a->kernel = FAI_CUDA_KERNEL_GENERIC;
+    /* FP8 q (out then of another dtype) or an FP8 cache, and a block mask: only the generic
+     * kernels decode FP8 and read the block map (copied by copy_blocks; its dims here) */
+    if (pr->q_dtype != pr->dtype || fai_dtype_is_fp8(pr->kv_dtype) || pr->blocks)
+        a->kernel = FAI_CUDA_KERNEL_GENERIC;
+    if (pr->blocks) {
+        const fai_block_map *m = pr->blocks;
+        a->blocks.batch = m->batch, a->blocks.heads = m->heads;
+        a->blocks.q_block = m->q_block, a->blocks.kv_block = m->kv_block;
+        a->blocks.q_blocks = m->q_blocks, a->blocks.kv_blocks = m->kv_blocks;
+    }
+    a->descale_per_head = pr->descale_per_head;
+    a->descale_n = pr->descale_per_head ? pr->b * pr->hk : 1;
     int dev = 0;
     cudaError_t e = cudaGetDevice(&dev);
     if (e != cudaSuccess) {
@@ -236,6 +249,72 @@ static fa_status copy_head_floats(fa_context *ctx, const fai_problem *pr, const 
     return FA_OK;
 }
 
+/* bytes of host memory (src) on the device, counted in the context's memory; `what` names it
+ * in errors. From pageable memory: the copy is staged before the call returns, so the caller
+ * may free src at once. */
+static fa_status upload(fa_context *ctx, const void *src, size_t bytes, const char *what,
+                        cudaStream_t st, void **dev)
+{
+    if (!(*dev = dev_alloc(ctx, bytes, st)))
+        return fai_fail(FA_ERR_NO_MEMORY, "backend cuda: %zu bytes of device memory for the %s",
+                        bytes, what);
+    const cudaError_t e = cudaMemcpyAsync(*dev, src, bytes, cudaMemcpyHostToDevice, st);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        dev_free(ctx, *dev, bytes, st);
+        *dev = NULL;
+        return fai_fail(FA_ERR_DEVICE, "backend cuda: copying the %s: %s", what,
+                        cudaGetErrorString(e));
+    }
+    return FA_OK;
+}
+
+/* The block mask's map (fai_block_map: host bytes, expanded by the API layer) on the device,
+ * once a call, into a->blocks.listed (NULL without a block mask or with an empty map). */
+static fa_status copy_blocks(fa_context *ctx, const fai_problem *pr, fai_cuda_args *a,
+                             cudaStream_t st, void **dev, size_t *bytes)
+{
+    *dev = NULL;
+    *bytes = 0;
+    const fai_block_map *m = pr->blocks;
+    if (!m)
+        return FA_OK;
+    *bytes = (size_t)(m->batch * m->heads * m->q_blocks * m->kv_blocks);
+    if (*bytes == 0) /* (no query or no key block: no pair to mask) */
+        return FA_OK;
+    FAI_TRY(upload(ctx, m->listed, *bytes, "block mask's map", st, dev));
+    a->blocks.listed = (const unsigned char *)*dev;
+    return FA_OK;
+}
+
+/* The FP8 descales on the device, into a->descale (NULL without any): descale_n products
+ * descale_q descale_k (fai_descale_qk, exact in double) and descale_n descale_v, one each per
+ * (batch, kv head) with FA_DESCALE_PER_KV_HEAD, else one. */
+static fa_status copy_descales(fa_context *ctx, const fai_problem *pr, fai_cuda_args *a,
+                               cudaStream_t st, void **dev, size_t *bytes)
+{
+    *dev = NULL;
+    *bytes = 0;
+    if (!pr->descale_q && !pr->descale_k && !pr->descale_v)
+        return FA_OK;
+    const int64_t n = a->descale_n;
+    *bytes = (size_t)(2 * n) * sizeof(double);
+    double *host = fai_alloc(&ctx->mem, *bytes);
+    if (!host)
+        return fai_fail(FA_ERR_NO_MEMORY, "backend cuda: %zu bytes for the FP8 descales", *bytes);
+    for (int64_t x = 0; x < n; x++) {
+        const int64_t b = pr->descale_per_head ? x / pr->hk : 0,
+                      hk = pr->descale_per_head ? x % pr->hk : 0;
+        host[x] = fai_descale_qk(pr, b, hk);
+        host[n + x] = fai_descale_v(pr, b, hk);
+    }
+    const fa_status s = upload(ctx, host, *bytes, "FP8 descales", st, dev);
+    fai_free(&ctx->mem, host, *bytes);
+    if (s == FA_OK)
+        a->descale = (const double *)*dev;
+    return s;
+}
+
 /* A paged call's page table on the device, widened to int64 (NULL without pages). */
 static fa_status copy_table(fa_context *ctx, const fai_problem *pr, cudaStream_t st,
                             int64_t **dev, size_t *bytes)
@@ -285,8 +364,9 @@ static fai_cuda_args group_args(const fai_problem *pr, int64_t g, const fai_cuda
     a.mask = s.mask;
     a.score = s.score;
     const size_t qe = fai_dtype_size(pr->dtype), ke = fai_dtype_size(pr->kv_dtype);
-    fai_cuda_view *qside[4] = {&a.tq, &a.tout, &a.tdout, &a.tdq};
-    for (int x = 0; x < 4; x++)
+    shift(&a.tq, s.qb0, s.q0, fai_dtype_size(pr->q_dtype)); /* FP8 q: 1-byte rows */
+    fai_cuda_view *qside[3] = {&a.tout, &a.tdout, &a.tdq};
+    for (int x = 0; x < 3; x++)
         shift(qside[x], s.qb0, s.q0, qe);
     shift(&a.tlse, s.qb0, s.q0, call->lse_f64 ? sizeof(double) : sizeof(float));
     shift(&a.tkn, g, 0, ke); /* a cache's new keys: batch g */
@@ -325,14 +405,18 @@ static fa_status cuda_forward(fa_context *ctx, const fai_problem *pr)
     if (r != FAI_CUDA_OK)
         return result(r, err);
     cudaStream_t st = (cudaStream_t)a.stream;
-    void *slopes = NULL, *sinks = NULL;
+    void *slopes = NULL, *sinks = NULL, *blocks = NULL, *descales = NULL;
     int64_t *table = NULL;
-    size_t sb = 0, kb = 0, tb = 0;
+    size_t sb = 0, kb = 0, tb = 0, bb = 0, db = 0;
     fa_status s = copy_head_floats(ctx, pr, pr->slopes, "ALiBi slopes", st, &slopes, &sb);
     if (s == FA_OK)
         s = copy_head_floats(ctx, pr, pr->sinks, "sink logits", st, &sinks, &kb);
     if (s == FA_OK)
         s = copy_table(ctx, pr, st, &table, &tb);
+    if (s == FA_OK)
+        s = copy_blocks(ctx, pr, &a, st, &blocks, &bb);
+    if (s == FA_OK)
+        s = copy_descales(ctx, pr, &a, st, &descales, &db);
     if (s == FA_OK) {
         a.slopes = (const float *)slopes;
         a.sinks = (const float *)sinks;
@@ -347,6 +431,8 @@ static fa_status cuda_forward(fa_context *ctx, const fai_problem *pr)
         }
         s = result(r, err);
     }
+    dev_free(ctx, descales, db, st);
+    dev_free(ctx, blocks, bb, st);
     dev_free(ctx, table, tb, st);
     dev_free(ctx, sinks, kb, st);
     dev_free(ctx, slopes, sb, st);
@@ -411,7 +497,8 @@ static fa_status cuda_backward(fa_context *ctx, const fai_problem *pr)
     }
     const size_t gb = pr->sink_grad ? (size_t)pr->hq * sizeof(double) : 0;
     void *slopes = NULL, *sinks = NULL; /* (P comes from the given LSE, which holds the sink) */
-    size_t sb = 0, kb = 0;
+    void *blocks = NULL;
+    size_t sb = 0, kb = 0, bb = 0;
     double *grad = NULL;
     fa_status s = FA_OK;
     a.work = dev_alloc(ctx, wb, st);
@@ -424,6 +511,8 @@ static fa_status cuda_backward(fa_context *ctx, const fai_problem *pr)
         s = copy_head_floats(ctx, pr, pr->slopes, "ALiBi slopes", st, &slopes, &sb);
     if (s == FA_OK && gb)
         s = copy_head_floats(ctx, pr, pr->sinks, "sink logits", st, &sinks, &kb);
+    if (s == FA_OK)
+        s = copy_blocks(ctx, pr, &a, st, &blocks, &bb);
     if (s == FA_OK && gb && cudaMemsetAsync(grad, 0, gb, st) != cudaSuccess)
         s = fai_fail(FA_ERR_DEVICE, "backend cuda: clearing the sink gradient: %s",
                      cudaGetErrorString(cudaGetLastError()));
@@ -444,6 +533,7 @@ static fa_status cuda_backward(fa_context *ctx, const fai_problem *pr)
         if (s == FA_OK && grad)
             s = sink_grad_to_host(ctx, pr, grad, st);
     }
+    dev_free(ctx, blocks, bb, st);
     dev_free(ctx, sinks, kb, st);
     dev_free(ctx, slopes, sb, st);
     dev_free(ctx, grad, gb, st);

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #include <math.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "flashattn.h"
 #include "launch.h"
@@ -33,6 +34,66 @@ template <> struct fai_storage<__half> {
 template <> struct fai_storage<__nv_bfloat16> {
     __device__ static float load(__nv_bfloat16 x) { return __bfloat162float(x); }
     __device__ static __nv_bfloat16 store(float x) { return __float2bfloat16_rn(x); }
+};
+
+/*
+ * FP8 storage (the OCP formats, base/dtype.c): a code widened to f32 exactly, by bit arithmetic
+ * (no table: a per-lane lookup in constant memory would serialize over distinct codes). e4m3
+ * ("e4m3fn"): bias 7, 3 fraction bits, S.1111.111 NaN, no infinity; e5m2: bias 15, 2 fraction
+ * bits, exponent 31 infinity (fraction 0) or NaN. Normal codes: the exponent rebased to f32's
+ * (+120, +112) and the fraction moved to the top of f32's; subnormal codes: fraction x 2^-9
+ * (2^-16), exact. The sign is applied last (-0 and -NaN as the host's tables). Input only:
+ * nothing is stored in FP8 on the device.
+ */
+struct fai_e4m3 {
+    unsigned char c;
+};
+struct fai_e5m2 {
+    unsigned char c;
+};
+
+__host__ __device__ __forceinline__ float fai_bits_f32(unsigned u)
+{
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+#endif
+}
+
+__host__ __device__ __forceinline__ float fai_e4m3_to_f32(unsigned c)
+{
+    const unsigned e = (c >> 3) & 15u, m = c & 7u;
+    float a;
+    if ((c & 0x7fu) == 0x7fu)
+        a = fai_bits_f32(0x7fc00000u);
+    else if (e == 0)
+        a = (float)m * 0x1p-9f;
+    else
+        a = fai_bits_f32(((e + 120u) << 23) | (m << 20));
+    return (c & 0x80u) ? -a : a;
+}
+
+__host__ __device__ __forceinline__ float fai_e5m2_to_f32(unsigned c)
+{
+    const unsigned e = (c >> 2) & 31u, m = c & 3u;
+    float a;
+    if (e == 31)
+        a = fai_bits_f32(m ? 0x7fc00000u : 0x7f800000u);
+    else if (e == 0)
+        a = (float)m * 0x1p-16f;
+    else
+        a = fai_bits_f32(((e + 112u) << 23) | (m << 21));
+    return (c & 0x80u) ? -a : a;
+}
+
+template <> struct fai_storage<fai_e4m3> {
+    __device__ static float load(fai_e4m3 x) { return fai_e4m3_to_f32(x.c); }
+};
+template <> struct fai_storage<fai_e5m2> {
+    __device__ static float load(fai_e5m2 x) { return fai_e5m2_to_f32(x.c); }
 };
 
 template <typename S>
@@ -98,6 +159,25 @@ __device__ __forceinline__ C fai_bias_get(const fai_cuda_bias_view &t, int64_t b
     }
 }
 
+/* Whether the block mask lists key j's block for row i's block of (b, h) (true without one):
+ * a key it does not list is masked, by selection, on top of the window and the bias. */
+__device__ __forceinline__ bool fai_block_listed(const fai_cuda_block_view &m, int64_t b,
+                                                 int64_t h, int64_t i, int64_t j)
+{
+    if (!m.listed)
+        return true;
+    const int64_t bb = m.batch == 1 ? 0 : b, hh = m.heads == 1 ? 0 : h;
+    return m.listed[((bb * m.heads + hh) * m.q_blocks + i / m.q_block) * m.kv_blocks +
+                    j / m.kv_block] != 0;
+}
+
+/* The FP8 descales' index of (b, kv head hk) (launch.h). */
+__device__ __forceinline__ int64_t fai_descale_index(const fai_cuda_args &a, int64_t b,
+                                                     int64_t hk)
+{
+    return a.descale_per_head ? (a.seq0 + b) * a.hk + hk : 0;
+}
+
 /* The max over a warp, each lane's own value taken into the other's (a NaN sticks). */
 template <typename C> __device__ __forceinline__ C fai_warp_max(C x)
 {
@@ -157,14 +237,15 @@ typedef struct {
     int *flag;
 } fai_cuda_bwd_ws;
 
-/* Whether the tensor-core backward applies: no bias tensor (only the generic kernels read
- * one), 16-bit storage, Dqk = Dv in {32, 64, 96, 128}, every row of q, k, v, dout, dq, dk, dv
- * 16-byte aligned (inline here: bwd_wgmma.cu asks it too, and the objects stay free of
+/* Whether the tensor-core backward applies: no bias tensor or block mask (only the generic
+ * kernels read them), one 16-bit storage for every tensor, Dqk = Dv in {32, 64, 96, 128},
+ * every row of q, k, v, dout, dq, dk, dv 16-byte aligned (inline here: bwd_wgmma.cu asks it too, and the objects stay free of
  * circles, tests/layers.sh). */
 static inline bool fai_cuda_backward_mma_applies(const fai_cuda_args *a)
 {
-    if (a->kernel == FAI_CUDA_KERNEL_GENERIC || a->bias.data || (a->dtype != FA_BF16 && a->dtype != FA_F16) ||
-        a->dqk != a->dv)
+    if (a->kernel == FAI_CUDA_KERNEL_GENERIC || a->bias.data || a->blocks.listed ||
+        a->q_dtype != a->dtype || a->kv_dtype != a->dtype ||
+        (a->dtype != FA_BF16 && a->dtype != FA_F16) || a->dqk != a->dv)
         return false;
     if (a->dqk != 32 && a->dqk != 64 && a->dqk != 96 && a->dqk != 128)
         return false;
@@ -200,6 +281,14 @@ static inline bool fai_cuda_rows_aligned16(const fai_cuda_args &a)
         if ((uintptr_t)vs[t]->data % 16 != 0 || vs[t]->sb % 8 || vs[t]->ss % 8 || vs[t]->sh % 8)
             return false;
     return true;
+}
+
+/* Whether every tensor is of one storage dtype and the scores take no bias tensor or block mask:
+ * the tensor-core kernels' condition besides shapes (FP8 q or an FP8 / 16-bit cache apart from
+ * q's, a bias and a block mask are the generic kernels'). */
+static inline bool fai_cuda_plain_storage(const fai_cuda_args &a)
+{
+    return a.q_dtype == a.dtype && a.kv_dtype == a.dtype && !a.bias.data && !a.blocks.listed;
 }
 
 /* The tensor-core forwards, wgmma (fwd_wgmma.cu, Hopper) and mma.sync (fwd_mma.cu):

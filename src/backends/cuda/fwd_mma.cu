@@ -263,11 +263,12 @@ fai_cuda_result by_dim(const fai_cuda_args &a, char *err, size_t n)
     }
 }
 
-/* Whether the tensor-core kernel applies: 16-bit storage, Dqk = Dv in {32, 64, 96, 128, 256},
- * every row 16-byte aligned (base and strides), so cp.async can move whole chunks. */
+/* Whether the tensor-core kernel applies: 16-bit storage (one for all, no bias or block mask:
+ * fai_cuda_plain_storage), Dqk = Dv in {32, 64, 96, 128, 256}, every row 16-byte aligned (base
+ * and strides), so cp.async can move whole chunks. */
 bool applies(const fai_cuda_args &a)
 {
-    if (a.dtype != FA_BF16 && a.dtype != FA_F16)
+    if ((a.dtype != FA_BF16 && a.dtype != FA_F16) || !fai_cuda_plain_storage(a))
         return false;
     if (a.dqk != a.dv)
         return false;

@@ -268,7 +268,7 @@ fai_cuda_result by_dim(const fai_cuda_args &a, char *err, size_t n)
 }
 
 /* Whether the wgmma kernel applies: a build with the sm_90a image, a 9.0 device, 16-bit
- * storage, Dqk = Dv in {64, 128}, the scale-only pipeline without dropout, every row 16-byte
+ * storage (one for all, no bias or block mask: fai_cuda_plain_storage), Dqk = Dv in {64, 128}, the scale-only pipeline without dropout, every row 16-byte
  * aligned (base and strides) for TMA, sizes that TMA's 32-bit coordinates and the grid
  * reach. */
 bool applies(const fai_cuda_args &a)
@@ -278,7 +278,7 @@ bool applies(const fai_cuda_args &a)
 #endif
     if (a.kernel != FAI_CUDA_KERNEL_AUTO)
         return false;
-    if (a.dtype != FA_BF16 && a.dtype != FA_F16)
+    if ((a.dtype != FA_BF16 && a.dtype != FA_F16) || !fai_cuda_plain_storage(a))
         return false;
     if (a.dqk != a.dv || (a.dqk != 64 && a.dqk != 128))
         return false;

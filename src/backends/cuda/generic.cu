@@ -4,7 +4,8 @@
  * row. It is the path for f32/f64 storage, for head dims the tensor-core kernels do not cover, and
  * for strides they cannot load with 16-byte copies; it is also what the tensor-core forward is
  * checked against on the device, and the only path that reads a bias tensor (fa_params.bias,
- * forward and backward, and its gradient by fa_bias_grad_kernel). The backward is three
+ * forward and backward, and its gradient by fa_bias_grad_kernel), a block mask (forward and
+ * backward) or FP8 storage (FP8 q, k, v, or an FP8 cache; forward). The backward is three
  * deterministic launches (no atomics): D_i = dO_i . O_i; dK, dV per key row (summing the GQA
  * group in registers); dQ per query row.
  *
@@ -73,14 +74,17 @@ __device__ __forceinline__ C dot2(const X *x, const Y *y, int64_t n)
 
 /* ------------------------------------------------------------------ forward */
 
-/* S: the storage of q and out; K: of k and v (S, or a cache's f16 / bf16 under f32 / bf16 q). */
-template <typename S, typename K, typename C, int NV>
+/* Q: the storage of q; K: of k and v (Q, a cache's f16 / bf16 / FP8 under f32 / bf16 q, or FP8
+ * q's format); O: of out (Q but for FP8 q). FP8 descales (a.descale): descale_q descale_k of
+ * (b, kv head) multiplies the score scale (in double, then the pipeline's own rounding: the
+ * host tiled path's fwd_qtile), descale_v the output's final factor once. */
+template <typename Q, typename K, typename O, typename C, int NV>
 __global__ void __launch_bounds__(kWarps * 32) fa_fwd_kernel_rowwarp(const fai_cuda_args a)
 {
     extern __shared__ __align__(16) unsigned char smem[];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const fai_mask mask = a.mask;
-    const fai_score sc = a.score;
+    fai_score sc = a.score;
     C *qs = (C *)smem + warp * a.dqk;
     const int64_t i = (int64_t)blockIdx.x * kWarps + warp;
     if (i >= a.sq)
@@ -88,10 +92,13 @@ __global__ void __launch_bounds__(kWarps * 32) fa_fwd_kernel_rowwarp(const fai_c
     for (int64_t bh = blockIdx.y; bh < a.b * a.hq; bh += gridDim.y) {
         const int64_t b = bh / a.hq, h = bh % a.hq, hk = h / a.group;
         const fai_dropout dr = fai_drop_head(a, b, h);
-        const S *qrow = fai_at<S>(a.tq, b, i, h);
+        const int64_t dx = fai_descale_index(a, b, hk);
+        if (a.descale)
+            sc.scale = a.score.scale * a.descale[dx];
+        const Q *qrow = fai_at<Q>(a.tq, b, i, h);
         __syncwarp();
         for (int64_t d = lane; d < a.dqk; d += 32)
-            qs[d] = fai_storage<S>::load(qrow[d]);
+            qs[d] = fai_storage<Q>::load(qrow[d]);
         __syncwarp();
         const C slope = a.slopes ? (C)a.slopes[h] : (C)0;
         C m = -INFINITY, l = 0, acc[NV];
@@ -105,12 +112,14 @@ __global__ void __launch_bounds__(kWarps * 32) fa_fwd_kernel_rowwarp(const fai_c
             fai_mask_row(&part[q], i, &lo, &hi);
             for (int64_t j0 = lo; j0 < hi; j0 += 32) {
                 const int64_t j = j0 + lane;
-                /* allowed: inside the window and not masked by the bias (-inf, a mask's 0):
-                 * a masked key is dropped by selection, its K and V never read */
+                /* allowed: inside the window, listed by the block mask and not masked by the
+                 * bias (-inf, a mask's 0): a masked key is dropped by selection, its K and V
+                 * never read */
                 C bias = 0;
                 if (j < hi)
                     bias = fai_bias_get<C>(a.bias, b, h, i, j);
-                const bool valid = j < hi && !(a.bias.data && fai_bias_masks((double)bias));
+                const bool valid = j < hi && !(a.bias.data && fai_bias_masks((double)bias)) &&
+                                   fai_block_listed(a.blocks, b, h, i, j);
                 C s = -INFINITY;
                 if (valid)
                     s = score(&sc, dot2<C>(qs, fai_kv_at<K>(a, a.tk, b, j, hk), a.dqk),
@@ -143,12 +152,14 @@ __global__ void __launch_bounds__(kWarps * 32) fa_fwd_kernel_rowwarp(const fai_c
         C f;
         const C sink = a.sinks ? (C)a.sinks[h] : (C)-INFINITY;
         const int live = end(m, l, sink, (C)a.keep_scale, &lse, &f); /* 0: an empty row */
-        S *orow = fai_at<S>(a.tout, b, i, h);
+        if (a.descale)
+            f *= (C)a.descale[a.descale_n + dx]; /* descale_v: 1 but for FP8 v */
+        O *orow = fai_at<O>(a.tout, b, i, h);
 #pragma unroll
         for (int c = 0; c < NV; c++) {
             const int64_t d = lane + 32 * c;
             if (d < a.dv)
-                orow[d] = fai_storage<S>::store(live ? acc[c] * f : (C)0);
+                orow[d] = fai_storage<O>::store(live ? acc[c] * f : (C)0);
         }
         if (a.tlse.data && lane == 0)
             fai_lse_put(a.tlse, a.lse_f64, b, h, i, lse);
@@ -174,9 +185,9 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_delta_kernel(const fai_cud
 }
 
 /*
- * One allowed pair (i, j) (the window's and the bias's: callers skip a masked pair by
- * selection, never calling this): P = exp(s - LSE) (the subtraction in double, as the CPU paths), the
- * dropout-scaled P~ that multiplies dO into dV, and dS = scale * P (dP z - D_i) (1 - t^2) that
+ * One allowed pair (i, j) (the window's, the block mask's and the bias's: callers skip a
+ * masked pair by selection, never calling this): P = exp(s - LSE) (the subtraction in double,
+ * as the CPU paths), the dropout-scaled P~ that multiplies dO into dV, and dS = scale * P (dP z - D_i) (1 - t^2) that
  * multiplies q into dK and k into dQ (docs/DESIGN.md §1's backward). Returns 0 if the row is empty
  * (LSE -inf: every gradient through it is 0).
  */
@@ -237,7 +248,8 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_dkdv_kernel_rowwarp(const 
                     C pt = 0, ds = 0;
                     int live = 0;
                     const C bias = i < ihi[q] ? fai_bias_get<C>(a.bias, b, h, i, j) : (C)0;
-                    if (i < ihi[q] && !(a.bias.data && fai_bias_masks((double)bias)))
+                    if (i < ihi[q] && !(a.bias.data && fai_bias_masks((double)bias)) &&
+                        fai_block_listed(a.blocks, b, h, i, j))
                         live = pair_grads<S, C>(
                             sc, dr, (C)a.keep_scale, i, j,
                             dot2<C>(ks, fai_at<S>(a.tq, b, i, h), a.dqk),
@@ -326,7 +338,8 @@ __global__ void __launch_bounds__(kWarps * 32) fa_bwd_dq_kernel_rowwarp(const fa
                 C pt = 0, ds = 0;
                 int live = 0;
                 const C bias = j < hi ? fai_bias_get<C>(a.bias, b, h, i, j) : (C)0;
-                if (j < hi && !(a.bias.data && fai_bias_masks((double)bias)))
+                if (j < hi && !(a.bias.data && fai_bias_masks((double)bias)) &&
+                    fai_block_listed(a.blocks, b, h, i, j))
                     live = pair_grads<S, C>(sc, dr, (C)a.keep_scale, i, j,
                                             dot2<C>(qs, fai_at<S>(a.tk, b, j, hk), a.dqk),
                                             dot2<C>(gs, fai_at<S>(a.tv, b, j, hk), a.dv), lse, di,
@@ -406,9 +419,9 @@ constexpr int kBiasGradThreads = 128;
  * term is recomputed: s from q_i . k_j and the bias entry (the forward's pipeline), P =
  * exp(s - LSE_i) with the forward's LSE, dP = dO_i . v_j (dot2, as the dK/dV and dQ kernels),
  * the dropout factor z, and D_i from the workspace, where the generic backward's delta kernel
- * left it (so this runs after it, on the same args). A pair that the window or the bias masks,
- * or a row that is empty (LSE -inf), adds nothing, by selection (no K/V of a masked key is
- * read): such an entry's gradient is 0. Terms in the compute type C, their sum in double, one
+ * left it (so this runs after it, on the same args). A pair that the window, the block mask or
+ * the bias masks, or a row that is empty (LSE -inf), adds nothing, by selection (no K/V of a
+ * masked key is read): such an entry's gradient is 0. Terms in the compute type C, their sum in double, one
  * store per element: no atomics, the same bits at every run.
  */
 template <typename S, typename C>
@@ -436,7 +449,7 @@ __global__ void __launch_bounds__(kBiasGradThreads) fa_bias_grad_kernel(const fa
                 const C *delta = (const C *)a.work + (b * a.hq + h) * a.sq;
                 const S *kr = fai_at<S>(a.tk, b, j, hk), *vr = fai_at<S>(a.tv, b, j, hk);
                 for (int64_t i = i0; i < i1; i++) {
-                    if (!fai_mask_allows(&mask, i, j))
+                    if (!fai_mask_allows(&mask, i, j) || !fai_block_listed(a.blocks, b, h, i, j))
                         continue;
                     const C bias = fai_bias_get<C>(bv, b, h, i, j);
                     if (fai_bias_masks((double)bias))
@@ -489,12 +502,12 @@ dim3 grid_for(int64_t rows, int64_t heads)
                 (unsigned)(heads < kMaxGridY ? heads : kMaxGridY));
 }
 
-template <typename S, typename K, typename C, int NV>
+template <typename Q, typename K, typename O, typename C, int NV>
 fai_cuda_result run_forward(const fai_cuda_args &a, char *err, size_t n)
 {
     cudaStream_t st = (cudaStream_t)a.stream;
     const size_t sm = (size_t)kWarps * a.dqk * sizeof(C);
-    fa_fwd_kernel_rowwarp<S, K, C, NV><<<grid_for(a.sq, a.b * a.hq), kWarps * 32, sm, st>>>(a);
+    fa_fwd_kernel_rowwarp<Q, K, O, C, NV><<<grid_for(a.sq, a.b * a.hq), kWarps * 32, sm, st>>>(a);
     return fai_cuda_check_launch("generic forward", err, n);
 }
 
@@ -570,7 +583,7 @@ fai_cuda_result by_width(const fai_cuda_args &a, char *err, size_t n)
 template <typename S, typename C, int NV> struct Fwd {
     static fai_cuda_result go(const fai_cuda_args &a, char *e, size_t n)
     {
-        return run_forward<S, S, C, NV>(a, e, n);
+        return run_forward<S, S, S, C, NV>(a, e, n);
     }
 };
 /* The forward over a cache of storage K apart from q's. */
@@ -578,7 +591,16 @@ template <typename K> struct FwdCache {
     template <typename S, typename C, int NV> struct Run {
         static fai_cuda_result go(const fai_cuda_args &a, char *e, size_t n)
         {
-            return run_forward<S, K, C, NV>(a, e, n);
+            return run_forward<S, K, S, C, NV>(a, e, n);
+        }
+    };
+};
+/* The forward of FP8 q, k and v (format F) into out of storage S. */
+template <typename F> struct FwdFp8 {
+    template <typename S, typename C, int NV> struct Run {
+        static fai_cuda_result go(const fai_cuda_args &a, char *e, size_t n)
+        {
+            return run_forward<F, F, S, C, NV>(a, e, n);
         }
     };
 };
@@ -589,16 +611,64 @@ template <typename S, typename C, int NV> struct Bwd {
     }
 };
 
-/* An f16 or bf16 cache under f32 or bf16 q (the API layer allows no other pair). */
+fai_cuda_result unsupported_dtypes(const fai_cuda_args &a, char *err, size_t n)
+{
+    snprintf(err, n, "backend cuda: q dtype %d, k/v dtype %d, out dtype %d: no kernel takes "
+                     "this combination", a.q_dtype, a.kv_dtype, a.dtype);
+    return FAI_CUDA_UNSUPPORTED;
+}
+
+/* A cache of storage K under f32 or bf16 q. */
+template <typename K>
+fai_cuda_result forward_cache_under(const fai_cuda_args &a, char *err, size_t n)
+{
+    switch (a.dtype) {
+    case FA_F32: return by_width<float, float, FwdCache<K>::template Run>(a, err, n);
+    case FA_BF16: return by_width<__nv_bfloat16, float, FwdCache<K>::template Run>(a, err, n);
+    default: return unsupported_dtypes(a, err, n);
+    }
+}
+
+/* An f16, bf16 or FP8 cache under f32 or bf16 q (the API layer allows no other pair; bf16 under
+ * bf16 is no cache dtype). Every other combination is refused, never read as another. */
 fai_cuda_result forward_by_cache_dtype(const fai_cuda_args &a, char *err, size_t n)
 {
     const fai_cuda_result r = fai_cuda_supported(&a, err, n);
     if (r != FAI_CUDA_OK)
         return r;
-    if (a.kv_dtype == FA_F16)
-        return a.dtype == FA_F32 ? by_width<float, float, FwdCache<__half>::Run>(a, err, n)
-                                 : by_width<__nv_bfloat16, float, FwdCache<__half>::Run>(a, err, n);
-    return by_width<float, float, FwdCache<__nv_bfloat16>::Run>(a, err, n); /* f32 q */
+    switch (a.kv_dtype) {
+    case FA_F16: return forward_cache_under<__half>(a, err, n);
+    case FA_BF16:
+        return a.dtype == FA_F32 ? forward_cache_under<__nv_bfloat16>(a, err, n)
+                                 : unsupported_dtypes(a, err, n);
+    case FA_E4M3: return forward_cache_under<fai_e4m3>(a, err, n);
+    case FA_E5M2: return forward_cache_under<fai_e5m2>(a, err, n);
+    default: return unsupported_dtypes(a, err, n);
+    }
+}
+
+/* FP8 q, k and v of format F into out of f32, f16, bf16 (computed in f32) or f64 (in f64). */
+template <typename F>
+fai_cuda_result forward_fp8_into(const fai_cuda_args &a, char *err, size_t n)
+{
+    switch (a.dtype) {
+    case FA_F32: return by_width<float, float, FwdFp8<F>::template Run>(a, err, n);
+    case FA_F64: return by_width<double, double, FwdFp8<F>::template Run>(a, err, n);
+    case FA_F16: return by_width<__half, float, FwdFp8<F>::template Run>(a, err, n);
+    case FA_BF16: return by_width<__nv_bfloat16, float, FwdFp8<F>::template Run>(a, err, n);
+    default: return unsupported_dtypes(a, err, n);
+    }
+}
+
+fai_cuda_result forward_fp8(const fai_cuda_args &a, char *err, size_t n)
+{
+    const fai_cuda_result r = fai_cuda_supported(&a, err, n);
+    if (r != FAI_CUDA_OK)
+        return r;
+    if (a.kv_dtype != a.q_dtype)
+        return unsupported_dtypes(a, err, n);
+    return a.q_dtype == FA_E4M3 ? forward_fp8_into<fai_e4m3>(a, err, n)
+                                : forward_fp8_into<fai_e5m2>(a, err, n);
 }
 
 template <template <typename, typename, int> class Run>
@@ -607,11 +677,14 @@ fai_cuda_result by_dtype(const fai_cuda_args &a, char *err, size_t n)
     const fai_cuda_result r = fai_cuda_supported(&a, err, n);
     if (r != FAI_CUDA_OK)
         return r;
+    if (a.q_dtype != a.dtype || a.kv_dtype != a.dtype)
+        return unsupported_dtypes(a, err, n);
     switch (a.dtype) {
     case FA_F32: return by_width<float, float, Run>(a, err, n);
     case FA_F64: return by_width<double, double, Run>(a, err, n);
     case FA_F16: return by_width<__half, float, Run>(a, err, n);
-    default: return by_width<__nv_bfloat16, float, Run>(a, err, n);
+    case FA_BF16: return by_width<__nv_bfloat16, float, Run>(a, err, n);
+    default: return unsupported_dtypes(a, err, n);
     }
 }
 
@@ -672,18 +745,24 @@ extern "C" fai_cuda_result fai_cuda_append(const fai_cuda_args *a, int64_t n, in
         return FAI_CUDA_OK;
     const dim3 grid((unsigned)n, (unsigned)(a->hk < kMaxGridY ? a->hk : kMaxGridY));
     cudaStream_t st = (cudaStream_t)a->stream;
-    if (a->kv_dtype == FA_F64)
-        fa_append_kernel<unsigned long long><<<grid, 128, 0, st>>>(*a, at);
-    else if (a->kv_dtype == FA_F32)
-        fa_append_kernel<unsigned int><<<grid, 128, 0, st>>>(*a, at);
-    else
-        fa_append_kernel<unsigned short><<<grid, 128, 0, st>>>(*a, at);
+    switch (a->kv_dtype) {
+    case FA_F64: fa_append_kernel<unsigned long long><<<grid, 128, 0, st>>>(*a, at); break;
+    case FA_F32: fa_append_kernel<unsigned int><<<grid, 128, 0, st>>>(*a, at); break;
+    case FA_F16:
+    case FA_BF16: fa_append_kernel<unsigned short><<<grid, 128, 0, st>>>(*a, at); break;
+    case FA_E4M3:
+    case FA_E5M2: fa_append_kernel<unsigned char><<<grid, 128, 0, st>>>(*a, at); break;
+    default:
+        snprintf(err, errn, "backend cuda: appending to a cache of dtype %d", a->kv_dtype);
+        return FAI_CUDA_UNSUPPORTED;
+    }
     return fai_cuda_check_launch("appending to the cache", err, errn);
 }
 
 extern "C" fai_cuda_result fai_cuda_forward(const fai_cuda_args *a, char *err, size_t n)
 {
-    if (a->kernel != FAI_CUDA_KERNEL_GENERIC && !a->bias.data) { /* a bias: the FMA path's */
+    /* FP8, a cache dtype, a bias, a block mask: the FMA path's */
+    if (a->kernel != FAI_CUDA_KERNEL_GENERIC && fai_cuda_plain_storage(*a)) {
         fai_cuda_result r = fai_cuda_forward_wgmma(a, err, n);
         if (r == FAI_CUDA_UNSUPPORTED)
             r = fai_cuda_forward_mma(a, err, n);
@@ -692,6 +771,8 @@ extern "C" fai_cuda_result fai_cuda_forward(const fai_cuda_args *a, char *err, s
     }
     if (a->sq == 0 || a->b * a->hq == 0)
         return FAI_CUDA_OK;
+    if (a->q_dtype == FA_E4M3 || a->q_dtype == FA_E5M2)
+        return forward_fp8(*a, err, n);
     return a->kv_dtype != a->dtype ? forward_by_cache_dtype(*a, err, n) : by_dtype<Fwd>(*a, err, n);
 }
 

@@ -35,9 +35,20 @@ typedef struct {
     int64_t sb, ss, sh;
 } fai_cuda_bias_view;
 
+/* A block-sparse mask's map on the device (fai_block_map, backend.h): key j is listed for row
+ * i of (b, h) iff listed[((b' heads + h') q_blocks + i / q_block) kv_blocks + j / kv_block] is
+ * nonzero, b' = b unless batch is 1 (then 0), h' likewise. listed NULL: no block mask. */
 typedef struct {
-    int dtype;    /* fa_dtype of q, out, dout, dq (and k, v, dk, dv but for a cache dtype) */
-    int kv_dtype; /* of k, v: dtype, or a forward's f16 / bf16 cache under f32 / bf16 q */
+    const unsigned char *listed;
+    int64_t batch, heads, q_block, kv_block, q_blocks, kv_blocks;
+} fai_cuda_block_view;
+
+typedef struct {
+    int dtype;    /* fa_dtype of out, dout, dq (and q, k, v, dk, dv but for FP8 q or a cache
+                     dtype) */
+    int q_dtype;  /* of q: dtype, or FA_E4M3 / FA_E5M2 (a forward's FP8 q; k, v then the same) */
+    int kv_dtype; /* of k, v: dtype, or a forward's f16 / bf16 / FP8 cache under f32 / bf16 q,
+                     or FP8 q's format */
     int lse_f64; /* the LSE tensor is f64 (else f32) */
     int64_t b, hq, hk, sq, sk, dqk, dv, group;
     fai_mask mask;
@@ -58,6 +69,14 @@ typedef struct {
     fai_cuda_bias_view bias;      /* fa_params.bias (score.bias says where it enters), or data
                                      NULL; only the generic kernels read it */
     fai_cuda_bias_view bias_grad; /* the backward's d loss / d bias, or data NULL */
+    fai_cuda_block_view blocks;   /* the block mask's map (device copy), or listed NULL; only
+                                     the generic kernels read it */
+    const double *descale;        /* FP8 descales (device copy), or NULL (all 1): descale[x] =
+                                     descale_q descale_k of (b, kv head) x (the score scale's
+                                     factor, exact in double), descale[descale_n + x] = descale_v;
+                                     x = (seq0 + b) Hk + hk per (batch, kv head), else 0 */
+    int64_t descale_n;            /* B Hk per (batch, kv head), else 1 */
+    int descale_per_head;
     void *work;                   /* device workspace of fai_cuda_backward_workspace bytes */
     void *stream;                 /* cudaStream_t */
     int deterministic;
