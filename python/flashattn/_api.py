@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import operator
 from ctypes import byref
+from dataclasses import dataclass
 from typing import Any, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -143,6 +144,55 @@ def _bias_tensor(v: View, name: str) -> N.Tensor:
     return t
 
 
+@dataclass
+class BlockMask:
+    """A block-sparse mask in FlexAttention's BlockMask form (fa_block_mask): queries in blocks
+    of q_block rows, keys in blocks of kv_block keys; query block r of (b, h) lists its key
+    blocks in kv_indices[b, h, r, :kv_num_blocks[b, h, r]] and, where given, more in
+    full_kv_indices[b, h, r, :full_kv_num_blocks[b, h, r]]. kv_num_blocks is (B|1, H|1, nq)
+    and kv_indices (B|1, H|1, nq, nk), nq = ceil(Sq / q_block), nk = ceil(Sk / kv_block), the
+    full lists the same shapes; int32 or int64 arrays of any framework (read on the host)."""
+
+    kv_num_blocks: Any
+    kv_indices: Any
+    full_kv_num_blocks: Any = None
+    full_kv_indices: Any = None
+    q_block: int = 128
+    kv_block: int = 128
+
+
+_BLOCK_LISTS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices")
+
+
+def _block_mask(bm):
+    """block_mask (a BlockMask, or FlexAttention's, read by its attributes and BLOCK_SIZE) as
+    host index arrays and the fa_block_mask over them."""
+    try:
+        lists = [getattr(bm, n) for n in _BLOCK_LISTS]
+        sizes = (bm.q_block, bm.kv_block) if isinstance(bm, BlockMask) else bm.BLOCK_SIZE
+        qb, kb = (sizes, sizes) if isinstance(sizes, int) else sizes
+    except (AttributeError, TypeError, ValueError):
+        raise N.InvalidArgumentError(
+            f"block_mask: expected a flashattn.BlockMask or FlexAttention's BlockMask, got "
+            f"{type(bm).__name__}", N.FA_ERR_INVALID_ARGUMENT) from None
+    if lists[0] is None or lists[1] is None or (lists[2] is None) != (lists[3] is None):
+        raise N.InvalidArgumentError("block_mask: kv_num_blocks and kv_indices are needed, "
+                                     "full_kv_num_blocks and full_kv_indices both or neither",
+                                     N.FA_ERR_INVALID_ARGUMENT)
+    keep, ind = zip(*(_indices(x, f"block_mask.{n}") if x is not None else (None, N.Indices())
+                      for n, x in zip(_BLOCK_LISTS, lists)))
+    num, idx = keep[0], keep[1]
+    if (num.ndim != 3 or idx.ndim != 4 or idx.shape[:3] != num.shape
+            or any(a is not None and a.shape != b.shape for a, b in zip(keep[2:], keep))):
+        raise N.InvalidArgumentError(
+            "block_mask: expected kv_num_blocks (B|1, H|1, nq) and kv_indices (B|1, H|1, nq, "
+            "nk), the full lists the same shapes; got " + ", ".join(
+                f"{n} {a.shape}" for n, a in zip(_BLOCK_LISTS, keep) if a is not None),
+            N.FA_ERR_SHAPE)
+    return keep, N.BlockMask(num.shape[0], num.shape[1], _int64(qb, "block_mask q_block"),
+                             _int64(kb, "block_mask kv_block"), *ind)
+
+
 _DEFAULT_PARAMS = N.Params()
 N.lib.fa_params_init(byref(_DEFAULT_PARAMS))
 
@@ -160,7 +210,7 @@ class _Call:
                  attn_mask: Any = None, bias_place: str = "after-scale",
                  bias_by_slope: bool = False, descale_q: Any = None, descale_k: Any = None,
                  descale_v: Any = None, kv_shape: Tuple[int, int] = (0, 0),
-                 backend: str = "auto", isa: str = "auto", threads: int = 0,
+                 block_mask: Any = None, backend: str = "auto", isa: str = "auto", threads: int = 0,
                  deterministic: bool = False):
         # the defaults' fields are _DEFAULT_PARAMS's: only the others are written
         p = N.Params.from_buffer_copy(_DEFAULT_PARAMS)
@@ -209,6 +259,10 @@ class _Call:
             p.bias_place = _choice(N.BIAS_PLACES, bias_place, "bias_place")
         if bias_by_slope:
             p.bias_by_slope = 1
+        self.blocks = None
+        if block_mask is not None:
+            self.blocks = _block_mask(block_mask)  # kept alive for the call
+            p.block_mask = ctypes.pointer(self.blocks[1])
         self.params = p
         self.frame = frame
         if not frame.on_gpu:
@@ -364,7 +418,7 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False,
               dropout_p: float = 0.0, seed: int = 0, offset: int = 0, sinks=None,
               sink_tokens: int = 0, score_order: str = "softcap-then-alibi", attn_mask=None,
               bias_place: str = "after-scale", bias_by_slope: bool = False,
-              return_lse: bool = False, out=None, out_dtype=None, descale_q=None,
+              block_mask=None, return_lse: bool = False, out=None, out_dtype=None, descale_q=None,
               descale_k=None, descale_v=None, backend: str = "auto", isa: str = "auto",
               threads: int = 0, deterministic: bool = False):
     """Exact attention: out = softmax(scale q k^T + mask and biases) v (fa_forward).
@@ -404,6 +458,11 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False,
         softcap and ALiBi: SDPA, xformers) or "after-softcap" (after both: ggml).
     bias_by_slope: ggml's ALiBi: each head's slope multiplies the bias, and ALiBi's own
         distance term is dropped (needs attn_mask and alibi_slopes).
+    block_mask: None, a flashattn.BlockMask, or FlexAttention's BlockMask
+        (torch.nn.attention.flex_attention; its tensors are copied to the host): key j is
+        allowed for row i only if j's key block is listed for i's query block, on top of the
+        window and attn_mask (a listed block is a hint, never a permission: give
+        FlexAttention's mask_mod as causal, window or attn_mask). Dense calls only.
 
     Raises InvalidArgumentError (a ValueError) naming the argument for bad input, with
     nothing written; UnsupportedError, OutOfMemoryError, BackendUnavailableError, DeviceError.
@@ -417,8 +476,8 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False,
                  offset=offset, sinks=sinks, sink_tokens=sink_tokens, score_order=score_order,
                  attn_mask=attn_mask, bias_place=bias_place, bias_by_slope=bias_by_slope,
                  descale_q=descale_q, descale_k=descale_k, descale_v=descale_v,
-                 kv_shape=(tq.batch, tk.heads), backend=backend, isa=isa, threads=threads,
-                 deterministic=deterministic)
+                 kv_shape=(tq.batch, tk.heads), block_mask=block_mask, backend=backend, isa=isa,
+                 threads=threads, deterministic=deterministic)
     given = out is not None
     out, to, lse, tl = _dense_outputs(frame, vq, tq, vv.shape[3], layout, return_lse, out,
                                       out_dtype)
@@ -438,8 +497,8 @@ def attention_backward(dout, q, k, v, out, lse, *, layout: str = "bshd", causal:
                        offset: int = 0, sinks=None, sink_tokens: int = 0,
                        score_order: str = "softcap-then-alibi", attn_mask=None,
                        bias_place: str = "after-scale", bias_by_slope: bool = False,
-                       bias_grad: bool = False, backend: str = "auto", isa: str = "auto",
-                       threads: int = 0, deterministic: bool = False):
+                       bias_grad: bool = False, block_mask=None, backend: str = "auto",
+                       isa: str = "auto", threads: int = 0, deterministic: bool = False):
     """Gradients of attention for the cotangent dout (fa_backward): (dq, dk, dv), with
     `sinks` also dsinks, d loss / d sink per query head (float32), and with bias_grad=True
     last dbias, d loss / d attn_mask in the mask's own shape as given (a broadcast dim
@@ -449,7 +508,7 @@ def attention_backward(dout, q, k, v, out, lse, *, layout: str = "bshd", causal:
     out and lse are the forward's results with the same options (lse (B, Hq, Sq), float64
     for float64 q); dout is shaped like out. One storage dtype for q, k, v, out and dout.
     dk and dv of a GQA group sum over its query heads. The options must be the forward's
-    (attn_mask, bias_place and bias_by_slope as attention's):
+    (attn_mask, bias_place, bias_by_slope and block_mask as attention's):
 
     {options}
     """
@@ -463,7 +522,8 @@ def attention_backward(dout, q, k, v, out, lse, *, layout: str = "bshd", causal:
                  alibi_slopes=alibi_slopes, scale=scale, dropout_p=dropout_p, seed=seed,
                  offset=offset, sinks=sinks, sink_tokens=sink_tokens, score_order=score_order,
                  attn_mask=attn_mask, bias_place=bias_place, bias_by_slope=bias_by_slope,
-                 backend=backend, isa=isa, threads=threads, deterministic=deterministic)
+                 block_mask=block_mask, backend=backend, isa=isa, threads=threads,
+                 deterministic=deterministic)
     dsinks = call.sink_grad()
     dbias = call.bias_grad(tq.dtype) if bias_grad else None
     grads, tgrads = _grad_outputs(frame, views[1:4], lambda vg, n: vg.tensor(layout, n))

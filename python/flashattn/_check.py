@@ -217,9 +217,9 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
           alibi_slopes=None, scale: Optional[float] = None, dropout_p: float = 0.0,
           seed: int = 0, offset: int = 0, sinks=None, sink_tokens: int = 0,
           score_order: Optional[str] = None, attn_mask=None, bias_place: Optional[str] = None,
-          bias_by_slope: Optional[bool] = None, cu_seqlens_q=None, cu_seqlens_k=None,
-          block_table=None, seqused_k=None, kv_layout: str = "nhd", descale_q=None,
-          descale_k=None, descale_v=None, threads: int = 0) -> CheckReport:
+          bias_by_slope: Optional[bool] = None, block_mask=None, cu_seqlens_q=None,
+          cu_seqlens_k=None, block_table=None, seqused_k=None, kv_layout: str = "nhd",
+          descale_q=None, descale_k=None, descale_v=None, threads: int = 0) -> CheckReport:
     """Checks a candidate kernel's results (out, lse, dq, dk, dv: any of them) for the inputs
     q, k, v (and dout, the cotangent, for gradients) against the float64 reference, as
     ``flashattn check`` does: with no atol/rtol, each tensor's max error must be within
@@ -237,16 +237,17 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
     Arrays of any framework (GPU ones are copied to the host for the reference). dtype: the
     candidate's storage dtype ("float16", "bfloat16", "float32", "float64"; default: that of
     its first output, else q's). profile: a kernel family's conventions ("flashattn",
-    "fa2", "fa3", "pytorch", "flashinfer", "xformers", "ggml"): its causal alignment and
-    ALiBi/softcap order unless align / score_order say otherwise, its LSE's base and
+    "fa2", "fa3", "pytorch", "flashinfer", "xformers", "ggml", "flex"): its causal alignment
+    and ALiBi/softcap order unless align / score_order say otherwise, its LSE's base and
     empty-row value, its O of a row with no allowed key (0, NaN, or not compared), where its
     bias enters and whether its ALiBi slopes scale the bias (ggml; with attn_mask and
     alibi_slopes) unless bias_place / bias_by_slope say otherwise, and, for xformers and
     ggml, an int window counting keys (W: window (W - 1, 0)). The other options are
     flashattn.attention's (attn_mask too: a bool keep-mask or an additive bias, SDPA's (B, H,
-    Sq, Sk) or broadcastable; dense only), plus a variable-length batch (cu_seqlens_q,
-    cu_seqlens_k; packed (total, H, D) arrays, lse (H, total)) or a paged K/V (block_table,
-    seqused_k, kv_layout; forward only).
+    Sq, Sk) or broadcastable; block_mask: a flashattn.BlockMask or FlexAttention's BlockMask;
+    both dense only), plus a variable-length batch (cu_seqlens_q, cu_seqlens_k; packed (total,
+    H, D) arrays, lse (H, total)) or a paged K/V (block_table, seqused_k, kv_layout; forward
+    only).
     """
     for name, x in (("atol", atol), ("rtol", rtol)):
         if x is not None and not (math.isfinite(x) and x >= 0):
@@ -307,7 +308,7 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
                 attn_mask=None if attn_mask is None else to_host(attn_mask, "attn_mask")[0],
                 bias_place=bias_place, bias_by_slope=bias_by_slope, descale_q=descale_q,
                 descale_k=descale_k, descale_v=descale_v, kv_shape=(tq.batch, tk.heads),
-                threads=threads)
+                block_mask=block_mask, threads=threads)
 
     def inputs_in(d: int) -> Dict[str, View]:  # FP8 inputs as they are: out takes d
         return {n: h.view() if fp8 else host_view(h.converted(d), d, n) for n, h in hin.items()}

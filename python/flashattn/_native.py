@@ -65,6 +65,16 @@ class Tensor(Structure):
                 ("seq_stride", c_int64), ("head_stride", c_int64), ("headdim_stride", c_int64)]
 
 
+class Indices(Structure):
+    _fields_ = [("data", c_void_p), ("type", c_int), ("count", c_int64)]
+
+
+class BlockMask(Structure):  # fa_block_mask
+    _fields_ = [("batch", c_int64), ("heads", c_int64), ("q_block", c_int64),
+                ("kv_block", c_int64), ("kv_num_blocks", Indices), ("kv_indices", Indices),
+                ("full_kv_num_blocks", Indices), ("full_kv_indices", Indices)]
+
+
 class Params(Structure):
     _fields_ = [("scale", c_double), ("causal", c_int), ("window_left", c_int64),
                 ("window_right", c_int64), ("align", c_int), ("softcap", c_double),
@@ -75,16 +85,12 @@ class Params(Structure):
                 ("bias_by_slope", c_int), ("bias_grad", POINTER(Tensor)),
                 ("descale_q", POINTER(c_float)), ("descale_k", POINTER(c_float)),
                 ("descale_v", POINTER(c_float)), ("descale_layout", c_int),
-                ("block_mask", c_void_p)]  # (fa_block_mask: not wrapped; always NULL)
+                ("block_mask", POINTER(BlockMask))]
 
 
 class Options(Structure):
     _fields_ = [("backend", c_int), ("isa", c_int), ("num_threads", c_int),
                 ("cuda_stream", c_void_p), ("deterministic", c_int)]
-
-
-class Indices(Structure):
-    _fields_ = [("data", c_void_p), ("type", c_int), ("count", c_int64)]
 
 
 class PagedKV(Structure):

@@ -41,7 +41,12 @@ typedef struct {
     int paged; /* any of them: a cache (paged, or contiguous with lengths) */
     fa_paged_kv pages;
     int64_t *page_table, *page_used; /* the CSR conversion's */
-    npy_array idx[7];                /* the index files, by IDX_* (cli_load_indices) */
+    npy_array idx[11];               /* the index files, by IDX_* (cli_load_indices) */
+    /* a block mask (FlexAttention's BlockMask; a dense batch): --kv-num-blocks,
+     * --kv-block-indices and optionally --full-kv-num-blocks, --full-kv-block-indices (in
+     * IDX_* order from IDX_KV_NUM), in blocks of --block-size Q,K (bm's q_block, kv_block) */
+    const char *bm_files[4];
+    fa_block_mask bm; /* o->p.block_mask once loaded (cli_load_indices) */
     fa_params p;
     float *slopes;    /* from --alibi */
     float *sink_vals; /* from --sinks */
@@ -131,11 +136,14 @@ int cli_fail(fa_status s, const char *what);
  * (per tensor) or q's batch x k's heads (per kv head) into o->descale_vals and o->p. */
 int cli_load_params(cli_opts *o, const fa_tensor *q, const fa_tensor *k);
 static inline int cli_is_fp8(fa_dtype d) { return d == FA_E4M3 || d == FA_E5M2; }
+/* The block mask's options, by IDX_* from IDX_KV_NUM. */
+extern const char *const cli_bm_options[4];
 /* The index files of o, by what they are. */
-enum { IDX_CU_Q, IDX_CU_K, IDX_TABLE, IDX_USED, IDX_INDPTR, IDX_INDICES, IDX_LAST, IDX_N };
-/* The index files given (int32 or int64; a block table 2-D, the others 1-D) into o->cu and
- * o->pages (page_size: k's, for FlashInfer's last-page lengths); 0 or an exit code after a
- * message. */
+enum { IDX_CU_Q, IDX_CU_K, IDX_TABLE, IDX_USED, IDX_INDPTR, IDX_INDICES, IDX_LAST,
+       IDX_KV_NUM, IDX_KV_BLOCKS, IDX_FULL_NUM, IDX_FULL_BLOCKS, IDX_N };
+/* The index files given (int32 or int64; a block table 2-D, a block mask's counts 3-D and
+ * indices 4-D, the others 1-D) into o->cu, o->pages and o->bm (page_size: k's, for
+ * FlashInfer's last-page lengths); 0 or an exit code after a message. */
 int cli_load_indices(cli_opts *o, int64_t page_size);
 /* fa_forward or fa_backward, or their variable-length forms when o has offsets. */
 fa_status cli_forward(fa_context *ctx, const cli_opts *o, const fa_tensor *q, const fa_tensor *k,

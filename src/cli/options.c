@@ -73,7 +73,8 @@ void cli_usage(FILE *f, const char *cmd)
                 "outputs were saved as f32), plus eps(dtype) x max(1, |ref|); --atol/--rtol give\n"
                 "an explicit elementwise bound |cand - ref| <= atol + rtol |ref| instead.\n"
                 "Exit status: 0 PASS, 1 FAIL, 2 bad usage or unreadable input, 3 could not run.\n"
-                "Profiles: flashattn (default), fa2, fa3, pytorch, flashinfer, xformers, ggml.\n");
+                "Profiles: flashattn (default), fa2, fa3, pytorch, flashinfer, xformers, ggml,\n"
+                "flex.\n");
     else
         return;
     fprintf(f,
@@ -121,7 +122,13 @@ void cli_usage(FILE *f, const char *cmd)
             "  --bias-place after-scale|after-softcap   where the bias enters the scores\n"
             "                            (default: the profile's; ggml: after softcap, ALiBi)\n"
             "  --bias-by-slope           the ALiBi slopes scale the bias (ggml; its profile's\n"
-            "                            default when --alibi is given)\n");
+            "                            default when --alibi is given)\n"
+            "  --kv-num-blocks N.npy --kv-block-indices I.npy   a block mask (FlexAttention's\n"
+            "                            BlockMask): N (B|1, H|1, nq) counts, I (B|1, H|1, nq,\n"
+            "                            nk) key blocks, int32 or int64; query block r sees the\n"
+            "                            first N[r] blocks of I[r] (on top of the other masks)\n"
+            "  --full-kv-num-blocks N.npy --full-kv-block-indices I.npy   its full lists\n"
+            "  --block-size Q[,K]        its query and key block sizes (default 128,128)\n");
     fprintf(f,
             "  --threads T               0: all\n");
     char names[200];
@@ -207,8 +214,27 @@ static const opt_def defs[] = {
     {"--bias", "attn"}, {"--mask-kind", "attn"}, {"--bias-place", "attn"},
     {"--bias-by-slope", "attn"}, {"--dbias", "grad"}, {"--fp8", "attn"},
     {"--descale-q", "attn"}, {"--descale-k", "attn"}, {"--descale-v", "attn"},
-    {"--out-dtype", "fwd"}, {NULL, NULL},
+    {"--out-dtype", "fwd"}, {"--kv-num-blocks", "attn"}, {"--kv-block-indices", "attn"},
+    {"--full-kv-num-blocks", "attn"}, {"--full-kv-block-indices", "attn"},
+    {"--block-size", "attn"}, {NULL, NULL},
 };
+
+const char *const cli_bm_options[4] = {"--kv-num-blocks", "--kv-block-indices",
+                                       "--full-kv-num-blocks", "--full-kv-block-indices"};
+
+/* --block-size Q or Q,K (K = Q), each >= 1, into bm's q_block and kv_block. */
+static int parse_block_size(const char *s, fa_block_mask *bm)
+{
+    const char *comma = strchr(s, ',');
+    char q[32];
+    const size_t n = comma ? (size_t)(comma - s) : strlen(s);
+    if (n >= sizeof q)
+        return 1;
+    memcpy(q, s, n);
+    q[n] = '\0';
+    return parse_i64(q, 1, INT64_MAX, &bm->q_block) ||
+           parse_i64(comma ? comma + 1 : q, 1, INT64_MAX, &bm->kv_block);
+}
 
 static const opt_def *find_def(const char *name)
 {
@@ -242,7 +268,9 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
     o->backend = FA_BACKEND_AUTO;
     o->isa = FA_ISA_AUTO;
     const char *window = NULL, *align = NULL, *mask_kind = NULL, *bias_place = NULL;
+    const char *block_size = NULL;
     int by_slope = 0;
+    o->bm.q_block = o->bm.kv_block = 128; /* FlexAttention's default */
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
@@ -290,6 +318,15 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
         else if (!strcmp(a, "--descale-q")) o->descale[0] = v;
         else if (!strcmp(a, "--descale-k")) o->descale[1] = v;
         else if (!strcmp(a, "--descale-v")) o->descale[2] = v;
+        else if (!strcmp(a, "--kv-num-blocks")) o->bm_files[0] = v;
+        else if (!strcmp(a, "--kv-block-indices")) o->bm_files[1] = v;
+        else if (!strcmp(a, "--full-kv-num-blocks")) o->bm_files[2] = v;
+        else if (!strcmp(a, "--full-kv-block-indices")) o->bm_files[3] = v;
+        else if (!strcmp(a, "--block-size")) {
+            if (parse_block_size(v, &o->bm))
+                return bad(cmd, a, v, "expected Q or Q,K: query and key block sizes >= 1");
+            block_size = v;
+        }
         else if (!strcmp(a, "--fp8")) {
             if (strcmp(v, "e4m3") && strcmp(v, "e5m2"))
                 return bad(cmd, a, v, "expected e4m3 or e5m2");
@@ -460,6 +497,18 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
     if (o->bias && (o->packed || o->paged))
         return bad(cmd, o->bias_opt, o->bias, "a bias is (B, H, Sq, Sk) of a dense batch: not "
                                               "with --cu-seqlens-q or a KV cache");
+    const int bm = o->bm_files[0] || o->bm_files[1] || o->bm_files[2] || o->bm_files[3];
+    for (int x = 0; x < 4 && bm; x++)
+        if (!o->bm_files[x] && (x < 2 || o->bm_files[x ^ 1]))
+            return bad(cmd, cli_bm_options[x], NULL,
+                       x < 2 ? "is required for a block mask: its counts and its indices"
+                             : "is required with the other full list");
+    if (bm && (o->packed || o->paged))
+        return bad(cmd, cli_bm_options[0], o->bm_files[0], "a block mask is of a dense batch: "
+                                                           "not with --cu-seqlens-q or a KV cache");
+    if (block_size && !bm)
+        return bad(cmd, "--block-size", block_size, "goes with a block mask (--kv-num-blocks, "
+                                                    "--kv-block-indices)");
     return -1;
 }
 

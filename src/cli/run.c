@@ -7,9 +7,30 @@
 
 #include "cli.h"
 
+/* The option whose file gave what the library's detail names in a block mask
+ * ("params->block_mask->kv_indices[7] = ..."), or "". */
+static const char *block_mask_option(const char *detail)
+{
+    static const char *const field[][2] = {
+        {"kv_num_blocks", "--kv-num-blocks"},
+        {"kv_indices", "--kv-block-indices"},
+        {"full_kv_num_blocks", "--full-kv-num-blocks"},
+        {"full_kv_indices", "--full-kv-block-indices"},
+        {"batch", "--kv-num-blocks"},
+        {"heads", "--kv-num-blocks"},
+        {"q_block", "--block-size"}};
+    const char *at = strstr(detail, "params->block_mask->");
+    for (size_t i = 0; at && i < sizeof field / sizeof *field; i++)
+        if (!strncmp(at + strlen("params->block_mask->"), field[i][0], strlen(field[i][0])))
+            return field[i][1];
+    return "";
+}
+
 int cli_fail(fa_status s, const char *what)
 {
-    fprintf(stderr, "flashattn: %s: %s (%s)\n", what, fa_status_string(s), fa_last_error());
+    const char *detail = fa_last_error(), *opt = block_mask_option(detail);
+    fprintf(stderr, "flashattn: %s: %s (%s)%s%s\n", what, fa_status_string(s), detail,
+            *opt ? ": see " : "", opt);
     switch (s) { /* the library's argument checks are about the user's input */
     case FA_ERR_NULL_POINTER:
     case FA_ERR_INVALID_ARGUMENT:
@@ -211,19 +232,54 @@ static int pages_from_csr(cli_opts *o, int64_t page_size)
     return 0;
 }
 
+/* The block mask's files as o->bm: counts (B|1, H|1, nq), indices (B|1, H|1, nq, nk), the
+ * full lists the same shapes; the library checks the rest (nq and nk against Sq and Sk, the
+ * indices). */
+static int block_mask_of(cli_opts *o)
+{
+    const npy_array *a = &o->idx[IDX_KV_NUM];
+    for (int x = 1; x < 4; x++) { /* the shape of the counts (x = 1, 2) or the indices (3) */
+        const int ref = x == 3 ? 1 : 0;
+        if (o->bm_files[x] && memcmp(o->idx[IDX_KV_NUM + x].shape, o->idx[IDX_KV_NUM + ref].shape,
+                                     (size_t)(3 + ref) * sizeof(int64_t))) {
+            fprintf(stderr, "flashattn: %s %s: its shape does not match %s %s: expected %s\n",
+                    cli_bm_options[x], o->bm_files[x], cli_bm_options[ref], o->bm_files[ref],
+                    x == 1 ? "(B|1, H|1, nq, nk) with the counts' (B|1, H|1, nq)"
+                           : "the same shape");
+            return EXIT_USAGE;
+        }
+    }
+    o->bm.batch = a->shape[0];
+    o->bm.heads = a->shape[1];
+    o->bm.kv_num_blocks = indices_of(a);
+    o->bm.kv_indices = indices_of(&o->idx[IDX_KV_BLOCKS]);
+    if (o->bm_files[2]) {
+        o->bm.full_kv_num_blocks = indices_of(&o->idx[IDX_FULL_NUM]);
+        o->bm.full_kv_indices = indices_of(&o->idx[IDX_FULL_BLOCKS]);
+    }
+    o->p.block_mask = &o->bm;
+    return 0;
+}
+
 int cli_load_indices(cli_opts *o, int64_t page_size)
 {
-    const char *paths[IDX_N] = {o->cu_q,      o->cu_k,       o->block_table, o->seqused,
-                                o->kv_indptr, o->kv_indices, o->kv_last};
+    const char *paths[IDX_N] = {o->cu_q,        o->cu_k,        o->block_table, o->seqused,
+                                o->kv_indptr,   o->kv_indices,  o->kv_last,     o->bm_files[0],
+                                o->bm_files[1], o->bm_files[2], o->bm_files[3]};
     const char *what[IDX_N] = {"B + 1 offsets", "B + 1 offsets", "(B, max_pages) page ids",
                                "B used lengths", "B + 1 offsets", "page ids",
-                               "B last-page lengths"};
+                               "B last-page lengths", "key block counts (--kv-num-blocks)",
+                               "key block indices (--kv-block-indices)",
+                               "full key block counts (--full-kv-num-blocks)",
+                               "full key block indices (--full-kv-block-indices)"};
+    static const int ndim[IDX_N] = {1, 1, 2, 1, 1, 1, 1, 3, 4, 3, 4};
     for (int i = 0; i < IDX_N; i++) {
-        int rc = paths[i] ? load_index_file(paths[i], i == IDX_TABLE ? 2 : 1, what[i], &o->idx[i])
-                          : 0;
+        int rc = paths[i] ? load_index_file(paths[i], ndim[i], what[i], &o->idx[i]) : 0;
         if (rc)
             return rc;
     }
+    if (o->bm_files[0]) /* a dense batch: neither offsets nor pages */
+        return block_mask_of(o);
     if (o->packed) {
         o->cu[0] = indices_of(&o->idx[IDX_CU_Q]);
         o->cu[1] = indices_of(&o->idx[IDX_CU_K]);
@@ -311,12 +367,13 @@ int cmd_forward(int argc, char **argv)
     cli_outputs_init(&files);
     cli_outputs_add(&files, o.out, &out);
     cli_outputs_add(&files, o.lse, &lse);
-    const char *inputs[16] = {o.q,           o.k,         o.v,          o.alibi,
-                              o.sinks,       o.cu_q,      o.cu_k,       o.block_table,
-                              o.seqused,     o.kv_indptr, o.kv_indices, o.kv_last,
-                              o.bias,        o.descale[0], o.descale[1], o.descale[2]};
+    const char *inputs[20] = {o.q,           o.k,          o.v,          o.alibi,
+                              o.sinks,       o.cu_q,       o.cu_k,       o.block_table,
+                              o.seqused,     o.kv_indptr,  o.kv_indices, o.kv_last,
+                              o.bias,        o.descale[0], o.descale[1], o.descale[2],
+                              o.bm_files[0], o.bm_files[1], o.bm_files[2], o.bm_files[3]};
     if (!rc)
-        rc = cli_outputs_open(&files, inputs, 16);
+        rc = cli_outputs_open(&files, inputs, 20);
     fa_context *ctx = rc ? NULL : cli_context(&o, o.backend);
     if (!rc && !ctx)
         rc = EXIT_ERROR;
@@ -401,11 +458,13 @@ int cmd_backward(int argc, char **argv)
         o.p.bias_grad = &db.t;
         cli_outputs_add(&files, o.dbias, &db);
     }
-    const char *inputs[14] = {o.q,    o.k,    o.v,     o.out,  o.lse,        o.dout,
-                              o.alibi, o.sinks, o.cu_q, o.cu_k, o.bias, o.descale[0],
-                              o.descale[1], o.descale[2]};
+    const char *inputs[18] = {o.q,           o.k,           o.v,           o.out,
+                              o.lse,         o.dout,        o.alibi,       o.sinks,
+                              o.cu_q,        o.cu_k,        o.bias,        o.descale[0],
+                              o.descale[1],  o.descale[2],  o.bm_files[0], o.bm_files[1],
+                              o.bm_files[2], o.bm_files[3]};
     if (!rc)
-        rc = cli_outputs_open(&files, inputs, 14);
+        rc = cli_outputs_open(&files, inputs, 18);
     fa_context *ctx = rc ? NULL : cli_context(&o, o.backend);
     if (!rc && !ctx)
         rc = EXIT_ERROR;
