@@ -305,6 +305,32 @@ static inline int fai_blocks_cover(const fai_problem *pr, int64_t b, int64_t h, 
     return 1;
 }
 
+/* The keys of [j0, j0 + n) in key blocks the block mask lists for some row of [i0, i1) of
+ * (b, h), from the first such block to the last, as columns [*lo, *hi) of the tile ([0, n)
+ * without a block mask; *lo >= *hi if none). */
+static inline void fai_blocks_span(const fai_problem *pr, int64_t b, int64_t h, int64_t i0,
+                                   int64_t i1, int64_t j0, int64_t n, int64_t *lo, int64_t *hi)
+{
+    const fai_block_map *m = pr->blocks;
+    *lo = 0, *hi = n;
+    if (!m)
+        return;
+    const int64_t bb = m->batch == 1 ? 0 : b, hh = m->heads == 1 ? 0 : h;
+    const int64_t c0 = j0 / m->kv_block, c1 = (j0 + n - 1) / m->kv_block;
+    int64_t first = c1 + 1, last = c0 - 1;
+    for (int64_t r = i0 / m->q_block; r <= (i1 - 1) / m->q_block; r++) {
+        const unsigned char *row = m->listed + ((bb * m->heads + hh) * m->q_blocks + r) * m->kv_blocks;
+        for (int64_t c = c0; c <= c1; c++)
+            if (row[c]) {
+                first = c < first ? c : first;
+                last = c > last ? c : last;
+            }
+    }
+    const int64_t a = first * m->kv_block - j0, z = (last + 1) * m->kv_block - j0;
+    *lo = a > 0 ? a : 0;
+    *hi = z < n ? z : n;
+}
+
 /* Whether the scores take a per-key row of additions: the bias tensor's entries, the block
  * mask's -inf, or both (what the tiled strips load per row: fai_row_bias). */
 static inline int fai_row_biased(const fai_problem *pr) { return pr->bias || pr->blocks; }

@@ -129,6 +129,8 @@ typedef struct {
     int64_t j0, n;        /* keys [j0, j0 + n), packed in w->kt and w->v (tiles: w->ktb, w->vb) */
     fai_tile_class cls;
     int64_t b, h, i1;     /* the query tile's batch and head, and its end */
+    int64_t span0, span1; /* the strip's columns in key blocks its rows' blocks list (all but
+                           * with a block mask: fai_blocks_span) */
     FT slope;             /* ALiBi slope of the head */
     FT bias_factor;       /* the bias's factor (fai_bias_factor) */
     int scale_only;       /* the score pipeline is x scale */
@@ -151,20 +153,26 @@ static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, in
 {
     const int64_t dv = pr->dv, ld = w->sp_ld, j0 = tile->j0, n = tile->n;
     const fai_dropout *drop = tile->drop;
-    /* the rows' additions: the bias's, or the block mask's where it does not cover the strip */
+    /* the rows' additions: the bias's, or the block mask's where it does not cover the
+     * strip's span of listed blocks */
     FT *const bias = pr->bias || (pr->blocks && !fai_blocks_cover(pr, tile->b, tile->h, i0 + r0,
-                                                                  i0 + r1, j0, n))
+                                                                  i0 + r1, j0 + tile->span0,
+                                                                  tile->span1 - tile->span0))
                          ? w->bias
                          : NULL;
     int64_t cs0 = n, cs1 = 0;
     for (int64_t r = r0; r < r1; r++) { /* each row's allowed columns, and their union */
         int64_t *c = w->cols + 2 * (r - r0);
         FAI_T(row_cols)(pr, tile->cls, i0 + r, j0, n, &c[0], &c[1]);
+        c[0] = c[0] > tile->span0 ? c[0] : tile->span0;
+        c[1] = c[1] < tile->span1 ? c[1] : tile->span1;
         if (c[0] < c[1]) {
             cs0 = c[0] < cs0 ? c[0] : cs0;
             cs1 = c[1] > cs1 ? c[1] : cs1;
         }
     }
+    if (cs0 >= cs1) /* no row sees a listed key here (the span cut them off): all as they are */
+        return;
     FAI_T(gemm_qk)(w, r0, r1, cs0, cs1, pr->dqk, ld, tile->scale_only);
 
     for (int64_t r = r0; r < r1; r++) { /* 2. block max, new reference, rescale exponent */
@@ -373,8 +381,19 @@ static void FAI_T(fwd_qtile)(const fai_problem *call, fai_tiles tl, int64_t b, i
                     }
                     int64_t a0, a1; /* the strip's rows that see the tile */
                     FAI_T(row_span)(pm, tile.cls, i0 + s0, s1 - s0, tile.j0, tile.n, &a0, &a1);
-                    if (a0 < a1 && fai_blocks_meet(pr, b, h, i0 + s0 + a0, i0 + s0 + a1,
-                                                   tile.j0, tile.n))
+                    if (a0 >= a1)
+                        continue;
+                    /* the strip's work narrows to the span of its listed key blocks (where
+                     * blocks are whole vectors of the kernels, 16 keys): the columns left out
+                     * would add exact zeros, so the results are those of the key blocks as a
+                     * dense mask but for how sums group in lanes (the same bits unless a
+                     * window's edge shares the tile) */
+                    tile.span0 = 0, tile.span1 = tile.n;
+                    if (pr->blocks && pr->blocks->kv_block % 16 == 0)
+                        fai_blocks_span(pr, b, h, i0 + s0 + a0, i0 + s0 + a1, tile.j0, tile.n,
+                                        &tile.span0, &tile.span1);
+                    if (tile.span0 < tile.span1 &&
+                        fai_blocks_meet(pr, b, h, i0 + s0 + a0, i0 + s0 + a1, tile.j0, tile.n))
                         FAI_T(fwd_strip)(pm, tl, i0, s0 + a0, s0 + a1, &tile, w);
                 }
             }
