@@ -75,7 +75,7 @@ typedef enum { FA_ALIGN_BOTTOM_RIGHT, FA_ALIGN_TOP_LEFT } fa_align;
  * order of FlashAttention-2 and ggml; FlashInfer adds the bias before the cap. */
 typedef enum { FA_SOFTCAP_THEN_ALIBI, FA_ALIBI_THEN_SOFTCAP } fa_score_order;
 
-/* Where a bias tensor's entries enter the score pipeline (docs/DESIGN.md §1, step 2b): added to
+/* Where a bias tensor's entries enter the score pipeline (docs/DESIGN.md §1, step 2a): added to
  * the scaled dot product, before softcap and ALiBi (PyTorch SDPA's attn_mask, xformers'
  * attn_bias: the default), or after both (ggml's flash_attn_ext mask). */
 typedef enum { FA_BIAS_AFTER_SCALE, FA_BIAS_AFTER_SOFTCAP } fa_bias_place;
@@ -84,7 +84,8 @@ typedef enum { FA_BIAS_AFTER_SCALE, FA_BIAS_AFTER_SOFTCAP } fa_bias_place;
 typedef struct fa_block_mask fa_block_mask;
 
 /* The layout of FP8 descale factors (fa_params.descale_q/k/v): one float for the tensor, or one
- * per (batch, kv head), B x Hk row-major (FlashAttention-3's q_descale, k_descale, v_descale). */
+ * per (batch, kv head), B x Hk row-major (FlashAttention-3's q_descale, k_descale, v_descale;
+ * dense calls only: calls of sequences take them per tensor). */
 typedef enum { FA_DESCALE_PER_TENSOR, FA_DESCALE_PER_KV_HEAD } fa_descale_layout;
 
 typedef struct {

@@ -1,5 +1,5 @@
 /*
- * Bias and keep-mask tensors (fa_params.bias, docs/DESIGN.md §1 step 2b): a mask equal to a
+ * Bias and keep-mask tensors (fa_params.bias, docs/DESIGN.md §1 step 2a): a mask equal to a
  * formula mask gives the formula's bits; broadcasting through dims of 1 and zero strides;
  * rows masked entirely; NaN in a bias; masked NaN in V kept out; the bias gradient against
  * finite differences and across thread counts; bad arguments refused with nothing written.
@@ -286,15 +286,19 @@ START_TEST(masked_rows_and_nan)
 END_TEST
 
 /* NaN and inf in the V and K rows of keys that the bias masks for every row never reach the
- * fused paths' results (they skip masked keys by selection, as the window's). */
+ * fused paths' results (they skip masked keys by selection, as the window's), the bias
+ * gradient's included (0 at masked keys): a bool key-padding mask, and an f32 one of 0 / -inf
+ * with its gradient. */
 START_TEST(masked_nonfinite_kv)
 {
-    const fa_backend be = _i ? FA_BACKEND_TILED : FA_BACKEND_REFERENCE;
+    const fa_backend be = _i % 2 ? FA_BACKEND_TILED : FA_BACKEND_REFERENCE;
+    const int with_grad = _i / 2;
     const int64_t sq = 50, sk = 80, D = 16;
     set x;
     set_alloc(&x, FA_F32, 1, sq, sk, 1, 1, D);
-    ht_tensor mask;
-    ht_alloc(&mask, FA_BOOL, 1, 1, 1, sk, HT_BSHD); /* key padding: one row for all */
+    ht_tensor mask, grad;
+    ht_alloc(&mask, with_grad ? FA_F32 : FA_BOOL, 1, 1, 1, sk, HT_BSHD); /* key padding */
+    ht_alloc(&grad, FA_F32, 1, 1, 1, sk, HT_BSHD);
     for (int64_t j = 0; j < sk; j++)
         ht_set(&mask, 0, 0, 0, j, j % 9 == 4 ? -INFINITY : 0);
     for (int64_t j = 4; j < sk; j += 9) {
@@ -304,7 +308,14 @@ START_TEST(masked_nonfinite_kv)
     fa_params p;
     fa_params_init(&p);
     p.bias = &mask.t;
+    p.bias_grad = with_grad ? &grad.t : NULL;
     run_both(be, 2, &p, &x);
+    for (int64_t j = 0; with_grad && j < sk; j++) {
+        const double g = ht_get(&grad, 0, 0, 0, j);
+        ck_assert_msg(j % 9 == 4 ? g == 0.0 : isfinite(g), "%s: dbias[%lld] = %g",
+                      fa_backend_name(be), (long long)j, g);
+    }
+    ht_free(&grad);
     const ht_tensor *outs[4] = {&x.o, &x.dq, &x.dk, &x.dv};
     for (int t = 0; t < 4; t++)
         for (int64_t s = 0; s < outs[t]->t.seqlen; s++)
@@ -582,6 +593,56 @@ START_TEST(block_mask_equals_dense_mask)
 }
 END_TEST
 
+/* A bias and a block mask together, with a causal window (16-key blocks: the tiled strips
+ * narrow to their listed blocks, and rows left of those see nothing of them): the tiled path
+ * against the reference under the tolerance rule, outputs and gradients, the bias's too. */
+START_TEST(bias_and_block_mask_together)
+{
+    const int64_t B = 1, sq = 150, sk = 190, H = 2, D = 32;
+    set ref, conv, tiled;
+    set_alloc(&ref, FA_F32, B, sq, sk, H, H, D);
+    set_alloc(&conv, FA_F32, B, sq, sk, H, H, D);
+    set_alloc(&tiled, FA_F32, B, sq, sk, H, H, D);
+    blocks x;
+    blocks_make(&x, H, sq, sk, 32, 16, 0.6, 91);
+    const int64_t nq = (sq + 31) / 32, nk = (sk + 15) / 16;
+    for (int64_t h = 0; h < H; h++) { /* query block 0 lists only the last key block, which its
+                                         causal rows (keys <= i + 40) never reach */
+        x.num[h * nq] = 1, x.fnum[h * nq] = 0;
+        x.idx[h * nq * nk] = (int32_t)(nk - 1);
+    }
+    ht_tensor bias, grads[3];
+    ht_alloc(&bias, FA_F16, B, sq, 1, sk, HT_BSHD);
+    ht_fill(&bias, 92, 1, -1);
+    for (int g = 0; g < 3; g++)
+        ht_alloc(&grads[g], FA_F32, B, sq, 1, sk, HT_BSHD);
+    fa_params p;
+    fa_params_init(&p);
+    p.causal = 1;
+    p.bias = &bias.t;
+    p.block_mask = &x.bm;
+    set *sets[3] = {&ref, &conv, &tiled};
+    for (int s = 0; s < 3; s++) {
+        p.bias_grad = &grads[s].t;
+        run_both(cpu_backends[s], 2, &p, sets[s]);
+    }
+    const ht_tensor *r[5] = {&ref.o, &ref.dq, &ref.dk, &ref.dv, &grads[0]},
+                    *c[5] = {&conv.o, &conv.dq, &conv.dk, &conv.dv, &grads[1]},
+                    *t[5] = {&tiled.o, &tiled.dq, &tiled.dk, &tiled.dv, &grads[2]};
+    for (int k = 0; k < 5; k++) {
+        fa_tolerance tol = {k == 0 ? 2 : 3, 0, 0};
+        fa_comparison cmp;
+        ck_assert_int_eq(fa_compare(&t[k]->t, &r[k]->t, &c[k]->t, &tol, &cmp), FA_OK);
+        ck_assert_msg(cmp.pass, "tensor %d: %s", k, cmp.rule);
+    }
+    for (int g = 0; g < 3; g++)
+        ht_free(&grads[g]);
+    ht_free(&bias);
+    blocks_free(&x);
+    set_free(&ref), set_free(&conv), set_free(&tiled);
+}
+END_TEST
+
 /* Each bad block mask: its own status and message, and no output written. */
 START_TEST(bad_block_masks)
 {
@@ -638,6 +699,19 @@ START_TEST(bad_block_masks)
                          &x.dout.t, &x.dq.t, &x.dk.t, &x.dv.t);
         ck_assert_int_eq(st, cases[c].want);
         ck_assert(ht_is_poisoned(&x.dq));
+        /* checked even where nothing is to compute: no keys (whose gradients are 0 but are
+         * not written), and no batch */
+        fa_tensor k0 = x.k.t, v0 = x.v.t, dk0 = x.dk.t, dv0 = x.dv.t, q0 = x.q.t, o0 = x.o.t;
+        k0.seqlen = v0.seqlen = dk0.seqlen = dv0.seqlen = 0;
+        if (cases[c].what != 0 && cases[c].what != 1 && cases[c].what != 4) {
+            st = ht_backward(FA_BACKEND_TILED, 1, &p, &x.q.t, &k0, &v0, &x.o.t, &x.l.t,
+                             &x.dout.t, &x.dq.t, &dk0, &dv0);
+            ck_assert_msg(st != FA_OK, "case %zu, Sk 0: %s", c, fa_last_error());
+            ck_assert(ht_is_poisoned(&x.dq));
+        }
+        q0.batch = o0.batch = 0;
+        st = ht_forward(FA_BACKEND_TILED, 1, &p, &q0, &x.k.t, &x.v.t, &o0, NULL);
+        ck_assert_msg(st != FA_OK || cases[c].what == 5, "case %zu, B 0: accepted", c);
     }
     blocks_free(&good);
     set_free(&x);
@@ -654,12 +728,13 @@ Suite *make_masks_suite(void)
     tcase_add_loop_test(tc, broadcast_equals_repeated, 0, 3);
     tcase_add_loop_test(tc, bias_within_tolerance, 0, 8);
     tcase_add_loop_test(tc, masked_rows_and_nan, 0, 6);
-    tcase_add_loop_test(tc, masked_nonfinite_kv, 0, 2);
+    tcase_add_loop_test(tc, masked_nonfinite_kv, 0, 4);
     tcase_add_loop_test(tc, bias_grad_finite_differences, 0, 6);
     tcase_add_loop_test(tc, bias_bits_across_threads, 0, 2);
     tcase_add_test(tc, bad_bias_arguments);
     tcase_add_loop_test(tc, block_mask_equals_dense_mask, 0, 12);
     tcase_add_test(tc, bad_block_masks);
+    tcase_add_test(tc, bias_and_block_mask_together);
     suite_add_tcase(s, tc);
     return s;
 }

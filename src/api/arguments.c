@@ -447,8 +447,8 @@ fa_status fai_problem_blocks(fa_context *ctx, fai_problem *pr, const fa_block_ma
                          (pr->sq + bm->q_block - 1) / bm->q_block,
                          (pr->sk + bm->kv_block - 1) / bm->kv_block};
     size_t n;
-    if (!fai_mul_size((size_t)(m->batch * m->heads), (size_t)m->q_blocks, &n) ||
-        !fai_mul_size(n, (size_t)m->kv_blocks, &n))
+    if (!fai_mul_size((size_t)m->batch, (size_t)m->heads, &n) ||
+        !fai_mul_size(n, (size_t)m->q_blocks, &n) || !fai_mul_size(n, (size_t)m->kv_blocks, &n))
         return fai_fail(FA_ERR_OVERFLOW, "params->block_mask: its map overflows size_t");
     unsigned char *listed = n ? fai_alloc(&ctx->mem, n) : NULL;
     if (n && !listed)
@@ -465,8 +465,6 @@ fa_status fai_problem_blocks(fa_context *ctx, fai_problem *pr, const fa_block_ma
     }
     m->listed = listed;
     pr->blocks = m;
-    if (pr->score.bias == FAI_BIAS_NONE) /* the block mask's -inf enter as a bias of 0 would */
-        pr->score.bias = FAI_BIAS_BEFORE_CAP;
     *bytes = n;
     return FA_OK;
 }
@@ -775,6 +773,9 @@ static fa_status check_bias(const fa_params *p, const fai_problem *pr)
         return FA_OK;
     }
     FAI_TRY(fai_check_tensor(t, "params->bias", FAI_INPUT, FAI_TENSOR_BIAS));
+    if (fai_dtype_is_fp8(t->dtype))
+        return fai_fail(FA_ERR_DTYPE, "params->bias->dtype = %s; a bias is f32, f16, bf16 or f64, "
+                                      "a keep-mask bool", fa_dtype_name(t->dtype));
     const struct {
         const char *dim, *ref;
         int64_t got, want;

@@ -142,7 +142,7 @@ static fa_status forward(fa_context *ctx, const fa_params *p, const fa_tensor *q
         FAI_TRY(fai_problem_sequences(&pr, sh->cu_q, sh->cu_k));
     FAI_TRY(kv_layout(ctx, &pr, sh, k, v));
     if (fai_dtype_is_fp8(q->dtype)) { /* out in a wider dtype, its own */
-        FAI_TRY(fai_check_tensor(out, "out", FAI_OUTPUT, 0));
+        FAI_TRY(fai_check_tensor(out, "out", FAI_OUTPUT, FAI_TENSOR_VALUES));
         if (fai_dtype_is_fp8(out->dtype))
             return fai_fail(FA_ERR_DTYPE, "out->dtype = %s with q->dtype = %s; the output of "
                                           "FP8 inputs is f32, f16, bf16 or f64",
@@ -152,7 +152,7 @@ static fa_status forward(fa_context *ctx, const fa_params *p, const fa_tensor *q
     FAI_TRY(fai_check_operand(out, "out", FAI_OUTPUT, pr.dtype, pr.b, pr.sq, pr.hq, pr.dv,
                               "q (headdim: v)"));
     if (lse) {
-        FAI_TRY(fai_check_tensor(lse, "lse", FAI_OUTPUT, 1));
+        FAI_TRY(fai_check_tensor(lse, "lse", FAI_OUTPUT, FAI_TENSOR_LSE));
         FAI_TRY(fai_check_shape(lse, "lse", pr.b, pr.sq, pr.hq, 1, "q"));
     }
     {
@@ -181,18 +181,18 @@ static fa_status forward(fa_context *ctx, const fa_params *p, const fa_tensor *q
     pr.io[FAI_LSE] = lse;
     const fai_backend *be;
     FAI_TRY(call_backend(ctx, &pr, q, &be));
-    if (pr.b == 0 || (pr.sq == 0 && !pr.k_new)) /* (new keys are appended even so) */
-        return FA_OK;
-    fai_op_fn run;
-    FAI_TRY(fai_backend_op(be, FAI_OP_FORWARD, "forward", &run));
-    fai_block_map blocks;
+    fai_block_map blocks; /* checked before anything is written, even where nothing is */
     size_t map_bytes;
     FAI_TRY(fai_problem_blocks(ctx, &pr, p->block_mask, &blocks, &map_bytes));
     fa_status st = FA_OK;
-    if (pr.sk == 0 && !be->device_memory) /* no row has a key (and no key is new) */
-        fai_write_empty(&pr, 0);
-    else
-        st = run(ctx, &pr);
+    if (pr.b > 0 && (pr.sq > 0 || pr.k_new)) { /* (new keys are appended even without rows) */
+        fai_op_fn run;
+        st = fai_backend_op(be, FAI_OP_FORWARD, "forward", &run);
+        if (st == FA_OK && pr.sk == 0 && !be->device_memory) /* no row has a key, none new */
+            fai_write_empty(&pr, 0);
+        else if (st == FA_OK)
+            st = run(ctx, &pr);
+    }
     fai_free(&ctx->mem, (void *)blocks.listed, map_bytes);
     return st;
 }
@@ -305,7 +305,7 @@ static fa_status backward(fa_context *ctx, const fa_params *p, const fa_tensor *
                         fa_dtype_name(pr.q_dtype));
     FAI_TRY(fai_check_operand(out, "out", FAI_INPUT, q->dtype, pr.b, pr.sq, pr.hq, pr.dv,
                               "q (headdim: v)"));
-    FAI_TRY(fai_check_tensor(lse, "lse", FAI_INPUT, 1));
+    FAI_TRY(fai_check_tensor(lse, "lse", FAI_INPUT, FAI_TENSOR_LSE));
     FAI_TRY(fai_check_shape(lse, "lse", pr.b, pr.sq, pr.hq, 1, "q"));
     if (q->dtype == FA_F64 && lse->dtype != FA_F64) /* P = exp(s - LSE) is only as exact as LSE */
         return fai_fail(FA_ERR_DTYPE, "lse->dtype = %s with f64 storage; the backward needs an "
@@ -356,31 +356,27 @@ static fa_status backward(fa_context *ctx, const fa_params *p, const fa_tensor *
     FAI_TRY(call_backend(ctx, &pr, q, &be));
     if (be->device_memory) /* it forms the sink gradient where out, lse and dout are */
         pr.sink_grad = p->sink_grad;
-    if (pr.b == 0) {
-        if (p->sink_grad) /* a sum over no rows */
+    fai_block_map blocks; /* checked before anything is written, even where nothing is */
+    size_t map_bytes;
+    FAI_TRY(fai_problem_blocks(ctx, &pr, p->block_mask, &blocks, &map_bytes));
+    fai_op_fn run;
+    fa_status st = pr.b == 0 ? FA_OK : fai_backend_op(be, FAI_OP_BACKWARD, "backward", &run);
+    if (st == FA_OK && pr.b == 0) { /* a sum over no rows */
+        if (p->sink_grad)
             memset(p->sink_grad, 0, (size_t)pr.hq * sizeof(float));
         if (p->bias_grad && !be->device_memory)
             fai_zero_bias_grad(&pr);
-        return FA_OK;
-    }
-    fai_op_fn run;
-    FAI_TRY(fai_backend_op(be, FAI_OP_BACKWARD, "backward", &run));
-    if ((pr.sq == 0 || pr.sk == 0) && !be->device_memory) { /* no (query, key) pair: every
-                                                               gradient is 0 */
-        fai_write_empty(&pr, 1); /* the bias gradient included */
-        if (p->sink_grad) /* O = 0 (or no row): D_i = 0 */
+    } else if (st == FA_OK && (pr.sq == 0 || pr.sk == 0) && !be->device_memory) {
+        fai_write_empty(&pr, 1); /* no (query, key) pair: every gradient 0, the bias's too */
+        if (p->sink_grad)    /* O = 0 (or no row): D_i = 0 */
             memset(p->sink_grad, 0, (size_t)pr.hq * sizeof(float));
-        return FA_OK;
+    } else if (st == FA_OK) {
+        st = run(ctx, &pr);
+        if (st == FA_OK && p->sink_grad && !be->device_memory)
+            sink_gradient(ctx, &pr, p->sink_grad);
     }
-    fai_block_map blocks;
-    size_t map_bytes;
-    FAI_TRY(fai_problem_blocks(ctx, &pr, p->block_mask, &blocks, &map_bytes));
-    const fa_status st = run(ctx, &pr);
     fai_free(&ctx->mem, (void *)blocks.listed, map_bytes);
-    FAI_TRY(st);
-    if (p->sink_grad && !be->device_memory)
-        sink_gradient(ctx, &pr, p->sink_grad);
-    return FA_OK;
+    return st;
 }
 
 fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,

@@ -69,6 +69,14 @@ typedef struct fai_block_map {
     int64_t batch, heads, q_block, kv_block, q_blocks, kv_blocks;
 } fai_block_map;
 
+/* Query block r of (b, h)'s row of the map (kv_blocks bytes), broadcast dims read at 0. */
+static inline const unsigned char *fai_block_row(const fai_block_map *m, int64_t b, int64_t h,
+                                                 int64_t r)
+{
+    const int64_t bb = m->batch == 1 ? 0 : b, hh = m->heads == 1 ? 0 : h;
+    return m->listed + ((bb * m->heads + hh) * m->q_blocks + r) * m->kv_blocks;
+}
+
 /* What the mask is made of (fai_mask_make), kept for the sequences of a batch. */
 typedef struct {
     int causal, top_left;
@@ -264,11 +272,7 @@ static inline int fai_block_listed(const fai_problem *pr, int64_t b, int64_t h, 
                                    int64_t j)
 {
     const fai_block_map *m = pr->blocks;
-    if (!m)
-        return 1;
-    const int64_t bb = m->batch == 1 ? 0 : b, hh = m->heads == 1 ? 0 : h;
-    return m->listed[((bb * m->heads + hh) * m->q_blocks + i / m->q_block) * m->kv_blocks +
-                     j / m->kv_block];
+    return !m || fai_block_row(m, b, h, i / m->q_block)[j / m->kv_block];
 }
 
 /* Whether the block mask lists, for some row of [i0, i1) of (b, h), some key of [j0, j0 + n) (1
@@ -279,9 +283,8 @@ static inline int fai_blocks_meet(const fai_problem *pr, int64_t b, int64_t h, i
     const fai_block_map *m = pr->blocks;
     if (!m || i0 >= i1 || n <= 0)
         return 1;
-    const int64_t bb = m->batch == 1 ? 0 : b, hh = m->heads == 1 ? 0 : h;
     for (int64_t r = i0 / m->q_block; r <= (i1 - 1) / m->q_block; r++) {
-        const unsigned char *row = m->listed + ((bb * m->heads + hh) * m->q_blocks + r) * m->kv_blocks;
+        const unsigned char *row = fai_block_row(m, b, h, r);
         for (int64_t c = j0 / m->kv_block; c <= (j0 + n - 1) / m->kv_block; c++)
             if (row[c])
                 return 1;
@@ -290,14 +293,15 @@ static inline int fai_blocks_meet(const fai_problem *pr, int64_t b, int64_t h, i
 }
 
 /* Whether the block mask lists every key block of [j0, j0 + n) for every query block of rows
- * [i0, i1) of (b, h): those scores then take nothing from it. */
+ * [i0, i1) of (b, h) (1 without one): those scores then take nothing from it. */
 static inline int fai_blocks_cover(const fai_problem *pr, int64_t b, int64_t h, int64_t i0,
                                    int64_t i1, int64_t j0, int64_t n)
 {
     const fai_block_map *m = pr->blocks;
-    const int64_t bb = m->batch == 1 ? 0 : b, hh = m->heads == 1 ? 0 : h;
+    if (!m)
+        return 1;
     for (int64_t r = i0 / m->q_block; r <= (i1 - 1) / m->q_block; r++) {
-        const unsigned char *row = m->listed + ((bb * m->heads + hh) * m->q_blocks + r) * m->kv_blocks;
+        const unsigned char *row = fai_block_row(m, b, h, r);
         for (int64_t c = j0 / m->kv_block; c <= (j0 + n - 1) / m->kv_block; c++)
             if (!row[c])
                 return 0;
@@ -315,11 +319,10 @@ static inline void fai_blocks_span(const fai_problem *pr, int64_t b, int64_t h, 
     *lo = 0, *hi = n;
     if (!m)
         return;
-    const int64_t bb = m->batch == 1 ? 0 : b, hh = m->heads == 1 ? 0 : h;
     const int64_t c0 = j0 / m->kv_block, c1 = (j0 + n - 1) / m->kv_block;
     int64_t first = c1 + 1, last = c0 - 1;
     for (int64_t r = i0 / m->q_block; r <= (i1 - 1) / m->q_block; r++) {
-        const unsigned char *row = m->listed + ((bb * m->heads + hh) * m->q_blocks + r) * m->kv_blocks;
+        const unsigned char *row = fai_block_row(m, b, h, r);
         for (int64_t c = c0; c <= c1; c++)
             if (row[c]) {
                 first = c < first ? c : first;

@@ -149,8 +149,7 @@ static void scores(const conv *cv, const conv_pack *w, int64_t b, int64_t h, voi
     const double cap = pr->score.softcap, slope = fai_slope(pr, h);
     const double factor = pr->bias ? fai_bias_factor(pr, h) : 0.0;
     const int distance = slope != 0 && !pr->score.bias_by_slope;
-    const fai_bias_place place = pr->bias ? pr->score.bias : FAI_BIAS_NONE; /* (a block mask's
-                                                                               is -inf alone) */
+    const fai_bias_place place = pr->score.bias;
     double *x = w->row[0], *t = w->row[1], *bias = w->row[2];
     for (int64_t i = 0; i < pr->sq; i++) {
         row_load(cv, s, i, x);

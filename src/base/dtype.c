@@ -116,8 +116,8 @@ uint16_t fai_f64_to_bf16(double x)
  * IEEE-like (exponent 31: inf or NaN), largest 57344. Widening is exact in f32 and f64.
  * Narrowing rounds to nearest even once; past the largest value it gives e4m3's NaN (it has
  * no infinity) and e5m2's infinity, as the IEEE-style conversions of ml_dtypes and PyTorch's
- * non-saturating casts do. The halfway points above the largest values: 464 (e4m3) and 61440
- * (e5m2).
+ * non-saturating casts do. Halfway above the largest values: 464 (e4m3), which rounds down to
+ * 448 (its code is even), and 61440 (e5m2), which rounds up (57344's is odd).
  */
 /* Every e4m3 code's value, generated from the definition (fai_e4m3_to_f64 computes it;
  * tests/check_fp8.c checks both against the format written out), for the row loads: a lookup
@@ -174,7 +174,7 @@ uint8_t fai_f64_to_e4m3(double x)
 {
     const uint8_t sign = signbit(x) ? 0x80u : 0;
     const double a = fabs(x);
-    if (isnan(x) || a >= 464.0)
+    if (isnan(x) || a > 464.0) /* 464, halfway from 448, rounds to 448's even code */
         return sign | 0x7fu;
     return sign | (uint8_t)encode_exact(round_to_format(a, 3, -6), 3, -6, 7);
 }

@@ -51,7 +51,7 @@ FA_HOST_DEVICE static inline double fai_dscore_f64(double p, double dp, double z
 }
 
 /*
- * A bias tensor's gradient (docs/DESIGN.md §1, step 2b): its entry B_ij adds to x, the cap's
+ * A bias tensor's gradient (docs/DESIGN.md §1, step 2a): its entry B_ij adds to x, the cap's
  * argument (before the cap), or to s (after it), so d loss / d B_ij is the dS above taken at
  * that point: with the chain factor 1 - t^2 before the cap, without it after; times the
  * slope where the slopes scale the bias (`factor`: the slope, else 1). A masked pair (B = -inf,

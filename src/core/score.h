@@ -158,7 +158,8 @@ FA_HOST_DEVICE static inline fai_tile_class fai_mask_classify(const fai_mask *m,
  * (bias_by_slope: ggml's ALiBi, whose mask holds the positions; no distance term then). A bias
  * of -inf masks the key whatever else: s = -inf (a cap would otherwise turn -inf into -c, and
  * a zero slope -inf into NaN), and callers that skip masked keys by selection skip it too
- * (fai_bias_masks). NaN propagates. `t` (may be NULL) receives tanh(x / c), for the backward's
+ * (fai_bias_masks). That holds without a bias tensor too (bias NONE: the entry is only ever
+ * 0 or a block mask's -inf, base/backend.h's fai_row_biased). NaN propagates. `t` (may be NULL) receives tanh(x / c), for the backward's
  * chain rule d(c tanh(x/c))/dx = 1 - tanh^2(x/c) (the bias and ALiBi are additive, so the rule
  * is the same in every order); it is 0 when softcap is off.
  *
@@ -191,7 +192,7 @@ FA_HOST_DEVICE static inline double fai_score_biased_f64(const fai_score *sc, do
 {
     double s = sc->scale * dot, th = 0.0;
     const int distance = slope != 0 && !sc->bias_by_slope;
-    if (sc->bias != FAI_BIAS_NONE && fai_bias_masks(bias)) {
+    if (fai_bias_masks(bias)) {
         if (t)
             *t = 0.0;
         return -INFINITY;
@@ -221,7 +222,7 @@ FA_HOST_DEVICE static inline float fai_score_biased_f32(const fai_score *sc, flo
 {
     float s = (float)sc->scale * dot, th = 0.0f;
     const int distance = slope != 0 && !sc->bias_by_slope;
-    if (sc->bias != FAI_BIAS_NONE && fai_bias_masks(bias)) {
+    if (fai_bias_masks(bias)) {
         if (t)
             *t = 0.0f;
         return -INFINITY;

@@ -118,6 +118,13 @@ static void FAI_T(load_key_tile)(const fai_problem *pr, fai_tiles tl, int64_t b,
     w->kv_finite = w->kern->finite(n * pr->dqk, w->k) && w->kern->finite(n * pr->dv, w->vrow);
 }
 
+/* Whether the bias masks column c of block row r (bwd_block's w->masked). */
+static int FAI_T(bias_masked)(const fai_problem *pr, fai_tiles tl, const FAI_T(bwd_ws) *w,
+                              int64_t r, int64_t c)
+{
+    return fai_row_biased(pr) && w->masked[r * tl.bk + c];
+}
+
 /*
  * Rows [i0, i0 + nq) of (b, h) (loaded in w) against key tile [j0, j0 + n): S and dP by the
  * GEMM kernel, then per row over its allowed keys P~ into w->p and scale dS into w->ds, exact
@@ -134,7 +141,7 @@ static int FAI_T(bwd_block)(const fai_problem *pr, fai_tiles tl, int64_t b, int6
     const FT slope = (FT)fai_slope(pr, h);
     const int softcap = pr->score.softcap > 0, scale_only = FAI_T(scale_only)(pr, slope);
     const int after_cap = pr->score.bias == FAI_BIAS_AFTER_CAP;
-    const FT factor = pr->bias ? (FT)fai_bias_factor(pr, h) : 0;
+    const FT factor = (FT)fai_bias_factor(pr, h);
     const fai_dropout drop = fai_dropout_for(pr, b, h);
     FAI_T(fai_gemm)(w->kern, nq, n, pr->dqk, w->q, pr->dqk, w->kt, ld, w->s, ld, 0,
                     scale_only ? w->scale_rows : NULL); /* Q K^T, scaled as the forward's */
@@ -177,8 +184,10 @@ static int FAI_T(bwd_block)(const fai_problem *pr, fai_tiles tl, int64_t b, int6
                                                softcap ? &t[c] : NULL);
         if (!softcap && !drop.threshold) { /* P~ = P, dS = P (dP - D) by one kernel */
             w->kern->dsoftmax(c1 - c0, s + c0, lse, dp + c0, w->di[r], scale, p + c0, ds + c0);
-            for (int64_t c = c0; gb && c < c1; c++)
-                gb[c] = FAI_T(fai_dbias)(p[c], dp[c], 1, w->di[r], 0, 0, after_cap, factor);
+            for (int64_t c = c0; gb && c < c1; c++) /* 0 where masked, whatever dP holds */
+                gb[c] = FAI_T(bias_masked)(pr, tl, w, r, c)
+                            ? 0
+                            : FAI_T(fai_dbias)(p[c], dp[c], 1, w->di[r], 0, 0, after_cap, factor);
             continue;
         }
         if (drop.threshold)
@@ -191,20 +200,15 @@ static int FAI_T(bwd_block)(const fai_problem *pr, fai_tiles tl, int64_t b, int6
             const FT z = (drop.threshold && !w->keep[c]) ? 0 : keep_scale;
             const FT g = FAI_T(fai_dscore)(P, dp[c], z, w->di[r], softcap ? t[c] : 0, softcap);
             if (gb)
-                gb[c] = FAI_T(fai_dbias)(P, dp[c], z, w->di[r], softcap ? t[c] : 0, softcap,
-                                         after_cap, factor);
+                gb[c] = FAI_T(bias_masked)(pr, tl, w, r, c)
+                            ? 0
+                            : FAI_T(fai_dbias)(P, dp[c], z, w->di[r], softcap ? t[c] : 0,
+                                               softcap, after_cap, factor);
             p[c] = P * z;
             ds[c] = scale * g;
         }
     }
     return any;
-}
-
-/* Whether the bias masks column c of block row r (bwd_block's w->masked). */
-static int FAI_T(bias_masked)(const fai_problem *pr, fai_tiles tl, const FAI_T(bwd_ws) *w,
-                              int64_t r, int64_t c)
-{
-    return fai_row_biased(pr) && w->masked[r * tl.bk + c];
 }
 
 /* dq (nq rows) += scale dS K by selection: each row over its allowed keys only (the window's

@@ -181,7 +181,7 @@ static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, in
         const int64_t c0 = w->cols[2 * (r - r0)], c1 = w->cols[2 * (r - r0) + 1];
         if (bias && c0 < c1) /* from column c0 */
             FAI_T(load_bias)(pr, w->kern, tile->b, tile->h, i, j0 + c0, c1 - c0, bias);
-        if (pr->bias && i + tl.br < tile->i1) /* the next strip's row, in the same columns */
+        if (pr->bias && c0 < c1 && i + tl.br < tile->i1) /* the next strip's row, same columns */
             FAI_T(prefetch_bias)(pr, tile->b, tile->h, i + tl.br, j0 + c0, c1 - c0);
         if (c0 < c1 && tile->scale_only) { /* scaled by the GEMM */
             if (bias)
@@ -305,7 +305,7 @@ static void FAI_T(fwd_qtile)(const fai_problem *call, fai_tiles tl, int64_t b, i
     const fai_dropout drop = fai_dropout_for(pr, b, h);
     FAI_T(fwd_ktile) tile = {.b = b, .h = h, .i1 = i1, .slope = (FT)fai_slope(pr, h),
                              .drop = &drop};
-    tile.bias_factor = pr->bias ? (FT)fai_bias_factor(pr, h) : 0;
+    tile.bias_factor = (FT)fai_bias_factor(pr, h);
     tile.scale_only = FAI_T(scale_only)(pr, tile.slope);
 
     if (w->bf16)

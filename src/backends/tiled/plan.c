@@ -227,7 +227,10 @@ fai_tiled_plan fai_tiled_plan_forward(const fa_context *ctx, const fai_problem *
     fai_tiled_plan p = {0};
     const fai_problem *pr = call; /* the dims and dtypes below are every group's */
     /* a cache dtype apart from q's takes the kernels' tiles, never the tile products' */
-    p.tl = fai_tiled_tiles(ctx, pr->dqk, pr->dv, pr->kv_dtype == pr->dtype ? pr->dtype : FA_F32, 0);
+    /* the compute type's tiles: f64 storage (of out, under FP8 q too) computes in double */
+    const fa_dtype tiles_for =
+        pr->dtype == FA_F64 || pr->kv_dtype == pr->dtype ? pr->dtype : FA_F32;
+    p.tl = fai_tiled_tiles(ctx, pr->dqk, pr->dv, tiles_for, 0);
     /* the tile products take bf16 Q, K and V alike (a cache of another dtype: the kernels) */
     p.tile_products = pr->kv_dtype == pr->dtype ? tile_products(ctx, pr->dtype, pr->dqk, pr->dv)
                                                 : NULL;
