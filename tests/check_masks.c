@@ -86,7 +86,10 @@ static double window_entry(int64_t sq, int64_t sk, int64_t left, int64_t right, 
 
 /* A keep-mask (bool, broadcast over batch and heads: (1, Sq, 1, Sk)) equal to the causal mask
  * gives the causal results to the bit, forward and backward, on every CPU backend and dtype:
- * the masked scores are -inf, whose P is an exact 0. */
+ * the masked scores are -inf, whose P is an exact 0. On aarch64 (NEON kernels, and OpenBLAS's
+ * dgemm for the reference) the two runs' products round differently in the last bits (seen
+ * under qemu: the causal run gives them other column ranges), so there the results are held
+ * to 64 eps of the output's dtype instead; x86's kernels (AVX2, AVX-512, AMX) give the bits. */
 START_TEST(keep_mask_equals_causal)
 {
     static const fa_dtype dts[4] = {FA_F32, FA_F16, FA_BF16, FA_F64};
@@ -108,7 +111,17 @@ START_TEST(keep_mask_equals_causal)
     fa_params_init(&p);
     p.bias = &mask.t;
     run_both(be, 2, &p, &b);
+#if defined(__aarch64__)
+    const double eps = dt == FA_F64 ? 0x1p-52 : dt == FA_F32 ? 0x1p-23 : dt == FA_F16 ? 0x1p-10
+                                                                                      : 0x1p-7;
+    const ht_tensor *x[5] = {&a.o, &a.l, &a.dq, &a.dk, &a.dv}, *y[5] = {&b.o, &b.l, &b.dq, &b.dk,
+                                                                      &b.dv};
+    for (int t = 0; t < 5; t++)
+        ck_assert_msg(ht_max_err(y[t], x[t]) <= 64 * eps * (1 + ht_max_abs(x[t])),
+                      "%s: tensor %d %g apart", fa_backend_name(be), t, ht_max_err(y[t], x[t]));
+#else
     assert_same_results(&a, &b, 1, fa_backend_name(be));
+#endif
     ht_free(&mask);
     set_free(&a);
     set_free(&b);
