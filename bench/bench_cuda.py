@@ -37,7 +37,11 @@ class Params(C.Structure):
                 ("window_right", C.c_int64), ("align", C.c_int), ("softcap", C.c_double),
                 ("alibi_slopes", C.c_void_p), ("dropout_p", C.c_double),
                 ("dropout_seed", C.c_uint64), ("dropout_offset", C.c_uint64),
-                ("score_order", C.c_int), ("sink_logits", C.c_void_p), ("sink_grad", C.c_void_p)]
+                ("score_order", C.c_int), ("sink_logits", C.c_void_p), ("sink_grad", C.c_void_p),
+                ("sink_tokens", C.c_int64), ("bias", C.c_void_p), ("bias_place", C.c_int),
+                ("bias_by_slope", C.c_int), ("bias_grad", C.c_void_p), ("descale_q", C.c_void_p),
+                ("descale_k", C.c_void_p), ("descale_v", C.c_void_p), ("descale_layout", C.c_int),
+                ("block_mask", C.c_void_p)]  # all of fa_params: fa_params_init writes every field
 
 
 class Options(C.Structure):
