@@ -117,18 +117,7 @@ typedef struct {
 
 static uint64_t rng_state;
 
-static double normal(void) /* splitmix64, Box-Muller */
-{
-    double u[2];
-    for (int i = 0; i < 2; i++) {
-        uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-        z ^= z >> 31;
-        u[i] = ((double)(z >> 11) + 0.5) * 0x1p-53;
-    }
-    return sqrt(-2.0 * log(u[0])) * cos(6.283185307179586 * u[1]);
-}
+static double normal(void) { return normal_draw(&rng_state); }
 
 static size_t dtype_size(fa_dtype d) { return d == FA_F64 ? 8 : d == FA_F32 ? 4 : 2; }
 
