@@ -136,6 +136,18 @@ def wall_ms(fn, reps, warmup=3):
     return statistics.median(ts)
 
 
+def enqueue_ms(fn, reps):
+    """Median host time to issue one call, without waiting for the device."""
+    ts = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        ts.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(ts)
+
+
 def inputs(B, H, N, D, dtype=torch.bfloat16, seed=0):
     g = torch.Generator(device="cuda").manual_seed(seed)
     mk = lambda: torch.randn(B, H, N, D, device="cuda", dtype=dtype, generator=g)

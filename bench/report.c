@@ -3,13 +3,13 @@
  * docs/DESIGN.md's specification) reproduced on this CPU, the conventional path against the
  * fused one on the same inputs in the same run. Writes report/REPORT.md (a table of claims,
  * then one section per claim), one CSV per table under report/cpu/, and the data the plots
- * are drawn from (bench/report.gp, run by make). report/gpu/claims.csv, written by
+ * are drawn from (bench/report.gp, run by make). report/gpu/claims.tsv, written by
  * bench/report_gpu.py on a GPU machine, adds the H200's column to the table of claims.
  *
  *   bench/report [--quick] [--dir report]
  *
  * --quick runs every section at small sizes (CI: the files land where the full run puts
- * them, so nothing rots); the full run takes a few minutes on two cores and names the section
+ * them, so nothing rots); the full run takes about 11 minutes on two cores and names the section
  * and point it is measuring on stderr. Exit status 1 when a measurement fails or the training
  * step's gradient disagrees with its finite difference.
  */
@@ -47,11 +47,12 @@ static const char *blas_core(void)
 enum { MAX_CLAIMS = 16 };
 
 typedef struct {
-    const char *id;      /* the key of report/gpu/claims.csv's rows */
+    const char *id;      /* the key of report/gpu/claims.tsv's rows */
     const char *section; /* the article's section */
     const char *claim;   /* the article's claim, in one line */
     char ours[256];      /* our figure */
-    const char *verdict; /* "reproduced", "not reproduced", "partly", "not measured" */
+    const char *verdict; /* "reproduced", "not reproduced", "partly", "not measured", "not at
+                            this N" (a QUICK run's sizes) */
 } claim;
 
 typedef struct {
@@ -60,6 +61,7 @@ typedef struct {
     char *body; /* the sections' Markdown, assembled after the claims table */
     size_t body_len;
     FILE *md;
+    FILE *csv; /* the open CSV file (csv_open) */
     claim claims[MAX_CLAIMS];
     int nclaims;
     int failed;
@@ -79,13 +81,29 @@ static void progress(const char *section, const char *fmt, ...)
 
 static claim *add_claim(report *r, const char *id, const char *section, const char *text)
 {
+    if (r->nclaims == MAX_CLAIMS) {
+        fprintf(stderr, "report: more than %d claims (MAX_CLAIMS)\n", MAX_CLAIMS);
+        exit(1);
+    }
     claim *c = &r->claims[r->nclaims++];
     c->id = id, c->section = section, c->claim = text, c->ours[0] = '\0', c->verdict = "not measured";
     return c;
 }
 
+/* The section's CSV file (one is open at a time: closed by the next csv_open or csv_close,
+ * so a section that returns early keeps the rows it wrote). */
+static void csv_close(report *r)
+{
+    if (r->csv && fclose(r->csv) != 0) {
+        fprintf(stderr, "report: writing a CSV file failed\n");
+        r->failed = 1;
+    }
+    r->csv = NULL;
+}
+
 static FILE *csv_open(report *r, const char *name, const char *header)
 {
+    csv_close(r);
     char path[512];
     snprintf(path, sizeof path, "%s/cpu/%s", r->dir, name);
     FILE *f = fopen(path, "w");
@@ -95,7 +113,7 @@ static FILE *csv_open(report *r, const char *name, const char *header)
         return NULL;
     }
     fprintf(f, "%s\n", header);
-    return f;
+    return r->csv = f;
 }
 
 static double mib(size_t bytes) { return (double)bytes / (1024.0 * 1024.0); }
@@ -321,8 +339,9 @@ static void section_memory(report *r)
         last = ratio, n_last = s.N;
         buffers_free(&b);
     }
-    if (csv)
-        fclose(csv);
+    csv_close(r);
+    if (n_last == 0)
+        return; /* not one point measured: the claim stays "not measured" */
     snprintf(c->ours, sizeof c->ours, "%.2fx at N=%lld, %.1fx at N=%lld", first,
              (long long)ns[0], last, (long long)n_last);
     c->verdict = last > 4 * first ? "reproduced" : "not reproduced";
@@ -390,8 +409,7 @@ static void section_speedup(report *r)
             fprintf(csv, "%lld,%.4f,%.4f,%.4f,%.4f,%.4f,%.4f\n", (long long)s.N, ms[0][0],
                     ms[0][1], sp[0][i], ms[1][0], ms[1][1], sp[1][i]);
     }
-    if (csv)
-        fclose(csv);
+    csv_close(r);
     const int l = n_done - 1;
     const int grows = sp[0][l] > 1.2 * sp[0][0] && sp[1][l] > 1.2 * sp[1][0];
     snprintf(c->ours, sizeof c->ours, "f32 %.2fx -> %.2fx, bf16 %.2fx -> %.2fx (N=%lld -> %lld)",
@@ -452,8 +470,7 @@ static void section_headdim(report *r)
                     ms[0], ms[1], spd[i], gf);
         buffers_free(&b);
     }
-    if (csv)
-        fclose(csv);
+    csv_close(r);
     const double slow = fused[3] / fused[0];
     snprintf(c->ours, sizeof c->ours,
              "fused time D=256 / D=32: %.2fx; speedup %.2fx (D=32) to %.2fx (D=256)", slow,
@@ -513,8 +530,7 @@ static void section_backward(report *r)
                     1e3 * t[p].bwd_s, ratio, mib(t[p].peak));
     }
     buffers_free(&b);
-    if (csv)
-        fclose(csv);
+    csv_close(r);
     const double mem = (double)t[0].peak / (double)t[1].peak;
     const double rf = t[1].bwd_s / t[1].fwd_s, rc = t[0].bwd_s / t[0].fwd_s;
     snprintf(cm->ours, sizeof cm->ours, "%.1fx smaller (%.0f vs %.0f MiB, N=%lld)", mem,
@@ -611,8 +627,7 @@ static void section_overhead(report *r, FILE *md_overhead)
         if (st != FA_OK)
             return (void)failed_call(r, st, "overhead section");
     }
-    if (csv)
-        fclose(csv);
+    csv_close(r);
     /* What N=16 would take at N=512's rate: the rest is fixed cost. */
     const double ideal16 = us512[0] * (16.0 * 16.0) / (512.0 * 512.0);
     snprintf(c->ours, sizeof c->ours,
@@ -661,11 +676,13 @@ static void section_training(report *r)
             "A training step written in C (bench/report_train.c): %d pre-norm layers, model "
             "dim %d, FFN %d, %d heads, batch %d, causal; forward, backward by hand, Adam; f32 "
             "GEMMs from OpenBLAS, attention from this library (conventional or fused). Best "
-            "of 2 steps. The backward agrees with a central difference of the loss to %.1e "
-            "(relative, along the gradient and a random direction).\n\n"
+            "of 2 steps. %s %.1e (relative, along each weight matrix's gradient).\n\n"
             "| seqlen | path | step ms | attention ms | attention share | tokens/s | peak MiB "
             "|\n| ---: | --- | ---: | ---: | ---: | ---: | ---: |\n",
-            sh.layers, sh.dmodel, sh.dff, sh.heads, sh.batch, gerr);
+            sh.layers, sh.dmodel, sh.dff, sh.heads, sh.batch,
+            gerr < 1e-2 ? "The backward agrees with a central difference of the loss to"
+                        : "**The backward DISAGREES with a central difference of the loss:**",
+            gerr);
     double spd[3][3] = {{0}}; /* per seqlen: step speedup, attention speedup, conv share */
     for (int i = 0; ls[i]; i++) {
         sh.seqlen = ls[i];
@@ -694,8 +711,7 @@ static void section_training(report *r)
         spd[i][1] = tr[0].attn_s / tr[1].attn_s;
         spd[i][2] = tr[0].attn_s / tr[0].step_s;
     }
-    if (csv)
-        fclose(csv);
+    csv_close(r);
     fprintf(r->md, "\n| seqlen | attention speedup | attention share (conventional) | step "
                    "speedup | Amdahl's prediction |\n| ---: | ---: | ---: | ---: | ---: |\n");
     for (int i = 0; ls[i]; i++) {
@@ -709,7 +725,7 @@ static void section_training(report *r)
              ls[0], 100 * spd[0][2], spd[0][0], ls[2], 100 * spd[2][2], spd[2][0], spd[2][1]);
     c->verdict = spd[2][0] > spd[0][0] && spd[2][0] < spd[2][1] ? "reproduced" : "partly";
     const double amdahl_l = 1.0 / ((1 - spd[2][2]) + spd[2][2] / spd[2][1]);
-    const int beyond = spd[2][0] > 1.1 * amdahl_l;
+    const int beyond = spd[2][0] > 1.1 * amdahl_l, below = spd[2][0] < amdahl_l / 1.1;
     fprintf(r->md,
             "\nThe step's speedup follows attention's share: %.2fx at seqlen %d where "
             "attention is %.1f%% of the conventional step, %.2fx at seqlen %d where it is "
@@ -717,7 +733,9 @@ static void section_training(report *r)
             "step gains %.2fx where Amdahl's law predicts %.2fx: %s\n\n",
             spd[0][0], ls[0], 100 * spd[0][2], spd[2][0], ls[2], 100 * spd[2][2], spd[0][1],
             spd[2][1], spd[2][0], amdahl_l,
-            beyond ? "beyond it, so the conventional path's cost spills outside the attention "
+            below ? "below it: the fused step loses time outside the attention calls it is "
+                    "credited with (measured as is, not explained here)."
+            : beyond ? "beyond it, so the conventional path's cost spills outside the attention "
                      "calls (its S and P evict the step's activations from the caches, and "
                      "the allocator returns and faults in their pages every call), as the "
                      "article found on the GPU."
@@ -789,8 +807,7 @@ static void section_energy(report *r)
             fprintf(csv, "%s,%.5f,%.3f,%.4f\n", path_name(be), sec[p], w[p], j[p]);
     }
     buffers_free(&b);
-    if (csv)
-        fclose(csv);
+    csv_close(r);
     snprintf(c->ours, sizeof c->ours, "fused %.1f W, conventional %.1f W above idle; %.1fx "
                                       "fewer joules", w[1], w[0], j[0] / j[1]);
     c->verdict = j[1] < j[0] ? (w[1] > w[0] ? "reproduced" : "partly") : "not reproduced";
@@ -804,7 +821,7 @@ static void section_accuracy(report *r)
     const int64_t N = r->quick ? 256 : 8192;
     const fa_dtype dts[] = {FA_F32, FA_BF16, FA_F16};
     claim *ca = add_claim(r, "accuracy-dtype", "§8", "Against float64 at N=8192 the fused path is the more "
-                                   "accurate one (it accumulates in f32)");
+                                   "accurate one in bf16 and f16 (it accumulates in f32)");
     claim *cn = add_claim(r, "accuracy-n", "§8", "f32 max error is flat in N: 8e-7 to 1.7e-6 from N=512 to "
                                    "8192");
     claim *cb = add_claim(r, "bitwise", "§8", "Every backend is bitwise reproducible across identical "
@@ -854,8 +871,7 @@ static void section_accuracy(report *r)
         free(ref);
         buffers_free(&b);
     }
-    if (csv)
-        fclose(csv);
+    csv_close(r);
     snprintf(ca->ours, sizeof ca->ours, "fused vs conventional: %s", buf);
     ca->verdict = fused_better ? "reproduced" : "not reproduced";
 
@@ -879,6 +895,8 @@ static void section_accuracy(report *r)
             const fa_status st = attend(r, p ? FA_BACKEND_TILED : FA_BACKEND_CONVENTIONAL, 0,
                                         &s, &b, 0, 1, &t);
             err[p] = st == FA_OK ? max_error(&s, &b, ref) : NAN;
+            if (st != FA_OK)
+                failed_call(r, st, "error against N");
         }
         free(ref);
         buffers_free(&b);
@@ -887,8 +905,7 @@ static void section_accuracy(report *r)
             fprintf(csv, "%lld,%.6g,%.6g\n", (long long)s.N, err[0], err[1]);
         lo = fmin(lo, err[1]), hi = fmax(hi, err[1]);
     }
-    if (csv)
-        fclose(csv);
+    csv_close(r);
     snprintf(cn->ours, sizeof cn->ours, "fused f32 %.2g to %.2g over N=%lld..%lld", lo, hi,
              (long long)ns[0], (long long)ns[r->quick ? 2 : 4]);
     cn->verdict = hi < 4 * lo ? "reproduced" : "not reproduced";
@@ -917,8 +934,11 @@ static void section_accuracy(report *r)
                 for (int k = 0; k < 3; k++) {
                     timing t;
                     memset(b.o, 0xff, bytes);
-                    if (attend(r, be, th ? r->threads : 1, &s, &b, 0, 1, &t) != FA_OK)
+                    const fa_status st = attend(r, be, th ? r->threads : 1, &s, &b, 0, 1, &t);
+                    if (st != FA_OK) {
+                        failed_call(r, st, "bitwise runs");
                         continue;
+                    }
                     if (runs++ == 0)
                         memcpy(first, b.o, bytes);
                     same += !memcmp(first, b.o, bytes);
@@ -932,8 +952,7 @@ static void section_accuracy(report *r)
             all_equal &= runs == 6 && same == runs;
             total += runs, equal += same;
         }
-    if (csv)
-        fclose(csv);
+    csv_close(r);
     snprintf(cb->ours, sizeof cb->ours, "%d of %d runs bitwise equal (1 and %d threads)", equal,
              total, r->threads);
     cb->verdict = all_equal ? "reproduced" : "not reproduced";
@@ -957,22 +976,22 @@ static void cpu_model(char *buf, size_t n)
         fclose(f);
 }
 
-/* The H200's figure for a claim from report/gpu/claims.csv ("id,figure,verdict"). */
+/* The H200's figure for a claim from report/gpu/claims.tsv (id, figure, verdict: tabs). */
 static int gpu_claim(const report *r, const char *id, char *fig, size_t nf, char *verdict,
                      size_t nv)
 {
     char path[512], line[1024];
-    snprintf(path, sizeof path, "%s/gpu/claims.csv", r->dir);
+    snprintf(path, sizeof path, "%s/gpu/claims.tsv", r->dir);
     FILE *f = fopen(path, "r");
     int found = 0;
     while (f && !found && fgets(line, sizeof line, f)) {
-        char *a = strchr(line, ','), *b = strrchr(line, ',');
-        if (!a || a == b || (size_t)(a - line) != strlen(id) || strncmp(line, id, strlen(id)))
+        line[strcspn(line, "\r\n")] = '\0';
+        char *a = strchr(line, '\t'), *b = a ? strchr(a + 1, '\t') : NULL;
+        if (!b || (size_t)(a - line) != strlen(id) || strncmp(line, id, strlen(id)))
             continue;
         *b = '\0';
         snprintf(fig, nf, "%s", a + 1);
         snprintf(verdict, nv, "%s", b + 1);
-        verdict[strcspn(verdict, "\r\n")] = '\0';
         found = 1;
     }
     if (f)
@@ -1076,10 +1095,13 @@ int main(int argc, char **argv)
     section_energy(&r);
     section_accuracy(&r);
     fclose(r.md);
-    /* claims in the article's order: the overhead claim was added first */
+    csv_close(&r);
+    /* claims in the order of the sections: the overhead claim, added first, after the
+     * backward's two */
+    const int after = 5; /* memory, speedup, head dim, backward memory, backward time */
     claim tmp = r.claims[0];
-    memmove(&r.claims[0], &r.claims[1], sizeof(claim) * 5);
-    r.claims[5] = tmp;
+    memmove(&r.claims[0], &r.claims[1], sizeof(claim) * after);
+    r.claims[after] = tmp;
     const double seconds = now() - seconds_since_start;
     const int bad = write_report(&r, seconds);
     free(ov), free(r.body);
