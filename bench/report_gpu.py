@@ -15,7 +15,6 @@ is installed. Device times from CUDA events; each section names itself on stderr
 import argparse
 import math
 import os
-import statistics
 import sys
 import time
 import warnings
