@@ -116,34 +116,43 @@ static fa_tensor lse_view(const model *m, float *lse)
     return t;
 }
 
-static int attention_forward(model *m, layer_act *a)
+/* One layer's attention call: causal, q, k, v read through strides from the qkv rows. */
+typedef struct {
+    fa_params p;
+    fa_tensor q, k, v, o, lse;
+} attention_call;
+
+static attention_call attention_of(const model *m, layer_act *a)
 {
     const int d = m->s.dmodel;
-    fa_params p;
-    fa_params_init(&p);
-    p.causal = 1;
-    fa_tensor q = view(m, a->qkv, 0, 3 * d), k = view(m, a->qkv, d, 3 * d),
-              v = view(m, a->qkv, 2 * d, 3 * d), o = view(m, a->o, 0, d),
-              lse = lse_view(m, a->lse);
+    attention_call c;
+    fa_params_init(&c.p);
+    c.p.causal = 1;
+    c.q = view(m, a->qkv, 0, 3 * d), c.k = view(m, a->qkv, d, 3 * d);
+    c.v = view(m, a->qkv, 2 * d, 3 * d), c.o = view(m, a->o, 0, d);
+    c.lse = lse_view(m, a->lse);
+    return c;
+}
+
+static int attention_forward(model *m, layer_act *a)
+{
+    attention_call c = attention_of(m, a);
     const double t0 = now();
-    const fa_status st = fa_forward(m->ctx, &p, &q, &k, &v, &o, &lse);
+    const fa_status st = fa_forward(m->ctx, &c.p, &c.q, &c.k, &c.v, &c.o, &c.lse);
     m->attn_s += now() - t0;
     return st != FA_OK;
 }
 
+/* dq, dk, dv into the dqkv rows, as q, k, v are read from the qkv rows. */
 static int attention_backward(model *m, layer_act *a, float *dout)
 {
     const int d = m->s.dmodel;
-    fa_params p;
-    fa_params_init(&p);
-    p.causal = 1;
-    fa_tensor q = view(m, a->qkv, 0, 3 * d), k = view(m, a->qkv, d, 3 * d),
-              v = view(m, a->qkv, 2 * d, 3 * d), o = view(m, a->o, 0, d),
-              lse = lse_view(m, a->lse), dO = view(m, dout, 0, d),
-              dq = view(m, m->dqkv, 0, 3 * d), dk = view(m, m->dqkv, d, 3 * d),
-              dv = view(m, m->dqkv, 2 * d, 3 * d);
+    const attention_call c = attention_of(m, a);
+    fa_tensor dO = view(m, dout, 0, d), dq = view(m, m->dqkv, 0, 3 * d),
+              dk = view(m, m->dqkv, d, 3 * d), dv = view(m, m->dqkv, 2 * d, 3 * d);
     const double t0 = now();
-    const fa_status st = fa_backward(m->ctx, &p, &q, &k, &v, &o, &lse, &dO, &dq, &dk, &dv);
+    const fa_status st =
+        fa_backward(m->ctx, &c.p, &c.q, &c.k, &c.v, &c.o, &c.lse, &dO, &dq, &dk, &dv);
     m->attn_s += now() - t0;
     return st != FA_OK;
 }
