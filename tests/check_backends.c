@@ -145,25 +145,29 @@ static void sweep_one(const ht_sweep_case *c, fa_dtype dt, int idx, double lo, d
     run(FA_BACKEND_CONVENTIONAL, &p, &conv);
     run_reference(&p, &conv, &ref);
     /* the tiled path with every kernel set this CPU runs; where its forward takes the decode
-     * path, once more with FA_DECODE=0 (the tiles) */
+     * path, once more with FA_DECODE=0 (the tiles); bf16 last on emulated tile products
+     * (tests/tiles_emulated.c: the AMX paths' framework, on any CPU) */
     const int decode = ht_decode_keys(2, &p, &conv.q.t, &conv.k.t, &conv.v.t) > 0;
-    for (int t = 0; t < 2 * ht_nisas; t++) {
-        const int tiles_too = t >= ht_nisas;
-        if (!ht_isa_runs(ht_isas[t % ht_nisas]) || (tiles_too && !decode))
+    for (int t = 0; t <= 2 * ht_nisas; t++) {
+        const int emulated = t == 2 * ht_nisas, tiles_too = t >= ht_nisas && !emulated;
+        if (emulated ? dt != FA_BF16
+                     : !ht_isa_runs(ht_isas[t % ht_nisas]) || (tiles_too && !decode))
             continue;
         ht_bundle in = conv;
         in.out = tiled.out, in.lse = tiled.lse, in.dq = tiled.dq, in.dk = tiled.dk, in.dv = tiled.dv;
-        ht_isa = ht_isas[t % ht_nisas];
-        if (tiles_too)
+        ht_isa = emulated ? FA_ISA_AUTO : ht_isas[t % ht_nisas];
+        ht_kernels = emulated ? ht_emulated_tiles() : NULL;
+        if (tiles_too || emulated)
             setenv("FA_DECODE", "0", 1);
         run(FA_BACKEND_TILED, &p, &in);
         unsetenv("FA_DECODE");
         ht_isa = FA_ISA_AUTO;
+        ht_kernels = NULL;
         char label[200];
         snprintf(label, sizeof label, "case %d %s %s%s (B%ld Sq%ld Sk%ld H%ld/%ld D%ld/%ld)", idx,
-                 fa_dtype_name(dt), fa_isa_name(ht_isas[t % ht_nisas]),
-                 decode ? tiles_too ? " tiles" : " decode" : "", (long)c->b, (long)sq, (long)sk,
-                 (long)c->hq, (long)c->hk, (long)c->dqk, (long)c->dv);
+                 fa_dtype_name(dt), emulated ? "emulated-tiles" : fa_isa_name(ht_isas[t % ht_nisas]),
+                 decode && !emulated ? tiles_too ? " tiles" : " decode" : "", (long)c->b,
+                 (long)sq, (long)sk, (long)c->hq, (long)c->hk, (long)c->dqk, (long)c->dv);
         compare("out", label, &conv.out, &tiled.out, &ref.out, dt, 0);
         compare("lse", label, &conv.lse, &tiled.lse, &ref.lse, dt, 0);
         compare("dq", label, &conv.dq, &tiled.dq, &ref.dq, dt, 1);

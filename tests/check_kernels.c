@@ -780,10 +780,11 @@ START_TEST(amx_qk_matches_float64)
 END_TEST
 
 /*
- * acc = diag(a) acc + P V on tiles, P split into bf16 hi + lo: rows [0, m) within 2^-16 of
- * sum |p v| (the split) plus f32 summation's bound of the exact result; P outside [c0, c1)
- * (NaN here) never read; rows of acc from m on untouched, bit for bit (they belong to other
- * strips); V's padding keys zero.
+ * acc = diag(a) acc + P V on tiles, P rounded to bf16 once: rows [0, m) within f32 summation's
+ * bound of the exact result with each P rounded to bf16 to nearest even (another rounding of P,
+ * or none, moves some element by a bf16 ulp of a term, far past that bound); P outside
+ * [c0, c1) (NaN here) never read; rows of acc from m on untouched, bit for bit (they belong to
+ * other strips); V's padding keys zero.
  */
 START_TEST(amx_pv_matches_float64)
 {
@@ -827,15 +828,14 @@ START_TEST(amx_pv_matches_float64)
                             continue;
                         }
                         double exact = (double)(af[r] * acc0[r * dv + x]), mag = fabs(exact);
-                        double pv = 0;
                         for (int64_t j = c0; j < c1; j++) {
                             const double y =
-                                (double)p[r * ldp + j] * fai_bf16_to_f64(v[j * ldv + x]);
+                                fai_bf16_to_f64(fai_f64_to_bf16((double)p[r * ldp + j])) *
+                                fai_bf16_to_f64(v[j * ldv + x]);
                             exact += y;
-                            pv += fabs(y);
+                            mag += fabs(y);
                         }
-                        mag += pv;
-                        const double bound = 0x1p-16 * pv + (double)(2 * nk + 4) * 0x1p-24 * mag;
+                        const double bound = (double)(nk + 4) * 0x1p-24 * mag;
                         ck_assert_msg(fabs(got - exact) <= bound,
                                       "dv%ld m%ld [%ld, %ld) r%ld x%ld: %.9g vs %.9g (bound %.3g)",
                                       (long)dv, (long)m, (long)c0, (long)c1, (long)r, (long)x,
@@ -843,6 +843,66 @@ START_TEST(amx_pv_matches_float64)
                     }
                 free(v), free(vt), free(p), free(acc), free(acc0), free(scratch);
             }
+}
+END_TEST
+
+/*
+ * The backward's tile GEMM, C (+)= A B: every element of rows [0, m) within f32 summation's
+ * bound of the exact sum of its k exact products (plus C's old value with accumulate), for m
+ * on and off the 16-row grid, n across one to several 64-column blocks, k 32 .. 96, B packed
+ * from rows at a stride (pack_v's pairs of rows); rows of C from m on untouched, bit for bit
+ * (the dQ rows of the next block), and A's padding rows never reach a stored row.
+ */
+START_TEST(amx_gemm_matches_float64)
+{
+    const fai_kernels_bf16 *t = tiles_or_skip();
+    if (!t)
+        return;
+    static const int64_t ms[] = {1, 15, 16, 17, 40}, ns[] = {16, 48, 64, 128, 80}, ks[] = {32, 96};
+    uint64_t seed = 29;
+    for (int a = 0; a < 5; a++)
+        for (int b = 0; b < 5; b++)
+            for (int c = 0; c < 2; c++)
+                for (int accumulate = 0; accumulate < 2; accumulate++) {
+                    const int64_t m = ms[a], n = ns[b], k = ks[c], mup = (m + 15) / 16 * 16;
+                    const int64_t lda = k + 32, ldsrc = n + 6, ldc = n + 3, rows = m + 5;
+                    uint16_t *am = malloc((size_t)(mup * lda) * 2);
+                    uint16_t *src = malloc((size_t)(k * ldsrc) * 2);
+                    uint16_t *bp = malloc((size_t)(k * n) * 2);
+                    float *cm = malloc((size_t)(rows * ldc) * sizeof(float));
+                    float *c0 = malloc((size_t)(rows * ldc) * sizeof(float));
+                    for (int64_t x = 0; x < mup * lda; x++) /* padding rows: large, any sign */
+                        am[x] = fai_f64_to_bf16(x / lda < m ? rnd(&seed) * 3 : 1e30 * rnd(&seed));
+                    for (int64_t x = 0; x < k * ldsrc; x++)
+                        src[x] = fai_f64_to_bf16(rnd(&seed) * 3);
+                    for (int64_t x = 0; x < rows * ldc; x++)
+                        cm[x] = c0[x] = rnd(&seed) * 8;
+                    t->pack_v(k, k, n, src, ldsrc, bp);
+                    t->gemm(m, n, k, am, lda, bp, n, cm, ldc, accumulate);
+                    for (int64_t r = 0; r < rows; r++)
+                        for (int64_t j = 0; j < ldc; j++) {
+                            const float got = cm[r * ldc + j];
+                            if (r >= m || j >= n) {
+                                ck_assert_msg(memcmp(&got, &c0[r * ldc + j], 4) == 0,
+                                              "%s m%ld n%ld: C[%ld][%ld] outside changed",
+                                              t->gemm_name, (long)m, (long)n, (long)r, (long)j);
+                                continue;
+                            }
+                            double exact = accumulate ? c0[r * ldc + j] : 0, mag = fabs(exact);
+                            for (int64_t p = 0; p < k; p++) {
+                                const double y = fai_bf16_to_f64(am[r * lda + p]) *
+                                                 fai_bf16_to_f64(src[p * ldsrc + j]);
+                                exact += y;
+                                mag += fabs(y);
+                            }
+                            const double bound = (double)(k + 2) * 0x1p-24 * mag;
+                            ck_assert_msg(fabs(got - exact) <= bound,
+                                          "%s m%ld n%ld k%ld acc%d r%ld j%ld: %.9g vs %.9g",
+                                          t->gemm_name, (long)m, (long)n, (long)k, accumulate,
+                                          (long)r, (long)j, got, exact);
+                        }
+                    free(am), free(src), free(bp), free(cm), free(c0);
+                }
 }
 END_TEST
 
@@ -868,6 +928,7 @@ Suite *make_kernels_suite(void)
     tcase_add_test(tc, amx_packs_match_layout);
     tcase_add_test(tc, amx_qk_matches_float64);
     tcase_add_test(tc, amx_pv_matches_float64);
+    tcase_add_test(tc, amx_gemm_matches_float64);
     suite_add_tcase(s, tc);
     return s;
 }

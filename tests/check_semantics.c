@@ -333,11 +333,14 @@ START_TEST(dropout_offset_and_seed_are_64_bit)
 }
 END_TEST
 
-/* Bitwise equal results across repeated calls and num_threads 1, 2, 3. */
+/* Bitwise equal results across repeated calls and num_threads 1, 2, 3; last, the tiled bf16
+ * on emulated tile products (tests/tiles_emulated.c), which take these head dims. */
 START_TEST(deterministic_across_threads)
 {
-    const fa_backend be = cpu_backends[_i / 2];
-    const fa_dtype dt = _i % 2 ? FA_BF16 : FA_F32;
+    const int emulated = _i == 6;
+    const fa_backend be = emulated ? FA_BACKEND_TILED : cpu_backends[_i / 2];
+    const fa_dtype dt = emulated || _i % 2 ? FA_BF16 : FA_F32;
+    ht_kernels = emulated ? ht_emulated_tiles() : NULL;
     /* bf16 at Dqk 64, Dv 32: AMX's tile products where the CPU has them */
     const int64_t dqk = dt == FA_BF16 ? 64 : 40, dv = dt == FA_BF16 ? 32 : 24;
     set first;
@@ -366,6 +369,7 @@ START_TEST(deterministic_across_threads)
         set_free(&again);
     }
     set_free(&first);
+    ht_kernels = NULL;
 }
 END_TEST
 
@@ -443,12 +447,17 @@ END_TEST
 /* The tiled backward in one pass and in two (FA_BACKWARD_PASSES) gives the same bits: dQ sums
  * the same terms in the same order either way. Masks with partial tiles in both alignments,
  * a window with ALiBi, GQA, softcap and dropout, and inf/NaN in masked K and V rows (the
- * selection path); sizes around the tiles. */
+ * selection path); sizes around the tiles. bf16 at head dims the tile products take (on the
+ * set's own where it has them, AMX; then on emulated ones), and the window case at 32-row query tiles against 64-key tiles, so
+ * that a query tile's first key lies off the key tiles' grid (their sums run in chunks from a
+ * tile's first key: pass 2 must keep pass 1's tiles). */
 START_TEST(backward_one_pass_equals_two)
 {
-    const fa_dtype dt = _i % 2 ? FA_BF16 : FA_F32;
+    const fa_dtype dt = _i > 0 ? FA_BF16 : FA_F32;
+    ht_kernels = _i == 2 ? ht_emulated_tiles() : NULL; /* the tile paths on any CPU */
+    const int64_t dqk = dt == FA_BF16 ? 64 : 40, dv = dt == FA_BF16 ? 32 : 24;
     int64_t bq, bk;
-    ht_tiles(40, 40, dt, &bq, &bk);
+    ht_tiles(dqk, dv, dt, &bq, &bk);
     const float slopes[4] = {0.5f, 0.25f, 0.125f, 0.0625f};
     for (int c = 0; c < 4; c++) {
         const int64_t sq = c == 1 ? bq + 3 : 70, sk = c == 1 ? 50 : bk + 5;
@@ -465,7 +474,7 @@ START_TEST(backward_one_pass_equals_two)
         set runs[2];
         for (int passes = 1; passes <= 2; passes++) {
             set *x = &runs[passes - 1];
-            set_alloc(x, dt, 2, sq, sk, 4, 2, 40, 24);
+            set_alloc(x, dt, 2, sq, sk, 4, 2, dqk, dv);
             if (c == 3) /* top-left causal: rows i < 60 never see keys 60 .. sk */
                 for (int64_t j = 60; j < sk; j++)
                     for (int64_t d = 0; d < 24; d++) {
@@ -473,14 +482,18 @@ START_TEST(backward_one_pass_equals_two)
                         ht_set(&x->v, 1, j, 1, d, INFINITY);
                     }
             setenv("FA_BACKWARD_PASSES", passes == 1 ? "1" : "2", 1);
+            if (c == 2)
+                setenv("FA_TILES", "32x64", 1);
             set_run(FA_BACKEND_TILED, 2, &p, x);
             unsetenv("FA_BACKWARD_PASSES");
+            unsetenv("FA_TILES");
         }
         ck_assert_msg(same_bits(&runs[0].dq, &runs[1].dq), "case %d: dq differs", c);
         ck_assert_msg(same_bits(&runs[0].dk, &runs[1].dk), "case %d: dk differs", c);
         ck_assert_msg(same_bits(&runs[0].dv, &runs[1].dv), "case %d: dv differs", c);
         set_free(&runs[0]), set_free(&runs[1]);
     }
+    ht_kernels = NULL;
 }
 END_TEST
 
@@ -489,7 +502,8 @@ END_TEST
  * of 7), give the bits of one tile holding every row, for a fixed key tile. Causal in both
  * alignments (partial tiles start strips mid-panel), a window with ALiBi and dropout, and
  * NaN/inf in masked K/V rows (the selection path) with dropout; f32 with every kernel set this
- * CPU runs (their panels differ: MR 4, 6, 8, 12), bf16 on the sets with tile products (AMX:
+ * CPU runs (their panels differ: MR 4, 6, 8, 12), bf16 on the sets with tile products, or on
+ * emulated ones where none has them (AMX:
  * rows in blocks of 16 from any row; Dqk 64 and Dv 32 so that they run, and 64-key tiles so
  * that P V has more than one chunk of 32 keys), and f64. _i: f32 on ht_isas[_i], bf16 on
  * ht_isas[_i - ht_nisas], f64 at 2 ht_nisas. */
@@ -499,8 +513,11 @@ START_TEST(forward_bits_independent_of_query_grouping)
     const fa_isa isa = dt == FA_F64 ? FA_ISA_AUTO : ht_isas[_i % ht_nisas];
     if (dt != FA_F64 && !ht_isa_runs(isa))
         return;
-    if (dt == FA_BF16 && !fai_kernels_for(isa)->bf16)
-        return; /* no tile products: its bf16 runs the f32 kernels, tested above */
+    if (dt == FA_BF16 && !fai_kernels_for(isa)->bf16) { /* no tile products of its own */
+        if (isa != fai_isa_best())
+            return;
+        ht_kernels = ht_emulated_tiles(); /* emulated ones instead, once */
+    }
     ht_isa = isa;
     const int tiles_run = dt == FA_BF16;
     const int64_t dqk = tiles_run ? 64 : 40, dv = tiles_run ? 32 : 24, bk = tiles_run ? 64 : 32;
@@ -550,6 +567,7 @@ START_TEST(forward_bits_independent_of_query_grouping)
         set_free(&whole);
     }
     ht_isa = FA_ISA_AUTO;
+    ht_kernels = NULL;
 }
 END_TEST
 
@@ -1057,7 +1075,7 @@ Suite *make_semantics_suite(void)
     tcase_add_loop_test(tc, dropout_mask_replayed_exactly, 0, 12);
     tcase_add_test(tc, dropout_keep_rate);
     tcase_add_loop_test(tc, dropout_offset_and_seed_are_64_bit, 0, 3);
-    tcase_add_loop_test(tc, backward_one_pass_equals_two, 0, 2);
+    tcase_add_loop_test(tc, backward_one_pass_equals_two, 0, 3);
     tcase_add_loop_test(tc, forward_bits_independent_of_query_grouping, 0, 2 * ht_nisas + 1);
     tcase_add_test(tc, allowed_zero_probability_times_inf);
     tcase_add_test(tc, merge_states_matches_full_attention);
@@ -1068,7 +1086,7 @@ Suite *make_semantics_suite(void)
     /* threads: what CI's ThreadSanitizer stage runs (CK_RUN_CASE=concurrency) */
     TCase *cc = tcase_create("concurrency");
     tcase_set_timeout(cc, 600);
-    tcase_add_loop_test(cc, deterministic_across_threads, 0, 6);
+    tcase_add_loop_test(cc, deterministic_across_threads, 0, 7);
     tcase_add_loop_test(cc, decode_deterministic_across_threads, 0, 4);
     tcase_add_test(cc, shared_context_concurrent_calls);
     tcase_add_test(cc, four_callers_share_a_context);

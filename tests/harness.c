@@ -154,6 +154,7 @@ int ht_is_poisoned(const ht_tensor *x)
 }
 
 fa_isa ht_isa = FA_ISA_AUTO;
+const struct fai_kernels_f32_s *ht_kernels = NULL;
 
 const fa_isa ht_isas[] = {
 #define FAI_ISA(name, NAME) FA_ISA_##NAME,
@@ -184,6 +185,8 @@ fa_context *ht_context(fa_backend be, int threads)
     fa_context *ctx = NULL;
     fa_status s = fa_context_create(&o, &ctx);
     ck_assert_msg(s == FA_OK, "context %s: %s", fa_backend_name(be), fa_last_error());
+    if (ht_kernels)
+        ctx->kernels = ht_kernels;
     return ctx;
 }
 

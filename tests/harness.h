@@ -47,6 +47,12 @@ void ht_alloc_lse(ht_tensor *x, fa_dtype dt, int64_t B, int64_t S, int64_t H);
  * whether an ISA's kernels run here. */
 extern fa_isa ht_isa;
 int ht_isa_runs(fa_isa isa);
+/* The kernel set the contexts of ht_context run with in place of their ISA's, or NULL (the
+ * default): the tests set it to ht_emulated_tiles() (tests/tiles_emulated.c), this CPU's best
+ * set with portable tile products attached, so that the bf16 tile paths run on any CPU. */
+struct fai_kernels_f32_s;
+extern const struct fai_kernels_f32_s *ht_kernels;
+const struct fai_kernels_f32_s *ht_emulated_tiles(void);
 /* Every ISA of the registry (src/kernels/isas.def), newest first: the tests' ISA loops. */
 extern const fa_isa ht_isas[];
 extern const int ht_nisas;

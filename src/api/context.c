@@ -182,7 +182,8 @@ fa_status fa_context_describe(const fa_context *ctx, char *buf, size_t n)
     const fai_kernels_f32 *ks = ctx->kernels;
     char products[160] = ""; /* the tile products, where the set has them */
     if (ks->bf16)
-        snprintf(products, sizeof products, ",%s,%s", ks->bf16->qk_name, ks->bf16->pv_name);
+        snprintf(products, sizeof products, ",%s,%s,%s", ks->bf16->qk_name, ks->bf16->pv_name,
+                 ks->bf16->gemm_name);
     snprintf(buf, n,
              "flashattn %s: backend=%s isa=%s kernels=%s,%s%s threads=%d L1d=%lldKiB "
              "L2=%lldKiB (%s) "

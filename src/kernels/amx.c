@@ -8,14 +8,15 @@
  * pairs) into 16 x 16 f32: 8192 products, against 16 of an AVX-512 FMA.
  *   S  = Q K^T:  A = 16 rows of Q (bf16 as stored: its products are exact in f32), B = K^T
  *                packed as pairs along d; C stored into the score strip.
- *   O += P V:    P (f32) is split into bf16 hi + lo (hi = P rounded, lo = P - hi rounded:
- *                P to 16 significant bits, relative error <= 2^-17, far below the bf16
- *                output's rounding, 2^-8), both multiplied by V packed as pairs of keys; C is
- *                acc, rescaled by the online softmax's factor on the way in.
- * The tiles' sums run in an order fixed by the hardware and the loop below (not the f32
+ *   O += P V:    P (f32) rounded to bf16 once (relative error <= 2^-9 per term, as
+ *                FlashAttention-2 and -3 and PyTorch's CPU kernel round it; docs/notes/bf16.md
+ *                has the measurement against splitting P into bf16 hi + lo), times V packed as
+ *                pairs of keys; C is acc, rescaled by the online softmax's factor on the way in.
+ *   The backward's products (fa_bf16_gemm_16x64__amx): S and dP as Q K^T above, dV, dK and dQ
+ *                from P~ and scale dS rounded to bf16 once (backends/tiled/backward_tpl.h).
+ * The tiles' sums run in an order fixed by the hardware and the loops below (not the f32
  * kernels' order), so the results do not depend on the thread count; they differ from the f32
- * path's in the last bits, and the backward (f32 kernels) recomputes S to f32 rounding rather
- * than to the bit.
+ * path's in the last bits. The backward forms S with the forward's kernel, to the bit.
  *
  * Where the tiles differ from the f32 path in kind: TDPBF16PS reads subnormal bf16 inputs as 0
  * and flushes subnormal results to 0. So a Q, K or V element below 2^-126 in magnitude counts
@@ -183,44 +184,40 @@ static void fa_bf16_qk_16x64__amx(int64_t m, int64_t c0, int64_t c1, int64_t d, 
     _tile_release();
 }
 
-/* 16 bf16 of x rounded to nearest even, and the f32 value they stand for. */
-static inline __m256i to_bf16(__m512 x, __m512 *back)
-{
-    const __m256i h = (__m256i)_mm512_cvtneps_pbh(x);
-    *back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    return h;
-}
-
 /*
- * acc[r][:] = a[r] acc[r][:] + sum_{c in [c0, c1)} p[r][c] v[c][:] for rows r < m, with P as
- * bf16 hi + lo, read as 0 outside [c0, c1), over every key chunk of 32 in [0, nk): the same
+ * acc[r][:] = a[r] acc[r][:] + sum_{c in [c0, c1)} p[r][c] v[c][:] for rows r < m, with P
+ * rounded to bf16, read as 0 outside [c0, c1), over every key chunk of 32 in [0, nk): the same
  * chunks whatever [c0, c1) is. That keeps a row's bits independent of the rows it is grouped
  * with: the tiles flush subnormal sums to 0 (and may not keep a NaN's payload), so even an
  * all-zero chunk can change acc, and it must be applied to every row alike. V's packed keys
- * must be finite. dv is a multiple of 16. scratch: 16 (2 ldp bf16 + dv f32). Rows go by 16:
- * staged (rescaled; zero past m), multiplied, and only rows < m copied back.
+ * must be finite. dv is a multiple of 16. scratch: 16 (ldp bf16 + dv f32). Rows go by 16,
+ * each block rescaled, multiplied and stored in place; a last block of fewer than 16 rows
+ * staged (zero past m) and only its rows < m copied back.
  */
 static void fa_bf16_pv_16x64__amx(int64_t m, int64_t c0, int64_t c1, int64_t nk, int64_t dv,
                                   const float *p, int64_t ldp, const uint16_t *vt, float *acc,
                                   int64_t ldacc, const float *a, void *scratch)
 {
     tiles_configure();
-    uint16_t *hi = scratch, *lo = hi + 16 * ldp;
-    float *stage = (float *)(lo + 16 * ldp);
+    uint16_t *pb = scratch;
+    float *stage = (float *)(pb + 16 * ldp);
     for (int64_t r = 0; r < m; r += 16) {
         const int64_t rows = m - r < 16 ? m - r : 16;
+        /* a whole block of rows: acc rescaled in place (rows whose factor is 1 as they are)
+         * and taken by the tiles where it lies; a last partial one through the stage */
+        float *blk = rows == 16 ? acc + r * ldacc : stage;
+        const int64_t ldb = rows == 16 ? ldacc : dv;
         for (int64_t i = 0; i < 16; i++) {
-            float *st = stage + i * dv;
+            float *st = blk + i * ldb;
             if (i >= rows) {
                 memset(st, 0, (size_t)dv * sizeof(float));
-                memset(hi + i * ldp, 0, (size_t)nk * 2);
-                memset(lo + i * ldp, 0, (size_t)nk * 2);
+                memset(pb + i * ldp, 0, (size_t)nk * 2);
                 continue;
             }
             const __m512 f = _mm512_set1_ps(a[r + i]);
             const float *ar = acc + (r + i) * ldacc;
-            for (int64_t c = 0; c < dv; c += 16)
-                _mm512_storeu_ps(st + c, _mm512_mul_ps(_mm512_loadu_ps(ar + c), f));
+            for (int64_t x = 0; x < dv && (st != ar || a[r + i] != 1); x += 16)
+                _mm512_storeu_ps(st + x, _mm512_mul_ps(_mm512_loadu_ps(ar + x), f));
             const float *pr = p + (r + i) * ldp;
             for (int64_t c = 0; c < nk; c += 16) {
                 /* lanes of [c, c + 16) inside [c0, c1) */
@@ -228,44 +225,95 @@ static void fa_bf16_pv_16x64__amx(int64_t m, int64_t c0, int64_t c1, int64_t nk,
                 const uint32_t upto = c1 - c >= 16 ? 0xffff : c1 > c ? (1u << (c1 - c)) - 1 : 0;
                 const __mmask16 mk = (__mmask16)(upto & ~below);
                 const __m512 x = _mm512_maskz_loadu_ps(mk, pr + c);
-                __m512 xh, xl;
-                const __m256i h = to_bf16(x, &xh);
-                const __m256i l = to_bf16(_mm512_sub_ps(x, xh), &xl);
-                _mm256_storeu_si256((__m256i *)(hi + i * ldp + c), h);
-                _mm256_storeu_si256((__m256i *)(lo + i * ldp + c), l);
+                _mm256_storeu_si256((__m256i *)(pb + i * ldp + c),
+                                    (__m256i)_mm512_cvtneps_pbh(x));
             }
         }
         for (int64_t d0 = 0; d0 < dv; d0 += 64) {
             const int64_t nb = (dv - d0) / 16 < 4 ? (dv - d0) / 16 : 4;
-            float *cd = stage + d0;
-            acc_tiles_load(nb, cd, dv);
+            float *cd = blk + d0;
+            acc_tiles_load(nb, cd, ldb);
             for (int64_t k = 0; k < nk; k += 32) {
                 const uint16_t *b = vt + ((k / 2) * dv + d0) * 2;
-                _tile_loadd(4, hi + k, ldp * 2);
-                _tile_loadd(5, lo + k, ldp * 2);
-                _tile_loadd(6, b, dv * 4);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_dpbf16ps(0, 5, 6);
+                _tile_loadd(4, pb + k, ldp * 2);
+                _tile_loadd(5, b, dv * 4);
+                _tile_dpbf16ps(0, 4, 5);
                 if (nb > 1) {
-                    _tile_loadd(7, b + 32, dv * 4);
-                    _tile_dpbf16ps(1, 4, 7);
-                    _tile_dpbf16ps(1, 5, 7);
+                    _tile_loadd(6, b + 32, dv * 4);
+                    _tile_dpbf16ps(1, 4, 6);
                 }
                 if (nb > 2) {
-                    _tile_loadd(6, b + 64, dv * 4);
-                    _tile_dpbf16ps(2, 4, 6);
-                    _tile_dpbf16ps(2, 5, 6);
+                    _tile_loadd(7, b + 64, dv * 4);
+                    _tile_dpbf16ps(2, 4, 7);
                 }
                 if (nb > 3) {
-                    _tile_loadd(7, b + 96, dv * 4);
-                    _tile_dpbf16ps(3, 4, 7);
-                    _tile_dpbf16ps(3, 5, 7);
+                    _tile_loadd(5, b + 96, dv * 4);
+                    _tile_dpbf16ps(3, 4, 5);
                 }
             }
-            acc_tiles_store(nb, cd, dv);
+            acc_tiles_store(nb, cd, ldb);
         }
-        for (int64_t i = 0; i < rows; i++)
+        for (int64_t i = 0; blk == stage && i < rows; i++)
             memcpy(acc + (r + i) * ldacc, stage + i * dv, (size_t)dv * sizeof(float));
+    }
+    _tile_release();
+}
+
+/*
+ * c[r][j] (+)= sum_p a[r][p] b[p][j] for rows r < m, columns j < n (a multiple of 16), p < k (a
+ * multiple of 32): A bf16 rows of lda elements, read in blocks of 16 rows (m rounded up to 16
+ * must be readable), B as pairs along p with ldb pairs to a pair row, C f32 rows of ldc. A
+ * last block of fewer than 16 rows goes through a staged copy, so rows of C from m on are
+ * never touched (they may be another block's: the backward's dQ rows of a whole head).
+ */
+static void fa_bf16_gemm_16x64__amx(int64_t m, int64_t n, int64_t k, const uint16_t *a,
+                                    int64_t lda, const uint16_t *b, int64_t ldb, float *c,
+                                    int64_t ldc, int accumulate)
+{
+    float stage[16 * 64];
+    tiles_configure();
+    for (int64_t r = 0; r < m; r += 16) {
+        const int64_t rows = m - r < 16 ? m - r : 16;
+        for (int64_t j = 0; j < n; j += 64) {
+            const int64_t nb = (n - j) / 16 < 4 ? (n - j) / 16 : 4;
+            float *cb = c + r * ldc + j;
+            int64_t ld = ldc;
+            if (rows < 16) {
+                for (int64_t i = 0; accumulate && i < rows; i++)
+                    memcpy(stage + i * 64, cb + i * ldc, (size_t)(16 * nb) * sizeof(float));
+                cb = stage;
+                ld = 64;
+            }
+            if (accumulate) {
+                acc_tiles_load(nb, cb, ld);
+            } else {
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_zero(2);
+                _tile_zero(3);
+            }
+            for (int64_t p = 0; p < k; p += 32) {
+                const uint16_t *bp = b + ((p / 2) * ldb + j) * 2;
+                _tile_loadd(4, a + r * lda + p, lda * 2);
+                _tile_loadd(5, bp, ldb * 4);
+                _tile_dpbf16ps(0, 4, 5);
+                if (nb > 1) {
+                    _tile_loadd(6, bp + 32, ldb * 4);
+                    _tile_dpbf16ps(1, 4, 6);
+                }
+                if (nb > 2) {
+                    _tile_loadd(7, bp + 64, ldb * 4);
+                    _tile_dpbf16ps(2, 4, 7);
+                }
+                if (nb > 3) {
+                    _tile_loadd(5, bp + 96, ldb * 4);
+                    _tile_dpbf16ps(3, 4, 5);
+                }
+            }
+            acc_tiles_store(nb, cb, ld);
+            for (int64_t i = 0; cb == stage && i < rows; i++)
+                memcpy(c + (r + i) * ldc + j, stage + i * 64, (size_t)(16 * nb) * sizeof(float));
+        }
     }
     _tile_release();
 }
@@ -279,6 +327,7 @@ static const fai_kernels_bf16 amx_bf16 = {
     FAI_KERNEL(pack_v, fa_bf16_pack_v__amx),
     FAI_KERNEL(qk, fa_bf16_qk_16x64__amx),
     FAI_KERNEL(pv, fa_bf16_pv_16x64__amx),
+    FAI_KERNEL(gemm, fa_bf16_gemm_16x64__amx),
 };
 
 /* The AVX-512 set with these products added: filled once. */

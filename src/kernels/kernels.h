@@ -97,11 +97,12 @@ typedef void (*fai_pv_rows_f32)(int64_t nr, int64_t n, int64_t dv, const float *
                                 int64_t lda);
 
 /*
- * Tile products for bf16 storage (AMX): the forward's S = Q K^T and O += P V on bf16 operands
- * (kernels/amx.c has the formats, the rounding, and where subnormals differ from the f32
- * kernels). NULL in every set but AMX's. The tiled forward uses them for bf16 storage with
- * Dqk a multiple of dqk_step and Dv of dv_step, P V only over V tiles without inf or NaN
- * (P = hi + lo times an infinite v would give NaN where P v is inf).
+ * Tile products for bf16 storage (AMX): the forward's S = Q K^T and O += P V and the
+ * backward's five products on bf16 operands (kernels/amx.c has the formats, the rounding, and
+ * where subnormals differ from the f32 kernels). NULL in every set but AMX's. The tiled
+ * forward uses them for bf16 storage with Dqk a multiple of dqk_step and Dv of dv_step, P V
+ * only over V tiles without inf or NaN (a masked key's exact 0 of P times an infinite v would
+ * give NaN); the backward with both head dims multiples of dqk_step (backends/tiled/plan.c).
  */
 /* K rows j < n (row stride ldk elements), d dims, into K^T as pairs along d, ldt columns */
 typedef void (*fai_pack_kt_bf16)(int64_t n, int64_t d, const uint16_t *k, int64_t ldk,
@@ -117,10 +118,19 @@ typedef void (*fai_qk_bf16)(int64_t m, int64_t c0, int64_t c1, int64_t d, const 
                             const float *scale);
 /* acc rows [0, m) = diag(a) acc + P[:, c0:c1] V[c0:c1], over the key chunks in [0, nk)
  * (nk <= ldp: all of the packed keys, so that every row gets the same chunks); scratch holds
- * rows x (4 ldp + 4 dv) bytes */
+ * rows x (2 ldp + 4 dv) bytes */
 typedef void (*fai_pv_bf16)(int64_t m, int64_t c0, int64_t c1, int64_t nk, int64_t dv,
                             const float *p, int64_t ldp, const uint16_t *vt, float *acc,
                             int64_t ldacc, const float *a, void *scratch);
+
+/* C rows [0, m), columns [0, n) (+)= A B (accumulate = 0 overwrites): A bf16 rows of lda
+ * elements (k of them, a multiple of `keys`; m rounded up to `rows` readable rows), B as
+ * pairs along k, ldb of them to a pair row (pack_kt's or pack_v's form), C f32 rows of ldc;
+ * n a multiple of dv_step. Rows of C from m on are not touched. The backward's five products
+ * (backends/tiled/backward_tpl.h). */
+typedef void (*fai_gemm_bf16)(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t lda,
+                              const uint16_t *b, int64_t ldb, float *c, int64_t ldc,
+                              int accumulate);
 
 typedef struct fai_kernels_bf16_s {
     int64_t rows;     /* the products take query rows in blocks of this many                */
@@ -131,6 +141,7 @@ typedef struct fai_kernels_bf16_s {
     FAI_SLOT(fai_pack_v_bf16, pack_v);
     FAI_SLOT(fai_qk_bf16, qk);
     FAI_SLOT(fai_pv_bf16, pv);
+    FAI_SLOT(fai_gemm_bf16, gemm);
 } fai_kernels_bf16;
 
 /* A kernel set for f32 accumulation (f32, f16 and bf16 storage). */

@@ -11,9 +11,12 @@
  * then per row P = exp(S - LSE), P~ = P z and dS = P (dP z - D) with D_i = dO_i . O_i
  * (core/gradient.h), then
  * dV += P~^T dO, dK += scale dS^T Q (pass 1) or dQ += scale dS K (pass 2) by the GEMM kernel.
- * No atomics, no reduction across threads. Where enough (b, kv head) tasks share out, one pass
- * does both (bwd_kv_head below): pass 1 over a kv head's key tiles in order, adding each
- * tile's dQ terms to the head group's dQ rows as it goes, with the same bits.
+ * No atomics, no reduction across threads. bf16 storage on the tile products (the plan's) forms
+ * all five products on bf16 operands instead (bwd_tiles below), Q, dO, K and V as stored and
+ * P~ and scale dS rounded to bf16 once, as FlashAttention-2 does on GPUs. Where enough
+ * (b, kv head) tasks share out, one pass does both (bwd_kv_head below): pass 1 over a kv
+ * head's key tiles in order, adding each tile's dQ terms to the head group's dQ rows as it
+ * goes, with the same bits.
  *
  * The GEMMs multiply the exact zeros of P~ and dS (masked, dropped) with rows of dO, Q and K.
  * Where any of those rows holds inf or NaN, the products are formed by selection instead, in
@@ -39,13 +42,47 @@ typedef struct {
     FT *dq_all;                  /* single pass: dQ of the group's heads (group x Sq x Dqk),
                                     else NULL                                                  */
     int q_finite, kv_finite;     /* whether the loaded Q and dO, K and V hold no inf or NaN    */
+    int q_wide, kv_wide;         /* whether their f32 copies above are formed                  */
+    int64_t at_b, at_h, at_i0, at_nq;  /* the loaded query block: (b, h), rows [i0, i0 + nq) */
+    int64_t at_kb, at_hk, at_j0, at_n; /* the loaded key tile: (b, hk), keys [j0, j0 + n)    */
     const FAI_T(fai_kernels) *kern;
+    /* bf16 storage on the tile products (the plan's; NULL otherwise), which take a block
+     * whose Q, dO, K and V are finite (bwd_tiles). Row counts are rounded up to 32 (bq32,
+     * bk32: the products' k step), the rows and columns past the block's zero. */
+    const fai_kernels_bf16 *bf16;
+    int64_t bq32, bk32;
+    uint16_t *qb, *dob;          /* the block's Q and dO rows as stored (bq32 rows): A of S, dP */
+    uint16_t *qpair, *dopair;    /* ... as pairs of query rows: B of dK, dV                    */
+    uint16_t *ktb, *vtb, *kpair; /* key tile: K^T and V^T as pairs along d (B of S, dP), K as
+                                    pairs of keys (B of dQ)                                    */
+    uint16_t *pt, *dst, *dsb;    /* P~^T (bk32 x bq32), scale dS^T (bk32 x bq32), scale dS
+                                    (bq32 x bk32) in bf16: A of dV, dK, dQ                     */
 } FAI_T(bwd_ws);
 
-static size_t FAI_T(bwd_carve)(const fai_problem *pr, fai_tiles tl, int single_pass, char *base,
+static size_t FAI_T(bwd_carve)(const fai_problem *pr, const fai_tiled_plan *plan, char *base,
                                FAI_T(bwd_ws) *w)
 {
+    const fai_tiles tl = plan->tl;
+    const int single_pass = plan->single_pass;
     fai_arena a = {base, 0};
+    w->bf16 = plan->tile_products;
+    w->bq32 = (tl.bq + 31) / 32 * 32;
+    w->bk32 = (tl.bk + 31) / 32 * 32;
+    w->qb = w->dob = w->qpair = w->dopair = w->ktb = w->vtb = w->kpair = NULL;
+    w->pt = w->dst = w->dsb = NULL;
+    if (w->bf16) {
+        const size_t q = (size_t)w->bq32 * 2, k = (size_t)w->bk32 * 2;
+        w->qb = fai_carve(&a, q * (size_t)pr->dqk);
+        w->dob = fai_carve(&a, q * (size_t)pr->dv);
+        w->qpair = fai_carve(&a, q * (size_t)pr->dqk);
+        w->dopair = fai_carve(&a, q * (size_t)pr->dv);
+        w->ktb = fai_carve(&a, k * (size_t)pr->dqk);
+        w->vtb = fai_carve(&a, k * (size_t)pr->dv);
+        w->kpair = fai_carve(&a, k * (size_t)pr->dqk);
+        w->pt = fai_carve(&a, k * (size_t)w->bq32);
+        w->dst = fai_carve(&a, k * (size_t)w->bq32);
+        w->dsb = fai_carve(&a, q * (size_t)w->bk32);
+    }
     w->dq_all = single_pass ? fai_carve(&a, (size_t)(pr->group * pr->sq * pr->dqk) * sizeof(FT))
                             : NULL;
     const size_t bk = (size_t)tl.bk, bq = (size_t)tl.bq, f = sizeof(FT);
@@ -66,8 +103,9 @@ static size_t FAI_T(bwd_carve)(const fai_problem *pr, fai_tiles tl, int single_p
     w->di = fai_carve(&a, bq * f);
     w->scale_rows = FAI_T(carve_scale_rows)(&a, pr, tl.bq);
     w->lse = fai_carve(&a, bq * sizeof(double));
-    w->s = fai_carve(&a, bq * bk * f);
-    w->dp = fai_carve(&a, bq * bk * f);
+    /* the tile products store S and dP in blocks of 16 rows */
+    w->s = fai_carve(&a, (w->bf16 ? (size_t)w->bq32 : bq) * bk * f);
+    w->dp = fai_carve(&a, (w->bf16 ? (size_t)w->bq32 : bq) * bk * f);
     w->t = fai_carve(&a, bq * bk * f);
     w->p = fai_carve(&a, bq * bk * f);
     w->ds = fai_carve(&a, bq * bk * f);
@@ -80,14 +118,13 @@ static size_t FAI_T(bwd_carve)(const fai_problem *pr, fai_tiles tl, int single_p
     return a.used;
 }
 
-/* Loads query rows [i0, i0 + nq) of (b, h): q, dO (and whether both are finite), LSE and
- * D_i = dO_i . O_i (O as stored, as FA). D_i goes through the column dots of dO^T and O^T,
- * which round as the GEMM kernel rounds dP = dO V^T: where dP z - D_i is 0 in exact arithmetic
- * (a row with one key), the two sums round alike and the difference stays 0. */
-static void FAI_T(load_query_block)(const fai_problem *pr, int64_t b, int64_t h, int64_t i0,
-                                    int64_t nq, int64_t bq, FAI_T(bwd_ws) *w)
+/* The f32 copies of the loaded query block that the GEMM kernels take: Q and dO, dO^T and O^T,
+ * and D_i = dO_i . O_i (O as stored, as FA) by the column dots of dO^T and O^T, which round as
+ * the GEMM kernel rounds dP = dO V^T: where dP z - D_i is 0 in exact arithmetic (a row with one
+ * key), the two sums round alike and the difference stays 0. */
+static void FAI_T(widen_query_block)(const fai_problem *pr, int64_t bq, FAI_T(bwd_ws) *w)
 {
-    const int64_t dv = pr->dv;
+    const int64_t b = w->at_b, h = w->at_h, i0 = w->at_i0, nq = w->at_nq, dv = pr->dv;
     int64_t lq, lg, lo, ldo;
     const void *q = fai_q_rows(pr, FAI_Q, b, h, i0, nq, &lq);
     const void *g = fai_q_rows(pr, FAI_DOUT, b, h, i0, nq, &lg);
@@ -98,25 +135,132 @@ static void FAI_T(load_query_block)(const fai_problem *pr, int64_t b, int64_t h,
     w->kern->transpose(nq, dv, w->dout, dv, w->dot, bq);
     w->kern->transpose(nq, dv, o, ldo, w->ot, bq);
     w->kern->coldot(nq, dv, w->dot, bq, w->ot, bq, w->di);
-    w->q_finite = w->kern->finite(nq * pr->dqk, w->q) && w->kern->finite(nq * dv, w->dout);
-    for (int64_t r = 0; r < nq; r++)
-        w->lse[r] = fai_lse_read(pr, b, h, i0 + r);
+    w->q_wide = 1;
 }
 
-/* Loads key tile [j0, j0 + n) of (b, hk): K and K^T, V and V^T, and whether they are finite. */
-static void FAI_T(load_key_tile)(const fai_problem *pr, fai_tiles tl, int64_t b, int64_t hk,
-                                 int64_t j0, int64_t n, FAI_T(bwd_ws) *w)
+/* The f32 copies of the loaded key tile that the GEMM kernels take: K and K^T, V and V^T. */
+static void FAI_T(widen_key_tile)(const fai_problem *pr, fai_tiles tl, FAI_T(bwd_ws) *w)
 {
+    const int64_t n = w->at_n;
     int64_t ldk, ldv;
     /* one run at one stride: no backward is paged (fai_kv_run_len is n) */
-    const void *k = fai_kv_rows(pr, FAI_K, b, hk, j0, n, &ldk);
-    const void *v = fai_kv_rows(pr, FAI_V, b, hk, j0, n, &ldv);
+    const void *k = fai_kv_rows(pr, FAI_K, w->at_kb, w->at_hk, w->at_j0, n, &ldk);
+    const void *v = fai_kv_rows(pr, FAI_V, w->at_kb, w->at_hk, w->at_j0, n, &ldv);
     FAI_T(load_run)(w->kern, k, ldk, pr->dtype, n, pr->dqk, w->k);
     FAI_T(load_run)(w->kern, v, ldv, pr->dtype, n, pr->dv, w->vrow);
     w->kern->transpose(n, pr->dqk, w->k, pr->dqk, w->kt, tl.bk);
     w->kern->transpose(n, pr->dv, w->vrow, pr->dv, w->vt, tl.bk);
+    w->kv_wide = 1;
+}
+
+#if FT_TILE_PRODUCTS
+/* dst = n bf16 rows of dim elements from src (rows ld elements apart), then zero rows up to a
+ * multiple of 32: the tile products' A operand as stored. */
+static void FAI_T(bf16_rows)(const void *src, int64_t ld, int64_t n, int64_t dim, uint16_t *dst)
+{
+    for (int64_t r = 0; r < n; r++)
+        memcpy(dst + r * dim, (const uint16_t *)src + r * ld, (size_t)dim * 2);
+    memset(dst + n * dim, 0, (size_t)(((n + 31) / 32 * 32 - n) * dim) * 2);
+}
+
+/* Whether n bf16 values hold no inf and no NaN (an exponent of all ones). */
+static int FAI_T(bf16_finite)(int64_t n, const uint16_t *x)
+{
+    unsigned bad = 0;
+#pragma omp simd reduction(| : bad)
+    for (int64_t i = 0; i < n; i++)
+        bad |= (x[i] & 0x7f80u) == 0x7f80u;
+    return !bad;
+}
+
+/* The query block's operands of the tile products (load_query_block). */
+static void FAI_T(load_query_bf16)(const fai_problem *pr, FAI_T(bwd_ws) *w)
+{
+    const int64_t b = w->at_b, h = w->at_h, i0 = w->at_i0, nq = w->at_nq, dv = pr->dv;
+    int64_t lq, lg, lo;
+    const void *q = fai_q_rows(pr, FAI_Q, b, h, i0, nq, &lq);
+    const void *g = fai_q_rows(pr, FAI_DOUT, b, h, i0, nq, &lg);
+    const char *out = fai_q_rows(pr, FAI_OUT, b, h, i0, nq, &lo);
+    const int64_t nq32 = (nq + 31) / 32 * 32;
+    FAI_T(bf16_rows)(q, lq, nq, pr->dqk, w->qb);
+    FAI_T(bf16_rows)(g, lg, nq, dv, w->dob);
+    w->bf16->pack_v(nq, nq32, pr->dqk, q, lq, w->qpair);
+    w->bf16->pack_v(nq, nq32, dv, g, lg, w->dopair);
+    w->q_finite = FAI_T(bf16_finite)(nq * pr->dqk, w->qb) && FAI_T(bf16_finite)(nq * dv, w->dob);
+    w->kern->widen(w->dob, FA_BF16, nq * dv, w->dout);
+    for (int64_t r = 0; r < nq; r++)
+        w->kern->dot_rows(1, 1, dv, w->dout + r * dv, dv, out + (size_t)(r * lo) * 2, lo,
+                          FA_BF16, w->di + r, 1, NULL);
+    w->q_wide = 0;
+}
+#endif
+
+/*
+ * Loads query rows [i0, i0 + nq) of (b, h): LSE, whether Q and dO are finite, and their f32
+ * copies (widen_query_block). With the tile products instead: Q and dO rows as stored and as
+ * pairs, and D_i by the decode kernels' row dot of dO (widened) and O as stored; the f32
+ * copies are then formed only for a block that goes to the GEMM kernels (bwd_block).
+ */
+static void FAI_T(load_query_block)(const fai_problem *pr, int64_t b, int64_t h, int64_t i0,
+                                    int64_t nq, int64_t bq, FAI_T(bwd_ws) *w)
+{
+    const int64_t dv = pr->dv;
+    w->at_b = b, w->at_h = h, w->at_i0 = i0, w->at_nq = nq;
+    for (int64_t r = 0; r < nq; r++)
+        w->lse[r] = fai_lse_read(pr, b, h, i0 + r);
+#if FT_TILE_PRODUCTS
+    if (w->bf16) {
+        FAI_T(load_query_bf16)(pr, w);
+        return;
+    }
+#endif
+    FAI_T(widen_query_block)(pr, bq, w);
+    w->q_finite = w->kern->finite(nq * pr->dqk, w->q) && w->kern->finite(nq * dv, w->dout);
+}
+
+#if FT_TILE_PRODUCTS
+/* The key tile's operands of the tile products (load_key_tile). */
+static void FAI_T(load_key_bf16)(const fai_problem *pr, FAI_T(bwd_ws) *w)
+{
+    const int64_t n = w->at_n;
+    int64_t ldk, ldv;
+    const uint16_t *k = fai_kv_rows(pr, FAI_K, w->at_kb, w->at_hk, w->at_j0, n, &ldk);
+    const uint16_t *v = fai_kv_rows(pr, FAI_V, w->at_kb, w->at_hk, w->at_j0, n, &ldv);
+    w->bf16->pack_kt(n, pr->dqk, k, ldk, w->ktb, w->bk32);
+    w->bf16->pack_kt(n, pr->dv, v, ldv, w->vtb, w->bk32);
+    w->bf16->pack_v(n, (n + 31) / 32 * 32, pr->dqk, k, ldk, w->kpair);
+    /* K^T in pairs holds every element of K once (and zeros), V^T every one of V */
+    w->kv_finite = FAI_T(bf16_finite)(pr->dqk * w->bk32, w->ktb) &&
+                   FAI_T(bf16_finite)(pr->dv * w->bk32, w->vtb);
+    w->kv_wide = 0;
+}
+#endif
+
+/* Loads key tile [j0, j0 + n) of (b, hk): whether K and V are finite, and their f32 copies
+ * (widen_key_tile); with the tile products instead K^T and V^T as pairs along d and K as
+ * pairs of keys, the f32 copies formed only for a block that goes to the GEMM kernels. */
+static void FAI_T(load_key_tile)(const fai_problem *pr, fai_tiles tl, int64_t b, int64_t hk,
+                                 int64_t j0, int64_t n, FAI_T(bwd_ws) *w)
+{
+    w->at_kb = b, w->at_hk = hk, w->at_j0 = j0, w->at_n = n;
+#if FT_TILE_PRODUCTS
+    if (w->bf16) {
+        FAI_T(load_key_bf16)(pr, w);
+        return;
+    }
+#endif
+    FAI_T(widen_key_tile)(pr, tl, w);
     w->kv_finite = w->kern->finite(n * pr->dqk, w->k) && w->kern->finite(n * pr->dv, w->vrow);
 }
+
+#if FT_TILE_PRODUCTS
+/* Whether the loaded block takes the tile products: bf16 storage on them, and Q, dO, K and V
+ * finite (else the f32 kernels, by selection where needed). */
+static int FAI_T(tiles_take)(const FAI_T(bwd_ws) *w)
+{
+    return w->bf16 && w->q_finite && w->kv_finite;
+}
+#endif
 
 /* Whether the bias masks column c of block row r (bwd_block's w->masked). */
 static int FAI_T(bias_masked)(const fai_problem *pr, fai_tiles tl, const FAI_T(bwd_ws) *w,
@@ -143,10 +287,24 @@ static int FAI_T(bwd_block)(const fai_problem *pr, fai_tiles tl, int64_t b, int6
     const int after_cap = pr->score.bias == FAI_BIAS_AFTER_CAP;
     const FT factor = (FT)fai_bias_factor(pr, h);
     const fai_dropout drop = fai_dropout_for(pr, b, h);
-    FAI_T(fai_gemm)(w->kern, nq, n, pr->dqk, w->q, pr->dqk, w->kt, ld, w->s, ld, 0,
-                    scale_only ? w->scale_rows : NULL); /* Q K^T, scaled as the forward's */
-    FAI_T(fai_gemm)(w->kern, nq, n, pr->dv, w->dout, pr->dv, w->vt, ld, w->dp, ld, 0,
-                    NULL); /* dO V^T */
+#if FT_TILE_PRODUCTS
+    if (FAI_T(tiles_take)(w)) { /* as the forward's tiles form S (the scale alike) */
+        const float sc = (float)w->scale_rows[0];
+        w->bf16->qk(nq, 0, n, pr->dqk, w->qb, pr->dqk, w->ktb, w->bk32, w->s, ld,
+                    scale_only ? &sc : NULL);
+        w->bf16->qk(nq, 0, n, pr->dv, w->dob, pr->dv, w->vtb, w->bk32, w->dp, ld, NULL);
+    } else
+#endif
+    {
+        if (!w->q_wide)
+            FAI_T(widen_query_block)(pr, tl.bq, w);
+        if (!w->kv_wide)
+            FAI_T(widen_key_tile)(pr, tl, w);
+        FAI_T(fai_gemm)(w->kern, nq, n, pr->dqk, w->q, pr->dqk, w->kt, ld, w->s, ld, 0,
+                        scale_only ? w->scale_rows : NULL); /* Q K^T, scaled as the forward's */
+        FAI_T(fai_gemm)(w->kern, nq, n, pr->dv, w->dout, pr->dv, w->vt, ld, w->dp, ld, 0,
+                        NULL); /* dO V^T */
+    }
     int any = 0;
     for (int64_t r = 0; r < nq; r++) {
         const int64_t i = i0 + r;
@@ -238,6 +396,47 @@ static void FAI_T(dq_by_selection)(const fai_problem *pr, fai_tiles tl, fai_tile
     }
 }
 
+#if FT_TILE_PRODUCTS
+/* dst = rows x cols of src (rows lds apart) rounded to bf16, to nearest even, each row then
+ * zero up to ldd columns: an A operand of the tile products. */
+static void FAI_T(bf16_block)(const FAI_T(bwd_ws) *w, int64_t rows, int64_t cols, const FT *src,
+                              int64_t lds, uint16_t *dst, int64_t ldd)
+{
+    for (int64_t r = 0; r < rows; r++) {
+        w->kern->narrow(dst + r * ldd, FA_BF16, cols, src + r * lds);
+        memset(dst + r * ldd + cols, 0, (size_t)(ldd - cols) * 2);
+    }
+}
+
+/*
+ * The gradient products of a block that takes the tile products (nq rows, key tile of n):
+ * P~ and scale dS rounded to bf16 once, then dV += P~^T dO and dK += (scale dS)^T Q over the
+ * block's rows as pairs (nq rounded up to 32 with zero rows), dQ += (scale dS) K over the
+ * tile's keys likewise (dk and dv NULL in pass 2, dq NULL in pass 1 of two). P~^T and dS^T go
+ * through the f32 transpose into w->t (bwd_block's, free again by now). Each product's sum
+ * runs in chunks of 32 from the block's first row or the tile's first key: so the block and
+ * tile boundaries are part of the bits (pass 2 keeps pass 1's key tiles for that).
+ */
+static void FAI_T(bwd_tiles)(const fai_problem *pr, fai_tiles tl, int64_t nq, int64_t n,
+                             FAI_T(bwd_ws) *w, FT *dk, FT *dv, FT *dq)
+{
+    const int64_t ld = tl.bk, nq32 = (nq + 31) / 32 * 32, n32 = (n + 31) / 32 * 32;
+    const int64_t dqk = pr->dqk, dvd = pr->dv;
+    if (dv) {
+        w->kern->transpose(nq, n, w->p, ld, w->t, tl.bq);
+        FAI_T(bf16_block)(w, n, nq, w->t, tl.bq, w->pt, w->bq32);
+        w->bf16->gemm(n, dvd, nq32, w->pt, w->bq32, w->dopair, dvd, dv, dvd, 1);
+        w->kern->transpose(nq, n, w->ds, ld, w->t, tl.bq);
+        FAI_T(bf16_block)(w, n, nq, w->t, tl.bq, w->dst, w->bq32);
+        w->bf16->gemm(n, dqk, nq32, w->dst, w->bq32, w->qpair, dqk, dk, dqk, 1);
+    }
+    if (dq) {
+        FAI_T(bf16_block)(w, nq, n, w->ds, ld, w->dsb, w->bk32);
+        w->bf16->gemm(nq, dqk, n32, w->dsb, w->bk32, w->kpair, dqk, dq, dqk, 1);
+    }
+}
+#endif
+
 /* Pass 1 for query head h of kv head hk: its terms of the key tile's dK and dV, added to dk
  * and dv (n x dqk, n x dv); in the single pass also the tile's terms of its dQ rows. */
 static void FAI_T(bwd_ktile_head)(const fai_problem *pr, fai_tiles tl, int64_t b, int64_t hk,
@@ -261,6 +460,12 @@ static void FAI_T(bwd_ktile_head)(const fai_problem *pr, fai_tiles tl, int64_t b
             if (!FAI_T(bwd_block)(pm, tl, b, h, i0, nq, j0, n, cls, w))
                 continue;
             FT *dq = w->dq_all ? w->dq_all + ((h - hk * pr->group) * pr->sq + i0) * dqk : NULL;
+#if FT_TILE_PRODUCTS
+            if (FAI_T(tiles_take)(w)) {
+                FAI_T(bwd_tiles)(pr, tl, nq, n, w, dk, dv, dq);
+                continue;
+            }
+#endif
             if (w->kv_finite && w->q_finite) {
                 /* P~^T dO, dS^T Q */
                 FAI_T(fai_gemm_at)(w->kern, n, dvd, nq, w->p, ld, w->dout, dvd, dv, dvd, 1, NULL);
@@ -362,6 +567,8 @@ static void FAI_T(bwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
         const fai_problem *pm = &part[p];
         int64_t jlo, jhi;
         fai_mask_key_span(&pm->mask, i0, i1, &jlo, &jhi);
+        if (w->bf16) /* pass 1's key tiles: the tile products' sums depend on them */
+            jlo -= jlo % tl.bk;
         for (int64_t j0 = jlo; j0 < jhi; j0 += tl.bk) {
             const int64_t n = jhi - j0 < tl.bk ? jhi - j0 : tl.bk;
             const fai_tile_class cls = fai_mask_classify(&pm->mask, i0, i1, j0, j0 + n);
@@ -370,6 +577,12 @@ static void FAI_T(bwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
             FAI_T(load_key_tile)(pr, tl, b, hk, j0, n, w);
             if (!FAI_T(bwd_block)(pm, tl, b, h, i0, nq, j0, n, cls, w))
                 continue;
+#if FT_TILE_PRODUCTS
+            if (FAI_T(tiles_take)(w)) {
+                FAI_T(bwd_tiles)(pr, tl, nq, n, w, NULL, NULL, w->dq);
+                continue;
+            }
+#endif
             if (w->q_finite && w->kv_finite) /* dQ += scale dS K */
                 FAI_T(fai_gemm)(w->kern, nq, dqk, n, w->ds, ld, w->k, dqk, w->dq, dqk, 1, NULL);
             else
@@ -462,7 +675,7 @@ static void FAI_T(bias_grad_tile)(const fai_problem *pr, fai_tiles tl, int64_t g
 static size_t FAI_T(backward_need)(const fai_problem *pr, const fai_tiled_plan *plan)
 {
     FAI_T(bwd_ws) w;
-    return FAI_T(bwd_carve)(pr, plan->tl, plan->single_pass, NULL, &w);
+    return FAI_T(bwd_carve)(pr, plan, NULL, &w);
 }
 
 static void FAI_T(backward)(fa_context *ctx, const fai_problem *pr,
@@ -478,8 +691,7 @@ static void FAI_T(backward)(fa_context *ctx, const fai_problem *pr,
 #pragma omp parallel num_threads(ctx->num_threads)
     {
         FAI_T(bwd_ws) mine;
-        FAI_T(bwd_carve)(pr, tl, single, sc->base + (size_t)omp_get_thread_num() * sc->per,
-                         &mine);
+        FAI_T(bwd_carve)(pr, plan, sc->base + (size_t)omp_get_thread_num() * sc->per, &mine);
         mine.kern = kern;
         /* the single pass, or else the two passes (the loops of the others run no task) */
 #pragma omp for schedule(dynamic, 1)

@@ -153,6 +153,19 @@ static const fai_kernels_bf16 *tile_products(const fa_context *ctx, fa_dtype d, 
     return t && d == FA_BF16 && dqk % t->dqk_step == 0 && dv % t->dv_step == 0 ? t : NULL;
 }
 
+/* The set's tile products where they take a backward: Q, K, V and dO in bf16, both head dims
+ * multiples of the k step (dP = dO V^T sums over Dv), key tiles of whole key chunks (dQ's
+ * sums run over a key tile in chunks); else NULL. */
+static const fai_kernels_bf16 *backward_tile_products(const fa_context *ctx,
+                                                      const fai_problem *pr, fai_tiles tl)
+{
+    const fai_kernels_bf16 *t = tile_products(ctx, pr->dtype, pr->dqk, pr->dv);
+    return t && pr->q_dtype == FA_BF16 && pr->kv_dtype == FA_BF16 &&
+                   pr->dv % t->dqk_step == 0 && tl.bk % t->keys == 0
+               ? t
+               : NULL;
+}
+
 /* The GEMM kernel's MR for storage dtype d: the context's set, or the f64 one. */
 static int64_t kernel_mr(const fa_context *ctx, fa_dtype d)
 {
@@ -244,6 +257,7 @@ fai_tiled_plan fai_tiled_plan_backward(const fa_context *ctx, const fai_problem 
     fai_tiled_plan p = {0};
     p.tl = fai_tiled_tiles(ctx, pr->dqk, pr->dv, pr->dtype, 1);
     const int64_t es = pr->dtype == FA_F64 ? (int64_t)sizeof(double) : (int64_t)sizeof(float);
+    p.tile_products = backward_tile_products(ctx, pr, p.tl);
     p.single_pass = ctx->tiled.backward_passes
                         ? ctx->tiled.backward_passes == 1
                         : backward_single_pass(pr->b * pr->hk, ctx->num_threads,

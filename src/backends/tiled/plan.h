@@ -21,8 +21,8 @@ typedef struct {
     fai_tiles tl;      /* the tiles, which size each thread's workspace */
     int64_t task_rows; /* forward: the query rows a task takes: tl.bq, or tl.bq halved (not below
                           tl.br) while there are too few tasks to share out */
-    const fai_kernels_bf16 *tile_products; /* forward: the set's tile products, where they
-                                              take the problem (bf16 storage), else NULL */
+    const fai_kernels_bf16 *tile_products; /* the set's tile products, where they take the
+                                              problem (bf16 storage), else NULL */
     int single_pass;   /* backward: dQ accumulated per kv head in one pass, else two passes */
 } fai_tiled_plan;
 
