@@ -662,20 +662,28 @@ END_TEST
 
 /* ------------------------------------------------------------------ AMX tile products */
 
-static const fai_kernels_bf16 *tiles_or_skip(void)
+/* The tile products under test: _i = 0 the AMX set's (where this CPU runs it), 1 the portable
+ * ones the tests run the tile paths on elsewhere (tests/tiles_emulated.c), held to the same
+ * contract. */
+static const fai_kernels_bf16 *tiles_or_skip(int i)
 {
+    if (i == 1)
+        return ht_emulated_tiles()->bf16;
     const fai_kernels_f32 *k = fai_kernels_for(FA_ISA_AMX);
     if (!k) {
-        fprintf(stderr, "check_kernels: amx kernels not runnable here: skipped\n");
+        fprintf(stderr, "check_kernels: amx tile products not runnable here: skipped\n");
         return NULL;
     }
     ck_assert_ptr_nonnull(k->bf16);
     return k->bf16;
 }
 
-/* The packing of K^T and V for the tiles takes only AVX-512 (BW): tested wherever that runs. */
-static const fai_kernels_bf16 *packs_or_skip(void)
+/* The packing of K^T and V for the tiles takes only AVX-512 (BW): tested wherever that runs
+ * (_i = 0), and the emulated tiles' (_i = 1). */
+static const fai_kernels_bf16 *packs_or_skip(int i)
 {
+    if (i == 1)
+        return ht_emulated_tiles()->bf16;
 #if FA_HAVE_AMX_KERNELS
     if (fai_cpu_supports(FA_ISA_AVX512))
         return fai_kernels_amx()->bf16;
@@ -690,7 +698,7 @@ static const fai_kernels_bf16 *packs_or_skip(void)
  * 32-column grid. */
 START_TEST(amx_packs_match_layout)
 {
-    const fai_kernels_bf16 *t = packs_or_skip();
+    const fai_kernels_bf16 *t = packs_or_skip(_i);
     if (!t)
         return;
     static const int64_t ns[] = {1, 15, 16, 17, 63, 200}, ds[] = {32, 64, 128, 16, 48, 80};
@@ -730,7 +738,7 @@ END_TEST
  */
 START_TEST(amx_qk_matches_float64)
 {
-    const fai_kernels_bf16 *t = tiles_or_skip();
+    const fai_kernels_bf16 *t = tiles_or_skip(_i);
     if (!t)
         return;
     static const int64_t ds[] = {32, 64, 128}, ms[] = {1, 15, 16, 17, 40};
@@ -788,7 +796,7 @@ END_TEST
  */
 START_TEST(amx_pv_matches_float64)
 {
-    const fai_kernels_bf16 *t = tiles_or_skip();
+    const fai_kernels_bf16 *t = tiles_or_skip(_i);
     if (!t)
         return;
     static const int64_t dvs[] = {16, 48, 64, 128}, ms[] = {1, 16, 17, 35};
@@ -855,7 +863,7 @@ END_TEST
  */
 START_TEST(amx_gemm_matches_float64)
 {
-    const fai_kernels_bf16 *t = tiles_or_skip();
+    const fai_kernels_bf16 *t = tiles_or_skip(_i);
     if (!t)
         return;
     static const int64_t ms[] = {1, 15, 16, 17, 40}, ns[] = {16, 48, 64, 128, 80}, ks[] = {32, 96};
@@ -925,10 +933,10 @@ Suite *make_kernels_suite(void)
     tcase_add_loop_test(tc, max_matches_definition, 0, ht_nisas);
     tcase_add_loop_test(tc, decode_products_match_float64, 0, ht_nisas);
     tcase_add_loop_test(tc, expsum_exhaustive_nonpositive, 0, ht_nisas);
-    tcase_add_test(tc, amx_packs_match_layout);
-    tcase_add_test(tc, amx_qk_matches_float64);
-    tcase_add_test(tc, amx_pv_matches_float64);
-    tcase_add_test(tc, amx_gemm_matches_float64);
+    tcase_add_loop_test(tc, amx_packs_match_layout, 0, 2);
+    tcase_add_loop_test(tc, amx_qk_matches_float64, 0, 2);
+    tcase_add_loop_test(tc, amx_pv_matches_float64, 0, 2);
+    tcase_add_loop_test(tc, amx_gemm_matches_float64, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }

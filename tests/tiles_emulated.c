@@ -12,15 +12,19 @@
 
 #include <math.h>
 #include <pthread.h>
+#include <string.h>
 
 #include "harness.h"
 #include "base/dtype.h"
 #include "kernels/kernels.h"
 
-/* A bf16 as the tiles read it (subnormals as 0), and an f32 as they store it. */
+/* A bf16 as the tiles read it (subnormals as 0: a bf16 is the high half of an f32), and an
+ * f32 as they store it. */
 static float tile_in(uint16_t h)
 {
-    const float x = (float)fai_bf16_to_f64(h);
+    const uint32_t u = (uint32_t)h << 16;
+    float x;
+    memcpy(&x, &u, sizeof x);
     return fabsf(x) < 0x1p-126f ? 0 * x : x;
 }
 

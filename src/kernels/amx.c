@@ -136,51 +136,62 @@ static void fa_bf16_pack_v__amx(int64_t n, int64_t nk, int64_t dv, const uint16_
  * out to 16 (the rest of those rows and columns are written too, and are junk to the caller);
  * then, with scale, every element written times *scale, rounded once. q must hold m rounded up
  * to 16 rows (those past m only reach junk rows of s).
+ * Blocks of 32 rows x 32 columns: two row tiles of Q times two column tiles of K^T into four
+ * accumulators, so that each tile loaded serves two products (K^T's tiles, which a key tile
+ * holds more of than L1 does, are read once per 32 rows rather than per 16); a last 16 rows or
+ * 16 columns take the same loop with half the tiles. Every element sums its k steps in the same
+ * order whatever the blocking, so its bits do not depend on it.
  */
-static void fa_bf16_qk_16x64__amx(int64_t m, int64_t c0, int64_t c1, int64_t d, const uint16_t *q,
+static void fa_bf16_qk_32x32__amx(int64_t m, int64_t c0, int64_t c1, int64_t d, const uint16_t *q,
                                   int64_t ldq, const uint16_t *kt, int64_t ldt, float *s,
                                   int64_t lds, const float *scale)
 {
     tiles_configure();
     const int64_t j0 = c0 & ~(int64_t)15, j1 = (c1 + 15) & ~(int64_t)15;
-    for (int64_t r = 0; r < m; r += 16)
-        for (int64_t j = j0; j < j1; j += 64) {
-            const int64_t nb = (j1 - j) / 16 < 4 ? (j1 - j) / 16 : 4;
-            const uint16_t *b = kt + 2 * j;
+    for (int64_t r = 0; r < m; r += 32) {
+        const int two_rows = m - r > 16;
+        for (int64_t j = j0; j < j1; j += 32) {
+            const int two_cols = j1 - j > 16;
             _tile_zero(0);
             _tile_zero(1);
             _tile_zero(2);
             _tile_zero(3);
             for (int64_t p = 0; p < d; p += 32) {
-                const uint16_t *bp = b + p * ldt; /* pair row p / 2 */
+                const uint16_t *bp = kt + 2 * j + p * ldt; /* pair row p / 2, column j */
                 _tile_loadd(4, q + r * ldq + p, ldq * 2);
-                _tile_loadd(5, bp, ldt * 4);
-                _tile_dpbf16ps(0, 4, 5);
-                if (nb > 1) {
-                    _tile_loadd(6, bp + 32, ldt * 4);
-                    _tile_dpbf16ps(1, 4, 6);
+                _tile_loadd(6, bp, ldt * 4);
+                _tile_dpbf16ps(0, 4, 6);
+                if (two_cols) {
+                    _tile_loadd(7, bp + 32, ldt * 4);
+                    _tile_dpbf16ps(1, 4, 7);
                 }
-                if (nb > 2) {
-                    _tile_loadd(7, bp + 64, ldt * 4);
-                    _tile_dpbf16ps(2, 4, 7);
-                }
-                if (nb > 3) {
-                    _tile_loadd(5, bp + 96, ldt * 4);
-                    _tile_dpbf16ps(3, 4, 5);
+                if (two_rows) {
+                    _tile_loadd(5, q + (r + 16) * ldq + p, ldq * 2);
+                    _tile_dpbf16ps(2, 5, 6);
+                    if (two_cols)
+                        _tile_dpbf16ps(3, 5, 7);
                 }
             }
             float *out = s + r * lds + j;
-            acc_tiles_store(nb, out, lds);
+            _tile_stored(0, out, lds * 4);
+            if (two_cols)
+                _tile_stored(1, out + 16, lds * 4);
+            if (two_rows) {
+                _tile_stored(2, out + 16 * lds, lds * 4);
+                if (two_cols)
+                    _tile_stored(3, out + 16 * lds + 16, lds * 4);
+            }
             if (!scale)
                 continue;
             /* the block just stored, while it is in L1, in whole vectors: beyond [0, m) x
              * [c0, c1) it is junk either way */
             const __m512 f = _mm512_set1_ps(*scale);
-            for (int64_t i = 0; i < 16; i++)
-                for (int64_t c = 0; c < 16 * nb; c += 16)
+            for (int64_t i = 0; i < (two_rows ? 32 : 16); i++)
+                for (int64_t c = 0; c < (two_cols ? 32 : 16); c += 16)
                     _mm512_storeu_ps(out + i * lds + c,
                                      _mm512_mul_ps(_mm512_loadu_ps(out + i * lds + c), f));
         }
+    }
     _tile_release();
 }
 
@@ -190,24 +201,28 @@ static void fa_bf16_qk_16x64__amx(int64_t m, int64_t c0, int64_t c1, int64_t d, 
  * chunks whatever [c0, c1) is. That keeps a row's bits independent of the rows it is grouped
  * with: the tiles flush subnormal sums to 0 (and may not keep a NaN's payload), so even an
  * all-zero chunk can change acc, and it must be applied to every row alike. V's packed keys
- * must be finite. dv is a multiple of 16. scratch: 16 (ldp bf16 + dv f32). Rows go by 16,
- * each block rescaled, multiplied and stored in place; a last block of fewer than 16 rows
- * staged (zero past m) and only its rows < m copied back.
+ * must be finite. dv is a multiple of 16. scratch: 16 (4 ldp + 4 dv) bytes (32 rows of P in
+ * bf16, 16 rows of acc). Rows go by 32 where there are, in blocks of 32 x 32 as in Q K^T (each
+ * V tile read once per 32 rows), then by 16: each block rescaled, multiplied and stored in
+ * place; a last block of fewer than 16 rows staged (zero past m) and only its rows < m copied
+ * back. Every element sums the same chunks in the same order whatever the blocking.
  */
-static void fa_bf16_pv_16x64__amx(int64_t m, int64_t c0, int64_t c1, int64_t nk, int64_t dv,
+static void fa_bf16_pv_32x32__amx(int64_t m, int64_t c0, int64_t c1, int64_t nk, int64_t dv,
                                   const float *p, int64_t ldp, const uint16_t *vt, float *acc,
                                   int64_t ldacc, const float *a, void *scratch)
 {
     tiles_configure();
     uint16_t *pb = scratch;
-    float *stage = (float *)(pb + 16 * ldp);
-    for (int64_t r = 0; r < m; r += 16) {
-        const int64_t rows = m - r < 16 ? m - r : 16;
-        /* a whole block of rows: acc rescaled in place (rows whose factor is 1 as they are)
-         * and taken by the tiles where it lies; a last partial one through the stage */
-        float *blk = rows == 16 ? acc + r * ldacc : stage;
-        const int64_t ldb = rows == 16 ? ldacc : dv;
-        for (int64_t i = 0; i < 16; i++) {
+    float *stage = (float *)(pb + 32 * ldp);
+    for (int64_t r = 0; r < m;) {
+        /* rows r .. r + span - 1: two whole blocks of 16, one, or a last partial one */
+        const int64_t rows = m - r >= 32 ? 32 : m - r < 16 ? m - r : 16;
+        const int64_t span = rows > 16 ? 32 : 16;
+        /* whole blocks: acc rescaled in place (rows whose factor is 1 as they are) and taken
+         * by the tiles where it lies; a partial one through the stage */
+        float *blk = rows >= 16 ? acc + r * ldacc : stage;
+        const int64_t ldb = rows >= 16 ? ldacc : dv;
+        for (int64_t i = 0; i < span; i++) {
             float *st = blk + i * ldb;
             if (i >= rows) {
                 memset(st, 0, (size_t)dv * sizeof(float));
@@ -229,32 +244,46 @@ static void fa_bf16_pv_16x64__amx(int64_t m, int64_t c0, int64_t c1, int64_t nk,
                                     (__m256i)_mm512_cvtneps_pbh(x));
             }
         }
-        for (int64_t d0 = 0; d0 < dv; d0 += 64) {
-            const int64_t nb = (dv - d0) / 16 < 4 ? (dv - d0) / 16 : 4;
+        const int two_rows = span == 32;
+        for (int64_t d0 = 0; d0 < dv; d0 += 32) {
+            const int two_cols = dv - d0 > 16;
             float *cd = blk + d0;
-            acc_tiles_load(nb, cd, ldb);
+            _tile_loadd(0, cd, ldb * 4);
+            if (two_cols)
+                _tile_loadd(1, cd + 16, ldb * 4);
+            if (two_rows) {
+                _tile_loadd(2, cd + 16 * ldb, ldb * 4);
+                if (two_cols)
+                    _tile_loadd(3, cd + 16 * ldb + 16, ldb * 4);
+            }
             for (int64_t k = 0; k < nk; k += 32) {
                 const uint16_t *b = vt + ((k / 2) * dv + d0) * 2;
                 _tile_loadd(4, pb + k, ldp * 2);
-                _tile_loadd(5, b, dv * 4);
-                _tile_dpbf16ps(0, 4, 5);
-                if (nb > 1) {
-                    _tile_loadd(6, b + 32, dv * 4);
-                    _tile_dpbf16ps(1, 4, 6);
+                _tile_loadd(6, b, dv * 4);
+                _tile_dpbf16ps(0, 4, 6);
+                if (two_cols) {
+                    _tile_loadd(7, b + 32, dv * 4);
+                    _tile_dpbf16ps(1, 4, 7);
                 }
-                if (nb > 2) {
-                    _tile_loadd(7, b + 64, dv * 4);
-                    _tile_dpbf16ps(2, 4, 7);
-                }
-                if (nb > 3) {
-                    _tile_loadd(5, b + 96, dv * 4);
-                    _tile_dpbf16ps(3, 4, 5);
+                if (two_rows) {
+                    _tile_loadd(5, pb + 16 * ldp + k, ldp * 2);
+                    _tile_dpbf16ps(2, 5, 6);
+                    if (two_cols)
+                        _tile_dpbf16ps(3, 5, 7);
                 }
             }
-            acc_tiles_store(nb, cd, ldb);
+            _tile_stored(0, cd, ldb * 4);
+            if (two_cols)
+                _tile_stored(1, cd + 16, ldb * 4);
+            if (two_rows) {
+                _tile_stored(2, cd + 16 * ldb, ldb * 4);
+                if (two_cols)
+                    _tile_stored(3, cd + 16 * ldb + 16, ldb * 4);
+            }
         }
         for (int64_t i = 0; blk == stage && i < rows; i++)
             memcpy(acc + (r + i) * ldacc, stage + i * dv, (size_t)dv * sizeof(float));
+        r += span;
     }
     _tile_release();
 }
@@ -325,8 +354,8 @@ static const fai_kernels_bf16 amx_bf16 = {
     .dv_step = 16,  /* P V's n step: 16 f32 columns per tile */
     FAI_KERNEL(pack_kt, fa_bf16_pack_kt__amx),
     FAI_KERNEL(pack_v, fa_bf16_pack_v__amx),
-    FAI_KERNEL(qk, fa_bf16_qk_16x64__amx),
-    FAI_KERNEL(pv, fa_bf16_pv_16x64__amx),
+    FAI_KERNEL(qk, fa_bf16_qk_32x32__amx),
+    FAI_KERNEL(pv, fa_bf16_pv_32x32__amx),
     FAI_KERNEL(gemm, fa_bf16_gemm_16x64__amx),
 };
 

@@ -118,7 +118,7 @@ typedef void (*fai_qk_bf16)(int64_t m, int64_t c0, int64_t c1, int64_t d, const 
                             const float *scale);
 /* acc rows [0, m) = diag(a) acc + P[:, c0:c1] V[c0:c1], over the key chunks in [0, nk)
  * (nk <= ldp: all of the packed keys, so that every row gets the same chunks); scratch holds
- * rows x (2 ldp + 4 dv) bytes */
+ * rows x (4 ldp + 4 dv) bytes */
 typedef void (*fai_pv_bf16)(int64_t m, int64_t c0, int64_t c1, int64_t nk, int64_t dv,
                             const float *p, int64_t ldp, const uint16_t *vt, float *acc,
                             int64_t ldacc, const float *a, void *scratch);

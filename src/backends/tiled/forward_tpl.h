@@ -40,7 +40,7 @@ static size_t FAI_T(fwd_carve)(const fai_problem *pr, const fai_tiled_plan *plan
         w->qb = fai_carve(&a, (size_t)(qrows * pr->dqk) * 2);
         w->ktb = fai_carve(&a, (size_t)(w->sp_ld * pr->dqk) * 2);
         w->vb = fai_carve(&a, (size_t)(w->sp_ld * pr->dv) * 2);
-        w->tile_scratch = fai_carve(&a, (size_t)(t->rows * (2 * w->sp_ld + 4 * pr->dv)));
+        w->tile_scratch = fai_carve(&a, (size_t)(t->rows * (4 * w->sp_ld + 4 * pr->dv)));
     }
     const int64_t panel = w->kern->mr, bq_up = FAI_T(round_up)(tl.bq, panel);
     w->q = w->qrows = w->k = w->kt = NULL; /* Q and K for the GEMM kernels: not with tiles */
