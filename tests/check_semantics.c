@@ -448,9 +448,9 @@ END_TEST
  * the same terms in the same order either way. Masks with partial tiles in both alignments,
  * a window with ALiBi, GQA, softcap and dropout, and inf/NaN in masked K and V rows (the
  * selection path); sizes around the tiles. bf16 at head dims the tile products take (on the
- * set's own where it has them, AMX; then on emulated ones), and the window case at 32-row query tiles against 64-key tiles, so
- * that a query tile's first key lies off the key tiles' grid (their sums run in chunks from a
- * tile's first key: pass 2 must keep pass 1's tiles). */
+ * set's own where it has them, AMX; then on emulated ones), and the window case at 32-row
+ * query tiles against 64-key tiles, so that a query tile's first key lies off the key tiles'
+ * grid (their sums run in chunks from a tile's first key: pass 2 must keep pass 1's tiles). */
 START_TEST(backward_one_pass_equals_two)
 {
     const fa_dtype dt = _i > 0 ? FA_BF16 : FA_F32;
@@ -502,10 +502,10 @@ END_TEST
  * of 7), give the bits of one tile holding every row, for a fixed key tile. Causal in both
  * alignments (partial tiles start strips mid-panel), a window with ALiBi and dropout, and
  * NaN/inf in masked K/V rows (the selection path) with dropout; f32 with every kernel set this
- * CPU runs (their panels differ: MR 4, 6, 8, 12), bf16 on the sets with tile products, or on
- * emulated ones where none has them (AMX:
+ * CPU runs (their panels differ: MR 4, 6, 8, 12), bf16 on the sets with tile products (AMX:
  * rows in blocks of 16 from any row; Dqk 64 and Dv 32 so that they run, and 64-key tiles so
- * that P V has more than one chunk of 32 keys), and f64. _i: f32 on ht_isas[_i], bf16 on
+ * that P V has more than one chunk of 32 keys), or once on emulated ones where no set has
+ * them, and f64. _i: f32 on ht_isas[_i], bf16 on
  * ht_isas[_i - ht_nisas], f64 at 2 ht_nisas. */
 START_TEST(forward_bits_independent_of_query_grouping)
 {
