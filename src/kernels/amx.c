@@ -1,8 +1,9 @@
 /*
- * AMX kernels (AMX-TILE, AMX-BF16): the tiled forward's two products for bf16 storage on
- * tile registers, completing the AVX-512 set (whose f32 kernels do everything else). Built
- * with -mamx-tile -mamx-bf16 -mavx512bf16 and the AVX-512 flags; called only when the CPU, the
- * OS (XCR0) and Linux's per-process permission for the tile data allow it (kernels/cpu.c).
+ * AMX kernels (AMX-TILE, AMX-BF16): the tiled forward's two products and the backward's five
+ * for bf16 storage on tile registers, completing the AVX-512 set (whose f32 kernels do
+ * everything else). Built with -mamx-tile -mamx-bf16 -mavx512bf16 and the AVX-512 flags;
+ * called only when the CPU, the OS (XCR0) and Linux's per-process permission for the tile
+ * data allow it (kernels/cpu.c).
  *
  * One TDPBF16PS multiplies a 16 x 32 bf16 tile by a 32 x 16 one (stored as 16 rows of 16
  * pairs) into 16 x 16 f32: 8192 products, against 16 of an AVX-512 FMA.

@@ -6,8 +6,8 @@
  *           heads and all query rows in a fixed order;
  *   pass 2, per (b, head, query tile): dQ of the tile, summed over key tiles in order.
  * Both work on a block of query rows against a key tile: S = Q K^T and dP = dO V^T by the GEMM
- * kernel (the same kernel and order as the forward, so S is recomputed to the bit; not so
- * for bf16 storage on AMX, whose forward forms S on tile products: there to f32 rounding),
+ * kernel (the same kernel and order as the forward, so S is recomputed to the bit; the tile
+ * products' S too, where the backward takes them as the forward did),
  * then per row P = exp(S - LSE), P~ = P z and dS = P (dP z - D) with D_i = dO_i . O_i
  * (core/gradient.h), then
  * dV += P~^T dO, dK += scale dS^T Q (pass 1) or dQ += scale dS K (pass 2) by the GEMM kernel.
@@ -118,10 +118,13 @@ static size_t FAI_T(bwd_carve)(const fai_problem *pr, const fai_tiled_plan *plan
     return a.used;
 }
 
-/* The f32 copies of the loaded query block that the GEMM kernels take: Q and dO, dO^T and O^T,
- * and D_i = dO_i . O_i (O as stored, as FA) by the column dots of dO^T and O^T, which round as
+/* The f32 copies of the loaded query block that the GEMM kernels take: Q and dO, and
+ * D_i = dO_i . O_i (O as stored, as FA) by the column dots of dO^T and O^T, which round as
  * the GEMM kernel rounds dP = dO V^T: where dP z - D_i is 0 in exact arithmetic (a row with one
- * key), the two sums round alike and the difference stays 0. */
+ * key), the two sums round alike and the difference stays 0. With the tile products D_i is
+ * load_query_bf16's whatever kernels a block takes (the two passes load blocks differently,
+ * and a row's D_i must not change with that); there dP comes from the tiles, so a row with one
+ * key gets dS of the order of 2^-24 |dP| rather than 0. */
 static void FAI_T(widen_query_block)(const fai_problem *pr, int64_t bq, FAI_T(bwd_ws) *w)
 {
     const int64_t b = w->at_b, h = w->at_h, i0 = w->at_i0, nq = w->at_nq, dv = pr->dv;
@@ -131,11 +134,13 @@ static void FAI_T(widen_query_block)(const fai_problem *pr, int64_t bq, FAI_T(bw
     const void *out = fai_q_rows(pr, FAI_OUT, b, h, i0, nq, &lo);
     FAI_T(load_run)(w->kern, q, lq, pr->dtype, nq, pr->dqk, w->q);
     FAI_T(load_run)(w->kern, g, lg, pr->dtype, nq, dv, w->dout);
+    w->q_wide = 1;
+    if (w->bf16)
+        return;
     const FT *o = FAI_T(view_run)(w->kern, out, lo, pr->dtype, nq, dv, w->o, &ldo);
     w->kern->transpose(nq, dv, w->dout, dv, w->dot, bq);
     w->kern->transpose(nq, dv, o, ldo, w->ot, bq);
     w->kern->coldot(nq, dv, w->dot, bq, w->ot, bq, w->di);
-    w->q_wide = 1;
 }
 
 /* The f32 copies of the loaded key tile that the GEMM kernels take: K and K^T, V and V^T. */
@@ -254,13 +259,25 @@ static void FAI_T(load_key_tile)(const fai_problem *pr, fai_tiles tl, int64_t b,
 }
 
 #if FT_TILE_PRODUCTS
-/* Whether the loaded block takes the tile products: bf16 storage on them, and Q, dO, K and V
- * finite (else the f32 kernels, by selection where needed). */
+/* Whether the loaded block forms S, dP and dQ on the tile products: bf16 storage on them, and
+ * K and V finite. Those three are row by row (a row's inf or NaN in Q or dO stays in its own
+ * row), so the choice must not depend on the query rows the block holds: it would then depend
+ * on how pass 1 and pass 2 group rows, and so on the thread count. dK and dV, which sum over
+ * the block's rows, take the tiles only where Q and dO are finite too (bwd_ktile_head). */
 static int FAI_T(tiles_take)(const FAI_T(bwd_ws) *w)
 {
-    return w->bf16 && w->q_finite && w->kv_finite;
+    return w->bf16 && w->kv_finite;
 }
 #endif
+
+/* The f32 copies of the loaded block and key tile, where not formed yet. */
+static void FAI_T(widen_block)(const fai_problem *pr, fai_tiles tl, FAI_T(bwd_ws) *w)
+{
+    if (!w->q_wide)
+        FAI_T(widen_query_block)(pr, tl.bq, w);
+    if (!w->kv_wide)
+        FAI_T(widen_key_tile)(pr, tl, w);
+}
 
 /* Whether the bias masks column c of block row r (bwd_block's w->masked). */
 static int FAI_T(bias_masked)(const fai_problem *pr, fai_tiles tl, const FAI_T(bwd_ws) *w,
@@ -296,10 +313,7 @@ static int FAI_T(bwd_block)(const fai_problem *pr, fai_tiles tl, int64_t b, int6
     } else
 #endif
     {
-        if (!w->q_wide)
-            FAI_T(widen_query_block)(pr, tl.bq, w);
-        if (!w->kv_wide)
-            FAI_T(widen_key_tile)(pr, tl, w);
+        FAI_T(widen_block)(pr, tl, w);
         FAI_T(fai_gemm)(w->kern, nq, n, pr->dqk, w->q, pr->dqk, w->kt, ld, w->s, ld, 0,
                         scale_only ? w->scale_rows : NULL); /* Q K^T, scaled as the forward's */
         FAI_T(fai_gemm)(w->kern, nq, n, pr->dv, w->dout, pr->dv, w->vt, ld, w->dp, ld, 0,
@@ -462,8 +476,14 @@ static void FAI_T(bwd_ktile_head)(const fai_problem *pr, fai_tiles tl, int64_t b
             FT *dq = w->dq_all ? w->dq_all + ((h - hk * pr->group) * pr->sq + i0) * dqk : NULL;
 #if FT_TILE_PRODUCTS
             if (FAI_T(tiles_take)(w)) {
-                FAI_T(bwd_tiles)(pr, tl, nq, n, w, dk, dv, dq);
-                continue;
+                if (w->q_finite) {
+                    FAI_T(bwd_tiles)(pr, tl, nq, n, w, dk, dv, dq);
+                    continue;
+                }
+                /* dQ on the tiles; dK and dV by selection below, on the f32 copies */
+                FAI_T(bwd_tiles)(pr, tl, nq, n, w, NULL, NULL, dq);
+                dq = NULL;
+                FAI_T(widen_block)(pr, tl, w);
             }
 #endif
             if (w->kv_finite && w->q_finite) {
@@ -567,10 +587,13 @@ static void FAI_T(bwd_qtile)(const fai_problem *pr, fai_tiles tl, int64_t b, int
         const fai_problem *pm = &part[p];
         int64_t jlo, jhi;
         fai_mask_key_span(&pm->mask, i0, i1, &jlo, &jhi);
-        if (w->bf16) /* pass 1's key tiles: the tile products' sums depend on them */
+        /* with the tile products, pass 1's key tiles, whole: their sums run in chunks from a
+         * tile's first key, and a tile's finiteness decides its kernels */
+        const int64_t jend = w->bf16 ? pr->sk : jhi;
+        if (w->bf16)
             jlo -= jlo % tl.bk;
         for (int64_t j0 = jlo; j0 < jhi; j0 += tl.bk) {
-            const int64_t n = jhi - j0 < tl.bk ? jhi - j0 : tl.bk;
+            const int64_t n = jend - j0 < tl.bk ? jend - j0 : tl.bk;
             const fai_tile_class cls = fai_mask_classify(&pm->mask, i0, i1, j0, j0 + n);
             if (cls == FAI_TILE_EMPTY || !fai_blocks_meet(pr, b, h, i0, i1, j0, n))
                 continue;
