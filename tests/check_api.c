@@ -771,7 +771,7 @@ END_TEST
 Suite *make_api_suite(void)
 {
     Suite *s = suite_create("api");
-    TCase *tc = tcase_create("api");
+    TCase *tc = ht_tcase_create("api");
     tcase_add_loop_test(tc, bad_inputs_rejected_untouched, 0, 3 * NBAD);
     tcase_add_loop_test(tc, tensor_faults_rejected_untouched, 0, 3 * 9 * NFAULT);
     tcase_add_test(tc, null_pointers_rejected);
@@ -785,7 +785,7 @@ Suite *make_api_suite(void)
     tcase_add_test(tc, status_strings_distinct);
     tcase_add_test(tc, profiles_convert_lse);
     suite_add_tcase(s, tc);
-    TCase *cc = tcase_create("concurrency"); /* CI's ThreadSanitizer stage runs these */
+    TCase *cc = ht_tcase_create("concurrency"); /* CI's ThreadSanitizer stage runs these */
     tcase_add_test(cc, last_error_thread_local);
     suite_add_tcase(s, cc);
     return s;

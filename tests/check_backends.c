@@ -208,7 +208,7 @@ END_TEST
 Suite *make_backends_suite(void)
 {
     Suite *s = suite_create("backends");
-    TCase *tc = tcase_create("sweep");
+    TCase *tc = ht_tcase_create("sweep");
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, backends_match_reference, 0, 4 * NCASES);
     tcase_add_loop_test(tc, backends_large_logits, 0, 8);

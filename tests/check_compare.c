@@ -190,7 +190,7 @@ END_TEST
 Suite *make_compare_suite(void)
 {
     Suite *s = suite_create("compare");
-    TCase *tc = tcase_create("compare");
+    TCase *tc = ht_tcase_create("compare");
     tcase_add_test(tc, rounding_differences_pass);
     tcase_add_test(tc, realistic_bugs_fail);
     tcase_add_test(tc, missing_max_subtraction_fails);

@@ -369,7 +369,7 @@ END_TEST
 Suite *make_core_suite(void)
 {
     Suite *s = suite_create("core");
-    TCase *tc = tcase_create("core");
+    TCase *tc = ht_tcase_create("core");
     tcase_add_test(tc, philox_known_answers);
     tcase_add_test(tc, dropout_row_matches_definition);
     tcase_add_test(tc, dropout_stream_is_64_bit);

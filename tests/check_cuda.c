@@ -1688,7 +1688,7 @@ END_TEST
 /* The FP8 and block-mask tests, a test case of their own (CK_RUN_CASE=fp8_blocks). */
 static TCase *make_fp8_blocks_tcase(int small)
 {
-    TCase *tc = tcase_create("fp8_blocks");
+    TCase *tc = ht_tcase_create("fp8_blocks");
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, cuda_fp8_matches_reference, 0, 6);
     tcase_add_loop_test(tc, cuda_fp8_cache_matches_reference, 0, 3);
@@ -1726,7 +1726,7 @@ END_TEST
 /* The bias tests, a test case of their own (CK_RUN_CASE=bias runs them alone). */
 static TCase *make_bias_tcase(int small)
 {
-    TCase *tc = tcase_create("bias");
+    TCase *tc = ht_tcase_create("bias");
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, cuda_keep_mask_equals_causal, 0, small ? 2 : 8);
     tcase_add_loop_test(tc, cuda_bias_matches_reference, 0, small ? 4 : 24);
@@ -1740,7 +1740,7 @@ static TCase *make_bias_tcase(int small)
 static Suite *make_cuda_suite(void)
 {
     Suite *s = suite_create("cuda");
-    TCase *tc = tcase_create("sweep");
+    TCase *tc = ht_tcase_create("sweep");
     tcase_set_timeout(tc, 600);
     /* CHECK_CUDA_SMALL=1: a short sweep for compute-sanitizer (every kernel, small sizes) */
     const int small = getenv("CHECK_CUDA_SMALL") != NULL;

@@ -162,8 +162,6 @@ START_TEST(forward_and_backward_fail_cleanly)
             set_free(&s);
         }
     }
-    unsetenv("FA_BACKWARD_PASSES");
-    ht_isa = FA_ISA_AUTO;
 }
 END_TEST
 
@@ -403,7 +401,7 @@ END_TEST
 Suite *make_faults_suite(void)
 {
     Suite *s = suite_create("faults");
-    TCase *tc = tcase_create("allocation failures");
+    TCase *tc = ht_tcase_create("allocation failures");
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, forward_and_backward_fail_cleanly, 0, 18);
     tcase_add_loop_test(tc, varlen_fails_cleanly, 0, 9);

@@ -334,7 +334,7 @@ END_TEST
 Suite *make_fp8_suite(void)
 {
     Suite *s = suite_create("fp8");
-    TCase *tc = tcase_create("fp8");
+    TCase *tc = ht_tcase_create("fp8");
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, widen_every_code, 0, 2);
     tcase_add_loop_test(tc, narrow_to_nearest_even, 0, 2);

@@ -816,7 +816,7 @@ END_TEST
 Suite *make_inference_suite(void)
 {
     Suite *s = suite_create("inference");
-    TCase *tc = tcase_create("varlen");
+    TCase *tc = ht_tcase_create("varlen");
     tcase_set_timeout(tc, 300);
     tcase_add_loop_test(tc, varlen_is_each_sequence_alone, 0, 18);
     tcase_add_loop_test(tc, varlen_of_equal_lengths_is_a_dense_batch, 0, 2);
@@ -825,7 +825,7 @@ Suite *make_inference_suite(void)
     tcase_add_test(tc, varlen_sink_gradient_sums_the_sequences);
     tcase_add_loop_test(tc, varlen_bad_input_is_refused, 0, 12);
     suite_add_tcase(s, tc);
-    TCase *pc = tcase_create("paged");
+    TCase *pc = ht_tcase_create("paged");
     tcase_set_timeout(pc, 300);
     tcase_add_loop_test(pc, paged_is_contiguous, 0, 84);
     tcase_add_loop_test(pc, paged_bad_input_is_refused, 0, 11);

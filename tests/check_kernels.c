@@ -917,7 +917,7 @@ END_TEST
 Suite *make_kernels_suite(void)
 {
     Suite *s = suite_create("kernels");
-    TCase *tc = tcase_create("kernels");
+    TCase *tc = ht_tcase_create("kernels");
     tcase_set_timeout(tc, 900);
     tcase_add_loop_test(tc, gemm_matches_float64, 0, ht_nisas);
     tcase_add_loop_test(tc, gemm_element_independent_of_blocking, 0, ht_nisas);

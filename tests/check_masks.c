@@ -734,7 +734,7 @@ END_TEST
 Suite *make_masks_suite(void)
 {
     Suite *s = suite_create("masks");
-    TCase *tc = tcase_create("bias tensors");
+    TCase *tc = ht_tcase_create("bias tensors");
     tcase_set_timeout(tc, 600);
     tcase_add_loop_test(tc, keep_mask_equals_causal, 0, 12);
     tcase_add_loop_test(tc, bias_equals_window, 0, 3);

@@ -69,7 +69,7 @@ END_TEST
 Suite *make_memory_suite(void)
 {
     Suite *s = suite_create("memory");
-    TCase *tc = tcase_create("memory");
+    TCase *tc = ht_tcase_create("memory");
     tcase_add_loop_test(tc, tiled_peak_flat_conventional_quadratic, 0, 3);
     suite_add_tcase(s, tc);
     return s;

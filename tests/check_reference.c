@@ -265,7 +265,7 @@ END_TEST
 Suite *make_reference_suite(void)
 {
     Suite *s = suite_create("reference");
-    TCase *tc = tcase_create("exact");
+    TCase *tc = ht_tcase_create("exact");
     tcase_add_test(tc, reference_worked_example);
     tcase_add_test(tc, reference_one_hot);
     tcase_add_test(tc, reference_score_order_exact);

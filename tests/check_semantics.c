@@ -369,7 +369,6 @@ START_TEST(deterministic_across_threads)
         set_free(&again);
     }
     set_free(&first);
-    ht_kernels = NULL;
 }
 END_TEST
 
@@ -497,7 +496,6 @@ START_TEST(backward_one_pass_equals_two)
         ck_assert_msg(same_bits(&runs[0].dv, &runs[1].dv), "case %d: dv differs", c);
         set_free(&runs[0]), set_free(&runs[1]);
     }
-    ht_kernels = NULL;
 }
 END_TEST
 
@@ -570,8 +568,6 @@ START_TEST(forward_bits_independent_of_query_grouping)
         unsetenv("FA_TILES");
         set_free(&whole);
     }
-    ht_isa = FA_ISA_AUTO;
-    ht_kernels = NULL;
 }
 END_TEST
 
@@ -1071,7 +1067,7 @@ END_TEST
 Suite *make_semantics_suite(void)
 {
     Suite *s = suite_create("semantics");
-    TCase *tc = tcase_create("semantics");
+    TCase *tc = ht_tcase_create("semantics");
     tcase_set_timeout(tc, 300);
     tcase_add_loop_test(tc, empty_rows_exact_zero, 0, 12);
     tcase_add_loop_test(tc, masked_nonfinite_never_reaches_output, 0, 8);
@@ -1088,7 +1084,7 @@ Suite *make_semantics_suite(void)
     tcase_add_loop_test(tc, kv_dtype_apart_from_q, 0, 6);
     suite_add_tcase(s, tc);
     /* threads: what CI's ThreadSanitizer stage runs (CK_RUN_CASE=concurrency) */
-    TCase *cc = tcase_create("concurrency");
+    TCase *cc = ht_tcase_create("concurrency");
     tcase_set_timeout(cc, 600);
     tcase_add_loop_test(cc, deterministic_across_threads, 0, 7);
     tcase_add_loop_test(cc, decode_deterministic_across_threads, 0, 4);

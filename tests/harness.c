@@ -175,6 +175,39 @@ int ht_isa_runs(fa_isa isa)
     return 1;
 }
 
+/* The environment variables the library reads (docs/DESIGN.md §2, FLASHATTN_FAULT_ALLOC
+ * aside: its tests set it in a child), and their values at the first ht_tcase_create. */
+static const char *const env_names[] = {"FA_BACKEND", "FA_ISA", "FA_TILES", "FA_BACKWARD_PASSES",
+                                        "FA_DECODE", "FA_CUDA_KERNEL"};
+#define ENV_COUNT (sizeof env_names / sizeof *env_names)
+static char *env_saved[ENV_COUNT];
+static int env_taken;
+
+static void state_restore(void)
+{
+    ht_isa = FA_ISA_AUTO;
+    ht_kernels = NULL;
+    for (size_t i = 0; i < ENV_COUNT; i++)
+        if (env_saved[i])
+            setenv(env_names[i], env_saved[i], 1);
+        else
+            unsetenv(env_names[i]);
+}
+
+TCase *ht_tcase_create(const char *name)
+{
+    if (!env_taken) {
+        for (size_t i = 0; i < ENV_COUNT; i++) {
+            const char *v = getenv(env_names[i]);
+            env_saved[i] = v ? strdup(v) : NULL;
+        }
+        env_taken = 1;
+    }
+    TCase *tc = tcase_create(name);
+    tcase_add_checked_fixture(tc, NULL, state_restore);
+    return tc;
+}
+
 fa_context *ht_context(fa_backend be, int threads)
 {
     fa_options o;

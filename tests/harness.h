@@ -64,6 +64,12 @@ fa_status ht_backward(fa_backend be, int threads, const fa_params *p, const fa_t
                       const fa_tensor *lse, const fa_tensor *dout, fa_tensor *dq,
                       fa_tensor *dk, fa_tensor *dv);
 
+/* A test case whose every test ends (by a checked fixture: also after a failure under
+ * CK_FORK=no, where the tests share one process) by putting back what tests change for the
+ * next one: ht_isa, ht_kernels, and the environment variables the library reads, as they were
+ * when the first case was created. The suites that run the library create their cases by it. */
+TCase *ht_tcase_create(const char *name);
+
 /* max |got - ref| over all elements (got from its storage, ref from its storage); a NaN on one
  * side only counts as +inf, NaN on both as 0. */
 double ht_max_err(const ht_tensor *got, const ht_tensor *ref);
