@@ -14,6 +14,7 @@
 
 #include "backends/backend.h"
 #include "harness.h"
+#include "kernels/kernels.h"
 
 typedef struct {
     ht_tensor q, k, v, o, l, dout, dq, dk, dv;
@@ -612,6 +613,20 @@ START_TEST(context_options_and_environment)
         ck_assert(strstr(fa_last_error(), "FA_TILES="));
     }
     unsetenv("FA_TILES");
+    /* the tile products and the bf16 forward's tiles on them, only where the set has them */
+    ht_kernels = ht_emulated_tiles();
+    ctx = ht_context(FA_BACKEND_TILED, 1);
+    fa_context_describe(ctx, line, sizeof line);
+    fa_context_destroy(ctx);
+    ck_assert_msg(strstr(line, ",qk,expsum,pv,gemm ") &&
+                      strstr(line, "; bf16 fwd on tile products: D=128 "),
+                  "%s", line);
+    ht_kernels = NULL;
+    ctx = ht_context(FA_BACKEND_TILED, 1);
+    fa_context_describe(ctx, line, sizeof line);
+    fa_context_destroy(ctx);
+    ck_assert_msg(!strstr(line, "tile products") || fai_kernels_for(fai_isa_best())->bf16, "%s",
+                  line);
 }
 END_TEST
 

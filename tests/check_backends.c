@@ -150,9 +150,10 @@ static void sweep_one(const ht_sweep_case *c, fa_dtype dt, int idx, double lo, d
     const int decode = ht_decode_keys(2, &p, &conv.q.t, &conv.k.t, &conv.v.t) > 0;
     for (int t = 0; t <= 2 * ht_nisas; t++) {
         const int emulated = t == 2 * ht_nisas, tiles_too = t >= ht_nisas && !emulated;
-        /* the emulated tiles only where the tile products take the case (else its bf16 runs
-         * the best set's f32 kernels, done above) */
-        if (emulated ? dt != FA_BF16 || c->dqk % 32 || c->dv % 32
+        /* the emulated tiles only where the tile products take the forward (else its bf16
+         * runs the best set's f32 kernels, done above): Dqk a multiple of 32, Dv of 16 (the
+         * backward takes them where Dv is a multiple of 32 too, else the f32 kernels) */
+        if (emulated ? ht_emulated_tiles_skipped() || dt != FA_BF16 || c->dqk % 32 || c->dv % 16
                      : !ht_isa_runs(ht_isas[t % ht_nisas]) || (tiles_too && !decode))
             continue;
         ht_bundle in = conv;

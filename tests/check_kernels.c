@@ -668,7 +668,7 @@ END_TEST
 static const fai_kernels_bf16 *tiles_or_skip(int i)
 {
     if (i == 1)
-        return ht_emulated_tiles()->bf16;
+        return ht_emulated_tiles_skipped() ? NULL : ht_emulated_tiles()->bf16;
     const fai_kernels_f32 *k = fai_kernels_for(FA_ISA_AMX);
     if (!k) {
         fprintf(stderr, "check_kernels: amx tile products not runnable here: skipped\n");
@@ -683,7 +683,7 @@ static const fai_kernels_bf16 *tiles_or_skip(int i)
 static const fai_kernels_bf16 *packs_or_skip(int i)
 {
     if (i == 1)
-        return ht_emulated_tiles()->bf16;
+        return ht_emulated_tiles_skipped() ? NULL : ht_emulated_tiles()->bf16;
 #if FA_HAVE_AMX_KERNELS
     if (fai_cpu_supports(FA_ISA_AVX512))
         return fai_kernels_amx()->bf16;
@@ -788,11 +788,66 @@ START_TEST(amx_qk_matches_float64)
 END_TEST
 
 /*
- * acc = diag(a) acc + P V on tiles, P rounded to bf16 once: rows [0, m) within f32 summation's
- * bound of the exact result with each P rounded to bf16 to nearest even (another rounding of P,
- * or none, moves some element by a bf16 ulp of a term, far past that bound); P outside
- * [c0, c1) (NaN here) never read; rows of acc from m on untouched, bit for bit (they belong to
- * other strips); V's padding keys zero.
+ * The tiles' P: p = exp(fl(scale x) - m) rounded to bf16 and the sum before rounding, bit for
+ * bit the CPU's f32 expsum over fl(scale x) followed by a rounding to nearest even (so a strip
+ * that folds its scale into this kernel and one that scales S first agree), for lengths on and
+ * off the 16-lane grid, scales 1, 1/sqrt(128) and 3.7, scores down to the exp's underflow,
+ * -inf and NaN; nothing written past n; the same with P written over the scores.
+ */
+START_TEST(amx_expsum_rounds_expsum)
+{
+    const fai_kernels_bf16 *t = tiles_or_skip(_i);
+    if (!t)
+        return;
+    const fai_kernels_f32 *set = _i == 1 ? ht_emulated_tiles() : fai_kernels_for(FA_ISA_AMX);
+    static const int64_t ns[] = {1, 15, 16, 17, 100, 256};
+    static const float scales[] = {1.0f, 0x1.6a09e6p-4f, 3.7f};
+    uint64_t seed = 31;
+    float x[256], y[256];
+    uint16_t p[256 + 8];
+    for (int a = 0; a < 6; a++)
+        for (int b = 0; b < 3; b++) {
+            const int64_t n = ns[a];
+            const float scale = scales[b], m = 2.5f;
+            for (int64_t c = 0; c < n; c++)
+                x[c] = rnd(&seed) * 40 - (c % 7 == 3 ? 60 : 0);
+            if (n > 16) {
+                x[5] = -INFINITY;
+                x[n - 1] = b == 2 ? NAN : x[n - 1];
+            }
+            for (int64_t c = 0; c < n + 8; c++)
+                p[c] = 0xabcd;
+            const float sum = t->expsum(n, x, scale, m, p);
+            for (int64_t c = 0; c < n; c++)
+                y[c] = scale * x[c];
+            const float want = set->expsum(n, y, m, y);
+            ck_assert_msg(memcmp(&sum, &want, sizeof sum) == 0 || (isnan(sum) && isnan(want)),
+                          "%s n%ld scale %g: sum %.9g vs %.9g", t->expsum_name, (long)n,
+                          (double)scale, sum, want);
+            for (int64_t c = 0; c < n; c++) {
+                const uint16_t r = fai_f64_to_bf16(y[c]);
+                ck_assert_msg(p[c] == r || (isnan(y[c]) && (p[c] & 0x7fff) > 0x7f80),
+                              "%s n%ld scale %g: p[%ld] %#x vs %#x (%.9g)", t->expsum_name,
+                              (long)n, (double)scale, (long)c, p[c], r, y[c]);
+            }
+            for (int64_t c = n; c < n + 8; c++)
+                ck_assert_msg(p[c] == 0xabcd, "%s n%ld: p[%ld] written", t->expsum_name,
+                              (long)n, (long)c);
+            memcpy(y, x, sizeof x); /* P over the scores: the same bits */
+            const float over = t->expsum(n, y, scale, m, (uint16_t *)y);
+            ck_assert_msg(memcmp(&over, &sum, sizeof sum) == 0 &&
+                              memcmp(y, p, (size_t)n * sizeof *p) == 0,
+                          "%s n%ld scale %g: P written over x differs", t->expsum_name, (long)n,
+                          (double)scale);
+        }
+}
+END_TEST
+
+/*
+ * acc = diag(a) acc + P V on tiles, P bf16 as given: rows [0, m) within f32 summation's bound
+ * of the exact result; P's columns from nk on (NaN here) never read, nor its rows past m
+ * (NaN up to the next 16) reaching any row; rows of acc from m on untouched, bit for bit (they
+ * belong to other strips); V's padding keys zero.
  */
 START_TEST(amx_pv_matches_float64)
 {
@@ -807,17 +862,19 @@ START_TEST(amx_pv_matches_float64)
             for (int c = 0; c < 4; c++) {
                 const int64_t dv = dvs[a], m = ms[b], n = ranges[c][0], c0 = ranges[c][1],
                               c1 = ranges[c][2], ldv = dv + 2, nk = (n + 31) / 32 * 32;
-                const int64_t ldp = nk + 32, rows = m + 3;
+                const int64_t ldp = nk + 32, rows = m + 3, mq = (m + 15) / 16 * 16;
                 uint16_t *v = malloc((size_t)(n * ldv) * 2), *vt = malloc((size_t)(nk * dv) * 2);
-                float *p = malloc((size_t)(m * ldp) * sizeof(float));
+                uint16_t *p = malloc((size_t)(mq * ldp) * 2);
                 float *acc = malloc((size_t)(rows * dv) * sizeof(float));
                 float *acc0 = malloc((size_t)(rows * dv) * sizeof(float)), af[40];
-                void *scratch = malloc((size_t)(16 * (4 * ldp + 4 * dv)));
+                void *scratch = malloc((size_t)(16 * dv) * sizeof(float));
                 for (int64_t x = 0; x < n * ldv; x++)
                     v[x] = fai_f64_to_bf16(rnd(&seed) * 2);
-                for (int64_t r = 0; r < m; r++)
+                for (int64_t r = 0; r < mq; r++) /* 0x7fc0: a bf16 NaN */
                     for (int64_t j = 0; j < ldp; j++)
-                        p[r * ldp + j] = j >= c0 && j < c1 ? (rnd(&seed) + 1) / 2 : NAN;
+                        p[r * ldp + j] = r >= m || j >= nk            ? 0x7fc0
+                                         : j >= c0 && j < c1          ? fai_f64_to_bf16((rnd(&seed) + 1) / 2)
+                                                                      : 0;
                 for (int64_t x = 0; x < rows * dv; x++)
                     acc[x] = acc0[x] = rnd(&seed) * 4;
                 for (int64_t r = 0; r < m; r++)
@@ -826,7 +883,7 @@ START_TEST(amx_pv_matches_float64)
                 for (int64_t j = n; j < nk; j++)
                     for (int64_t x = 0; x < dv; x++)
                         ck_assert_int_eq(vt[((j / 2) * dv + x) * 2 + j % 2], 0);
-                t->pv(m, c0, c1, nk, dv, p, ldp, vt, acc, dv, af, scratch);
+                t->pv(m, nk, dv, p, ldp, vt, acc, dv, af, scratch);
                 for (int64_t r = 0; r < rows; r++)
                     for (int64_t x = 0; x < dv; x++) {
                         const float got = acc[r * dv + x];
@@ -838,8 +895,7 @@ START_TEST(amx_pv_matches_float64)
                         double exact = (double)(af[r] * acc0[r * dv + x]), mag = fabs(exact);
                         for (int64_t j = c0; j < c1; j++) {
                             const double y =
-                                fai_bf16_to_f64(fai_f64_to_bf16((double)p[r * ldp + j])) *
-                                fai_bf16_to_f64(v[j * ldv + x]);
+                                fai_bf16_to_f64(p[r * ldp + j]) * fai_bf16_to_f64(v[j * ldv + x]);
                             exact += y;
                             mag += fabs(y);
                         }
@@ -935,6 +991,7 @@ Suite *make_kernels_suite(void)
     tcase_add_loop_test(tc, expsum_exhaustive_nonpositive, 0, ht_nisas);
     tcase_add_loop_test(tc, amx_packs_match_layout, 0, 2);
     tcase_add_loop_test(tc, amx_qk_matches_float64, 0, 2);
+    tcase_add_loop_test(tc, amx_expsum_rounds_expsum, 0, 2);
     tcase_add_loop_test(tc, amx_pv_matches_float64, 0, 2);
     tcase_add_loop_test(tc, amx_gemm_matches_float64, 0, 2);
     suite_add_tcase(s, tc);

@@ -53,6 +53,10 @@ int ht_isa_runs(fa_isa isa);
 struct fai_kernels_f32_s;
 extern const struct fai_kernels_f32_s *ht_kernels;
 const struct fai_kernels_f32_s *ht_emulated_tiles(void);
+/* Whether the tests' runs on the emulated tile products are to be skipped: FA_TEST_EMULATED_TILES=0
+ * (CI's aarch64 stage, where qemu runs their double-precision sums slowly; its native stage runs
+ * them). */
+int ht_emulated_tiles_skipped(void);
 /* Every ISA of the registry (src/kernels/isas.def), newest first: the tests' ISA loops. */
 extern const fa_isa ht_isas[];
 extern const int ht_nisas;

@@ -6,12 +6,14 @@
  * with AMX. They keep the contract's layouts and its freedom: each product sums a chunk of 32
  * terms in double and rounds once to f32 (a chunk's order is the hardware's business, so the
  * chunk boundaries are part of the bits, as they may be on AMX); subnormal bf16 inputs read as
- * 0 and subnormal sums flush to 0, as TDPBF16PS does; P is rounded to bf16 once.
+ * 0 and subnormal sums flush to 0, as TDPBF16PS does; P is rounded to bf16 once, from the
+ * CPU's own expsum.
  */
 #include "config.h"
 
 #include <math.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "harness.h"
@@ -82,17 +84,27 @@ static void gemm(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t lda
             c[r * ldc + j] = chunks(accumulate ? c[r * ldc + j] : 0, a + r * lda, k, b, ldb, j);
 }
 
-static void pv(int64_t m, int64_t c0, int64_t c1, int64_t nk, int64_t dv, const float *p,
-               int64_t ldp, const uint16_t *vt, float *acc, int64_t ldacc, const float *a,
-               void *scratch)
+/* The CPU's own expsum over fl(scale x), then each value rounded to bf16 to nearest even. */
+static float expsum(int64_t n, const float *x, float scale, float m, uint16_t *p)
 {
-    uint16_t *pb = scratch;
-    for (int64_t r = 0; r < m; r++) {
-        for (int64_t c = 0; c < nk; c++)
-            pb[c] = fai_f64_to_bf16(c >= c0 && c < c1 ? p[r * ldp + c] : 0);
+    float *y = malloc((size_t)(n > 0 ? n : 1) * sizeof *y);
+    ck_assert_ptr_nonnull(y);
+    for (int64_t c = 0; c < n; c++)
+        y[c] = scale * x[c];
+    const float sum = fai_kernels_for(fai_isa_best())->expsum(n, y, m, y);
+    for (int64_t c = 0; c < n; c++)
+        p[c] = fai_f64_to_bf16(y[c]);
+    free(y);
+    return sum;
+}
+
+static void pv(int64_t m, int64_t nk, int64_t dv, const uint16_t *p, int64_t ldp,
+               const uint16_t *vt, float *acc, int64_t ldacc, const float *a, void *scratch)
+{
+    (void)scratch;
+    for (int64_t r = 0; r < m; r++)
         for (int64_t x = 0; x < dv; x++)
-            acc[r * ldacc + x] = chunks(a[r] * acc[r * ldacc + x], pb, nk, vt, dv, x);
-    }
+            acc[r * ldacc + x] = chunks(a[r] * acc[r * ldacc + x], p + r * ldp, nk, vt, dv, x);
 }
 
 static const fai_kernels_bf16 emulated = {
@@ -103,6 +115,7 @@ static const fai_kernels_bf16 emulated = {
     FAI_KERNEL(pack_kt, pack_kt),
     FAI_KERNEL(pack_v, pack_v),
     FAI_KERNEL(qk, qk),
+    FAI_KERNEL(expsum, expsum),
     FAI_KERNEL(pv, pv),
     FAI_KERNEL(gemm, gemm),
 };
@@ -113,6 +126,12 @@ static void with_tiles_fill(void)
 {
     with_tiles = *fai_kernels_for(fai_isa_best());
     with_tiles.bf16 = &emulated;
+}
+
+int ht_emulated_tiles_skipped(void)
+{
+    const char *e = getenv("FA_TEST_EMULATED_TILES");
+    return e && strcmp(e, "0") == 0;
 }
 
 const fai_kernels_f32 *ht_emulated_tiles(void)

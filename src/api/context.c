@@ -180,21 +180,26 @@ fa_status fa_context_describe(const fa_context *ctx, char *buf, size_t n)
     for (int k = 0; k < 4; k++) /* D = 64, 128; forward, backward */
         t[k] = fai_tiled_tiles(ctx, 64 << (k / 2), 64 << (k / 2), FA_F32, k % 2);
     const fai_kernels_f32 *ks = ctx->kernels;
-    char products[160] = ""; /* the tile products, where the set has them */
-    if (ks->bf16)
-        snprintf(products, sizeof products, ",%s,%s,%s", ks->bf16->qk_name, ks->bf16->pv_name,
-                 ks->bf16->gemm_name);
+    /* the tile products and the bf16 forward's tiles on them, where the set has them */
+    char products[160] = "", bf16_tiles[64] = "";
+    if (ks->bf16) {
+        const fai_tiles b = fai_tiled_tiles(ctx, 128, 128, FA_BF16, 0);
+        snprintf(products, sizeof products, ",%s,%s,%s,%s", ks->bf16->qk_name,
+                 ks->bf16->expsum_name, ks->bf16->pv_name, ks->bf16->gemm_name);
+        snprintf(bf16_tiles, sizeof bf16_tiles, "; bf16 fwd on tile products: D=128 %lldx%lldx%lld",
+                 (long long)b.bq, (long long)b.bk, (long long)b.br);
+    }
     snprintf(buf, n,
              "flashattn %s: backend=%s isa=%s kernels=%s,%s%s threads=%d L1d=%lldKiB "
              "L2=%lldKiB (%s) "
              "tiles f32 BqxBkxBr fwd/BqxBk bwd: D=64 %lldx%lldx%lld/%lldx%lld, "
-             "D=128 %lldx%lldx%lld/%lldx%lld",
+             "D=128 %lldx%lldx%lld/%lldx%lld%s",
              PACKAGE_VERSION, fa_backend_name(ctx->backend), fa_isa_name(ctx->isa),
              ks->gemm_name, ks->expsum_name, products, ctx->num_threads,
              (long long)(ctx->cache.l1d / 1024), (long long)(ctx->cache.l2 / 1024),
              ctx->cache.source, (long long)t[0].bq, (long long)t[0].bk, (long long)t[0].br,
              (long long)t[1].bq, (long long)t[1].bk, (long long)t[2].bq, (long long)t[2].bk,
-             (long long)t[2].br, (long long)t[3].bq, (long long)t[3].bk);
+             (long long)t[2].br, (long long)t[3].bq, (long long)t[3].bk, bf16_tiles);
     return FA_OK;
 }
 

@@ -9,10 +9,11 @@
  * pairs) into 16 x 16 f32: 8192 products, against 16 of an AVX-512 FMA.
  *   S  = Q K^T:  A = 16 rows of Q (bf16 as stored: its products are exact in f32), B = K^T
  *                packed as pairs along d; C stored into the score strip.
- *   O += P V:    P (f32) rounded to bf16 once (relative error <= 2^-9 per term, as
- *                FlashAttention-2 and -3 and PyTorch's CPU kernel round it; docs/notes/bf16.md
- *                has the measurement against splitting P into bf16 hi + lo), times V packed as
- *                pairs of keys; C is acc, rescaled by the online softmax's factor on the way in.
+ *   O += P V:    P rounded to bf16 once by the exp that forms it (fa_bf16_expsum__amx;
+ *                relative error <= 2^-9 per term, as FlashAttention-2 and -3 and PyTorch's CPU
+ *                kernel round it; docs/notes/bf16.md has the measurement against splitting P
+ *                into bf16 hi + lo), times V packed as pairs of keys; C is acc, rescaled by the
+ *                online softmax's factor on the way in.
  *   The backward's products (fa_bf16_gemm_16x64__amx): S and dP as Q K^T above, dV, dK and dQ
  *                from P~ and scale dS rounded to bf16 once (backends/tiled/backward_tpl.h).
  * The tiles' sums run in an order fixed by the hardware and the loops below (not the f32
@@ -31,6 +32,7 @@
 #include <pthread.h>
 #include <string.h>
 
+#include "kernels/exp_avx512.h"
 #include "kernels/kernels.h"
 
 /* Tile configuration (palette 1): every one of the 8 tiles 16 rows x 64 bytes. A tile
@@ -79,6 +81,57 @@ static inline __attribute__((always_inline)) void acc_tiles_store(int64_t nb, fl
         _tile_stored(2, c + 32, ld * 4);
     if (nb > 3)
         _tile_stored(3, c + 48, ld * 4);
+}
+
+/* The 32 x 32 blocks of Q K^T and P V: accumulators 0 (rows 0-15, columns 0-15), 1 (rows
+ * 0-15, columns 16-31), 2 and 3 (rows 16-31), the second row or column half only where
+ * two_rows or two_cols; c holds f32 rows ld floats apart. */
+static inline __attribute__((always_inline)) void block_load(float *c, int64_t ld, int two_rows,
+                                                             int two_cols)
+{
+    _tile_loadd(0, c, ld * 4);
+    if (two_cols)
+        _tile_loadd(1, c + 16, ld * 4);
+    if (two_rows) {
+        _tile_loadd(2, c + 16 * ld, ld * 4);
+        if (two_cols)
+            _tile_loadd(3, c + 16 * ld + 16, ld * 4);
+    }
+}
+
+static inline __attribute__((always_inline)) void block_store(float *c, int64_t ld, int two_rows,
+                                                              int two_cols)
+{
+    _tile_stored(0, c, ld * 4);
+    if (two_cols)
+        _tile_stored(1, c + 16, ld * 4);
+    if (two_rows) {
+        _tile_stored(2, c + 16 * ld, ld * 4);
+        if (two_cols)
+            _tile_stored(3, c + 16 * ld + 16, ld * 4);
+    }
+}
+
+/* One k step of 32 into a block: A's 16-row tiles at a and a + 16 rows (lda elements to a row)
+ * times B's pair tiles at b and 16 columns over (ldb pairs to a pair row), each tile loaded
+ * once and used twice. */
+static inline __attribute__((always_inline)) void block_step(const uint16_t *a, int64_t lda,
+                                                             const uint16_t *b, int64_t ldb,
+                                                             int two_rows, int two_cols)
+{
+    _tile_loadd(4, a, lda * 2);
+    _tile_loadd(6, b, ldb * 4);
+    _tile_dpbf16ps(0, 4, 6);
+    if (two_cols) {
+        _tile_loadd(7, b + 32, ldb * 4);
+        _tile_dpbf16ps(1, 4, 7);
+    }
+    if (two_rows) {
+        _tile_loadd(5, a + 16 * lda, lda * 2);
+        _tile_dpbf16ps(2, 5, 6);
+        if (two_cols)
+            _tile_dpbf16ps(3, 5, 7);
+    }
 }
 
 /* kt[(p ldt + j) 2 + t] = k[j ldk + 2 p + t] for j < n, 0 for j in [n, ldt): K^T as 32-bit pairs
@@ -157,31 +210,10 @@ static void fa_bf16_qk_32x32__amx(int64_t m, int64_t c0, int64_t c1, int64_t d, 
             _tile_zero(1);
             _tile_zero(2);
             _tile_zero(3);
-            for (int64_t p = 0; p < d; p += 32) {
-                const uint16_t *bp = kt + 2 * j + p * ldt; /* pair row p / 2, column j */
-                _tile_loadd(4, q + r * ldq + p, ldq * 2);
-                _tile_loadd(6, bp, ldt * 4);
-                _tile_dpbf16ps(0, 4, 6);
-                if (two_cols) {
-                    _tile_loadd(7, bp + 32, ldt * 4);
-                    _tile_dpbf16ps(1, 4, 7);
-                }
-                if (two_rows) {
-                    _tile_loadd(5, q + (r + 16) * ldq + p, ldq * 2);
-                    _tile_dpbf16ps(2, 5, 6);
-                    if (two_cols)
-                        _tile_dpbf16ps(3, 5, 7);
-                }
-            }
+            for (int64_t p = 0; p < d; p += 32) /* pair row p / 2, column j */
+                block_step(q + r * ldq + p, ldq, kt + 2 * j + p * ldt, ldt, two_rows, two_cols);
             float *out = s + r * lds + j;
-            _tile_stored(0, out, lds * 4);
-            if (two_cols)
-                _tile_stored(1, out + 16, lds * 4);
-            if (two_rows) {
-                _tile_stored(2, out + 16 * lds, lds * 4);
-                if (two_cols)
-                    _tile_stored(3, out + 16 * lds + 16, lds * 4);
-            }
+            block_store(out, lds, two_rows, two_cols);
             if (!scale)
                 continue;
             /* the block just stored, while it is in L1, in whole vectors: beyond [0, m) x
@@ -197,24 +229,56 @@ static void fa_bf16_qk_32x32__amx(int64_t m, int64_t c0, int64_t c1, int64_t d, 
 }
 
 /*
- * acc[r][:] = a[r] acc[r][:] + sum_{c in [c0, c1)} p[r][c] v[c][:] for rows r < m, with P
- * rounded to bf16, read as 0 outside [c0, c1), over every key chunk of 32 in [0, nk): the same
- * chunks whatever [c0, c1) is. That keeps a row's bits independent of the rows it is grouped
- * with: the tiles flush subnormal sums to 0 (and may not keep a NaN's payload), so even an
- * all-zero chunk can change acc, and it must be applied to every row alike. V's packed keys
- * must be finite. dv is a multiple of 16. scratch: 16 (4 ldp + 4 dv) bytes (32 rows of P in
- * bf16, 16 rows of acc). Rows go by 32 where there are, in blocks of 32 x 32 as in Q K^T (each
- * V tile read once per 32 rows), then by 16: each block rescaled, multiplied and stored in
- * place; a last block of fewer than 16 rows staged (zero past m) and only its rows < m copied
- * back. Every element sums the same chunks in the same order whatever the blocking.
+ * p[c] = bf16(exp(fl(scale x[c]) - m)), the sum of the exps before rounding returned: the
+ * AVX-512 set's expsum (the same exp, kernels/exp_avx512.h, and the same lanes and tree for
+ * the sum) over fl(scale x), with the rounding of P V's operand in the same pass, so that the
+ * forward's strip neither scales its scores in a pass of their own nor stores P in f32 to read
+ * it back. The product is rounded on its own, by an explicit rounding mode: a plain multiply
+ * the compiler may fuse with the subtraction into one FMA, one rounding where the f32 path has
+ * two. p may lie over x (p = (uint16_t *)x: each store lands on scores already read).
  */
-static void fa_bf16_pv_32x32__amx(int64_t m, int64_t c0, int64_t c1, int64_t nk, int64_t dv,
-                                  const float *p, int64_t ldp, const uint16_t *vt, float *acc,
-                                  int64_t ldacc, const float *a, void *scratch)
+#define FAI_RN (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+static float fa_bf16_expsum__amx(int64_t n, const float *x, float scale, float m, uint16_t *p)
+{
+    const __m512 vs = _mm512_set1_ps(scale), vm = _mm512_set1_ps(m);
+    __m512 vsum = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        const __m512 y = _mm512_mul_round_ps(_mm512_loadu_ps(x + i), vs, FAI_RN);
+        const __m512 e = exp__avx512(_mm512_sub_ps(y, vm));
+        _mm256_storeu_si256((__m256i *)(p + i), (__m256i)_mm512_cvtneps_pbh(e));
+        vsum = _mm512_add_ps(vsum, e);
+    }
+    if (i < n) {
+        const __mmask16 mk = (__mmask16)((1u << (n - i)) - 1);
+        const __m512 y = _mm512_mul_round_ps(_mm512_maskz_loadu_ps(mk, x + i), vs, FAI_RN);
+        const __m512 e = exp__avx512(_mm512_sub_ps(y, vm));
+        _mm256_mask_storeu_epi16(p + i, mk, (__m256i)_mm512_cvtneps_pbh(e));
+        vsum = _mm512_mask_add_ps(vsum, mk, vsum, e);
+    }
+    return _mm512_reduce_add_ps(vsum);
+}
+#undef FAI_RN
+
+/*
+ * acc[r][:] = a[r] acc[r][:] + sum_c p[r][c] v[c][:] for rows r < m, over every key chunk of 32
+ * in [0, nk), P bf16 as the caller rounded it (expsum above), 0 where a key does not count:
+ * the same chunks for every row. That keeps a row's bits independent of the rows it is
+ * grouped with: the tiles flush subnormal sums to 0 (and may not keep a NaN's payload), so
+ * even an all-zero chunk can change acc, and it must be applied to every row alike. V's packed
+ * keys must be finite. dv is a multiple of 16. scratch: 16 dv floats. Rows go by 32 where
+ * there are, in blocks of 32 x 32 as in Q K^T (each V tile read once per 32 rows), then by 16:
+ * each block rescaled, multiplied and stored in place; a last block of fewer than 16 rows
+ * staged (its P rows past m are read, and reach only the stage's rows past m) and only its
+ * rows < m copied back. Every element sums the same chunks in the same order whatever the
+ * blocking.
+ */
+static void fa_bf16_pv_32x32__amx(int64_t m, int64_t nk, int64_t dv, const uint16_t *p,
+                                  int64_t ldp, const uint16_t *vt, float *acc, int64_t ldacc,
+                                  const float *a, void *scratch)
 {
     tiles_configure();
-    uint16_t *pb = scratch;
-    float *stage = (float *)(pb + 32 * ldp);
+    float *stage = scratch;
     for (int64_t r = 0; r < m;) {
         /* rows r .. r + span - 1: two whole blocks of 16, one, or a last partial one */
         const int64_t rows = m - r >= 32 ? 32 : m - r < 16 ? m - r : 16;
@@ -227,60 +291,21 @@ static void fa_bf16_pv_32x32__amx(int64_t m, int64_t c0, int64_t c1, int64_t nk,
             float *st = blk + i * ldb;
             if (i >= rows) {
                 memset(st, 0, (size_t)dv * sizeof(float));
-                memset(pb + i * ldp, 0, (size_t)nk * 2);
                 continue;
             }
             const __m512 f = _mm512_set1_ps(a[r + i]);
             const float *ar = acc + (r + i) * ldacc;
             for (int64_t x = 0; x < dv && (st != ar || a[r + i] != 1); x += 16)
                 _mm512_storeu_ps(st + x, _mm512_mul_ps(_mm512_loadu_ps(ar + x), f));
-            const float *pr = p + (r + i) * ldp;
-            for (int64_t c = 0; c < nk; c += 16) {
-                /* lanes of [c, c + 16) inside [c0, c1) */
-                const uint32_t below = c0 > c ? (c0 - c < 16 ? (1u << (c0 - c)) - 1 : 0xffff) : 0;
-                const uint32_t upto = c1 - c >= 16 ? 0xffff : c1 > c ? (1u << (c1 - c)) - 1 : 0;
-                const __mmask16 mk = (__mmask16)(upto & ~below);
-                const __m512 x = _mm512_maskz_loadu_ps(mk, pr + c);
-                _mm256_storeu_si256((__m256i *)(pb + i * ldp + c),
-                                    (__m256i)_mm512_cvtneps_pbh(x));
-            }
         }
         const int two_rows = span == 32;
         for (int64_t d0 = 0; d0 < dv; d0 += 32) {
             const int two_cols = dv - d0 > 16;
-            float *cd = blk + d0;
-            _tile_loadd(0, cd, ldb * 4);
-            if (two_cols)
-                _tile_loadd(1, cd + 16, ldb * 4);
-            if (two_rows) {
-                _tile_loadd(2, cd + 16 * ldb, ldb * 4);
-                if (two_cols)
-                    _tile_loadd(3, cd + 16 * ldb + 16, ldb * 4);
-            }
-            for (int64_t k = 0; k < nk; k += 32) {
-                const uint16_t *b = vt + ((k / 2) * dv + d0) * 2;
-                _tile_loadd(4, pb + k, ldp * 2);
-                _tile_loadd(6, b, dv * 4);
-                _tile_dpbf16ps(0, 4, 6);
-                if (two_cols) {
-                    _tile_loadd(7, b + 32, dv * 4);
-                    _tile_dpbf16ps(1, 4, 7);
-                }
-                if (two_rows) {
-                    _tile_loadd(5, pb + 16 * ldp + k, ldp * 2);
-                    _tile_dpbf16ps(2, 5, 6);
-                    if (two_cols)
-                        _tile_dpbf16ps(3, 5, 7);
-                }
-            }
-            _tile_stored(0, cd, ldb * 4);
-            if (two_cols)
-                _tile_stored(1, cd + 16, ldb * 4);
-            if (two_rows) {
-                _tile_stored(2, cd + 16 * ldb, ldb * 4);
-                if (two_cols)
-                    _tile_stored(3, cd + 16 * ldb + 16, ldb * 4);
-            }
+            block_load(blk + d0, ldb, two_rows, two_cols);
+            for (int64_t k = 0; k < nk; k += 32) /* pair row k / 2, column d0 */
+                block_step(p + r * ldp + k, ldp, vt + ((k / 2) * dv + d0) * 2, dv, two_rows,
+                           two_cols);
+            block_store(blk + d0, ldb, two_rows, two_cols);
         }
         for (int64_t i = 0; blk == stage && i < rows; i++)
             memcpy(acc + (r + i) * ldacc, stage + i * dv, (size_t)dv * sizeof(float));
@@ -356,6 +381,7 @@ static const fai_kernels_bf16 amx_bf16 = {
     FAI_KERNEL(pack_kt, fa_bf16_pack_kt__amx),
     FAI_KERNEL(pack_v, fa_bf16_pack_v__amx),
     FAI_KERNEL(qk, fa_bf16_qk_32x32__amx),
+    FAI_KERNEL(expsum, fa_bf16_expsum__amx),
     FAI_KERNEL(pv, fa_bf16_pv_32x32__amx),
     FAI_KERNEL(gemm, fa_bf16_gemm_16x64__amx),
 };

@@ -116,12 +116,19 @@ typedef void (*fai_pack_v_bf16)(int64_t n, int64_t nk, int64_t dv, const uint16_
 typedef void (*fai_qk_bf16)(int64_t m, int64_t c0, int64_t c1, int64_t d, const uint16_t *q,
                             int64_t ldq, const uint16_t *kt, int64_t ldt, float *s, int64_t lds,
                             const float *scale);
-/* acc rows [0, m) = diag(a) acc + P[:, c0:c1] V[c0:c1], over the key chunks in [0, nk)
- * (nk <= ldp: all of the packed keys, so that every row gets the same chunks); scratch holds
- * rows x (4 ldp + 4 dv) bytes */
-typedef void (*fai_pv_bf16)(int64_t m, int64_t c0, int64_t c1, int64_t nk, int64_t dv,
-                            const float *p, int64_t ldp, const uint16_t *vt, float *acc,
-                            int64_t ldacc, const float *a, void *scratch);
+/* P for the tile products: p[c] = exp(fl(scale x[c]) - m) rounded to bf16 (to nearest even),
+ * c < n, and the f32 sum of the values before rounding: the same bits as the set's expsum over
+ * the products fl(scale x[c]) (scale 1: over x as it is), then each value rounded. So a row
+ * that takes it and one that takes scale, then expsum, then the rounding agree to the bit. p
+ * may lie over x (p = (uint16_t *)x). */
+typedef float (*fai_expsum_bf16)(int64_t n, const float *x, float scale, float m, uint16_t *p);
+/* acc rows [0, m) = diag(a) acc + P V over the key chunks in [0, nk) (nk <= ldp: all of the
+ * packed keys, so that every row gets the same chunks): P bf16 rows of ldp, every element of
+ * [0, nk) read (0 where a key is not to count), m rounded up to `rows` readable rows (those past
+ * m reach no row of acc); scratch holds rows x dv floats */
+typedef void (*fai_pv_bf16)(int64_t m, int64_t nk, int64_t dv, const uint16_t *p, int64_t ldp,
+                            const uint16_t *vt, float *acc, int64_t ldacc, const float *a,
+                            void *scratch);
 
 /* C rows [0, m), columns [0, n) (+)= A B (accumulate = 0 overwrites): A bf16 rows of lda
  * elements (k of them, a multiple of `keys`; m rounded up to `rows` readable rows), B as
@@ -140,6 +147,7 @@ typedef struct fai_kernels_bf16_s {
     FAI_SLOT(fai_pack_kt_bf16, pack_kt);
     FAI_SLOT(fai_pack_v_bf16, pack_v);
     FAI_SLOT(fai_qk_bf16, qk);
+    FAI_SLOT(fai_expsum_bf16, expsum);
     FAI_SLOT(fai_pv_bf16, pv);
     FAI_SLOT(fai_gemm_bf16, gemm);
 } fai_kernels_bf16;

@@ -5,7 +5,8 @@ typedef struct {
     FT *qrows;                   /* MR rows of Q converted from storage, before packing         */
     FT *k, *kt, *v, *acc, *m, *l, *x;
     FT *sp;                      /* a strip's scores S, then its P in place (br x sp_ld; with
-                                  * the tile products br rounded up to their rows)           */
+                                  * the tile products br rounded up to their rows, and P in
+                                  * bf16 at the start of each row where they take P V)       */
     FT *scale_rows;              /* MR copies of the score scale (FAI_T(gemm_qk))               */
     int64_t *cols;               /* a strip's rows' allowed columns, [c0, c1) pairs (br x 2)    */
     unsigned char *live, *keep;
@@ -14,7 +15,7 @@ typedef struct {
     int64_t sp_ld;               /* row pitch of sp: bk, or bk rounded up to the tile products'
                                   * key chunk                                                */
     /* bf16 storage on the tile products (the plan's; NULL otherwise): Q rows as stored (nq
-     * rows, then a block of zero rows), K^T and V as the kernels pack them, their scratch */
+     * rows, then a block of zero rows), K^T and V as the kernels pack them, P V's scratch */
     const fai_kernels_bf16 *bf16;
     uint16_t *qb, *ktb, *vb;
     void *tile_scratch;
@@ -40,7 +41,7 @@ static size_t FAI_T(fwd_carve)(const fai_problem *pr, const fai_tiled_plan *plan
         w->qb = fai_carve(&a, (size_t)(qrows * pr->dqk) * 2);
         w->ktb = fai_carve(&a, (size_t)(w->sp_ld * pr->dqk) * 2);
         w->vb = fai_carve(&a, (size_t)(w->sp_ld * pr->dv) * 2);
-        w->tile_scratch = fai_carve(&a, (size_t)(t->rows * (4 * w->sp_ld + 4 * pr->dv)));
+        w->tile_scratch = fai_carve(&a, (size_t)(t->rows * pr->dv) * sizeof(float));
     }
     const int64_t panel = w->kern->mr, bq_up = FAI_T(round_up)(tl.bq, panel);
     w->q = w->qrows = w->k = w->kt = NULL; /* Q and K for the GEMM kernels: not with tiles */
@@ -136,9 +137,22 @@ typedef struct {
     int scale_only;       /* the score pipeline is x scale */
     int selective;        /* P V by selection: V holds inf/NaN and P has masked/dropped zeros */
     int pv_tiles;         /* P V by the tile products: V finite and packed in w->vb */
+    int fold;             /* with them, the score scale applied by their exp (fwd_strip) */
     int64_t nk;           /* with them: the whole key tile's keys rounded up to their chunk */
     const fai_dropout *drop;
 } FAI_T(fwd_ktile);
+
+/* P of a strip's row p set to 0 on columns [c0, c1) (none if c1 <= c0): in bf16 from the row's
+ * start where the tile products take P V, else in FT. */
+static void FAI_T(p_zero)(const FAI_T(fwd_ktile) *tile, FT *p, int64_t c0, int64_t c1)
+{
+    if (c1 <= c0)
+        return;
+    if (tile->pv_tiles)
+        memset((uint16_t *)p + c0, 0, (size_t)(c1 - c0) * sizeof(uint16_t));
+    else
+        memset(p + c0, 0, (size_t)(c1 - c0) * sizeof *p);
+}
 
 /*
  * Steps 1-4 below for rows [r0, r1) of the query tile at i0 (at most br of them) against the
@@ -173,7 +187,14 @@ static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, in
     }
     if (cs0 >= cs1) /* no row sees a listed key here (the span cut them off): all as they are */
         return;
-    FAI_T(gemm_qk)(w, r0, r1, cs0, cs1, pr->dqk, ld, tile->scale_only);
+    /* With the fold (P V on the tile products, the score pipeline a scale alone, no bias),
+     * S is stored unscaled, and the scale is applied by the max, max_c fl(scale s_c) =
+     * fl(scale max_c s_c) as rounding is monotonic (scale > 0), and by the tiles' exp, which
+     * forms fl(scale s_c) itself: one pass over the strip less than scaling S where it is
+     * stored. */
+    const int fold = tile->pv_tiles && tile->fold;
+    const FT scale = w->scale_rows[0];
+    FAI_T(gemm_qk)(w, r0, r1, cs0, cs1, pr->dqk, ld, tile->scale_only && !fold);
 
     for (int64_t r = r0; r < r1; r++) { /* 2. block max, new reference, rescale exponent */
         const int64_t i = i0 + r;
@@ -187,6 +208,8 @@ static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, in
             if (bias)
                 FAI_T(add_bias)(c1 - c0, bias, tile->bias_factor, s + c0);
             bmax = w->kern->max(c1 - c0, s + c0);
+            if (fold)
+                bmax *= scale;
         } else {
             for (int64_t c = c0; c < c1; c++) {
                 s[c] = FAI_T(fai_score_biased)(&pr->score, s[c], tile->slope,
@@ -203,29 +226,38 @@ static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, in
     }
     w->kern->expsum(r1 - r0, w->x + r0, 0, w->x + r0); /* x <- a = exp(x); exp(0) = 1 */
 
+    /* P is 0 outside a row's allowed columns: over the strip's columns, or, where the tile
+     * products take P V, over all of the key chunks they read. There P is in bf16, written
+     * over the row's first half by their exp (each bf16 lands on scores already read), so the
+     * zeros go in after it. */
+    const int64_t z0 = tile->pv_tiles ? 0 : cs0, z1 = tile->pv_tiles ? tile->nk : cs1;
     for (int64_t r = r0; r < r1; r++) { /* 3. P (over S) and l */
         const int64_t i = i0 + r;
         FT *p = w->sp + (r - r0) * ld, *acc = w->acc + r * dv;
         const int64_t c0 = w->cols[2 * (r - r0)], c1 = w->cols[2 * (r - r0) + 1];
         if (c0 >= c1) { /* this row sees nothing here: a masked tile inside a live row */
-            memset(p + cs0, 0, (size_t)(cs1 - cs0) * sizeof(FT));
+            FAI_T(p_zero)(tile, p, z0, z1);
             continue;
-        }
-        if (c0 > cs0 || c1 < cs1) { /* a PARTIAL tile's masked columns */
-            memset(p + cs0, 0, (size_t)(c0 - cs0) * sizeof(FT));
-            memset(p + c1, 0, (size_t)(cs1 - c1) * sizeof(FT));
         }
         if (drop->threshold)
             fai_dropout_keep_row(drop, i, j0 + c0, c1 - c0, w->keep + c0);
         if (w->live[r]) {
+#if FT_TILE_PRODUCTS
+            const FT s = tile->pv_tiles ? w->bf16->expsum(c1 - c0, p + c0, fold ? scale : 1,
+                                                          w->m[r], (uint16_t *)p + c0)
+                                        : w->kern->expsum(c1 - c0, p + c0, w->m[r], p + c0);
+#else
             const FT s = w->kern->expsum(c1 - c0, p + c0, w->m[r], p + c0);
+#endif
             w->l[r] = FAI_T(fai_online_sum)(w->l[r], w->x[r], s);
             for (int64_t c = c0; c < c1 && drop->threshold; c++)
                 if (!w->keep[c]) /* l keeps the dropped terms: LSE is pre-dropout */
-                    p[c] = 0;
+                    FAI_T(p_zero)(tile, p, c, c + 1);
         } else {
-            memset(p + c0, 0, (size_t)(c1 - c0) * sizeof(FT));
+            FAI_T(p_zero)(tile, p, c0, c1);
         }
+        FAI_T(p_zero)(tile, p, z0, c0); /* a PARTIAL tile's masked columns */
+        FAI_T(p_zero)(tile, p, c1, z1);
         if (!tile->selective)
             continue;
         /* by selection: the GEMM kernel over each run of allowed, kept keys. The terms and
@@ -254,8 +286,8 @@ static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, in
     }
 #if FT_TILE_PRODUCTS
     if (tile->pv_tiles) { /* 4. acc = diag(a) acc + P V */
-        w->bf16->pv(r1 - r0, cs0, cs1, tile->nk, dv, w->sp, ld, w->vb, w->acc + r0 * dv, dv,
-                    w->x + r0, w->tile_scratch);
+        w->bf16->pv(r1 - r0, tile->nk, dv, (const uint16_t *)w->sp, 2 * ld, w->vb,
+                    w->acc + r0 * dv, dv, w->x + r0, w->tile_scratch);
         return;
     }
 #endif
@@ -307,6 +339,8 @@ static void FAI_T(fwd_qtile)(const fai_problem *call, fai_tiles tl, int64_t b, i
                              .drop = &drop};
     tile.bias_factor = (FT)fai_bias_factor(pr, h);
     tile.scale_only = FAI_T(scale_only)(pr, tile.slope);
+    /* decided per call, not per strip, so that every row of it takes the same kernels */
+    tile.fold = tile.scale_only && !fai_row_biased(pr) && w->scale_rows[0] > 0;
 
     if (w->bf16)
         FAI_T(load_q_rows)(pr, b, h, i0, nq, w);
