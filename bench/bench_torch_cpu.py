@@ -48,7 +48,7 @@ def max_err(xs, refs) -> float:
     return max(float((x.double() - r.double()).abs().max()) for x, r in zip(xs, refs))
 
 
-def accuracy(torch, dt, d: int, n: int, heads: int, threads: int):
+def accuracy(torch, dt, d: int, n: int, heads: int, causal: bool, threads: int):
     """Max |error| against our float64 reference of out (forward) and of dq, dk, dv
     (backward) for ours (tiled), our conventional path in dt (the tolerance rule's yardstick:
     docs/DESIGN.md §4) and torch's flash kernel, on one set of inputs rounded to dt."""
@@ -57,19 +57,19 @@ def accuracy(torch, dt, d: int, n: int, heads: int, threads: int):
     shape = (1, heads, n, d)
     q, k, v, dout = (torch.randn(shape, generator=g).to(dt) for _ in range(4))
     q64, k64, v64, d64 = (x.double() for x in (q, k, v, dout))
-    kw = dict(layout="bhsd", return_lse=True, threads=threads)
+    kw = dict(layout="bhsd", causal=causal, return_lse=True, threads=threads)
     o_ref, l_ref = flashattn.attention(q64, k64, v64, backend="reference", **kw)
     g_ref = flashattn.attention_backward(d64, q64, k64, v64, o_ref, l_ref, layout="bhsd",
-                                         backend="reference", threads=threads)
+                                         causal=causal, backend="reference", threads=threads)
     errs = {}
     for name, backend in (("ours", "tiled"), ("conv", "conventional")):
         o, lse = flashattn.attention(q, k, v, backend=backend, **kw)
         grads = flashattn.attention_backward(dout, q, k, v, o, lse, layout="bhsd",
-                                             backend=backend, threads=threads)
+                                             causal=causal, backend=backend, threads=threads)
         errs[name] = (max_err([o], [o_ref]), max_err(grads, g_ref))
-    o, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, False)[:2]
+    o, lse = aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, 0.0, causal)[:2]
     grads = aten._scaled_dot_product_flash_attention_for_cpu_backward(dout, q, k, v, o, lse,
-                                                                      0.0, False)
+                                                                      0.0, causal)
     errs["torch"] = (max_err([o], [o_ref]), max_err(grads[:3], g_ref))
     return errs
 
@@ -149,9 +149,10 @@ def main() -> int:
                 print("| %d | %d | %s | %.1f | %.1f | **%.2f** | %s |" % (tuple(r[:6]) + (bwd,)))
                 sys.stdout.flush()
     if a.accuracy_n:
-        print("\nMax |error| against our float64 reference, N=%d H=2 (forward: out; backward: "
-              "dq, dk, dv); ratio: ours / our conventional path in the same dtype (the "
-              "tolerance rule allows 2 forward, 3 backward, plus a floor)\n" % a.accuracy_n)
+        print("\nMax |error| against our float64 reference, N=%d H=2 %s (forward: out; "
+              "backward: dq, dk, dv); ratio: ours / our conventional path in the same dtype "
+              "(the tolerance rule allows 2 forward, 3 backward, plus a floor)\n"
+              % (a.accuracy_n, "causal" if a.causal else "non-causal"))
         hdr = ("D", "dtype", "fwd ours", "fwd conv", "fwd torch", "fwd ours/conv",
                "bwd ours", "bwd conv", "bwd torch", "bwd ours/conv")
         print("| " + " | ".join(hdr) + " |")
@@ -159,7 +160,7 @@ def main() -> int:
         torch.set_num_threads(os.cpu_count() or 1)
         for d in [int(x) for x in a.dims.split(",")]:
             for name in a.dtypes.split(","):
-                e = accuracy(torch, getattr(torch, name), d, a.accuracy_n, 2, 0)
+                e = accuracy(torch, getattr(torch, name), d, a.accuracy_n, 2, a.causal, 0)
                 print("| %d | %s | %.3g | %.3g | %.3g | %.2f | %.3g | %.3g | %.3g | %.2f |"
                       % (d, name, e["ours"][0], e["conv"][0], e["torch"][0],
                          e["ours"][0] / e["conv"][0], e["ours"][1], e["conv"][1],
