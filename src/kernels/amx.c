@@ -230,8 +230,8 @@ static void fa_bf16_qk_32x32__amx(int64_t m, int64_t c0, int64_t c1, int64_t d, 
 
 /*
  * p[c] = bf16(exp(fl(scale x[c]) - m)), the sum of the exps before rounding returned: the
- * AVX-512 set's expsum (the same exp, kernels/exp_avx512.h, and the same lanes and tree for
- * the sum) over fl(scale x), with the rounding of P V's operand in the same pass, so that the
+ * AVX-512 set's expsum (the same exp, kernels/exp_avx512.h, and the same lanes, tail and tree
+ * for the sum as fa_f32_expsum__avx512: keep the two alike) over fl(scale x), with the rounding of P V's operand in the same pass, so that the
  * forward's strip neither scales its scores in a pass of their own nor stores P in f32 to read
  * it back. The product is rounded on its own, by an explicit rounding mode: a plain multiply
  * the compiler may fuse with the subtraction into one FMA, one rounding where the f32 path has

@@ -341,7 +341,8 @@ static int FAI_T(bwd_block)(const fai_problem *pr, fai_tiles tl, int64_t b, int6
         memset(ds + c1, 0, (size_t)(n - c1) * sizeof(FT));
         any = 1;
         /* the forward's pipeline, operation for operation (scale_only: the scale done by the
-         * GEMM, the bias by add_bias) */
+         * GEMM, the bias by add_bias; where the forward folds the scale into its max and exp,
+         * fwd_strip, its scores are these to the bit, as it says) */
         if (fai_row_biased(pr)) {
             FAI_T(load_bias)(pr, w->kern, b, h, i, j0 + c0, c1 - c0, w->bias);
             for (int64_t c = c0; c < c1; c++)

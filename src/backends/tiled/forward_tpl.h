@@ -137,7 +137,7 @@ typedef struct {
     int scale_only;       /* the score pipeline is x scale */
     int selective;        /* P V by selection: V holds inf/NaN and P has masked/dropped zeros */
     int pv_tiles;         /* P V by the tile products: V finite and packed in w->vb */
-    int fold;             /* with them, the score scale applied by their exp (fwd_strip) */
+    int fold_ok;          /* with them, the score scale may be applied by their exp (fwd_strip) */
     int64_t nk;           /* with them: the whole key tile's keys rounded up to their chunk */
     const fai_dropout *drop;
 } FAI_T(fwd_ktile);
@@ -189,10 +189,11 @@ static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, in
         return;
     /* With the fold (P V on the tile products, the score pipeline a scale alone, no bias),
      * S is stored unscaled, and the scale is applied by the max, max_c fl(scale s_c) =
-     * fl(scale max_c s_c) as rounding is monotonic (scale > 0), and by the tiles' exp, which
-     * forms fl(scale s_c) itself: one pass over the strip less than scaling S where it is
-     * stored. */
-    const int fold = tile->pv_tiles && tile->fold;
+     * fl(scale max_c s_c) as rounding is monotonic (0 < scale < inf), and by the tiles' exp,
+     * which forms fl(scale s_c) itself: no load and store of S for the scale. (That product
+     * stands alone in its statement and feeds a compare and a store, so no compiler fuses it
+     * into an FMA; the exp rounds its own by an explicit rounding mode.) */
+    const int fold = tile->pv_tiles && tile->fold_ok;
     const FT scale = w->scale_rows[0];
     FAI_T(gemm_qk)(w, r0, r1, cs0, cs1, pr->dqk, ld, tile->scale_only && !fold);
 
@@ -204,7 +205,7 @@ static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, in
             FAI_T(load_bias)(pr, w->kern, tile->b, tile->h, i, j0 + c0, c1 - c0, bias);
         if (pr->bias && c0 < c1 && i + tl.br < tile->i1) /* the next strip's row, same columns */
             FAI_T(prefetch_bias)(pr, tile->b, tile->h, i + tl.br, j0 + c0, c1 - c0);
-        if (c0 < c1 && tile->scale_only) { /* scaled by the GEMM */
+        if (c0 < c1 && tile->scale_only) { /* scaled by the GEMM, or by the fold below */
             if (bias)
                 FAI_T(add_bias)(c1 - c0, bias, tile->bias_factor, s + c0);
             bmax = w->kern->max(c1 - c0, s + c0);
@@ -306,7 +307,8 @@ static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, in
  *      row's reference m (core/recurrence.h); the rescale factors a = exp(m_old - m_new) of
  *      the strip's rows then come from one call of the vector exp;
  *   3. per row l = a l + sum P with P = exp(S - m) by the exp kernel, written over S, exactly
- *      0 outside the allowed keys and where dropout drops;
+ *      0 outside the allowed keys and where dropout drops (with the tile products' P V: by
+ *      their exp, in bf16 over each row's first half, the scale applied there; fwd_strip);
  *   4. acc = diag(a) acc + P V by the GEMM kernel, the rescale fused into its load of acc (or
  *      by the tile products, where the key tile's V is finite).
  * Key tiles outside the mask's key span are never visited; FULL tiles need no per-element
@@ -340,7 +342,8 @@ static void FAI_T(fwd_qtile)(const fai_problem *call, fai_tiles tl, int64_t b, i
     tile.bias_factor = (FT)fai_bias_factor(pr, h);
     tile.scale_only = FAI_T(scale_only)(pr, tile.slope);
     /* decided per call, not per strip, so that every row of it takes the same kernels */
-    tile.fold = tile.scale_only && !fai_row_biased(pr) && w->scale_rows[0] > 0;
+    tile.fold_ok = tile.scale_only && !fai_row_biased(pr) && w->scale_rows[0] > 0 &&
+                   isfinite(w->scale_rows[0]);
 
     if (w->bf16)
         FAI_T(load_q_rows)(pr, b, h, i0, nq, w);
