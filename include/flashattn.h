@@ -150,14 +150,17 @@ typedef enum {
     FA_BACKEND_CUDA
 } fa_backend;
 
-/* FA_ISA_AMX: the AVX-512 kernels plus AMX tile products for the forward of bf16 storage. */
+/* FA_ISA_AMX: the AVX-512 kernels plus AMX tile products for bf16 storage (forward and
+ * backward); FA_ISA_AVX512BF16: the AVX-512 kernels plus the same products by AVX512_BF16's dot
+ * products (VDPBF16PS), which FA_ISA_AUTO takes where they outrun widening (AMD Zen 4, 5). */
 typedef enum {
     FA_ISA_AUTO,
     FA_ISA_SCALAR,
     FA_ISA_AVX2,
     FA_ISA_AVX512,
     FA_ISA_NEON,
-    FA_ISA_AMX
+    FA_ISA_AMX,
+    FA_ISA_AVX512BF16
 } fa_isa;
 
 typedef struct {

@@ -625,8 +625,28 @@ START_TEST(context_options_and_environment)
     ctx = ht_context(FA_BACKEND_TILED, 1);
     fa_context_describe(ctx, line, sizeof line);
     fa_context_destroy(ctx);
-    ck_assert_msg(!strstr(line, "tile products") || fai_kernels_for(fai_isa_best())->bf16, "%s",
+    ck_assert_msg(!strstr(line, "tile products") || fai_kernels_for(fai_isa_best(NULL))->bf16, "%s",
                   line);
+    /* AUTO's reason, where a rule decided: only where this CPU runs the AVX512_BF16 set, and
+     * does not take AMX's first */
+    const char *why;
+    const fa_isa best = fai_isa_best(&why);
+    ck_assert_msg(!why == !fai_kernels_for(FA_ISA_AVX512BF16) || best == FA_ISA_AMX, "%s", line);
+    ck_assert_msg(!why || strstr(line, why), "%s", line);
+}
+END_TEST
+
+/* AUTO's rule for the bf16 dot products (kernels/cpu.c), asked about CPUs this one need not
+ * be: AMD Zen 4 (family 0x19) and later take them, earlier AMD families and every other vendor
+ * (family 0 here) widen to f32; each answer comes with its reason. */
+START_TEST(bf16_dots_rule_by_family)
+{
+    static const int family[] = {0, 0x17, 0x19, 0x1a, 0x1b}, takes[] = {0, 0, 1, 1, 1};
+    for (int i = 0; i < 5; i++) {
+        const char *why = NULL;
+        ck_assert_int_eq(fai_cpu_bf16_dots_rule(family[i], &why), takes[i]);
+        ck_assert_msg(why && *why, "family %#x: no reason", family[i]);
+    }
 }
 END_TEST
 
@@ -796,6 +816,7 @@ Suite *make_api_suite(void)
     tcase_add_test(tc, backend_refusal_untouched);
     tcase_add_test(tc, context_options_and_environment);
     tcase_add_test(tc, isa_names_round_trip);
+    tcase_add_test(tc, bf16_dots_rule_by_family);
     tcase_add_test(tc, missing_op_unsupported);
     tcase_add_test(tc, status_strings_distinct);
     tcase_add_test(tc, profiles_convert_lse);

@@ -660,45 +660,41 @@ START_TEST(max_matches_definition)
 }
 END_TEST
 
-/* ------------------------------------------------------------------ AMX tile products */
+/* ------------------------------------------------------------------ bf16 tile products */
 
-/* The tile products under test: _i = 0 the AMX set's (where this CPU runs it), 1 the portable
- * ones the tests run the tile paths on elsewhere (tests/tiles_emulated.c), held to the same
- * contract. */
-static const fai_kernels_bf16 *tiles_or_skip(int i)
+/* The sets of tile products under test, _i: 0 AMX's, 1 AVX512_BF16's (each where this CPU runs
+ * it), 2 the portable ones the tests run the tile paths on elsewhere (tests/tiles_emulated.c),
+ * held to the same contract. The f32 set they belong to, or NULL (skipped). */
+enum { TILE_SETS = 3 };
+
+static const fai_kernels_f32 *tile_set_or_skip(int i)
 {
-    if (i == 1)
-        return ht_emulated_tiles_skipped() ? NULL : ht_emulated_tiles()->bf16;
-    const fai_kernels_f32 *k = fai_kernels_for(FA_ISA_AMX);
+    if (i == 2)
+        return ht_emulated_tiles_skipped() ? NULL : ht_emulated_tiles();
+    const fa_isa isa = i == 0 ? FA_ISA_AMX : FA_ISA_AVX512BF16;
+    const fai_kernels_f32 *k = fai_kernels_for(isa);
     if (!k) {
-        fprintf(stderr, "check_kernels: amx tile products not runnable here: skipped\n");
+        fprintf(stderr, "check_kernels: %s tile products not runnable here: skipped\n",
+                fa_isa_name(isa));
         return NULL;
     }
     ck_assert_ptr_nonnull(k->bf16);
-    return k->bf16;
+    return k;
 }
 
-/* The packing of K^T and V for the tiles takes only AVX-512 (BW): tested wherever that runs
- * (_i = 0), and the emulated tiles' (_i = 1). */
-static const fai_kernels_bf16 *packs_or_skip(int i)
+static const fai_kernels_bf16 *tiles_or_skip(int i)
 {
-    if (i == 1)
-        return ht_emulated_tiles_skipped() ? NULL : ht_emulated_tiles()->bf16;
-#if FA_HAVE_AMX_KERNELS
-    if (fai_cpu_supports(FA_ISA_AVX512))
-        return fai_kernels_amx()->bf16;
-#endif
-    fprintf(stderr, "check_kernels: amx packing not runnable here: skipped\n");
-    return NULL;
+    const fai_kernels_f32 *k = tile_set_or_skip(i);
+    return k ? k->bf16 : NULL;
 }
 
 /* Every element of the packed K^T (pairs of dims) and V (pairs of keys) against the layouts'
  * formulas, the padding zero, at key counts on and off the vector and pair grids, K's row
  * stride even (the 32-bit transpose) and odd (the element loop), V's columns on and off the
  * 32-column grid. */
-START_TEST(amx_packs_match_layout)
+START_TEST(tiles_packs_match_layout)
 {
-    const fai_kernels_bf16 *t = packs_or_skip(_i);
+    const fai_kernels_bf16 *t = tiles_or_skip(_i);
     if (!t)
         return;
     static const int64_t ns[] = {1, 15, 16, 17, 63, 200}, ds[] = {32, 64, 128, 16, 48, 80};
@@ -736,7 +732,7 @@ END_TEST
  * one rounding), for m and the column range on and off the 16 x 16 tile grid, d 32 .. 128,
  * K's rows read at a stride and its padding columns zero.
  */
-START_TEST(amx_qk_matches_float64)
+START_TEST(tiles_qk_matches_float64)
 {
     const fai_kernels_bf16 *t = tiles_or_skip(_i);
     if (!t)
@@ -791,16 +787,16 @@ END_TEST
  * The tiles' P: p = exp(fl(scale x) - m) rounded to bf16 and the sum before rounding, bit for
  * bit the CPU's f32 expsum over fl(scale x) followed by a rounding to nearest even (so a strip
  * that folds its scale into this kernel and one that scales S first agree; a subnormal P may
- * be 0 instead, as AMX's conversion gives it), for lengths on and
+ * be 0 instead, as VCVTNEPS2BF16 gives it), for lengths on and
  * off the 16-lane grid, scales 1, 1/sqrt(128) and 3.7, scores down to the exp's underflow,
  * -inf and NaN; nothing written past n; the same with P written over the scores.
  */
-START_TEST(amx_expsum_rounds_expsum)
+START_TEST(tiles_expsum_rounds_expsum)
 {
-    const fai_kernels_bf16 *t = tiles_or_skip(_i);
-    if (!t)
+    const fai_kernels_f32 *set = tile_set_or_skip(_i);
+    if (!set)
         return;
-    const fai_kernels_f32 *set = _i == 1 ? ht_emulated_tiles() : fai_kernels_for(FA_ISA_AMX);
+    const fai_kernels_bf16 *t = set->bf16;
     static const int64_t ns[] = {1, 15, 16, 17, 100, 256};
     static const float scales[] = {1.0f, 0x1.6a09e6p-4f, 3.7f};
     uint64_t seed = 31;
@@ -851,7 +847,7 @@ END_TEST
  * (NaN up to the next 16) reaching any row; rows of acc from m on untouched, bit for bit (they
  * belong to other strips); V's padding keys zero.
  */
-START_TEST(amx_pv_matches_float64)
+START_TEST(tiles_pv_matches_float64)
 {
     const fai_kernels_bf16 *t = tiles_or_skip(_i);
     if (!t)
@@ -919,7 +915,7 @@ END_TEST
  * from rows at a stride (pack_v's pairs of rows); rows of C from m on untouched, bit for bit
  * (the dQ rows of the next block), and A's padding rows never reach a stored row.
  */
-START_TEST(amx_gemm_matches_float64)
+START_TEST(tiles_gemm_matches_float64)
 {
     const fai_kernels_bf16 *t = tiles_or_skip(_i);
     if (!t)
@@ -991,11 +987,11 @@ Suite *make_kernels_suite(void)
     tcase_add_loop_test(tc, max_matches_definition, 0, ht_nisas);
     tcase_add_loop_test(tc, decode_products_match_float64, 0, ht_nisas);
     tcase_add_loop_test(tc, expsum_exhaustive_nonpositive, 0, ht_nisas);
-    tcase_add_loop_test(tc, amx_packs_match_layout, 0, 2);
-    tcase_add_loop_test(tc, amx_qk_matches_float64, 0, 2);
-    tcase_add_loop_test(tc, amx_expsum_rounds_expsum, 0, 2);
-    tcase_add_loop_test(tc, amx_pv_matches_float64, 0, 2);
-    tcase_add_loop_test(tc, amx_gemm_matches_float64, 0, 2);
+    tcase_add_loop_test(tc, tiles_packs_match_layout, 0, TILE_SETS);
+    tcase_add_loop_test(tc, tiles_qk_matches_float64, 0, TILE_SETS);
+    tcase_add_loop_test(tc, tiles_expsum_rounds_expsum, 0, TILE_SETS);
+    tcase_add_loop_test(tc, tiles_pv_matches_float64, 0, TILE_SETS);
+    tcase_add_loop_test(tc, tiles_gemm_matches_float64, 0, TILE_SETS);
     suite_add_tcase(s, tc);
     return s;
 }

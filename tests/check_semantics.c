@@ -520,7 +520,7 @@ START_TEST(forward_bits_independent_of_query_grouping)
     if (dt != FA_F64 && !ht_isa_runs(isa))
         return;
     if (dt == FA_BF16 && !fai_kernels_for(isa)->bf16) { /* no tile products of its own */
-        if (isa != fai_isa_best() || ht_emulated_tiles_skipped())
+        if (isa != fai_isa_best(NULL) || ht_emulated_tiles_skipped())
             return;
         ht_kernels = ht_emulated_tiles(); /* emulated ones instead, once */
     }

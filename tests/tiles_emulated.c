@@ -92,7 +92,7 @@ static float expsum(int64_t n, const float *x, float scale, float m, uint16_t *p
         abort();
     for (int64_t c = 0; c < n; c++)
         y[c] = scale * x[c];
-    const float sum = fai_kernels_for(fai_isa_best())->expsum(n, y, m, y);
+    const float sum = fai_kernels_for(fai_isa_best(NULL))->expsum(n, y, m, y);
     for (int64_t c = 0; c < n; c++)
         p[c] = fai_f64_to_bf16(y[c]);
     free(y);
@@ -125,7 +125,7 @@ static fai_kernels_f32 with_tiles;
 
 static void with_tiles_fill(void)
 {
-    with_tiles = *fai_kernels_for(fai_isa_best());
+    with_tiles = *fai_kernels_for(fai_isa_best(NULL));
     with_tiles.bf16 = &emulated;
 }
 

@@ -326,7 +326,7 @@ _CALL_DOC = """
         (FlashInfer).
     backend: "auto" (CUDA for GPU arrays where it is built, else "tiled"), "tiled",
         "reference" (the float64 oracle), "conventional" (S and P materialized), "cuda".
-    isa: the CPU kernel set: "auto", "avx512", "avx2", "amx", "neon", "scalar".
+    isa: the CPU kernel set: "auto", "amx", "avx512bf16", "avx512", "avx2", "neon", "scalar".
     threads: CPU threads (0: OpenMP's default); CPU results are the same bits for any count.
     deterministic: CUDA backend: a bitwise repeatable backward.
 """

@@ -48,7 +48,7 @@ FP8 = (E4M3, E5M2)
 DESCALE_PER_TENSOR, DESCALE_PER_KV_HEAD = 0, 1
 
 BACKENDS = {"auto": 0, "reference": 1, "conventional": 2, "tiled": 3, "cuda": 4}
-ISAS = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3, "neon": 4, "amx": 5}
+ISAS = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3, "neon": 4, "amx": 5, "avx512bf16": 6}
 ALIGNS = {"bottom-right": 0, "top-left": 1}
 SCORE_ORDERS = {"softcap-then-alibi": 0, "alibi-then-softcap": 1}
 INDEX_INT32, INDEX_INT64 = 0, 1

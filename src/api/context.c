@@ -138,8 +138,9 @@ fa_status fa_context_create(const fa_options *o, fa_context **out)
     if (opt.isa == FA_ISA_AUTO)
         FAI_TRY(env_enum("FA_ISA", isa_name, isa_from_name, &choice));
     opt.isa = (fa_isa)choice;
+    const char *isa_why = NULL;
     if (opt.isa == FA_ISA_AUTO)
-        opt.isa = fai_isa_best();
+        opt.isa = fai_isa_best(&isa_why);
     const fai_kernels_f32 *kernels = fai_kernels_for(opt.isa);
     if (!kernels)
         return fai_fail(FA_ERR_BACKEND_UNAVAILABLE,
@@ -157,6 +158,7 @@ fa_status fa_context_create(const fa_options *o, fa_context **out)
     ctx->backend = opt.backend;
     ctx->backend_auto = backend_auto;
     ctx->isa = opt.isa;
+    ctx->isa_why = isa_why;
     ctx->kernels = kernels;
     ctx->num_threads = opt.num_threads > 0 ? opt.num_threads : omp_get_max_threads();
     fai_cache_detect(&ctx->cache);
@@ -190,11 +192,13 @@ fa_status fa_context_describe(const fa_context *ctx, char *buf, size_t n)
                  (long long)b.bq, (long long)b.bk, (long long)b.br);
     }
     snprintf(buf, n,
-             "flashattn %s: backend=%s isa=%s kernels=%s,%s%s threads=%d L1d=%lldKiB "
+             "flashattn %s: backend=%s isa=%s%s%s%s kernels=%s,%s%s threads=%d L1d=%lldKiB "
              "L2=%lldKiB (%s) "
              "tiles f32 BqxBkxBr fwd/BqxBk bwd: D=64 %lldx%lldx%lld/%lldx%lld, "
              "D=128 %lldx%lldx%lld/%lldx%lld%s",
              PACKAGE_VERSION, fa_backend_name(ctx->backend), fa_isa_name(ctx->isa),
+             ctx->isa_why ? " (auto: " : "", ctx->isa_why ? ctx->isa_why : "",
+             ctx->isa_why ? ")" : "",
              ks->gemm_name, ks->expsum_name, products, ctx->num_threads,
              (long long)(ctx->cache.l1d / 1024), (long long)(ctx->cache.l2 / 1024),
              ctx->cache.source, (long long)t[0].bq, (long long)t[0].bk, (long long)t[0].br,

@@ -36,6 +36,7 @@ struct fa_context {
     int backend_auto;               /* AUTO was asked: a call whose q is device memory runs on
                                        CUDA, when it is built */
     fa_isa isa;                     /* resolved: never AUTO */
+    const char *isa_why;            /* AUTO's reason for it where a rule decided, else NULL */
     const fai_kernels_f32 *kernels; /* the ISA's kernel set */
     int num_threads;                /* > 0 */
     fai_cache_info cache;

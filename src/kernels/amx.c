@@ -1,6 +1,7 @@
 /*
  * AMX kernels (AMX-TILE, AMX-BF16): the tiled forward's two products and the backward's five
- * for bf16 storage on tile registers, completing the AVX-512 set (whose f32 kernels do
+ * for bf16 storage on tile registers, in place of the AVX512_BF16 set's dot products
+ * (kernels/avx512bf16.c, whose packing and exp this set keeps; the AVX-512 set's f32 kernels do
  * everything else). Built with -mamx-tile -mamx-bf16 -mavx512bf16 and the AVX-512 flags;
  * called only when the CPU, the OS (XCR0) and Linux's per-process permission for the tile
  * data allow it (kernels/cpu.c).
@@ -9,7 +10,7 @@
  * pairs) into 16 x 16 f32: 8192 products, against 16 of an AVX-512 FMA.
  *   S  = Q K^T:  A = 16 rows of Q (bf16 as stored: its products are exact in f32), B = K^T
  *                packed as pairs along d; C stored into the score strip.
- *   O += P V:    P rounded to bf16 once by the exp that forms it (fa_bf16_expsum__amx;
+ *   O += P V:    P rounded to bf16 once by the exp that forms it (fa_bf16_expsum__avx512bf16;
  *                relative error <= 2^-9 per term, as FlashAttention-2 and -3 and PyTorch's CPU
  *                kernel round it; docs/notes/bf16.md has the measurement against splitting P
  *                into bf16 hi + lo), times V packed as pairs of keys; C is acc, rescaled by the
@@ -32,7 +33,6 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "kernels/exp_avx512.h"
 #include "kernels/kernels.h"
 
 /* Tile configuration (palette 1): every one of the 8 tiles 16 rows x 64 bytes. A tile
@@ -134,57 +134,6 @@ static inline __attribute__((always_inline)) void block_step(const uint16_t *a, 
     }
 }
 
-/* kt[(p ldt + j) 2 + t] = k[j ldk + 2 p + t] for j < n, 0 for j in [n, ldt): K^T as 32-bit pairs
- * of dims, the B operand of Q K^T. A pair is one 32-bit word, so with ldk even this is the
- * AVX-512 set's transpose of 32-bit elements (it moves bits; no arithmetic touches them). */
-static void fa_bf16_pack_kt__amx(int64_t n, int64_t d, const uint16_t *k, int64_t ldk,
-                                 uint16_t *kt, int64_t ldt)
-{
-    uint32_t *dst = (uint32_t *)kt;
-    if (ldk % 2 == 0 && (uintptr_t)k % 4 == 0) { /* rows of whole, aligned words */
-        fai_kernels_avx512()->transpose(n, d / 2, (const float *)k, ldk / 2, (float *)kt, ldt);
-        for (int64_t p = 0; p < d / 2; p++)
-            memset(dst + p * ldt + n, 0, (size_t)(ldt - n) * sizeof *dst);
-        return;
-    }
-    for (int64_t j = 0; j < ldt; j++)
-        for (int64_t p = 0; p < d / 2; p++) {
-            uint32_t w = 0;
-            if (j < n)
-                memcpy(&w, k + j * ldk + 2 * p, sizeof w);
-            dst[p * ldt + j] = w;
-        }
-}
-
-/* vt[(p dv + c) 2 + t] = v[(2 p + t) ldv + c] for keys 2 p + t < n, 0 up to nk keys: V as
- * pairs of keys, the B operand of P V. Two rows interleave 32 columns at a time (16 at the
- * end of a row: dv is a multiple of 16) by two-source word permutes; a last odd row pairs
- * with zeros, and so do the keys up to nk. */
-static void fa_bf16_pack_v__amx(int64_t n, int64_t nk, int64_t dv, const uint16_t *v,
-                                int64_t ldv, uint16_t *vt)
-{
-    /* word 2i + t of the output: column i (lo) or 16 + i (hi) of row t (t = 1: source b) */
-    static const uint16_t lo[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,  37, 6,  38, 7,  39,
-                                    8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
-    static const uint16_t hi[32] = {16, 48, 17, 49, 18, 50, 19, 51, 20, 52, 21, 53, 22, 54, 23, 55,
-                                    24, 56, 25, 57, 26, 58, 27, 59, 28, 60, 29, 61, 30, 62, 31, 63};
-    const __m512i lo_idx = _mm512_loadu_si512(lo), hi_idx = _mm512_loadu_si512(hi);
-    for (int64_t j = 0; j < nk; j += 2) {
-        uint16_t *out = vt + (j / 2) * dv * 2;
-        for (int64_t c = 0; c < dv; c += 32) {
-            const int whole = dv - c >= 32; /* else 16 columns left */
-            const __mmask32 mk = whole ? 0xffffffffu : 0xffffu;
-            const __m512i a = j < n ? _mm512_maskz_loadu_epi16(mk, v + j * ldv + c)
-                                    : _mm512_setzero_si512();
-            const __m512i b = j + 1 < n ? _mm512_maskz_loadu_epi16(mk, v + (j + 1) * ldv + c)
-                                        : _mm512_setzero_si512();
-            _mm512_storeu_si512(out + 2 * c, _mm512_permutex2var_epi16(a, lo_idx, b));
-            if (whole)
-                _mm512_storeu_si512(out + 2 * c + 32, _mm512_permutex2var_epi16(a, hi_idx, b));
-        }
-    }
-}
-
 /*
  * s[r][c] = sum_p q[r][p] kt[p][c] for rows r < m rounded up to 16 and columns [c0, c1) rounded
  * out to 16 (the rest of those rows and columns are written too, and are junk to the caller);
@@ -227,38 +176,6 @@ static void fa_bf16_qk_32x32__amx(int64_t m, int64_t c0, int64_t c1, int64_t d, 
     }
     _tile_release();
 }
-
-/*
- * p[c] = bf16(exp(fl(scale x[c]) - m)), the sum of the exps before rounding returned: the
- * AVX-512 set's expsum (the same exp, kernels/exp_avx512.h, and the same lanes, tail and tree
- * for the sum as fa_f32_expsum__avx512: keep the two alike) over fl(scale x), with the rounding of P V's operand in the same pass, so that the
- * forward's strip neither scales its scores in a pass of their own nor stores P in f32 to read
- * it back. The product is rounded on its own, by an explicit rounding mode: a plain multiply
- * the compiler may fuse with the subtraction into one FMA, one rounding where the f32 path has
- * two. p may lie over x (p = (uint16_t *)x: each store lands on scores already read).
- */
-#define FAI_RN (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
-static float fa_bf16_expsum__amx(int64_t n, const float *x, float scale, float m, uint16_t *p)
-{
-    const __m512 vs = _mm512_set1_ps(scale), vm = _mm512_set1_ps(m);
-    __m512 vsum = _mm512_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        const __m512 y = _mm512_mul_round_ps(_mm512_loadu_ps(x + i), vs, FAI_RN);
-        const __m512 e = exp__avx512(_mm512_sub_ps(y, vm));
-        _mm256_storeu_si256((__m256i *)(p + i), (__m256i)_mm512_cvtneps_pbh(e));
-        vsum = _mm512_add_ps(vsum, e);
-    }
-    if (i < n) {
-        const __mmask16 mk = (__mmask16)((1u << (n - i)) - 1);
-        const __m512 y = _mm512_mul_round_ps(_mm512_maskz_loadu_ps(mk, x + i), vs, FAI_RN);
-        const __m512 e = exp__avx512(_mm512_sub_ps(y, vm));
-        _mm256_mask_storeu_epi16(p + i, mk, (__m256i)_mm512_cvtneps_pbh(e));
-        vsum = _mm512_mask_add_ps(vsum, mk, vsum, e);
-    }
-    return _mm512_reduce_add_ps(vsum);
-}
-#undef FAI_RN
 
 /*
  * acc[r][:] = a[r] acc[r][:] + sum_c p[r][c] v[c][:] for rows r < m, over every key chunk of 32
@@ -373,24 +290,21 @@ static void fa_bf16_gemm_16x64__amx(int64_t m, int64_t n, int64_t k, const uint1
     _tile_release();
 }
 
-static const fai_kernels_bf16 amx_bf16 = {
-    .rows = 16,     /* a tile's rows */
-    .keys = 32,     /* P V's k step: 32 bf16 of P per tile row */
-    .dqk_step = 32, /* Q K^T's k step: 32 bf16 of Q per tile row */
-    .dv_step = 16,  /* P V's n step: 16 f32 columns per tile */
-    FAI_KERNEL(pack_kt, fa_bf16_pack_kt__amx),
-    FAI_KERNEL(pack_v, fa_bf16_pack_v__amx),
-    FAI_KERNEL(qk, fa_bf16_qk_32x32__amx),
-    FAI_KERNEL(expsum, fa_bf16_expsum__amx),
-    FAI_KERNEL(pv, fa_bf16_pv_32x32__amx),
-    FAI_KERNEL(gemm, fa_bf16_gemm_16x64__amx),
-};
-
-/* The AVX-512 set with these products added: filled once. */
+/* The AVX512_BF16 set's products, with Q K^T, P V and the backward's GEMM on the tiles (its
+ * packing is the tiles' B format, and its exp forms P as the tiles take it): filled once. */
+static fai_kernels_bf16 amx_bf16;
 static fai_kernels_f32 amx_set;
 
 static void amx_set_fill(void)
 {
+    amx_bf16 = *fai_kernels_avx512bf16()->bf16;
+    amx_bf16.rows = 16;     /* a tile's rows */
+    amx_bf16.keys = 32;     /* P V's k step: 32 bf16 of P per tile row */
+    amx_bf16.dqk_step = 32; /* Q K^T's k step: 32 bf16 of Q per tile row */
+    amx_bf16.dv_step = 16;  /* P V's n step: 16 f32 columns per tile */
+    FAI_SET_KERNEL(amx_bf16, qk, fa_bf16_qk_32x32__amx);
+    FAI_SET_KERNEL(amx_bf16, pv, fa_bf16_pv_32x32__amx);
+    FAI_SET_KERNEL(amx_bf16, gemm, fa_bf16_gemm_16x64__amx);
     amx_set = *fai_kernels_avx512();
     amx_set.isa = FA_ISA_AMX;
     amx_set.bf16 = &amx_bf16;

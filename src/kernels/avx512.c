@@ -167,8 +167,9 @@ static void fa_f32_transpose__avx512(int64_t rows, int64_t cols, const float *sr
 }
 
 /* y = exp(x - m), summed in 16 lanes, then the lanes by a fixed tree (halves, then halves of
- * those: _mm512_reduce_add_ps). The AMX set's fa_bf16_expsum__amx (amx.c) promises these bits
- * over fl(scale x): a change to the lanes, the tail or the tree here goes there too. */
+ * those: _mm512_reduce_add_ps). The bf16 exp of the AVX512_BF16 and AMX sets
+ * (fa_bf16_expsum__avx512bf16) promises these bits over fl(scale x): a change to the lanes,
+ * the tail or the tree here goes there too. */
 static float fa_f32_expsum__avx512(int64_t n, const float *x, float m, float *y)
 {
     const __m512 vm = _mm512_set1_ps(m);

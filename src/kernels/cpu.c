@@ -10,7 +10,8 @@
 
 #include "kernels/kernels.h"
 
-static int cpu_avx2, cpu_avx512, cpu_amx; /* x86 only; 0 elsewhere */
+static int cpu_avx2, cpu_avx512, cpu_avx512bf16, cpu_amx; /* x86 only; 0 elsewhere */
+static int cpu_amd_family;                                /* AMD's family, else 0 */
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <cpuid.h>
@@ -49,8 +50,14 @@ static uint64_t xgetbv0(void)
 static void detect(void)
 {
     unsigned a, b, c, d;
+    if (!__get_cpuid(0, &a, &b, &c, &d))
+        return;
+    const int amd = b == 0x68747541 && d == 0x69746e65 && c == 0x444d4163; /* "AuthenticAMD" */
     if (!__get_cpuid(1, &a, &b, &c, &d))
         return;
+    /* the family: the base field, plus the extended one where the base is 0xf */
+    cpu_amd_family = amd ? (int)((a >> 8) & 0xf) + ((a >> 8 & 0xf) == 0xf ? (int)(a >> 20 & 0xff) : 0)
+                         : 0;
     const int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1,
               f16c = (c >> 29) & 1;
     if (!osxsave)
@@ -64,14 +71,15 @@ static void detect(void)
               avx512bw = (b >> 30) & 1, avx512vl = (b >> 31) & 1;
     cpu_avx2 = os_ymm && avx && avx2 && fma && f16c;
     cpu_avx512 = os_zmm && cpu_avx2 && avx512f && avx512dq && avx512bw && avx512vl;
-    /* AMX: the tile instructions and bf16 products (leaf 7 EDX), AVX512_BF16 for the P split
-     * (leaf 7 subleaf 1 EAX), the OS saving tile config and data (XCR0 bits 17, 18) */
+    /* AMX: the tile instructions and bf16 products (leaf 7 EDX), the OS saving tile config and
+     * data (XCR0 bits 17, 18); on top of AVX512_BF16 (leaf 7 subleaf 1 EAX), whose set's
+     * packing and exp the AMX set takes */
     const int amx_bf16 = (d >> 22) & 1, amx_tile = (d >> 24) & 1;
     const int os_tiles = ((xcr0 >> 17) & 3) == 3;
-    if (!cpu_avx512 || !amx_bf16 || !amx_tile || !os_tiles ||
-        !__get_cpuid_count(7, 1, &a, &b, &c, &d))
+    if (!cpu_avx512 || !__get_cpuid_count(7, 1, &a, &b, &c, &d))
         return;
-    cpu_amx = (a >> 5) & 1; /* AVX512_BF16 */
+    cpu_avx512bf16 = (a >> 5) & 1;
+    cpu_amx = cpu_avx512bf16 && amx_bf16 && amx_tile && os_tiles;
 }
 #else
 static void detect(void) {}
@@ -92,6 +100,47 @@ int fai_cpu_avx512(void)
 {
     pthread_once(&detected, detect);
     return cpu_avx512;
+}
+
+int fai_cpu_avx512bf16(void)
+{
+    pthread_once(&detected, detect);
+    return cpu_avx512bf16;
+}
+
+/*
+ * Whether FA_ISA_AUTO takes a set this CPU runs, with the reason (*why, a sentence or NULL).
+ * fai_cpu_bf16_dots_rule is the rule for AVX512_BF16 by AMD's family (0: not AMD), apart so
+ * that the tests can ask it about CPUs they do not run on.
+ * Every set but one is taken where it runs: each outruns the sets after it in the registry.
+ * The exception is AVX512_BF16: its dot products take bf16 operands where the AVX-512 set
+ * widens them to f32 first, and which is faster follows the core, not the feature bit. On a
+ * Zen 5 (AMD family 0x1a) a register-only loop of 12 independent VDPBF16PS zmm chains ran at
+ * 475 GFLOP/s against 257 for VFMADD231PS (1.85x, issue 19); Zen 4 (family 0x19, the first
+ * with the instruction there) runs both on the same double-pumped 256-bit units, and is taken
+ * on that ground (not measured here). On an Emerald Rapids VM the same loop ran at half the
+ * FMA rate, and on the GPU machine's Xeon (AMX, which goes first there) at 1.4x: Intel cores
+ * without AMX keep widening until one is measured. docs/notes/bf16.md has the figures.
+ */
+int fai_cpu_bf16_dots_rule(int amd_family, const char **why)
+{
+    if (amd_family >= 0x19) {
+        *why = amd_family == 0x19 ? "AMD Zen 4: bf16 dot products on the FMA units (by the "
+                                    "instruction tables; not measured)"
+                                  : "AMD family 0x1a and later (Zen 5): bf16 dot products "
+                                    "measured at 1.85x the f32 FMA rate";
+        return 1;
+    }
+    *why = "bf16 dot products not known to outrun widening on this CPU (an Emerald Rapids VM: "
+           "0.5x the FMA rate)";
+    return 0;
+}
+
+int fai_cpu_auto_takes(fa_isa isa, const char **why)
+{
+    pthread_once(&detected, detect);
+    *why = NULL;
+    return isa != FA_ISA_AVX512BF16 || fai_cpu_bf16_dots_rule(cpu_amd_family, why);
 }
 
 /* The hardware, and the OS's permission (asked for here, once, where there are kernels to

@@ -25,8 +25,10 @@
 #define FAI_SLOT(type, slot)                                                                    \
     type slot;                                                                                  \
     const char *slot##_name
-/* Fills a slot from the function's identifier, so the name cannot drift from the function. */
+/* Fills a slot from the function's identifier, so the name cannot drift from the function:
+ * in an initializer, and in a table filled at run time. */
 #define FAI_KERNEL(slot, fn) .slot = fn, .slot##_name = #fn
+#define FAI_SET_KERNEL(table, slot, fn) ((table).slot = fn, (table).slot##_name = #fn)
 
 /*
  * C[mr x nr] (+)= A[mr x k] B[k x nr], all row-major with leading dimensions lda, ldb, ldc;
@@ -210,17 +212,23 @@ const fai_kernels_f64 *fai_kernels_f64_portable(void);
 
 /* kernels/registry.c: whether this CPU (and OS) can run an ISA's kernels (detected once,
  * thread-safely: kernels/cpu.c); the set for isa (never AUTO), or NULL if it is not built or
- * not supported here; the newest supported ISA (the registry's order); the ISA's name
+ * not supported here; FA_ISA_AUTO's choice, the first supported ISA in the registry's order
+ * that fai_cpu_auto_takes takes (*why, where why is not NULL: the rule's reason for it, or for a
+ * set it passed over on the way, else NULL); the ISA's name
  * ("invalid" for a value that is none) and the ISA of a name (FA_ISA_AUTO if none). */
 int fai_cpu_supports(fa_isa isa);
 const fai_kernels_f32 *fai_kernels_for(fa_isa isa);
-fa_isa fai_isa_best(void);
+fa_isa fai_isa_best(const char **why);
 const char *fai_isa_name(fa_isa isa);
 fa_isa fai_isa_from_name(const char *name);
 /* The detection of each ISA (kernels/cpu.c). */
 #define FAI_ISA(name, NAME) int fai_cpu_##name(void);
 #include "kernels/isas.def"
 #undef FAI_ISA
+/* Whether FA_ISA_AUTO takes a set this CPU runs (else it tries the next), and why: *why is a
+ * sentence naming the measurement behind the rule, or NULL for a set taken wherever it runs. */
+int fai_cpu_auto_takes(fa_isa isa, const char **why);
+int fai_cpu_bf16_dots_rule(int amd_family, const char **why);
 
 /* kernels/gemm.c: C[m x n] (+)= A[m x k] B[k x n] with any m, n: the framework's loop over
  * MR x NR tiles of the set's micro-kernel. cscale (m entries, or NULL) as in the micro-kernel.

@@ -71,11 +71,23 @@ const fai_kernels_f32 *fai_kernels_for(fa_isa isa)
     return e->kernels();
 }
 
-fa_isa fai_isa_best(void)
+fa_isa fai_isa_best(const char **why)
 {
-    for (int i = 0; i < NISA; i++)
-        if (fai_kernels_for(registry[i].isa))
-            return registry[i].isa;
+    const char *passed_over = NULL;
+    for (int i = 0; i < NISA; i++) {
+        if (!fai_kernels_for(registry[i].isa))
+            continue;
+        const char *rule;
+        if (!fai_cpu_auto_takes(registry[i].isa, &rule)) {
+            passed_over = rule;
+            continue;
+        }
+        if (why)
+            *why = rule ? rule : passed_over;
+        return registry[i].isa;
+    }
+    if (why)
+        *why = NULL;
     return FA_ISA_SCALAR;
 }
 
