@@ -105,6 +105,8 @@ typedef struct {
     long seqlens[32];
     int nlens;
     FILE *csv;
+    double *frac_fwd, *frac_bwd; /* out: each N's GFLOP/s over the SGEMM beside it (bwd: 0
+                                    without --backward) */
 } opts;
 
 /* The values main goes over (--headdim 64,128 --dtype f32,bf16 --threads 1,0 --causal both;
@@ -286,6 +288,8 @@ static int run_config(const opts *o)
                conv ? (double)cv.fwd_peak / (double)tl.fwd_peak : 0.0,
                o->backward ? tl.bwd_ms : 0.0, bgf, bgf / gemm);
         fflush(stdout);
+        o->frac_fwd[si] = gf / gemm;
+        o->frac_bwd[si] = bgf / gemm;
         if (o->csv)
             fprintf(o->csv,
                     "%ld,%ld,%ld,%s,%d,%d,%s,%.3f,%.3f,%.3f,%zu,%.3f,%zu,%.3f,%.3f,%zu,%.3f,%zu\n",
@@ -329,7 +333,7 @@ int main(int argc, char **argv)
             fa_context_describe(probe, desc, sizeof desc);
             fa_context_destroy(probe);
         }
-        if (strstr(desc, "isa=avx512 ")) {
+        if (strstr(desc, " isa=avx512") || strstr(desc, " isa=amx")) { /* AVX-512 kernels */
             fprintf(stderr, "bench: OpenBLAS chose core %s on an AVX-512 CPU; restarting with "
                             "OPENBLAS_CORETYPE=SkylakeX\n", core_name());
             setenv("OPENBLAS_CORETYPE", "SkylakeX", 1);
@@ -434,15 +438,43 @@ int main(int argc, char **argv)
                        "tiled_fwd_ms,tiled_fwd_gflops,tiled_fwd_peak_bytes,conv_fwd_ms,"
                        "conv_fwd_peak_bytes,tiled_bwd_ms,tiled_bwd_gflops,tiled_bwd_peak_bytes,"
                        "conv_bwd_ms,conv_bwd_peak_bytes\n");
+    /* each configuration's fractions of SGEMM, for the ratios between dtypes at the end */
+    static double frac[8][8][8][2][2][32];
     for (int ti = 0; ti < l.nthreads; ti++)
         for (int di = 0; di < l.ndtypes; di++)
             for (int hi = 0; hi < l.ndims; hi++)
                 for (int ci = 0; ci < l.ncausals; ci++) {
                     o.threads = l.threads[ti], o.dtype = l.dtypes[di], o.dim = l.dims[hi];
                     o.causal = l.causals[ci];
+                    o.frac_fwd = frac[ti][di][hi][ci][0];
+                    o.frac_bwd = frac[ti][di][hi][ci][1];
                     if (run_config(&o))
                         return 1;
                 }
+    /* each dtype against f32 where both ran: the ratio of their fractions of the SGEMM timed
+     * beside each (so a machine that drifts between the two tables moves both) */
+    int f32 = -1;
+    for (int di = 0; di < l.ndtypes; di++)
+        f32 = l.dtypes[di] == FA_F32 ? di : f32;
+    for (int di = 0; f32 >= 0 && di < l.ndtypes; di++) {
+        if (di == f32)
+            continue;
+        printf("%s / f32 (GFLOP/s over GFLOP/s, each against the SGEMM beside it):\n",
+               fa_dtype_name(l.dtypes[di]));
+        for (int ti = 0; ti < l.nthreads; ti++)
+            for (int hi = 0; hi < l.ndims; hi++)
+                for (int ci = 0; ci < l.ncausals; ci++)
+                    for (int si = 0; si < o.nlens; si++) {
+                        const double *a = frac[ti][di][hi][ci][0], *b = frac[ti][f32][hi][ci][0];
+                        const double *ab = frac[ti][di][hi][ci][1], *bb = frac[ti][f32][hi][ci][1];
+                        printf("  threads=%ld D=%ld%s N=%ld: forward %.2f", l.threads[ti],
+                               l.dims[hi], l.causals[ci] ? " causal" : "", o.seqlens[si],
+                               a[si] / b[si]);
+                        if (o.backward)
+                            printf(", backward %.2f", ab[si] / bb[si]);
+                        printf("\n");
+                    }
+    }
     if (o.csv)
         fclose(o.csv);
     return 0;
