@@ -366,7 +366,7 @@ def isa_names():
     the run passes the check, or the ISA is refused as unavailable here with its name, never as
     an unknown spelling; an unknown one is refused with all of them listed."""
     names = re.search(r"--isa (\S+)", run("forward", "--help", code=0).stdout).group(1).split("|")
-    assert {"scalar", "avx2", "avx512", "neon", "amx"} <= set(names), names
+    assert {"scalar", "avx2", "avx512", "avx512bf16", "neon", "amx"} <= set(names), names
     for name in names:
         p = run("forward", *qkv_args(), "--out", path("x.npy"), "--lse", path("xl.npy"),
                 "--isa", name)

@@ -141,6 +141,8 @@ _sig = {
     "fa_lse_from_profile": (c_int, [POINTER(Profile), _T]),
     "fa_convert": (c_int, [c_void_p, c_int, c_void_p, c_int, c_size_t]),
     "fa_status_string": (c_char_p, [c_int]),
+    "fa_backend_name": (c_char_p, [c_int]),
+    "fa_isa_name": (c_char_p, [c_int]),
     "fa_last_error": (c_char_p, []),
     "fa_version_string": (c_char_p, []),
 }

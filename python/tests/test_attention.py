@@ -273,6 +273,17 @@ def test_errors_carry_the_status():
         fa.attention_backward(out, q, kk, vv, out, lse)
 
 
+def test_names_are_the_librarys():
+    """The package's backend and ISA names map to the enum values the C library gives those
+    names (an enumerator appended there, and not here, or here under another value, is
+    caught)."""
+    from flashattn import _native as N
+    for table, name_of in ((N.BACKENDS, N.lib.fa_backend_name), (N.ISAS, N.lib.fa_isa_name)):
+        for name, value in table.items():
+            assert name_of(value).decode() == name, (name, value)
+        assert name_of(len(table)).decode() == "invalid", name_of(len(table))
+
+
 def test_help_reads_like_the_header():
     doc = fa.attention.__doc__
     for word in ("bottom-right", "window", "sinks", "InvalidArgumentError", "bhsd"):
