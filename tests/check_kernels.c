@@ -688,13 +688,24 @@ static const fai_kernels_bf16 *tiles_or_skip(int i)
     return k ? k->bf16 : NULL;
 }
 
+/* The packing (the AVX512_BF16 set's, AMX's too) takes only AVX-512 (BW): _i = 1 tests it
+ * wherever that runs, AVX512_BF16 or not. */
+static const fai_kernels_bf16 *packs_or_skip(int i)
+{
+#if FA_HAVE_AVX512BF16_KERNELS
+    if (i == 1 && fai_cpu_supports(FA_ISA_AVX512))
+        return fai_kernels_avx512bf16()->bf16;
+#endif
+    return i == 1 ? NULL : tiles_or_skip(i);
+}
+
 /* Every element of the packed K^T (pairs of dims) and V (pairs of keys) against the layouts'
  * formulas, the padding zero, at key counts on and off the vector and pair grids, K's row
  * stride even (the 32-bit transpose) and odd (the element loop), V's columns on and off the
  * 32-column grid. */
 START_TEST(tiles_packs_match_layout)
 {
-    const fai_kernels_bf16 *t = tiles_or_skip(_i);
+    const fai_kernels_bf16 *t = packs_or_skip(_i);
     if (!t)
         return;
     static const int64_t ns[] = {1, 15, 16, 17, 63, 200}, ds[] = {32, 64, 128, 16, 48, 80};
@@ -737,12 +748,13 @@ START_TEST(tiles_qk_matches_float64)
     const fai_kernels_bf16 *t = tiles_or_skip(_i);
     if (!t)
         return;
-    static const int64_t ds[] = {32, 64, 128}, ms[] = {1, 15, 16, 17, 40};
-    static const int64_t ranges[][3] = {{7, 0, 7}, {64, 0, 64}, {100, 3, 97}, {200, 37, 150}};
+    static const int64_t ds[] = {32, 64, 128}, ms[] = {1, 2, 15, 16, 17, 18, 40};
+    static const int64_t ranges[][3] = {{7, 0, 7},     {64, 0, 64},    {100, 3, 97},
+                                        {200, 37, 150}, {96, 5, 30}};
     uint64_t seed = 21;
     for (int a = 0; a < 3; a++)
-        for (int b = 0; b < 5; b++)
-            for (int c = 0; c < 4; c++) {
+        for (int b = 0; b < 7; b++)
+            for (int c = 0; c < 5; c++) {
                 const int64_t d = ds[a], m = ms[b], n = ranges[c][0], c0 = ranges[c][1],
                               c1 = ranges[c][2], ldk = d + 6, ldt = (n + 31) / 32 * 32;
                 const int64_t mq = (m + 15) / 16 * 16, lds = ldt + 8;
@@ -852,11 +864,11 @@ START_TEST(tiles_pv_matches_float64)
     const fai_kernels_bf16 *t = tiles_or_skip(_i);
     if (!t)
         return;
-    static const int64_t dvs[] = {16, 48, 64, 128}, ms[] = {1, 16, 17, 35};
+    static const int64_t dvs[] = {16, 48, 64, 128, 96}, ms[] = {1, 2, 16, 17, 18, 35};
     static const int64_t ranges[][3] = {{5, 0, 5}, {64, 0, 64}, {90, 13, 77}, {256, 30, 250}};
     uint64_t seed = 23;
-    for (int a = 0; a < 4; a++)
-        for (int b = 0; b < 4; b++)
+    for (int a = 0; a < 5; a++)
+        for (int b = 0; b < 6; b++)
             for (int c = 0; c < 4; c++) {
                 const int64_t dv = dvs[a], m = ms[b], n = ranges[c][0], c0 = ranges[c][1],
                               c1 = ranges[c][2], ldv = dv + 2, nk = (n + 31) / 32 * 32;
@@ -920,10 +932,11 @@ START_TEST(tiles_gemm_matches_float64)
     const fai_kernels_bf16 *t = tiles_or_skip(_i);
     if (!t)
         return;
-    static const int64_t ms[] = {1, 15, 16, 17, 40}, ns[] = {16, 48, 64, 128, 80}, ks[] = {32, 96};
+    static const int64_t ms[] = {1, 2, 15, 16, 17, 18, 40}, ns[] = {16, 48, 64, 128, 80, 96};
+    static const int64_t ks[] = {32, 96};
     uint64_t seed = 29;
-    for (int a = 0; a < 5; a++)
-        for (int b = 0; b < 5; b++)
+    for (int a = 0; a < 7; a++)
+        for (int b = 0; b < 6; b++)
             for (int c = 0; c < 2; c++)
                 for (int accumulate = 0; accumulate < 2; accumulate++) {
                     const int64_t m = ms[a], n = ns[b], k = ks[c], mup = (m + 15) / 16 * 16;

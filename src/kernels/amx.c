@@ -179,7 +179,7 @@ static void fa_bf16_qk_32x32__amx(int64_t m, int64_t c0, int64_t c1, int64_t d, 
 
 /*
  * acc[r][:] = a[r] acc[r][:] + sum_c p[r][c] v[c][:] for rows r < m, over every key chunk of 32
- * in [0, nk), P bf16 as the caller rounded it (expsum above), 0 where a key does not count:
+ * in [0, nk), P bf16 as the caller rounded it (the set's expsum), 0 where a key does not count:
  * the same chunks for every row. That keeps a row's bits independent of the rows it is
  * grouped with: the tiles flush subnormal sums to 0 (and may not keep a NaN's payload), so
  * even an all-zero chunk can change acc, and it must be applied to every row alike. V's packed
@@ -297,11 +297,7 @@ static fai_kernels_f32 amx_set;
 
 static void amx_set_fill(void)
 {
-    amx_bf16 = *fai_kernels_avx512bf16()->bf16;
-    amx_bf16.rows = 16;     /* a tile's rows */
-    amx_bf16.keys = 32;     /* P V's k step: 32 bf16 of P per tile row */
-    amx_bf16.dqk_step = 32; /* Q K^T's k step: 32 bf16 of Q per tile row */
-    amx_bf16.dv_step = 16;  /* P V's n step: 16 f32 columns per tile */
+    amx_bf16 = *fai_kernels_avx512bf16()->bf16; /* its constants are the tiles' shape */
     FAI_SET_KERNEL(amx_bf16, qk, fa_bf16_qk_32x32__amx);
     FAI_SET_KERNEL(amx_bf16, pv, fa_bf16_pv_32x32__amx);
     FAI_SET_KERNEL(amx_bf16, gemm, fa_bf16_gemm_16x64__amx);

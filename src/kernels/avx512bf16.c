@@ -1,8 +1,8 @@
 /*
  * AVX512_BF16 kernels: the tiled forward's two products and the backward's five for bf16
  * storage by VDPBF16PS, completing the AVX-512 set (whose f32 kernels do everything else), for
- * CPUs whose bf16 dot products outrun widening to f32 (AMD Zen 4 and 5; the rule and the
- * measurement behind it are kernels/cpu.c's fai_cpu_auto_takes). Built with -mavx512bf16 and
+ * CPUs whose bf16 dot products outrun widening to f32 (AMD Zen 5; the rule and the
+ * measurement behind it are kernels/cpu.c's fai_cpu_bf16_dots_rule). Built with -mavx512bf16 and
  * the AVX-512 flags. The AMX set (kernels/amx.c) takes this set's packing and exp and puts its
  * own products on tiles.
  *
@@ -24,6 +24,7 @@
 
 #include <immintrin.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "kernels/exp_avx512.h"
@@ -87,7 +88,8 @@ static inline __attribute__((always_inline)) void panel(const int R, const int V
             _mm512_storeu_ps(c + i * ldc + 16 * v, scale ? _mm512_mul_ps(acc[i][v], sc) : acc[i][v]);
 }
 
-/* panel() with R in 1 .. PANEL_ROWS and V in 1 .. PANEL_VECS as constants: one instance each. */
+/* panel() with R in 1 .. PANEL_ROWS and V in 1 .. PANEL_VECS as constants: one instance each
+ * (any other shape is a caller's broken contract: n not a multiple of 16). */
 static void panel_any(int R, int V, int64_t kpairs, const uint16_t *a, int64_t lda,
                       const uint16_t *b, int64_t ldb, const float *c_in, const float *f,
                       const float *scale, float *c, int64_t ldc)
@@ -102,6 +104,8 @@ static void panel_any(int R, int V, int64_t kpairs, const uint16_t *a, int64_t l
         PANEL_ROW(2)
         PANEL_ROW(3)
         PANEL_ROW(4)
+    default:
+        abort();
     }
 #undef PANEL_ROW
 #undef PANEL_CASE
@@ -254,14 +258,14 @@ static void fa_bf16_gemm_4x64__avx512bf16(int64_t m, int64_t n, int64_t k, const
     product(m, n, k / 2, a, lda, b, ldb, accumulate ? c : NULL, NULL, NULL, c, ldc);
 }
 
-/* The constants are the tiles' (kernels/amx.c), so that the framework's blocking, packing and
- * padding serve both sets alike: 16-row blocks, 32-key chunks, Dqk a multiple of 32, Dv of 16.
- * The panels need less (rows one at a time, pairs of keys and dims). */
+/* The constants are AMX's tiles' shape, which the AMX set keeps with this table (so that the
+ * framework's blocking, packing and padding serve both sets alike); the panels need less (rows
+ * one at a time, pairs of keys and dims). */
 static const fai_kernels_bf16 avx512bf16_bf16 = {
-    .rows = 16,
-    .keys = 32,
-    .dqk_step = 32,
-    .dv_step = 16,
+    .rows = 16,     /* a tile's rows                                      */
+    .keys = 32,     /* P V's k step on the tiles: 32 bf16 of P a tile row */
+    .dqk_step = 32, /* Q K^T's k step on the tiles: 32 bf16 of Q a row     */
+    .dv_step = 16,  /* P V's n step on the tiles: 16 f32 columns a tile     */
     FAI_KERNEL(pack_kt, fa_bf16_pack_kt__avx512bf16),
     FAI_KERNEL(pack_v, fa_bf16_pack_v__avx512bf16),
     FAI_KERNEL(qk, fa_bf16_qk_4x64__avx512bf16),

@@ -1,7 +1,7 @@
 /*
  * The AVX-512 exp, shared by the AVX-512 set (kernels/avx512.c) and the bf16 exp of the
- * AVX512_BF16 and AMX sets (kernels/avx512bf16.c), so that the two give the same bits. Include only in files built with the
- * AVX-512 flags.
+ * AVX512_BF16 and AMX sets (kernels/avx512bf16.c), so that the two give the same bits.
+ * Include only in files built with the AVX-512 flags.
  */
 #ifndef FAI_KERNELS_EXP_AVX512_H
 #define FAI_KERNELS_EXP_AVX512_H

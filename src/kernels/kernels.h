@@ -99,9 +99,10 @@ typedef void (*fai_pv_rows_f32)(int64_t nr, int64_t n, int64_t dv, const float *
                                 int64_t lda);
 
 /*
- * Tile products for bf16 storage (AMX): the forward's S = Q K^T and O += P V and the
- * backward's five products on bf16 operands (kernels/amx.c has the formats, the rounding, and
- * where subnormals differ from the f32 kernels). NULL in every set but AMX's. The tiled
+ * Tile products for bf16 storage (AMX's tiles, or AVX512_BF16's dot products in register
+ * panels): the forward's S = Q K^T and O += P V and the backward's five products on bf16
+ * operands (kernels/amx.c and kernels/avx512bf16.c have the formats, the rounding, and where
+ * subnormals differ from the f32 kernels). NULL in every other set. The tiled
  * forward uses them for bf16 storage with Dqk a multiple of dqk_step and Dv of dv_step, P V
  * only over V tiles without inf or NaN (a masked key's exact 0 of P times an infinite v would
  * give NaN); the backward with both head dims multiples of dqk_step (backends/tiled/plan.c).
@@ -119,8 +120,8 @@ typedef void (*fai_qk_bf16)(int64_t m, int64_t c0, int64_t c1, int64_t d, const 
                             int64_t ldq, const uint16_t *kt, int64_t ldt, float *s, int64_t lds,
                             const float *scale);
 /* P for the tile products: p[c] = exp(fl(scale x[c]) - m) rounded to bf16 (to nearest even;
- * a value below 2^-126 may give 0 of its sign, as AMX's conversion does: the tiles read such a
- * bf16 as 0 anyway), c < n, and the f32 sum of the values before rounding: the same bits as
+ * a value below 2^-126 may give 0 of its sign, as VCVTNEPS2BF16 does: the products read such
+ * a bf16 as 0 anyway), c < n, and the f32 sum of the values before rounding: the same bits as
  * the set's expsum over the products fl(scale x[c]) (scale 1: over x as it is), then each
  * value rounded. So a row that takes it and one that takes scale, then expsum, then the
  * rounding agree to the bit. p may lie over x (p = (uint16_t *)x). */

@@ -49,11 +49,12 @@ static int64_t strip_rows(const fai_cache_info *ci, int64_t bk, size_t es, int64
 }
 
 /*
- * Rows per strip on the tile products (AMX, bf16 storage), which take a strip in blocks of
+ * Rows per strip on the tile products (bf16 storage), which take a strip in blocks of
  * `rows` (16): the largest multiple of it whose f32 score strip fills at most 2/3 of L1d, at
  * least one block: 32 rows with 256-key tiles and 48 KiB (the GEMM rule's 24 left half of the
- * second block idle). On the GPU machine's Xeon (D=128 bf16, 1 thread), 32-row strips ran at
- * 263-293 GFLOP/s, 24-row ones at 195-211, 48-row ones at 189-239 (tiles.md).
+ * second block idle). On the GPU machine's Xeon (D=128 bf16, 1 thread, AMX), 32-row strips ran
+ * at 263-293 GFLOP/s, 24-row ones at 195-211, 48-row ones at 189-239 (tiles.md). Measured on
+ * AMX only: the AVX512_BF16 set takes the same rule unmeasured (it has run on no Zen 4/5).
  */
 static int64_t strip_rows_tiles(const fai_cache_info *ci, int64_t bk, int64_t rows)
 {

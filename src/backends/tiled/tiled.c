@@ -2,8 +2,8 @@
  * The tiled backend: the article's algorithm (query tiles, a running (m, l, acc) per row, score
  * and probability tiles that never leave the thread's working set). Its loop nest is written
  * once (rows_tpl.h, forward_tpl.h, backward_tpl.h) and instantiated here for float (f32, f16,
- * bf16 storage: f32 accumulation on the context's kernel set; with AMX, the forward's two
- * products of bf16 storage on tile registers) and double (f64 storage, on the portable f64
+ * bf16 storage: f32 accumulation on the context's kernel set; with AMX or AVX512_BF16, the
+ * products of bf16 storage on its tile products) and double (f64 storage, on the portable f64
  * set). Every tiling decision comes from the plan (plan.c), made once per call.
  *
  * Extra memory: one workspace per thread, O(Bq x D + Bk x D + Br x Bk) for the forward (the
