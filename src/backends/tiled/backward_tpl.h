@@ -168,16 +168,6 @@ static void FAI_T(bf16_rows)(const void *src, int64_t ld, int64_t n, int64_t dim
     memset(dst + n * dim, 0, (size_t)(((n + 31) / 32 * 32 - n) * dim) * 2);
 }
 
-/* Whether n bf16 values hold no inf and no NaN (an exponent of all ones). */
-static int FAI_T(bf16_finite)(int64_t n, const uint16_t *x)
-{
-    unsigned bad = 0;
-#pragma omp simd reduction(| : bad)
-    for (int64_t i = 0; i < n; i++)
-        bad |= (x[i] & 0x7f80u) == 0x7f80u;
-    return !bad;
-}
-
 /* The query block's operands of the tile products (load_query_block). */
 static void FAI_T(load_query_bf16)(const fai_problem *pr, FAI_T(bwd_ws) *w)
 {

@@ -393,8 +393,18 @@ static void FAI_T(fwd_qtile)(const fai_problem *call, fai_tiles tl, int64_t b, i
                                         : tile.n;
             /* (the gathered K rows are packed by now: the stage takes V's) */
             const void *v = fai_kv_gather(pr, FAI_V, b, hk, tile.j0, nv, dv, w->kv_stage, &ldv);
-            FAI_T(load_run)(w->kern, v, ldv, pr->kv_dtype, nv, dv, w->v);
-            const int v_finite = w->kern->finite(nv * dv, w->v);
+            int v_finite = 1;
+#if FT_TILE_PRODUCTS
+            /* the tile products read V as stored: tested on its bf16 bits, widened to f32
+             * only for the f32 kernels of a tile with inf or NaN */
+            for (int64_t r = 0; w->bf16 && r < nv; r++)
+                v_finite = v_finite && FAI_T(bf16_finite)(dv, (const uint16_t *)v + r * ldv);
+            if (!w->bf16 || !v_finite)
+#endif
+            {
+                FAI_T(load_run)(w->kern, v, ldv, pr->kv_dtype, nv, dv, w->v);
+                v_finite = w->kern->finite(nv * dv, w->v);
+            }
             tile.selective =
                 (tile.cls != FAI_TILE_FULL || drop.threshold || fai_row_biased(pr)) && !v_finite;
             tile.pv_tiles = w->bf16 && v_finite;

@@ -164,3 +164,16 @@ static FT *FAI_T(carve_scale_rows)(fai_arena *a, const fai_problem *pr, int64_t 
         rows[r] = (FT)pr->score.scale;
     return rows;
 }
+
+#if FT_TILE_PRODUCTS
+/* Whether n bf16 values hold no inf and no NaN (an exponent of all ones): the tile products'
+ * operands tested as stored, without an f32 copy. */
+static int FAI_T(bf16_finite)(int64_t n, const uint16_t *x)
+{
+    unsigned bad = 0;
+#pragma omp simd reduction(| : bad)
+    for (int64_t i = 0; i < n; i++)
+        bad |= (x[i] & 0x7f80u) == 0x7f80u;
+    return !bad;
+}
+#endif
