@@ -85,7 +85,8 @@ static inline __attribute__((always_inline)) void panel(const int R, const int V
     for (int i = 0; i < R; i++)
 #pragma GCC unroll 4
         for (int v = 0; v < V; v++)
-            _mm512_storeu_ps(c + i * ldc + 16 * v, scale ? _mm512_mul_ps(acc[i][v], sc) : acc[i][v]);
+            _mm512_storeu_ps(c + i * ldc + 16 * v,
+                             scale ? _mm512_mul_ps(acc[i][v], sc) : acc[i][v]);
 }
 
 /* panel() with R in 1 .. PANEL_ROWS and V in 1 .. PANEL_VECS as constants: one instance each

@@ -56,8 +56,8 @@ static void detect(void)
     if (!__get_cpuid(1, &a, &b, &c, &d))
         return;
     /* the family: the base field, plus the extended one where the base is 0xf */
-    cpu_amd_family = amd ? (int)((a >> 8) & 0xf) + ((a >> 8 & 0xf) == 0xf ? (int)(a >> 20 & 0xff) : 0)
-                         : 0;
+    const int base_family = (int)((a >> 8) & 0xf), extended_family = (int)((a >> 20) & 0xff);
+    cpu_amd_family = amd ? base_family + (base_family == 0xf ? extended_family : 0) : 0;
     const int osxsave = (c >> 27) & 1, avx = (c >> 28) & 1, fma = (c >> 12) & 1,
               f16c = (c >> 29) & 1;
     if (!osxsave)
