@@ -33,8 +33,8 @@
 /*
  * The panel: PANEL_ROWS x 16 PANEL_VECS accumulators (16 of the 32 zmm; B's PANEL_VECS vectors
  * and a broadcast beside them), so each pair step loads 4 vectors of B and broadcasts 4 words
- * of A for 16 dot products: the load ports stay under the dot-product units' rate on Zen 5 (2
- * loads, 2 VDPBF16PS a cycle). Not yet tuned on a Zen 4/5 (see docs/notes/bf16.md).
+ * of A for 16 dot products, half a load per dot product (a Zen 5 core loads two vectors a
+ * cycle). Not yet measured on a Zen 5, where AUTO takes this set (docs/notes/bf16.md).
  */
 enum { PANEL_ROWS = 4, PANEL_VECS = 4 };
 
