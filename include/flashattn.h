@@ -152,7 +152,8 @@ typedef enum {
 
 /* FA_ISA_AMX: the AVX-512 kernels plus AMX tile products for bf16 storage (forward and
  * backward); FA_ISA_AVX512BF16: the AVX-512 kernels plus the same products by AVX512_BF16's dot
- * products (VDPBF16PS), which FA_ISA_AUTO takes where they outrun widening (AMD Zen 4, 5). */
+ * products (VDPBF16PS), which FA_ISA_AUTO takes only where they were measured faster than
+ * widening to f32 (AMD Zen 5; fa_context_describe names the reason). */
 typedef enum {
     FA_ISA_AUTO,
     FA_ISA_SCALAR,

@@ -11,7 +11,7 @@
  *   S  = Q K^T:  A = 16 rows of Q (bf16 as stored: its products are exact in f32), B = K^T
  *                packed as pairs along d; C stored into the score strip.
  *   O += P V:    P rounded to bf16 once by the exp that forms it (fa_bf16_expsum__avx512bf16;
- *                relative error <= 2^-9 per term, as FlashAttention-2 and -3 and PyTorch's CPU
+ *                relative error <= 2^-8 per term, as FlashAttention-2 and -3 and PyTorch's CPU
  *                kernel round it; docs/notes/bf16.md has the measurement against splitting P
  *                into bf16 hi + lo), times V packed as pairs of keys; C is acc, rescaled by the
  *                online softmax's factor on the way in.
