@@ -119,12 +119,14 @@ typedef void (*fai_pack_v_bf16)(int64_t n, int64_t nk, int64_t dv, const uint16_
 typedef void (*fai_qk_bf16)(int64_t m, int64_t c0, int64_t c1, int64_t d, const uint16_t *q,
                             int64_t ldq, const uint16_t *kt, int64_t ldt, float *s, int64_t lds,
                             const float *scale);
-/* P for the tile products: p[c] = exp(fl(scale x[c]) - m) rounded to bf16 (to nearest even;
- * a value below 2^-126 may give 0 of its sign, as VCVTNEPS2BF16 does: the products read such
- * a bf16 as 0 anyway), c < n, and the f32 sum of the values before rounding: the same bits as
- * the set's expsum over the products fl(scale x[c]) (scale 1: over x as it is), then each
- * value rounded. So a row that takes it and one that takes scale, then expsum, then the
- * rounding agree to the bit. p may lie over x (p = (uint16_t *)x). */
+/* P for the tile products: p[c] = exp(y - m) rounded to bf16 (to nearest even) with
+ * y = fl(scale x[c]) (scale 1: x as it is), c < n, m no less than any y (the forward's m is
+ * its row's largest), and the f32 sum of the values before rounding. The exp need not be the
+ * f32 expsum's, as P is rounded right after: each value lies within 2^-17 + 2^-23 (|m| +
+ * |y - m|) of exp(y - m) relatively (the set's kernel says how), or is 0 (only where
+ * exp(y - m) < 2^-124); NaN where y - m is. y is formed first, so a row that takes scale here
+ * and one that stored fl(scale x) and passes scale 1 agree to the bit. p may lie over x
+ * (p = (uint16_t *)x). */
 typedef float (*fai_expsum_bf16)(int64_t n, const float *x, float scale, float m, uint16_t *p);
 /* acc rows [0, m) = diag(a) acc + P V over the key chunks in [0, nk) (nk <= ldp: all of the
  * packed keys, so that every row gets the same chunks): P bf16 rows of ldp, every element of
