@@ -197,25 +197,33 @@ static void fa_bf16_qk_4x64__avx512bf16(int64_t m, int64_t c0, int64_t c1, int64
     product(m, j1 - j0, d / 2, q, ldq, kt + 2 * j0, ldt, NULL, NULL, scale, s + j0, lds);
 }
 
+#define FAI_RN (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
+
 /*
- * 2^t in 16 lanes for P, which is rounded to bf16 (relative error up to 2^-8) right after: so
- * not the f32 kernels' exp (kernels/avx512.c: 0.88 ULP in 16 vector instructions) but
- * one of 2^-18 in 10. t = n + f with n the integer nearest to t (by adding and removing 1.5 * 2^23),
- * f = t - n exactly, |f| <= 1/2; 2^f = 1 + f e(f), e the minimax cubic of kernels/exp_poly.h
- * (2.8e-6 relative before rounding; Horner in four FMAs, each |term| < 1 so their roundings
- * add about 2^-22); then 2^n by scalef, exact. Lanes with t < -125 give 0: their 2^t lies below
- * 2^-125 (P is a fraction of the row's largest, about 1, and the products read a subnormal
- * bf16 as 0 anyway), and t is clamped to -125 first, so that no lane's scalef makes a subnormal
- * (which Intel cores serve by a microcode assist) or forms inf - inf. NaN passes the clamp
- * (max returns its second operand when either is NaN) and stays NaN.
+ * exp(d) in 16 lanes for P = exp(y - m), d = y - m <= 0, which is rounded to bf16 (relative
+ * error up to 2^-8) right after: so not the f32 kernels' exp (kernels/avx512.c: 0.88 ULP in
+ * 16 vector instructions) but one of about 2^-18 in 10. d L = n + f with L = log2e rounded to
+ * float: n the integer nearest to d L (the product unrounded inside one FMA with 1.5 * 2^23,
+ * which a subtraction removes again), f = fl(d L - n) by one FMA, |f| <= 1/2 (plus rounding);
+ * 2^f = 1 + f e(f), e the minimax cubic of kernels/exp_poly.h (2.8e-6 relative before
+ * rounding; Horner in four FMAs, each |term| < 1, so their roundings add about 2^-22); then
+ * 2^n by scalef, exact. The reduction's steps take an explicit rounding mode, which no compiler
+ * option reassociates. Errors relative to exp(d): those, 2^-25 from f's rounding and |d| 2^-25
+ * from L's: within 2^-18 + 2^-25 |d|. Lanes with d < -86 give 0 (exp(-86) < 2^-124: P is a
+ * fraction of the row's largest, 1, and the products read a subnormal bf16 as 0 anyway), and
+ * d is clamped to -86 first, so that no lane's scalef makes a subnormal (a microcode assist on
+ * Intel cores) and -inf forms no inf - inf. NaN passes the clamp (max returns its second
+ * operand when either is NaN) and stays NaN.
  */
-static inline __m512 exp2_for_p(__m512 t)
+static inline __m512 exp_p__avx512bf16(__m512 d)
 {
-    const __mmask16 keep = _mm512_cmp_ps_mask(t, _mm512_set1_ps(-125.0f), _CMP_NLT_UQ);
-    t = _mm512_max_ps(_mm512_set1_ps(-125.0f), t);
-    const __m512 shift = _mm512_set1_ps(0x1.8p23f);
-    const __m512 n = _mm512_sub_ps(_mm512_add_ps(t, shift), shift);
-    const __m512 f = _mm512_sub_ps(t, n);
+    const __m512 lo = _mm512_set1_ps(-86.0f), log2e = _mm512_set1_ps(0x1.715476p+0f),
+                 shift = _mm512_set1_ps(0x1.8p23f);
+    const __mmask16 keep = _mm512_cmp_ps_mask(d, lo, _CMP_NLT_UQ);
+    d = _mm512_max_ps(lo, d);
+    const __m512 n =
+        _mm512_sub_round_ps(_mm512_fmadd_round_ps(d, log2e, shift, FAI_RN), shift, FAI_RN);
+    const __m512 f = _mm512_fmsub_round_ps(d, log2e, n, FAI_RN);
     __m512 e = _mm512_set1_ps(FAI_EXP2_E3);
     e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(FAI_EXP2_E2));
     e = _mm512_fmadd_ps(e, f, _mm512_set1_ps(FAI_EXP2_E1));
@@ -227,35 +235,30 @@ static inline __m512 exp2_for_p(__m512 t)
  * p[c] = bf16(exp(y - m)) with y = fl(scale x[c]), the sum of the exps before rounding
  * returned (16 lanes, then their tree): the rounding of P V's operand in the pass that forms
  * it, so that the forward's strip neither scales its scores in a pass of its own nor stores P
- * in f32 to read it back. y is rounded on its own, by an explicit rounding mode (a plain
- * multiply the compiler may fuse into the next FMA), so that a strip that folds its scale in
- * here and one that stored fl(scale x) and passes scale 1 agree to the bit. Then
- * exp(y - m) = 2^t with t = fl(y L - fl(m L)) by one FMA, L = log2e rounded to float. Its
- * errors, as relative errors of 2^t: |m| 2^-24 from m L's rounding (one factor for every term
- * of the row, which the normalization by l cancels but for the key tile's share), |y - m|
- * 2^-24 from the FMA's and |y - m| 2^-25 from L's; the f32 path's are of the same size (it
- * rounds y - m and reduces it by ln2). With exp2_for_p's 2^-18 each value lies within
- * 2^-17 + 2^-23 (|m| + |y - m|) of exp(y - m), relatively.
+ * in f32 to read it back. y and y - m are rounded on their own, by an explicit rounding mode
+ * (no compiler fuses them into one FMA), so that a strip that folds its scale in here and one
+ * that stored fl(scale x) and passes scale 1 agree to the bit. fl(y - m) is exact where y lies
+ * within a factor 2 of m, else off by |y - m| 2^-24: with exp_p's error each value lies within
+ * 2^-17 + 2^-23 |y - m| of exp(y - m), relatively, whatever m's own size (a row whose scores
+ * are all about -3.4e38, a mask added as bf16's lowest, gets exp(0) = 1 where y = m).
  * p may lie over x (p = (uint16_t *)x: each store lands on scores already read).
  */
-#define FAI_RN (_MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC)
 static float fa_bf16_expsum__avx512bf16(int64_t n, const float *x, float scale, float m,
                                         uint16_t *p)
 {
-    const __m512 vs = _mm512_set1_ps(scale), log2e = _mm512_set1_ps(0x1.715476p+0f),
-                 mlog2e = _mm512_set1_ps(m * 0x1.715476p+0f);
+    const __m512 vs = _mm512_set1_ps(scale), vm = _mm512_set1_ps(m);
     __m512 vsum = _mm512_setzero_ps();
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
         const __m512 y = _mm512_mul_round_ps(_mm512_loadu_ps(x + i), vs, FAI_RN);
-        const __m512 e = exp2_for_p(_mm512_fmsub_ps(y, log2e, mlog2e));
+        const __m512 e = exp_p__avx512bf16(_mm512_sub_round_ps(y, vm, FAI_RN));
         _mm256_storeu_si256((__m256i *)(p + i), (__m256i)_mm512_cvtneps_pbh(e));
         vsum = _mm512_add_ps(vsum, e);
     }
     if (i < n) {
         const __mmask16 mk = (__mmask16)((1u << (n - i)) - 1);
         const __m512 y = _mm512_mul_round_ps(_mm512_maskz_loadu_ps(mk, x + i), vs, FAI_RN);
-        const __m512 e = exp2_for_p(_mm512_fmsub_ps(y, log2e, mlog2e));
+        const __m512 e = exp_p__avx512bf16(_mm512_sub_round_ps(y, vm, FAI_RN));
         _mm256_mask_storeu_epi16(p + i, mk, (__m256i)_mm512_cvtneps_pbh(e));
         vsum = _mm512_mask_add_ps(vsum, mk, vsum, e);
     }

@@ -122,8 +122,8 @@ typedef void (*fai_qk_bf16)(int64_t m, int64_t c0, int64_t c1, int64_t d, const 
 /* P for the tile products: p[c] = exp(y - m) rounded to bf16 (to nearest even) with
  * y = fl(scale x[c]) (scale 1: x as it is), c < n, m no less than any y (the forward's m is
  * its row's largest), and the f32 sum of the values before rounding. The exp need not be the
- * f32 expsum's, as P is rounded right after: each value lies within 2^-17 + 2^-23 (|m| +
- * |y - m|) of exp(y - m) relatively (the set's kernel says how), or is 0 (only where
+ * f32 expsum's, as P is rounded right after: each value lies within 2^-17 + 2^-23 |y - m| of
+ * exp(y - m) relatively, whatever m's size (the set's kernel says how), or is 0 (only where
  * exp(y - m) < 2^-124); NaN where y - m is. y is formed first, so a row that takes scale here
  * and one that stored fl(scale x) and passes scale 1 agree to the bit. p may lie over x
  * (p = (uint16_t *)x). */
