@@ -3,12 +3,16 @@ tensors (issue 19's table): forward and backward GFLOP/s and their ratio, per th
 head dim and dtype, B=1, H=8, non-causal by default. Torch's kernel is called by its ATen ops
 (_scaled_dot_product_flash_attention_for_cpu and its backward), so no other SDPA backend and no
 autograd bookkeeping is timed; ours through the Python package on the same torch tensors
-(DLPack, no copies), layout BHSD. Each point alternates the two in rounds and keeps each one's
-best. FLOPs: forward 4 B H N^2 D, backward 2.5 times that (docs/DESIGN.md §5). Prints the
+(DLPack, no copies), layout BHSD. Each point times the two in rounds, one right after the other
+(the order swapped every round), and its ratio is the median of the rounds' ratios, with their
+quartiles: on a shared VM whose speed moves for seconds at a time (the GPU machine's Xeon: up
+to 2.5x, docs/notes/bf16.md) the two of a round see the same speed, where the best of each
+side alone may come from different periods. The GFLOP/s columns are each side's best round.
+FLOPs: forward 4 B H N^2 D, backward 2.5 times that (docs/DESIGN.md §5). Prints the
 CPU model, and per thread count the line fa_context_describe gives (the kernel set ours chose).
 
     PYTHONPATH=python python3 bench/bench_torch_cpu.py [--n 4096] [--threads 1,16]
-        [--dims 64,128] [--dtypes float32,bfloat16,float16] [--rounds 3] [--no-backward]
+        [--dims 64,128] [--dtypes float32,bfloat16,float16] [--rounds 9] [--no-backward]
         [--accuracy-n 1024] [--csv FILE]
 
 Then a table of errors against our float64 reference (ours, our conventional path in the same
@@ -42,6 +46,20 @@ def best_ms(fn, reps: int) -> float:
         fn()
         best = min(best, (time.perf_counter() - t0) * 1e3)
     return best
+
+
+def quartiles(xs):
+    """First quartile, median and third quartile of xs (linear interpolation between the
+    sorted values, numpy's default)."""
+    s = sorted(xs)
+
+    def at(f):
+        i = f * (len(s) - 1)
+        lo = int(i)
+        hi = min(lo + 1, len(s) - 1)
+        return s[lo] + (s[hi] - s[lo]) * (i - lo)
+
+    return at(0.25), at(0.5), at(0.75)
 
 
 def max_err(xs, refs) -> float:
@@ -81,8 +99,8 @@ def main() -> int:
     ap.add_argument("--threads", default="1,%d" % (os.cpu_count() or 1))
     ap.add_argument("--dims", default="64,128")
     ap.add_argument("--dtypes", default="float32,bfloat16,float16")
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--reps", type=int, default=2, help="calls per round; the best counts")
+    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--reps", type=int, default=1, help="calls per round; the best counts")
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--no-backward", action="store_true")
     ap.add_argument("--accuracy-n", type=int, default=1024,
@@ -96,7 +114,9 @@ def main() -> int:
         return 0
     aten = torch.ops.aten
     print("CPU: %s; torch %s; flashattn %s" % (cpu_model(), torch.__version__, flashattn.__version__))
-    print("B=1 H=%d N=%d %s; best of %d rounds x %d calls, alternated\n"
+    print("B=1 H=%d N=%d %s; %d rounds x %d calls, ours and torch paired per round (the order "
+          "swapped every round); ratio: ours / torch, the median of the rounds' ratios "
+          "[quartiles]; GFLOP/s: each side's best round\n"
           % (a.heads, a.n, "causal" if a.causal else "non-causal", a.rounds, a.reps))
     hdr = ("threads", "D", "dtype", "fwd ours", "fwd torch", "fwd ratio", "bwd ours",
            "bwd torch", "bwd ratio")
@@ -135,18 +155,34 @@ def main() -> int:
                     aten._scaled_dot_product_flash_attention_for_cpu_backward(
                         dout, q, k, v, o_t, lse_t, 0.0, a.causal)
 
-                best = {}
-                for _ in range(a.rounds):
-                    for key, fn in (("fo", ours_fwd), ("ft", torch_fwd)) + (
-                            () if a.no_backward else (("bo", ours_bwd), ("bt", torch_bwd))):
-                        best[key] = min(best.get(key, float("inf")), best_ms(fn, a.reps))
+                pairs = [("f", ours_fwd, torch_fwd)]
+                if not a.no_backward:
+                    pairs.append(("b", ours_bwd, torch_bwd))
+                    ours_bwd()  # a first call each, untimed, as the forward's above
+                    torch_bwd()
+                best, ratios = {}, {}
+                for rnd in range(a.rounds):
+                    for key, ours, theirs in pairs:
+                        sides = [("o", ours), ("t", theirs)]
+                        ms = {}
+                        for side, fn in sides if rnd % 2 == 0 else sides[::-1]:
+                            ms[side] = best_ms(fn, a.reps)
+                            best[key + side] = min(best.get(key + side, float("inf")), ms[side])
+                        ratios.setdefault(key, []).append(ms["t"] / ms["o"])
                 gf = {key: (2.5 if key[0] == "b" else 1) * flops / (ms * 1e-3) * 1e-9
                       for key, ms in best.items()}
-                r = [threads, d, name, gf["fo"], gf["ft"], gf["fo"] / gf["ft"]]
-                r += [gf["bo"], gf["bt"], gf["bo"] / gf["bt"]] if "bo" in gf else ["", "", ""]
+                r = [threads, d, name]
+                cells = []
+                for key, _, _ in pairs:
+                    q1, med, q3 = quartiles(ratios[key])
+                    r += [gf[key + "o"], gf[key + "t"], med, q1, q3]
+                    cells.append("%.1f | %.1f | **%.2f** [%.2f, %.2f]"
+                                 % (gf[key + "o"], gf[key + "t"], med, q1, q3))
+                if a.no_backward:
+                    r += [""] * 5
+                    cells.append("- | - | -")
                 rows.append(r)
-                bwd = ("%.1f | %.1f | **%.2f**" % tuple(r[6:])) if "bo" in gf else "- | - | -"
-                print("| %d | %d | %s | %.1f | %.1f | **%.2f** | %s |" % (tuple(r[:6]) + (bwd,)))
+                print("| %d | %d | %s | %s |" % (threads, d, name, " | ".join(cells)))
                 sys.stdout.flush()
     if a.accuracy_n:
         print("\nMax |error| against our float64 reference, N=%d H=2 %s (forward: out; "
@@ -168,8 +204,9 @@ def main() -> int:
                 sys.stdout.flush()
     if a.csv:
         with open(a.csv, "w") as f:
-            f.write("threads,D,dtype,fwd_ours_gflops,fwd_torch_gflops,fwd_ratio,"
-                    "bwd_ours_gflops,bwd_torch_gflops,bwd_ratio\n")
+            f.write("threads,D,dtype,fwd_ours_gflops,fwd_torch_gflops,fwd_ratio,fwd_ratio_q1,"
+                    "fwd_ratio_q3,bwd_ours_gflops,bwd_torch_gflops,bwd_ratio,bwd_ratio_q1,"
+                    "bwd_ratio_q3\n")
             for r in rows:
                 f.write(",".join(str(x) for x in r) + "\n")
     return 0

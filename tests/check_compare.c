@@ -187,6 +187,55 @@ START_TEST(compare_arguments)
 }
 END_TEST
 
+/*
+ * Every element is read, and read at its own place: rows of 130 (two whole chunks of the
+ * reader and a tail of 2), strided, in f32 against an f64 reference, one element off at a time
+ * at the chunks' edges and in other rows; the candidate's error and the baseline's are each
+ * found at their size and position, and the elements beside stay exact.
+ */
+START_TEST(each_element_reached)
+{
+    enum { B = 2, S = 3, HH = 2, DD = 130 };
+    ht_tensor ref, cand, base;
+    ht_alloc(&ref, FA_F64, B, S, HH, DD, HT_BSHD);
+    ht_alloc(&cand, FA_F32, B, S, HH, DD, HT_PADDED);
+    ht_alloc(&base, FA_F32, B, S, HH, DD, HT_BHSD);
+    ht_fill(&ref, 5, -1, 1);
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t s = 0; s < S; s++)
+            for (int64_t h = 0; h < HH; h++)
+                for (int64_t d = 0; d < DD; d++) {
+                    /* multiples of 2^-10: exact in f32, and so are v + 0.5 and v - 0.25 */
+                    const double v = round(ht_get(&ref, b, s, h, d) * 1024) / 1024;
+                    ht_set(&ref, b, s, h, d, v);
+                    ht_set(&cand, b, s, h, d, v);
+                    ht_set(&base, b, s, h, d, v);
+                }
+    static const int64_t at[][4] = {{0, 0, 0, 0},  {0, 0, 0, 63}, {0, 0, 1, 64},
+                                    {1, 2, 0, 127}, {1, 1, 1, 128}, {1, 2, 1, 129}};
+    for (size_t i = 0; i < sizeof at / sizeof *at; i++) {
+        const int64_t *w = at[i];
+        const double v = ht_get(&ref, w[0], w[1], w[2], w[3]);
+        fa_comparison c;
+        ht_set(&cand, w[0], w[1], w[2], w[3], v + 0.5);
+        ht_set(&base, w[0], w[1], w[2], w[3], v - 0.25);
+        ck_assert_int_eq(fa_compare(&cand.t, &ref.t, &base.t, NULL, &c), FA_OK);
+        ck_assert_msg(c.max_abs == 0.5 && c.baseline_err == 0.25 && memcmp(c.worst, w, sizeof c.worst) == 0,
+                      "element %ld,%ld,%ld,%ld: max_abs %g baseline_err %g at %ld,%ld,%ld,%ld",
+                      (long)w[0], (long)w[1], (long)w[2], (long)w[3], c.max_abs, c.baseline_err,
+                      (long)c.worst[0], (long)c.worst[1], (long)c.worst[2], (long)c.worst[3]);
+        ck_assert_msg(ht_max_err(&cand, &ref) == 0.5 && ht_max_err(&base, &ref) == 0.25,
+                      "the harness's max error misses element %ld,%ld,%ld,%ld", (long)w[0],
+                      (long)w[1], (long)w[2], (long)w[3]);
+        ht_set(&cand, w[0], w[1], w[2], w[3], v);
+        ht_set(&base, w[0], w[1], w[2], w[3], v);
+    }
+    ht_set(&ref, 1, 2, 1, 129, 7.5); /* the largest |ref|, in the last tail */
+    ck_assert(ht_max_abs(&ref) == 7.5);
+    ht_free(&ref), ht_free(&cand), ht_free(&base);
+}
+END_TEST
+
 Suite *make_compare_suite(void)
 {
     Suite *s = suite_create("compare");
@@ -195,6 +244,7 @@ Suite *make_compare_suite(void)
     tcase_add_test(tc, realistic_bugs_fail);
     tcase_add_test(tc, missing_max_subtraction_fails);
     tcase_add_test(tc, compare_arguments);
+    tcase_add_test(tc, each_element_reached);
     suite_add_tcase(s, tc);
     return s;
 }

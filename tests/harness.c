@@ -243,14 +243,31 @@ fa_status ht_backward(fa_backend be, int threads, const fa_params *p, const fa_t
     return s;
 }
 
+/* Elements [d, d + min(left, HT_CHUNK)) of row (b, s, h) of x, through float64: the max
+ * functions below read rows in chunks (element by element, as ht_get, they took a large share
+ * of the sweep's time under qemu). */
+enum { HT_CHUNK = 64 };
+static void row_chunk(const ht_tensor *x, int64_t b, int64_t s, int64_t h, int64_t d,
+                      int64_t left, double *out)
+{
+    fai_load_f64((const char *)fai_row(&x->t, b, s, h) + d * (int64_t)fai_dtype_size(x->t.dtype),
+                 x->t.dtype, left < HT_CHUNK ? left : HT_CHUNK, out);
+}
+
 double ht_max_err(const ht_tensor *got, const ht_tensor *ref)
 {
-    double m = 0;
+    double m = 0, gs[HT_CHUNK], rs[HT_CHUNK];
+    const int64_t dim = got->t.headdim;
     for (int64_t b = 0; b < got->t.batch; b++)
         for (int64_t s = 0; s < got->t.seqlen; s++)
             for (int64_t h = 0; h < got->t.heads; h++)
-                for (int64_t d = 0; d < got->t.headdim; d++) {
-                    double g = ht_get(got, b, s, h, d), r = ht_get(ref, b, s, h, d);
+                for (int64_t d = 0; d < dim; d++) {
+                    const int64_t i = d % HT_CHUNK;
+                    if (i == 0) {
+                        row_chunk(got, b, s, h, d, dim - d, gs);
+                        row_chunk(ref, b, s, h, d, dim - d, rs);
+                    }
+                    const double g = gs[i], r = rs[i];
                     double e;
                     if (isnan(g) || isnan(r))
                         e = isnan(g) && isnan(r) ? 0 : INFINITY;
@@ -266,12 +283,15 @@ double ht_max_err(const ht_tensor *got, const ht_tensor *ref)
 
 double ht_max_abs(const ht_tensor *x)
 {
-    double m = 0;
+    double m = 0, xs[HT_CHUNK];
+    const int64_t dim = x->t.headdim;
     for (int64_t b = 0; b < x->t.batch; b++)
         for (int64_t s = 0; s < x->t.seqlen; s++)
             for (int64_t h = 0; h < x->t.heads; h++)
-                for (int64_t d = 0; d < x->t.headdim; d++) {
-                    double a = fabs(ht_get(x, b, s, h, d));
+                for (int64_t d = 0; d < dim; d++) {
+                    if (d % HT_CHUNK == 0)
+                        row_chunk(x, b, s, h, d, dim - d, xs);
+                    const double a = fabs(xs[d % HT_CHUNK]);
                     if (a > m && isfinite(a))
                         m = a;
                 }

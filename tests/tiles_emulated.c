@@ -6,8 +6,8 @@
  * with AMX. They keep the contract's layouts and its freedom: each product sums a chunk of 32
  * terms in double and rounds once to f32 (a chunk's order is the hardware's business, so the
  * chunk boundaries are part of the bits, as they may be on AMX); subnormal bf16 inputs read as
- * 0 and subnormal sums flush to 0, as TDPBF16PS does; P is rounded to bf16 once, from the
- * CPU's own expsum.
+ * 0 and subnormal sums flush to 0, as TDPBF16PS does; P is formed by the AVX512_BF16 set's exp
+ * (a scalar replica) and rounded to bf16 once.
  */
 #include "config.h"
 
@@ -18,6 +18,7 @@
 
 #include "harness.h"
 #include "base/dtype.h"
+#include "kernels/exp_poly.h"
 #include "kernels/kernels.h"
 
 /* A bf16 as the tiles read it (subnormals as 0: a bf16 is the high half of an f32), and an
@@ -84,19 +85,46 @@ static void gemm(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t lda
             c[r * ldc + j] = chunks(accumulate ? c[r * ldc + j] : 0, a + r * lda, k, b, ldb, j);
 }
 
-/* The CPU's own expsum over fl(scale x), then each value rounded to bf16 to nearest even. */
+/*
+ * exp(d) for P as the AVX512_BF16 set's exp_p__avx512bf16 forms it, one lane in scalar C (its
+ * comment has the derivation and the bound): d clamped at -86 (below, 0; NaN passes), n the
+ * integer nearest fl(d log2e) by adding and removing 1.5 * 2^23, f = fl(d log2e - n) by one
+ * FMA, 2^f = 1 + f e(f) with e the cubic of kernels/exp_poly.h in Horner form, times 2^n. The
+ * FMAs are fmaf; the steps rounded on their own go through a volatile float, so that no
+ * contraction fuses them. With it the tile paths and tiles_expsum_within_bound run the
+ * algorithm itself on every machine, where the kernel runs only on AVX512_BF16 CPUs.
+ */
+static float exp_p(float d)
+{
+    if (d < -86.0f)
+        return 0;
+    if (!(d <= 128.0f)) /* NaN stays NaN; d > 0 never comes from a row's max, and overflows */
+        return isnan(d) ? d : INFINITY;
+    const volatile float t = fmaf(d, FAI_LOG2E_F, 0x1.8p23f);
+    const float n = t - 0x1.8p23f, f = fmaf(d, FAI_LOG2E_F, -n);
+    float e = fmaf(FAI_EXP2_E3, f, FAI_EXP2_E2);
+    e = fmaf(e, f, FAI_EXP2_E1);
+    e = fmaf(e, f, FAI_EXP2_E0);
+    return ldexpf(fmaf(e, f, 1.0f), (int)n);
+}
+
+/* P = bf16(exp(y - m)) with y = fl(scale x) and y - m each rounded on its own, and the sum of
+ * the exps before rounding in the kernel's order: 16 lanes (element c in lane c % 16), then
+ * their tree (the halves added, 8 + 8, 4 + 4, 2 + 2, 1 + 1). */
 static float expsum(int64_t n, const float *x, float scale, float m, uint16_t *p)
 {
-    float *y = malloc((size_t)(n > 0 ? n : 1) * sizeof *y);
-    if (!y) /* on the library's worker threads: no ck_assert */
-        abort();
-    for (int64_t c = 0; c < n; c++)
-        y[c] = scale * x[c];
-    const float sum = fai_kernels_for(fai_isa_best(NULL))->expsum(n, y, m, y);
-    for (int64_t c = 0; c < n; c++)
-        p[c] = fai_f64_to_bf16(y[c]);
-    free(y);
-    return sum;
+    float lane[16] = {0};
+    for (int64_t c = 0; c < n; c++) {
+        const volatile float y = scale * x[c];
+        const volatile float d = y - m;
+        const float e = exp_p(d);
+        p[c] = fai_f64_to_bf16(e);
+        lane[c % 16] += e;
+    }
+    for (int w = 8; w >= 1; w /= 2)
+        for (int i = 0; i < w; i++)
+            lane[i] += lane[i + w];
+    return lane[0];
 }
 
 static void pv(int64_t m, int64_t nk, int64_t dv, const uint16_t *p, int64_t ldp,

@@ -178,7 +178,7 @@ static inline __m256 exp__avx2(__m256 x)
     /* rounds as in exp__avx512, in the caller's rounding mode (round to nearest assumed) */
     const __m256 shift = _mm256_set1_ps(0x1.8p23f);
     const __m256 n =
-        _mm256_sub_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), shift), shift);
+        _mm256_sub_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(FAI_LOG2E_F), shift), shift);
     __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e43p-1f), x);
     r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-0x1.05c61p-29f), r);
     __m256 p = _mm256_set1_ps(FAI_EXP_Q4);

@@ -191,7 +191,7 @@ static inline __m512 exp__avx512(__m512 x)
      * subtraction on either vector port, where roundscale is two uops on one) */
     const __m512 shift = _mm512_set1_ps(0x1.8p23f);
     const __m512 n = _mm512_sub_ps(
-        _mm512_fmadd_round_ps(x, _mm512_set1_ps(0x1.715476p+0f), shift,
+        _mm512_fmadd_round_ps(x, _mm512_set1_ps(FAI_LOG2E_F), shift,
                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC),
         shift);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.62e43p-1f), x); /* ln2 rounded to float */

@@ -217,7 +217,7 @@ static void fa_bf16_qk_4x64__avx512bf16(int64_t m, int64_t c0, int64_t c1, int64
  */
 static inline __m512 exp_p__avx512bf16(__m512 d)
 {
-    const __m512 lo = _mm512_set1_ps(-86.0f), log2e = _mm512_set1_ps(0x1.715476p+0f),
+    const __m512 lo = _mm512_set1_ps(-86.0f), log2e = _mm512_set1_ps(FAI_LOG2E_F),
                  shift = _mm512_set1_ps(0x1.8p23f);
     const __mmask16 keep = _mm512_cmp_ps_mask(d, lo, _CMP_NLT_UQ);
     d = _mm512_max_ps(lo, d);

@@ -99,7 +99,7 @@ GEMM_UKERNEL(fa_f32_gemm_at_ukernel_8x8__neon, 1)
 static inline float32x4_t exp__neon(float32x4_t x)
 {
     x = vminq_f32(vdupq_n_f32(100.0f), vmaxq_f32(vdupq_n_f32(-110.0f), x));
-    const float32x4_t n = vrndnq_f32(vmulq_n_f32(x, 0x1.715476p+0f));
+    const float32x4_t n = vrndnq_f32(vmulq_n_f32(x, FAI_LOG2E_F));
     float32x4_t r = vfmsq_f32(x, n, vdupq_n_f32(0x1.62e43p-1f));
     r = vfmsq_f32(r, n, vdupq_n_f32(-0x1.05c61p-29f));
     float32x4_t p = vdupq_n_f32(FAI_EXP_Q4);
