@@ -238,8 +238,9 @@ static void fa_bf16_pv_32x32__amx(int64_t m, int64_t nk, int64_t dv, const uint1
                 const uint16_t *b = vt + ((k / 2) * dv + d0) * 2;
                 /* V's tiles come from L2 (a 256-key tile's V is 64 KiB at Dv = 128): those of
                  * the next step fetched during this one's products, the next columns' first
-                 * after the last (paired timer on the Xeon: the strip 0.94-0.96 of its time
-                 * without; K^T's in Q K^T, a whole block ahead, made it slower) */
+                 * after the last (paired timer on the Xeon, four runs: a strip took 0.93,
+                 * 0.94, 0.96 and 1.01 of its time without; K^T's fetched a whole block ahead
+                 * in Q K^T made it slower, 1.03-1.06) */
                 const uint16_t *next = k + 32 < nk ? b + 32 * dv : d0 + 32 < dv ? vt + (d0 + 32) * 2
                                                                                  : NULL;
                 block_step(p + r * ldp + k, ldp, b, dv, next, two_rows, two_cols);
