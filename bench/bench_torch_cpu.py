@@ -12,7 +12,7 @@ FLOPs: forward 4 B H N^2 D, backward 2.5 times that (docs/DESIGN.md §5). Prints
 CPU model, and per thread count the line fa_context_describe gives (the kernel set ours chose).
 
     PYTHONPATH=python python3 bench/bench_torch_cpu.py [--n 4096] [--threads 1,16]
-        [--dims 64,128] [--dtypes float32,bfloat16,float16] [--rounds 9] [--no-backward]
+        [--dims 64,128] [--dtypes float32,bfloat16,float16] [--rounds 10] [--no-backward]
         [--accuracy-n 1024] [--csv FILE]
 
 Then a table of errors against our float64 reference (ours, our conventional path in the same
@@ -99,7 +99,8 @@ def main() -> int:
     ap.add_argument("--threads", default="1,%d" % (os.cpu_count() or 1))
     ap.add_argument("--dims", default="64,128")
     ap.add_argument("--dtypes", default="float32,bfloat16,float16")
-    ap.add_argument("--rounds", type=int, default=9)
+    ap.add_argument("--rounds", type=int, default=10,
+                    help="paired rounds (even: each side first as often)")
     ap.add_argument("--reps", type=int, default=1, help="calls per round; the best counts")
     ap.add_argument("--causal", action="store_true")
     ap.add_argument("--no-backward", action="store_true")
@@ -107,6 +108,8 @@ def main() -> int:
                     help="sequence length of the accuracy table (0: none)")
     ap.add_argument("--csv")
     a = ap.parse_args()
+    if a.rounds < 1 or a.reps < 1:
+        ap.error("--rounds and --reps must be at least 1")
     try:
         import torch
     except ImportError:

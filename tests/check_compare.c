@@ -188,12 +188,13 @@ START_TEST(compare_arguments)
 END_TEST
 
 /*
- * Every element is read, and read at its own place: rows of 130 (two whole chunks of the
- * reader and a tail of 2), strided, in f32 against an f64 reference, one element off at a time
- * at the chunks' edges and in other rows; the candidate's error and the baseline's are each
- * found at their size and position, and the elements beside stay exact.
+ * Rows are read in chunks (compare.c): rows of 130 (two whole chunks of 64 and a tail of 2),
+ * strided, in f32 against an f64 reference, one element off at a time at the chunks' edges
+ * and in other rows; the candidate's error and the baseline's are each found at their size
+ * and position. Then a tensor over a buffer of exactly its size (the last row ends at the
+ * buffer's end, where a chunk read past a row would show under ASan and valgrind).
  */
-START_TEST(each_element_reached)
+START_TEST(chunk_edges_reached)
 {
     enum { B = 2, S = 3, HH = 2, DD = 130 };
     ht_tensor ref, cand, base;
@@ -220,7 +221,8 @@ START_TEST(each_element_reached)
         ht_set(&cand, w[0], w[1], w[2], w[3], v + 0.5);
         ht_set(&base, w[0], w[1], w[2], w[3], v - 0.25);
         ck_assert_int_eq(fa_compare(&cand.t, &ref.t, &base.t, NULL, &c), FA_OK);
-        ck_assert_msg(c.max_abs == 0.5 && c.baseline_err == 0.25 && memcmp(c.worst, w, sizeof c.worst) == 0,
+        ck_assert_msg(c.max_abs == 0.5 && c.baseline_err == 0.25 &&
+                          memcmp(c.worst, w, sizeof c.worst) == 0,
                       "element %ld,%ld,%ld,%ld: max_abs %g baseline_err %g at %ld,%ld,%ld,%ld",
                       (long)w[0], (long)w[1], (long)w[2], (long)w[3], c.max_abs, c.baseline_err,
                       (long)c.worst[0], (long)c.worst[1], (long)c.worst[2], (long)c.worst[3]);
@@ -232,6 +234,16 @@ START_TEST(each_element_reached)
     }
     ht_set(&ref, 1, 2, 1, 129, 7.5); /* the largest |ref|, in the last tail */
     ck_assert(ht_max_abs(&ref) == 7.5);
+    float *exact = malloc((size_t)(B * S * HH * DD) * sizeof *exact);
+    ck_assert_ptr_nonnull(exact);
+    fa_tensor t;
+    fa_tensor_init(&t, exact, FA_F32, B, S, HH, DD, 0); /* contiguous BSHD, as ref.buf64 */
+    for (int64_t x = 0; x < B * S * HH * DD; x++)
+        exact[x] = (float)ref.buf64[x];
+    fa_comparison c;
+    ck_assert_int_eq(fa_compare(&t, &ref.t, &t, NULL, &c), FA_OK);
+    ck_assert_msg(c.pass && c.max_abs == 0, "exact-size copy: max_abs %g", c.max_abs);
+    free(exact);
     ht_free(&ref), ht_free(&cand), ht_free(&base);
 }
 END_TEST
@@ -244,7 +256,7 @@ Suite *make_compare_suite(void)
     tcase_add_test(tc, realistic_bugs_fail);
     tcase_add_test(tc, missing_max_subtraction_fails);
     tcase_add_test(tc, compare_arguments);
-    tcase_add_test(tc, each_element_reached);
+    tcase_add_test(tc, chunk_edges_reached);
     suite_add_tcase(s, tc);
     return s;
 }

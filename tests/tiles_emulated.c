@@ -88,18 +88,20 @@ static void gemm(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t lda
 /*
  * exp(d) for P as the AVX512_BF16 set's exp_p__avx512bf16 forms it, one lane in scalar C (its
  * comment has the derivation and the bound): d clamped at -86 (below, 0; NaN passes), n the
- * integer nearest fl(d log2e) by adding and removing 1.5 * 2^23, f = fl(d log2e - n) by one
- * FMA, 2^f = 1 + f e(f) with e the cubic of kernels/exp_poly.h in Horner form, times 2^n. The
- * FMAs are fmaf; the steps rounded on their own go through a volatile float, so that no
- * contraction fuses them. With it the tile paths and tiles_expsum_within_bound run the
- * algorithm itself on every machine, where the kernel runs only on AVX512_BF16 CPUs.
+ * integer nearest d log2e (the product unrounded inside an FMA with 1.5 * 2^23, which a
+ * subtraction removes again), f = fl(d log2e - n) by one FMA, 2^f = 1 + f e(f) with e the
+ * cubic of kernels/exp_poly.h in Horner form, times 2^n. The FMAs are fmaf; the steps rounded
+ * on their own go through a volatile float, so that no contraction fuses them. With it the
+ * tile paths and tiles_expsum_within_bound run the algorithm itself on every machine, where
+ * the kernel runs only on AVX512_BF16 CPUs.
  */
 static float exp_p(float d)
 {
     if (d < -86.0f)
         return 0;
-    if (!(d <= 128.0f)) /* NaN stays NaN; d > 0 never comes from a row's max, and overflows */
-        return isnan(d) ? d : INFINITY;
+    if (!(d <= 128.0f)) /* NaN stays NaN and +inf gives NaN (f = inf - inf), as in the kernel;
+                         * d > 0 never comes from a row's max, and overflows */
+        return isnan(d) || isinf(d) ? d - d : INFINITY;
     const volatile float t = fmaf(d, FAI_LOG2E_F, 0x1.8p23f);
     const float n = t - 0x1.8p23f, f = fmaf(d, FAI_LOG2E_F, -n);
     float e = fmaf(FAI_EXP2_E3, f, FAI_EXP2_E2);

@@ -1,6 +1,6 @@
 /*
  * fa_compare: the tolerance rule of docs/DESIGN.md §4, shared by `flashattn check` and the tests.
- * Everything is read through float64, element by element, in (batch, seq, head, dim) order.
+ * Everything is read through float64, in (batch, seq, head, dim) order, each row in chunks.
  */
 #include "config.h"
 

@@ -41,6 +41,7 @@
 
 #include <math.h>
 #include "fmath.h"
+#include "log2e.h" /* FAI_LOG2E, FAI_LOG2E_F, FAI_LN2: the base-2 form below */
 
 /*
  * Moves the reference of a row from *m to max(*m, b). Returns 0 if the block is to be skipped
@@ -251,9 +252,6 @@ FA_HOST_DEVICE static inline int fai_online_end_f64(double m, double l, double s
  * fold into one factor of the raw dot products (scale2 = scale log2(e)), and the backward's
  * P = exp(s - LSE) becomes 2^(x - LSE log2(e)).
  */
-#define FAI_LOG2E 1.4426950408889634    /* log2(e), the base-2 units of a natural logit */
-#define FAI_LOG2E_F 1.4426950408889634f /* the same, rounded to float                    */
-#define FAI_LN2 0.6931471805599453      /* ln 2, back to natural units                   */
 
 FA_HOST_DEVICE static inline float fai_online_finalize_base2_f32(float m, float l,
                                                                  float keep_scale, double *lse)

@@ -13,7 +13,7 @@
 #define FAI_KERNELS_EXP_POLY_H
 
 /* Both exps reduce by x log2(e), log2(e) rounded to float: FAI_LOG2E_F, the recurrence's own. */
-#include "core/recurrence.h"
+#include "core/log2e.h"
 
 #define FAI_EXP_Q4 0x1.6a243p-10f  /* ~ 1/6! */
 #define FAI_EXP_Q3 0x1.1239e4p-7f  /* ~ 1/5! */
