@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fits the vector exps' polynomials (src/kernels/exp_poly.h).
+"""Fits the vector exps' polynomials (src/simd/exp_poly.h).
 
 The exp of the f32 kernels: after the reduction x = n ln2 + r, |r| <= ln2/2,
 exp(r) = 1 + r + r^2 q(r), q of degree 4 fitted to g(r) = (exp(r) - 1 - r) / r^2 minimizing

@@ -14,7 +14,7 @@
 
 #include "backends/backend.h"
 #include "harness.h"
-#include "kernels/kernels.h"
+#include "simd/kernels.h"
 
 typedef struct {
     ht_tensor q, k, v, o, l, dout, dq, dk, dv;
@@ -644,7 +644,7 @@ START_TEST(context_options_and_environment)
 }
 END_TEST
 
-/* AUTO's rule for the bf16 dot products (kernels/cpu.c), asked about CPUs this one need not
+/* AUTO's rule for the bf16 dot products (simd/cpu.c), asked about CPUs this one need not
  * be: AMD Zen 5 (family 0x1a), where they were measured faster, takes them; Zen 4 (0x19),
  * other families and every other vendor (family 0 here) widen to f32; each answer comes with
  * its reason. */

@@ -1,5 +1,5 @@
 /*
- * The kernel sets of src/kernels/, each ISA this CPU runs (others are skipped, and say so):
+ * The kernel sets of src/simd/, each ISA this CPU runs (others are skipped, and say so):
  * the GEMM micro-kernels against float64 on sizes below, at and above their MR x NR tile;
  * the summation-order contract the backward relies on (a C element's bits do not depend on
  * which other rows and columns are computed with it); and the vector exp over every float
@@ -14,7 +14,7 @@
 
 #include "harness.h"
 #include "base/dtype.h"
-#include "kernels/kernels.h"
+#include "simd/kernels.h"
 
 /* The f32 set of ht_isas[i] (every set of the registry), or NULL where it cannot run here. */
 static const fai_kernels_f32 *kernels_or_skip(int i)

@@ -15,7 +15,7 @@
 #include <pthread.h>
 
 #include "harness.h"
-#include "kernels/kernels.h"
+#include "simd/kernels.h"
 
 static const fa_backend cpu_backends[3] = {FA_BACKEND_REFERENCE, FA_BACKEND_CONVENTIONAL,
                                            FA_BACKEND_TILED};

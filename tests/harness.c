@@ -158,7 +158,7 @@ const struct fai_kernels_f32_s *ht_kernels = NULL;
 
 const fa_isa ht_isas[] = {
 #define FAI_ISA(name, NAME) FA_ISA_##NAME,
-#include "kernels/isas.def"
+#include "simd/isas.def"
 #undef FAI_ISA
 };
 const int ht_nisas = (int)(sizeof ht_isas / sizeof *ht_isas);

@@ -57,7 +57,7 @@ const struct fai_kernels_f32_s *ht_emulated_tiles(void);
  * (CI's aarch64 stage, where qemu runs their double-precision sums slowly; its native stage runs
  * them). */
 int ht_emulated_tiles_skipped(void);
-/* Every ISA of the registry (src/kernels/isas.def), newest first: the tests' ISA loops. */
+/* Every ISA of the registry (src/simd/isas.def), newest first: the tests' ISA loops. */
 extern const fa_isa ht_isas[];
 extern const int ht_nisas;
 fa_context *ht_context(fa_backend be, int threads);

@@ -1,11 +1,13 @@
 #!/bin/sh
 # The tree's layers hold (docs/DESIGN.md §3), read off the built objects and the sources:
 #  1. an object of a layer uses only what objects of its own layer or a layer below define,
-#     in the order base < kernels < backends < api (core/ is headers: it has no objects);
+#     in the order base < simd < backends = cuda < api (core/ is headers: it has no objects;
+#     cuda/ is a backend beside backends/, the two using each other: the registry lists the
+#     CUDA backend, which runs groups as every backend does);
 #  2. no two objects depend on each other, directly or through others (no include circle
 #     reaches the link either);
 #  3. every public fa_ symbol is defined in src/api/;
-#  4. intrinsic headers are included only in src/kernels/;
+#  4. intrinsic headers are included only in src/simd/;
 #  5. the backends address tensor rows only through the accessors of src/backends/backend.h
 #     (fai_q_rows, fai_kv_rows, ...): no fai_row() and no io[] outside it.
 set -u
@@ -19,7 +21,7 @@ for o in $objs; do
     $NM "$o" | sed "s|^|$o |"
 done | awk -v root="$top_builddir/src/" '
 function layer(o,    p) { p = substr(o, length(root) + 1); sub(/\/.*/, "", p); return p }
-function rank(l) { return l == "base" ? 0 : l == "kernels" ? 1 : l == "backends" ? 2 : l == "api" ? 3 : 9 }
+function rank(l) { return l == "base" ? 0 : l == "simd" ? 1 : l == "backends" || l == "cuda" ? 2 : l == "api" ? 3 : 9 }
 function short(o) { return substr(o, length(root) + 1) }
 {
     o = $1
@@ -55,9 +57,9 @@ END {
     exit bad
 }' || status=1
 
-hits=$(grep -rln -e '<immintrin.h>' -e '<arm_neon.h>' -e '<x86intrin.h>' "$srcdir/src" | grep -v "/src/kernels/")
+hits=$(grep -rln -e '<immintrin.h>' -e '<arm_neon.h>' -e '<x86intrin.h>' "$srcdir/src" | grep -v "/src/simd/")
 if [ -n "$hits" ]; then
-    echo "layers: intrinsic headers outside src/kernels/: $hits"
+    echo "layers: intrinsic headers outside src/simd/: $hits"
     status=1
 fi
 

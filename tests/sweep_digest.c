@@ -335,7 +335,7 @@ int main(int argc, char **argv)
     const int quick = argc > 1 && strcmp(argv[1], "--quick") == 0;
     static const fa_dtype dtypes[4] = {FA_F64, FA_F32, FA_F16, FA_BF16};
     /* every fa_isa value a context takes here, found by trying them rather than by the
-     * registry's list (src/kernels/isas.def), so that this file builds against trees older than
+     * registry's list (src/simd/isas.def), so that this file builds against trees older than
      * the registry, and runs the kernel sets of newer ones (an unknown value makes no context) */
     fa_isa isas[16];
     size_t nisas = 0;

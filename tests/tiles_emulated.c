@@ -1,5 +1,5 @@
 /*
- * The tile products of kernels/kernels.h (fai_kernels_bf16) in portable C, for the tests only:
+ * The tile products of simd/kernels.h (fai_kernels_bf16) in portable C, for the tests only:
  * attached to this CPU's best kernel set, they let the tiled backend's bf16 tile paths (the
  * forward's strips on qk, expsum and pv, the backward's five products, their packing, padding, key
  * tile alignment and finiteness) run on every machine, where the AMX set runs only on CPUs
@@ -18,8 +18,8 @@
 
 #include "harness.h"
 #include "base/dtype.h"
-#include "kernels/exp_poly.h"
-#include "kernels/kernels.h"
+#include "simd/exp_poly.h"
+#include "simd/kernels.h"
 
 /* A bf16 as the tiles read it (subnormals as 0: a bf16 is the high half of an f32), and an
  * f32 as they store it. */
@@ -90,7 +90,7 @@ static void gemm(int64_t m, int64_t n, int64_t k, const uint16_t *a, int64_t lda
  * comment has the derivation and the bound): d clamped at -86 (below, 0; NaN passes), n the
  * integer nearest d log2e (the product unrounded inside an FMA with 1.5 * 2^23, which a
  * subtraction removes again), f = fl(d log2e - n) by one FMA, 2^f = 1 + f e(f) with e the
- * cubic of kernels/exp_poly.h in Horner form, times 2^n. The FMAs are fmaf; the steps rounded
+ * cubic of simd/exp_poly.h in Horner form, times 2^n. The FMAs are fmaf; the steps rounded
  * on their own go through a volatile float, so that no contraction fuses them. With it the
  * tile paths and tiles_expsum_within_bound run the algorithm itself on every machine, where
  * the kernel runs only on AVX512_BF16 CPUs.

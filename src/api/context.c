@@ -13,7 +13,7 @@
 
 #include "api/api.h"
 #include "backends/tiled/plan.h"
-#include "kernels/kernels.h"
+#include "simd/kernels.h"
 
 void fa_options_init(fa_options *o)
 {

@@ -17,7 +17,7 @@
 #include "base/dtype.h"
 #include "core/philox.h"
 #include "core/score.h"
-#include "kernels/kernels.h"
+#include "simd/kernels.h"
 
 /* ------------------------------------------------------------------ the context */
 
@@ -153,7 +153,7 @@ static inline const fa_tensor *fai_io(const fai_problem *pr, fai_role r) { retur
  * batches through both). A run of keys is one stride only within a page: fai_kv_run_len says
  * how many of n keys from j lie in one run, and a caller that reads runs either splits them
  * there (the decode path) or gathers them (fai_kv_gather, for the tiles). The CUDA kernels
- * address device rows through their own views (backends/cuda/launch.h).
+ * address device rows through their own views (cuda/launch.h).
  */
 /* The one layout today: every role's tensor strided, row s + c at c seq_stride. */
 static inline void *fai_strided_rows(const fa_tensor *t, int64_t b, int64_t h, int64_t s,
@@ -517,7 +517,7 @@ fa_status fai_backend_op(const fai_backend *be, fai_op op, const char *what, fai
 extern const fai_backend fai_backend_reference;
 extern const fai_backend fai_backend_conventional;
 extern const fai_backend fai_backend_tiled;
-extern const fai_backend fai_backend_cuda; /* backends/cuda/stub.c when CUDA is not built */
+extern const fai_backend fai_backend_cuda; /* cuda/stub.c when CUDA is not built */
 
 /* Whether the CUDA backend can run here (built, and a device present); on 0 the error detail
  * says why. Whether p is device (or managed) memory: always 0 without CUDA. */

@@ -6,7 +6,7 @@
  *  - everything that calls these names on the host (core's formulas: the score pipeline's
  *    softcap, the recurrence's log, the merge; the portable f32 and f64 kernels' exp) runs
  *    SLEEF's 1.0-ULP scalar functions, so those results do not depend on the libm linked;
- *  - the vector kernels run their own exp (kernels/exp_poly.h, 0.882 ULP, tested
+ *  - the vector kernels run their own exp (simd/exp_poly.h, 0.882 ULP, tested
  *    exhaustively in tests/check_kernels.c);
  *  - the reference (backends/reference.c: its softmax's exp and log) and the conventional
  *    path (backends/conventional.c: exp, log, tanh) call the C library's double functions,

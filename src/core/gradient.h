@@ -1,7 +1,7 @@
 /*
  * The backward's per-element formula (docs/DESIGN.md §1, "Backward"), written once for every
  * backend: the float64 reference, the tiled loop nest (f32 and f64), the portable kernels and
- * the CUDA kernels call it; the vector kernels' dsoftmax (kernels/kernels.h) is its z = 1,
+ * the CUDA kernels call it; the vector kernels' dsoftmax (simd/kernels.h) is its z = 1,
  * capless case in vectors. The conventional path is the exception on purpose: it computes
  * D_i = sum_j dP~_ij P_ij and rounds every step to the storage dtype, as a framework's
  * unfused softmax backward does (backends/conventional.c).
@@ -23,7 +23,7 @@
  * Edge cases: a masked or dropped pair has P~ = 0; a masked one also dS = 0 (it is never
  * formed: callers skip it by selection or by the mask). A row with one allowed key and no
  * dropout has P = 1 and O_i = v_j, so dP~ - D_i is 0 exactly where dP~ and D_i are summed in
- * the same order (the tiled backward's coldot, kernels/kernels.h): dS = 0, as it must be.
+ * the same order (the tiled backward's coldot, simd/kernels.h): dS = 0, as it must be.
  */
 #ifndef FAI_CORE_GRADIENT_H
 #define FAI_CORE_GRADIENT_H

@@ -1,6 +1,6 @@
 /*
  * log2(e) and ln 2, the constants of the base-2 recurrence (core/recurrence.h) and of the
- * vector exps' reduction x log2(e) = n + f (kernels/exp_poly.h): in a header of their own,
+ * vector exps' reduction x log2(e) = n + f (simd/exp_poly.h): in a header of their own,
  * with no includes, so that the kernels' files (built with ISA flags) take them without the
  * recurrence's dependencies.
  */

@@ -160,7 +160,7 @@ static void FAI_T(p_zero)(const FAI_T(fwd_ktile) *tile, FT *p, int64_t c0, int64
  * Both GEMMs run over the tile's columns [cs0, cs1) that some row of the strip sees (on a
  * causal diagonal, about half): outside them P is 0 for every row, and a term 0 x v leaves
  * acc as it is (but for the sign of a zero, which the finalization makes +0). The tile
- * products' P V runs over every key chunk of the tile instead (kernels/amx.c says why).
+ * products' P V runs over every key chunk of the tile instead (simd/amx.c says why).
  */
 static void FAI_T(fwd_strip)(const fai_problem *pr, fai_tiles tl, int64_t i0, int64_t r0,
                              int64_t r1, const FAI_T(fwd_ktile) *tile, FAI_T(fwd_ws) *w)

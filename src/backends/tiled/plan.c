@@ -4,7 +4,7 @@
  *
  * The loop nest works on a query tile of Bq rows against a key tile of Bk keys: the scores
  * S = Q K^T, their probabilities P and the product P V are formed by the kernel set's GEMM
- * micro-kernel (kernels/), which streams the packed K^T panel (Dqk x Bk) and V panel
+ * micro-kernel (simd/), which streams the packed K^T panel (Dqk x Bk) and V panel
  * (Bk x Dv) once per MR rows. The forward forms S and P a strip of Br rows at a time (Br x Bk
  * in L1); the backward holds whole Bq x Bk tiles. Each has its own rule below.
  */

@@ -7,7 +7,7 @@
  *   FT                 the compute type
  *   FAI_T(name)        name with the type's suffix (_f32 or _f64): the template's own
  *                      functions, and the per-type names it calls: the kernel table
- *                      FAI_T(fai_kernels) (kernels/kernels.h) and its GEMM loops
+ *                      FAI_T(fai_kernels) (simd/kernels.h) and its GEMM loops
  *                      FAI_T(fai_gemm), FAI_T(fai_gemm_at); the score pipeline FAI_T(fai_score)
  *                      (core/score.h); the NaN-sticky max FAI_T(fai_nanmax) (core/fmath.h);
  *                      the recurrence FAI_T(fai_online_move), FAI_T(fai_online_sum),
@@ -22,7 +22,7 @@
  * Everything the loops decide about tiles comes from the plan (backends/tiled/plan.h).
  *
  * Every sum runs in a fixed order (over d for scores, over keys for accumulators; the kernels
- * keep that order, kernels/kernels.h), so results are the same at every thread count.
+ * keep that order, simd/kernels.h), so results are the same at every thread count.
  */
 
 /* The keys of tile [j0, j0 + n) that row i may see, as tile columns [*c0, *c1). */

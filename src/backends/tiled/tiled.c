@@ -21,7 +21,7 @@
 #include "backends/tiled/plan.h"
 #include "core/gradient.h"
 #include "core/recurrence.h"
-#include "kernels/kernels.h"
+#include "simd/kernels.h"
 
 #define FT float
 #define FAI_T(name) name##_f32

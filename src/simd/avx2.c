@@ -1,5 +1,5 @@
 /* AVX2 + FMA kernels. Built with -mavx2 -mfma -mf16c; called only when the CPU and OS support
- * them (kernels/cpu.c). */
+ * them (simd/cpu.c). */
 #include "config.h"
 
 #include <immintrin.h>
@@ -7,8 +7,8 @@
 #include <string.h>
 
 #include "base/dtype.h"
-#include "kernels/exp_poly.h"
-#include "kernels/kernels.h"
+#include "simd/exp_poly.h"
+#include "simd/kernels.h"
 
 #define MR 6
 #define NR 16 /* two ymm of f32 */

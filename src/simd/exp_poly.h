@@ -22,7 +22,7 @@
 #define FAI_EXP_Q0 0x1.fffffcp-2f  /* ~ 1/2! */
 
 /*
- * The tile products' exp for P (kernels/avx512bf16.c), which rounds P to bf16 right after:
+ * The tile products' exp for P (simd/avx512bf16.c), which rounds P to bf16 right after:
  * 2^f = 1 + f e(f) on |f| <= 1/2, e the cubic minimax fit of (2^f - 1) / f weighted to the
  * relative error of 2^f (bench/fit_exp_poly.py): 2.8e-6 (2^-18.4) before the coefficients are
  * rounded to float, against 2^-8 for the rounding to bf16.

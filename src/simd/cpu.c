@@ -8,7 +8,7 @@
 
 #include <pthread.h>
 
-#include "kernels/kernels.h"
+#include "simd/kernels.h"
 
 static int cpu_avx2, cpu_avx512, cpu_avx512bf16, cpu_amx; /* x86 only; 0 elsewhere */
 static int cpu_amd_family;                                /* AMD's family, else 0 */
@@ -88,7 +88,7 @@ static void detect(void) {}
 
 static pthread_once_t detected = PTHREAD_ONCE_INIT;
 
-/* One predicate per line of kernels/isas.def: whether this CPU and OS can run the set. */
+/* One predicate per line of simd/isas.def: whether this CPU and OS can run the set. */
 int fai_cpu_scalar(void) { return 1; }
 
 int fai_cpu_avx2(void)

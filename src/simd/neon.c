@@ -8,8 +8,8 @@
 
 #include "base/dtype.h"
 #include "core/fmath.h"
-#include "kernels/exp_poly.h"
-#include "kernels/kernels.h"
+#include "simd/exp_poly.h"
+#include "simd/kernels.h"
 
 #define MR 8
 #define NR 8 /* two q registers of f32 */

@@ -2,8 +2,8 @@
  * AVX512_BF16 kernels: the tiled forward's two products and the backward's five for bf16
  * storage by VDPBF16PS, completing the AVX-512 set (whose f32 kernels do everything else), for
  * CPUs whose bf16 dot products outrun widening to f32 (AMD Zen 5; the rule and the
- * measurement behind it are kernels/cpu.c's fai_cpu_bf16_dots_rule). Built with -mavx512bf16 and
- * the AVX-512 flags. The AMX set (kernels/amx.c) takes this set's packing and exp and puts its
+ * measurement behind it are simd/cpu.c's fai_cpu_bf16_dots_rule). Built with -mavx512bf16 and
+ * the AVX-512 flags. The AMX set (simd/amx.c) takes this set's packing and exp and puts its
  * own products on tiles.
  *
  * One VDPBF16PS zmm adds to each of 16 f32 lanes the products of one pair of bf16 (a 32-bit
@@ -27,8 +27,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/exp_poly.h"
-#include "kernels/kernels.h"
+#include "simd/exp_poly.h"
+#include "simd/kernels.h"
 
 /*
  * The panel: PANEL_ROWS x 16 PANEL_VECS accumulators (16 of the 32 zmm; B's PANEL_VECS vectors
@@ -201,11 +201,11 @@ static void fa_bf16_qk_4x64__avx512bf16(int64_t m, int64_t c0, int64_t c1, int64
 
 /*
  * exp(d) in 16 lanes for P = exp(y - m), d = y - m <= 0, which is rounded to bf16 (relative
- * error up to 2^-8) right after: so not the f32 kernels' exp (kernels/avx512.c: 0.88 ULP in
+ * error up to 2^-8) right after: so not the f32 kernels' exp (simd/avx512.c: 0.88 ULP in
  * 16 vector instructions) but one of about 2^-18 in 10. d L = n + f with L = log2e rounded to
  * float: n the integer nearest to d L (the product unrounded inside one FMA with 1.5 * 2^23,
  * which a subtraction removes again), f = fl(d L - n) by one FMA, |f| <= 1/2 (plus rounding);
- * 2^f = 1 + f e(f), e the minimax cubic of kernels/exp_poly.h (2.8e-6 relative before
+ * 2^f = 1 + f e(f), e the minimax cubic of simd/exp_poly.h (2.8e-6 relative before
  * rounding; Horner in four FMAs, each |term| < 1, so their roundings add about 2^-22); then
  * 2^n by scalef, exact. The reduction's steps take an explicit rounding mode, which no compiler
  * option reassociates. Errors relative to exp(d): those, 2^-25 from f's rounding and |d| 2^-25

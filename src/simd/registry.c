@@ -1,13 +1,13 @@
 /*
- * Dispatch: the ISA registry (kernels/isas.def) expanded into one table, newest set first.
+ * Dispatch: the ISA registry (simd/isas.def) expanded into one table, newest set first.
  * Each entry holds the set's fa_isa, its name, its accessor where the set is built (configure
- * defines FA_HAVE_<NAME>_KERNELS to 1 or 0) and its detection (kernels/cpu.c).
+ * defines FA_HAVE_<NAME>_KERNELS to 1 or 0) and its detection (simd/cpu.c).
  */
 #include "config.h"
 
 #include <string.h>
 
-#include "kernels/kernels.h"
+#include "simd/kernels.h"
 
 /* FAI_PICK(flag, yes, no): `yes` where flag is a macro defined to 1, `no` where it is 0. The
  * flag is expanded first (FAI_PICK), then pasted onto FAI_PICK_ (FAI_PICK_EXPANDED), so a
@@ -28,13 +28,13 @@ static const isa_entry registry[] = {
 #define FAI_ISA(name, NAME)                                                                     \
     {FA_ISA_##NAME, #name, FAI_PICK(FA_HAVE_##NAME##_KERNELS, fai_kernels_##name, NULL),       \
      fai_cpu_##name},
-#include "kernels/isas.def"
+#include "simd/isas.def"
 #undef FAI_ISA
 };
 #define NISA ((int)(sizeof registry / sizeof *registry))
 #define FAI_ISA(name, NAME) +1
 enum { NISA_LINES = 0
-#include "kernels/isas.def"
+#include "simd/isas.def"
 };
 #undef FAI_ISA
 
@@ -44,9 +44,9 @@ enum { NISA_LINES = 0
  * and fa_context_create refuses it (tests/check_api.c: isa_names_round_trip). */
 #define FAI_ISA(name, NAME) +(1u << FA_ISA_##NAME)
 _Static_assert((0
-#include "kernels/isas.def"
+#include "simd/isas.def"
                 ) == (2u << NISA_LINES) - 2,
-               "kernels/isas.def must hold the fa_isa values 1 .. n, each once");
+               "simd/isas.def must hold the fa_isa values 1 .. n, each once");
 #undef FAI_ISA
 
 static const isa_entry *entry(fa_isa isa)

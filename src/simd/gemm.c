@@ -4,7 +4,7 @@
  * (A row-major: row i; stored transposed: column i). */
 #include "config.h"
 
-#include "kernels/kernels.h"
+#include "simd/kernels.h"
 
 #define FAI_GEMM_LOOP(name, T, slot, a_tile)                                                    \
     void name(const fai_kernels_##T *kt, int64_t m, int64_t n, int64_t k, const FT_##T *a,       \

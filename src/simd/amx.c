@@ -1,10 +1,10 @@
 /*
  * AMX kernels (AMX-TILE, AMX-BF16): the tiled forward's two products and the backward's five
  * for bf16 storage on tile registers, in place of the AVX512_BF16 set's dot products
- * (kernels/avx512bf16.c, whose packing and exp this set keeps; the AVX-512 set's f32 kernels do
+ * (simd/avx512bf16.c, whose packing and exp this set keeps; the AVX-512 set's f32 kernels do
  * everything else). Built with -mamx-tile -mamx-bf16 -mavx512bf16 and the AVX-512 flags;
  * called only when the CPU, the OS (XCR0) and Linux's per-process permission for the tile
- * data allow it (kernels/cpu.c).
+ * data allow it (simd/cpu.c).
  *
  * One TDPBF16PS multiplies a 16 x 32 bf16 tile by a 32 x 16 one (stored as 16 rows of 16
  * pairs) into 16 x 16 f32: 8192 products, against 16 of an AVX-512 FMA.
@@ -33,7 +33,7 @@
 #include <pthread.h>
 #include <string.h>
 
-#include "kernels/kernels.h"
+#include "simd/kernels.h"
 
 /* Tile configuration (palette 1): every one of the 8 tiles 16 rows x 64 bytes. A tile
  * register keeps its configuration per thread; each kernel call sets it and releases the tiles

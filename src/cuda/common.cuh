@@ -1,5 +1,5 @@
 /* Device-side helpers shared by the CUDA translation units: storage conversions, warp
- * reductions, element addressing. Internal to src/backends/cuda/. */
+ * reductions, element addressing. Internal to src/cuda/. */
 #ifndef FAI_CUDA_COMMON_CUH
 #define FAI_CUDA_COMMON_CUH
 

@@ -10,7 +10,7 @@
 #include "base/dtype.h"
 #include "core/fmath.h"
 #include "core/gradient.h"
-#include "kernels/kernels.h"
+#include "simd/kernels.h"
 
 #define F64_MR 8   /* rows per panel of the forward's packed Q */
 #define F64_NR 256 /* a whole key tile per call, as the loop over a full row had it */

@@ -1,6 +1,6 @@
 /* The tensor-core building blocks shared by the forward and backward kernels: PTX wrappers
  * (cp.async, ldmatrix, mma.sync m16n8k16, ex2) and the swizzled shared-memory tile layout.
- * Internal to src/backends/cuda/. */
+ * Internal to src/cuda/. */
 #ifndef FAI_CUDA_MMA_CUH
 #define FAI_CUDA_MMA_CUH
 

@@ -1,6 +1,6 @@
 /* Hopper's building blocks: warpgroup MMA (wgmma) wrappers and shared-memory
  * matrix descriptors, mbarriers, TMA copies, setmaxnreg, named barriers, and the
- * 128-byte-swizzled tile layout that TMA writes and wgmma reads. Internal to src/backends/cuda/.
+ * 128-byte-swizzled tile layout that TMA writes and wgmma reads. Internal to src/cuda/.
  *
  * The device side exists only in the sm_90a device pass (FAI_WGMMA); the kernels that use it
  * compile to an empty body elsewhere, and the host launches them only on a 9.0 device of a

@@ -21,7 +21,7 @@
  * original V from global memory, outside the MMA (fwd_add_back). Full tiles without dropout
  * need no scan: every term is allowed and multiplies, as in the reference.
  *
- * Internal to src/backends/cuda/.
+ * Internal to src/cuda/.
  */
 #ifndef FAI_CUDA_FWD_TILE_CUH
 #define FAI_CUDA_FWD_TILE_CUH

@@ -1,11 +1,11 @@
 /*
  * The kernel tables: what a kernel set supplies to the tiled backend, and everything the
- * framework needs to know about it. The framework (kernels/gemm.c, backends/tiled/) owns the
+ * framework needs to know about it. The framework (simd/gemm.c, backends/tiled/) owns the
  * loops, tiling and edges; a set supplies a register-blocked GEMM micro-kernel of MR x NR (A
  * row-major or stored transposed, with a fused row scale of C on load or store) and the
  * vector operations around it: exp-and-sum, max, transposes, column dots, the backward's row,
- * a finiteness test, storage conversions. The ISA registry (kernels/isas.def) lists the f32
- * sets; f64 storage has one portable set (kernels/f64.c).
+ * a finiteness test, storage conversions. The ISA registry (simd/isas.def) lists the f32
+ * sets; f64 storage has one portable set (simd/f64.c).
  *
  * Naming follows XNNPACK's order (dtype, op, tile, ISA): fa_f32_gemm_ukernel_12x32__avx512;
  * a table names each of its functions by the identifier it holds (FAI_KERNEL below).
@@ -14,8 +14,8 @@
  * or formed in double by the scalar set), so k split over calls gives the same bits; expsum's
  * sum is a fixed function of n. Results therefore never depend on the thread count.
  */
-#ifndef FAI_KERNELS_KERNELS_H
-#define FAI_KERNELS_KERNELS_H
+#ifndef FAI_SIMD_KERNELS_H
+#define FAI_SIMD_KERNELS_H
 
 #include <stdint.h>
 
@@ -101,7 +101,7 @@ typedef void (*fai_pv_rows_f32)(int64_t nr, int64_t n, int64_t dv, const float *
 /*
  * Tile products for bf16 storage (AMX's tiles, or AVX512_BF16's dot products in register
  * panels): the forward's S = Q K^T and O += P V and the backward's five products on bf16
- * operands (kernels/amx.c and kernels/avx512bf16.c have the formats, the rounding, and where
+ * operands (simd/amx.c and simd/avx512bf16.c have the formats, the rounding, and where
  * subnormals differ from the f32 kernels). NULL in every other set. The tiled
  * forward uses them for bf16 storage with Dqk a multiple of dqk_step and Dv of dv_step, P V
  * only over V tiles without inf or NaN (a masked key's exact 0 of P times an infinite v would
@@ -177,7 +177,7 @@ typedef struct fai_kernels_f32_s {
     const fai_kernels_bf16 *bf16; /* tile products for bf16 storage, or NULL */
 } fai_kernels_f32;
 
-/* The same operations in double, for f64 storage: one portable set (kernels/f64.c). */
+/* The same operations in double, for f64 storage: one portable set (simd/f64.c). */
 typedef void (*fai_gemm_ukernel_f64)(int64_t mr, int64_t nr, int64_t k, const double *a,
                                      int64_t lda, const double *b, int64_t ldb, double *c,
                                      int64_t ldc, int accumulate, const double *cscale);
@@ -206,15 +206,15 @@ typedef struct fai_kernels_f64_s { /* one set, never reported by name: plain slo
     fai_narrow_f64 narrow;
 } fai_kernels_f64;
 
-/* The sets this build carries: one accessor per line of kernels/isas.def (defined only where
- * the set is built; kernels/registry.c references only those), and the f64 set. */
+/* The sets this build carries: one accessor per line of simd/isas.def (defined only where
+ * the set is built; simd/registry.c references only those), and the f64 set. */
 #define FAI_ISA(name, NAME) const fai_kernels_f32 *fai_kernels_##name(void);
-#include "kernels/isas.def"
+#include "simd/isas.def"
 #undef FAI_ISA
 const fai_kernels_f64 *fai_kernels_f64_portable(void);
 
-/* kernels/registry.c: whether this CPU (and OS) can run an ISA's kernels (detected once,
- * thread-safely: kernels/cpu.c); the set for isa (never AUTO), or NULL if it is not built or
+/* simd/registry.c: whether this CPU (and OS) can run an ISA's kernels (detected once,
+ * thread-safely: simd/cpu.c); the set for isa (never AUTO), or NULL if it is not built or
  * not supported here; FA_ISA_AUTO's choice, the first supported ISA in the registry's order
  * that fai_cpu_auto_takes takes (*why, where why is not NULL: the rule's reason for it, or for a
  * set it passed over on the way, else NULL); the ISA's name
@@ -224,16 +224,16 @@ const fai_kernels_f32 *fai_kernels_for(fa_isa isa);
 fa_isa fai_isa_best(const char **why);
 const char *fai_isa_name(fa_isa isa);
 fa_isa fai_isa_from_name(const char *name);
-/* The detection of each ISA (kernels/cpu.c). */
+/* The detection of each ISA (simd/cpu.c). */
 #define FAI_ISA(name, NAME) int fai_cpu_##name(void);
-#include "kernels/isas.def"
+#include "simd/isas.def"
 #undef FAI_ISA
 /* Whether FA_ISA_AUTO takes a set this CPU runs (else it tries the next), and why: *why is a
  * sentence naming the measurement behind the rule, or NULL for a set taken wherever it runs. */
 int fai_cpu_auto_takes(fa_isa isa, const char **why);
 int fai_cpu_bf16_dots_rule(int amd_family, const char **why);
 
-/* kernels/gemm.c: C[m x n] (+)= A[m x k] B[k x n] with any m, n: the framework's loop over
+/* simd/gemm.c: C[m x n] (+)= A[m x k] B[k x n] with any m, n: the framework's loop over
  * MR x NR tiles of the set's micro-kernel. cscale (m entries, or NULL) as in the micro-kernel.
  * The _at forms read A stored transposed (A[i][p] at a[p * lda + i]): the forward's Q K^T from
  * Q packed in MR-row panels (lda = MR, the score scale in cscale), the backward's P^T dO and
@@ -252,7 +252,7 @@ void fai_gemm_at_f64(const fai_kernels_f64 *kt, int64_t m, int64_t n, int64_t k,
                      const double *a, int64_t lda, const double *b, int64_t ldb, double *c,
                      int64_t ldc, int accumulate, const double *cscale);
 
-/* Portable kernels other sets reuse (kernels/scalar.c). */
+/* Portable kernels other sets reuse (simd/scalar.c). */
 void fai_transpose_f32_portable(int64_t rows, int64_t cols, const float *src, int64_t lds,
                                 float *dst, int64_t ldd);
 int fai_finite_f32_portable(int64_t n, const float *x);

@@ -7,7 +7,7 @@
 #include "base/dtype.h"
 #include "core/fmath.h"
 #include "core/gradient.h"
-#include "kernels/kernels.h"
+#include "simd/kernels.h"
 
 #define SCALAR_MR 4
 #define SCALAR_NR 16
@@ -115,7 +115,7 @@ int fai_finite_f32_portable(int64_t n, const float *x)
     return !bad;
 }
 
-/* Decode's products (kernels/kernels.h), a piece of a key row at a time widened into a buffer
+/* Decode's products (simd/kernels.h), a piece of a key row at a time widened into a buffer
  * (exact). Each multiply-add formed in double and rounded to float, as the scalar GEMM rounds;
  * dot_rows sums p = 0, 1, ..., d-1 in order. */
 #define PORTABLE_PIECE 64

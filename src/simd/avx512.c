@@ -1,13 +1,13 @@
 /* AVX-512 (F) kernels. Built with -mavx512f -mavx512dq -mavx512bw -mavx512vl; called only when
- * the CPU and OS support them (kernels/cpu.c). */
+ * the CPU and OS support them (simd/cpu.c). */
 #include "config.h"
 
 #include <immintrin.h>
 #include <math.h>
 
 #include "base/dtype.h"
-#include "kernels/exp_poly.h"
-#include "kernels/kernels.h"
+#include "simd/exp_poly.h"
+#include "simd/kernels.h"
 
 #define MR 12
 #define NR 32 /* two zmm of f32 */
@@ -171,7 +171,7 @@ static void fa_f32_transpose__avx512(int64_t rows, int64_t cols, const float *sr
  * halved the time the forward spends in exp). x = n ln2 + r with n the integer nearest to
  * x log2 e (the product unrounded, inside one FMA) and r by Cody-Waite in two FMAs,
  * |r| <= ln2 / 2 (plus rounding); exp(r) by a minimax polynomial of degree 6 in Horner form
- * (kernels/exp_poly.h: 3.1e-9 relative before rounding); then 2^n by scalef, which
+ * (simd/exp_poly.h: 3.1e-9 relative before rounding); then 2^n by scalef, which
  * rounds once into the subnormals and gives 0 below them and inf above the range. x is first
  * clamped to [-110, 100] (exp(-110) rounds to 0 and exp(100) to inf, as do the values
  * clamped), which keeps n finite for +-inf; NaN passes the clamps (max/min return their second
@@ -196,7 +196,7 @@ static inline __m512 exp__avx512(__m512 x)
         shift);
     __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.62e43p-1f), x); /* ln2 rounded to float */
     r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-0x1.05c61p-29f), r);       /* ln2 - that float   */
-    __m512 p = _mm512_set1_ps(FAI_EXP_Q4); /* exp(r) = 1 + r + r^2 q(r): kernels/exp_poly.h */
+    __m512 p = _mm512_set1_ps(FAI_EXP_Q4); /* exp(r) = 1 + r + r^2 q(r): simd/exp_poly.h */
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(FAI_EXP_Q3));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(FAI_EXP_Q2));
     p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(FAI_EXP_Q1));

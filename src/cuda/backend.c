@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "backends/backend.h"
-#include "backends/cuda/launch.h"
+#include "cuda/launch.h"
 
 #ifndef FA_CUDA_MIN_ARCH
 #error "configure defines FA_CUDA_MIN_ARCH (the lowest --with-cuda-arch) in --enable-cuda builds"
