@@ -76,26 +76,6 @@ gemm_rows__avx2(const int ROWS, const int A_T, int64_t nr, int64_t k, const floa
     }
 }
 
-/* The exported kernels, A row-major (gemm) or stored transposed (gemm_at). */
-#define GEMM_ROWS_CASE(r, A_T)                                                                 \
-    case r:                                                                                    \
-        gemm_rows__avx2(r, A_T, nr, k, a, lda, b, ldb, c, ldc, accumulate, cscale);            \
-        break;
-#define GEMM_UKERNEL(name, A_T)                                                                \
-    static void name(int64_t mr, int64_t nr, int64_t k, const float *a, int64_t lda,           \
-                     const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,       \
-                     const float *cscale)                                                      \
-    {                                                                                          \
-        switch (mr) {                                                                          \
-            GEMM_ROWS_CASE(1, A_T) GEMM_ROWS_CASE(2, A_T) GEMM_ROWS_CASE(3, A_T)               \
-            GEMM_ROWS_CASE(4, A_T) GEMM_ROWS_CASE(5, A_T) GEMM_ROWS_CASE(6, A_T)               \
-        }                                                                                      \
-    }
-GEMM_UKERNEL(fa_f32_gemm_ukernel_6x16__avx2, 0)
-GEMM_UKERNEL(fa_f32_gemm_at_ukernel_6x16__avx2, 1)
-#undef GEMM_UKERNEL
-#undef GEMM_ROWS_CASE
-
 /* A load and a store of 8 lanes, whole (FULL) or masked: vmaskmovps costs more than a plain
  * move (a uop on a vector ALU port besides the load on Intel cores), so loops take whole
  * vectors without masks and only their tail with one (see the AVX-512 GEMM kernel). */
@@ -492,6 +472,9 @@ pv_block__avx2(const fa_dtype D, const int FULL, const int ROWS, const int64_t *
 /* ---------------------------------------------------------------- the drivers */
 
 #define FAI_DRV_ISA avx2
+#define FAI_DRV_GEMM fa_f32_gemm_ukernel_6x16__avx2
+#define FAI_DRV_GEMM_AT fa_f32_gemm_at_ukernel_6x16__avx2
+#define FAI_DRV_MR MR
 #define FAI_DRV_LANES 8
 #define FAI_DRV_COLDOT fa_f32_coldot__avx2
 #define FAI_DRV_DSOFTMAX fa_f32_dsoftmax__avx2

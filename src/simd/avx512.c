@@ -80,32 +80,6 @@ gemm_rows__avx512(const int ROWS, const int A_T, const int FULL, int64_t nr, int
     }
 }
 
-/* The exported kernels, A row-major (gemm) or stored transposed (gemm_at), each a switch over
- * the row counts and whether the tile is whole, so every instance has constant loop bounds. */
-#define GEMM_ROWS_CASE(r, A_T)                                                                 \
-    case r:                                                                                    \
-        if (nr == NR)                                                                          \
-            gemm_rows__avx512(r, A_T, 1, NR, k, a, lda, b, ldb, c, ldc, accumulate, cscale);   \
-        else                                                                                   \
-            gemm_rows__avx512(r, A_T, 0, nr, k, a, lda, b, ldb, c, ldc, accumulate, cscale);   \
-        break;
-#define GEMM_UKERNEL(name, A_T)                                                                \
-    static void name(int64_t mr, int64_t nr, int64_t k, const float *a, int64_t lda,           \
-                     const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,       \
-                     const float *cscale)                                                      \
-    {                                                                                          \
-        switch (mr) {                                                                          \
-            GEMM_ROWS_CASE(1, A_T) GEMM_ROWS_CASE(2, A_T) GEMM_ROWS_CASE(3, A_T)               \
-            GEMM_ROWS_CASE(4, A_T) GEMM_ROWS_CASE(5, A_T) GEMM_ROWS_CASE(6, A_T)               \
-            GEMM_ROWS_CASE(7, A_T) GEMM_ROWS_CASE(8, A_T) GEMM_ROWS_CASE(9, A_T)               \
-            GEMM_ROWS_CASE(10, A_T) GEMM_ROWS_CASE(11, A_T) GEMM_ROWS_CASE(12, A_T)            \
-        }                                                                                      \
-    }
-GEMM_UKERNEL(fa_f32_gemm_ukernel_12x32__avx512, 0)
-GEMM_UKERNEL(fa_f32_gemm_at_ukernel_12x32__avx512, 1)
-#undef GEMM_UKERNEL
-#undef GEMM_ROWS_CASE
-
 /*
  * A block of up to 16 x 16 in registers: rows r < rr with columns c < cc are loaded (the rest
  * is 0), transposed in four rounds, and output rows c < cc stored with lanes r < rr.
@@ -528,6 +502,10 @@ static inline __attribute__((always_inline)) __mmask16 lanes__avx512(int64_t lef
 }
 
 #define FAI_DRV_ISA avx512
+#define FAI_DRV_GEMM fa_f32_gemm_ukernel_12x32__avx512
+#define FAI_DRV_GEMM_AT fa_f32_gemm_at_ukernel_12x32__avx512
+#define FAI_DRV_MR MR
+#define FAI_DRV_GEMM_NR NR
 #define FAI_DRV_LANES 16
 #define FAI_DRV_TAIL __mmask16
 #define FAI_DRV_TAIL_OF lanes__avx512

@@ -5,6 +5,7 @@
  * `static`, named by the includer, so that the name the table carries, and
  * fa_context_describe prints, stands in the ISA's file):
  *
+ *   gemm, gemm_at      the micro-kernels: a switch over the row counts (simd/gemm.c tiles C)
  *   coldot, dsoftmax   whole vectors of FAI_DRV_LANES columns, then one partial vector
  *   dot_rows           (decode's scores) key groups x row groups of up to 4, per dtype
  *   pv_rows            (decode's P V) key chunks x dim blocks x row groups of up to 4, per dtype
@@ -24,6 +25,16 @@
  *                        for `left` valid lanes of a vector (any left: <= 0 none, >= LANES
  *                        all), which tests false where no lane is valid; without them, the
  *                        count itself clamped to [0, LANES] (int64_t)
+ *   FAI_DRV_GEMM         the GEMM micro-kernel's name (fa_f32_gemm_ukernel_MRxNR__isa), and
+ *   FAI_DRV_GEMM_AT      the gemm_at one's; both take their rows from
+ *   FAI_DRV_MR           MR (a literal from 1 to 12, or a macro that is one) rows, by the block
+ *                        gemm_rows(ROWS, A_T, nr, k, a, lda, b, ldb, c, ldc, accumulate,
+ *                        cscale): the kernel's contract (kernels.h) for mr = ROWS, A read
+ *                        transposed where A_T
+ *   FAI_DRV_GEMM_NR      optional: NR, where the block takes whole tiles apart, gemm_rows(ROWS,
+ *                        A_T, FULL, nr, ...) with FULL (nr = NR) a constant (the AVX-512 block:
+ *                        no masks); done here, not by an always_inline wrapper in the set's
+ *                        file, which moved the AVX-512 gemm_at's register allocation
  *   FAI_DRV_COLDOT       the coldot kernel's name; its block coldot_cols(FULL, tail, k, a, lda,
  *                        b, ldb, out): out[j] = sum_p a[p lda + j] b[p ldb + j] for the valid
  *                        lanes j of one vector
@@ -50,6 +61,56 @@
 #define FAI_DRV_TAIL_OF(left)                                                                   \
     ((left) >= FAI_DRV_LANES ? (int64_t)FAI_DRV_LANES : (left) <= 0 ? (int64_t)0 : (left))
 #endif
+
+/* ---------------------------------------------------------------- the GEMM micro-kernels */
+
+/* C(1, A) C(2, A) ... C(n, A): FAI_DRV_UPTO(n)(C, A), n a literal from 1 to 12. */
+#define FAI_DRV_CAT_(a, b) a##b
+#define FAI_DRV_CAT(a, b) FAI_DRV_CAT_(a, b)
+#define FAI_DRV_UPTO(n) FAI_DRV_CAT(FAI_DRV_UPTO_, n)
+#define FAI_DRV_UPTO_1(C, A) C(1, A)
+#define FAI_DRV_UPTO_2(C, A) FAI_DRV_UPTO_1(C, A) C(2, A)
+#define FAI_DRV_UPTO_3(C, A) FAI_DRV_UPTO_2(C, A) C(3, A)
+#define FAI_DRV_UPTO_4(C, A) FAI_DRV_UPTO_3(C, A) C(4, A)
+#define FAI_DRV_UPTO_5(C, A) FAI_DRV_UPTO_4(C, A) C(5, A)
+#define FAI_DRV_UPTO_6(C, A) FAI_DRV_UPTO_5(C, A) C(6, A)
+#define FAI_DRV_UPTO_7(C, A) FAI_DRV_UPTO_6(C, A) C(7, A)
+#define FAI_DRV_UPTO_8(C, A) FAI_DRV_UPTO_7(C, A) C(8, A)
+#define FAI_DRV_UPTO_9(C, A) FAI_DRV_UPTO_8(C, A) C(9, A)
+#define FAI_DRV_UPTO_10(C, A) FAI_DRV_UPTO_9(C, A) C(10, A)
+#define FAI_DRV_UPTO_11(C, A) FAI_DRV_UPTO_10(C, A) C(11, A)
+#define FAI_DRV_UPTO_12(C, A) FAI_DRV_UPTO_11(C, A) C(12, A)
+
+/* The exported kernels, A row-major (gemm) or stored transposed (gemm_at): a switch over the
+ * row counts 1 to MR, so that every instance of the set's block has constant loop bounds (the
+ * micro-kernel's contract, 1 <= mr <= MR, leaves no other case). */
+#ifdef FAI_DRV_GEMM_NR
+#define FAI_DRV_GEMM_CASE(r, A_T)                                                               \
+    case r:                                                                                     \
+        if (nr == FAI_DRV_GEMM_NR)                                                              \
+            FAI_DRV_FN(gemm_rows)(r, A_T, 1, FAI_DRV_GEMM_NR, k, a, lda, b, ldb, c, ldc,        \
+                                  accumulate, cscale);                                          \
+        else                                                                                    \
+            FAI_DRV_FN(gemm_rows)(r, A_T, 0, nr, k, a, lda, b, ldb, c, ldc, accumulate,         \
+                                  cscale);                                                      \
+        break;
+#else
+#define FAI_DRV_GEMM_CASE(r, A_T)                                                               \
+    case r:                                                                                     \
+        FAI_DRV_FN(gemm_rows)(r, A_T, nr, k, a, lda, b, ldb, c, ldc, accumulate, cscale);       \
+        break;
+#endif
+#define FAI_DRV_GEMM_UKERNEL(name, A_T)                                                         \
+    static void name(int64_t mr, int64_t nr, int64_t k, const float *a, int64_t lda,            \
+                     const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,        \
+                     const float *cscale)                                                       \
+    {                                                                                           \
+        switch (mr) { FAI_DRV_UPTO(FAI_DRV_MR)(FAI_DRV_GEMM_CASE, A_T) }                        \
+    }
+FAI_DRV_GEMM_UKERNEL(FAI_DRV_GEMM, 0)
+FAI_DRV_GEMM_UKERNEL(FAI_DRV_GEMM_AT, 1)
+#undef FAI_DRV_GEMM_UKERNEL
+#undef FAI_DRV_GEMM_CASE
 
 /* ---------------------------------------------------------------- the backward's rows */
 
@@ -126,12 +187,13 @@ static void FAI_DRV_DOT_ROWS(int64_t nr, int64_t n, int64_t d, const float *q, i
         fai_dot_rows_f32_portable(nr, n, d, q, ldq, k, ldk, kd, s, lds, scale);
 }
 
-#define FAI_DRV_PV_KEYS 64 /* keys per pass over the dims: 64 rows of V (16 KiB of f32) stay in L1 */
+/* keys per pass over the dims: 64 rows of V (16 KiB of f32) stay in L1 */
+#define FAI_DRV_PV_KEYS 64
 #define FAI_DRV_PV_DIMS (FAI_DRV_PV_VECS * FAI_DRV_LANES)
 
-/* Keys in chunks of FAI_DRV_PV_KEYS, each over the dims in blocks of P (whole ones first, the
- * last one's tails computed once for all its row groups), rows in groups of 4. Every acc
- * element still takes its keys in order: a chunk's keys, then the next chunk's. */
+/* Keys in chunks of FAI_DRV_PV_KEYS, each over the dims in blocks of P (a block's tails
+ * computed once for all its row groups; only the last block can be partial), rows in groups
+ * of 4. Every acc element still takes its keys in order: a chunk's keys, then the next's. */
 static inline __attribute__((always_inline)) void
 pv_rows_dtype(const fa_dtype D, int64_t nr, int64_t n, int64_t dv, const float *p, int64_t ldp,
               const void *v, int64_t ldv, float *acc, int64_t lda)

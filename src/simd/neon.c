@@ -70,27 +70,6 @@ gemm_rows__neon(const int ROWS, const int A_T, int64_t nr, int64_t k, const floa
     }
 }
 
-/* The exported kernels, A row-major (gemm) or stored transposed (gemm_at). */
-#define GEMM_ROWS_CASE(r, A_T)                                                                 \
-    case r:                                                                                    \
-        gemm_rows__neon(r, A_T, nr, k, a, lda, b, ldb, c, ldc, accumulate, cscale);            \
-        break;
-#define GEMM_UKERNEL(name, A_T)                                                                \
-    static void name(int64_t mr, int64_t nr, int64_t k, const float *a, int64_t lda,           \
-                     const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,       \
-                     const float *cscale)                                                      \
-    {                                                                                          \
-        switch (mr) {                                                                          \
-            GEMM_ROWS_CASE(1, A_T) GEMM_ROWS_CASE(2, A_T) GEMM_ROWS_CASE(3, A_T)               \
-            GEMM_ROWS_CASE(4, A_T) GEMM_ROWS_CASE(5, A_T) GEMM_ROWS_CASE(6, A_T)               \
-            GEMM_ROWS_CASE(7, A_T) GEMM_ROWS_CASE(8, A_T)                                      \
-        }                                                                                      \
-    }
-GEMM_UKERNEL(fa_f32_gemm_ukernel_8x8__neon, 0)
-GEMM_UKERNEL(fa_f32_gemm_at_ukernel_8x8__neon, 1)
-#undef GEMM_UKERNEL
-#undef GEMM_ROWS_CASE
-
 /* Four floats at x: all of them (FULL), or the first `left` (< 4) through a zero-padded copy,
  * read no further; stored likewise, the partial vector through a staged copy. */
 static inline __attribute__((always_inline)) float32x4_t
@@ -396,6 +375,9 @@ pv_block__neon(const fa_dtype D, const int FULL, const int ROWS, const int64_t *
 /* ---------------------------------------------------------------- the drivers */
 
 #define FAI_DRV_ISA neon
+#define FAI_DRV_GEMM fa_f32_gemm_ukernel_8x8__neon
+#define FAI_DRV_GEMM_AT fa_f32_gemm_at_ukernel_8x8__neon
+#define FAI_DRV_MR MR
 #define FAI_DRV_LANES 4
 #define FAI_DRV_COLDOT fa_f32_coldot__neon
 #define FAI_DRV_DSOFTMAX fa_f32_dsoftmax__neon
