@@ -76,26 +76,6 @@ gemm_rows__avx2(const int ROWS, const int A_T, int64_t nr, int64_t k, const floa
     }
 }
 
-/* The exported kernels, A row-major (gemm) or stored transposed (gemm_at). */
-#define GEMM_ROWS_CASE(r, A_T)                                                                 \
-    case r:                                                                                    \
-        gemm_rows__avx2(r, A_T, nr, k, a, lda, b, ldb, c, ldc, accumulate, cscale);            \
-        break;
-#define GEMM_UKERNEL(name, A_T)                                                                \
-    static void name(int64_t mr, int64_t nr, int64_t k, const float *a, int64_t lda,           \
-                     const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,       \
-                     const float *cscale)                                                      \
-    {                                                                                          \
-        switch (mr) {                                                                          \
-            GEMM_ROWS_CASE(1, A_T) GEMM_ROWS_CASE(2, A_T) GEMM_ROWS_CASE(3, A_T)               \
-            GEMM_ROWS_CASE(4, A_T) GEMM_ROWS_CASE(5, A_T) GEMM_ROWS_CASE(6, A_T)               \
-        }                                                                                      \
-    }
-GEMM_UKERNEL(fa_f32_gemm_ukernel_6x16__avx2, 0)
-GEMM_UKERNEL(fa_f32_gemm_at_ukernel_6x16__avx2, 1)
-#undef GEMM_UKERNEL
-#undef GEMM_ROWS_CASE
-
 /* A load and a store of 8 lanes, whole (FULL) or masked: vmaskmovps costs more than a plain
  * move (a uop on a vector ALU port besides the load on Intel cores), so loops take whole
  * vectors without masks and only their tail with one (see the AVX-512 GEMM kernel). */
@@ -223,9 +203,10 @@ static float fa_f32_expsum__avx2(int64_t n, const float *x, float m, float *y)
 /* 8 columns per vector, one FMA chain per column in p order from 0 (the GEMM kernel's
  * rounding). */
 static inline __attribute__((always_inline)) void
-coldot_cols__avx2(const int FULL, __m256i mk, int64_t k, const float *a, int64_t lda,
+coldot_cols__avx2(const int FULL, int64_t left, int64_t k, const float *a, int64_t lda,
                   const float *b, int64_t ldb, float *out)
 {
+    const __m256i mk = lanes_below(left);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t p = 0; p < k; p++)
         acc = _mm256_fmadd_ps(load_cols__avx2(FULL, mk, a + p * lda),
@@ -233,22 +214,15 @@ coldot_cols__avx2(const int FULL, __m256i mk, int64_t k, const float *a, int64_t
     store_cols__avx2(FULL, mk, out, acc);
 }
 
-static void fa_f32_coldot__avx2(int64_t n, int64_t k, const float *a, int64_t lda,
-                                const float *b, int64_t ldb, float *out)
-{
-    for (int64_t j = 0; j < n; j += 8)
-        if (n - j >= 8)
-            coldot_cols__avx2(1, _mm256_setzero_si256(), k, a + j, lda, b + j, ldb, out + j);
-        else
-            coldot_cols__avx2(0, lanes_below(n - j), k, a + j, lda, b + j, ldb, out + j);
-}
-
 /* The backward's row on 8 lanes: P = exp(s - lse) with the subtraction in double (two halves
  * of 4), ds = scale P (dp - di): core/gradient.h's dS with z = 1, no cap. */
 static inline __attribute__((always_inline)) void
-dsoftmax_vec__avx2(const int FULL, __m256i mk, const float *s, __m256d vl, const float *dp,
-                   __m256 vdi, __m256 vscale, float *p, float *ds)
+dsoftmax_vec__avx2(const int FULL, int64_t left, const float *s, double lse, const float *dp,
+                   float di, float scale, float *p, float *ds)
 {
+    const __m256i mk = lanes_below(left);
+    const __m256d vl = _mm256_set1_pd(lse);
+    const __m256 vdi = _mm256_set1_ps(di), vscale = _mm256_set1_ps(scale);
     const __m256 sv = load_cols__avx2(FULL, mk, s);
     const __m128 lo = _mm256_cvtpd_ps(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(sv)), vl));
     const __m128 hi = _mm256_cvtpd_ps(_mm256_sub_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(sv, 1)), vl));
@@ -256,19 +230,6 @@ dsoftmax_vec__avx2(const int FULL, __m256i mk, const float *s, __m256d vl, const
     const __m256 g = _mm256_mul_ps(P, _mm256_sub_ps(load_cols__avx2(FULL, mk, dp), vdi));
     store_cols__avx2(FULL, mk, p, P);
     store_cols__avx2(FULL, mk, ds, _mm256_mul_ps(vscale, g));
-}
-
-static void fa_f32_dsoftmax__avx2(int64_t n, const float *s, double lse, const float *dp,
-                                  float di, float scale, float *p, float *ds)
-{
-    const __m256d vl = _mm256_set1_pd(lse);
-    const __m256 vdi = _mm256_set1_ps(di), vscale = _mm256_set1_ps(scale);
-    int64_t c = 0;
-    for (; c + 8 <= n; c += 8)
-        dsoftmax_vec__avx2(1, _mm256_setzero_si256(), s + c, vl, dp + c, vdi, vscale, p + c,
-                           ds + c);
-    if (c < n)
-        dsoftmax_vec__avx2(0, lanes_below(n - c), s + c, vl, dp + c, vdi, vscale, p + c, ds + c);
 }
 
 /* x - x is 0 for finite x and NaN for inf and NaN (masked-off lanes load 0). */
@@ -416,7 +377,8 @@ static inline __attribute__((always_inline)) float sum8__avx2(__m256 x)
     return _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
 }
 
-/* ROWS (<= 4) rows x nc (<= 2; 2 where KEYS2) keys: 8 accumulators, over p in vectors of 8. */
+/* ROWS (<= 4) rows x nc (<= 2; 2 where KEYS2) keys: 8 accumulators, over p in vectors of 8.
+ * The sum's order: 8 lanes over p (lane t: p = t, t + 8, ..., fused), then sum8__avx2. */
 static inline __attribute__((always_inline)) void
 dot_block__avx2(const fa_dtype D, const int ROWS, const int KEYS2, int64_t nc, int64_t d,
                 const float *q, int64_t ldq, const char *k, int64_t kb, float *s, int64_t lds,
@@ -465,47 +427,6 @@ dot_block__avx2(const fa_dtype D, const int ROWS, const int KEYS2, int64_t nc, i
             }
 }
 
-static inline __attribute__((always_inline)) void
-dot_rows_dtype__avx2(const fa_dtype D, int64_t nr, int64_t n, int64_t d, const float *q,
-                     int64_t ldq, const void *k, int64_t ldk, float *s, int64_t lds,
-                     const float *scale)
-{
-    const int64_t kb = ldk * (D == FA_F32 ? 4 : 2);
-    for (int64_t c = 0; c < n; c += 2) {
-        const int64_t nc = n - c < 2 ? n - c : 2;
-        const char *kc = (const char *)k + c * kb;
-        for (int64_t r = 0; r < nr; r += 4) {
-            const float *qr = q + r * ldq;
-            float *sr = s + r * lds + c;
-#define DOT_CASE(ROWS)                                                                          \
-    (nc == 2 ? dot_block__avx2(D, ROWS, 1, 2, d, qr, ldq, kc, kb, sr, lds, scale)              \
-             : dot_block__avx2(D, ROWS, 0, nc, d, qr, ldq, kc, kb, sr, lds, scale))
-            switch (nr - r < 4 ? nr - r : 4) {
-            case 1: DOT_CASE(1); break;
-            case 2: DOT_CASE(2); break;
-            case 3: DOT_CASE(3); break;
-            default: DOT_CASE(4); break;
-            }
-#undef DOT_CASE
-        }
-    }
-}
-
-/* The sum's order: 8 lanes over p (lane t: p = t, t + 8, ..., fused), then sum8__avx2. */
-static void fa_f32_dot_rows_4x2__avx2(int64_t nr, int64_t n, int64_t d, const float *q,
-                                      int64_t ldq, const void *k, int64_t ldk, fa_dtype kd,
-                                      float *s, int64_t lds, const float *scale)
-{
-    if (kd == FA_F16)
-        dot_rows_dtype__avx2(FA_F16, nr, n, d, q, ldq, k, ldk, s, lds, scale);
-    else if (kd == FA_BF16)
-        dot_rows_dtype__avx2(FA_BF16, nr, n, d, q, ldq, k, ldk, s, lds, scale);
-    else if (kd == FA_F32)
-        dot_rows_dtype__avx2(FA_F32, nr, n, d, q, ldq, k, ldk, s, lds, scale);
-    else
-        fai_dot_rows_f32_portable(nr, n, d, q, ldq, k, ldk, kd, s, lds, scale);
-}
-
 /* ROWS (<= 4) rows of acc, dims [p0, p0 + 16) (left[x]: the valid lanes of vector x, 8 each
  * where FULL), += P V over keys [0, n), each key one fused multiply-add per element. */
 static inline __attribute__((always_inline)) void
@@ -548,54 +469,20 @@ pv_block__avx2(const fa_dtype D, const int FULL, const int ROWS, const int64_t *
         }
 }
 
-#define PV_KEYS 64 /* keys per pass over the dims: 64 rows of V (16 KiB of f32) stay in L1 */
+/* ---------------------------------------------------------------- the drivers */
 
-static inline __attribute__((always_inline)) void
-pv_rows_dtype__avx2(const fa_dtype D, int64_t nr, int64_t n, int64_t dv, const float *p,
-                    int64_t ldp, const void *v, int64_t ldv, float *acc, int64_t lda)
-{
-    const int64_t vb = ldv * (D == FA_F32 ? 4 : 2);
-    for (int64_t c = 0; c < n; c += PV_KEYS) {
-        const int64_t nc = n - c < PV_KEYS ? n - c : PV_KEYS;
-        const char *vc = (const char *)v + c * vb;
-        for (int64_t p0 = 0; p0 < dv; p0 += 16) {
-            int64_t left[2];
-            for (int x = 0; x < 2; x++) {
-                const int64_t l = dv - p0 - 8 * x;
-                left[x] = l >= 8 ? 8 : l <= 0 ? 0 : l;
-            }
-            const int full = dv - p0 >= 16;
-            for (int64_t r = 0; r < nr; r += 4) {
-                const float *pr = p + r * ldp + c;
-                float *ar = acc + r * lda;
-#define PV_CASE(ROWS)                                                                           \
-    (full ? pv_block__avx2(D, 1, ROWS, left, nc, pr, ldp, vc, vb, p0, ar, lda)                  \
-          : pv_block__avx2(D, 0, ROWS, left, nc, pr, ldp, vc, vb, p0, ar, lda))
-                switch (nr - r < 4 ? nr - r : 4) {
-                case 1: PV_CASE(1); break;
-                case 2: PV_CASE(2); break;
-                case 3: PV_CASE(3); break;
-                default: PV_CASE(4); break;
-                }
-#undef PV_CASE
-            }
-        }
-    }
-}
-
-static void fa_f32_pv_rows_4x16__avx2(int64_t nr, int64_t n, int64_t dv, const float *p,
-                                      int64_t ldp, const void *v, int64_t ldv, fa_dtype vd,
-                                      float *acc, int64_t lda)
-{
-    if (vd == FA_F16)
-        pv_rows_dtype__avx2(FA_F16, nr, n, dv, p, ldp, v, ldv, acc, lda);
-    else if (vd == FA_BF16)
-        pv_rows_dtype__avx2(FA_BF16, nr, n, dv, p, ldp, v, ldv, acc, lda);
-    else if (vd == FA_F32)
-        pv_rows_dtype__avx2(FA_F32, nr, n, dv, p, ldp, v, ldv, acc, lda);
-    else
-        fai_pv_rows_f32_portable(nr, n, dv, p, ldp, v, ldv, vd, acc, lda);
-}
+#define FAI_DRV_ISA avx2
+#define FAI_DRV_GEMM fa_f32_gemm_ukernel_6x16__avx2
+#define FAI_DRV_GEMM_AT fa_f32_gemm_at_ukernel_6x16__avx2
+#define FAI_DRV_MR MR
+#define FAI_DRV_LANES 8
+#define FAI_DRV_COLDOT fa_f32_coldot__avx2
+#define FAI_DRV_DSOFTMAX fa_f32_dsoftmax__avx2
+#define FAI_DRV_DOT_ROWS fa_f32_dot_rows_4x2__avx2
+#define FAI_DRV_DOT_KEYS 2
+#define FAI_DRV_PV_ROWS fa_f32_pv_rows_4x16__avx2
+#define FAI_DRV_PV_VECS 2
+#include "simd/drivers_tpl.h"
 
 static const fai_kernels_f32 avx2 = {
     .isa = FA_ISA_AVX2,

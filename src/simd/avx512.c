@@ -80,32 +80,6 @@ gemm_rows__avx512(const int ROWS, const int A_T, const int FULL, int64_t nr, int
     }
 }
 
-/* The exported kernels, A row-major (gemm) or stored transposed (gemm_at), each a switch over
- * the row counts and whether the tile is whole, so every instance has constant loop bounds. */
-#define GEMM_ROWS_CASE(r, A_T)                                                                 \
-    case r:                                                                                    \
-        if (nr == NR)                                                                          \
-            gemm_rows__avx512(r, A_T, 1, NR, k, a, lda, b, ldb, c, ldc, accumulate, cscale);   \
-        else                                                                                   \
-            gemm_rows__avx512(r, A_T, 0, nr, k, a, lda, b, ldb, c, ldc, accumulate, cscale);   \
-        break;
-#define GEMM_UKERNEL(name, A_T)                                                                \
-    static void name(int64_t mr, int64_t nr, int64_t k, const float *a, int64_t lda,           \
-                     const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,       \
-                     const float *cscale)                                                      \
-    {                                                                                          \
-        switch (mr) {                                                                          \
-            GEMM_ROWS_CASE(1, A_T) GEMM_ROWS_CASE(2, A_T) GEMM_ROWS_CASE(3, A_T)               \
-            GEMM_ROWS_CASE(4, A_T) GEMM_ROWS_CASE(5, A_T) GEMM_ROWS_CASE(6, A_T)               \
-            GEMM_ROWS_CASE(7, A_T) GEMM_ROWS_CASE(8, A_T) GEMM_ROWS_CASE(9, A_T)               \
-            GEMM_ROWS_CASE(10, A_T) GEMM_ROWS_CASE(11, A_T) GEMM_ROWS_CASE(12, A_T)            \
-        }                                                                                      \
-    }
-GEMM_UKERNEL(fa_f32_gemm_ukernel_12x32__avx512, 0)
-GEMM_UKERNEL(fa_f32_gemm_at_ukernel_12x32__avx512, 1)
-#undef GEMM_UKERNEL
-#undef GEMM_ROWS_CASE
-
 /*
  * A block of up to 16 x 16 in registers: rows r < rr with columns c < cc are loaded (the rest
  * is 0), transposed in four rounds, and output rows c < cc stored with lanes r < rr.
@@ -240,24 +214,15 @@ coldot_cols__avx512(const int FULL, __mmask16 mk, int64_t k, const float *a, int
     store_cols__avx512(FULL, mk, out, acc);
 }
 
-static void fa_f32_coldot__avx512(int64_t n, int64_t k, const float *a, int64_t lda,
-                                  const float *b, int64_t ldb, float *out)
-{
-    for (int64_t j = 0; j < n; j += 16)
-        if (n - j >= 16)
-            coldot_cols__avx512(1, 0xffff, k, a + j, lda, b + j, ldb, out + j);
-        else
-            coldot_cols__avx512(0, (__mmask16)((1u << (n - j)) - 1), k, a + j, lda, b + j, ldb,
-                                out + j);
-}
-
 /* The backward's row on 16 lanes: P = exp(s - lse) with the subtraction in double (two halves
  * of 8), ds = scale P (dp - di): core/gradient.h's dS with z = 1, no cap. Whole vectors
  * without masks, then one masked tail. */
 static inline __attribute__((always_inline)) void
-dsoftmax_vec__avx512(const int FULL, __mmask16 mk, const float *s, __m512d vl, const float *dp,
-                     __m512 vdi, __m512 vscale, float *p, float *ds)
+dsoftmax_vec__avx512(const int FULL, __mmask16 mk, const float *s, double lse, const float *dp,
+                     float di, float scale, float *p, float *ds)
 {
+    const __m512d vl = _mm512_set1_pd(lse);
+    const __m512 vdi = _mm512_set1_ps(di), vscale = _mm512_set1_ps(scale);
     const __m512 sv = load_cols__avx512(FULL, mk, s);
     const __m256 lo = _mm512_cvtpd_ps(_mm512_sub_pd(_mm512_cvtps_pd(_mm512_castps512_ps256(sv)), vl));
     const __m256 hi = _mm512_cvtpd_ps(
@@ -266,19 +231,6 @@ dsoftmax_vec__avx512(const int FULL, __mmask16 mk, const float *s, __m512d vl, c
     const __m512 g = _mm512_mul_ps(P, _mm512_sub_ps(load_cols__avx512(FULL, mk, dp), vdi));
     store_cols__avx512(FULL, mk, p, P);
     store_cols__avx512(FULL, mk, ds, _mm512_mul_ps(vscale, g));
-}
-
-static void fa_f32_dsoftmax__avx512(int64_t n, const float *s, double lse, const float *dp,
-                                    float di, float scale, float *p, float *ds)
-{
-    const __m512d vl = _mm512_set1_pd(lse);
-    const __m512 vdi = _mm512_set1_ps(di), vscale = _mm512_set1_ps(scale);
-    int64_t c = 0;
-    for (; c + 16 <= n; c += 16)
-        dsoftmax_vec__avx512(1, 0xffff, s + c, vl, dp + c, vdi, vscale, p + c, ds + c);
-    if (c < n)
-        dsoftmax_vec__avx512(0, (__mmask16)((1u << (n - c)) - 1), s + c, vl, dp + c, vdi, vscale,
-                             p + c, ds + c);
 }
 
 /* x - x is 0 for finite x and NaN for inf and NaN: an ordered compare with 0 per lane. */
@@ -499,48 +451,6 @@ dot_block__avx512(const fa_dtype D, const int ROWS, const int KEYS4, int64_t nc,
     }
 }
 
-static inline __attribute__((always_inline)) void
-dot_rows_dtype__avx512(const fa_dtype D, int64_t nr, int64_t n, int64_t d, const float *q,
-                       int64_t ldq, const void *k, int64_t ldk, float *s, int64_t lds,
-                       const float *scale)
-{
-    const int64_t kb = ldk * (D == FA_F32 ? 4 : 2);
-    for (int64_t c = 0; c < n; c += 4) {
-        const int64_t nc = n - c < 4 ? n - c : 4;
-        const char *kc = (const char *)k + c * kb;
-        for (int64_t r = 0; r < nr; r += 4) {
-            const float *qr = q + r * ldq;
-            float *sr = s + r * lds + c;
-#define DOT_CASE(ROWS)                                                                          \
-    (nc == 4 ? dot_block__avx512(D, ROWS, 1, 4, d, qr, ldq, kc, kb, sr, lds, scale)            \
-             : dot_block__avx512(D, ROWS, 0, nc, d, qr, ldq, kc, kb, sr, lds, scale))
-            switch (nr - r < 4 ? nr - r : 4) {
-            case 1: DOT_CASE(1); break;
-            case 2: DOT_CASE(2); break;
-            case 3: DOT_CASE(3); break;
-            default: DOT_CASE(4); break;
-            }
-#undef DOT_CASE
-        }
-    }
-}
-
-/* The sum's order: 16 lanes over p (lane t: p = t, t + 16, ..., fused), then the lanes as
- * sum_lanes_16__avx512 adds them. */
-static void fa_f32_dot_rows_4x4__avx512(int64_t nr, int64_t n, int64_t d, const float *q,
-                                        int64_t ldq, const void *k, int64_t ldk, fa_dtype kd,
-                                        float *s, int64_t lds, const float *scale)
-{
-    if (kd == FA_F16)
-        dot_rows_dtype__avx512(FA_F16, nr, n, d, q, ldq, k, ldk, s, lds, scale);
-    else if (kd == FA_BF16)
-        dot_rows_dtype__avx512(FA_BF16, nr, n, d, q, ldq, k, ldk, s, lds, scale);
-    else if (kd == FA_F32)
-        dot_rows_dtype__avx512(FA_F32, nr, n, d, q, ldq, k, ldk, s, lds, scale);
-    else
-        fai_dot_rows_f32_portable(nr, n, d, q, ldq, k, ldk, kd, s, lds, scale);
-}
-
 /* ROWS (<= 4) rows of acc, dims [p0, p0 + 64) (mk: the valid lanes of each of the four
  * vectors, all of them where FULL), += P V over keys [0, n). */
 static inline __attribute__((always_inline)) void
@@ -583,54 +493,29 @@ pv_block__avx512(const fa_dtype D, const int FULL, const int ROWS, const __mmask
         }
 }
 
-#define PV_KEYS 64 /* keys per pass over the dims: 64 rows of V (16 KiB of f32) stay in L1 */
+/* ---------------------------------------------------------------- the drivers */
 
-static inline __attribute__((always_inline)) void
-pv_rows_dtype__avx512(const fa_dtype D, int64_t nr, int64_t n, int64_t dv, const float *p,
-                      int64_t ldp, const void *v, int64_t ldv, float *acc, int64_t lda)
+/* The mask of the first `left` lanes: none for left <= 0, all from 16 on. */
+static inline __attribute__((always_inline)) __mmask16 lanes__avx512(int64_t left)
 {
-    const int64_t vb = ldv * (D == FA_F32 ? 4 : 2);
-    for (int64_t c = 0; c < n; c += PV_KEYS) {
-        const int64_t nc = n - c < PV_KEYS ? n - c : PV_KEYS;
-        const char *vc = (const char *)v + c * vb;
-        for (int64_t p0 = 0; p0 < dv; p0 += 64) {
-            __mmask16 mk[4];
-            for (int x = 0; x < 4; x++) {
-                const int64_t left = dv - p0 - 16 * x;
-                mk[x] = left >= 16 ? 0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
-            }
-            const int full = dv - p0 >= 64;
-            for (int64_t r = 0; r < nr; r += 4) {
-                const float *pr = p + r * ldp + c;
-                float *ar = acc + r * lda;
-#define PV_CASE(ROWS)                                                                           \
-    (full ? pv_block__avx512(D, 1, ROWS, mk, nc, pr, ldp, vc, vb, p0, ar, lda)                  \
-          : pv_block__avx512(D, 0, ROWS, mk, nc, pr, ldp, vc, vb, p0, ar, lda))
-                switch (nr - r < 4 ? nr - r : 4) {
-                case 1: PV_CASE(1); break;
-                case 2: PV_CASE(2); break;
-                case 3: PV_CASE(3); break;
-                default: PV_CASE(4); break;
-                }
-#undef PV_CASE
-            }
-        }
-    }
+    return left >= 16 ? 0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
 }
 
-static void fa_f32_pv_rows_4x64__avx512(int64_t nr, int64_t n, int64_t dv, const float *p,
-                                        int64_t ldp, const void *v, int64_t ldv, fa_dtype vd,
-                                        float *acc, int64_t lda)
-{
-    if (vd == FA_F16)
-        pv_rows_dtype__avx512(FA_F16, nr, n, dv, p, ldp, v, ldv, acc, lda);
-    else if (vd == FA_BF16)
-        pv_rows_dtype__avx512(FA_BF16, nr, n, dv, p, ldp, v, ldv, acc, lda);
-    else if (vd == FA_F32)
-        pv_rows_dtype__avx512(FA_F32, nr, n, dv, p, ldp, v, ldv, acc, lda);
-    else
-        fai_pv_rows_f32_portable(nr, n, dv, p, ldp, v, ldv, vd, acc, lda);
-}
+#define FAI_DRV_ISA avx512
+#define FAI_DRV_GEMM fa_f32_gemm_ukernel_12x32__avx512
+#define FAI_DRV_GEMM_AT fa_f32_gemm_at_ukernel_12x32__avx512
+#define FAI_DRV_MR MR
+#define FAI_DRV_GEMM_NR NR
+#define FAI_DRV_LANES 16
+#define FAI_DRV_TAIL __mmask16
+#define FAI_DRV_TAIL_OF lanes__avx512
+#define FAI_DRV_COLDOT fa_f32_coldot__avx512
+#define FAI_DRV_DSOFTMAX fa_f32_dsoftmax__avx512
+#define FAI_DRV_DOT_ROWS fa_f32_dot_rows_4x4__avx512
+#define FAI_DRV_DOT_KEYS 4
+#define FAI_DRV_PV_ROWS fa_f32_pv_rows_4x64__avx512
+#define FAI_DRV_PV_VECS 4
+#include "simd/drivers_tpl.h"
 
 static const fai_kernels_f32 avx512 = {
     .isa = FA_ISA_AVX512,

@@ -4,7 +4,8 @@
  * loops, tiling and edges; a set supplies a register-blocked GEMM micro-kernel of MR x NR (A
  * row-major or stored transposed, with a fused row scale of C on load or store) and the
  * vector operations around it: exp-and-sum, max, transposes, column dots, the backward's row,
- * a finiteness test, storage conversions. The ISA registry (simd/isas.def) lists the f32
+ * a finiteness test, storage conversions. The vector sets write the loops around their
+ * register blocks once, in simd/drivers_tpl.h. The ISA registry (simd/isas.def) lists the f32
  * sets; f64 storage has one portable set (simd/f64.c).
  *
  * Naming follows XNNPACK's order (dtype, op, tile, ISA): fa_f32_gemm_ukernel_12x32__avx512;

@@ -70,26 +70,29 @@ gemm_rows__neon(const int ROWS, const int A_T, int64_t nr, int64_t k, const floa
     }
 }
 
-/* The exported kernels, A row-major (gemm) or stored transposed (gemm_at). */
-#define GEMM_ROWS_CASE(r, A_T)                                                                 \
-    case r:                                                                                    \
-        gemm_rows__neon(r, A_T, nr, k, a, lda, b, ldb, c, ldc, accumulate, cscale);            \
-        break;
-#define GEMM_UKERNEL(name, A_T)                                                                \
-    static void name(int64_t mr, int64_t nr, int64_t k, const float *a, int64_t lda,           \
-                     const float *b, int64_t ldb, float *c, int64_t ldc, int accumulate,       \
-                     const float *cscale)                                                      \
-    {                                                                                          \
-        switch (mr) {                                                                          \
-            GEMM_ROWS_CASE(1, A_T) GEMM_ROWS_CASE(2, A_T) GEMM_ROWS_CASE(3, A_T)               \
-            GEMM_ROWS_CASE(4, A_T) GEMM_ROWS_CASE(5, A_T) GEMM_ROWS_CASE(6, A_T)               \
-            GEMM_ROWS_CASE(7, A_T) GEMM_ROWS_CASE(8, A_T)                                      \
-        }                                                                                      \
+/* Four floats at x: all of them (FULL), or the first `left` (< 4) through a zero-padded copy,
+ * read no further; stored likewise, the partial vector through a staged copy. */
+static inline __attribute__((always_inline)) float32x4_t
+load_cols__neon(const int FULL, int64_t left, const float *x)
+{
+    if (FULL)
+        return vld1q_f32(x);
+    float t[4] = {0, 0, 0, 0};
+    memcpy(t, x, (size_t)left * sizeof(float));
+    return vld1q_f32(t);
+}
+
+static inline __attribute__((always_inline)) void
+store_cols__neon(const int FULL, int64_t left, float *x, float32x4_t v)
+{
+    if (FULL) {
+        vst1q_f32(x, v);
+    } else {
+        float t[4];
+        vst1q_f32(t, v);
+        memcpy(x, t, (size_t)left * sizeof(float));
     }
-GEMM_UKERNEL(fa_f32_gemm_ukernel_8x8__neon, 0)
-GEMM_UKERNEL(fa_f32_gemm_at_ukernel_8x8__neon, 1)
-#undef GEMM_UKERNEL
-#undef GEMM_ROWS_CASE
+}
 
 /*
  * exp in 4 lanes, inline: the AVX2 kernel's reduction, polynomial and two-factor 2^n (see
@@ -186,49 +189,32 @@ static void fa_f32_transpose__neon(int64_t rows, int64_t cols, const float *src,
 }
 
 /* 4 columns per vector, one FMA chain per column in p order from 0 (the GEMM kernel's
- * rounding); the last columns through zero-padded copies. */
-static void fa_f32_coldot__neon(int64_t n, int64_t k, const float *a, int64_t lda,
-                                const float *b, int64_t ldb, float *out)
+ * rounding). */
+static inline __attribute__((always_inline)) void
+coldot_cols__neon(const int FULL, int64_t left, int64_t k, const float *a, int64_t lda,
+                  const float *b, int64_t ldb, float *out)
 {
-    for (int64_t j = 0; j < n; j += 4) {
-        const int64_t w = n - j < 4 ? n - j : 4;
-        float32x4_t acc = vdupq_n_f32(0);
-        for (int64_t p = 0; p < k; p++) {
-            float ta[4] = {0, 0, 0, 0}, tb[4] = {0, 0, 0, 0};
-            const float *pa = a + p * lda + j, *pb = b + p * ldb + j;
-            if (w < 4) {
-                memcpy(ta, pa, (size_t)w * sizeof(float));
-                memcpy(tb, pb, (size_t)w * sizeof(float));
-                pa = ta, pb = tb;
-            }
-            acc = vfmaq_f32(acc, vld1q_f32(pa), vld1q_f32(pb));
-        }
-        float t[4];
-        vst1q_f32(t, acc);
-        memcpy(out + j, t, (size_t)w * sizeof(float));
-    }
+    float32x4_t acc = vdupq_n_f32(0);
+    for (int64_t p = 0; p < k; p++)
+        acc = vfmaq_f32(acc, load_cols__neon(FULL, left, a + p * lda),
+                        load_cols__neon(FULL, left, b + p * ldb));
+    store_cols__neon(FULL, left, out, acc);
 }
 
 /* The backward's row on 4 lanes: core/gradient.h's dS with z = 1, no cap (kernels.h). */
-static void fa_f32_dsoftmax__neon(int64_t n, const float *s, double lse, const float *dp,
-                                  float di, float scale, float *p, float *ds)
+static inline __attribute__((always_inline)) void
+dsoftmax_vec__neon(const int FULL, int64_t left, const float *s, double lse, const float *dp,
+                   float di, float scale, float *p, float *ds)
 {
     const float64x2_t vl = vdupq_n_f64(lse);
-    for (int64_t c = 0; c < n; c += 4) {
-        const int64_t w = n - c < 4 ? n - c : 4;
-        float ts[4] = {0, 0, 0, 0}, tdp[4] = {0, 0, 0, 0}, tp[4], tds[4];
-        memcpy(ts, s + c, (size_t)w * sizeof(float));
-        memcpy(tdp, dp + c, (size_t)w * sizeof(float));
-        const float32x4_t sv = vld1q_f32(ts);
-        const float32x2_t lo = vcvt_f32_f64(vsubq_f64(vcvt_f64_f32(vget_low_f32(sv)), vl));
-        const float32x2_t hi = vcvt_f32_f64(vsubq_f64(vcvt_high_f64_f32(sv), vl));
-        const float32x4_t P = exp__neon(vcombine_f32(lo, hi));
-        const float32x4_t g = vmulq_f32(P, vsubq_f32(vld1q_f32(tdp), vdupq_n_f32(di)));
-        vst1q_f32(tp, P);
-        vst1q_f32(tds, vmulq_n_f32(g, scale));
-        memcpy(p + c, tp, (size_t)w * sizeof(float));
-        memcpy(ds + c, tds, (size_t)w * sizeof(float));
-    }
+    const float32x4_t vdi = vdupq_n_f32(di);
+    const float32x4_t sv = load_cols__neon(FULL, left, s);
+    const float32x2_t lo = vcvt_f32_f64(vsubq_f64(vcvt_f64_f32(vget_low_f32(sv)), vl));
+    const float32x2_t hi = vcvt_f32_f64(vsubq_f64(vcvt_high_f64_f32(sv), vl));
+    const float32x4_t P = exp__neon(vcombine_f32(lo, hi));
+    const float32x4_t g = vmulq_f32(P, vsubq_f32(load_cols__neon(FULL, left, dp), vdi));
+    store_cols__neon(FULL, left, p, P);
+    store_cols__neon(FULL, left, ds, vmulq_n_f32(g, scale));
 }
 
 /* f16 by FCVTL, bf16 by a 16-bit left shift into 32 bits: both exact, NaN payloads kept. The
@@ -278,14 +264,8 @@ static void fa_f32_narrow__neon(void *dst, fa_dtype d, int64_t n, const float *s
 static inline __attribute__((always_inline)) float32x4_t
 load4_widen__neon(const fa_dtype D, const int WHOLE, int64_t left, const void *row, int64_t p)
 {
-    if (D == FA_F32) {
-        const float *f = (const float *)row + p;
-        if (WHOLE)
-            return vld1q_f32(f);
-        float t[4] = {0, 0, 0, 0};
-        memcpy(t, f, (size_t)left * sizeof(float));
-        return vld1q_f32(t);
-    }
+    if (D == FA_F32)
+        return load_cols__neon(WHOLE, left, (const float *)row + p);
     const uint16_t *h = (const uint16_t *)row + p;
     uint16_t t[4] = {0, 0, 0, 0};
     if (!WHOLE) {
@@ -342,56 +322,8 @@ dot_block__neon(const fa_dtype D, const int ROWS, const int KEYS4, int64_t nc, i
         float32x4_t sums = vpaddq_f32(vpaddq_f32(a[0], a[1]), vpaddq_f32(a[2], a[3]));
         if (scale)
             sums = vmulq_n_f32(sums, *scale);
-        if (KEYS4) {
-            vst1q_f32(s + r * lds, sums);
-        } else {
-            float t[4];
-            vst1q_f32(t, sums);
-            memcpy(s + r * lds, t, (size_t)nc * sizeof(float));
-        }
+        store_cols__neon(KEYS4, nc, s + r * lds, sums);
     }
-}
-
-static inline __attribute__((always_inline)) void
-dot_rows_dtype__neon(const fa_dtype D, int64_t nr, int64_t n, int64_t d, const float *q,
-                     int64_t ldq, const void *k, int64_t ldk, float *s, int64_t lds,
-                     const float *scale)
-{
-    const int64_t kb = ldk * (D == FA_F32 ? 4 : 2);
-    for (int64_t c = 0; c < n; c += 4) {
-        const int64_t nc = n - c < 4 ? n - c : 4;
-        const char *kc = (const char *)k + c * kb;
-        for (int64_t r = 0; r < nr; r += 4) {
-            const float *qr = q + r * ldq;
-            float *sr = s + r * lds + c;
-#define DOT_CASE(ROWS)                                                                          \
-    (nc == 4 ? dot_block__neon(D, ROWS, 1, 4, d, qr, ldq, kc, kb, sr, lds, scale)              \
-             : dot_block__neon(D, ROWS, 0, nc, d, qr, ldq, kc, kb, sr, lds, scale))
-            switch (nr - r < 4 ? nr - r : 4) {
-            case 1: DOT_CASE(1); break;
-            case 2: DOT_CASE(2); break;
-            case 3: DOT_CASE(3); break;
-            default: DOT_CASE(4); break;
-            }
-#undef DOT_CASE
-        }
-    }
-}
-
-/* The sum's order: 4 lanes over p (lane t: p = t, t + 4, ..., fused), then (l0 + l1) +
- * (l2 + l3). */
-static void fa_f32_dot_rows_4x4__neon(int64_t nr, int64_t n, int64_t d, const float *q,
-                                      int64_t ldq, const void *k, int64_t ldk, fa_dtype kd,
-                                      float *s, int64_t lds, const float *scale)
-{
-    if (kd == FA_F16)
-        dot_rows_dtype__neon(FA_F16, nr, n, d, q, ldq, k, ldk, s, lds, scale);
-    else if (kd == FA_BF16)
-        dot_rows_dtype__neon(FA_BF16, nr, n, d, q, ldq, k, ldk, s, lds, scale);
-    else if (kd == FA_F32)
-        dot_rows_dtype__neon(FA_F32, nr, n, d, q, ldq, k, ldk, s, lds, scale);
-    else
-        fai_dot_rows_f32_portable(nr, n, d, q, ldq, k, ldk, kd, s, lds, scale);
 }
 
 /* ROWS (<= 4) rows of acc, dims [p0, p0 + 16) (left[x]: the valid lanes of vector x, 4 each
@@ -440,54 +372,20 @@ pv_block__neon(const fa_dtype D, const int FULL, const int ROWS, const int64_t *
         }
 }
 
-#define PV_KEYS 64 /* keys per pass over the dims: 64 rows of V (16 KiB of f32) stay in L1 */
+/* ---------------------------------------------------------------- the drivers */
 
-static inline __attribute__((always_inline)) void
-pv_rows_dtype__neon(const fa_dtype D, int64_t nr, int64_t n, int64_t dv, const float *p,
-                    int64_t ldp, const void *v, int64_t ldv, float *acc, int64_t lda)
-{
-    const int64_t vb = ldv * (D == FA_F32 ? 4 : 2);
-    for (int64_t c = 0; c < n; c += PV_KEYS) {
-        const int64_t nc = n - c < PV_KEYS ? n - c : PV_KEYS;
-        const char *vc = (const char *)v + c * vb;
-        for (int64_t p0 = 0; p0 < dv; p0 += 16) {
-            int64_t left[4];
-            for (int x = 0; x < 4; x++) {
-                const int64_t l = dv - p0 - 4 * x;
-                left[x] = l >= 4 ? 4 : l <= 0 ? 0 : l;
-            }
-            const int full = dv - p0 >= 16;
-            for (int64_t r = 0; r < nr; r += 4) {
-                const float *pr = p + r * ldp + c;
-                float *ar = acc + r * lda;
-#define PV_CASE(ROWS)                                                                           \
-    (full ? pv_block__neon(D, 1, ROWS, left, nc, pr, ldp, vc, vb, p0, ar, lda)                  \
-          : pv_block__neon(D, 0, ROWS, left, nc, pr, ldp, vc, vb, p0, ar, lda))
-                switch (nr - r < 4 ? nr - r : 4) {
-                case 1: PV_CASE(1); break;
-                case 2: PV_CASE(2); break;
-                case 3: PV_CASE(3); break;
-                default: PV_CASE(4); break;
-                }
-#undef PV_CASE
-            }
-        }
-    }
-}
-
-static void fa_f32_pv_rows_4x16__neon(int64_t nr, int64_t n, int64_t dv, const float *p,
-                                      int64_t ldp, const void *v, int64_t ldv, fa_dtype vd,
-                                      float *acc, int64_t lda)
-{
-    if (vd == FA_F16)
-        pv_rows_dtype__neon(FA_F16, nr, n, dv, p, ldp, v, ldv, acc, lda);
-    else if (vd == FA_BF16)
-        pv_rows_dtype__neon(FA_BF16, nr, n, dv, p, ldp, v, ldv, acc, lda);
-    else if (vd == FA_F32)
-        pv_rows_dtype__neon(FA_F32, nr, n, dv, p, ldp, v, ldv, acc, lda);
-    else
-        fai_pv_rows_f32_portable(nr, n, dv, p, ldp, v, ldv, vd, acc, lda);
-}
+#define FAI_DRV_ISA neon
+#define FAI_DRV_GEMM fa_f32_gemm_ukernel_8x8__neon
+#define FAI_DRV_GEMM_AT fa_f32_gemm_at_ukernel_8x8__neon
+#define FAI_DRV_MR MR
+#define FAI_DRV_LANES 4
+#define FAI_DRV_COLDOT fa_f32_coldot__neon
+#define FAI_DRV_DSOFTMAX fa_f32_dsoftmax__neon
+#define FAI_DRV_DOT_ROWS fa_f32_dot_rows_4x4__neon
+#define FAI_DRV_DOT_KEYS 4
+#define FAI_DRV_PV_ROWS fa_f32_pv_rows_4x16__neon
+#define FAI_DRV_PV_VECS 4
+#include "simd/drivers_tpl.h"
 
 static const fai_kernels_f32 neon = {
     .isa = FA_ISA_NEON,
