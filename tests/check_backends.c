@@ -124,10 +124,60 @@ static void sweep_one(const sw_case *c, fa_dtype dt)
 
 /* The cases marked SW_BACKENDS (make_backends_suite). */
 static const sw_case *sweep[64];
+static int nsweep;
 
 START_TEST(backends_match_reference)
 {
     sweep_one(sweep[_i / 4], dtypes[_i % 4]);
+}
+END_TEST
+
+/*
+ * The sweep holds every feature it is there to test, as the library receives it (sw_params'
+ * fa_params, sw_dims_of's sizes): the sweep above hands the same params to the reference and to
+ * the paths it judges, so a mapping that dropped a switch (softcap, say) or a table edit that
+ * lost the last case of one would leave it green while it tested less.
+ */
+START_TEST(backends_sweep_covers_features)
+{
+    static const char *const feature[] = {
+        "causal (bottom-right)", "causal top-left", "a left window bound", "a right window bound",
+        "sink tokens",           "softcap",         "ALiBi",               "ALiBi before softcap",
+        "dropout",               "GQA",             "MQA",                 "Dqk != Dv",
+        "BHSD",                  "padded rows",     "large logits",        "Sq != Sk",
+        "decode (Sq <= 4, Sk > 512)",
+    };
+    enum { N = (int)(sizeof feature / sizeof *feature) };
+    int seen[N] = {0};
+    for (int i = 0; i < nsweep; i++) {
+        const sw_case *c = sweep[i];
+        fa_params p;
+        sw_params(c, &p);
+        const sw_dims d = sw_dims_of(c, 64, 128); /* tiles of any size */
+        const int has[N] = {
+            p.causal && p.align == FA_ALIGN_BOTTOM_RIGHT,
+            p.causal && p.align == FA_ALIGN_TOP_LEFT,
+            p.window_left >= 0,
+            p.window_right >= 0,
+            p.sink_tokens > 0 && p.window_left >= 0,
+            p.softcap > 0,
+            p.alibi_slopes != NULL,
+            p.alibi_slopes && p.softcap > 0 && p.score_order == FA_ALIBI_THEN_SOFTCAP,
+            p.dropout_p > 0,
+            d.hk > 1 && d.hq > d.hk,
+            d.hk == 1 && d.hq > 1,
+            d.dqk != d.dv,
+            c->layout == HT_BHSD,
+            c->layout == HT_PADDED,
+            c->logits[0] >= 90,
+            d.sq != d.sk,
+            d.sq <= 4 && d.sk > 512,
+        };
+        for (int f = 0; f < N; f++)
+            seen[f] |= has[f];
+    }
+    for (int f = 0; f < N; f++)
+        ck_assert_msg(seen[f], "no case of the sweep has %s", feature[f]);
 }
 END_TEST
 
@@ -136,8 +186,9 @@ Suite *make_backends_suite(void)
     Suite *s = suite_create("backends");
     TCase *tc = ht_tcase_create("sweep");
     tcase_set_timeout(tc, 600);
-    const int n = sw_select(SW_BACKENDS, sweep, (int)(sizeof sweep / sizeof *sweep));
-    tcase_add_loop_test(tc, backends_match_reference, 0, 4 * n);
+    nsweep = sw_select(SW_BACKENDS, sweep, (int)(sizeof sweep / sizeof *sweep));
+    tcase_add_loop_test(tc, backends_match_reference, 0, 4 * nsweep);
+    tcase_add_test(tc, backends_sweep_covers_features);
     suite_add_tcase(s, tc);
     return s;
 }
