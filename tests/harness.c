@@ -323,22 +323,36 @@ int64_t ht_decode_keys(int threads, const fa_params *p, const fa_tensor *q, cons
     return keys;
 }
 
-void ht_bundle_alloc(ht_bundle *x, fa_dtype dt, const ht_sweep_case *c, int64_t sq, int64_t sk,
-                     ht_layout lay, fa_dtype lse_dt)
+void ht_bundle_alloc(ht_bundle *x, fa_dtype dt, const sw_dims *d, ht_layout lay, fa_dtype lse_dt)
 {
-    ht_alloc(&x->q, dt, c->b, sq, c->hq, c->dqk, lay);
-    ht_alloc(&x->k, dt, c->b, sk, c->hk, c->dqk, lay);
-    ht_alloc(&x->v, dt, c->b, sk, c->hk, c->dv, lay);
-    ht_alloc(&x->dout, dt, c->b, sq, c->hq, c->dv, lay);
-    ht_alloc(&x->out, dt, c->b, sq, c->hq, c->dv, lay);
-    ht_alloc(&x->dq, dt, c->b, sq, c->hq, c->dqk, lay);
-    ht_alloc(&x->dk, dt, c->b, sk, c->hk, c->dqk, lay);
-    ht_alloc(&x->dv, dt, c->b, sk, c->hk, c->dv, lay);
-    ht_alloc_lse(&x->lse, lse_dt, c->b, sq, c->hq);
+    ht_tensor *const t[SW_NTENSORS] = {
+        [SW_Q] = &x->q,     [SW_K] = &x->k,   [SW_V] = &x->v,   [SW_DOUT] = &x->dout,
+        [SW_OUT] = &x->out, [SW_DQ] = &x->dq, [SW_DK] = &x->dk, [SW_DV] = &x->dv,
+        [SW_LSE] = &x->lse};
+    for (int i = 0; i < SW_NTENSORS; i++) {
+        int64_t s[4];
+        sw_shape(d, (sw_tensor)i, s);
+        if (i == SW_LSE)
+            ht_alloc_lse(t[i], lse_dt, s[0], s[1], s[2]);
+        else
+            ht_alloc(t[i], dt, s[0], s[1], s[2], s[3], lay);
+    }
 }
 
 void ht_bundle_free(ht_bundle *x)
 {
     ht_free(&x->q), ht_free(&x->k), ht_free(&x->v), ht_free(&x->dout), ht_free(&x->out);
     ht_free(&x->lse), ht_free(&x->dq), ht_free(&x->dk), ht_free(&x->dv);
+}
+
+void ht_bundle_draw(ht_bundle *x, const sw_case *c)
+{
+    ht_tensor *const in[4] = {[SW_Q] = &x->q, [SW_K] = &x->k, [SW_V] = &x->v,
+                              [SW_DOUT] = &x->dout};
+    for (int i = 0; i < 4; i++) {
+        uint64_t seed;
+        double lo, hi;
+        sw_draw(c, (sw_tensor)i, &seed, &lo, &hi);
+        ht_fill(in[i], seed, lo, hi);
+    }
 }

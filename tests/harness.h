@@ -8,8 +8,13 @@
 #include <stdint.h>
 
 #include "flashattn.h"
+#include "sweep_cases.h"
 
-typedef enum { HT_BSHD, HT_BHSD, HT_PADDED } ht_layout; /* PADDED: BSHD with gaps */
+/* The sweep's layouts by the harness's names (PADDED: ht_alloc's gaps). */
+typedef sw_layout ht_layout;
+#define HT_BSHD SW_BSHD
+#define HT_BHSD SW_BHSD
+#define HT_PADDED SW_PADDED
 
 typedef struct {
     fa_tensor t;   /* the tensor in its storage dtype and layout                   */
@@ -103,28 +108,15 @@ Suite *make_kernels_suite(void);
 Suite *make_faults_suite(void);
 Suite *make_inference_suite(void);
 
-/* One case of the backend sweeps (CPU and CUDA): shape, mask, score and dropout switches. */
-typedef struct {
-    int64_t b, sq, sk, hq, hk, dqk, dv;
-    int causal;
-    int64_t wl, wr;
-    int top_left;
-    double softcap;
-    int alibi;
-    double dropout;
-    ht_layout layout;
-    fa_score_order order;
-    int64_t sink_tokens;
-} ht_sweep_case;
-
 /* The tensors of one forward + backward, in one storage dtype (LSE: lse_dt). */
 typedef struct {
     ht_tensor q, k, v, dout, out, lse, dq, dk, dv;
 } ht_bundle;
 
-/* Allocates a bundle for case c with sq query and sk key rows (the case's own or resolved). */
-void ht_bundle_alloc(ht_bundle *x, fa_dtype dt, const ht_sweep_case *c, int64_t sq, int64_t sk,
-                     ht_layout lay, fa_dtype lse_dt);
+/* Allocates a bundle of sizes d (sw_shape's shapes) in layout lay. */
+void ht_bundle_alloc(ht_bundle *x, fa_dtype dt, const sw_dims *d, ht_layout lay, fa_dtype lse_dt);
 void ht_bundle_free(ht_bundle *x);
+/* Fills the bundle's inputs (q, k, v, dout) as case c draws them (sw_draw). */
+void ht_bundle_draw(ht_bundle *x, const sw_case *c);
 
 #endif

@@ -2,10 +2,11 @@
  * sweep_digest: a hash of every backend's outputs over the test sweep, to prove that a change
  * meant to keep behaviour (a restructuring, a refactor) keeps every bit.
  *
- * It runs the shapes and features of tests/check_backends.c (sizes resolved to fixed numbers,
- * so that the run does not depend on the tile plan it is checking), a few cases that cross the
- * forward's large query tiles, non-finite inputs in masked and allowed rows, forced tiles and
- * backward passes, and fa_merge_states; forward (out, LSE) and backward (dq, dk, dv, from the
+ * It runs cases of the sweep's table (tests/sweep_cases.c): shapes and features of
+ * tests/check_backends.c (sizes relative to tiles resolved against fixed ones, so that the run
+ * does not depend on the tile plan it is checking), a few cases that cross the forward's large
+ * query tiles, non-finite inputs in masked and allowed rows; forced tiles and backward passes,
+ * and fa_merge_states; forward (out, LSE) and backward (dq, dk, dv, from the
  * same backend's out and LSE) on the reference, the conventional path and the tiled backend
  * with every ISA this machine runs, in every storage dtype, on 1 and 2 threads. Each line is
  * one run: its label and the FNV-1a hash of its outputs' elements in index order (strides and
@@ -13,7 +14,8 @@
  *
  * Only the public API is used, so the same source builds against any version of the library:
  *     make tests/sweep_digest && ./tests/sweep_digest > after.txt
- * then the same against the old tree, and `diff before.txt after.txt`.
+ * then the same against the old tree, and `diff before.txt after.txt`. The table's source is
+ * included below rather than linked, so that this one file is all such a build names.
  */
 #include "config.h"
 
@@ -23,6 +25,7 @@
 #include <string.h>
 
 #include "flashattn.h"
+#include "sweep_cases.c"
 
 /* ------------------------------------------------------------------ hashing */
 
@@ -48,8 +51,6 @@ static void report(const char *label, uint64_t h)
 
 /* ------------------------------------------------------------------ tensors */
 
-typedef enum { L_BSHD, L_BHSD, L_PADDED } layout;
-
 static size_t dsize(fa_dtype d) { return d == FA_F64 ? 8 : d == FA_F32 ? 4 : 2; }
 
 typedef struct {
@@ -58,13 +59,14 @@ typedef struct {
     size_t bytes;
 } tensor;
 
-static void talloc(tensor *x, fa_dtype dt, int64_t B, int64_t S, int64_t H, int64_t D, layout l)
+static void talloc(tensor *x, fa_dtype dt, int64_t B, int64_t S, int64_t H, int64_t D,
+                   sw_layout l)
 {
-    const int64_t pad = l == L_PADDED ? 3 : 0, Dp = D + pad;
+    const int64_t pad = l == SW_PADDED ? 3 : 0, Dp = D + pad;
     fa_tensor *t = &x->t;
     t->dtype = dt;
     t->batch = B, t->seqlen = S, t->heads = H, t->headdim = D, t->headdim_stride = 1;
-    if (l == L_BHSD) {
+    if (l == SW_BHSD) {
         t->seq_stride = Dp, t->head_stride = S * Dp, t->batch_stride = H * S * Dp;
     } else {
         t->head_stride = Dp, t->seq_stride = H * Dp + pad, t->batch_stride = S * (H * Dp + pad);
@@ -141,71 +143,60 @@ static void tset(tensor *x, int64_t b, int64_t s, int64_t h, int64_t d, double v
 
 /* ------------------------------------------------------------------ cases */
 
-typedef struct {
-    int64_t b, sq, sk, hq, hk, dqk, dv;
-    int causal;
-    int64_t wl, wr;
-    int top_left;
-    double softcap;
-    int alibi;
-    double dropout;
-    layout lay;
-    fa_score_order order;
-    int nonfinite; /* inf/NaN planted in K/V rows (masked and allowed) and in Q */
-    double lo, hi; /* input range (lo > hi: N(0, 1)) */
-} dcase;
-
-/* check_backends.c's sweep with BQ(x) = 128 + x and BK(x) = 256 + x, its large-logit cases,
- * and cases past the forward's 4096-row query tile, with GQA, on the selection paths. */
-#define N01 1, -1
-static const dcase cases[] = {
-    {.b = 1, .sq = 1, .sk = 1, .hq = 1, .hk = 1, .dqk = 16, .dv = 16, .wl = -1, .wr = -1, .lo = 1, .hi = -1},
-    {.b = 2, .sq = 2, .sk = 3, .hq = 2, .hk = 1, .dqk = 8, .dv = 8, .causal = 1, .wl = -1, .wr = -1, .lay = L_BHSD, .lo = 1, .hi = -1},
-    {.b = 1, .sq = 3, .sk = 2, .hq = 1, .hk = 1, .dqk = 5, .dv = 7, .causal = 1, .wl = -1, .wr = -1, .lo = 1, .hi = -1},
-    {.b = 1, .sq = 255, .sk = 255, .hq = 1, .hk = 1, .dqk = 64, .dv = 64, .causal = 1, .wl = -1, .wr = -1, .lo = 1, .hi = -1},
-    {.b = 1, .sq = 256, .sk = 256, .hq = 2, .hk = 2, .dqk = 64, .dv = 64, .causal = 1, .wl = -1, .wr = -1, .dropout = 0.2, .lo = 1, .hi = -1},
-    {.b = 1, .sq = 257, .sk = 257, .hq = 1, .hk = 1, .dqk = 64, .dv = 64, .wl = 5, .wr = 3, .lay = L_PADDED, .lo = 1, .hi = -1},
-    {.b = 1, .sq = 127, .sk = 97, .hq = 1, .hk = 1, .dqk = 32, .dv = 32, .wl = -1, .wr = -1, .lay = L_PADDED, .lo = 1, .hi = -1},
-    {.b = 1, .sq = 128, .sk = 113, .hq = 2, .hk = 1, .dqk = 32, .dv = 32, .causal = 1, .wl = -1, .wr = -1, .top_left = 1, .alibi = 1, .lo = 1, .hi = -1},
-    {.b = 1, .sq = 129, .sk = 127, .hq = 1, .hk = 1, .dqk = 32, .dv = 48, .causal = 1, .wl = -1, .wr = -1, .softcap = 5, .lay = L_BHSD, .lo = 1, .hi = -1},
-    {.b = 1, .sq = 97, .sk = 113, .hq = 4, .hk = 2, .dqk = 59, .dv = 111, .wl = 16, .wr = 8, .softcap = 10, .alibi = 1, .lo = 1, .hi = -1},
-    {.b = 1, .sq = 127, .sk = 1025, .hq = 2, .hk = 1, .dqk = 16, .dv = 16, .causal = 1, .wl = -1, .wr = -1, .top_left = 1, .dropout = 0.3, .lo = 1, .hi = -1},
-    {.b = 1, .sq = 1025, .sk = 127, .hq = 1, .hk = 1, .dqk = 16, .dv = 16, .causal = 1, .wl = -1, .wr = -1, .alibi = 1, .lay = L_BHSD, .lo = 1, .hi = -1},
-    {.b = 2, .sq = 113, .sk = 97, .hq = 4, .hk = 1, .dqk = 59, .dv = 59, .wl = 0, .wr = 0, .dropout = 0.5, .lo = 1, .hi = -1},
-    {.b = 1, .sq = 129, .sk = 129, .hq = 2, .hk = 2, .dqk = 111, .dv = 59, .wl = -1, .wr = 0, .lay = L_PADDED, .lo = 1, .hi = -1},
-    {.b = 1, .sq = 65, .sk = 200, .hq = 1, .hk = 1, .dqk = 128, .dv = 128, .wl = 20, .wr = -1, .softcap = 3, .alibi = 1, .dropout = 0.1, .lay = L_BHSD, .lo = 1, .hi = -1},
-    {.b = 1, .sq = 200, .sk = 65, .hq = 2, .hk = 1, .dqk = 24, .dv = 40, .causal = 1, .wl = -1, .wr = -1, .top_left = 1, .lo = 1, .hi = -1},
-    {.b = 1, .sq = 5, .sk = 1, .hq = 1, .hk = 1, .dqk = 4, .dv = 4, .causal = 1, .wl = -1, .wr = -1, .lo = 1, .hi = -1},
-    {.b = 1, .sq = 257, .sk = 257, .hq = 2, .hk = 2, .dqk = 64, .dv = 64, .wl = -1, .wr = -1, .lay = L_PADDED, .lo = 1, .hi = -1},
-    {.b = 3, .sq = 61, .sk = 67, .hq = 6, .hk = 3, .dqk = 19, .dv = 23, .causal = 1, .wl = 7, .wr = -1, .softcap = 2, .alibi = 1, .dropout = 0.15, .lay = L_BHSD, .lo = 1, .hi = -1},
-    {.b = 1, .sq = 90, .sk = 90, .hq = 2, .hk = 1, .dqk = 32, .dv = 32, .causal = 1, .wl = -1, .wr = -1, .softcap = 2, .alibi = 1, .dropout = 0.1, .order = FA_ALIBI_THEN_SOFTCAP, .lo = 1, .hi = -1},
-    /* logits in [90, 100] */
-    {.b = 1, .sq = 70, .sk = 90, .hq = 2, .hk = 1, .dqk = 64, .dv = 64, .wl = -1, .wr = -1, .lo = 3.3541019662496847, .hi = 3.5355339059327378},
-    {.b = 1, .sq = 90, .sk = 70, .hq = 1, .hk = 1, .dqk = 64, .dv = 32, .causal = 1, .wl = -1, .wr = -1, .dropout = 0.2, .lay = L_BHSD, .lo = 3.3541019662496847, .hi = 3.5355339059327378},
-    /* past the forward's 4096-row query tile; GQA; D = 128 with AMX's multiples */
-    {.b = 1, .sq = 4097, .sk = 300, .hq = 2, .hk = 1, .dqk = 128, .dv = 128, .causal = 1, .wl = -1, .wr = -1, .lo = 1, .hi = -1},
-    {.b = 1, .sq = 600, .sk = 4100, .hq = 4, .hk = 2, .dqk = 64, .dv = 64, .wl = 700, .wr = 33, .lo = 1, .hi = -1},
-    /* non-finite values: the selection paths */
-    {.b = 1, .sq = 300, .sk = 300, .hq = 2, .hk = 1, .dqk = 32, .dv = 32, .causal = 1, .wl = -1, .wr = -1, .nonfinite = 1, .lo = 1, .hi = -1},
-    {.b = 1, .sq = 70, .sk = 290, .hq = 1, .hk = 1, .dqk = 64, .dv = 64, .wl = 40, .wr = 2, .dropout = 0.25, .nonfinite = 1, .lo = 1, .hi = -1},
+/* The cases, by name, in the order of their runs' numbers. A run's number is its label and
+ * replaces the case's seed (its inputs' and its dropout stream's): the numbers of every digest
+ * since the first, so that digests of old and new trees compare line by line. Sizes relative
+ * to tiles are resolved against 128 query rows and 256 keys. */
+static const struct {
+    int number;
+    const char *name;
+} runs[] = {
+    {0, "one_key"},
+    {1, "tiny_gqa_causal"},
+    {2, "causal_first_row_empty"},
+    {3, "causal_key_tile_minus_1"},
+    {4, "causal_key_tile_dropout"},
+    {5, "window_key_tile_plus_1"},
+    {6, "query_tile_minus_1"},
+    {7, "query_tile_top_left_alibi"},
+    {8, "query_tile_plus_1_softcap"},
+    {9, "odd_dims_window_softcap_alibi"},
+    {10, "long_keys_top_left_dropout"},
+    {11, "long_queries_empty_rows_alibi"},
+    {12, "mqa_one_key_per_row_dropout"},
+    {13, "left_unbounded_window"},
+    {14, "everything_d128"},
+    {15, "causal_top_left_more_queries"},
+    {16, "causal_last_row_only"},
+    {17, "plain_257"},
+    {18, "gqa_window_softcap_alibi_dropout"},
+    {19, "alibi_then_softcap"},
+    {20, "large_logits"},
+    {21, "large_logits_causal_dropout"},
+    {22, "past_query_tile"},
+    {23, "past_query_tile_keys_window"},
+    {24, "nonfinite_causal"},
+    {25, "nonfinite_window_dropout"},
 };
-#define NCASES ((int)(sizeof cases / sizeof *cases))
+#define NRUNS ((int)(sizeof runs / sizeof *runs))
 
 typedef struct {
     tensor q, k, v, dout, out, lse, dq, dk, dv;
 } bundle;
 
-static void balloc(bundle *x, const dcase *c, fa_dtype dt)
+static void balloc(bundle *x, const sw_dims *d, sw_layout l, fa_dtype dt)
 {
-    talloc(&x->q, dt, c->b, c->sq, c->hq, c->dqk, c->lay);
-    talloc(&x->k, dt, c->b, c->sk, c->hk, c->dqk, c->lay);
-    talloc(&x->v, dt, c->b, c->sk, c->hk, c->dv, c->lay);
-    talloc(&x->dout, dt, c->b, c->sq, c->hq, c->dv, c->lay);
-    talloc(&x->out, dt, c->b, c->sq, c->hq, c->dv, c->lay);
-    talloc(&x->dq, dt, c->b, c->sq, c->hq, c->dqk, c->lay);
-    talloc(&x->dk, dt, c->b, c->sk, c->hk, c->dqk, c->lay);
-    talloc(&x->dv, dt, c->b, c->sk, c->hk, c->dv, c->lay);
-    tlse(&x->lse, dt == FA_F64 ? FA_F64 : FA_F32, c->b, c->sq, c->hq);
+    tensor *const t[SW_NTENSORS] = {[SW_Q] = &x->q,     [SW_K] = &x->k,   [SW_V] = &x->v,
+                                    [SW_DOUT] = &x->dout, [SW_OUT] = &x->out, [SW_DQ] = &x->dq,
+                                    [SW_DK] = &x->dk,   [SW_DV] = &x->dv, [SW_LSE] = &x->lse};
+    for (int i = 0; i < SW_NTENSORS; i++) {
+        int64_t s[4];
+        sw_shape(d, (sw_tensor)i, s);
+        if (i == SW_LSE)
+            tlse(t[i], dt == FA_F64 ? FA_F64 : FA_F32, s[0], s[1], s[2]);
+        else
+            talloc(t[i], dt, s[0], s[1], s[2], s[3], l);
+    }
 }
 
 static void bfree(bundle *x)
@@ -214,14 +205,14 @@ static void bfree(bundle *x)
     tfree(&x->lse), tfree(&x->dq), tfree(&x->dk), tfree(&x->dv);
 }
 
-static void plant_nonfinite(bundle *x, const dcase *c)
+static void plant_nonfinite(bundle *x, const sw_dims *d)
 {
     /* K and V rows near the start (masked for early causal rows, allowed for later ones), one
      * V row late in the sequence, a NaN in a Q row */
-    tset(&x->k, 0, c->sk / 3, 0, 1, INFINITY);
-    tset(&x->v, 0, c->sk / 2, 0, 2, NAN);
-    tset(&x->v, 0, c->sk - 2, c->hk - 1, 0, -INFINITY);
-    tset(&x->q, 0, c->sq / 4, 0, 3, NAN);
+    tset(&x->k, 0, d->sk / 3, 0, 1, INFINITY);
+    tset(&x->v, 0, d->sk / 2, 0, 2, NAN);
+    tset(&x->v, 0, d->sk - 2, d->hk - 1, 0, -INFINITY);
+    tset(&x->q, 0, d->sq / 4, 0, 3, NAN);
 }
 
 /* ------------------------------------------------------------------ runs */
@@ -254,41 +245,37 @@ static fa_context *make_ctx(const config *cf)
     return ctx;
 }
 
-static void run_case(int ci, fa_dtype dt, const config *cf, const char *cfname)
+/* Case c of sizes d in dtype dt on one configuration; labelled by the case's seed (its run's
+ * number). */
+static void run_case(const sw_case *c, const sw_dims *d, fa_dtype dt, const config *cf,
+                     const char *cfname)
 {
-    const dcase *c = &cases[ci];
     bundle x;
-    balloc(&x, c, dt);
-    tfill(&x.q, 1000 + ci, c->lo, c->hi);
-    tfill(&x.k, 2000 + ci, c->lo, c->hi);
-    tfill(&x.v, 3000 + ci, -1, 1);
-    tfill(&x.dout, 4000 + ci, -1, 1);
+    balloc(&x, d, c->layout, dt);
+    tensor *const in[4] = {[SW_Q] = &x.q, [SW_K] = &x.k, [SW_V] = &x.v, [SW_DOUT] = &x.dout};
+    for (int i = 0; i < 4; i++) {
+        uint64_t seed;
+        double lo, hi;
+        sw_draw(c, (sw_tensor)i, &seed, &lo, &hi);
+        tfill(in[i], seed, lo, hi);
+    }
     if (c->nonfinite)
-        plant_nonfinite(&x, c);
-    const float slopes[8] = {0.5f, 0.25f, 0.125f, 0.0625f, 0.03125f, 0.015625f, 0.0078125f, 0.004f};
+        plant_nonfinite(&x, d);
     fa_params p;
-    fa_params_init(&p);
-    p.causal = c->causal;
-    p.window_left = c->wl;
-    p.window_right = c->wr;
-    p.align = c->top_left ? FA_ALIGN_TOP_LEFT : FA_ALIGN_BOTTOM_RIGHT;
-    p.softcap = c->softcap;
-    p.alibi_slopes = c->alibi ? slopes : NULL;
-    p.dropout_p = c->dropout;
-    p.dropout_seed = 0xfeedface12345678ull + (uint64_t)ci;
-    p.dropout_offset = 3;
-    p.score_order = c->order;
+    sw_params(c, &p);
 
     char label[300];
     fa_context *ctx = make_ctx(cf);
     fa_status s = ctx ? fa_forward(ctx, &p, &x.q.t, &x.k.t, &x.v.t, &x.out.t, &x.lse.t)
                       : FA_ERR_BACKEND_UNAVAILABLE;
-    snprintf(label, sizeof label, "case%02d %-4s %-28.39s fwd", ci, fa_dtype_name(dt), cfname);
+    snprintf(label, sizeof label, "case%02d %-4s %-28.39s fwd", c->seed, fa_dtype_name(dt),
+             cfname);
     report(label, s == FA_OK ? thash(thash(FNV0, &x.out.t), &x.lse.t) : (uint64_t)s);
     if (s == FA_OK) {
         s = fa_backward(ctx, &p, &x.q.t, &x.k.t, &x.v.t, &x.out.t, &x.lse.t, &x.dout.t, &x.dq.t,
                         &x.dk.t, &x.dv.t);
-        snprintf(label, sizeof label, "case%02d %-4s %-28.39s bwd", ci, fa_dtype_name(dt), cfname);
+        snprintf(label, sizeof label, "case%02d %-4s %-28.39s bwd", c->seed, fa_dtype_name(dt),
+                 cfname);
         report(label, s == FA_OK ? thash(thash(thash(FNV0, &x.dq.t), &x.dk.t), &x.dv.t)
                                  : (uint64_t)s);
     }
@@ -299,18 +286,18 @@ static void run_case(int ci, fa_dtype dt, const config *cf, const char *cfname)
 /* fa_merge_states over three partial states, one of them empty. */
 static void run_merge(fa_dtype dt)
 {
-    const dcase c = {.b = 2, .sq = 37, .hq = 3, .dv = 40, .lay = L_BHSD};
+    const int64_t B = 2, S = 37, H = 3, D = 40;
     tensor o[3], l[3], out, lse;
     for (int k = 0; k < 3; k++) {
-        talloc(&o[k], dt, c.b, c.sq, c.hq, c.dv, c.lay);
-        tlse(&l[k], dt == FA_F64 ? FA_F64 : FA_F32, c.b, c.sq, c.hq);
+        talloc(&o[k], dt, B, S, H, D, SW_BHSD);
+        tlse(&l[k], dt == FA_F64 ? FA_F64 : FA_F32, B, S, H);
         tfill(&o[k], 50 + k, -1, 1);
         tfill(&l[k], 60 + k, -3, 5);
     }
-    for (int64_t i = 0; i < c.sq; i += 3)
+    for (int64_t i = 0; i < S; i += 3)
         tset(&l[1], 1, i, 2, 0, -INFINITY);
-    talloc(&out, dt, c.b, c.sq, c.hq, c.dv, L_BSHD);
-    tlse(&lse, FA_F64, c.b, c.sq, c.hq);
+    talloc(&out, dt, B, S, H, D, SW_BSHD);
+    tlse(&lse, FA_F64, B, S, H);
     fa_tensor os[3] = {o[0].t, o[1].t, o[2].t}, ls[3] = {l[0].t, l[1].t, l[2].t};
     fa_status s = fa_merge_states(3, os, ls, &out.t, &lse.t);
     char label[100];
@@ -359,12 +346,18 @@ int main(int argc, char **argv)
         cfs[n] = (config){FA_BACKEND_TILED, isas[i], 2, "48x64x24", "1"};
         snprintf(names[n++], 40, "tiled/%s/48x64x24/1pass", fa_isa_name(isas[i]));
     }
-    for (int ci = 0; ci < NCASES; ci++) {
-        if (quick && (cases[ci].sq > 1025 || cases[ci].sk > 1025))
+    sw_case cases[NRUNS]; /* every name looked up before the first run */
+    for (int r = 0; r < NRUNS; r++) {
+        cases[r] = *sw_case_named(runs[r].name);
+        cases[r].seed = runs[r].number;
+    }
+    for (int r = 0; r < NRUNS; r++) {
+        const sw_dims d = sw_dims_of(&cases[r], 128, 256);
+        if (quick && (d.sq > 1025 || d.sk > 1025))
             continue;
-        for (int d = 0; d < 4; d++)
+        for (int t = 0; t < 4; t++)
             for (int k = 0; k < n; k++)
-                run_case(ci, dtypes[d], &cfs[k], names[k]);
+                run_case(&cases[r], &d, dtypes[t], &cfs[k], names[k]);
         fflush(stdout);
     }
     for (int d = 0; d < 4; d++)
