@@ -1,6 +1,6 @@
 /*
  * The ops: fa_forward and fa_backward, their variable-length forms, the paged and cache
- * forwards and fa_append_kv check every argument (arguments.c), choose the backend, answer
+ * forwards and fa_append_kv check every argument (api.h's checks), choose the backend, answer
  * what docs/DESIGN.md §1 defines without computing (empty problems), and hand the backend a
  * validated problem (a backend without the op answers FA_ERR_UNSUPPORTED through
  * fai_backend_op, backends/registry.c).
