@@ -9,7 +9,9 @@
 #ifndef FAI_API_API_H
 #define FAI_API_API_H
 
-#include "backends/backend.h"
+#include "backends/blocks.h"
+#include "backends/context.h"
+#include "backends/problem.h"
 
 /* Largest accepted dimension (and index array count, block size, pages a sequence). It keeps
  * every index expression of the kernels (i + off + R, products of two dims) far from int64

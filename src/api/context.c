@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "api/api.h"
+#include "backends/table.h"
 #include "backends/tiled/plan.h"
 #include "simd/kernels.h"
 

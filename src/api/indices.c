@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "api/api.h"
+#include "backends/table.h"
 
 /*
  * An index array x of host memory (`name`, whose fields are named with `sep`: "->" for a

@@ -12,6 +12,9 @@
 #include <string.h>
 
 #include "api/api.h"
+#include "backends/groups.h"
+#include "backends/rows.h"
+#include "backends/table.h"
 #include "core/gradient.h"
 
 /* The backend of a call: the context's, but AUTO runs a call on CUDA when its q is device

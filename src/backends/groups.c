@@ -1,5 +1,5 @@
 /*
- * Running an op over the groups of a call (backends/backend.h): a dense problem is one group,
+ * Running an op over the groups of a call (backends/groups.h): a dense problem is one group,
  * a call of sequences (variable-length, paged, a cache) one per sequence. The groups share one
  * allocation made before anything is written (fai_run_groups: sized for the largest group,
  * which are run one by one; fai_run_call: sized by the backend for the whole call, run at
@@ -10,7 +10,9 @@
 
 #include <string.h>
 
-#include "backends/backend.h"
+#include "backends/context.h"
+#include "backends/groups.h"
+#include "backends/rows.h"
 
 /* Zeroes `dim` elements of each of rows [0, n) of every (batch, head) of role r. */
 static void zero_rows(const fai_problem *pr, fai_role r, int64_t heads, int64_t n, int64_t dim)

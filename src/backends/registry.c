@@ -6,7 +6,8 @@
 
 #include <string.h>
 
-#include "backends/backend.h"
+#include "base/base.h"
+#include "backends/table.h"
 
 static const fai_backend *const backends[] = {
     [FA_BACKEND_REFERENCE] = &fai_backend_reference,

@@ -13,7 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backends/backend.h"
+#include "backends/blocks.h"
+#include "backends/context.h"
+#include "backends/groups.h"
+#include "backends/table.h"
 #include "cuda/launch.h"
 
 #ifndef FA_CUDA_MIN_ARCH

@@ -2,7 +2,8 @@
  * file needs to know whether CUDA was built. */
 #include "config.h"
 
-#include "backends/backend.h"
+#include "base/base.h"
+#include "backends/table.h"
 
 #define FAI_NO_CUDA "backend cuda: this build has no CUDA backend (configure --enable-cuda)"
 

@@ -39,6 +39,8 @@
 #include <omp.h>
 #include <string.h>
 
+#include "backends/context.h"
+#include "backends/rows.h"
 #include "backends/tiled/decode.h"
 #include "core/recurrence.h"
 

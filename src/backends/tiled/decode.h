@@ -4,7 +4,8 @@
 #ifndef FAI_TILED_DECODE_H
 #define FAI_TILED_DECODE_H
 
-#include "backends/backend.h"
+#include "backends/groups.h"
+#include "backends/problem.h"
 #include "backends/tiled/plan.h"
 
 /* What one run over every such group of a call allocates (nothing where none is: fai_need

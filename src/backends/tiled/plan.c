@@ -10,6 +10,7 @@
  */
 #include "config.h"
 
+#include "backends/groups.h"
 #include "backends/tiled/plan.h"
 
 static int64_t floor_pow2(int64_t x)

@@ -9,7 +9,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "backends/backend.h"
+#include "backends/context.h"
+#include "backends/problem.h"
 
 typedef struct {
     int64_t bq; /* query rows per tile */

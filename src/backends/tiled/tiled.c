@@ -16,7 +16,11 @@
 #include <omp.h>
 #include <string.h>
 
-#include "backends/backend.h"
+#include "backends/blocks.h"
+#include "backends/context.h"
+#include "backends/groups.h"
+#include "backends/rows.h"
+#include "backends/table.h"
 #include "backends/tiled/decode.h"
 #include "backends/tiled/plan.h"
 #include "core/gradient.h"

@@ -1,0 +1,50 @@
+/*
+ * The backend table (fai_backend): a backend's name, its memory, and one slot per op; the
+ * registry of backends by fa_backend (backends/registry.c). The API layer reaches a backend
+ * only through it.
+ */
+#ifndef FAI_BACKENDS_TABLE_H
+#define FAI_BACKENDS_TABLE_H
+
+#include "flashattn.h"
+#include "backends/problem.h"
+
+/*
+ * A backend: its name, and one slot per op (fai_op). A NULL slot is an op the backend does not
+ * have: fai_backend_op answers FA_ERR_UNSUPPORTED for it. An op is called only with a
+ * validated, non-empty problem and may fail only with FA_ERR_NO_MEMORY (checked before any
+ * output is written), FA_ERR_UNSUPPORTED, FA_ERR_INVALID_ARGUMENT (checks only the backend can
+ * make, before anything is written: the CUDA one's device pointers) or FA_ERR_DEVICE (a device
+ * runtime error, the CUDA backend's).
+ */
+typedef fa_status (*fai_op_fn)(fa_context *ctx, const fai_problem *pr);
+/* FAI_OP_APPEND: fa_append_kv on a device cache (a host cache is the API layer's copy). */
+typedef enum { FAI_OP_FORWARD, FAI_OP_BACKWARD, FAI_OP_APPEND, FAI_NOPS } fai_op;
+
+typedef struct {
+    const char *name;  /* as fa_backend_name */
+    int device_memory; /* its tensors are device memory: the API layer never touches them, and
+                          the backend writes even an empty problem's results itself */
+    int sequences;     /* it takes calls of sequences (nseq > 0: varlen, paged, a cache) */
+    fai_op_fn ops[FAI_NOPS]; /* by fai_op (designated: [FAI_OP_FORWARD] = ...) */
+} fai_backend;
+
+/* backends/registry.c: the table of b, or NULL for AUTO and for a value that is none; the
+ * backend of a name (FA_BACKEND_AUTO if none); a backend's function for an op: *fn, or
+ * FA_ERR_UNSUPPORTED (the detail naming the backend and `what`, the op) where its slot is
+ * NULL. */
+const fai_backend *fai_backend_of(fa_backend b);
+fa_backend fai_backend_from_name(const char *name);
+fa_status fai_backend_op(const fai_backend *be, fai_op op, const char *what, fai_op_fn *fn);
+
+extern const fai_backend fai_backend_reference;
+extern const fai_backend fai_backend_conventional;
+extern const fai_backend fai_backend_tiled;
+extern const fai_backend fai_backend_cuda; /* cuda/stub.c when CUDA is not built */
+
+/* Whether the CUDA backend can run here (built, and a device present); on 0 the error detail
+ * says why. Whether p is device (or managed) memory: always 0 without CUDA. */
+int fai_cuda_available(void);
+int fai_cuda_is_device_pointer(const void *p);
+
+#endif
