@@ -31,7 +31,7 @@ fa_status fai_check_index_array(const fa_indices *x, const char *name, const cha
                         (long long)x->count, what);
     if (x->count > 0 && !x->data)
         return fai_fail(FA_ERR_NULL_POINTER, "%s%sdata is NULL", name, sep);
-    if (x->count > 0 && fai_cuda_is_device_pointer(x->data))
+    if (x->count > 0 && fai_backend_holding(x->data))
         return fai_fail(FA_ERR_INVALID_ARGUMENT, "%s%sdata is device memory; it is read on the "
                                                  "host", name, sep);
     *out = (fai_index){x->data, x->type == FA_INDEX_INT64};

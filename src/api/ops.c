@@ -17,13 +17,12 @@
 #include "backends/table.h"
 #include "core/gradient.h"
 
-/* The backend of a call: the context's, but AUTO runs a call on CUDA when its q is device
- * memory (never in a build without CUDA). */
+/* The backend of a call: the context's, but AUTO runs a call whose q is a device backend's
+ * memory on that backend (the table's holds: never in a build without CUDA). */
 static const fai_backend *backend_for(const fa_context *ctx, const fa_tensor *q)
 {
-    if (ctx->backend_auto && fai_cuda_is_device_pointer(q->data))
-        return &fai_backend_cuda;
-    return fai_backend_of(ctx->backend);
+    const fai_backend *device = ctx->backend_auto ? fai_backend_holding(q->data) : NULL;
+    return device ? device : fai_backend_of(ctx->backend);
 }
 
 /* ------------------------------------------------------------------ attention sinks */
@@ -276,7 +275,7 @@ fa_status fa_append_kv(fa_context *ctx, const fa_tensor *k_new, const fa_tensor 
     const fa_tensor *host[4] = {k_new, v_new, k_cache, v_cache};
     const char *hn[4] = {"k_new", "v_new", "k", "v"};
     for (int x = 0; x < 4; x++) /* copied here, on the host */
-        if (fai_cuda_is_device_pointer(host[x]->data))
+        if (fai_backend_holding(host[x]->data))
             return fai_fail(FA_ERR_UNSUPPORTED, "%s->data is device memory but the context's "
                                                 "backend is %s, a host one (the CUDA backend "
                                                 "appends to a device cache)", hn[x], be->name);

@@ -5,34 +5,42 @@
 #ifndef FAI_BACKENDS_CONTEXT_H
 #define FAI_BACKENDS_CONTEXT_H
 
+#include <stddef.h>
+#include <string.h>
+
 #include "flashattn.h"
 #include "base/base.h"
 #include "simd/kernels.h"
 
-/* What the environment forces on the tiled backend, for tile sweeps: FA_TILES=BQxBK[xBR]
- * (bq = 0: not forced), FA_BACKWARD_PASSES=1|2 (0: planned) and FA_DECODE=0 (the forward's
- * decode path never taken; 1 or unset: where the plan takes it). */
+/* Room for what a backend keeps of a context: what its setup hook (fai_backend.setup,
+ * backends/table.h) took from fa_options and the environment when the context was made, read
+ * by its ops (the tiled backend's forced tiles, the CUDA backend's stream). Each backend
+ * stores its own struct here and reads it back by memcpy (fai_settings_get), so no other
+ * type ever aliases it; the struct must fit (the backend asserts it). */
 typedef struct {
-    int64_t bq, bk, br;
-    int backward_passes;
-    int decode_off;
-} fai_tiled_forced;
+    unsigned char bytes[64];
+} fai_backend_settings;
+
+/* The settings' slots, by fa_backend: above every value (backends/registry.c asserts it). */
+#define FAI_BACKEND_SLOTS 8
 
 struct fa_context {
     fai_mem mem;                    /* the bytes allocated for this context (fa_memory_stats) */
     fa_backend backend;             /* resolved: never AUTO */
-    int backend_auto;               /* AUTO was asked: a call whose q is device memory runs on
-                                       CUDA, when it is built */
+    int backend_auto;               /* AUTO was asked: a call whose q is the memory of a device
+                                       backend runs on it (fai_backend_holding) */
     fa_isa isa;                     /* resolved: never AUTO */
     const char *isa_why;            /* AUTO's reason for it where a rule decided, else NULL */
     const fai_kernels_f32 *kernels; /* the ISA's kernel set */
     int num_threads;                /* > 0 */
     fai_cache_info cache;
-    fai_tiled_forced tiled;
-    struct {
-        void *stream;      /* fa_options.cuda_stream */
-        int deterministic; /* fa_options.deterministic */
-    } cuda;
+    fai_backend_settings settings[FAI_BACKEND_SLOTS]; /* by fa_backend: each backend's own */
 };
+
+/* Backend b's settings into mine (n bytes: its struct). */
+static inline void fai_settings_get(const fa_context *ctx, fa_backend b, void *mine, size_t n)
+{
+    memcpy(mine, ctx->settings[b].bytes, n);
+}
 
 #endif

@@ -1,12 +1,16 @@
 /*
- * The backend table (fai_backend): a backend's name, its memory, and one slot per op; the
- * registry of backends by fa_backend (backends/registry.c). The API layer reaches a backend
- * only through it.
+ * The backend table (fai_backend): a backend's name, its memory, one slot per op, and the
+ * hooks through which the API layer sets a context up, describes it and picks a backend for
+ * AUTO; the registry of backends by fa_backend (backends/registry.c). The API layer reaches a
+ * backend only through it, never by name.
  */
 #ifndef FAI_BACKENDS_TABLE_H
 #define FAI_BACKENDS_TABLE_H
 
+#include <stddef.h>
+
 #include "flashattn.h"
+#include "backends/context.h"
 #include "backends/problem.h"
 
 /*
@@ -27,6 +31,18 @@ typedef struct {
                           the backend writes even an empty problem's results itself */
     int sequences;     /* it takes calls of sequences (nseq > 0: varlen, paged, a cache) */
     fai_op_fn ops[FAI_NOPS]; /* by fai_op (designated: [FAI_OP_FORWARD] = ...) */
+    /* What the API layer asks of a backend besides its ops, each NULL where it has none: */
+    /* Once per context, for every backend (any context may describe it or, AUTO, run on it):
+     * what it takes of the options (AUTO resolved) and of its environment variables, into its
+     * settings (fai_settings_get reads them); an error keeps the context from being made. */
+    fa_status (*setup)(const fa_options *o, fai_backend_settings *mine);
+    /* Its part of fa_context_describe's line, into buf (n bytes, terminated, as snprintf). */
+    void (*describe)(const fa_context *ctx, char *buf, size_t n);
+    /* Whether it can run here (NULL: always); on 0 the error detail says why. */
+    int (*available)(void);
+    /* Whether p is memory of its device (NULL: a host backend, whose memory is the host's):
+     * AUTO runs a call whose q it holds on it, and the host reads no array that it holds. */
+    int (*holds)(const void *p);
 } fai_backend;
 
 /* backends/registry.c: the table of b, or NULL for AUTO and for a value that is none; the
@@ -36,15 +52,16 @@ typedef struct {
 const fai_backend *fai_backend_of(fa_backend b);
 fa_backend fai_backend_from_name(const char *name);
 fa_status fai_backend_op(const fai_backend *be, fai_op op, const char *what, fai_op_fn *fn);
+/* Every backend's setup, in fa_backend order, into settings[b] (the first error stops them);
+ * every backend's describe, each after a space, into buf (n bytes, terminated); the backend
+ * whose device memory p is, or NULL (host memory, and every p in a build without CUDA). */
+fa_status fai_backends_setup(const fa_options *o, fai_backend_settings *settings);
+void fai_backends_describe(const fa_context *ctx, char *buf, size_t n);
+const fai_backend *fai_backend_holding(const void *p);
 
 extern const fai_backend fai_backend_reference;
 extern const fai_backend fai_backend_conventional;
 extern const fai_backend fai_backend_tiled;
 extern const fai_backend fai_backend_cuda; /* cuda/stub.c when CUDA is not built */
-
-/* Whether the CUDA backend can run here (built, and a device present); on 0 the error detail
- * says why. Whether p is device (or managed) memory: always 0 without CUDA. */
-int fai_cuda_available(void);
-int fai_cuda_is_device_pointer(const void *p);
 
 #endif

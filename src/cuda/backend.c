@@ -23,9 +23,26 @@
 #error "configure defines FA_CUDA_MIN_ARCH (the lowest --with-cuda-arch) in --enable-cuda builds"
 #endif
 
+/* What a context tells the backend (its setup hook, from fa_options; kept in the context's
+ * settings): the stream its calls run on, and whether the backward must be bitwise
+ * repeatable. */
+typedef struct {
+    void *stream;      /* fa_options.cuda_stream */
+    int deterministic; /* fa_options.deterministic */
+} cuda_settings;
+_Static_assert(sizeof(cuda_settings) <= sizeof(fai_backend_settings),
+               "the CUDA backend's settings fit a context's slot");
+
+static fa_status cuda_setup(const fa_options *o, fai_backend_settings *mine)
+{
+    const cuda_settings s = {o->cuda_stream, o->deterministic != 0};
+    memcpy(mine->bytes, &s, sizeof s);
+    return FA_OK;
+}
+
 /* Usable: a device, and the current one can run this build's code (SASS for the lowest arch
  * up, PTX of the last arch for newer ones). */
-int fai_cuda_available(void)
+static int cuda_available(void)
 {
     int n = 0, dev = 0, major = 0, minor = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
@@ -72,7 +89,8 @@ static int device_memory(const void *p, struct cudaPointerAttributes *at)
     return at->type == cudaMemoryTypeDevice || at->type == cudaMemoryTypeManaged;
 }
 
-int fai_cuda_is_device_pointer(const void *p)
+/* The table's holds: AUTO runs a call whose q is device memory here. */
+static int cuda_holds(const void *p)
 {
     struct cudaPointerAttributes at;
     return device_memory(p, &at);
@@ -137,8 +155,10 @@ static fa_status fill(fa_context *ctx, const fai_problem *pr, fai_cuda_args *a)
     a->score = pr->score;
     a->drop = pr->drop;
     a->keep_scale = pr->keep_scale;
-    a->stream = ctx->cuda.stream;
-    a->deterministic = ctx->cuda.deterministic;
+    cuda_settings set;
+    fai_settings_get(ctx, FA_BACKEND_CUDA, &set, sizeof set);
+    a->stream = set.stream;
+    a->deterministic = set.deterministic;
     const char *k = getenv("FA_CUDA_KERNEL");
     if (k && *k) {
         if (strcmp(k, "generic") == 0)
@@ -550,4 +570,7 @@ const fai_backend fai_backend_cuda = {
     .sequences = 1,
     .ops = {[FAI_OP_FORWARD] = cuda_forward, [FAI_OP_BACKWARD] = cuda_backward,
             [FAI_OP_APPEND] = cuda_append},
+    .setup = cuda_setup,
+    .available = cuda_available,
+    .holds = cuda_holds,
 };

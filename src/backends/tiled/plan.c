@@ -179,9 +179,10 @@ fai_tiles fai_tiled_tiles(const fa_context *ctx, int64_t dqk, int64_t dv, fa_dty
 {
     const size_t es = d == FA_F64 ? sizeof(double) : sizeof(float);
     const fai_kernels_bf16 *tiles = backward ? NULL : tile_products(ctx, d, dqk, dv);
+    const fai_tiled_forced forced = fai_tiled_forced_of(ctx);
     fai_tiles t;
-    if (ctx->tiled.bq > 0) { /* forced (FA_TILES): taken as given, but for a missing strip */
-        t = (fai_tiles){ctx->tiled.bq, ctx->tiled.bk, ctx->tiled.br};
+    if (forced.bq > 0) { /* forced (FA_TILES): taken as given, but for a missing strip */
+        t = (fai_tiles){forced.bq, forced.bk, forced.br};
         if (t.br == 0) {
             const int64_t br = tiles ? strip_rows_tiles(&ctx->cache, t.bk, tiles->rows)
                                      : strip_rows(&ctx->cache, t.bk, es, kernel_mr(ctx, d));
@@ -222,11 +223,12 @@ fai_tiles fai_tiled_tiles(const fa_context *ctx, int64_t dqk, int64_t dv, fa_dty
 
 int64_t fai_tiled_decode_keys(const fa_context *ctx, const fai_problem *pr)
 {
+    const fai_tiled_forced forced = fai_tiled_forced_of(ctx);
     /* the decode kernels read f32, f16 and bf16 rows */
     const int applies = pr->dtype != FA_F64 && pr->drop.threshold == 0 && !fai_row_biased(pr) &&
                         !fai_dtype_is_fp8(pr->q_dtype) && !fai_dtype_is_fp8(pr->kv_dtype) &&
-                        pr->group * pr->sq <= DECODE_ROWS && !ctx->tiled.decode_off &&
-                        ctx->tiled.bq == 0; /* forced tiles (FA_TILES) are for the tiles */
+                        pr->group * pr->sq <= DECODE_ROWS && !forced.decode_off &&
+                        forced.bq == 0; /* forced tiles (FA_TILES) are for the tiles */
     return applies ? DECODE_KEYS : 0;
 }
 
@@ -250,7 +252,7 @@ fai_tiled_plan fai_tiled_plan_forward(const fa_context *ctx, const fai_problem *
     p.tile_products = pr->kv_dtype == pr->dtype ? tile_products(ctx, pr->dtype, pr->dqk, pr->dv)
                                                 : NULL;
     /* forced tiles are taken as they are; the workspace is sized by p.tl either way */
-    p.task_rows = ctx->tiled.bq > 0 ? p.tl.bq : forward_task_rows(ctx, call, p.tl);
+    p.task_rows = fai_tiled_forced_of(ctx).bq > 0 ? p.tl.bq : forward_task_rows(ctx, call, p.tl);
     return p;
 }
 
@@ -260,9 +262,9 @@ fai_tiled_plan fai_tiled_plan_backward(const fa_context *ctx, const fai_problem 
     p.tl = fai_tiled_tiles(ctx, pr->dqk, pr->dv, pr->dtype, 1);
     const int64_t es = pr->dtype == FA_F64 ? (int64_t)sizeof(double) : (int64_t)sizeof(float);
     p.tile_products = backward_tile_products(ctx, pr, p.tl);
-    p.single_pass = ctx->tiled.backward_passes
-                        ? ctx->tiled.backward_passes == 1
-                        : backward_single_pass(pr->b * pr->hk, ctx->num_threads,
-                                               pr->group * pr->sq * pr->dqk * es);
+    const int passes = fai_tiled_forced_of(ctx).backward_passes;
+    p.single_pass = passes ? passes == 1
+                           : backward_single_pass(pr->b * pr->hk, ctx->num_threads,
+                                                  pr->group * pr->sq * pr->dqk * es);
     return p;
 }

@@ -12,6 +12,30 @@
 #include "backends/context.h"
 #include "backends/problem.h"
 
+/* What the environment forces on the plan, for tile sweeps, read once per context
+ * (backends/tiled/setup.c, the backend's setup hook): FA_TILES=BQxBK[xBR] (bq = 0: not
+ * forced), FA_BACKWARD_PASSES=1|2 (0: planned) and FA_DECODE=0 (the forward's decode path
+ * never taken; 1 or unset: where the plan takes it). */
+typedef struct {
+    int64_t bq, bk, br;
+    int backward_passes;
+    int decode_off;
+} fai_tiled_forced;
+
+/* The context's (its settings of the tiled backend). */
+static inline fai_tiled_forced fai_tiled_forced_of(const fa_context *ctx)
+{
+    fai_tiled_forced f;
+    fai_settings_get(ctx, FA_BACKEND_TILED, &f, sizeof f);
+    return f;
+}
+
+/* The backend's hooks (fai_backend.setup and .describe): reads the variables above into its
+ * settings; writes the tiles of fa_context_describe's line (f32 at D = 64 and 128, forward
+ * and backward; bf16's forward at D = 128 where the kernel set has tile products). */
+fa_status fai_tiled_setup(const fa_options *o, fai_backend_settings *mine);
+void fai_tiled_describe(const fa_context *ctx, char *buf, size_t n);
+
 typedef struct {
     int64_t bq; /* query rows per tile */
     int64_t bk; /* keys per tile       */

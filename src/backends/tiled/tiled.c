@@ -150,4 +150,6 @@ const fai_backend fai_backend_tiled = {
     .name = "tiled",
     .sequences = 1,
     .ops = {[FAI_OP_FORWARD] = tiled_forward, [FAI_OP_BACKWARD] = tiled_backward},
+    .setup = fai_tiled_setup,
+    .describe = fai_tiled_describe,
 };
