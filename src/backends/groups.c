@@ -71,10 +71,20 @@ void fai_append_new_keys(const fai_problem *pr)
     }
 }
 
-/* fai_run_groups (whole = 0) and fai_run_call (whole = 1). */
+/* What run_groups calls: each group's need and run (fai_run_groups), or the whole call's, with
+ * the backend's arg (fai_run_call). */
+typedef struct {
+    fai_need_fn need;
+    fai_run_fn run;
+    fai_call_need_fn call_need;
+    fai_call_run_fn call_run;
+    const void *arg;
+} runner;
+
 static fa_status run_groups(fa_context *ctx, const fai_problem *pr, int backward,
-                            const char *who, fai_need_fn need, fai_run_fn run, int whole)
+                            const char *who, const runner *r)
 {
+    const int whole = r->call_need != NULL;
     const int64_t n = fai_groups(pr);
     fai_need most = {0, 0};
     int any = 0;
@@ -84,12 +94,12 @@ static fa_status run_groups(fa_context *ctx, const fai_problem *pr, int backward
         if (whole || fai_group_empty(&s))
             continue;
         fai_need one = {0, 0};
-        FAI_TRY(need(ctx, &s, &one));
+        FAI_TRY(r->need(ctx, &s, &one));
         most.per = one.per > most.per ? one.per : most.per;
         most.shared = one.shared > most.shared ? one.shared : most.shared;
     }
     if (whole && any)
-        FAI_TRY(need(ctx, pr, &most));
+        FAI_TRY(r->call_need(ctx, pr, r->arg, &most));
     fai_scratch sc = {NULL, most.per, NULL};
     size_t bytes = 0;
     if (any) {
@@ -107,23 +117,25 @@ static fa_status run_groups(fa_context *ctx, const fai_problem *pr, int backward
         if (fai_group_empty(&s))
             fai_write_empty(&s, backward);
         else if (!whole)
-            run(ctx, &s, &sc);
+            r->run(ctx, &s, &sc);
     }
     if (whole && any)
-        run(ctx, pr, &sc);
+        r->call_run(ctx, pr, r->arg, &sc);
     fai_free(&ctx->mem, sc.shared, most.shared);
     fai_free(&ctx->mem, sc.base, bytes);
     return FA_OK;
 }
 
 fa_status fai_run_groups(fa_context *ctx, const fai_problem *pr, int backward, const char *who,
-                         fai_need_fn need, fai_run_fn run_one)
+                         fai_need_fn need, fai_run_fn run)
 {
-    return run_groups(ctx, pr, backward, who, need, run_one, 0);
+    const runner r = {.need = need, .run = run};
+    return run_groups(ctx, pr, backward, who, &r);
 }
 
-fa_status fai_run_call(fa_context *ctx, const fai_problem *pr, int backward, const char *who,
-                       fai_need_fn need, fai_run_fn run_all)
+fa_status fai_run_call(fa_context *ctx, const fai_problem *call, int backward, const char *who,
+                       const void *arg, fai_call_need_fn need, fai_call_run_fn run)
 {
-    return run_groups(ctx, pr, backward, who, need, run_all, 1);
+    const runner r = {.call_need = need, .call_run = run, .arg = arg};
+    return run_groups(ctx, call, backward, who, &r);
 }

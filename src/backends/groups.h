@@ -86,8 +86,14 @@ typedef fa_status (*fai_need_fn)(const fa_context *ctx, const fai_problem *pr, f
 typedef void (*fai_run_fn)(fa_context *ctx, const fai_problem *pr, const fai_scratch *s);
 fa_status fai_run_groups(fa_context *ctx, const fai_problem *pr, int backward, const char *who,
                          fai_need_fn need, fai_run_fn run);
-fa_status fai_run_call(fa_context *ctx, const fai_problem *pr, int backward, const char *who,
-                       fai_need_fn need, fai_run_fn run);
+/* fai_run_call's need and run take the whole call and `arg`: what the backend decided for the
+ * call before it (the tiled forward's plan, with each group's path). */
+typedef fa_status (*fai_call_need_fn)(const fa_context *ctx, const fai_problem *call,
+                                      const void *arg, fai_need *need);
+typedef void (*fai_call_run_fn)(fa_context *ctx, const fai_problem *call, const void *arg,
+                                const fai_scratch *s);
+fa_status fai_run_call(fa_context *ctx, const fai_problem *call, int backward, const char *who,
+                       const void *arg, fai_call_need_fn need, fai_call_run_fn run);
 
 /* Writes what a problem with no (query, key) pair gives (host tensors): the forward's O = 0
  * and LSE = the sink (-inf without one) for each row; the backward's dQ, dK, dV = 0 and the

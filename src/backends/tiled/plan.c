@@ -95,16 +95,17 @@ fai_tiles fai_plan_forward_tiles(const fai_cache_info *ci, int64_t dqk, int64_t 
  * keeps the plan's size, and no row's result depends on its query tile, so results stay the
  * same at every thread count.
  */
-static int64_t forward_task_rows(const fa_context *ctx, const fai_problem *call, fai_tiles tl)
+static int64_t forward_task_rows(const fa_context *ctx, const fai_problem *call,
+                                 const fai_tiled_plan *p)
 {
-    int64_t bq = tl.bq;
-    for (; bq / 2 >= tl.br; bq /= 2) {
+    int64_t bq = p->tl.bq;
+    for (; bq / 2 >= p->tl.br; bq /= 2) {
         double tasks = 0; /* a double: the count only meets a bound */
-        for (int64_t g = 0; g < fai_groups(call); g++) {
-            const fai_problem s = fai_group(call, g);
-            if (fai_tiled_forward_path(ctx, &s) == FAI_TILED_TILES)
+        for (int64_t g = 0; g < fai_groups(call); g++)
+            if (fai_tiled_plan_path(p, g) == FAI_TILED_TILES) {
+                const fai_problem s = fai_group(call, g);
                 tasks += (double)fai_tiled_group_tasks(&s, bq);
-        }
+            }
         if (tasks >= 4.0 * ctx->num_threads)
             break;
     }
@@ -232,14 +233,18 @@ int64_t fai_tiled_decode_keys(const fa_context *ctx, const fai_problem *pr)
     return applies ? DECODE_KEYS : 0;
 }
 
-fai_tiled_path fai_tiled_forward_path(const fa_context *ctx, const fai_problem *group)
+/* The path of a group of a forward (and the decode path's keys per chunk into *keys, else
+ * 0). */
+static fai_tiled_path group_path(const fa_context *ctx, const fai_problem *group, int64_t *keys)
 {
+    *keys = 0;
     if (fai_group_empty(group))
         return FAI_TILED_NONE;
-    return fai_tiled_decode_keys(ctx, group) > 0 ? FAI_TILED_DECODE : FAI_TILED_TILES;
+    *keys = fai_tiled_decode_keys(ctx, group);
+    return *keys > 0 ? FAI_TILED_DECODE : FAI_TILED_TILES;
 }
 
-fai_tiled_plan fai_tiled_plan_forward(const fa_context *ctx, const fai_problem *call)
+fa_status fai_tiled_plan_forward(fa_context *ctx, const fai_problem *call, fai_tiled_plan *plan)
 {
     fai_tiled_plan p = {0};
     const fai_problem *pr = call; /* the dims and dtypes below are every group's */
@@ -251,9 +256,31 @@ fai_tiled_plan fai_tiled_plan_forward(const fa_context *ctx, const fai_problem *
     /* the tile products take bf16 Q, K and V alike (a cache of another dtype: the kernels) */
     p.tile_products = pr->kv_dtype == pr->dtype ? tile_products(ctx, pr->dtype, pr->dqk, pr->dv)
                                                 : NULL;
+    /* each group's path, decided here once for the task rows below and the loop nests */
+    const int64_t n = fai_groups(call);
+    if (call->nseq > 0) {
+        p.paths_bytes = (size_t)n;
+        if (!(p.paths = fai_alloc(&ctx->mem, p.paths_bytes)))
+            return fai_fail(FA_ERR_NO_MEMORY, "tiled: %zu bytes for the paths of %lld sequences",
+                            p.paths_bytes, (long long)n);
+    }
+    for (int64_t g = 0; g < n; g++) {
+        const fai_problem s = fai_group(call, g);
+        int64_t keys;
+        const unsigned char path = (unsigned char)group_path(ctx, &s, &keys);
+        *(p.paths ? &p.paths[g] : &p.path) = path;
+        p.decode_keys = keys > 0 ? keys : p.decode_keys; /* (every decode group's) */
+    }
     /* forced tiles are taken as they are; the workspace is sized by p.tl either way */
-    p.task_rows = fai_tiled_forced_of(ctx).bq > 0 ? p.tl.bq : forward_task_rows(ctx, call, p.tl);
-    return p;
+    p.task_rows = fai_tiled_forced_of(ctx).bq > 0 ? p.tl.bq : forward_task_rows(ctx, call, &p);
+    *plan = p;
+    return FA_OK;
+}
+
+void fai_tiled_plan_release(fa_context *ctx, fai_tiled_plan *p)
+{
+    fai_free(&ctx->mem, p->paths, p->paths_bytes);
+    p->paths = NULL;
 }
 
 fai_tiled_plan fai_tiled_plan_backward(const fa_context *ctx, const fai_problem *pr)
