@@ -46,10 +46,6 @@ static inline fai_problem fai_group(const fai_problem *pr, int64_t g)
     return s;
 }
 
-/* A group with no (query, key) pair: its results are defined without computing
- * (fai_write_empty). */
-static inline int fai_group_empty(const fai_problem *s) { return s->sq == 0 || s->sk == 0; }
-
 /* A task space cut into parts (a call's groups, say), part i holding tasks [first[i],
  * first[i + 1]) (first[0] = 0, ascending, first[n] the number of tasks): the part of task t. */
 static inline int64_t fai_task_part(const int64_t *first, int64_t n, int64_t t)
@@ -69,10 +65,10 @@ static inline int64_t fai_task_part(const int64_t *first, int64_t n, int64_t t)
  * What one run allocates before anything is written: `per` bytes for each thread and one
  * `shared` block. fai_run_groups (backends/groups.c) runs an op's groups on one allocation,
  * the largest any group needs: it asks need() of every group, allocates, writes the groups
- * that have nothing to compute (docs/DESIGN.md §1's empty results) and hands the others to
- * run() in order. fai_run_call does the same with one need() and one run() for the whole
- * call, which then skips the empty groups itself: for a backend that shares its threads out
- * over all of a call's groups at once. So a call fails, if it does, before its first write.
+ * that have nothing to compute (backends/empty.h) and hands the others to run() in order.
+ * fai_run_call does the same with one need() and one run() for the whole call, which then
+ * skips the empty groups itself: for a backend that shares its threads out over all of a
+ * call's groups at once. So a call fails, if it does, before its first write.
  */
 typedef struct {
     size_t per, shared;
@@ -94,13 +90,6 @@ typedef void (*fai_call_run_fn)(fa_context *ctx, const fai_problem *call, const 
                                 const fai_scratch *s);
 fa_status fai_run_call(fa_context *ctx, const fai_problem *call, int backward, const char *who,
                        const void *arg, fai_call_need_fn need, fai_call_run_fn run);
-
-/* Writes what a problem with no (query, key) pair gives (host tensors): the forward's O = 0
- * and LSE = the sink (-inf without one) for each row; the backward's dQ, dK, dV = 0 and the
- * bias gradient 0. */
-void fai_write_empty(const fai_problem *pr, int backward);
-/* Zeroes the bias gradient (host memory): the gradient of a call with no (query, key) pair. */
-void fai_zero_bias_grad(const fai_problem *pr);
 
 /* Copies k_new and v_new into the cache, sequence s's rows to its keys [seqused[s],
  * seqused[s] + s_new) (host tensors; the API layer checked the room and the pages). */

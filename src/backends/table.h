@@ -16,10 +16,12 @@
 /*
  * A backend: its name, and one slot per op (fai_op). A NULL slot is an op the backend does not
  * have: fai_backend_op answers FA_ERR_UNSUPPORTED for it. An op is called only with a
- * validated, non-empty problem and may fail only with FA_ERR_NO_MEMORY (checked before any
- * output is written), FA_ERR_UNSUPPORTED, FA_ERR_INVALID_ARGUMENT (checks only the backend can
- * make, before anything is written: the CUDA one's device pointers) or FA_ERR_DEVICE (a device
- * runtime error, the CUDA backend's).
+ * validated problem that has rows to write (backends/empty.h: not FAI_EMPTY_NO_ROW), whose
+ * groups without a (query, key) pair it writes as fai_write_empty does (a host backend
+ * through fai_run_groups or fai_run_call), and may fail only with FA_ERR_NO_MEMORY (checked
+ * before any output is written), FA_ERR_UNSUPPORTED, FA_ERR_INVALID_ARGUMENT (checks only the
+ * backend can make, before anything is written: the CUDA one's device pointers) or
+ * FA_ERR_DEVICE (a device runtime error, the CUDA backend's).
  */
 typedef fa_status (*fai_op_fn)(fa_context *ctx, const fai_problem *pr);
 /* FAI_OP_APPEND: fa_append_kv on a device cache (a host cache is the API layer's copy). */

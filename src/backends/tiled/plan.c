@@ -10,6 +10,7 @@
  */
 #include "config.h"
 
+#include "backends/empty.h"
 #include "backends/groups.h"
 #include "backends/tiled/plan.h"
 
@@ -238,7 +239,7 @@ int64_t fai_tiled_decode_keys(const fa_context *ctx, const fai_problem *pr)
 static fai_tiled_path group_path(const fa_context *ctx, const fai_problem *group, int64_t *keys)
 {
     *keys = 0;
-    if (fai_group_empty(group))
+    if (fai_empty_of(group, 0) != FAI_NOT_EMPTY) /* its results are written, not computed */
         return FAI_TILED_NONE;
     *keys = fai_tiled_decode_keys(ctx, group);
     return *keys > 0 ? FAI_TILED_DECODE : FAI_TILED_TILES;
