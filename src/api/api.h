@@ -73,13 +73,11 @@ fa_status fai_problem_blocks(fa_context *ctx, fai_problem *pr, const fa_block_ma
 
 /* ------------------------------------------------------------------ fa_params (params.c) */
 
-/* The scalars and enums of p, and the hq ALiBi slopes and sink logits. */
-fa_status fai_check_params(const fa_params *p, int64_t hq);
-/* The bias tensor and its gradient against the problem's dims (and bias_place,
- * bias_by_slope). */
-fa_status fai_check_bias(const fa_params *p, const fai_problem *pr);
-/* The FP8 descale factors against the problem's dtypes and dims (and descale_layout). */
-fa_status fai_check_descales(const fa_params *p, const fai_problem *pr);
+/* Checks p against the problem's dims and dtypes (its scalars and enums, the slopes and sink
+ * logits, the bias and its gradient, the descales, in that order) and sets what it makes of
+ * the problem: the mask, the score pipeline, the dropout stream, the slopes, sinks, descales
+ * and bias. fai_problem_make calls it once the dims, dtypes and q, k, v are set. */
+fa_status fai_problem_params(fai_problem *pr, const fa_params *p);
 /* FA_ERR_UNSUPPORTED, naming op, where the problem has what only a dense call takes: a bias
  * tensor, or descale factors per (batch, kv head). For calls of sequences (varlen, paged, a
  * cache). */

@@ -1,8 +1,9 @@
 /*
- * fa_params: its defaults (fa_params_init) and the checks of its fields: the scalars and
- * enums, the ALiBi slopes and sink logits, the bias tensor and its gradient, the FP8 descale
- * factors, and what only a dense call takes. Every check names the field; nothing here writes
- * an output.
+ * fa_params: its defaults (fa_params_init), the checks of its fields (the scalars and enums,
+ * the ALiBi slopes and sink logits, the bias tensor and its gradient, the FP8 descale
+ * factors, what only a dense call takes) and what they make of the problem: its mask, score
+ * pipeline, dropout stream, sinks, descales and bias (fai_problem_params). Every check names
+ * the field; nothing here writes an output.
  */
 #include "config.h"
 
@@ -22,7 +23,7 @@ void fa_params_init(fa_params *p)
     p->align = FA_ALIGN_BOTTOM_RIGHT;
 }
 
-fa_status fai_check_params(const fa_params *p, int64_t hq)
+static fa_status check_params(const fa_params *p, int64_t hq)
 {
     if (!p)
         return fai_fail(FA_ERR_NULL_POINTER, "params is NULL");
@@ -79,7 +80,7 @@ fa_status fai_check_params(const fa_params *p, int64_t hq)
  * batch B or 1, seqlen Sq or 1, heads Hq or 1, headdim Sk; the gradient in the bias's shape,
  * f32 or f64, and only for an additive bias.
  */
-fa_status fai_check_bias(const fa_params *p, const fai_problem *pr)
+static fa_status check_bias(const fa_params *p, const fai_problem *pr)
 {
     if (p->bias_place != FA_BIAS_AFTER_SCALE && p->bias_place != FA_BIAS_AFTER_SOFTCAP)
         return fai_fail(FA_ERR_INVALID_ARGUMENT, "params->bias_place = %d is not a fa_bias_place",
@@ -153,7 +154,7 @@ fa_status fai_refuse_dense_only(const fai_problem *pr, const fa_params *p, const
 
 /* The FP8 descale factors: each for an FP8 tensor only, one float or B x Hk (the layout), every
  * one finite and > 0. */
-fa_status fai_check_descales(const fa_params *p, const fai_problem *pr)
+static fa_status check_descales(const fa_params *p, const fai_problem *pr)
 {
     if (p->descale_layout != FA_DESCALE_PER_TENSOR && p->descale_layout != FA_DESCALE_PER_KV_HEAD)
         return fai_fail(FA_ERR_INVALID_ARGUMENT,
@@ -175,6 +176,42 @@ fa_status fai_check_descales(const fa_params *p, const fai_problem *pr)
                 return fai_fail(FA_ERR_INVALID_ARGUMENT,
                                 "params->%s[%lld] = %g; a descale factor is finite and > 0",
                                 name[x], (long long)i, (double)d[x][i]);
+    }
+    return FA_OK;
+}
+
+fa_status fai_problem_params(fai_problem *pr, const fa_params *p)
+{
+    FAI_TRY(check_params(p, pr->hq));
+    pr->mask_spec = (fai_mask_spec){.causal = p->causal != 0,
+                                    .top_left = p->align == FA_ALIGN_TOP_LEFT,
+                                    .left = p->window_left,
+                                    .right = p->window_right,
+                                    .sink_tokens = p->sink_tokens};
+    pr->mask = fai_mask_make(pr->sq, pr->sk, pr->mask_spec.causal, pr->mask_spec.left,
+                             pr->mask_spec.right, pr->mask_spec.top_left,
+                             pr->mask_spec.sink_tokens);
+    pr->score.scale = p->scale > 0 ? p->scale : 1.0 / sqrt((double)pr->dqk);
+    pr->score.softcap = p->softcap;
+    pr->score.off = pr->mask.off;
+    pr->score.alibi_first = p->score_order == FA_ALIBI_THEN_SOFTCAP;
+    pr->slopes = p->alibi_slopes;
+    pr->sinks = p->sink_logits;
+    pr->drop.seed = p->dropout_seed;
+    pr->drop.offset = p->dropout_offset;
+    pr->drop.threshold = fai_dropout_threshold(p->dropout_p);
+    pr->keep_scale = fai_dropout_keep_scale(p->dropout_p);
+    FAI_TRY(check_bias(p, pr));
+    FAI_TRY(check_descales(p, pr));
+    pr->descale_q = p->descale_q;
+    pr->descale_k = p->descale_k;
+    pr->descale_v = p->descale_v;
+    pr->descale_per_head = p->descale_layout == FA_DESCALE_PER_KV_HEAD;
+    if (p->bias) {
+        pr->bias = p->bias;
+        pr->score.bias = p->bias_place == FA_BIAS_AFTER_SOFTCAP ? FAI_BIAS_AFTER_CAP
+                                                                : FAI_BIAS_BEFORE_CAP;
+        pr->score.bias_by_slope = p->bias_by_slope != 0;
     }
     return FA_OK;
 }

@@ -1,11 +1,11 @@
 /*
  * The validated problem a backend receives (backends/problem.h), made from q, k, v and
- * fa_params: their checks in order, then the problem's dims, dtypes, mask, score, dropout and
- * tensors. The ops add the rest (api/ops.c: outputs, calls of sequences, the block mask).
+ * fa_params: the tensors' checks in order, then the problem's dims, dtypes and tensors, then
+ * what fa_params makes of it (api/params.c). The ops add the rest (api/ops.c: outputs, calls
+ * of sequences, the block mask).
  */
 #include "config.h"
 
-#include <math.h>
 #include <string.h>
 
 #include "api/api.h"
@@ -43,7 +43,6 @@ fa_status fai_problem_make(fai_problem *pr, const fa_params *p, const fa_tensor 
         return fai_fail(FA_ERR_SHAPE,
                         "q->heads = %lld is not a multiple of k->heads = %lld (GQA groups must "
                         "be whole)", (long long)q->heads, (long long)k->heads);
-    FAI_TRY(fai_check_params(p, q->heads));
 
     memset(pr, 0, sizeof *pr);
     pr->b = q->batch;
@@ -57,38 +56,8 @@ fa_status fai_problem_make(fai_problem *pr, const fa_params *p, const fa_tensor 
     pr->dtype = q->dtype; /* FP8 q: the op sets out's */
     pr->q_dtype = q->dtype;
     pr->kv_dtype = k->dtype;
-    pr->mask_spec = (fai_mask_spec){.causal = p->causal != 0,
-                                    .top_left = p->align == FA_ALIGN_TOP_LEFT,
-                                    .left = p->window_left,
-                                    .right = p->window_right,
-                                    .sink_tokens = p->sink_tokens};
-    pr->mask = fai_mask_make(pr->sq, pr->sk, pr->mask_spec.causal, pr->mask_spec.left,
-                             pr->mask_spec.right, pr->mask_spec.top_left,
-                             pr->mask_spec.sink_tokens);
-    pr->score.scale = p->scale > 0 ? p->scale : 1.0 / sqrt((double)pr->dqk);
-    pr->score.softcap = p->softcap;
-    pr->score.off = pr->mask.off;
-    pr->score.alibi_first = p->score_order == FA_ALIBI_THEN_SOFTCAP;
-    pr->slopes = p->alibi_slopes;
-    pr->sinks = p->sink_logits;
-    pr->drop.seed = p->dropout_seed;
-    pr->drop.offset = p->dropout_offset;
-    pr->drop.threshold = fai_dropout_threshold(p->dropout_p);
-    pr->keep_scale = fai_dropout_keep_scale(p->dropout_p);
     pr->io[FAI_Q] = q;
     pr->io[FAI_K] = k;
     pr->io[FAI_V] = v;
-    FAI_TRY(fai_check_bias(p, pr));
-    FAI_TRY(fai_check_descales(p, pr));
-    pr->descale_q = p->descale_q;
-    pr->descale_k = p->descale_k;
-    pr->descale_v = p->descale_v;
-    pr->descale_per_head = p->descale_layout == FA_DESCALE_PER_KV_HEAD;
-    if (p->bias) {
-        pr->bias = p->bias;
-        pr->score.bias = p->bias_place == FA_BIAS_AFTER_SOFTCAP ? FAI_BIAS_AFTER_CAP
-                                                                : FAI_BIAS_BEFORE_CAP;
-        pr->score.bias_by_slope = p->bias_by_slope != 0;
-    }
-    return FA_OK;
+    return fai_problem_params(pr, p);
 }

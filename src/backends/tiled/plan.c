@@ -270,7 +270,7 @@ fa_status fai_tiled_plan_forward(fa_context *ctx, const fai_problem *call, fai_t
         int64_t keys;
         const unsigned char path = (unsigned char)group_path(ctx, &s, &keys);
         *(p.paths ? &p.paths[g] : &p.path) = path;
-        p.decode_keys = keys > 0 ? keys : p.decode_keys; /* (every decode group's) */
+        p.decode_keys = keys > 0 ? keys : p.decode_keys; /* (alike for every decode group) */
     }
     /* forced tiles are taken as they are; the workspace is sized by p.tl either way */
     p.task_rows = fai_tiled_forced_of(ctx).bq > 0 ? p.tl.bq : forward_task_rows(ctx, call, &p);
