@@ -12,7 +12,7 @@
 
 #include <omp.h>
 
-#include "backends/backend.h"
+#include "backends/table.h"
 #include "harness.h"
 #include "simd/kernels.h"
 

@@ -1,21 +1,35 @@
 /*
  * What the files of the API layer share. This layer defines every public fa_ function: it
- * checks the arguments (arguments.c), turns options and the environment into a context
- * (context.c), runs an op on the chosen backend (ops.c), and holds the public helpers that
- * run on no backend (merge.c, compare.c, convert.c, names.c).
+ * checks the arguments and makes the validated problem (tensors.c, indices.c, params.c,
+ * problem.c, sequences.c: their declarations below, in that order), turns options and the
+ * environment into a context (context.c), runs an op on the chosen backend (ops.c), and holds
+ * the public helpers that run on no backend (merge.c, compare.c, convert.c, names.c,
+ * profiles.c).
  */
 #ifndef FAI_API_API_H
 #define FAI_API_API_H
 
-#include "backends/backend.h"
+#include "backends/blocks.h"
+#include "backends/context.h"
+#include "backends/problem.h"
 
-/* Argument checks (arguments.c). A tensor is an input or an output (an output must not
- * overlap itself); an LSE tensor is f32 or f64 with headdim 1. `name` names it in the error. */
+/* Largest accepted dimension (and index array count, block size, pages a sequence). It keeps
+ * every index expression of the kernels (i + off + R, products of two dims) far from int64
+ * overflow; no real tensor comes near it. */
+#define FAI_DIM_MAX ((int64_t)1 << 40)
+
+/* ------------------------------------------------------------------ tensors (tensors.c) */
+
+/* A tensor is an input or an output (an output must not overlap itself); an LSE tensor is f32
+ * or f64 with headdim 1. `name` names it in the error. */
 typedef enum { FAI_INPUT, FAI_OUTPUT } fai_tensor_use;
 /* What a tensor holds: values (a storage dtype), an LSE (f32 or f64, headdim 1), or a bias or
  * keep-mask (bool too, and headdim Sk may be 0). Callers pass 0 and 1 for the first two. */
 enum { FAI_TENSOR_VALUES = 0, FAI_TENSOR_LSE = 1, FAI_TENSOR_BIAS = 2 };
 fa_status fai_check_tensor(const fa_tensor *t, const char *name, fai_tensor_use use, int kind);
+/* FA_ERR_SHAPE where name->what (got) is not ref (want). */
+fa_status fai_expect_dim(const char *name, const char *what, int64_t got, const char *ref,
+                         int64_t want);
 /* t is batch x seqlen x heads x headdim as given (headdim not checked when d < 0); `ref`
  * names where the dims come from. */
 fa_status fai_check_shape(const fa_tensor *t, const char *name, int64_t b, int64_t s,
@@ -28,7 +42,7 @@ fa_status fai_check_dtype_of(const fa_tensor *t, const char *name, fa_dtype want
 fa_status fai_check_operand(const fa_tensor *t, const char *name, fai_tensor_use use,
                             fa_dtype dtype, int64_t b, int64_t s, int64_t h, int64_t d,
                             const char *ref);
-/* FA_ERR_STRIDE, naming both, where an output shares a byte with another tensor (arguments.c
+/* FA_ERR_STRIDE, naming both, where an output shares a byte with another tensor (tensors.c
  * says how strided views are compared); the second checks every output against every input
  * and every other output. */
 fa_status fai_check_disjoint(const fa_tensor *out, const char *oname, const fa_tensor *other,
@@ -45,21 +59,39 @@ fa_tensor fai_sink_grad_view(const fa_params *p, int64_t hq);
  * same checks. */
 fa_tensor fai_indices_view(const fa_indices *x);
 
+/* ------------------------------------------------------------------ index arrays (indices.c) */
+
+/* An index array of host memory, checked as indices.c says (`what`: the count it needs);
+ * *out reads it. */
+fa_status fai_check_index_array(const fa_indices *x, const char *name, const char *sep,
+                                int64_t want_count, const char *what, fai_index *out);
+/* Checks a block mask against the problem (NULL: none) and expands it into *m, its map of
+ * *bytes bytes allocated on ctx (fai_free them after the call); sets pr->blocks. Call after
+ * fai_problem_make, on a dense call. */
+fa_status fai_problem_blocks(fa_context *ctx, fai_problem *pr, const fa_block_mask *bm,
+                             fai_block_map *m, size_t *bytes);
+
+/* ------------------------------------------------------------------ fa_params (params.c) */
+
+/* Checks p against the problem's dims and dtypes (its scalars and enums, the slopes and sink
+ * logits, the bias and its gradient, the descales, in that order) and sets what it makes of
+ * the problem: the mask, the score pipeline, the dropout stream, the slopes, sinks, descales
+ * and bias. fai_problem_make calls it once the dims, dtypes and q, k, v are set. */
+fa_status fai_problem_params(fai_problem *pr, const fa_params *p);
+/* FA_ERR_UNSUPPORTED, naming op, where the problem has what only a dense call takes: a bias
+ * tensor, or descale factors per (batch, kv head). For calls of sequences (varlen, paged, a
+ * cache). */
+fa_status fai_refuse_dense_only(const fai_problem *pr, const fa_params *p, const char *op);
+
+/* ------------------------------------------------------------------ the problem (problem.c) */
+
 /* Checks q, k, v and params and fills the problem's dims, mask, score and dropout (its
  * tensors: q, k and v; the op sets the others). paged: k and v are pages (their batch is not
  * q's). */
 fa_status fai_problem_make(fai_problem *pr, const fa_params *p, const fa_tensor *q,
                            const fa_tensor *k, const fa_tensor *v, int paged);
 
-/* FA_ERR_UNSUPPORTED, naming op, where the problem has what only a dense call takes: a bias
- * tensor, or descale factors per (batch, kv head). For calls of sequences (varlen, paged, a
- * cache). */
-fa_status fai_refuse_dense_only(const fai_problem *pr, const fa_params *p, const char *op);
-/* Checks a block mask against the problem (NULL: none) and expands it into *m, its map of
- * *bytes bytes allocated on ctx (fai_free them after the call); sets pr->blocks. Call after
- * fai_problem_make, on a dense call. */
-fa_status fai_problem_blocks(fa_context *ctx, fai_problem *pr, const fa_block_mask *bm,
-                             fai_block_map *m, size_t *bytes);
+/* ------------------------------------------------------------------ sequences (sequences.c) */
 
 /* Makes the problem a variable-length batch (fa_forward_varlen): checks the offsets against the
  * packed q and k and sets nseq, cu_q and cu_k. */

@@ -1,8 +1,9 @@
 /*
  * Contexts: fa_options and the environment turned into a resolved backend, ISA and kernel set,
- * thread count, cache sizes and the tiled backend's forced tiles; its memory counters and its
- * one-line description. The environment variables (docs/DESIGN.md §2): FA_BACKEND and FA_ISA
- * override an AUTO option; FA_TILES, FA_BACKWARD_PASSES and FA_DECODE force the tiled backend's plan.
+ * thread count and cache sizes, and each backend's own settings (its setup hook, through the
+ * backend table: the tiled backend's forced plan, say); its memory counters and its one-line
+ * description. The environment variables (docs/DESIGN.md §2): FA_BACKEND and FA_ISA override
+ * an AUTO option; a backend reads its own (backends/table.h: fai_backend.setup).
  */
 #include "config.h"
 
@@ -12,7 +13,7 @@
 #include <string.h>
 
 #include "api/api.h"
-#include "backends/tiled/plan.h"
+#include "backends/table.h"
 #include "simd/kernels.h"
 
 void fa_options_init(fa_options *o)
@@ -63,48 +64,6 @@ static fa_status env_enum(const char *var, const char *(*name)(int),
 static int backend_from_name(const char *v) { return (int)fai_backend_from_name(v); }
 static int isa_from_name(const char *v) { return (int)fai_isa_from_name(v); }
 
-/* FA_TILES=BQxBK[xBR], each in [1, 4096], BR <= BQ (BR 0: the plan's strip for BK); and
- * FA_BACKWARD_PASSES=1|2; FA_DECODE=0|1. */
-static fa_status env_tiled(fai_tiled_forced *f)
-{
-    memset(f, 0, sizeof *f);
-    const char *env = getenv("FA_TILES");
-    if (env && *env) {
-        int64_t size[3] = {0, 0, 0};
-        const char *at = env;
-        int fields = 0, ok = 1;
-        while (ok && fields < 3) {
-            ok = *at >= '1' && *at <= '9';
-            int64_t v = 0;
-            for (; ok && *at >= '0' && *at <= '9'; at++)
-                v = v > 4096 ? v : v * 10 + (*at - '0'); /* saturates above the bound */
-            size[fields++] = v;
-            ok = ok && v <= 4096;
-            if (!ok || *at != 'x')
-                break;
-            at++;
-        }
-        if (!ok || *at != 0 || fields < 2 || (fields == 3 && size[2] > size[0]))
-            return fai_fail(FA_ERR_INVALID_ARGUMENT,
-                            "FA_TILES=%s: expected BQxBK or BQxBKxBR, e.g. 64x32 or 64x32x8, "
-                            "each in [1, 4096], BR <= BQ", env);
-        f->bq = size[0], f->bk = size[1], f->br = size[2];
-    }
-    env = getenv("FA_BACKWARD_PASSES");
-    if (env && *env) {
-        if (strcmp(env, "1") && strcmp(env, "2"))
-            return fai_fail(FA_ERR_INVALID_ARGUMENT, "FA_BACKWARD_PASSES=%s: expected 1 or 2", env);
-        f->backward_passes = env[0] - '0';
-    }
-    env = getenv("FA_DECODE");
-    if (env && *env) {
-        if (strcmp(env, "0") && strcmp(env, "1"))
-            return fai_fail(FA_ERR_INVALID_ARGUMENT, "FA_DECODE=%s: expected 0 or 1", env);
-        f->decode_off = env[0] == '0';
-    }
-    return FA_OK;
-}
-
 fa_status fa_context_create(const fa_options *o, fa_context **out)
 {
     if (!out)
@@ -132,7 +91,8 @@ fa_status fa_context_create(const fa_options *o, fa_context **out)
     const int backend_auto = opt.backend == FA_BACKEND_AUTO;
     if (opt.backend == FA_BACKEND_AUTO)
         opt.backend = FA_BACKEND_TILED;
-    if (opt.backend == FA_BACKEND_CUDA && !fai_cuda_available())
+    const fai_backend *be = fai_backend_of(opt.backend);
+    if (be->available && !be->available())
         return FA_ERR_BACKEND_UNAVAILABLE; /* the detail is set */
     choice = (int)opt.isa;
     if (opt.isa == FA_ISA_AUTO)
@@ -147,8 +107,8 @@ fa_status fa_context_create(const fa_options *o, fa_context **out)
                         "ISA %s: %s", fa_isa_name(opt.isa),
                         fai_cpu_supports(opt.isa) ? "this build carries no kernels for it"
                                                   : "this CPU (or its OS) does not support it");
-    fai_tiled_forced forced;
-    FAI_TRY(env_tiled(&forced));
+    fai_backend_settings settings[FAI_BACKEND_SLOTS];
+    FAI_TRY(fai_backends_setup(&opt, settings));
 
     fa_context *ctx = fai_fault_now() ? NULL : calloc(1, sizeof *ctx);
     if (!ctx)
@@ -162,9 +122,7 @@ fa_status fa_context_create(const fa_options *o, fa_context **out)
     ctx->kernels = kernels;
     ctx->num_threads = opt.num_threads > 0 ? opt.num_threads : omp_get_max_threads();
     fai_cache_detect(&ctx->cache);
-    ctx->tiled = forced;
-    ctx->cuda.stream = opt.cuda_stream;
-    ctx->cuda.deterministic = opt.deterministic != 0;
+    memcpy(ctx->settings, settings, sizeof settings);
     *out = ctx;
     return FA_OK;
 }
@@ -178,32 +136,24 @@ fa_status fa_context_describe(const fa_context *ctx, char *buf, size_t n)
                         ctx ? "buf" : "ctx");
     if (n == 0)
         return FA_OK;
-    fai_tiles t[4];
-    for (int k = 0; k < 4; k++) /* D = 64, 128; forward, backward */
-        t[k] = fai_tiled_tiles(ctx, 64 << (k / 2), 64 << (k / 2), FA_F32, k % 2);
     const fai_kernels_f32 *ks = ctx->kernels;
-    /* the tile products and the bf16 forward's tiles on them, where the set has them */
-    char products[160] = "", bf16_tiles[64] = "";
-    if (ks->bf16) {
-        const fai_tiles b = fai_tiled_tiles(ctx, 128, 128, FA_BF16, 0);
+    char products[160] = ""; /* the tile products, where the set has them */
+    if (ks->bf16)
         snprintf(products, sizeof products, ",%s,%s,%s,%s", ks->bf16->qk_name,
                  ks->bf16->expsum_name, ks->bf16->pv_name, ks->bf16->gemm_name);
-        snprintf(bf16_tiles, sizeof bf16_tiles, "; bf16 fwd on tile products: D=128 %lldx%lldx%lld",
-                 (long long)b.bq, (long long)b.bk, (long long)b.br);
-    }
-    snprintf(buf, n,
-             "flashattn %s: backend=%s isa=%s%s%s%s kernels=%s,%s%s threads=%d L1d=%lldKiB "
-             "L2=%lldKiB (%s) "
-             "tiles f32 BqxBkxBr fwd/BqxBk bwd: D=64 %lldx%lldx%lld/%lldx%lld, "
-             "D=128 %lldx%lldx%lld/%lldx%lld%s",
-             PACKAGE_VERSION, fa_backend_name(ctx->backend), fa_isa_name(ctx->isa),
-             ctx->isa_why ? " (auto: " : "", ctx->isa_why ? ctx->isa_why : "",
-             ctx->isa_why ? ")" : "",
-             ks->gemm_name, ks->expsum_name, products, ctx->num_threads,
-             (long long)(ctx->cache.l1d / 1024), (long long)(ctx->cache.l2 / 1024),
-             ctx->cache.source, (long long)t[0].bq, (long long)t[0].bk, (long long)t[0].br,
-             (long long)t[1].bq, (long long)t[1].bk, (long long)t[2].bq, (long long)t[2].bk,
-             (long long)t[2].br, (long long)t[3].bq, (long long)t[3].bk, bf16_tiles);
+    char line[1024]; /* the whole line, then as much of it as buf holds */
+    const int used =
+        snprintf(line, sizeof line,
+                 "flashattn %s: backend=%s isa=%s%s%s%s kernels=%s,%s%s threads=%d L1d=%lldKiB "
+                 "L2=%lldKiB (%s)",
+                 PACKAGE_VERSION, fa_backend_name(ctx->backend), fa_isa_name(ctx->isa),
+                 ctx->isa_why ? " (auto: " : "", ctx->isa_why ? ctx->isa_why : "",
+                 ctx->isa_why ? ")" : "", ks->gemm_name, ks->expsum_name, products,
+                 ctx->num_threads, (long long)(ctx->cache.l1d / 1024),
+                 (long long)(ctx->cache.l2 / 1024), ctx->cache.source);
+    if (used > 0 && (size_t)used < sizeof line) /* then each backend's part (its describe) */
+        fai_backends_describe(ctx, line + used, sizeof line - (size_t)used);
+    snprintf(buf, n, "%s", line);
     return FA_OK;
 }
 

@@ -3,6 +3,7 @@
 #include "config.h"
 
 #include "api/api.h"
+#include "backends/table.h"
 #include "simd/kernels.h"
 
 const char *fa_last_error(void) { return fai_last_error_text(); }

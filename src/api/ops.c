@@ -1,9 +1,9 @@
 /*
  * The ops: fa_forward and fa_backward, their variable-length forms, the paged and cache
- * forwards and fa_append_kv check every argument (arguments.c), choose the backend, answer
- * what docs/DESIGN.md §1 defines without computing (empty problems), and hand the backend a
- * validated problem (a backend without the op answers FA_ERR_UNSUPPORTED through
- * fai_backend_op, backends/registry.c).
+ * forwards and fa_append_kv check every argument (api.h's checks), choose the backend, and
+ * hand it a validated problem (a backend without the op answers FA_ERR_UNSUPPORTED through
+ * fai_backend_op, backends/registry.c), but for a call with no row to write, which
+ * backends/empty.h answers without one.
  */
 #include "config.h"
 
@@ -12,15 +12,18 @@
 #include <string.h>
 
 #include "api/api.h"
+#include "backends/empty.h"
+#include "backends/groups.h"
+#include "backends/rows.h"
+#include "backends/table.h"
 #include "core/gradient.h"
 
-/* The backend of a call: the context's, but AUTO runs a call on CUDA when its q is device
- * memory (never in a build without CUDA). */
+/* The backend of a call: the context's, but AUTO runs a call whose q is a device backend's
+ * memory on that backend (the table's holds: never in a build without CUDA). */
 static const fai_backend *backend_for(const fa_context *ctx, const fa_tensor *q)
 {
-    if (ctx->backend_auto && fai_cuda_is_device_pointer(q->data))
-        return &fai_backend_cuda;
-    return fai_backend_of(ctx->backend);
+    const fai_backend *device = ctx->backend_auto ? fai_backend_holding(q->data) : NULL;
+    return device ? device : fai_backend_of(ctx->backend);
 }
 
 /* ------------------------------------------------------------------ attention sinks */
@@ -74,6 +77,24 @@ static fa_status call_backend(const fa_context *ctx, const fai_problem *pr, cons
                                             "batches, paged K/V) are not implemented (the CPU "
                                             "backends take them)", (*be)->name);
     return FA_OK;
+}
+
+/* Runs op on the call through its backend; but a call with no row to write (fai_empty_of:
+ * FAI_EMPTY_NO_ROW) asks no backend, and gets on the host what it writes (fai_write_empty:
+ * a backward's bias gradient 0; a device backend's memory is left alone). A call without a
+ * (query, key) pair does go to its backend, which writes its results: through fai_run_groups
+ * or fai_run_call (fai_write_empty) on the host, by its own kernels on a device. */
+static fa_status run_op(fa_context *ctx, const fai_backend *be, fai_op op, const char *what,
+                        const fai_problem *pr, fai_empty empty)
+{
+    if (empty == FAI_EMPTY_NO_ROW) {
+        if (!be->device_memory)
+            fai_write_empty(pr, op == FAI_OP_BACKWARD);
+        return FA_OK;
+    }
+    fai_op_fn run;
+    FAI_TRY(fai_backend_op(be, op, what, &run));
+    return run(ctx, pr);
 }
 
 /* What a call's shape is beyond dense tensors: a variable-length batch's offsets, a paged
@@ -184,15 +205,7 @@ static fa_status forward(fa_context *ctx, const fa_params *p, const fa_tensor *q
     fai_block_map blocks; /* checked before anything is written, even where nothing is */
     size_t map_bytes;
     FAI_TRY(fai_problem_blocks(ctx, &pr, p->block_mask, &blocks, &map_bytes));
-    fa_status st = FA_OK;
-    if (pr.b > 0 && (pr.sq > 0 || pr.k_new)) { /* (new keys are appended even without rows) */
-        fai_op_fn run;
-        st = fai_backend_op(be, FAI_OP_FORWARD, "forward", &run);
-        if (st == FA_OK && pr.sk == 0 && !be->device_memory) /* no row has a key, none new */
-            fai_write_empty(&pr, 0);
-        else if (st == FA_OK)
-            st = run(ctx, &pr);
-    }
+    const fa_status st = run_op(ctx, be, FAI_OP_FORWARD, "forward", &pr, fai_empty_of(&pr, 0));
     fai_free(&ctx->mem, (void *)blocks.listed, map_bytes);
     return st;
 }
@@ -273,7 +286,7 @@ fa_status fa_append_kv(fa_context *ctx, const fa_tensor *k_new, const fa_tensor 
     const fa_tensor *host[4] = {k_new, v_new, k_cache, v_cache};
     const char *hn[4] = {"k_new", "v_new", "k", "v"};
     for (int x = 0; x < 4; x++) /* copied here, on the host */
-        if (fai_cuda_is_device_pointer(host[x]->data))
+        if (fai_backend_holding(host[x]->data))
             return fai_fail(FA_ERR_UNSUPPORTED, "%s->data is device memory but the context's "
                                                 "backend is %s, a host one (the CUDA backend "
                                                 "appends to a device cache)", hn[x], be->name);
@@ -359,21 +372,14 @@ static fa_status backward(fa_context *ctx, const fa_params *p, const fa_tensor *
     fai_block_map blocks; /* checked before anything is written, even where nothing is */
     size_t map_bytes;
     FAI_TRY(fai_problem_blocks(ctx, &pr, p->block_mask, &blocks, &map_bytes));
-    fai_op_fn run;
-    fa_status st = pr.b == 0 ? FA_OK : fai_backend_op(be, FAI_OP_BACKWARD, "backward", &run);
-    if (st == FA_OK && pr.b == 0) { /* a sum over no rows */
-        if (p->sink_grad)
-            memset(p->sink_grad, 0, (size_t)pr.hq * sizeof(float));
-        if (p->bias_grad && !be->device_memory)
-            fai_zero_bias_grad(&pr);
-    } else if (st == FA_OK && (pr.sq == 0 || pr.sk == 0) && !be->device_memory) {
-        fai_write_empty(&pr, 1); /* no (query, key) pair: every gradient 0, the bias's too */
-        if (p->sink_grad)    /* O = 0 (or no row): D_i = 0 */
-            memset(p->sink_grad, 0, (size_t)pr.hq * sizeof(float));
-    } else if (st == FA_OK) {
-        st = run(ctx, &pr);
-        if (st == FA_OK && p->sink_grad && !be->device_memory)
+    const fai_empty empty = fai_empty_of(&pr, 1);
+    const fa_status st = run_op(ctx, be, FAI_OP_BACKWARD, "backward", &pr, empty);
+    /* the sink gradient (host memory), the device backend's own where it ran */
+    if (st == FA_OK && p->sink_grad && (!be->device_memory || empty == FAI_EMPTY_NO_ROW)) {
+        if (empty == FAI_NOT_EMPTY)
             sink_gradient(ctx, &pr, p->sink_grad);
+        else /* a sum over no (query, key) pair: O = 0 (or no row), D_i = 0 */
+            memset(p->sink_grad, 0, (size_t)pr.hq * sizeof(float));
     }
     fai_free(&ctx->mem, (void *)blocks.listed, map_bytes);
     return st;

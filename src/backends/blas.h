@@ -3,7 +3,7 @@
 #ifndef FAI_BACKENDS_BLAS_H
 #define FAI_BACKENDS_BLAS_H
 
-#include "backends/backend.h"
+#include "backends/problem.h"
 
 /* C = alpha op(A) op(B) + beta C, row-major; f64 if wide, else f32. Call only inside
  * fai_with_serial_blas, and only when fai_blas_dims_fit. */

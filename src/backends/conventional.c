@@ -17,8 +17,12 @@
 #include <omp.h>
 #include <string.h>
 
-#include "backends/backend.h"
 #include "backends/blas.h"
+#include "backends/blocks.h"
+#include "backends/context.h"
+#include "backends/groups.h"
+#include "backends/rows.h"
+#include "backends/table.h"
 
 #define CONV_ROWS 64 /* query rows per GEMM block: bounds the f32 staging of f16/bf16 tiles */
 

@@ -1,57 +1,19 @@
 /*
- * Running an op over the groups of a call (backends/backend.h): a dense problem is one group,
+ * Running an op over the groups of a call (backends/groups.h): a dense problem is one group,
  * a call of sequences (variable-length, paged, a cache) one per sequence. The groups share one
  * allocation made before anything is written (fai_run_groups: sized for the largest group,
  * which are run one by one; fai_run_call: sized by the backend for the whole call, run at
  * once); then the new keys of a cache are appended, and groups without a (query, key) pair get
- * their defined results here, on the host, for every backend alike.
+ * their defined results (backends/empty.h), on the host, for every host backend alike.
  */
 #include "config.h"
 
 #include <string.h>
 
-#include "backends/backend.h"
-
-/* Zeroes `dim` elements of each of rows [0, n) of every (batch, head) of role r. */
-static void zero_rows(const fai_problem *pr, fai_role r, int64_t heads, int64_t n, int64_t dim)
-{
-    if (n == 0) /* no row, and the batch alone may be 2^40: no loop over it */
-        return;
-    const int kv = r == FAI_DK || r == FAI_DV;
-    const size_t bytes = (size_t)dim * fai_dtype_size(fai_role_dtype(pr, r));
-    for (int64_t b = 0; b < pr->b; b++)
-        for (int64_t h = 0; h < heads; h++)
-            for (int64_t i = 0; i < n; i++)
-                memset(kv ? fai_kv_row(pr, r, b, h, i) : fai_q_row(pr, r, b, h, i), 0, bytes);
-}
-
-void fai_zero_bias_grad(const fai_problem *pr)
-{
-    const fa_tensor *g = pr->bias_grad;
-    const size_t row = (size_t)g->headdim * fai_dtype_size(g->dtype);
-    for (int64_t b = 0; b < g->batch; b++)
-        for (int64_t h = 0; h < g->heads; h++)
-            for (int64_t i = 0; i < g->seqlen; i++)
-                memset(fai_bias_row_of(g, b, h, i), 0, row);
-}
-
-void fai_write_empty(const fai_problem *pr, int backward)
-{
-    if (backward) { /* no (query, key) pair: every gradient is 0 */
-        zero_rows(pr, FAI_DQ, pr->hq, pr->sq, pr->dqk);
-        zero_rows(pr, FAI_DK, pr->hk, pr->sk, pr->dqk);
-        zero_rows(pr, FAI_DV, pr->hk, pr->sk, pr->dv);
-        if (pr->bias_grad)
-            fai_zero_bias_grad(pr);
-        return;
-    }
-    zero_rows(pr, FAI_OUT, pr->hq, pr->sq, pr->dv); /* no key: O = 0, LSE = the sink's */
-    if (fai_io(pr, FAI_LSE) && pr->sq > 0)
-        for (int64_t b = 0; b < pr->b; b++)
-            for (int64_t h = 0; h < pr->hq; h++)
-                for (int64_t i = 0; i < pr->sq; i++)
-                    fai_lse_write(pr, b, h, i, fai_sink(pr, h));
-}
+#include "backends/context.h"
+#include "backends/empty.h"
+#include "backends/groups.h"
+#include "backends/rows.h"
 
 void fai_append_new_keys(const fai_problem *pr)
 {
@@ -69,25 +31,36 @@ void fai_append_new_keys(const fai_problem *pr)
     }
 }
 
-/* fai_run_groups (whole = 0) and fai_run_call (whole = 1). */
+/* What run_groups calls: each group's need and run (fai_run_groups), or the whole call's, with
+ * the backend's arg (fai_run_call). */
+typedef struct {
+    fai_need_fn need;
+    fai_run_fn run;
+    fai_call_need_fn call_need;
+    fai_call_run_fn call_run;
+    const void *arg;
+} runner;
+
 static fa_status run_groups(fa_context *ctx, const fai_problem *pr, int backward,
-                            const char *who, fai_need_fn need, fai_run_fn run, int whole)
+                            const char *who, const runner *r)
 {
+    const int whole = r->call_need != NULL;
     const int64_t n = fai_groups(pr);
     fai_need most = {0, 0};
     int any = 0;
     for (int64_t g = 0; g < n; g++) {
         const fai_problem s = fai_group(pr, g);
-        any |= !fai_group_empty(&s);
-        if (whole || fai_group_empty(&s))
+        const int empty = fai_empty_of(&s, backward) != FAI_NOT_EMPTY;
+        any |= !empty;
+        if (whole || empty)
             continue;
         fai_need one = {0, 0};
-        FAI_TRY(need(ctx, &s, &one));
+        FAI_TRY(r->need(ctx, &s, &one));
         most.per = one.per > most.per ? one.per : most.per;
         most.shared = one.shared > most.shared ? one.shared : most.shared;
     }
     if (whole && any)
-        FAI_TRY(need(ctx, pr, &most));
+        FAI_TRY(r->call_need(ctx, pr, r->arg, &most));
     fai_scratch sc = {NULL, most.per, NULL};
     size_t bytes = 0;
     if (any) {
@@ -102,26 +75,28 @@ static fa_status run_groups(fa_context *ctx, const fai_problem *pr, int backward
         fai_append_new_keys(pr);
     for (int64_t g = 0; g < n; g++) {
         const fai_problem s = fai_group(pr, g);
-        if (fai_group_empty(&s))
+        if (fai_empty_of(&s, backward) != FAI_NOT_EMPTY)
             fai_write_empty(&s, backward);
         else if (!whole)
-            run(ctx, &s, &sc);
+            r->run(ctx, &s, &sc);
     }
     if (whole && any)
-        run(ctx, pr, &sc);
+        r->call_run(ctx, pr, r->arg, &sc);
     fai_free(&ctx->mem, sc.shared, most.shared);
     fai_free(&ctx->mem, sc.base, bytes);
     return FA_OK;
 }
 
 fa_status fai_run_groups(fa_context *ctx, const fai_problem *pr, int backward, const char *who,
-                         fai_need_fn need, fai_run_fn run_one)
+                         fai_need_fn need, fai_run_fn run)
 {
-    return run_groups(ctx, pr, backward, who, need, run_one, 0);
+    const runner r = {.need = need, .run = run};
+    return run_groups(ctx, pr, backward, who, &r);
 }
 
-fa_status fai_run_call(fa_context *ctx, const fai_problem *pr, int backward, const char *who,
-                       fai_need_fn need, fai_run_fn run_all)
+fa_status fai_run_call(fa_context *ctx, const fai_problem *call, int backward, const char *who,
+                       const void *arg, fai_call_need_fn need, fai_call_run_fn run)
 {
-    return run_groups(ctx, pr, backward, who, need, run_all, 1);
+    const runner r = {.call_need = need, .call_run = run, .arg = arg};
+    return run_groups(ctx, call, backward, who, &r);
 }

@@ -23,8 +23,12 @@
 #include <omp.h>
 #include <string.h>
 
-#include "backends/backend.h"
 #include "backends/blas.h"
+#include "backends/blocks.h"
+#include "backends/context.h"
+#include "backends/groups.h"
+#include "backends/rows.h"
+#include "backends/table.h"
 #include "core/gradient.h"
 
 #define REF_ROWS 64 /* query rows per block: the S block is 64 x Sk doubles (4 MiB at 8192) */

@@ -159,7 +159,7 @@ FA_HOST_DEVICE static inline fai_tile_class fai_mask_classify(const fai_mask *m,
  * of -inf masks the key whatever else: s = -inf (a cap would otherwise turn -inf into -c, and
  * a zero slope -inf into NaN), and callers that skip masked keys by selection skip it too
  * (fai_bias_masks). That holds without a bias tensor too (bias NONE: the entry is only ever
- * 0 or a block mask's -inf, base/backend.h's fai_row_biased). NaN propagates. `t` (may be NULL) receives tanh(x / c), for the backward's
+ * 0 or a block mask's -inf, backends/problem.h's fai_row_biased). NaN propagates. `t` (may be NULL) receives tanh(x / c), for the backward's
  * chain rule d(c tanh(x/c))/dx = 1 - tanh^2(x/c) (the bias and ALiBi are additive, so the rule
  * is the same in every order); it is 0 when softcap is off.
  *

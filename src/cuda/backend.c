@@ -13,16 +13,37 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "backends/backend.h"
+#include "backends/blocks.h"
+#include "backends/context.h"
+#include "backends/empty.h"
+#include "backends/groups.h"
+#include "backends/table.h"
 #include "cuda/launch.h"
 
 #ifndef FA_CUDA_MIN_ARCH
 #error "configure defines FA_CUDA_MIN_ARCH (the lowest --with-cuda-arch) in --enable-cuda builds"
 #endif
 
+/* What a context tells the backend (its setup hook, from fa_options; kept in the context's
+ * settings): the stream its calls run on, and whether the backward must be bitwise
+ * repeatable. */
+typedef struct {
+    void *stream;      /* fa_options.cuda_stream */
+    int deterministic; /* fa_options.deterministic */
+} cuda_settings;
+_Static_assert(sizeof(cuda_settings) <= sizeof(fai_backend_settings),
+               "the CUDA backend's settings fit a context's slot");
+
+static fa_status cuda_setup(const fa_options *o, fai_backend_settings *mine)
+{
+    const cuda_settings s = {o->cuda_stream, o->deterministic != 0};
+    memcpy(mine->bytes, &s, sizeof s);
+    return FA_OK;
+}
+
 /* Usable: a device, and the current one can run this build's code (SASS for the lowest arch
  * up, PTX of the last arch for newer ones). */
-int fai_cuda_available(void)
+static int cuda_available(void)
 {
     int n = 0, dev = 0, major = 0, minor = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
@@ -69,7 +90,8 @@ static int device_memory(const void *p, struct cudaPointerAttributes *at)
     return at->type == cudaMemoryTypeDevice || at->type == cudaMemoryTypeManaged;
 }
 
-int fai_cuda_is_device_pointer(const void *p)
+/* The table's holds: AUTO runs a call whose q is device memory here. */
+static int cuda_holds(const void *p)
 {
     struct cudaPointerAttributes at;
     return device_memory(p, &at);
@@ -134,8 +156,10 @@ static fa_status fill(fa_context *ctx, const fai_problem *pr, fai_cuda_args *a)
     a->score = pr->score;
     a->drop = pr->drop;
     a->keep_scale = pr->keep_scale;
-    a->stream = ctx->cuda.stream;
-    a->deterministic = ctx->cuda.deterministic;
+    cuda_settings set;
+    fai_settings_get(ctx, FA_BACKEND_CUDA, &set, sizeof set);
+    a->stream = set.stream;
+    a->deterministic = set.deterministic;
     const char *k = getenv("FA_CUDA_KERNEL");
     if (k && *k) {
         if (strcmp(k, "generic") == 0)
@@ -353,22 +377,22 @@ static void shift(fai_cuda_view *v, int64_t b, int64_t s, size_t es)
         v->data = (char *)v->data + (size_t)(b * v->sb + s * v->ss) * es;
 }
 
-/* Group g of the call (fai_group; the call itself when it is dense) as kernel arguments: the
- * call's, with the group's dims, mask, score offset and dropout stream, its views' bases at
- * its rows, and a paged K/V's table at its row. */
-static fai_cuda_args group_args(const fai_problem *pr, int64_t g, const fai_cuda_args *call)
+/* Group g of the call (s = fai_group(pr, g); the call itself when it is dense) as kernel
+ * arguments: the call's, with the group's dims, mask, score offset and dropout stream, its
+ * views' bases at its rows, and a paged K/V's table at its row. */
+static fai_cuda_args group_args(const fai_problem *pr, int64_t g, const fai_problem *s,
+                                const fai_cuda_args *call)
 {
-    const fai_problem s = fai_group(pr, g);
     fai_cuda_args a = *call;
-    a.b = s.b, a.sq = s.sq, a.sk = s.sk, a.seq0 = s.seq0;
-    a.mask = s.mask;
-    a.score = s.score;
+    a.b = s->b, a.sq = s->sq, a.sk = s->sk, a.seq0 = s->seq0;
+    a.mask = s->mask;
+    a.score = s->score;
     const size_t qe = fai_dtype_size(pr->dtype), ke = fai_dtype_size(pr->kv_dtype);
-    shift(&a.tq, s.qb0, s.q0, fai_dtype_size(pr->q_dtype)); /* FP8 q: 1-byte rows */
+    shift(&a.tq, s->qb0, s->q0, fai_dtype_size(pr->q_dtype)); /* FP8 q: 1-byte rows */
     fai_cuda_view *qside[3] = {&a.tout, &a.tdout, &a.tdq};
     for (int x = 0; x < 3; x++)
-        shift(qside[x], s.qb0, s.q0, qe);
-    shift(&a.tlse, s.qb0, s.q0, call->lse_f64 ? sizeof(double) : sizeof(float));
+        shift(qside[x], s->qb0, s->q0, qe);
+    shift(&a.tlse, s->qb0, s->q0, call->lse_f64 ? sizeof(double) : sizeof(float));
     shift(&a.tkn, g, 0, ke); /* a cache's new keys: batch g */
     shift(&a.tvn, g, 0, ke);
     if (call->table) {
@@ -377,7 +401,7 @@ static fai_cuda_args group_args(const fai_problem *pr, int64_t g, const fai_cuda
     }
     fai_cuda_view *kside[4] = {&a.tk, &a.tv, &a.tdk, &a.tdv};
     for (int x = 0; x < 4; x++)
-        shift(kside[x], s.kb0, s.k0, ke);
+        shift(kside[x], s->kb0, s->k0, ke);
     return a;
 }
 
@@ -387,15 +411,19 @@ static fai_cuda_result append_new_keys(const fai_problem *pr, const fai_cuda_arg
 {
     fai_cuda_result r = FAI_CUDA_OK;
     for (int64_t g = 0; r == FAI_CUDA_OK && g < pr->nseq; g++) {
-        const fai_cuda_args a = group_args(pr, g, call);
+        const fai_problem s = fai_group(pr, g);
+        const fai_cuda_args a = group_args(pr, g, &s, call);
         r = fai_cuda_append(&a, pr->s_new, a.sk - pr->s_new, err, n);
     }
     return r;
 }
 
 /* The forward: every group (a dense call is one) launched in order, after the inputs the
- * kernels read from the host are on the device and a cache's new keys are in it. A bias
- * (dense calls only, the API layer says) goes to the generic kernels (fill). */
+ * kernels read from the host are on the device and a cache's new keys are in it; but a group
+ * with no row to write (backends/empty.h: a sequence without queries). A group without a
+ * (query, key) pair is launched: the kernels end its rows empty (O = 0, LSE the sink's), as
+ * fai_write_empty does on the host. A bias (dense calls only, the API layer says) goes to the
+ * generic kernels (fill). */
 static fa_status cuda_forward(fa_context *ctx, const fai_problem *pr)
 {
     fai_cuda_args a;
@@ -426,7 +454,10 @@ static fa_status cuda_forward(fa_context *ctx, const fai_problem *pr)
         if (pr->k_new)
             r = append_new_keys(pr, &a, err, sizeof err);
         for (int64_t g = 0; r == FAI_CUDA_OK && g < fai_groups(pr); g++) {
-            const fai_cuda_args ga = group_args(pr, g, &a);
+            const fai_problem sg = fai_group(pr, g);
+            if (fai_empty_of(&sg, 0) == FAI_EMPTY_NO_ROW)
+                continue;
+            const fai_cuda_args ga = group_args(pr, g, &sg, &a);
             r = fai_cuda_forward(&ga, err, sizeof err);
         }
         s = result(r, err);
@@ -491,7 +522,8 @@ static fa_status cuda_backward(fa_context *ctx, const fai_problem *pr)
     cudaStream_t st = (cudaStream_t)a.stream;
     size_t wb = 0;
     for (int64_t g = 0; g < fai_groups(pr); g++) {
-        const fai_cuda_args ga = group_args(pr, g, &a);
+        const fai_problem sg = fai_group(pr, g);
+        const fai_cuda_args ga = group_args(pr, g, &sg, &a);
         const size_t one = fai_cuda_backward_workspace(&ga);
         wb = one > wb ? one : wb;
     }
@@ -522,7 +554,8 @@ static fa_status cuda_backward(fa_context *ctx, const fai_problem *pr)
         char err[300] = "";
         fai_cuda_result r = FAI_CUDA_OK;
         for (int64_t g = 0; r == FAI_CUDA_OK && g < fai_groups(pr); g++) {
-            const fai_cuda_args ga = group_args(pr, g, &a);
+            const fai_problem sg = fai_group(pr, g);
+            const fai_cuda_args ga = group_args(pr, g, &sg, &a);
             r = fai_cuda_backward(&ga, err, sizeof err);
             if (r == FAI_CUDA_OK && grad)
                 r = fai_cuda_sink_grad(&ga, grad, err, sizeof err);
@@ -547,4 +580,7 @@ const fai_backend fai_backend_cuda = {
     .sequences = 1,
     .ops = {[FAI_OP_FORWARD] = cuda_forward, [FAI_OP_BACKWARD] = cuda_backward,
             [FAI_OP_APPEND] = cuda_append},
+    .setup = cuda_setup,
+    .available = cuda_available,
+    .holds = cuda_holds,
 };

@@ -35,9 +35,10 @@ typedef struct {
     int64_t sb, ss, sh;
 } fai_cuda_bias_view;
 
-/* A block-sparse mask's map on the device (fai_block_map, backend.h): key j is listed for row
- * i of (b, h) iff listed[((b' heads + h') q_blocks + i / q_block) kv_blocks + j / kv_block] is
- * nonzero, b' = b unless batch is 1 (then 0), h' likewise. listed NULL: no block mask. */
+/* A block-sparse mask's map on the device (fai_block_map, backends/blocks.h): key j is listed
+ * for row i of (b, h) iff listed[((b' heads + h') q_blocks + i / q_block) kv_blocks + j /
+ * kv_block] is nonzero, b' = b unless batch is 1 (then 0), h' likewise. listed NULL: no block
+ * mask. */
 typedef struct {
     const unsigned char *listed;
     int64_t batch, heads, q_block, kv_block, q_blocks, kv_blocks;

@@ -39,6 +39,8 @@
 #include <omp.h>
 #include <string.h>
 
+#include "backends/context.h"
+#include "backends/rows.h"
 #include "backends/tiled/decode.h"
 #include "core/recurrence.h"
 
@@ -89,16 +91,16 @@ typedef struct {
     int64_t g, b, nc, heads, state0;
 } decode_item;
 
-/* Group g of the call as the decode path sees it; 0 (dg's chunking unset) where the plan does
- * not send the group here. */
-static int group_setup(const fa_context *ctx, const fai_problem *call, int64_t g,
+/* Group g of the call as the decode path sees it; 0 (dg unset) where the plan does not send
+ * the group here. */
+static int group_setup(const fai_problem *call, const fai_tiled_plan *plan, int64_t g,
                        decode_group *dg)
 {
+    if (fai_tiled_plan_path(plan, g) != FAI_TILED_DECODE)
+        return 0;
     dg->pr = fai_group(call, g);
     const fai_problem *pr = &dg->pr;
-    if (fai_tiled_forward_path(ctx, pr) != FAI_TILED_DECODE)
-        return 0;
-    dg->keys = fai_tiled_decode_keys(ctx, pr);
+    dg->keys = plan->decode_keys;
     dg->rows = pr->group * pr->sq;
     dg->scale_only = pr->score.softcap == 0 && !pr->slopes;
     /* each part's chunks on the grid of multiples of keys from key 0 */
@@ -153,15 +155,16 @@ static size_t item_floats(const decode_group *dg)
  * them). Advances (*g, *b) past them; returns their number (0: none left) and the states'
  * floats in *floats, or -1 where one item's states overflow the address space.
  */
-static int64_t next_wave(const fa_context *ctx, const fai_problem *call, int64_t *g, int64_t *b,
-                         decode_item *items, int64_t *first, size_t *floats)
+static int64_t next_wave(const fa_context *ctx, const fai_problem *call,
+                         const fai_tiled_plan *plan, int64_t *g, int64_t *b, decode_item *items,
+                         int64_t *first, size_t *floats)
 {
     const int64_t ng = fai_groups(call);
     int64_t n = 0, chunks = 0, hmax = 1;
     size_t total = 0;
     for (; *g < ng; (*g)++, *b = 0) {
         decode_group dg;
-        if (!group_setup(ctx, call, *g, &dg))
+        if (!group_setup(call, plan, *g, &dg))
             continue;
         const size_t f = item_floats(&dg);
         if (f == 0)
@@ -381,20 +384,21 @@ static size_t wave_carve(int64_t n, size_t floats, void *base, decode_item **ite
     return a.used;
 }
 
-fa_status fai_tiled_decode_need(const fa_context *ctx, const fai_problem *call, fai_need *need)
+fa_status fai_tiled_decode_need(const fa_context *ctx, const fai_problem *call,
+                                const fai_tiled_plan *plan, fai_need *need)
 {
     *need = (fai_need){0, 0};
     for (int64_t g = 0; g < fai_groups(call); g++) { /* the largest workspace of a thread */
         decode_group dg;
         decode_ws w;
-        if (!group_setup(ctx, call, g, &dg))
+        if (!group_setup(call, plan, g, &dg))
             continue;
         const size_t per = ws_carve(&dg, dg.heads_max, NULL, &w);
         need->per = per > need->per ? per : need->per;
     }
     int64_t g = 0, b = 0, n; /* the largest wave */
     size_t floats;
-    while ((n = next_wave(ctx, call, &g, &b, NULL, NULL, &floats)) != 0) {
+    while ((n = next_wave(ctx, call, plan, &g, &b, NULL, NULL, &floats)) != 0) {
         if (n < 0)
             return fai_fail(FA_ERR_NO_MEMORY, "tiled decode: the chunk states of one batch (%lld "
                                               "kv heads) exceed the address space",
@@ -408,8 +412,8 @@ fa_status fai_tiled_decode_need(const fa_context *ctx, const fai_problem *call, 
     return FA_OK;
 }
 
-void fai_tiled_decode(fa_context *ctx, const fai_problem *call, const fai_kernels_f32 *kern,
-                      const fai_scratch *sc)
+void fai_tiled_decode(fa_context *ctx, const fai_problem *call, const fai_tiled_plan *plan,
+                      const fai_kernels_f32 *kern, const fai_scratch *sc)
 {
     int64_t g = 0, b = 0, n;
     size_t floats;
@@ -418,10 +422,10 @@ void fai_tiled_decode(fa_context *ctx, const fai_problem *call, const fai_kernel
     float *states;
     for (;;) {
         int64_t g0 = g, b0 = b; /* measure the wave, then write it */
-        if ((n = next_wave(ctx, call, &g0, &b0, NULL, NULL, &floats)) <= 0)
+        if ((n = next_wave(ctx, call, plan, &g0, &b0, NULL, NULL, &floats)) <= 0)
             return; /* none left (an overflow failed fai_tiled_decode_need) */
         wave_carve(n, floats, sc->shared, &items, &first, &states);
-        next_wave(ctx, call, &g, &b, items, first, &floats);
+        next_wave(ctx, call, plan, &g, &b, items, first, &floats);
         const int64_t ntasks = first[n];
 #pragma omp parallel num_threads(ctx->num_threads)
         {
@@ -435,7 +439,7 @@ void fai_tiled_decode(fa_context *ctx, const fai_problem *call, const fai_kernel
                 const int64_t part = fai_task_part(first, n, t);
                 const decode_item *it = &items[part];
                 if (it->g != at) {
-                    group_setup(ctx, call, it->g, &dg);
+                    group_setup(call, plan, it->g, &dg);
                     at = it->g;
                 }
                 ws_carve(&dg, it->heads, base, &mine);
@@ -454,7 +458,7 @@ void fai_tiled_decode(fa_context *ctx, const fai_problem *call, const fai_kernel
                 const decode_item *it = &items[t / call->hk];
                 const int64_t hk = t % call->hk;
                 if (it->g != at) {
-                    group_setup(ctx, call, it->g, &dg);
+                    group_setup(call, plan, it->g, &dg);
                     at = it->g;
                 }
                 const int64_t sf = state_floats(&dg);

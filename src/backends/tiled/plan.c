@@ -10,6 +10,8 @@
  */
 #include "config.h"
 
+#include "backends/empty.h"
+#include "backends/groups.h"
 #include "backends/tiled/plan.h"
 
 static int64_t floor_pow2(int64_t x)
@@ -94,16 +96,17 @@ fai_tiles fai_plan_forward_tiles(const fai_cache_info *ci, int64_t dqk, int64_t 
  * keeps the plan's size, and no row's result depends on its query tile, so results stay the
  * same at every thread count.
  */
-static int64_t forward_task_rows(const fa_context *ctx, const fai_problem *call, fai_tiles tl)
+static int64_t forward_task_rows(const fa_context *ctx, const fai_problem *call,
+                                 const fai_tiled_plan *p)
 {
-    int64_t bq = tl.bq;
-    for (; bq / 2 >= tl.br; bq /= 2) {
+    int64_t bq = p->tl.bq;
+    for (; bq / 2 >= p->tl.br; bq /= 2) {
         double tasks = 0; /* a double: the count only meets a bound */
-        for (int64_t g = 0; g < fai_groups(call); g++) {
-            const fai_problem s = fai_group(call, g);
-            if (fai_tiled_forward_path(ctx, &s) == FAI_TILED_TILES)
+        for (int64_t g = 0; g < fai_groups(call); g++)
+            if (fai_tiled_plan_path(p, g) == FAI_TILED_TILES) {
+                const fai_problem s = fai_group(call, g);
                 tasks += (double)fai_tiled_group_tasks(&s, bq);
-        }
+            }
         if (tasks >= 4.0 * ctx->num_threads)
             break;
     }
@@ -178,9 +181,10 @@ fai_tiles fai_tiled_tiles(const fa_context *ctx, int64_t dqk, int64_t dv, fa_dty
 {
     const size_t es = d == FA_F64 ? sizeof(double) : sizeof(float);
     const fai_kernels_bf16 *tiles = backward ? NULL : tile_products(ctx, d, dqk, dv);
+    const fai_tiled_forced forced = fai_tiled_forced_of(ctx);
     fai_tiles t;
-    if (ctx->tiled.bq > 0) { /* forced (FA_TILES): taken as given, but for a missing strip */
-        t = (fai_tiles){ctx->tiled.bq, ctx->tiled.bk, ctx->tiled.br};
+    if (forced.bq > 0) { /* forced (FA_TILES): taken as given, but for a missing strip */
+        t = (fai_tiles){forced.bq, forced.bk, forced.br};
         if (t.br == 0) {
             const int64_t br = tiles ? strip_rows_tiles(&ctx->cache, t.bk, tiles->rows)
                                      : strip_rows(&ctx->cache, t.bk, es, kernel_mr(ctx, d));
@@ -221,22 +225,27 @@ fai_tiles fai_tiled_tiles(const fa_context *ctx, int64_t dqk, int64_t dv, fa_dty
 
 int64_t fai_tiled_decode_keys(const fa_context *ctx, const fai_problem *pr)
 {
+    const fai_tiled_forced forced = fai_tiled_forced_of(ctx);
     /* the decode kernels read f32, f16 and bf16 rows */
     const int applies = pr->dtype != FA_F64 && pr->drop.threshold == 0 && !fai_row_biased(pr) &&
                         !fai_dtype_is_fp8(pr->q_dtype) && !fai_dtype_is_fp8(pr->kv_dtype) &&
-                        pr->group * pr->sq <= DECODE_ROWS && !ctx->tiled.decode_off &&
-                        ctx->tiled.bq == 0; /* forced tiles (FA_TILES) are for the tiles */
+                        pr->group * pr->sq <= DECODE_ROWS && !forced.decode_off &&
+                        forced.bq == 0; /* forced tiles (FA_TILES) are for the tiles */
     return applies ? DECODE_KEYS : 0;
 }
 
-fai_tiled_path fai_tiled_forward_path(const fa_context *ctx, const fai_problem *group)
+/* The path of a group of a forward (and the decode path's keys per chunk into *keys, else
+ * 0). */
+static fai_tiled_path group_path(const fa_context *ctx, const fai_problem *group, int64_t *keys)
 {
-    if (fai_group_empty(group))
+    *keys = 0;
+    if (fai_empty_of(group, 0) != FAI_NOT_EMPTY) /* its results are written, not computed */
         return FAI_TILED_NONE;
-    return fai_tiled_decode_keys(ctx, group) > 0 ? FAI_TILED_DECODE : FAI_TILED_TILES;
+    *keys = fai_tiled_decode_keys(ctx, group);
+    return *keys > 0 ? FAI_TILED_DECODE : FAI_TILED_TILES;
 }
 
-fai_tiled_plan fai_tiled_plan_forward(const fa_context *ctx, const fai_problem *call)
+fa_status fai_tiled_plan_forward(fa_context *ctx, const fai_problem *call, fai_tiled_plan *plan)
 {
     fai_tiled_plan p = {0};
     const fai_problem *pr = call; /* the dims and dtypes below are every group's */
@@ -248,9 +257,31 @@ fai_tiled_plan fai_tiled_plan_forward(const fa_context *ctx, const fai_problem *
     /* the tile products take bf16 Q, K and V alike (a cache of another dtype: the kernels) */
     p.tile_products = pr->kv_dtype == pr->dtype ? tile_products(ctx, pr->dtype, pr->dqk, pr->dv)
                                                 : NULL;
+    /* each group's path, decided here once for the task rows below and the loop nests */
+    const int64_t n = fai_groups(call);
+    if (call->nseq > 0) {
+        p.paths_bytes = (size_t)n;
+        if (!(p.paths = fai_alloc(&ctx->mem, p.paths_bytes)))
+            return fai_fail(FA_ERR_NO_MEMORY, "tiled: %zu bytes for the paths of %lld sequences",
+                            p.paths_bytes, (long long)n);
+    }
+    for (int64_t g = 0; g < n; g++) {
+        const fai_problem s = fai_group(call, g);
+        int64_t keys;
+        const unsigned char path = (unsigned char)group_path(ctx, &s, &keys);
+        *(p.paths ? &p.paths[g] : &p.path) = path;
+        p.decode_keys = keys > 0 ? keys : p.decode_keys; /* (alike for every decode group) */
+    }
     /* forced tiles are taken as they are; the workspace is sized by p.tl either way */
-    p.task_rows = ctx->tiled.bq > 0 ? p.tl.bq : forward_task_rows(ctx, call, p.tl);
-    return p;
+    p.task_rows = fai_tiled_forced_of(ctx).bq > 0 ? p.tl.bq : forward_task_rows(ctx, call, &p);
+    *plan = p;
+    return FA_OK;
+}
+
+void fai_tiled_plan_release(fa_context *ctx, fai_tiled_plan *p)
+{
+    fai_free(&ctx->mem, p->paths, p->paths_bytes);
+    p->paths = NULL;
 }
 
 fai_tiled_plan fai_tiled_plan_backward(const fa_context *ctx, const fai_problem *pr)
@@ -259,9 +290,9 @@ fai_tiled_plan fai_tiled_plan_backward(const fa_context *ctx, const fai_problem 
     p.tl = fai_tiled_tiles(ctx, pr->dqk, pr->dv, pr->dtype, 1);
     const int64_t es = pr->dtype == FA_F64 ? (int64_t)sizeof(double) : (int64_t)sizeof(float);
     p.tile_products = backward_tile_products(ctx, pr, p.tl);
-    p.single_pass = ctx->tiled.backward_passes
-                        ? ctx->tiled.backward_passes == 1
-                        : backward_single_pass(pr->b * pr->hk, ctx->num_threads,
-                                               pr->group * pr->sq * pr->dqk * es);
+    const int passes = fai_tiled_forced_of(ctx).backward_passes;
+    p.single_pass = passes ? passes == 1
+                           : backward_single_pass(pr->b * pr->hk, ctx->num_threads,
+                                                  pr->group * pr->sq * pr->dqk * es);
     return p;
 }

@@ -61,7 +61,7 @@ static void FAI_T(row_span)(const fai_problem *pr, fai_tile_class cls, int64_t i
 }
 
 /* Loads n rows of dim elements of storage dtype dt, row c at src + c ld elements (a run from
- * an accessor of backends/backend.h), into dst (n x dim, row-major). */
+ * an accessor of backends/rows.h), into dst (n x dim, row-major). */
 static void FAI_T(load_run)(const FAI_T(fai_kernels) *kern, const void *src, int64_t ld,
                             fa_dtype dt, int64_t n, int64_t dim, FT *dst)
 {

@@ -16,7 +16,11 @@
 #include <omp.h>
 #include <string.h>
 
-#include "backends/backend.h"
+#include "backends/blocks.h"
+#include "backends/context.h"
+#include "backends/groups.h"
+#include "backends/rows.h"
+#include "backends/table.h"
 #include "backends/tiled/decode.h"
 #include "backends/tiled/plan.h"
 #include "core/gradient.h"
@@ -46,21 +50,21 @@
 #include "backends/tiled/forward_tpl.h"
 #include "backends/tiled/backward_tpl.h"
 
-/* The groups that take the tiles, in order, into g[0 .. n - 1] and their first tasks into
- * first[0 .. n] (first[n]: all their tasks), where g is not NULL; returns n. */
-static int64_t tile_groups(const fa_context *ctx, const fai_problem *call, int64_t bq,
-                           int64_t *g, int64_t *first)
+/* The groups that the plan sends to the tiles, in order, into g[0 .. n - 1] and their first
+ * tasks into first[0 .. n] (first[n]: all their tasks), where g is not NULL; returns n. */
+static int64_t tile_groups(const fai_problem *call, const fai_tiled_plan *plan, int64_t *g,
+                           int64_t *first)
 {
     int64_t n = 0, t = 0;
     for (int64_t x = 0; x < fai_groups(call); x++) {
-        const fai_problem s = fai_group(call, x);
-        if (fai_tiled_forward_path(ctx, &s) != FAI_TILED_TILES)
+        if (fai_tiled_plan_path(plan, x) != FAI_TILED_TILES)
             continue;
         if (g) {
             g[n] = x;
             first[n] = t;
         }
-        t += fai_tiled_group_tasks(&s, bq);
+        const fai_problem s = fai_group(call, x);
+        t += fai_tiled_group_tasks(&s, plan->task_rows);
         n++;
     }
     if (g)
@@ -78,21 +82,22 @@ static size_t tile_groups_carve(int64_t n, void *base, int64_t **g, int64_t **fi
 }
 
 /*
- * The forward of a call (fai_run_call): the decode path over every group it takes, in one run,
- * then the tiles over every other group, in one task space: a batch of short sequences shares
- * the threads out as one dense batch does. The tiles' groups and their first tasks lie in the
- * shared block (the decode path's, before).
+ * The forward of a call (fai_run_call, on the plan made once for it: arg): the decode path
+ * over every group it takes, in one run, then the tiles over every other group, in one task
+ * space: a batch of short sequences shares the threads out as one dense batch does. The
+ * tiles' groups and their first tasks lie in the shared block (the decode path's, before).
  */
-static fa_status forward_need(const fa_context *ctx, const fai_problem *call, fai_need *need)
+static fa_status forward_need(const fa_context *ctx, const fai_problem *call, const void *arg,
+                              fai_need *need)
 {
-    FAI_TRY(fai_tiled_decode_need(ctx, call, need));
-    const fai_tiled_plan plan = fai_tiled_plan_forward(ctx, call);
-    const int64_t n = tile_groups(ctx, call, plan.task_rows, NULL, NULL);
+    const fai_tiled_plan *plan = arg;
+    FAI_TRY(fai_tiled_decode_need(ctx, call, plan, need));
+    const int64_t n = tile_groups(call, plan, NULL, NULL);
     if (n == 0)
         return FA_OK;
     const size_t per = call->dtype == FA_F64
-                           ? forward_need_f64(call, fai_kernels_f64_portable(), &plan)
-                           : forward_need_f32(call, ctx->kernels, &plan);
+                           ? forward_need_f64(call, fai_kernels_f64_portable(), plan)
+                           : forward_need_f32(call, ctx->kernels, plan);
     int64_t *g, *first;
     const size_t shared = tile_groups_carve(n, NULL, &g, &first);
     need->per = per > need->per ? per : need->per;
@@ -100,20 +105,21 @@ static fa_status forward_need(const fa_context *ctx, const fai_problem *call, fa
     return FA_OK;
 }
 
-static void forward_run(fa_context *ctx, const fai_problem *call, const fai_scratch *sc)
+static void forward_run(fa_context *ctx, const fai_problem *call, const void *arg,
+                        const fai_scratch *sc)
 {
-    fai_tiled_decode(ctx, call, ctx->kernels, sc);
-    const fai_tiled_plan plan = fai_tiled_plan_forward(ctx, call);
-    const int64_t n = tile_groups(ctx, call, plan.task_rows, NULL, NULL);
+    const fai_tiled_plan *plan = arg;
+    fai_tiled_decode(ctx, call, plan, ctx->kernels, sc);
+    const int64_t n = tile_groups(call, plan, NULL, NULL);
     if (n == 0)
         return;
     int64_t *g, *first;
     tile_groups_carve(n, sc->shared, &g, &first);
-    tile_groups(ctx, call, plan.task_rows, g, first);
+    tile_groups(call, plan, g, first);
     if (call->dtype == FA_F64)
-        forward_f64(ctx, call, fai_kernels_f64_portable(), &plan, g, first, n, sc);
+        forward_f64(ctx, call, fai_kernels_f64_portable(), plan, g, first, n, sc);
     else
-        forward_f32(ctx, call, ctx->kernels, &plan, g, first, n, sc);
+        forward_f32(ctx, call, ctx->kernels, plan, g, first, n, sc);
 }
 
 static fa_status backward_need(const fa_context *ctx, const fai_problem *pr, fai_need *need)
@@ -134,7 +140,11 @@ static void backward_run(fa_context *ctx, const fai_problem *pr, const fai_scrat
 
 static fa_status tiled_forward(fa_context *ctx, const fai_problem *pr)
 {
-    return fai_run_call(ctx, pr, 0, "tiled", forward_need, forward_run);
+    fai_tiled_plan plan;
+    FAI_TRY(fai_tiled_plan_forward(ctx, pr, &plan));
+    const fa_status st = fai_run_call(ctx, pr, 0, "tiled", &plan, forward_need, forward_run);
+    fai_tiled_plan_release(ctx, &plan);
+    return st;
 }
 
 static fa_status tiled_backward(fa_context *ctx, const fai_problem *pr)
@@ -146,4 +156,6 @@ const fai_backend fai_backend_tiled = {
     .name = "tiled",
     .sequences = 1,
     .ops = {[FAI_OP_FORWARD] = tiled_forward, [FAI_OP_BACKWARD] = tiled_backward},
+    .setup = fai_tiled_setup,
+    .describe = fai_tiled_describe,
 };
