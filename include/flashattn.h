@@ -403,6 +403,29 @@ typedef struct {
 
 FA_API const fa_profile *fa_profile_find(const char *name); /* NULL: no profile of that name */
 FA_API const fa_profile *fa_profile_at(int i);
+
+/* The options a caller of fa_profile_apply set itself, which the profile leaves as they are
+ * (bits of its `given`). */
+typedef enum {
+    FA_GIVEN_ALIGN = 1,
+    FA_GIVEN_SCORE_ORDER = 2,
+    FA_GIVEN_BIAS_PLACE = 4,
+    FA_GIVEN_BIAS_BY_SLOPE = 8
+} fa_given;
+
+/*
+ * The params of a call as the profile's kernel family means the options its caller left to it:
+ * p->align, p->score_order and p->bias_place take the profile's values, and p->bias_by_slope
+ * the profile's where p has both alibi_slopes and a bias (else 0), each unless `given` holds
+ * its FA_GIVEN_ bit. `window`, where not NULL, is the family's one window number W: for a
+ * window_is_count profile (xformers, ggml) a count of keys, the query's own included, W >= 1:
+ * window (W - 1, 0); for the others the left bound: window (W, -1) (causal bounds the right;
+ * fa_forward checks W as it checks window_left). FA_ERR_INVALID_ARGUMENT for a count below 1,
+ * with p untouched. The `flashattn` command's --profile and the Python package's
+ * check(profile=) apply a profile this way, once every other field of p is set.
+ */
+FA_API fa_status fa_profile_apply(const fa_profile *pf, fa_params *p, const int64_t *window,
+                                  unsigned given);
 /* An LSE tensor (f32 or f64) rewritten in place from this library's convention (natural log,
  * -inf for an empty row) to the profile's, or back. */
 FA_API fa_status fa_lse_to_profile(const fa_profile *pf, fa_tensor *lse);

@@ -791,6 +791,55 @@ START_TEST(profiles_convert_lse)
 }
 END_TEST
 
+/* fa_profile_apply: a profile's conventions for the fields not given, the given ones kept, one
+ * window number as a key count or a left bound, ggml's slopes on its bias only where both are
+ * set, and a count below 1 refused with the params untouched. */
+START_TEST(profiles_apply_conventions)
+{
+    const fa_profile *ggml = fa_profile_find("ggml"), *pytorch = fa_profile_find("pytorch");
+    fa_params p, before;
+    fa_params_init(&p);
+    const int64_t w = 5, zero = 0;
+    ck_assert_int_eq(fa_profile_apply(ggml, &p, &w, 0), FA_OK);
+    ck_assert(p.window_left == 4 && p.window_right == 0);
+    ck_assert(p.bias_place == FA_BIAS_AFTER_SOFTCAP && p.bias_by_slope == 0); /* no slopes */
+    const float slopes[1] = {0.5f};
+    fa_tensor bias = {0};
+    p.alibi_slopes = slopes;
+    p.bias = &bias;
+    ck_assert_int_eq(fa_profile_apply(ggml, &p, NULL, 0), FA_OK);
+    ck_assert(p.bias_by_slope == 1 && p.window_left == 4); /* no window: left as it was */
+    ck_assert_int_eq(fa_profile_apply(ggml, &p, NULL, FA_GIVEN_BIAS_BY_SLOPE), FA_OK);
+    ck_assert_int_eq(p.bias_by_slope, 1);
+    p.bias_by_slope = 0;
+    ck_assert_int_eq(fa_profile_apply(ggml, &p, NULL, FA_GIVEN_BIAS_BY_SLOPE), FA_OK);
+    ck_assert_int_eq(p.bias_by_slope, 0);
+
+    fa_params_init(&p);
+    ck_assert_int_eq(fa_profile_apply(pytorch, &p, &w, FA_GIVEN_BIAS_PLACE), FA_OK);
+    ck_assert(p.align == FA_ALIGN_TOP_LEFT && p.window_left == 5 && p.window_right == -1);
+    p.align = FA_ALIGN_BOTTOM_RIGHT;
+    p.bias_place = FA_BIAS_AFTER_SOFTCAP;
+    p.score_order = FA_ALIBI_THEN_SOFTCAP;
+    ck_assert_int_eq(fa_profile_apply(pytorch, &p, NULL,
+                                      FA_GIVEN_ALIGN | FA_GIVEN_SCORE_ORDER |
+                                          FA_GIVEN_BIAS_PLACE),
+                     FA_OK);
+    ck_assert(p.align == FA_ALIGN_BOTTOM_RIGHT && p.score_order == FA_ALIBI_THEN_SOFTCAP &&
+              p.bias_place == FA_BIAS_AFTER_SOFTCAP);
+    ck_assert_int_eq(fa_profile_apply(fa_profile_find("flashinfer"), &p, NULL, 0), FA_OK);
+    ck_assert(p.score_order == FA_ALIBI_THEN_SOFTCAP && p.bias_place == FA_BIAS_AFTER_SCALE);
+
+    memcpy(&before, &p, sizeof p); /* the padding too */
+    ck_assert_int_eq(fa_profile_apply(fa_profile_find("xformers"), &p, &zero, 0),
+                     FA_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fa_last_error(), "window = 0"), "%s", fa_last_error());
+    ck_assert(!memcmp(&p, &before, sizeof p));
+    ck_assert_int_eq(fa_profile_apply(NULL, &p, NULL, 0), FA_ERR_NULL_POINTER);
+    ck_assert_int_eq(fa_profile_apply(ggml, NULL, NULL, 0), FA_ERR_NULL_POINTER);
+}
+END_TEST
+
 /* fa_last_error is per thread: a failure on one thread does not overwrite another's detail. */
 START_TEST(last_error_thread_local)
 {
@@ -829,6 +878,7 @@ Suite *make_api_suite(void)
     tcase_add_test(tc, missing_op_unsupported);
     tcase_add_test(tc, status_strings_distinct);
     tcase_add_test(tc, profiles_convert_lse);
+    tcase_add_test(tc, profiles_apply_conventions);
     suite_add_tcase(s, tc);
     TCase *cc = ht_tcase_create("concurrency"); /* CI's ThreadSanitizer stage runs these */
     tcase_add_test(cc, last_error_thread_local);

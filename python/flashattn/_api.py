@@ -3,10 +3,13 @@ contract; docs/DESIGN.md §1 the semantics)."""
 from __future__ import annotations
 
 import ctypes
+import functools
+import inspect
 import operator
+import textwrap
 from ctypes import byref
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -196,75 +199,237 @@ def _block_mask(bm):
 _DEFAULT_PARAMS = N.Params()
 N.lib.fa_params_init(byref(_DEFAULT_PARAMS))
 
+# ------------------------------------------------------------------ the options
+
+
+class _Option(NamedTuple):
+    """Keywords of the entry points that fill fa_params (or choose the context): one entry
+    each, or one for keywords filled together. Adding an fa_params option is one entry in
+    _OPTIONS (and its field in _native.Params); the entry points of its group take it, list
+    it in their signatures and docstrings, and _Call fills it."""
+
+    names: Tuple[str, ...]
+    defaults: Tuple[Any, ...]
+    group: str  # the entry points that take it: those whose _options() name the group
+    doc: str  # its paragraph in their docstrings, from "name: "
+    fill: Optional[Callable] = None  # fill(call, params, *values) (None: not a params option)
+    given: int = 0  # its FA_GIVEN_ bit: check() leaves it to the profile where it is None
+
+
+def _field(name: str, conv: Callable) -> Callable:
+    """The fill of one plain fa_params field: p.<name> = conv(value)."""
+    return lambda call, p, value: setattr(p, name, conv(value))
+
+
+def _named(name: str, table: dict) -> Callable:
+    """The fill of an enum field given by its names (table: name -> value)."""
+    return _field(name, lambda v: _choice(table, v, name))
+
+
+def _fill_scale(call, p, scale):
+    if not float(scale) > 0:
+        raise N.InvalidArgumentError(f"scale={scale!r}: None for 1 / sqrt(D), else a finite "
+                                     "value > 0", N.FA_ERR_INVALID_ARGUMENT)
+    p.scale = float(scale)
+
+
+def _fill_window(call, p, window):
+    p.window_left, p.window_right = _window(window)
+
+
+def _fill_stream(call, p, seed, offset):
+    if not 0 <= int(seed) < 1 << 64 or not 0 <= int(offset) < 1 << 64:
+        raise N.InvalidArgumentError(f"seed={seed}, offset={offset}: each in [0, 2^64)",
+                                     N.FA_ERR_INVALID_ARGUMENT)
+    p.dropout_seed, p.dropout_offset = int(seed), int(offset)
+
+
+def _fill_slopes(call, p, slopes):
+    call.slopes = float_vector(slopes, "alibi_slopes", call.hq)  # kept alive for the call
+    if call.slopes is not None:
+        p.alibi_slopes = call.slopes.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+
+
+def _fill_sinks(call, p, sinks):
+    call.sinks = float_vector(sinks, "sinks", call.hq)
+    if call.sinks is not None:
+        p.sink_logits = call.sinks.ctypes.data_as(ctypes.POINTER(ctypes.c_float))
+
+
+def _fill_mask(call, p, attn_mask):
+    call.mask = _mask_view(call.frame, attn_mask)
+    call.bias = _bias_tensor(call.mask, "attn_mask")
+    p.bias = ctypes.pointer(call.bias)
+
+
+def _fill_blocks(call, p, block_mask):
+    call.blocks = _block_mask(block_mask)
+    p.block_mask = ctypes.pointer(call.blocks[1])
+
+
+def _fill_descales(call, p, *values):
+    call.descales, p.descale_layout = _descales(values, *call.kv_shape)
+    for name, d in zip(_DESCALES, call.descales):
+        if d is not None:
+            setattr(p, name, d.ctypes.data_as(ctypes.POINTER(ctypes.c_float)))
+
+
+#: Every option keyword, in the docstrings' order. Groups: "score" every attention call's,
+#: "dropout" the dense and varlen calls', "bias" the dense calls', "fp8" the dense forward's,
+#: "backend", "isa", "threads" and "det" the context's.
+_OPTIONS = (
+    _Option(("causal",), (False,), "score", "causal: each query row sees keys up to its own "
+            "position (aligned as `align` says).", _field("causal", lambda v: 1)),
+    _Option(("align",), ("bottom-right",), "score", "align: where query row i sits among the "
+            "keys when Sq != Sk: \"bottom-right\" (the last query row sees the last key: "
+            "FlashAttention's convention) or \"top-left\" (PyTorch's).",
+            _named("align", N.ALIGNS), N.GIVEN_ALIGN),
+    _Option(("window",), (None,), "score", "window: None (no window), an int (the left bound: "
+            "keys at most that many positions left of the row's own), or (left, right), -1 for "
+            "unbounded on that side (FlashAttention's window_size).", _fill_window),
+    _Option(("softcap",), (None,), "score", "softcap: None (off), or c > 0: scores become "
+            "c tanh(s / c).", _field("softcap", float)),
+    _Option(("alibi_slopes",), (None,), "score", "alibi_slopes: None, or one slope per query "
+            "head (host or device array, float32).", _fill_slopes),
+    _Option(("scale",), (None,), "score", "scale: None (1 / sqrt(D)), or the score scale.",
+            _fill_scale),
+    _Option(("dropout_p",), (0.0,), "dropout", "dropout_p: the probability of dropping each "
+            "(row, key) term, from Philox(seed, offset) as docs/DESIGN.md §1 defines it (draws "
+            "are this library's, not any other's).", _field("dropout_p", float)),
+    _Option(("seed", "offset"), (0, 0), "dropout", "seed, offset: the Philox stream's key and "
+            "counter offset, each in [0, 2^64).", _fill_stream),
+    _Option(("sinks",), (None,), "score", "sinks: None, or one logit per query head that joins "
+            "every row's softmax denominator with no value (gpt-oss); a row with no allowed key "
+            "then has LSE = the sink, O = 0.", _fill_sinks),
+    _Option(("sink_tokens",), (0,), "score", "sink_tokens: the first n keys stay visible beside "
+            "a sliding window (StreamingLLM).",
+            _field("sink_tokens", lambda v: _int64(v, "sink_tokens"))),
+    _Option(("score_order",), ("softcap-then-alibi",), "score", "score_order: "
+            "\"softcap-then-alibi\" (FlashAttention-2, ggml) or \"alibi-then-softcap\" "
+            "(FlashInfer).",
+            _named("score_order", N.SCORE_ORDERS), N.GIVEN_SCORE_ORDER),
+    _Option(("attn_mask",), (None,), "bias", "attn_mask: None, or PyTorch SDPA's attn_mask: a "
+            "bool keep-mask (True keeps the key) or an additive float bias (float64, float32, "
+            "float16 or bfloat16, any of them under any q; -inf masks), shaped (B, H, Sq, Sk) "
+            "whatever `layout` is (H: q's heads), or broadcastable to it: fewer leading dims "
+            "((Sq, Sk), (H, Sq, Sk)) and dims of 1 or of stride 0 (np.broadcast_to, torch's "
+            "expand) are read as broadcast, with no copy; the key axis must be Sk long, and is "
+            "copied to a row-major array where its stride is not 1. A row it masks entirely "
+            "has O = 0 and LSE = -inf (the sink's logit with sinks). Dense calls only (the "
+            "calls of sequences do not take one).", _fill_mask),
+    _Option(("bias_place",), ("after-scale",), "bias", "bias_place: where the bias enters the "
+            "scores: \"after-scale\" (added to scale q.k, before softcap and ALiBi: SDPA, "
+            "xformers) or \"after-softcap\" (after both: ggml).",
+            _named("bias_place", N.BIAS_PLACES), N.GIVEN_BIAS_PLACE),
+    _Option(("bias_by_slope",), (False,), "bias", "bias_by_slope: ggml's ALiBi: each head's "
+            "slope multiplies the bias, and ALiBi's own distance term is dropped (needs "
+            "attn_mask and alibi_slopes).", _field("bias_by_slope", lambda v: 1),
+            N.GIVEN_BIAS_BY_SLOPE),
+    _Option(("block_mask",), (None,), "bias", "block_mask: None, a flashattn.BlockMask, or "
+            "FlexAttention's BlockMask (torch.nn.attention.flex_attention; its tensors are "
+            "copied to the host): key j is allowed for row i only if j's key block is listed "
+            "for i's query block, on top of the window and attn_mask (a listed block is a hint, "
+            "never a permission: give FlexAttention's mask_mod as causal, window or attn_mask). "
+            "Dense calls only.", _fill_blocks),
+    _Option(_DESCALES, (None, None, None), "fp8", "descale_q, descale_k, descale_v: FP8 "
+            "tensors only: the value an element c stands for is descale x c. A number or a "
+            "1-element array each (per tensor), or (B, Hk) each (per batch and kv head, "
+            "FlashAttention-3's layout; q head h takes kv head h // (Hq / Hk)); finite and > 0; "
+            "one layout for all those given.", _fill_descales),
+    _Option(("backend",), ("auto",), "backend", "backend: \"auto\" (CUDA for GPU arrays where it "
+            "is built, else \"tiled\"), \"tiled\", \"reference\" (the float64 oracle), "
+            "\"conventional\" (S and P materialized), \"cuda\"."),
+    _Option(("isa",), ("auto",), "isa", "isa: the CPU kernel set: " + ", ".join(
+        f'"{n}"' for n in N.ISAS) + " (the library's names, as FA_ISA's)."),
+    _Option(("threads",), (0,), "threads", "threads: CPU threads (0: OpenMP's default); CPU "
+            "results are the same bits for any count."),
+    _Option(("deterministic",), (False,), "det", "deterministic: CUDA backend: a bitwise "
+            "repeatable backward."),
+)
+
+
+_ORDER = {n: i for i, o in enumerate(_OPTIONS) for n in o.names}
+
+
+def _unset(value, default) -> bool:
+    """An option given as its default writes nothing: None for None, any false value for a
+    false default, else the default's value."""
+    return value is None if default is None else not value if not default else value == default
+
+
+def _options(groups: str, profile: bool = False):
+    """The decorated entry point takes the options of these groups (space-separated) as
+    keywords: its **opts receives those given (an unknown keyword is a TypeError, as for any
+    function; the others are at their defaults, which _Call leaves unwritten); its signature
+    lists them all with their defaults and "{options}" in its docstring becomes their
+    paragraphs. profile: check's: the options a profile decides default to None, the
+    profile's (fa_profile_apply)."""
+    taken = [o for o in _OPTIONS if o.group in groups.split()]
+    defaults = {n: None if profile and o.given else d
+                for o in taken for n, d in zip(o.names, o.defaults)}
+    doc = "\n    ".join("\n    ".join(textwrap.wrap(
+        o.doc + (" None (the default): the profile's." if profile and o.given else ""), 88,
+        subsequent_indent="    ")) for o in taken)
+
+    def wrap(f):
+        sig = inspect.signature(f)
+        own = [q for q in sig.parameters.values() if q.kind is not q.VAR_KEYWORD]
+        known = defaults.keys() | {q.name for q in own}
+
+        @functools.wraps(f)
+        def entry(*args, **kw):
+            if not known.issuperset(kw):
+                raise TypeError(f"{f.__name__}() got an unexpected keyword argument "
+                                f"{sorted(kw.keys() - known)[0]!r}")
+            return f(*args, **kw)
+
+        entry.__signature__ = sig.replace(parameters=own + [
+            inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY, default=d)
+            for n, d in defaults.items()])
+        entry.__doc__ = f.__doc__.replace("{options}", doc)
+        return entry
+    return wrap
+
 
 class _Call:
     """What one call needs beside its tensors: the params struct (and the host arrays it
     points into), and the context for the arrays' framework, device and stream."""
 
-    def __init__(self, frame: Frame, hq: int = 0, *, causal: bool = False,
-                 align: str = "bottom-right",
-                 window: Window = None, softcap: Optional[float] = None,
-                 alibi_slopes: Any = None, scale: Optional[float] = None,
-                 dropout_p: float = 0.0, seed: int = 0, offset: int = 0, sinks: Any = None,
-                 sink_tokens: int = 0, score_order: str = "softcap-then-alibi",
-                 attn_mask: Any = None, bias_place: str = "after-scale",
-                 bias_by_slope: bool = False, descale_q: Any = None, descale_k: Any = None,
-                 descale_v: Any = None, kv_shape: Tuple[int, int] = (0, 0),
-                 block_mask: Any = None, backend: str = "auto", isa: str = "auto", threads: int = 0,
-                 deterministic: bool = False):
+    def __init__(self, frame: Frame, hq: int = 0, opts: Optional[dict] = None, *,
+                 kv_shape: Tuple[int, int] = (0, 0), backend: Optional[str] = None,
+                 profile=None):
+        """opts: the option keywords given to the entry point (_options; the others are at
+        their defaults), filled in _OPTIONS' order; kv_shape: (B, Hk), for descales per kv
+        head; backend: the one to run, else opts'; profile: check's (fa_profile pointer, its
+        name as given, one window number or None): its conventions for the options left None
+        (fa_profile_apply)."""
+        opts = opts or {}
+        self.frame, self.hq, self.kv_shape = frame, hq, kv_shape
+        self.slopes = self.sinks = self.mask = self.bias = self.blocks = None
+        self.descales = (None, None, None)
         # the defaults' fields are _DEFAULT_PARAMS's: only the others are written
         p = N.Params.from_buffer_copy(_DEFAULT_PARAMS)
-        if scale is not None:
-            if not float(scale) > 0:
-                raise N.InvalidArgumentError(f"scale={scale!r}: None for 1 / sqrt(D), else a "
-                                             "finite value > 0", N.FA_ERR_INVALID_ARGUMENT)
-            p.scale = float(scale)
-        if causal:
-            p.causal = 1
-        if window is not None:
-            p.window_left, p.window_right = _window(window)
-        if sink_tokens:
-            p.sink_tokens = _int64(sink_tokens, "sink_tokens")
-        if align != "bottom-right":
-            p.align = _choice(N.ALIGNS, align, "align")
-        if softcap is not None:
-            p.softcap = float(softcap)
-        if dropout_p:
-            p.dropout_p = float(dropout_p)
-        if seed or offset:
-            if not 0 <= int(seed) < 1 << 64 or not 0 <= int(offset) < 1 << 64:
-                raise N.InvalidArgumentError(f"seed={seed}, offset={offset}: each in [0, 2^64)",
+        given = 0
+        for i in sorted({_ORDER[n] for n in opts}):
+            o = _OPTIONS[i]
+            values = [opts.get(n, d) for n, d in zip(o.names, o.defaults)]
+            if profile is not None and o.given:
+                if values[0] is None:
+                    continue
+                given |= o.given
+            if o.fill and not all(map(_unset, values, o.defaults)):
+                o.fill(self, p, *values)
+        if profile is not None:
+            pf, name, window = profile
+            w = None if window is None else byref(ctypes.c_int64(window))
+            if N.lib.fa_profile_apply(pf, byref(p), w, given) != N.FA_OK:
+                raise N.InvalidArgumentError(f"window={window}: profile {name} counts keys, the "
+                                             "query's own included: expected W >= 1",
                                              N.FA_ERR_INVALID_ARGUMENT)
-            p.dropout_seed, p.dropout_offset = int(seed), int(offset)
-        if score_order != "softcap-then-alibi":
-            p.score_order = _choice(N.SCORE_ORDERS, score_order, "score_order")
-        self.slopes = float_vector(alibi_slopes, "alibi_slopes", hq)
-        self.sinks = float_vector(sinks, "sinks", hq)
-        fp = ctypes.POINTER(ctypes.c_float)
-        if self.slopes is not None:
-            p.alibi_slopes = self.slopes.ctypes.data_as(fp)
-        if self.sinks is not None:
-            p.sink_logits = self.sinks.ctypes.data_as(fp)
-        self.descales, p.descale_layout = _descales((descale_q, descale_k, descale_v),
-                                                    *kv_shape)
-        for name, d in zip(_DESCALES, self.descales):
-            if d is not None:
-                setattr(p, name, d.ctypes.data_as(fp))
-        self.mask = self.bias = None
-        if attn_mask is not None:
-            self.mask = _mask_view(frame, attn_mask)
-            self.bias = _bias_tensor(self.mask, "attn_mask")
-            p.bias = ctypes.pointer(self.bias)
-        if bias_place != "after-scale":
-            p.bias_place = _choice(N.BIAS_PLACES, bias_place, "bias_place")
-        if bias_by_slope:
-            p.bias_by_slope = 1
-        self.blocks = None
-        if block_mask is not None:
-            self.blocks = _block_mask(block_mask)  # kept alive for the call
-            p.block_mask = ctypes.pointer(self.blocks[1])
         self.params = p
-        self.frame = frame
+        backend = backend or opts.get("backend", "auto")
+        isa, threads = opts.get("isa", "auto"), opts.get("threads", 0)
+        deterministic = opts.get("deterministic", False)
         if not frame.on_gpu:
             self.ctx = N.contexts.get(backend, isa, threads, 0, deterministic)
             return
@@ -305,36 +470,6 @@ class _Call:
         self.dbias = _bias_tensor(vg, "bias_grad")
         self.params.bias_grad = ctypes.pointer(self.dbias)
         return g
-
-
-_CALL_DOC = """
-    causal: each query row sees keys up to its own position (aligned as `align` says).
-    align: where query row i sits among the keys when Sq != Sk: "bottom-right" (the last
-        query row sees the last key: FlashAttention's convention) or "top-left" (PyTorch's).
-    window: None (no window), an int (the left bound: keys at most that many positions left
-        of the row's own), or (left, right), -1 for unbounded on that side (FlashAttention's
-        window_size).
-    softcap: None (off), or c > 0: scores become c tanh(s / c).
-    alibi_slopes: None, or one slope per query head (host or device array, float32).
-    scale: None (1 / sqrt(D)), or the score scale.
-    dropout_p: the probability of dropping each (row, key) term, from Philox(seed, offset)
-        as docs/DESIGN.md §1 defines it (draws are this library's, not any other's).
-    sinks: None, or one logit per query head that joins every row's softmax denominator
-        with no value (gpt-oss); a row with no allowed key then has LSE = the sink, O = 0.
-    sink_tokens: the first n keys stay visible beside a sliding window (StreamingLLM).
-    score_order: "softcap-then-alibi" (FlashAttention-2, ggml) or "alibi-then-softcap"
-        (FlashInfer).
-    backend: "auto" (CUDA for GPU arrays where it is built, else "tiled"), "tiled",
-        "reference" (the float64 oracle), "conventional" (S and P materialized), "cuda".
-    isa: the CPU kernel set: "auto", "amx", "avx512bf16", "avx512", "avx2", "neon", "scalar".
-    threads: CPU threads (0: OpenMP's default); CPU results are the same bits for any count.
-    deterministic: CUDA backend: a bitwise repeatable backward.
-"""
-
-
-def _doc(f):
-    f.__doc__ = f.__doc__.replace("{options}", _CALL_DOC.strip("\n"))
-    return f
 
 
 def _lse_dtype(dtype: int) -> int:
@@ -411,16 +546,9 @@ def _indices(x, name: str):
 # ------------------------------------------------------------------ dense
 
 
-@_doc
-def attention(q, k, v, *, layout: str = "bshd", causal: bool = False,
-              align: str = "bottom-right", window: Window = None,
-              softcap: Optional[float] = None, alibi_slopes=None, scale: Optional[float] = None,
-              dropout_p: float = 0.0, seed: int = 0, offset: int = 0, sinks=None,
-              sink_tokens: int = 0, score_order: str = "softcap-then-alibi", attn_mask=None,
-              bias_place: str = "after-scale", bias_by_slope: bool = False,
-              block_mask=None, return_lse: bool = False, out=None, out_dtype=None, descale_q=None,
-              descale_k=None, descale_v=None, backend: str = "auto", isa: str = "auto",
-              threads: int = 0, deterministic: bool = False):
+@_options("score dropout bias fp8 backend isa threads det")
+def attention(q, k, v, *, layout: str = "bshd", return_lse: bool = False, out=None,
+              out_dtype=None, **opts):
     """Exact attention: out = softmax(scale q k^T + mask and biases) v (fa_forward).
 
     q is (B, Sq, Hq, D), k (B, Sk, Hk, D) and v (B, Sk, Hk, Dv) in layout "bshd" (the
@@ -442,27 +570,6 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False,
     {options}
     out_dtype: FP8 q only: out's dtype, "float32", "float16", "bfloat16" (the default) or
         "float64" (names, numpy or torch dtypes).
-    descale_q, descale_k, descale_v: FP8 tensors only: the value an element c stands for is
-        descale x c. A number or a 1-element array each (per tensor), or (B, Hk) each (per
-        batch and kv head, FlashAttention-3's layout; q head h takes kv head h // (Hq / Hk));
-        finite and > 0; one layout for all those given.
-    attn_mask: None, or PyTorch SDPA's attn_mask: a bool keep-mask (True keeps the key) or an
-        additive float bias (float64, float32, float16 or bfloat16, any of them under any q;
-        -inf masks), shaped (B, H, Sq, Sk) whatever `layout` is (H: q's heads), or
-        broadcastable to it: fewer leading dims ((Sq, Sk), (H, Sq, Sk)) and dims of 1 or of
-        stride 0 (np.broadcast_to, torch's expand) are read as broadcast, with no copy; the
-        key axis must be Sk long, and is copied to a row-major array where its stride is not
-        1. A row it masks entirely has O = 0 and LSE = -inf (the sink's logit with sinks).
-        Dense calls only (the calls of sequences do not take one).
-    bias_place: where the bias enters the scores: "after-scale" (added to scale q.k, before
-        softcap and ALiBi: SDPA, xformers) or "after-softcap" (after both: ggml).
-    bias_by_slope: ggml's ALiBi: each head's slope multiplies the bias, and ALiBi's own
-        distance term is dropped (needs attn_mask and alibi_slopes).
-    block_mask: None, a flashattn.BlockMask, or FlexAttention's BlockMask
-        (torch.nn.attention.flex_attention; its tensors are copied to the host): key j is
-        allowed for row i only if j's key block is listed for i's query block, on top of the
-        window and attn_mask (a listed block is a hint, never a permission: give
-        FlexAttention's mask_mod as causal, window or attn_mask). Dense calls only.
 
     Raises InvalidArgumentError (a ValueError) naming the argument for bad input, with
     nothing written; UnsupportedError, OutOfMemoryError, BackendUnavailableError, DeviceError.
@@ -471,13 +578,7 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False,
     frame = Frame(q, "q")
     vq, vk, vv = frame.view(q, "q"), frame.view(k, "k"), frame.view(v, "v")
     tq, tk, tv = vq.tensor(layout, "q"), vk.tensor(layout, "k"), vv.tensor(layout, "v")
-    call = _Call(frame, tq.heads, causal=causal, align=align, window=window, softcap=softcap,
-                 alibi_slopes=alibi_slopes, scale=scale, dropout_p=dropout_p, seed=seed,
-                 offset=offset, sinks=sinks, sink_tokens=sink_tokens, score_order=score_order,
-                 attn_mask=attn_mask, bias_place=bias_place, bias_by_slope=bias_by_slope,
-                 descale_q=descale_q, descale_k=descale_k, descale_v=descale_v,
-                 kv_shape=(tq.batch, tk.heads), block_mask=block_mask, backend=backend, isa=isa,
-                 threads=threads, deterministic=deterministic)
+    call = _Call(frame, tq.heads, opts, kv_shape=(tq.batch, tk.heads))
     given = out is not None
     out, to, lse, tl = _dense_outputs(frame, vq, tq, vv.shape[3], layout, return_lse, out,
                                       out_dtype)
@@ -489,16 +590,9 @@ def attention(q, k, v, *, layout: str = "bshd", causal: bool = False,
     return _forward_results(frame, out, lse)
 
 
-@_doc
-def attention_backward(dout, q, k, v, out, lse, *, layout: str = "bshd", causal: bool = False,
-                       align: str = "bottom-right", window: Window = None,
-                       softcap: Optional[float] = None, alibi_slopes=None,
-                       scale: Optional[float] = None, dropout_p: float = 0.0, seed: int = 0,
-                       offset: int = 0, sinks=None, sink_tokens: int = 0,
-                       score_order: str = "softcap-then-alibi", attn_mask=None,
-                       bias_place: str = "after-scale", bias_by_slope: bool = False,
-                       bias_grad: bool = False, block_mask=None, backend: str = "auto",
-                       isa: str = "auto", threads: int = 0, deterministic: bool = False):
+@_options("score dropout bias backend isa threads det")
+def attention_backward(dout, q, k, v, out, lse, *, layout: str = "bshd", bias_grad: bool = False,
+                       **opts):
     """Gradients of attention for the cotangent dout (fa_backward): (dq, dk, dv), with
     `sinks` also dsinks, d loss / d sink per query head (float32), and with bias_grad=True
     last dbias, d loss / d attn_mask in the mask's own shape as given (a broadcast dim
@@ -507,8 +601,7 @@ def attention_backward(dout, q, k, v, out, lse, *, layout: str = "bshd", causal:
 
     out and lse are the forward's results with the same options (lse (B, Hq, Sq), float64
     for float64 q); dout is shaped like out. One storage dtype for q, k, v, out and dout.
-    dk and dv of a GQA group sum over its query heads. The options must be the forward's
-    (attn_mask, bias_place, bias_by_slope and block_mask as attention's):
+    dk and dv of a GQA group sum over its query heads. The options must be the forward's:
 
     {options}
     """
@@ -518,12 +611,7 @@ def attention_backward(dout, q, k, v, out, lse, *, layout: str = "bshd", causal:
     views = [frame.view(x, n) for x, n in zip((dout, q, k, v, out), names)]
     tg, tq, tk, tv, to = (vw.tensor(layout, n) for vw, n in zip(views, names))
     tl = frame.view(lse, "lse").lse_tensor("lse")
-    call = _Call(frame, tq.heads, causal=causal, align=align, window=window, softcap=softcap,
-                 alibi_slopes=alibi_slopes, scale=scale, dropout_p=dropout_p, seed=seed,
-                 offset=offset, sinks=sinks, sink_tokens=sink_tokens, score_order=score_order,
-                 attn_mask=attn_mask, bias_place=bias_place, bias_by_slope=bias_by_slope,
-                 block_mask=block_mask, backend=backend, isa=isa, threads=threads,
-                 deterministic=deterministic)
+    call = _Call(frame, tq.heads, opts)
     dsinks = call.sink_grad()
     dbias = call.bias_grad(tq.dtype) if bias_grad else None
     grads, tgrads = _grad_outputs(frame, views[1:4], lambda vg, n: vg.tensor(layout, n))
@@ -561,15 +649,8 @@ def merge_states(outs: Sequence, lses: Sequence, *, layout: str = "bshd"):
 # ------------------------------------------------------------------ calls of sequences
 
 
-@_doc
-def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal: bool = False,
-                     align: str = "bottom-right", window: Window = None,
-                     softcap: Optional[float] = None, alibi_slopes=None,
-                     scale: Optional[float] = None, dropout_p: float = 0.0, seed: int = 0,
-                     offset: int = 0, sinks=None, sink_tokens: int = 0,
-                     score_order: str = "softcap-then-alibi", return_lse: bool = False,
-                     backend: str = "auto", isa: str = "auto", threads: int = 0,
-                     deterministic: bool = False):
+@_options("score dropout backend isa threads det")
+def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, return_lse: bool = False, **opts):
     """A variable-length batch (fa_forward_varlen), as FlashAttention's
     flash_attn_varlen_func: q (total_q, Hq, D), k and v (total_k, Hk, D) packed along the
     tokens; cu_seqlens_q and cu_seqlens_k (B + 1 int32 or int64 offsets) say where each
@@ -583,10 +664,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal: bool = Fals
     tq, tk, tv = _packed(vq, "q"), _packed(vk, "k"), _packed(vv, "v")
     keep_q, iq = _indices(cu_seqlens_q, "cu_seqlens_q")
     keep_k, ik = _indices(cu_seqlens_k, "cu_seqlens_k")
-    call = _Call(frame, tq.heads, causal=causal, align=align, window=window, softcap=softcap,
-                 alibi_slopes=alibi_slopes, scale=scale, dropout_p=dropout_p, seed=seed,
-                 offset=offset, sinks=sinks, sink_tokens=sink_tokens, score_order=score_order,
-                 backend=backend, isa=isa, threads=threads, deterministic=deterministic)
+    call = _Call(frame, tq.heads, opts)
     out, vo = frame.empty(tuple(vq.shape[:2]) + (vv.shape[2],), vq.dtype, "out")
     to = _packed(vo, "out")
     lse = tl = None
@@ -598,16 +676,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, *, causal: bool = Fals
     return _forward_results(frame, out, lse)
 
 
-@_doc
-def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *,
-                              causal: bool = False, align: str = "bottom-right",
-                              window: Window = None, softcap: Optional[float] = None,
-                              alibi_slopes=None, scale: Optional[float] = None,
-                              dropout_p: float = 0.0, seed: int = 0, offset: int = 0,
-                              sinks=None, sink_tokens: int = 0,
-                              score_order: str = "softcap-then-alibi", backend: str = "auto",
-                              isa: str = "auto", threads: int = 0,
-                              deterministic: bool = False):
+@_options("score dropout backend isa threads det")
+def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, **opts):
     """Gradients of a variable-length batch (fa_backward_varlen): (dq, dk, dv) packed as q,
     k, v, and with `sinks` also dsinks. lse is the forward's (Hq, total_q).
 
@@ -620,10 +690,7 @@ def attention_varlen_backward(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
     tl = _packed_lse(frame.view(lse, "lse"))
     keep_q, iq = _indices(cu_seqlens_q, "cu_seqlens_q")
     keep_k, ik = _indices(cu_seqlens_k, "cu_seqlens_k")
-    call = _Call(frame, tq.heads, causal=causal, align=align, window=window, softcap=softcap,
-                 alibi_slopes=alibi_slopes, scale=scale, dropout_p=dropout_p, seed=seed,
-                 offset=offset, sinks=sinks, sink_tokens=sink_tokens, score_order=score_order,
-                 backend=backend, isa=isa, threads=threads, deterministic=deterministic)
+    call = _Call(frame, tq.heads, opts)
     dsinks = call.sink_grad()
     grads, tgrads = _grad_outputs(frame, views[1:4], _packed)
     call.run("fa_backward_varlen", byref(call.params), byref(tq), byref(tk), byref(tv),
@@ -649,13 +716,9 @@ def _kv_layout(kv_layout: str) -> str:
     return "bshd" if kv_layout == "nhd" else "bhsd"
 
 
-@_doc
+@_options("score backend isa threads")
 def attention_paged(q, k_pages, v_pages, block_table, seqused_k, *, layout: str = "bshd",
-                    kv_layout: str = "nhd", causal: bool = False, align: str = "bottom-right",
-                    window: Window = None, softcap: Optional[float] = None, alibi_slopes=None,
-                    scale: Optional[float] = None, sinks=None, sink_tokens: int = 0,
-                    score_order: str = "softcap-then-alibi", return_lse: bool = False,
-                    backend: str = "auto", isa: str = "auto", threads: int = 0):
+                    kv_layout: str = "nhd", return_lse: bool = False, **opts):
     """Attention over a paged KV cache (fa_forward_paged), as vLLM, FlashInfer and
     FlashAttention's block_table: k_pages and v_pages are (num_pages, page_size, Hk, D)
     (kv_layout "nhd") or (num_pages, Hk, page_size, D) ("hnd"), any page size >= 1;
@@ -671,9 +734,7 @@ def attention_paged(q, k_pages, v_pages, block_table, seqused_k, *, layout: str 
     vq, vk, vv = frame.view(q, "q"), frame.view(k_pages, "k_pages"), frame.view(v_pages, "v_pages")
     tq, tk, tv = vq.tensor(layout, "q"), vk.tensor(kv, "k_pages"), vv.tensor(kv, "v_pages")
     keep, pages = _pages(block_table, seqused_k)
-    call = _Call(frame, tq.heads, causal=causal, align=align, window=window, softcap=softcap,
-                 alibi_slopes=alibi_slopes, scale=scale, sinks=sinks, sink_tokens=sink_tokens,
-                 score_order=score_order, backend=backend, isa=isa, threads=threads)
+    call = _Call(frame, tq.heads, opts)
     out, to, lse, tl = _dense_outputs(frame, vq, tq, vv.shape[3], layout, return_lse)
     call.run("fa_forward_paged", byref(call.params), byref(tq), byref(tk), byref(tv),
              byref(pages), byref(to), byref(tl) if tl is not None else None)
@@ -690,33 +751,32 @@ def _cache(frame, k_cache, v_cache, kv, cache_seqlens, block_table):
     return keep, tk, tv, None, byref(pages)
 
 
+@_options("backend threads")
 def append_kv(k_new, v_new, k_cache, v_cache, cache_seqlens, *, block_table=None,
-              layout: str = "bshd", kv_layout: str = "nhd", backend: str = "auto",
-              threads: int = 0):
+              layout: str = "bshd", kv_layout: str = "nhd", **opts):
     """Writes k_new and v_new (B, S_new, Hk, D) into a cache at each sequence's current
     length cache_seqlens[b] (fa_append_kv): a contiguous cache (B, S_cache, Hk, D) in
     `layout`, or pages (num_pages, page_size, Hk, D) in `kv_layout` with `block_table`. A
     sequence without room is refused with nothing written. cache_seqlens is not changed (add
-    S_new yourself)."""
+    S_new yourself).
+
+    {options}
+    """
     layout = _layout(layout)
     kv = _kv_layout(kv_layout) if block_table is not None else layout
     frame = Frame(k_cache, "k_cache")
     tkn = frame.view(k_new, "k_new").tensor(layout, "k_new")
     tvn = frame.view(v_new, "v_new").tensor(layout, "v_new")
     keep, tk, tv, lens, pages = _cache(frame, k_cache, v_cache, kv, cache_seqlens, block_table)
-    call = _Call(frame, backend=backend, threads=threads)
+    call = _Call(frame, 0, opts)
     call.run("fa_append_kv", byref(tkn), byref(tvn), byref(tk), byref(tv), lens, pages)
     frame.written(k_cache, v_cache)
 
 
-@_doc
+@_options("score backend isa threads")
 def attention_kvcache(q, k_cache, v_cache, *, cache_seqlens, k_new=None, v_new=None,
                       block_table=None, layout: str = "bshd", kv_layout: str = "nhd",
-                      causal: bool = False, align: str = "bottom-right", window: Window = None,
-                      softcap: Optional[float] = None, alibi_slopes=None,
-                      scale: Optional[float] = None, sinks=None, sink_tokens: int = 0,
-                      score_order: str = "softcap-then-alibi", return_lse: bool = False,
-                      backend: str = "auto", isa: str = "auto", threads: int = 0):
+                      return_lse: bool = False, **opts):
     """FlashAttention's flash_attn_with_kvcache (fa_forward_kvcache): appends k_new and v_new
     (if given) to the cache at cache_seqlens, then attends each sequence's Sq query rows to
     its cache_seqlens[b] + S_new keys. The cache is contiguous (B, S_cache, Hk, D) in
@@ -738,9 +798,7 @@ def attention_kvcache(q, k_cache, v_cache, *, cache_seqlens, k_new=None, v_new=N
         tkn = frame.view(k_new, "k_new").tensor(layout, "k_new")
         tvn = frame.view(v_new, "v_new").tensor(layout, "v_new")
     keep, tk, tv, lens, pages = _cache(frame, k_cache, v_cache, kv, cache_seqlens, block_table)
-    call = _Call(frame, tq.heads, causal=causal, align=align, window=window, softcap=softcap,
-                 alibi_slopes=alibi_slopes, scale=scale, sinks=sinks, sink_tokens=sink_tokens,
-                 score_order=score_order, backend=backend, isa=isa, threads=threads)
+    call = _Call(frame, tq.heads, opts)
     out, to, lse, tl = _dense_outputs(frame, vq, tq, tv.headdim, layout, return_lse)
     call.run("fa_forward_kvcache", byref(call.params), byref(tq), byref(tk), byref(tv),
              byref(tkn) if tkn is not None else None, byref(tvn) if tvn is not None else None,

@@ -11,8 +11,8 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from . import _native as N
-from ._api import (_Call, _indices, _kv_layout, _layout, _lse_dtype, _packed, _packed_lse,
-                   _pages, dtype_arg)
+from ._api import (_Call, _indices, _int64, _kv_layout, _layout, _lse_dtype, _options, _packed,
+                   _packed_lse, _pages, dtype_arg)
 from ._arrays import NUMPY_DTYPES, STORED, Frame, View, host_view, numpy_dtype, to_host
 
 _NAMES = ("out", "lse", "dq", "dk", "dv")
@@ -210,16 +210,12 @@ def _run_all(shape: _Shape, call: _Call, ins: Dict[str, View], grads: bool,
     return res
 
 
+@_options("score dropout bias fp8 threads", profile=True)
 def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
           profile: str = "flashattn", dtype: Optional[str] = None, atol: Optional[float] = None,
-          rtol: Optional[float] = None, layout: str = "bshd", causal: bool = False,
-          align: Optional[str] = None, window=None, softcap: Optional[float] = None,
-          alibi_slopes=None, scale: Optional[float] = None, dropout_p: float = 0.0,
-          seed: int = 0, offset: int = 0, sinks=None, sink_tokens: int = 0,
-          score_order: Optional[str] = None, attn_mask=None, bias_place: Optional[str] = None,
-          bias_by_slope: Optional[bool] = None, block_mask=None, cu_seqlens_q=None,
+          rtol: Optional[float] = None, layout: str = "bshd", cu_seqlens_q=None,
           cu_seqlens_k=None, block_table=None, seqused_k=None, kv_layout: str = "nhd",
-          descale_q=None, descale_k=None, descale_v=None, threads: int = 0) -> CheckReport:
+          **opts) -> CheckReport:
     """Checks a candidate kernel's results (out, lse, dq, dk, dv: any of them) for the inputs
     q, k, v (and dout, the cotangent, for gradients) against the float64 reference, as
     ``flashattn check`` does: with no atol/rtol, each tensor's max error must be within
@@ -242,12 +238,12 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
     empty-row value, its O of a row with no allowed key (0, NaN, or not compared), where its
     bias enters and whether its ALiBi slopes scale the bias (ggml; with attn_mask and
     alibi_slopes) unless bias_place / bias_by_slope say otherwise, and, for xformers and
-    ggml, an int window counting keys (W: window (W - 1, 0)). The other options are
-    flashattn.attention's (attn_mask too: a bool keep-mask or an additive bias, SDPA's (B, H,
-    Sq, Sk) or broadcastable; block_mask: a flashattn.BlockMask or FlexAttention's BlockMask;
-    both dense only), plus a variable-length batch (cu_seqlens_q, cu_seqlens_k; packed (total,
-    H, D) arrays, lse (H, total)) or a paged K/V (block_table, seqused_k, kv_layout; forward
-    only).
+    ggml, an int window counting keys (W: window (W - 1, 0)). The inputs may be a
+    variable-length batch (cu_seqlens_q, cu_seqlens_k; packed (total, H, D) arrays, lse (H,
+    total)) or a paged K/V (block_table, seqused_k, kv_layout; forward only). The options are
+    flashattn.attention's (attn_mask and block_mask: dense only):
+
+    {options}
     """
     for name, x in (("atol", atol), ("rtol", rtol)):
         if x is not None and not (math.isfinite(x) and x >= 0):
@@ -257,7 +253,8 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
     if not cands:
         raise N.InvalidArgumentError("give at least one candidate: out, lse, dq, dk or dv",
                                      N.FA_ERR_INVALID_ARGUMENT)
-    pf = _profile(profile).contents
+    pfp = _profile(profile)
+    pf = pfp.contents
     grads = any(n in cands for n in ("dq", "dk", "dv"))
     shape = _Shape(layout, cu_seqlens_q, cu_seqlens_k, block_table, seqused_k, kv_layout)
     if grads and dout is None:
@@ -269,20 +266,10 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
     if "lse" in cands and not pf.has_lse:
         raise N.InvalidArgumentError(f"lse: profile {profile}: these kernels return no LSE",
                                      N.FA_ERR_INVALID_ARGUMENT)
-    if isinstance(window, (int, np.integer)) and pf.window_is_count:
-        if window < 1:
-            raise N.InvalidArgumentError(f"window={window}: profile {profile} counts keys, "
-                                         "the query's own included: expected W >= 1",
-                                         N.FA_ERR_INVALID_ARGUMENT)
-        window = (int(window) - 1, 0)
-    align = align or ("top-left" if pf.align == N.ALIGNS["top-left"] else "bottom-right")
-    if score_order is None:
-        score_order = ("alibi-then-softcap" if pf.score_order else "softcap-then-alibi")
-    if bias_place is None:
-        bias_place = "after-softcap" if pf.bias_place else "after-scale"
-    if bias_by_slope is None:
-        bias_by_slope = (bool(pf.bias_by_slope) and attn_mask is not None
-                         and alibi_slopes is not None)
+    window = opts.get("window")  # one number: the profile's (a key count, or the left bound)
+    number = _int64(window, "window") if isinstance(window, (int, np.integer)) else None
+    if number is not None:
+        del opts["window"]
 
     inputs = {"q": q, "k": k, "v": v}
     if grads:
@@ -302,23 +289,20 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
     explicit = (atol or 0) > 0 or (rtol or 0) > 0
     host = Frame(np.empty(0), "host")  # the reference and the yardstick run on the host
     tq, tk = shape.qt(hin["q"].view(), "q"), shape.kt(hin["k"].view(), "k")
-    opts = dict(causal=causal, align=align, window=window, softcap=softcap,
-                alibi_slopes=alibi_slopes, scale=scale, dropout_p=dropout_p, seed=seed,
-                offset=offset, sinks=sinks, sink_tokens=sink_tokens, score_order=score_order,
-                attn_mask=None if attn_mask is None else to_host(attn_mask, "attn_mask")[0],
-                bias_place=bias_place, bias_by_slope=bias_by_slope, descale_q=descale_q,
-                descale_k=descale_k, descale_v=descale_v, kv_shape=(tq.batch, tk.heads),
-                block_mask=block_mask, threads=threads)
+    if opts.get("attn_mask") is not None:
+        opts["attn_mask"] = to_host(opts["attn_mask"], "attn_mask")[0]
+
+    def call(backend: str) -> _Call:  # the options as the profile's kernels mean them
+        return _Call(host, tq.heads, opts, kv_shape=(tq.batch, tk.heads), backend=backend,
+                     profile=(pfp, profile, number))
 
     def inputs_in(d: int) -> Dict[str, View]:  # FP8 inputs as they are: out takes d
         return {n: h.view() if fp8 else host_view(h.converted(d), d, n) for n, h in hin.items()}
 
-    ref = _run_all(shape, _Call(host, tq.heads, backend="reference", **opts), inputs_in(N.F64),
-                   grads, N.F64)
+    ref = _run_all(shape, call("reference"), inputs_in(N.F64), grads, N.F64)
     base = None
     if not explicit:
-        base = _run_all(shape, _Call(host, tq.heads, backend="conventional", **opts),
-                        inputs_in(dt), grads, dt)
+        base = _run_all(shape, call("conventional"), inputs_in(dt), grads, dt)
     for n, c in hc.items():
         if tuple(c.array.shape) != tuple(ref[n].shape):
             raise N.InvalidArgumentError(f"{n}: shape {tuple(c.array.shape)} does not match the "

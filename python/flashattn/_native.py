@@ -11,7 +11,7 @@ import operator
 import os
 import threading
 from ctypes import (POINTER, Structure, c_char, c_char_p, c_double, c_float, c_int, c_int64,
-                    c_size_t, c_uint64, c_void_p)
+                    c_size_t, c_uint, c_uint64, c_void_p)
 
 # ------------------------------------------------------------------ the library
 
@@ -34,6 +34,13 @@ def _library_path() -> str:
 lib = ctypes.CDLL(_library_path())
 
 # ------------------------------------------------------------------ enums (include/flashattn.h)
+#
+# This module mirrors the header by hand: its enum values below, its structs after them. The
+# mirror is checked against the header itself, field by field and value by value, by
+# python/tests/test_abi.py (which compiles a program against include/flashattn.h for every
+# offset, size and value: a new, dropped or reordered field or enumerator fails it); ENUMS and
+# STRUCTS say which C type each mirror stands for. The backend and ISA names are the library's
+# own (fa_backend_name, fa_isa_name, further down).
 
 FA_OK = 0
 (FA_ERR_NULL_POINTER, FA_ERR_INVALID_ARGUMENT, FA_ERR_SHAPE, FA_ERR_STRIDE, FA_ERR_DTYPE,
@@ -47,14 +54,24 @@ ITEMSIZE = {F32: 4, F64: 8, F16: 2, BF16: 2, BOOL: 1, E4M3: 1, E5M2: 1}
 FP8 = (E4M3, E5M2)
 DESCALE_PER_TENSOR, DESCALE_PER_KV_HEAD = 0, 1
 
-BACKENDS = {"auto": 0, "reference": 1, "conventional": 2, "tiled": 3, "cuda": 4}
-ISAS = {"auto": 0, "scalar": 1, "avx2": 2, "avx512": 3, "neon": 4, "amx": 5, "avx512bf16": 6}
 ALIGNS = {"bottom-right": 0, "top-left": 1}
 SCORE_ORDERS = {"softcap-then-alibi": 0, "alibi-then-softcap": 1}
 INDEX_INT32, INDEX_INT64 = 0, 1
 EMPTY_LSE_NEG_INF, EMPTY_LSE_POS_INF, EMPTY_LSE_ANY = range(3)
 EMPTY_OUT_ZERO, EMPTY_OUT_NAN, EMPTY_OUT_ANY = range(3)
 BIAS_PLACES = {"after-scale": 0, "after-softcap": 1}
+GIVEN_ALIGN, GIVEN_SCORE_ORDER, GIVEN_BIAS_PLACE, GIVEN_BIAS_BY_SLOPE = 1, 2, 4, 8
+
+#: Each enum of the header and where its values are here: (a dict of this module keyed by the
+#: enumerator's name after `prefix` in lower case with '-' for '_', or None: module constants
+#: named as the enumerator after `prefix`; prefix).
+ENUMS = {
+    "fa_status": (None, ""), "fa_dtype": (None, "FA_"), "fa_align": ("ALIGNS", "FA_ALIGN_"),
+    "fa_score_order": ("SCORE_ORDERS", "FA_"), "fa_bias_place": ("BIAS_PLACES", "FA_BIAS_"),
+    "fa_descale_layout": (None, "FA_"), "fa_backend": ("BACKENDS", "FA_BACKEND_"),
+    "fa_isa": ("ISAS", "FA_ISA_"), "fa_index_type": (None, "FA_"),
+    "fa_empty_lse": (None, "FA_"), "fa_empty_out": (None, "FA_"), "fa_given": (None, "FA_"),
+}
 
 # ------------------------------------------------------------------ structs
 
@@ -115,6 +132,12 @@ class Profile(Structure):
                 ("empty_out", c_int), ("descale_layout", c_int)]
 
 
+#: Each struct of the header and its mirror (a field named as a Python keyword ends in "_").
+STRUCTS = {"fa_tensor": Tensor, "fa_indices": Indices, "fa_block_mask": BlockMask,
+           "fa_params": Params, "fa_options": Options, "fa_paged_kv": PagedKV,
+           "fa_tolerance": Tolerance, "fa_comparison": Comparison, "fa_profile": Profile}
+
+
 _T = POINTER(Tensor)
 _sig = {
     "fa_params_init": (None, [POINTER(Params)]),
@@ -139,6 +162,7 @@ _sig = {
     "fa_profile_at": (POINTER(Profile), [c_int]),
     "fa_lse_to_profile": (c_int, [POINTER(Profile), _T]),
     "fa_lse_from_profile": (c_int, [POINTER(Profile), _T]),
+    "fa_profile_apply": (c_int, [POINTER(Profile), POINTER(Params), POINTER(c_int64), c_uint]),
     "fa_convert": (c_int, [c_void_p, c_int, c_void_p, c_int, c_size_t]),
     "fa_status_string": (c_char_p, [c_int]),
     "fa_backend_name": (c_char_p, [c_int]),
@@ -149,6 +173,19 @@ _sig = {
 for _name, (_res, _args) in _sig.items():
     _f = getattr(lib, _name)
     _f.restype, _f.argtypes = _res, _args
+
+
+def _names(name_of) -> dict:
+    """An enum the library names, as {name: value}: from 0 to the last value it does not call
+    "invalid" (its names are those of its registries: FA_BACKEND, FA_ISA, --isa)."""
+    names = {}
+    while (name := name_of(len(names)).decode()) != "invalid":
+        names[name] = len(names)
+    return names
+
+
+BACKENDS = _names(lib.fa_backend_name)
+ISAS = _names(lib.fa_isa_name)
 
 
 def _check_layouts() -> None:

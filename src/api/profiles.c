@@ -1,7 +1,8 @@
 /*
  * Convention profiles: what the kernel families' interfaces mean where they disagree, so that
  * an oracle compares like with like (README.md, "Convention profiles", gives each fact's
- * source). The `flashattn` command and the Python package read them from here.
+ * source), and fa_profile_apply, what they make of the options a caller leaves to them. The
+ * `flashattn` command and the Python package read and apply them from here.
  */
 #include "config.h"
 
@@ -45,6 +46,33 @@ const fa_profile *fa_profile_find(const char *name)
         if (!strcmp(profiles[i].name, name))
             return &profiles[i];
     return NULL;
+}
+
+fa_status fa_profile_apply(const fa_profile *pf, fa_params *p, const int64_t *window,
+                           unsigned given)
+{
+    if (!pf)
+        return fai_fail(FA_ERR_NULL_POINTER, "profile is NULL");
+    if (!p)
+        return fai_fail(FA_ERR_NULL_POINTER, "params is NULL");
+    if (window && pf->window_is_count && *window < 1)
+        return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                        "window = %lld: profile %s counts keys, the query's own included: "
+                        "expected W >= 1",
+                        (long long)*window, pf->name);
+    if (!(given & FA_GIVEN_ALIGN))
+        p->align = pf->align;
+    if (!(given & FA_GIVEN_SCORE_ORDER))
+        p->score_order = pf->score_order;
+    if (!(given & FA_GIVEN_BIAS_PLACE))
+        p->bias_place = pf->bias_place;
+    if (!(given & FA_GIVEN_BIAS_BY_SLOPE)) /* ggml's slopes scale its mask: where both are */
+        p->bias_by_slope = pf->bias_by_slope && p->alibi_slopes && p->bias;
+    if (window) {
+        p->window_left = pf->window_is_count ? *window - 1 : *window;
+        p->window_right = pf->window_is_count ? 0 : -1;
+    }
+    return FA_OK;
 }
 
 #define LOG2E 1.4426950408889634 /* log2 sum 2^(s log2 e) = ln sum e^s / ln 2 */

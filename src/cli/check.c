@@ -196,6 +196,8 @@ int cmd_check(int argc, char **argv)
     if (!rc)
         rc = cli_load_bias(&o);
     if (!rc)
+        rc = cli_apply_profile(&o);
+    if (!rc)
         rc = cli_load_indices(&o, st.in[1].t.seqlen);
     /* the candidate's storage dtype: --dtype, else that of its outputs, else of its inputs
      * (FP8: bf16, forward's default) */

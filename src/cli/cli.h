@@ -60,6 +60,12 @@ typedef struct {
     fa_isa isa;
     double atol, rtol;
     const fa_profile *profile; /* --profile (fa_profile_find) */
+    /* what cli_apply_profile leaves to the profile: the options not given (FA_GIVEN_ bits of
+     * those given), and a --window of one number (window_num as given, window_w its value) */
+    unsigned given;
+    const char *window_num;
+    int64_t window_w;
+    const char *cmd; /* the subcommand, for messages */
 } cli_opts;
 
 /* Exit codes of every subcommand: 0 success (check: PASS), 1 check's FAIL verdict, 2 bad usage
@@ -72,6 +78,10 @@ enum { EXIT_PASS = 0, EXIT_FAILED = 1, EXIT_USAGE = 2, EXIT_ERROR = 3 };
  * or a usage error reported on stderr). */
 int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_opts *o);
 void cli_opts_free(cli_opts *o);
+/* The profile's conventions in o->p for the options not given (fa_profile_apply), once the
+ * params are loaded (cli_load_params, cli_load_bias: the slopes and the bias decide ggml's
+ * bias_by_slope). 0, or EXIT_USAGE after a message (a --window count out of range). */
+int cli_apply_profile(cli_opts *o);
 /* dt = the dtype named v (f32, f64, f16, bf16); nonzero if v names none. */
 int cli_dtype_from_name(const char *v, fa_dtype *dt);
 void cli_usage(FILE *f, const char *cmd);

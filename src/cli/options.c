@@ -260,9 +260,18 @@ static int is_flag(const char *name)
            !strcmp(name, "--bias-by-slope");
 }
 
+/* What a bad --window W is told: one number means what the profile says. */
+static const char *window_why(const fa_profile *pf)
+{
+    return pf->window_is_count
+               ? "expected a key count W >= 1 (this profile counts the query's own key)"
+               : "expected a left bound >= -1, or L,R";
+}
+
 int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_opts *o)
 {
     memset(o, 0, sizeof *o);
+    o->cmd = cmd;
     fa_params_init(&o->p);
     o->profile = fa_profile_at(0);
     o->backend = FA_BACKEND_AUTO;
@@ -419,17 +428,17 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
         }
     }
 
-    /* what the profile decides, unless an option said otherwise */
-    o->p.align = o->profile->align;
-    o->p.score_order = o->profile->score_order;
-    o->p.bias_place = o->profile->bias_place;
-    /* ggml's slopes scale its mask: where both are given */
-    o->p.bias_by_slope = by_slope || (o->profile->bias_by_slope && o->alibi && o->bias);
+    /* the options given; the profile decides the others (cli_apply_profile) */
+    if (by_slope) {
+        o->p.bias_by_slope = 1;
+        o->given |= FA_GIVEN_BIAS_BY_SLOPE;
+    }
     if (bias_place) {
         if (strcmp(bias_place, "after-scale") && strcmp(bias_place, "after-softcap"))
             return bad(cmd, "--bias-place", bias_place, "expected after-scale or after-softcap");
         o->p.bias_place = !strcmp(bias_place, "after-softcap") ? FA_BIAS_AFTER_SOFTCAP
                                                                : FA_BIAS_AFTER_SCALE;
+        o->given |= FA_GIVEN_BIAS_PLACE;
     }
     o->mask_kind = o->bias && !strcmp(o->bias_opt, "--bias") ? MASK_BIAS : MASK_INFER;
     if (mask_kind) {
@@ -444,11 +453,12 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
         if (strcmp(align, "bottom-right") && strcmp(align, "top-left"))
             return bad(cmd, "--align", align, "expected bottom-right or top-left");
         o->p.align = !strcmp(align, "top-left") ? FA_ALIGN_TOP_LEFT : FA_ALIGN_BOTTOM_RIGHT;
+        o->given |= FA_GIVEN_ALIGN;
     }
     if (window) {
         const char *comma = strchr(window, ',');
-        int64_t l, r;
         if (comma) {
+            int64_t l, r;
             char left[32];
             size_t n = (size_t)(comma - window);
             if (n >= sizeof left)
@@ -457,20 +467,14 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
             left[n] = '\0';
             if (parse_i64(left, -1, INT64_MAX, &l) || parse_i64(comma + 1, -1, INT64_MAX, &r))
                 return bad(cmd, "--window", window, "expected L,R with L, R >= -1");
-        } else if (o->profile->window_is_count) {
-            int64_t w;
-            if (parse_i64(window, 1, INT64_MAX, &w))
-                return bad(cmd, "--window", window,
-                           "expected a key count W >= 1 (this profile counts the query's own key)");
-            l = w - 1;
-            r = 0;
+            o->p.window_left = l;
+            o->p.window_right = r;
+        } else if (parse_i64(window, o->profile->window_is_count ? INT64_MIN : -1, INT64_MAX,
+                             &o->window_w)) { /* a count's range is the profile's to check */
+            return bad(cmd, "--window", window, window_why(o->profile));
         } else {
-            if (parse_i64(window, -1, INT64_MAX, &l))
-                return bad(cmd, "--window", window, "expected a left bound >= -1, or L,R");
-            r = o->p.causal ? 0 : -1;
+            o->window_num = window;
         }
-        o->p.window_left = l;
-        o->p.window_right = r;
     }
     if (!o->q || !o->k || !o->v)
         return bad(cmd, !o->q ? "--q" : !o->k ? "--k" : "--v", NULL, "is required");
@@ -510,6 +514,13 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
         return bad(cmd, "--block-size", block_size, "goes with a block mask (--kv-num-blocks, "
                                                     "--kv-block-indices)");
     return -1;
+}
+
+int cli_apply_profile(cli_opts *o)
+{
+    if (fa_profile_apply(o->profile, &o->p, o->window_num ? &o->window_w : NULL, o->given))
+        return bad(o->cmd, "--window", o->window_num, window_why(o->profile));
+    return 0;
 }
 
 void cli_opts_free(cli_opts *o)

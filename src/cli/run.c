@@ -353,6 +353,8 @@ int cmd_forward(int argc, char **argv)
     if (!rc)
         rc = cli_load_bias(&o);
     if (!rc)
+        rc = cli_apply_profile(&o);
+    if (!rc)
         rc = cli_load_indices(&o, k.t.seqlen);
     /* out: q's dtype, or for FP8 q --out-dtype's (default bf16, FlashAttention-3's) */
     const fa_dtype odt = o.has_out_dtype     ? o.out_dtype
@@ -423,6 +425,8 @@ int cmd_backward(int argc, char **argv)
         rc = cli_load_params(&o, &in[0].t, &in[1].t);
     if (!rc)
         rc = cli_load_bias(&o);
+    if (!rc)
+        rc = cli_apply_profile(&o);
     if (!rc)
         rc = cli_load_indices(&o, in[1].t.seqlen);
     if (!rc) { /* read as the profile's kernels write it */

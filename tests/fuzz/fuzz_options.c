@@ -57,6 +57,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 
     cli_opts o;
     int rc = cli_parse(cmds[c].cmd, argc, argv, cmds[c].allowed, &o);
+    if (rc < 0 && (rc = cli_apply_profile(&o)) == 0) /* as the commands do (nothing loaded) */
+        rc = -1;
     if (rc >= 0) {
         if (rc != EXIT_PASS && rc != EXIT_USAGE)
             fuzz_fail("cli_parse returned %d", rc);
