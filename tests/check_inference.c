@@ -731,6 +731,48 @@ START_TEST(kvcache_appends_then_attends)
 }
 END_TEST
 
+/* A cache call with no query row still appends its new keys (it has nothing to attend, but
+ * a cache to write), on every CPU backend: rows [len, len + CNEW) of each sequence are the new
+ * keys and values, every other byte of the cache as before. */
+START_TEST(kvcache_without_queries_appends)
+{
+    static const fa_backend bes[3] = {FA_BACKEND_REFERENCE, FA_BACKEND_CONVENTIONAL,
+                                      FA_BACKEND_TILED};
+    const int64_t len[CB] = {0, 16, 50};
+    ht_tensor q, o, kc, vc, kn, vn, want_k, want_v;
+    ht_alloc(&q, FA_F32, CB, 0, HQ, D, HT_BSHD);
+    ht_alloc(&o, FA_F32, CB, 0, HQ, D, HT_BSHD);
+    ht_alloc(&kn, FA_F32, CB, CNEW, HK, D, HT_BSHD), ht_fill(&kn, 31, 1, 0);
+    ht_alloc(&vn, FA_F32, CB, CNEW, HK, D, HT_BSHD), ht_fill(&vn, 32, 1, 0);
+    ht_alloc(&kc, FA_F32, CB, CS, HK, D, HT_BSHD), ht_fill(&kc, 33, 1, 0);
+    ht_alloc(&vc, FA_F32, CB, CS, HK, D, HT_BSHD), ht_fill(&vc, 34, 1, 0);
+    ht_alloc(&want_k, FA_F32, CB, CS, HK, D, HT_BSHD);
+    ht_alloc(&want_v, FA_F32, CB, CS, HK, D, HT_BSHD);
+    memcpy(want_k.t.data, kc.t.data, kc.nbytes), memcpy(want_v.t.data, vc.t.data, vc.nbytes);
+    for (int b = 0; b < CB; b++)
+        for (int64_t i = 0; i < CNEW; i++)
+            for (int h = 0; h < HK; h++) {
+                memcpy(row_at(&want_k.t, b, len[b] + i, h), row_at(&kn.t, b, i, h), D * 4);
+                memcpy(row_at(&want_v.t, b, len[b] + i, h), row_at(&vn.t, b, i, h), D * 4);
+            }
+    const fa_indices lens = {len, FA_INDEX_INT64, CB};
+    fa_params p;
+    fa_params_init(&p);
+    fa_context *ctx = ht_context(bes[_i], 2);
+    ck_assert_msg(fa_forward_kvcache(ctx, &p, &q.t, &kc.t, &vc.t, &kn.t, &vn.t, &lens, NULL,
+                                     &o.t, NULL) == FA_OK,
+                  "%s: %s", fa_backend_name(bes[_i]), fa_last_error());
+    ck_assert_msg(!memcmp(kc.t.data, want_k.t.data, kc.nbytes) &&
+                      !memcmp(vc.t.data, want_v.t.data, vc.nbytes),
+                  "%s: the cache is not the old one with the new keys appended",
+                  fa_backend_name(bes[_i]));
+    fa_context_destroy(ctx);
+    ht_tensor *all[8] = {&q, &o, &kc, &vc, &kn, &vn, &want_k, &want_v};
+    for (int i = 0; i < 8; i++)
+        ht_free(all[i]);
+}
+END_TEST
+
 /* Without room, or with new keys that do not fit the cache, nothing is written. */
 START_TEST(kvcache_without_room_writes_nothing)
 {
@@ -831,6 +873,7 @@ Suite *make_inference_suite(void)
     tcase_add_loop_test(pc, paged_bad_input_is_refused, 0, 11);
     tcase_add_loop_test(pc, kvcache_appends_then_attends, 0, 2);
     tcase_add_loop_test(pc, kvcache_without_room_writes_nothing, 0, 8);
+    tcase_add_loop_test(pc, kvcache_without_queries_appends, 0, 3);
     suite_add_tcase(s, pc);
     return s;
 }

@@ -406,6 +406,36 @@ START_TEST(bias_grad_finite_differences)
 }
 END_TEST
 
+/* A gradient over no rows: a backward with B = 0 (the bias broadcast over batches, batch 1)
+ * or with Sq = 0 (broadcast over rows, seqlen 1) still owns a bias gradient with entries,
+ * each a sum over no term: 0 on every CPU backend, where the gradient held ones before. */
+START_TEST(bias_grad_over_no_rows_is_zero)
+{
+    const fa_backend be = cpu_backends[_i % 3];
+    const int no_batch = _i / 3 == 0;
+    const int64_t B = no_batch ? 0 : 2, sq = no_batch ? 4 : 0, sk = 5, H = 2, D = 8;
+    set x;
+    set_alloc(&x, FA_F32, B, sq, sk, H, H, D);
+    ht_tensor bias, grad;
+    ht_alloc(&bias, FA_F32, 1, no_batch ? sq : 1, H, sk, HT_BSHD);
+    ht_alloc(&grad, FA_F32, 1, no_batch ? sq : 1, H, sk, HT_BSHD);
+    ht_fill(&bias, 71, 1, -1);
+    ht_fill(&grad, 72, 1.5, 1); /* nonzero everywhere */
+    fa_params p;
+    fa_params_init(&p);
+    p.bias = &bias.t;
+    p.bias_grad = &grad.t;
+    ck_assert_msg(ht_backward(be, 2, &p, &x.q.t, &x.k.t, &x.v.t, &x.o.t, &x.l.t, &x.dout.t,
+                              &x.dq.t, &x.dk.t, &x.dv.t) == FA_OK,
+                  "%s backward: %s", fa_backend_name(be), fa_last_error());
+    ck_assert_msg(ht_max_abs(&grad) == 0, "%s, %s: the bias gradient is not 0",
+                  fa_backend_name(be), no_batch ? "B = 0" : "Sq = 0");
+    ht_free(&bias);
+    ht_free(&grad);
+    set_free(&x);
+}
+END_TEST
+
 /* The tiled backend's results with a bias and its gradient are the same bits at 1 and 3
  * threads, in both backward plans (one pass and two). */
 START_TEST(bias_bits_across_threads)
@@ -749,6 +779,7 @@ Suite *make_masks_suite(void)
     tcase_add_loop_test(tc, masked_rows_and_nan, 0, 6);
     tcase_add_loop_test(tc, masked_nonfinite_kv, 0, 4);
     tcase_add_loop_test(tc, bias_grad_finite_differences, 0, 6);
+    tcase_add_loop_test(tc, bias_grad_over_no_rows_is_zero, 0, 6);
     tcase_add_loop_test(tc, bias_bits_across_threads, 0, 2);
     tcase_add_test(tc, bad_bias_arguments);
     tcase_add_loop_test(tc, block_mask_equals_dense_mask, 0, 12);
