@@ -86,17 +86,18 @@ static void sweep_one(const sw_case *c, fa_dtype dt)
     /* the tiled run reads the same values through the conventional bundle's inputs */
     run(FA_BACKEND_CONVENTIONAL, &p, &conv);
     run_reference(&p, &conv, &ref);
-    /* the tiled path with every kernel set this CPU runs; where its forward takes the decode
-     * path, once more with FA_DECODE=0 (the tiles); bf16 last on emulated tile products
-     * (tests/tiles_emulated.c: the AMX paths' framework, on any CPU) */
+    /* the tiled path with every distinct kernel set this CPU runs (ht_isa_tested); where its
+     * forward takes the decode path, once more with FA_DECODE=0 (the tiles); bf16 last on
+     * emulated tile products (tests/tiles_emulated.c: the AMX paths' framework, on any CPU) */
     const int decode = ht_decode_keys(2, &p, &conv.q.t, &conv.k.t, &conv.v.t) > 0;
+    int sets_run = 0; /* of the CPU's kernel sets (ht_isa_tested: each distinct one once) */
     for (int t = 0; t <= 2 * ht_nisas; t++) {
         const int emulated = t == 2 * ht_nisas, tiles_too = t >= ht_nisas && !emulated;
         /* the emulated tiles only where the tile products take the forward (else its bf16
          * runs the best set's f32 kernels, done above): Dqk a multiple of 32, Dv of 16 (the
          * backward takes them where Dv is a multiple of 32 too, else the f32 kernels) */
         if (emulated ? ht_emulated_tiles_skipped() || dt != FA_BF16 || d.dqk % 32 || d.dv % 16
-                     : !ht_isa_runs(ht_isas[t % ht_nisas]) || (tiles_too && !decode))
+                     : !ht_isa_tested(t % ht_nisas, dt) || (tiles_too && !decode))
             continue;
         ht_bundle in = conv;
         in.out = tiled.out, in.lse = tiled.lse, in.dq = tiled.dq, in.dk = tiled.dk, in.dv = tiled.dv;
@@ -105,6 +106,7 @@ static void sweep_one(const sw_case *c, fa_dtype dt)
         if (tiles_too || emulated)
             setenv("FA_DECODE", "0", 1);
         run(FA_BACKEND_TILED, &p, &in);
+        sets_run += !emulated && !tiles_too;
         unsetenv("FA_DECODE");
         ht_isa = FA_ISA_AUTO;
         ht_kernels = NULL;
@@ -119,6 +121,7 @@ static void sweep_one(const sw_case *c, fa_dtype dt)
         compare("dk", label, &conv.dk, &tiled.dk, &ref.dk, dt, 1);
         compare("dv", label, &conv.dv, &tiled.dv, &ref.dv, dt, 1);
     }
+    ck_assert_msg(sets_run > 0, "%s %s: no kernel set ran", c->name, fa_dtype_name(dt));
     ht_bundle_free(&conv), ht_bundle_free(&tiled), ht_bundle_free(&ref);
 }
 

@@ -3,6 +3,7 @@
 #include "harness.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -10,6 +11,7 @@
 #include "backends/tiled/plan.h" /* fai_tiled_tiles, fai_tiled_decode_keys */
 #include "core/philox.h"
 #include "base/dtype.h"
+#include "simd/kernels.h"          /* fai_kernels_for: the sets the ISA loops compare */
 
 static uint64_t splitmix(uint64_t *s)
 {
@@ -172,6 +174,36 @@ int ht_isa_runs(fa_isa isa)
     if (fa_context_create(&o, &ctx) != FA_OK)
         return 0;
     fa_context_destroy(ctx);
+    return 1;
+}
+
+/* Whether two kernel sets run the same functions for storage dtype dt: the tiled backend runs
+ * f64 storage on the one f64 set whatever the ISA (backends/tiled/tiled.c), f32 and f16 on the
+ * f32 slots (mr, nr and the functions, names included: the AMX and AVX512_BF16 sets keep the
+ * AVX-512 set's), bf16 on those and the tile products. */
+static int same_kernels(const fai_kernels_f32 *a, const fai_kernels_f32 *b, fa_dtype dt)
+{
+    if (dt == FA_F64)
+        return 1;
+    const size_t from = offsetof(fai_kernels_f32, mr), to = offsetof(fai_kernels_f32, bf16);
+    return !memcmp((const char *)a + from, (const char *)b + from, to - from) &&
+           (dt != FA_BF16 || a->bf16 == b->bf16);
+}
+
+int ht_isa_tested(int i, fa_dtype dt)
+{
+    const fai_kernels_f32 *k = fai_kernels_for(ht_isas[i]);
+    if (!k)
+        return 0;
+    for (int j = 0; j < i; j++) {
+        const fai_kernels_f32 *e = fai_kernels_for(ht_isas[j]);
+        if (e && same_kernels(e, k, dt))
+            return 0;
+    }
+    if (ht_isas[i] == FA_ISA_SCALAR && getenv("FA_CROSS_BUILD"))
+        for (int j = 0; j < ht_nisas; j++)
+            if (ht_isas[j] != FA_ISA_SCALAR && fai_kernels_for(ht_isas[j]))
+                return 0;
     return 1;
 }
 

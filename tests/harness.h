@@ -65,6 +65,13 @@ int ht_emulated_tiles_skipped(void);
 /* Every ISA of the registry (src/simd/isas.def), newest first: the tests' ISA loops. */
 extern const fa_isa ht_isas[];
 extern const int ht_nisas;
+/* Whether the tests' ISA loops take ht_isas[i] for storage dtype dt: it runs here, and it is
+ * not a run made already, i.e. the kernels it runs for dt are not those of an ISA earlier in
+ * ht_isas (f64 storage runs one set on every ISA; the AMX and AVX512_BF16 sets keep the AVX-512
+ * set's f32 kernels); and under emulation (FA_CROSS_BUILD: a cross build's make check, under
+ * qemu) not the portable set where a vector set runs: qemu is there for the vector set, and
+ * the native build tests the portable one. */
+int ht_isa_tested(int i, fa_dtype dt);
 fa_context *ht_context(fa_backend be, int threads);
 fa_status ht_forward(fa_backend be, int threads, const fa_params *p, const fa_tensor *q,
                      const fa_tensor *k, const fa_tensor *v, fa_tensor *out, fa_tensor *lse);
