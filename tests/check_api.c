@@ -26,14 +26,14 @@ typedef struct {
 
 static void setup_make(setup *s)
 {
-    ht_alloc(&s->q, FA_F32, 2, 9, 4, 8, HT_BSHD);
-    ht_alloc(&s->k, FA_F32, 2, 11, 2, 8, HT_BSHD);
-    ht_alloc(&s->v, FA_F32, 2, 11, 2, 6, HT_BSHD);
-    ht_alloc(&s->dout, FA_F32, 2, 9, 4, 6, HT_BSHD);
-    ht_alloc(&s->o, FA_F32, 2, 9, 4, 6, HT_BSHD);
-    ht_alloc(&s->dq, FA_F32, 2, 9, 4, 8, HT_BSHD);
-    ht_alloc(&s->dk, FA_F32, 2, 11, 2, 8, HT_BSHD);
-    ht_alloc(&s->dv, FA_F32, 2, 11, 2, 6, HT_BSHD);
+    ht_alloc(&s->q, FA_F32, 2, 9, 4, 8, SW_BSHD);
+    ht_alloc(&s->k, FA_F32, 2, 11, 2, 8, SW_BSHD);
+    ht_alloc(&s->v, FA_F32, 2, 11, 2, 6, SW_BSHD);
+    ht_alloc(&s->dout, FA_F32, 2, 9, 4, 6, SW_BSHD);
+    ht_alloc(&s->o, FA_F32, 2, 9, 4, 6, SW_BSHD);
+    ht_alloc(&s->dq, FA_F32, 2, 9, 4, 8, SW_BSHD);
+    ht_alloc(&s->dk, FA_F32, 2, 11, 2, 8, SW_BSHD);
+    ht_alloc(&s->dv, FA_F32, 2, 11, 2, 6, SW_BSHD);
     ht_alloc_lse(&s->l, FA_F32, 2, 9, 4);
     ht_fill(&s->q, 1, 1, -1), ht_fill(&s->k, 2, 1, -1), ht_fill(&s->v, 3, 1, -1);
     ht_fill(&s->dout, 4, 1, -1);
@@ -457,8 +457,8 @@ END_TEST
 START_TEST(f64_backward_needs_f64_lse)
 {
     ht_tensor q, o, l;
-    ht_alloc(&q, FA_F64, 1, 4, 1, 8, HT_BSHD);
-    ht_alloc(&o, FA_F64, 1, 4, 1, 8, HT_BSHD);
+    ht_alloc(&q, FA_F64, 1, 4, 1, 8, SW_BSHD);
+    ht_alloc(&o, FA_F64, 1, 4, 1, 8, SW_BSHD);
     ht_alloc_lse(&l, FA_F32, 1, 4, 1);
     fa_params p;
     fa_params_init(&p);

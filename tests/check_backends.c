@@ -57,31 +57,21 @@ static void compare(const char *what, const char *label, const ht_tensor *conv,
 /*
  * One case in one dtype: sizes relative to the tiles resolved against the tiled backend's for
  * the case's head dims and dtype (ht_tiles), inputs drawn as the case says (sw_draw) and
- * rounded to dt. The backward gets an f32 LSE (f64 in f64), but f64
- *  - at large logits: an f32 LSE near 100 is only good to 4e-6, and the backward's
- *    P = exp(s - LSE) carries that error to every gradient of the row (the conventional
- *    yardstick never stores one);
- *  - where ALiBi reaches past 128 keys: its bias grows with the distance, so |LSE| reaches
- *    slope x Sq (128 in query_tile_top_left_alibi), and an f32 LSE is then good to |LSE| 2^-24
- *    only (measured there, dV: 1.14e-5 from an f32 LSE, 7.6e-6 from an f64 one, against a
- *    bound of 1.06e-5).
+ * rounded to dt, the LSE in sw_lse_dtype's dtype.
  */
 static void sweep_one(const sw_case *c, fa_dtype dt)
 {
     int64_t bq, bk;
     ht_tiles(c->dims.dqk, c->dims.dv, dt, &bq, &bk);
     const sw_dims d = sw_dims_of(c, bq, bk);
-    const int large_logits = c->logits[0] > 0;
-    const fa_dtype lse_dt =
-        dt == FA_F64 || large_logits || (c->alibi && (d.sq > 128 || d.sk > 128)) ? FA_F64
-                                                                                 : FA_F32;
+    const fa_dtype lse_dt = sw_lse_dtype(c, &d, dt);
     fa_params p;
     sw_params(c, &p);
 
     ht_bundle conv, tiled, ref;
     ht_bundle_alloc(&conv, dt, &d, c->layout, lse_dt);
     ht_bundle_alloc(&tiled, dt, &d, c->layout, lse_dt); /* outputs strided like the inputs */
-    ht_bundle_alloc(&ref, FA_F64, &d, HT_BSHD, FA_F64);
+    ht_bundle_alloc(&ref, FA_F64, &d, SW_BSHD, FA_F64);
     ht_bundle_draw(&conv, c);
     /* the tiled run reads the same values through the conventional bundle's inputs */
     run(FA_BACKEND_CONVENTIONAL, &p, &conv);
@@ -170,8 +160,8 @@ START_TEST(backends_sweep_covers_features)
             d.hk > 1 && d.hq > d.hk,
             d.hk == 1 && d.hq > 1,
             d.dqk != d.dv,
-            c->layout == HT_BHSD,
-            c->layout == HT_PADDED,
+            c->layout == SW_BHSD,
+            c->layout == SW_PADDED,
             c->logits[0] >= 90,
             d.sq != d.sk,
             d.sq <= 4 && d.sk > 512,

@@ -21,11 +21,11 @@ typedef struct {
 
 static void fixture_make(fixture *f, fa_params *p, double lo, double hi)
 {
-    ht_alloc(&f->q, FA_F32, 1, SQ, H, D, HT_BSHD);
-    ht_alloc(&f->k, FA_F32, 1, SK, H, D, HT_BSHD);
-    ht_alloc(&f->v, FA_F32, 1, SK, H, D, HT_BSHD);
-    ht_alloc(&f->ref, FA_F64, 1, SQ, H, D, HT_BSHD);
-    ht_alloc(&f->base, FA_F32, 1, SQ, H, D, HT_BSHD);
+    ht_alloc(&f->q, FA_F32, 1, SQ, H, D, SW_BSHD);
+    ht_alloc(&f->k, FA_F32, 1, SK, H, D, SW_BSHD);
+    ht_alloc(&f->v, FA_F32, 1, SK, H, D, SW_BSHD);
+    ht_alloc(&f->ref, FA_F64, 1, SQ, H, D, SW_BSHD);
+    ht_alloc(&f->base, FA_F32, 1, SQ, H, D, SW_BSHD);
     ht_alloc_lse(&f->lref, FA_F64, 1, SQ, H);
     ht_alloc_lse(&f->lbase, FA_F32, 1, SQ, H);
     ht_fill(&f->q, 1, lo, hi), ht_fill(&f->k, 2, lo, hi), ht_fill(&f->v, 3, 1, -1);
@@ -53,7 +53,7 @@ static fa_comparison judge(const fixture *f, const ht_tensor *cand)
 /* A candidate computed by `be` on the fixture's inputs with params p (f32 storage). */
 static void candidate(const fixture *f, fa_backend be, const fa_params *p, ht_tensor *out)
 {
-    ht_alloc(out, FA_F32, 1, SQ, H, D, HT_BSHD);
+    ht_alloc(out, FA_F32, 1, SQ, H, D, SW_BSHD);
     ck_assert_int_eq(ht_forward(be, 2, p, &f->q.t, &f->k.t, &f->v.t, &out->t, NULL), FA_OK);
 }
 
@@ -67,7 +67,7 @@ START_TEST(rounding_differences_pass)
     fa_comparison c = judge(&f, &tiled);
     ck_assert_msg(c.pass, "tiled f32: %g vs %s", c.max_abs, c.rule);
     ck_assert(strstr(c.rule, "flash:") && c.bound > 0 && c.max_abs > 0);
-    ht_alloc(&rounded, FA_F32, 1, SQ, H, D, HT_BSHD); /* the exact answer rounded to f32 */
+    ht_alloc(&rounded, FA_F32, 1, SQ, H, D, SW_BSHD); /* the exact answer rounded to f32 */
     for (int64_t i = 0; i < SQ; i++)
         for (int64_t h = 0; h < H; h++)
             for (int64_t d = 0; d < D; d++)
@@ -113,10 +113,10 @@ START_TEST(realistic_bugs_fail)
     ht_free(&bug);
 
     fa_params dropped = p; /* keys [64, 128) skipped, as if a tile were classified empty */
-    ht_alloc(&bug, FA_F32, 1, SQ, H, D, HT_BSHD);
+    ht_alloc(&bug, FA_F32, 1, SQ, H, D, SW_BSHD);
     ht_tensor ka, va;
-    ht_alloc(&ka, FA_F32, 1, SK - 64, H, D, HT_BSHD);
-    ht_alloc(&va, FA_F32, 1, SK - 64, H, D, HT_BSHD);
+    ht_alloc(&ka, FA_F32, 1, SK - 64, H, D, SW_BSHD);
+    ht_alloc(&va, FA_F32, 1, SK - 64, H, D, SW_BSHD);
     for (int64_t j = 0, jj = 0; j < SK; j++) {
         if (j >= 64 && j < 128)
             continue;
@@ -146,7 +146,7 @@ START_TEST(missing_max_subtraction_fails)
     fixture_make(&f, &p, a, b);
     ck_assert(judge(&f, &f.base).pass); /* the yardstick itself passes */
     ht_tensor naive;
-    ht_alloc(&naive, FA_F32, 1, SQ, H, D, HT_BSHD);
+    ht_alloc(&naive, FA_F32, 1, SQ, H, D, SW_BSHD);
     const float scale = 1.0f / 8.0f;
     for (int64_t h = 0; h < H; h++)
         for (int64_t i = 0; i < SQ; i++) {
@@ -198,9 +198,9 @@ START_TEST(chunk_edges_reached)
 {
     enum { B = 2, S = 3, HH = 2, DD = 130 };
     ht_tensor ref, cand, base;
-    ht_alloc(&ref, FA_F64, B, S, HH, DD, HT_BSHD);
-    ht_alloc(&cand, FA_F32, B, S, HH, DD, HT_PADDED);
-    ht_alloc(&base, FA_F32, B, S, HH, DD, HT_BHSD);
+    ht_alloc(&ref, FA_F64, B, S, HH, DD, SW_BSHD);
+    ht_alloc(&cand, FA_F32, B, S, HH, DD, SW_PADDED);
+    ht_alloc(&base, FA_F32, B, S, HH, DD, SW_BHSD);
     ht_fill(&ref, 5, -1, 1);
     for (int64_t b = 0; b < B; b++)
         for (int64_t s = 0; s < S; s++)

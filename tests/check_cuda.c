@@ -134,11 +134,14 @@ typedef struct {
     cuda_run runs[160];
 } cuda_plan;
 
-/* The LSE's dtype: f64 for f64 storage and at large logits (an f32 LSE near 100 is good to
- * 4e-6 only, an error the backward's P = exp(s - LSE) carries to every gradient), else f32. */
+/* Run r's sizes: its case's, relative sizes resolved against 64 query rows and 64 keys. */
+static sw_dims dims_of(const cuda_run *r) { return sw_dims_of(&r->c, 64, 64); }
+
+/* The LSE's dtype (sw_lse_dtype) of run r. */
 static fa_dtype lse_dtype(const cuda_run *r)
 {
-    return r->dt == FA_F64 || r->c.logits[0] > 0 ? FA_F64 : FA_F32;
+    const sw_dims d = dims_of(r);
+    return sw_lse_dtype(&r->c, &d, r->dt);
 }
 
 /*
@@ -149,7 +152,7 @@ static fa_dtype lse_dtype(const cuda_run *r)
 static void sweep_run(const cuda_run *r)
 {
     const sw_case *c = &r->c;
-    const sw_dims d = sw_dims_of(c, 64, 64);
+    const sw_dims d = dims_of(r);
     const fa_dtype dt = r->dt, lse_dt = lse_dtype(r);
     fa_params p;
     sw_params(c, &p);
@@ -157,7 +160,7 @@ static void sweep_run(const cuda_run *r)
     ht_bundle conv, gpu, ref;
     ht_bundle_alloc(&conv, dt, &d, c->layout, lse_dt);
     ht_bundle_alloc(&gpu, dt, &d, c->layout, lse_dt);
-    ht_bundle_alloc(&ref, FA_F64, &d, HT_BSHD, FA_F64);
+    ht_bundle_alloc(&ref, FA_F64, &d, SW_BSHD, FA_F64);
     ht_bundle_draw(&conv, c);
     run_cpu(FA_BACKEND_CONVENTIONAL, &p, &conv, &conv, 0);
     run_cpu(FA_BACKEND_REFERENCE, &p, &conv, &ref, 1);
@@ -348,7 +351,7 @@ static void plans_list(void)
     for (size_t i = 0; i < sizeof plans / sizeof *plans; i++)
         for (int j = 0; j < plans[i]->n; j++) {
             const cuda_run *r = &plans[i]->runs[j];
-            const sw_dims d = sw_dims_of(&r->c, 64, 64);
+            const sw_dims d = dims_of(r);
             fa_params p;
             sw_params(&r->c, &p);
             double lo[2], hi[2];
@@ -392,8 +395,8 @@ START_TEST(cuda_dropout_mask_exact)
     p.dropout_seed = 0x0123456789abcdefull;
     p.dropout_offset = 0x100000055ull; /* high bits too (the stream is 64-bit) */
     ht_bundle gpu, ref;
-    ht_bundle_alloc(&gpu, dt, &dims, HT_BSHD, FA_F32);
-    ht_bundle_alloc(&ref, FA_F64, &dims, HT_BSHD, FA_F64);
+    ht_bundle_alloc(&gpu, dt, &dims, SW_BSHD, FA_F32);
+    ht_bundle_alloc(&ref, FA_F64, &dims, SW_BSHD, FA_F64);
     ht_fill(&gpu.q, 5, -0.1, 0.1);
     ht_fill(&gpu.k, 6, -0.1, 0.1);
     ht_fill(&gpu.dout, 7, -1, 1);
@@ -445,8 +448,8 @@ START_TEST(cuda_masked_nonfinite_never_reaches_output)
                       bad_hi = middle ? 51 : 100;
         const sw_dims dims = {.b = 1, .sq = sq, .sk = sk, .hq = 4, .hk = 2, .dqk = D, .dv = D};
         ht_bundle clean, dirty;
-        ht_bundle_alloc(&clean, dt, &dims, HT_BSHD, FA_F32);
-        ht_bundle_alloc(&dirty, dt, &dims, HT_BSHD, FA_F32);
+        ht_bundle_alloc(&clean, dt, &dims, SW_BSHD, FA_F32);
+        ht_bundle_alloc(&dirty, dt, &dims, SW_BSHD, FA_F32);
         ht_fill(&clean.q, 11, 1, -1), ht_fill(&dirty.q, 11, 1, -1);
         ht_fill(&clean.k, 12, 1, -1), ht_fill(&dirty.k, 12, 1, -1);
         ht_fill(&clean.v, 13, 1, -1), ht_fill(&dirty.v, 13, 1, -1);
@@ -506,7 +509,7 @@ START_TEST(cuda_allowed_inf_v_reaches_output)
     const fa_dtype dt = _i & 4 ? FA_F16 : FA_BF16;
     const sw_dims dims = {.b = 1, .sq = 200, .sk = 200, .hq = 4, .hk = 2, .dqk = D, .dv = D};
     ht_bundle x;
-    ht_bundle_alloc(&x, dt, &dims, HT_BSHD, FA_F32);
+    ht_bundle_alloc(&x, dt, &dims, SW_BSHD, FA_F32);
     ht_fill(&x.q, 21, 1, -1), ht_fill(&x.k, 22, 1, -1), ht_fill(&x.v, 23, 1, -1);
     ht_fill(&x.dout, 24, 1, -1);
     for (int64_t h = 0; h < dims.hk; h++)
@@ -540,7 +543,7 @@ START_TEST(cuda_host_pointers_refused)
 {
     const sw_dims dims = {.b = 1, .sq = 10, .sk = 10, .hq = 1, .hk = 1, .dqk = 32, .dv = 32};
     ht_bundle x;
-    ht_bundle_alloc(&x, FA_BF16, &dims, HT_BSHD, FA_F32);
+    ht_bundle_alloc(&x, FA_BF16, &dims, SW_BSHD, FA_F32);
     ht_fill(&x.q, 1, 1, -1), ht_fill(&x.k, 2, 1, -1), ht_fill(&x.v, 3, 1, -1);
     ht_poison(&x.out), ht_poison(&x.lse);
     fa_params p;
@@ -569,7 +572,7 @@ START_TEST(cuda_bad_kernel_choice_refused)
 {
     const sw_dims dims = {.b = 1, .sq = 10, .sk = 10, .hq = 1, .hk = 1, .dqk = 64, .dv = 64};
     ht_bundle x;
-    ht_bundle_alloc(&x, FA_BF16, &dims, HT_BSHD, FA_F32);
+    ht_bundle_alloc(&x, FA_BF16, &dims, SW_BSHD, FA_F32);
     ht_fill(&x.q, 1, 1, -1), ht_fill(&x.k, 2, 1, -1), ht_fill(&x.v, 3, 1, -1);
     ht_poison(&x.out), ht_poison(&x.lse);
     dtensor q, k, v, out, lse;
@@ -596,7 +599,7 @@ START_TEST(cuda_other_device_refused)
 {
     const sw_dims dims = {.b = 1, .sq = 10, .sk = 10, .hq = 1, .hk = 1, .dqk = 32, .dv = 32};
     ht_bundle x;
-    ht_bundle_alloc(&x, FA_BF16, &dims, HT_BSHD, FA_F32);
+    ht_bundle_alloc(&x, FA_BF16, &dims, SW_BSHD, FA_F32);
     ht_fill(&x.q, 1, 1, -1), ht_fill(&x.k, 2, 1, -1), ht_fill(&x.v, 3, 1, -1);
     ht_poison(&x.out), ht_poison(&x.lse);
     fa_params p;
@@ -650,9 +653,9 @@ START_TEST(cuda_deterministic_memory_auto)
     fa_params p;
     sw_params(&c, &p);
     ht_bundle a, b, x;
-    ht_bundle_alloc(&a, FA_BF16, &dims, HT_BSHD, FA_F32);
-    ht_bundle_alloc(&b, FA_BF16, &dims, HT_BSHD, FA_F32);
-    ht_bundle_alloc(&x, FA_BF16, &dims, HT_BSHD, FA_F32);
+    ht_bundle_alloc(&a, FA_BF16, &dims, SW_BSHD, FA_F32);
+    ht_bundle_alloc(&b, FA_BF16, &dims, SW_BSHD, FA_F32);
+    ht_bundle_alloc(&x, FA_BF16, &dims, SW_BSHD, FA_F32);
     ht_fill(&a.q, 1, 1, -1), ht_fill(&a.k, 2, 1, -1), ht_fill(&a.v, 3, 1, -1);
     ht_fill(&a.dout, 4, 1, -1);
     ht_free(&b.q), ht_free(&b.k), ht_free(&b.v), ht_free(&b.dout);
@@ -697,7 +700,7 @@ START_TEST(cuda_unsupported_head_dim)
 {
     const sw_dims dims = {.b = 1, .sq = 4, .sk = 4, .hq = 1, .hk = 1, .dqk = 520, .dv = 520};
     ht_bundle x;
-    ht_bundle_alloc(&x, FA_F32, &dims, HT_BSHD, FA_F32);
+    ht_bundle_alloc(&x, FA_F32, &dims, SW_BSHD, FA_F32);
     ht_fill(&x.q, 1, 1, -1), ht_fill(&x.k, 2, 1, -1), ht_fill(&x.v, 3, 1, -1);
     ht_poison(&x.out), ht_poison(&x.lse);
     dtensor q, k, v, out, lse;
@@ -722,7 +725,7 @@ START_TEST(cuda_empty_sequences)
         const sw_dims dims = {.b = 1, .sq = which ? 0 : 7, .sk = which ? 7 : 0, .hq = 2, .hk = 1,
                               .dqk = 32, .dv = 32};
         ht_bundle x;
-        ht_bundle_alloc(&x, FA_F16, &dims, HT_BSHD, FA_F32);
+        ht_bundle_alloc(&x, FA_F16, &dims, SW_BSHD, FA_F32);
         fa_params p;
         fa_params_init(&p);
         fa_context *ctx = cuda_context(0);
@@ -758,7 +761,7 @@ START_TEST(cuda_device_allocation_failure)
     fa_params p;
     sw_params(&c, &p);
     ht_bundle x;
-    ht_bundle_alloc(&x, dt, &dims, HT_BSHD, FA_F32);
+    ht_bundle_alloc(&x, dt, &dims, SW_BSHD, FA_F32);
     ht_fill(&x.q, 1, -1, 1), ht_fill(&x.k, 2, -1, 1), ht_fill(&x.v, 3, -1, 1);
     ht_fill(&x.dout, 4, -1, 1);
     fa_context *ctx = cuda_context(0);
@@ -827,7 +830,7 @@ START_TEST(cuda_sink_grad_matches_host)
     float dev_grad[2][4], host_grad[4];
     p.sink_logits = sinks;
     ht_bundle x;
-    ht_bundle_alloc(&x, dt, &dims, HT_BSHD, FA_F32);
+    ht_bundle_alloc(&x, dt, &dims, SW_BSHD, FA_F32);
     ht_fill(&x.q, 1, -1, 1), ht_fill(&x.k, 2, -1, 1), ht_fill(&x.v, 3, -1, 1);
     ht_fill(&x.dout, 4, -1, 1);
     fa_context *ctx = cuda_context(0);
@@ -868,7 +871,7 @@ static void triple_alloc(ht_tensor t[3], fa_dtype dt, int64_t B, int64_t S, int6
                          int64_t D, uint64_t seed)
 {
     for (int c = 0; c < 3; c++) {
-        ht_alloc(&t[c], dt, B, S, H, D, HT_BSHD);
+        ht_alloc(&t[c], dt, B, S, H, D, SW_BSHD);
         ht_fill(&t[c], seed, -1, 1);
     }
 }
@@ -892,7 +895,7 @@ START_TEST(cuda_kv_dtype_matches_reference)
     triple_alloc(k, kd, B, sk, hk, d, 22);
     triple_alloc(v, kd, B, sk, hk, d, 23);
     for (int c = 0; c < 3; c++) {
-        ht_alloc(&o[c], c ? qd : FA_F64, B, sq, hq, d, HT_BSHD);
+        ht_alloc(&o[c], c ? qd : FA_F64, B, sq, hq, d, SW_BSHD);
         ht_alloc_lse(&l[c], c ? FA_F32 : FA_F64, B, sq, hq);
     }
     ck_assert(ht_forward(FA_BACKEND_REFERENCE, 2, &p, &q[0].t64, &k[0].t64, &v[0].t64, &o[0].t,
@@ -966,10 +969,10 @@ START_TEST(cuda_sequences_match_reference)
         triple_alloc(kn, dt, nseq, s_new, hk, d, 15), triple_alloc(vn, dt, nseq, s_new, hk, d, 16);
     for (int c = 0; c < 3; c++) {
         const fa_dtype odt = c == 0 ? FA_F64 : dt, ldt = c == 0 || dt == FA_F64 ? FA_F64 : FA_F32;
-        ht_alloc(&o[c], odt, qb, sq, hq, d, HT_BSHD), ht_alloc_lse(&l[c], ldt, qb, sq, hq);
-        ht_alloc(&dq[c], odt, qb, sq, hq, d, HT_BSHD);
-        ht_alloc(&dk[c], odt, kvb, kvs, hk, d, HT_BSHD);
-        ht_alloc(&dv[c], odt, kvb, kvs, hk, d, HT_BSHD);
+        ht_alloc(&o[c], odt, qb, sq, hq, d, SW_BSHD), ht_alloc_lse(&l[c], ldt, qb, sq, hq);
+        ht_alloc(&dq[c], odt, qb, sq, hq, d, SW_BSHD);
+        ht_alloc(&dk[c], odt, kvb, kvs, hk, d, SW_BSHD);
+        ht_alloc(&dv[c], odt, kvb, kvs, hk, d, SW_BSHD);
     }
     const fa_indices iq = {cq, FA_INDEX_INT32, 4}, ik = {ck, FA_INDEX_INT32, 4};
     const fa_indices cl = {lens, FA_INDEX_INT32, 2};
@@ -1061,7 +1064,7 @@ END_TEST
  * With `twice`, a second GPU backward must give the bias gradient's bits again (one thread
  * per element, a fixed order, no atomics). p is the case's params with the bias's fields.
  */
-static void bias_run(const sw_dims *dims, ht_layout lay, fa_dtype dt, int idx, fa_params *p,
+static void bias_run(const sw_dims *dims, sw_layout lay, fa_dtype dt, int idx, fa_params *p,
                      ht_tensor *bias, int grad, int twice, const char *what)
 {
     const fa_dtype lse_dt = dt == FA_F64 ? FA_F64 : FA_F32, gdt = dt == FA_F64 ? FA_F64 : FA_F32;
@@ -1069,7 +1072,7 @@ static void bias_run(const sw_dims *dims, ht_layout lay, fa_dtype dt, int idx, f
     ht_bundle conv, gpu, ref;
     ht_bundle_alloc(&conv, dt, dims, lay, lse_dt);
     ht_bundle_alloc(&gpu, dt, dims, lay, lse_dt);
-    ht_bundle_alloc(&ref, FA_F64, dims, HT_BSHD, FA_F64);
+    ht_bundle_alloc(&ref, FA_F64, dims, SW_BSHD, FA_F64);
     ht_fill(&conv.q, 1000 + idx, 1, -1);
     ht_fill(&conv.k, 2000 + idx, 1, -1);
     ht_fill(&conv.v, 3000 + idx, -1, 1);
@@ -1077,7 +1080,7 @@ static void bias_run(const sw_dims *dims, ht_layout lay, fa_dtype dt, int idx, f
     ht_tensor g[4]; /* the bias gradient: reference, conventional, GPU, GPU again */
     for (int x = 0; grad && x < 4; x++) {
         ht_alloc(&g[x], x ? gdt : FA_F64, bt->batch, bt->seqlen, bt->heads, bt->headdim,
-                 HT_BSHD);
+                 SW_BSHD);
         ht_poison(&g[x]);
     }
     p->bias = bt;
@@ -1160,13 +1163,13 @@ START_TEST(cuda_keep_mask_equals_causal)
     const int64_t sq = _i < 4 ? 150 : 170, sk = _i < 4 ? 170 : 150;
     const sw_dims dims = {.b = 2, .sq = sq, .sk = sk, .hq = 4, .hk = 2, .dqk = 64, .dv = 64};
     ht_tensor mask;
-    ht_alloc(&mask, FA_BOOL, 1, sq, 1, sk, HT_BSHD);
+    ht_alloc(&mask, FA_BOOL, 1, sq, 1, sk, SW_BSHD);
     for (int64_t i = 0; i < sq; i++)
         for (int64_t j = 0; j < sk; j++)
             ht_set(&mask, 0, i, 0, j, causal_entry(sq, sk, i, j));
     fa_params p;
     fa_params_init(&p);
-    bias_run(&dims, HT_BSHD, dt, 300 + _i, &p, &mask, 0, 0, "keep-mask = causal");
+    bias_run(&dims, SW_BSHD, dt, 300 + _i, &p, &mask, 0, 0, "keep-mask = causal");
     /* and the reference with the mask is the reference with causal (check_masks.c), so the
      * GPU's out agrees with a causal call on the device as well */
     ht_free(&mask);
@@ -1190,14 +1193,14 @@ START_TEST(cuda_bias_matches_reference)
     const int place = _i & 1, shape = _i / 8;
     const fa_dtype dt = dtypes[(_i >> 1) & 3];
     sw_dims dims = {.b = 2, .sq = 97, .sk = 131, .hq = 4, .hk = 2, .dqk = 64, .dv = 64};
-    ht_layout lay = HT_BSHD;
+    sw_layout lay = SW_BSHD;
     fa_params p;
     fa_params_init(&p);
     p.softcap = 5;
     p.bias_place = place ? FA_BIAS_AFTER_SOFTCAP : FA_BIAS_AFTER_SCALE;
     ht_tensor bias;
     if (shape == 0) {
-        ht_alloc(&bias, FA_F16, 1, dims.sq, 1, dims.sk, HT_BSHD);
+        ht_alloc(&bias, FA_F16, 1, dims.sq, 1, dims.sk, SW_BSHD);
         ht_fill(&bias, 71 + _i, 3, -3);
         for (int64_t j = 0; j < dims.sk; j++)
             ht_set(&bias, 0, 5, 0, j, -INFINITY); /* row 5: empty */
@@ -1209,19 +1212,19 @@ START_TEST(cuda_bias_matches_reference)
         p.causal = 1;
         p.alibi_slopes = slopes;
         p.bias_by_slope = 1;
-        ht_alloc(&bias, FA_BF16, dims.b, 1, dims.hq, dims.sk, HT_BSHD);
+        ht_alloc(&bias, FA_BF16, dims.b, 1, dims.hq, dims.sk, SW_BSHD);
         ht_fill(&bias, 81 + _i, 4, -4);
         for (int64_t j = 3; j < dims.sk; j += 5)
             ht_set(&bias, 1, 0, 2, j, -INFINITY);
     } else {
-        lay = HT_PADDED;
+        lay = SW_PADDED;
         p.window_left = 40, p.window_right = 7;
         p.alibi_slopes = slopes;
         p.dropout_p = 0.2;
         p.dropout_seed = 0x5eed0000ull + (uint64_t)_i;
         p.dropout_offset = 9;
         ht_alloc(&bias, dt == FA_F64 ? FA_F64 : FA_F32, dims.b, dims.sq, dims.hq, dims.sk,
-                 HT_BHSD);
+                 SW_BHSD);
         ht_fill(&bias, 91 + _i, 2, -2);
         ht_set(&bias, 1, 50, 3, 52, -INFINITY);
     }
@@ -1242,12 +1245,12 @@ START_TEST(cuda_bias_masked_nonfinite_kv)
     const fa_dtype dt = _i ? FA_BF16 : FA_F32;
     const sw_dims dims = {.b = 1, .sq = sq, .sk = sk, .hq = 2, .hk = 1, .dqk = D, .dv = D};
     ht_tensor mask;
-    ht_alloc(&mask, FA_BOOL, 1, 1, 1, sk, HT_BSHD);
+    ht_alloc(&mask, FA_BOOL, 1, 1, 1, sk, SW_BSHD);
     for (int64_t j = 0; j < sk; j++)
         ht_set(&mask, 0, 0, 0, j, j % 9 == 4 ? -INFINITY : 0);
     ht_bundle clean, dirty;
-    ht_bundle_alloc(&clean, dt, &dims, HT_BSHD, FA_F32);
-    ht_bundle_alloc(&dirty, dt, &dims, HT_BSHD, FA_F32);
+    ht_bundle_alloc(&clean, dt, &dims, SW_BSHD, FA_F32);
+    ht_bundle_alloc(&dirty, dt, &dims, SW_BSHD, FA_F32);
     ht_bundle *xs[2] = {&clean, &dirty};
     for (int x = 0; x < 2; x++) {
         ht_fill(&xs[x]->q, 11, 1, -1), ht_fill(&xs[x]->k, 12, 1, -1);
@@ -1295,13 +1298,13 @@ START_TEST(cuda_bias_host_pointer_refused)
 {
     const sw_dims dims = {.b = 1, .sq = 10, .sk = 12, .hq = 1, .hk = 1, .dqk = 32, .dv = 32};
     ht_bundle x;
-    ht_bundle_alloc(&x, FA_F32, &dims, HT_BSHD, FA_F32);
+    ht_bundle_alloc(&x, FA_F32, &dims, SW_BSHD, FA_F32);
     ht_fill(&x.q, 1, 1, -1), ht_fill(&x.k, 2, 1, -1), ht_fill(&x.v, 3, 1, -1);
     ht_fill(&x.dout, 4, 1, -1);
     ht_poison(&x.out), ht_poison(&x.lse), ht_poison(&x.dq);
     ht_tensor bias, grad;
-    ht_alloc(&bias, FA_F32, 1, dims.sq, 1, dims.sk, HT_BSHD);
-    ht_alloc(&grad, FA_F32, 1, dims.sq, 1, dims.sk, HT_BSHD);
+    ht_alloc(&bias, FA_F32, 1, dims.sq, 1, dims.sk, SW_BSHD);
+    ht_alloc(&grad, FA_F32, 1, dims.sq, 1, dims.sk, SW_BSHD);
     ht_fill(&bias, 5, 1, -1);
     dtensor q, k, v, out, lse, dout, dq, dk, dv, db;
     d_up(&q, &x.q), d_up(&k, &x.k), d_up(&v, &x.v), d_up(&out, &x.out), d_up(&lse, &x.lse);
@@ -1386,12 +1389,12 @@ START_TEST(cuda_fp8_matches_reference)
     p.descale_q = dq, p.descale_k = dk, p.descale_v = dvs;
     p.descale_layout = _i < 4 ? FA_DESCALE_PER_KV_HEAD : FA_DESCALE_PER_TENSOR;
     ht_tensor q, k, v, o[3], l[3];
-    ht_alloc(&q, fmt, B, sq, hq, dqk, HT_BSHD);
-    ht_alloc(&k, fmt, B, sk, hk, dqk, HT_BSHD);
-    ht_alloc(&v, fmt, B, sk, hk, dv, HT_BSHD);
+    ht_alloc(&q, fmt, B, sq, hq, dqk, SW_BSHD);
+    ht_alloc(&k, fmt, B, sk, hk, dqk, SW_BSHD);
+    ht_alloc(&v, fmt, B, sk, hk, dv, SW_BSHD);
     fill_fp8(&q, 31 + _i, 3), fill_fp8(&k, 32 + _i, 3), fill_fp8(&v, 33 + _i, 3);
     for (int c = 0; c < 3; c++) { /* reference (f64), conventional, GPU */
-        ht_alloc(&o[c], c ? odt : FA_F64, B, sq, hq, dv, HT_BSHD);
+        ht_alloc(&o[c], c ? odt : FA_F64, B, sq, hq, dv, SW_BSHD);
         ht_alloc_lse(&l[c], c ? (f64 ? FA_F64 : FA_F32) : FA_F64, B, sq, hq);
     }
     const fa_indices iq = {cq, FA_INDEX_INT32, 4}, ik = {ck, FA_INDEX_INT32, 4};
@@ -1461,16 +1464,16 @@ START_TEST(cuda_fp8_cache_matches_reference)
     p.descale_v = _i == 1 ? dv4 : &dv1;
     p.descale_layout = _i == 1 ? FA_DESCALE_PER_KV_HEAD : FA_DESCALE_PER_TENSOR;
     ht_tensor q, k[3], v[3], kn[3], vn[3], o[3], l[3];
-    ht_alloc(&q, qd, B, sq, hq, d, HT_BSHD);
+    ht_alloc(&q, qd, B, sq, hq, d, SW_BSHD);
     ht_fill(&q, 41 + _i, 1, -1);
     for (int c = 0; c < 3; c++) { /* reference (f64), conventional, GPU: each its own cache */
         const fa_dtype st = c ? kd : FA_F64;
-        ht_alloc(&k[c], st, B, sk, hk, d, HT_BSHD), ht_alloc(&v[c], st, B, sk, hk, d, HT_BSHD);
-        ht_alloc(&o[c], c ? qd : FA_F64, B, sq, hq, d, HT_BSHD);
+        ht_alloc(&k[c], st, B, sk, hk, d, SW_BSHD), ht_alloc(&v[c], st, B, sk, hk, d, SW_BSHD);
+        ht_alloc(&o[c], c ? qd : FA_F64, B, sq, hq, d, SW_BSHD);
         ht_alloc_lse(&l[c], c ? FA_F32 : FA_F64, B, sq, hq);
         if (s_new)
-            ht_alloc(&kn[c], st, B, s_new, hk, d, HT_BSHD),
-                ht_alloc(&vn[c], st, B, s_new, hk, d, HT_BSHD);
+            ht_alloc(&kn[c], st, B, s_new, hk, d, SW_BSHD),
+                ht_alloc(&vn[c], st, B, s_new, hk, d, SW_BSHD);
     }
     for (int c = 1; c < 3; c++) {
         fill_fp8(&k[c], 42 + _i, 4), fill_fp8(&v[c], 43 + _i, 4);
@@ -1549,8 +1552,8 @@ END_TEST
 START_TEST(cuda_fp8_host_pointer_refused)
 {
     ht_tensor q, k, v, o, l;
-    ht_alloc(&q, FA_E4M3, 1, 10, 2, 32, HT_BSHD), ht_alloc(&k, FA_E4M3, 1, 12, 1, 32, HT_BSHD);
-    ht_alloc(&v, FA_E4M3, 1, 12, 1, 32, HT_BSHD), ht_alloc(&o, FA_BF16, 1, 10, 2, 32, HT_BSHD);
+    ht_alloc(&q, FA_E4M3, 1, 10, 2, 32, SW_BSHD), ht_alloc(&k, FA_E4M3, 1, 12, 1, 32, SW_BSHD);
+    ht_alloc(&v, FA_E4M3, 1, 12, 1, 32, SW_BSHD), ht_alloc(&o, FA_BF16, 1, 10, 2, 32, SW_BSHD);
     ht_alloc_lse(&l, FA_F32, 1, 10, 2);
     fill_fp8(&q, 1, 2), fill_fp8(&k, 2, 2), fill_fp8(&v, 3, 2);
     ht_poison(&o), ht_poison(&l);
@@ -1643,7 +1646,7 @@ START_TEST(cuda_block_mask_matches_reference)
     ht_bundle conv, gpu, ref;
     ht_bundle_alloc(&conv, dt, &dims, c.layout, lse_dt);
     ht_bundle_alloc(&gpu, dt, &dims, c.layout, lse_dt);
-    ht_bundle_alloc(&ref, FA_F64, &dims, HT_BSHD, FA_F64);
+    ht_bundle_alloc(&ref, FA_F64, &dims, SW_BSHD, FA_F64);
     ht_fill(&conv.q, 1400 + _i, 1, -1), ht_fill(&conv.k, 2400 + _i, 1, -1);
     ht_fill(&conv.v, 3400 + _i, -1, 1), ht_fill(&conv.dout, 4400 + _i, -1, 1);
     run_cpu(FA_BACKEND_CONVENTIONAL, &p, &conv, &conv, 0);
@@ -1701,13 +1704,13 @@ START_TEST(cuda_block_mask_bias_grad)
     cuda_blocks x;
     cuda_blocks_make(&x, 1, dims.hq, dims.sq, dims.sk, 32, 24, 0.5, 913 + (uint64_t)_i);
     ht_tensor bias;
-    ht_alloc(&bias, FA_F32, 1, dims.sq, 1, dims.sk, HT_BSHD);
+    ht_alloc(&bias, FA_F32, 1, dims.sq, 1, dims.sk, SW_BSHD);
     ht_fill(&bias, 97 + _i, 2, -2);
     fa_params p;
     fa_params_init(&p);
     p.causal = 1;
     p.block_mask = &x.bm;
-    bias_run(&dims, HT_BSHD, dt, 420 + _i, &p, &bias, 1, 0, "with a block mask");
+    bias_run(&dims, SW_BSHD, dt, 420 + _i, &p, &bias, 1, 0, "with a block mask");
     ht_free(&bias);
     cuda_blocks_free(&x);
 }
@@ -1731,7 +1734,7 @@ START_TEST(cuda_empty_huge_batch)
 {
     fa_context *ctx = cuda_context(0);
     ht_tensor x;
-    ht_alloc(&x, FA_F16, 1, 1, 2, 64, HT_BSHD);
+    ht_alloc(&x, FA_F16, 1, 1, 2, 64, SW_BSHD);
     dtensor dx;
     d_up(&dx, &x);
     fa_params p;

@@ -27,14 +27,14 @@ typedef struct {
 
 static void set_make(faults_set *s, fa_dtype dt)
 {
-    ht_alloc(&s->q, dt, 2, 37, 4, 24, HT_BSHD);
-    ht_alloc(&s->k, dt, 2, 45, 2, 24, HT_BSHD);
-    ht_alloc(&s->v, dt, 2, 45, 2, 16, HT_BSHD);
-    ht_alloc(&s->o, dt, 2, 37, 4, 16, HT_BSHD);
-    ht_alloc(&s->dout, dt, 2, 37, 4, 16, HT_BSHD);
-    ht_alloc(&s->dq, dt, 2, 37, 4, 24, HT_BSHD);
-    ht_alloc(&s->dk, dt, 2, 45, 2, 24, HT_BSHD);
-    ht_alloc(&s->dv, dt, 2, 45, 2, 16, HT_BSHD);
+    ht_alloc(&s->q, dt, 2, 37, 4, 24, SW_BSHD);
+    ht_alloc(&s->k, dt, 2, 45, 2, 24, SW_BSHD);
+    ht_alloc(&s->v, dt, 2, 45, 2, 16, SW_BSHD);
+    ht_alloc(&s->o, dt, 2, 37, 4, 16, SW_BSHD);
+    ht_alloc(&s->dout, dt, 2, 37, 4, 16, SW_BSHD);
+    ht_alloc(&s->dq, dt, 2, 37, 4, 24, SW_BSHD);
+    ht_alloc(&s->dk, dt, 2, 45, 2, 24, SW_BSHD);
+    ht_alloc(&s->dv, dt, 2, 45, 2, 16, SW_BSHD);
     ht_alloc_lse(&s->l, dt == FA_F64 ? FA_F64 : FA_F32, 2, 37, 4);
     ht_fill(&s->q, 1, -1, 1), ht_fill(&s->k, 2, -1, 1), ht_fill(&s->v, 3, -1, 1);
     ht_fill(&s->dout, 4, -1, 1);
@@ -132,10 +132,11 @@ START_TEST(forward_and_backward_fail_cleanly)
     const fa_backend be = bes[_i / 6];
     const fa_dtype dt = dtypes[_i / 2 % 3];
     const int features = _i % 2;
-    /* the tiled backend with every kernel set that runs here, in one backward pass and two */
+    /* the tiled backend with every distinct kernel set that runs here (ht_isa_tested), in one
+     * backward pass and two */
     const int nisa = be == FA_BACKEND_TILED ? ht_nisas : 1;
     for (int x = 0; x < nisa; x++) {
-        if (be == FA_BACKEND_TILED && !ht_isa_runs(ht_isas[x]))
+        if (be == FA_BACKEND_TILED && !ht_isa_tested(x, dt))
             continue;
         ht_isa = be == FA_BACKEND_TILED ? ht_isas[x] : FA_ISA_AUTO;
         for (int passes = 1; passes <= (be == FA_BACKEND_TILED ? 2 : 1); passes++) {
@@ -198,14 +199,14 @@ START_TEST(varlen_fails_cleanly)
     const fa_dtype dt = dtypes[_i / 3];
     static const int64_t cq[5] = {0, 30, 31, 31, 40}, ck[5] = {0, 25, 725, 800, 800};
     faults_set s;
-    ht_alloc(&s.q, dt, 1, 40, 4, 24, HT_BSHD);
-    ht_alloc(&s.k, dt, 1, 800, 2, 24, HT_BSHD);
-    ht_alloc(&s.v, dt, 1, 800, 2, 16, HT_BSHD);
-    ht_alloc(&s.o, dt, 1, 40, 4, 16, HT_BSHD);
-    ht_alloc(&s.dout, dt, 1, 40, 4, 16, HT_BSHD);
-    ht_alloc(&s.dq, dt, 1, 40, 4, 24, HT_BSHD);
-    ht_alloc(&s.dk, dt, 1, 800, 2, 24, HT_BSHD);
-    ht_alloc(&s.dv, dt, 1, 800, 2, 16, HT_BSHD);
+    ht_alloc(&s.q, dt, 1, 40, 4, 24, SW_BSHD);
+    ht_alloc(&s.k, dt, 1, 800, 2, 24, SW_BSHD);
+    ht_alloc(&s.v, dt, 1, 800, 2, 16, SW_BSHD);
+    ht_alloc(&s.o, dt, 1, 40, 4, 16, SW_BSHD);
+    ht_alloc(&s.dout, dt, 1, 40, 4, 16, SW_BSHD);
+    ht_alloc(&s.dq, dt, 1, 40, 4, 24, SW_BSHD);
+    ht_alloc(&s.dk, dt, 1, 800, 2, 24, SW_BSHD);
+    ht_alloc(&s.dv, dt, 1, 800, 2, 16, SW_BSHD);
     ht_alloc_lse(&s.l, dt == FA_F64 ? FA_F64 : FA_F32, 1, 40, 4);
     ht_fill(&s.q, 1, -1, 1), ht_fill(&s.k, 2, -1, 1), ht_fill(&s.v, 3, -1, 1);
     ht_fill(&s.dout, 4, -1, 1);
@@ -253,11 +254,11 @@ START_TEST(paged_fails_cleanly)
     for (int i = 0; i < 3 * 240; i++)
         table[i] = (i * 7) % npages; /* pages shared and in any order: all valid */
     ht_tensor q, o, l, kp, vp;
-    ht_alloc(&q, FA_F32, 3, sq, 4, 24, HT_BSHD), ht_fill(&q, 1, -1, 1);
-    ht_alloc(&o, FA_F32, 3, sq, 4, 16, HT_BSHD);
+    ht_alloc(&q, FA_F32, 3, sq, 4, 24, SW_BSHD), ht_fill(&q, 1, -1, 1);
+    ht_alloc(&o, FA_F32, 3, sq, 4, 16, SW_BSHD);
     ht_alloc_lse(&l, FA_F32, 3, sq, 4);
-    ht_alloc(&kp, FA_F32, npages, page, 2, 24, HT_BSHD), ht_fill(&kp, 2, -1, 1);
-    ht_alloc(&vp, FA_F32, npages, page, 2, 16, HT_BSHD), ht_fill(&vp, 3, -1, 1);
+    ht_alloc(&kp, FA_F32, npages, page, 2, 24, SW_BSHD), ht_fill(&kp, 2, -1, 1);
+    ht_alloc(&vp, FA_F32, npages, page, 2, 16, SW_BSHD), ht_fill(&vp, 3, -1, 1);
     paged_arg a = {&q, &o, &l, kp.t, vp.t,
                    {{table, FA_INDEX_INT64, 3 * 240}, 240, {used, FA_INDEX_INT64, 3}}};
     fa_context *ctx = ht_context(be, 2);
@@ -293,12 +294,12 @@ START_TEST(kvcache_fails_cleanly)
                                       FA_BACKEND_TILED};
     static const int64_t lens[2] = {600, 3};
     ht_tensor q, kc, vc, kn, vn, o;
-    ht_alloc(&q, FA_F32, 2, 2, 4, 24, HT_BSHD), ht_fill(&q, 1, -1, 1);
-    ht_alloc(&kc, FA_F32, 2, 700, 2, 24, HT_BSHD);
-    ht_alloc(&vc, FA_F32, 2, 700, 2, 16, HT_BSHD);
-    ht_alloc(&kn, FA_F32, 2, 2, 2, 24, HT_BSHD), ht_fill(&kn, 2, -1, 1);
-    ht_alloc(&vn, FA_F32, 2, 2, 2, 16, HT_BSHD), ht_fill(&vn, 3, -1, 1);
-    ht_alloc(&o, FA_F32, 2, 2, 4, 16, HT_BSHD);
+    ht_alloc(&q, FA_F32, 2, 2, 4, 24, SW_BSHD), ht_fill(&q, 1, -1, 1);
+    ht_alloc(&kc, FA_F32, 2, 700, 2, 24, SW_BSHD);
+    ht_alloc(&vc, FA_F32, 2, 700, 2, 16, SW_BSHD);
+    ht_alloc(&kn, FA_F32, 2, 2, 2, 24, SW_BSHD), ht_fill(&kn, 2, -1, 1);
+    ht_alloc(&vn, FA_F32, 2, 2, 2, 16, SW_BSHD), ht_fill(&vn, 3, -1, 1);
+    ht_alloc(&o, FA_F32, 2, 2, 4, 16, SW_BSHD);
     kvcache_arg a = {&q, &kc, &vc, &kn, &vn, &o, {lens, FA_INDEX_INT64, 2}};
     fa_context *ctx = ht_context(bes[_i], 2);
     char what[64];
@@ -337,7 +338,7 @@ START_TEST(merge_fails_cleanly)
 {
     ht_tensor o[3], l[3];
     for (int k = 0; k < 3; k++) {
-        ht_alloc(&o[k], FA_F32, 2, 9, 3, 8, HT_BSHD);
+        ht_alloc(&o[k], FA_F32, 2, 9, 3, 8, SW_BSHD);
         ht_alloc_lse(&l[k], FA_F32, 2, 9, 3);
         if (k < 2) {
             ht_fill(&o[k], 10 + (uint64_t)k, -1, 1);

@@ -109,10 +109,10 @@ typedef struct {
 static void fwd_alloc(fwd_set *x, fa_dtype in, fa_dtype kv, fa_dtype out, int64_t B, int64_t sq,
                       int64_t sk, int64_t hq, int64_t hk, int64_t d)
 {
-    ht_alloc(&x->q, in, B, sq, hq, d, HT_BSHD);
-    ht_alloc(&x->k, kv, B, sk, hk, d, HT_BSHD);
-    ht_alloc(&x->v, kv, B, sk, hk, d, HT_BSHD);
-    ht_alloc(&x->o, out, B, sq, hq, d, HT_BSHD);
+    ht_alloc(&x->q, in, B, sq, hq, d, SW_BSHD);
+    ht_alloc(&x->k, kv, B, sk, hk, d, SW_BSHD);
+    ht_alloc(&x->v, kv, B, sk, hk, d, SW_BSHD);
+    ht_alloc(&x->o, out, B, sq, hq, d, SW_BSHD);
     ht_alloc_lse(&x->l, FA_F32, B, sq, hq);
 }
 
@@ -285,9 +285,9 @@ START_TEST(bad_fp8_arguments)
     fwd_set x;
     fwd_alloc(&x, FA_E4M3, FA_E4M3, FA_BF16, B, sq, sk, H, H, D);
     ht_tensor k16, o8, f32q;
-    ht_alloc(&k16, FA_F16, B, sk, H, D, HT_BSHD);
-    ht_alloc(&o8, FA_E4M3, B, sq, H, D, HT_BSHD);
-    ht_alloc(&f32q, FA_F32, B, sq, H, D, HT_BSHD);
+    ht_alloc(&k16, FA_F16, B, sk, H, D, SW_BSHD);
+    ht_alloc(&o8, FA_E4M3, B, sq, H, D, SW_BSHD);
+    ht_alloc(&f32q, FA_F32, B, sq, H, D, SW_BSHD);
     const float zero = 0, neg = -1, nan = NAN, inf = INFINITY, one = 1;
     struct {
         const fa_tensor *q, *k, *v;

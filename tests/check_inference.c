@@ -50,18 +50,18 @@ static void packed_make(packed *x, fa_dtype dt, int wide)
                          wide ? FA_INDEX_INT64 : FA_INDEX_INT32, NSEQ + 1};
     const int64_t tq = x->cq[NSEQ], tk = x->ck[NSEQ];
     const fa_dtype lt = dt == FA_F64 ? FA_F64 : FA_F32;
-    ht_alloc(&x->q, dt, 1, tq, HQ, D, HT_BSHD);
-    ht_alloc(&x->k, dt, 1, tk, HK, D, HT_BSHD);
-    ht_alloc(&x->v, dt, 1, tk, HK, D, HT_BSHD);
-    ht_alloc(&x->dout, dt, 1, tq, HQ, D, HT_BSHD);
+    ht_alloc(&x->q, dt, 1, tq, HQ, D, SW_BSHD);
+    ht_alloc(&x->k, dt, 1, tk, HK, D, SW_BSHD);
+    ht_alloc(&x->v, dt, 1, tk, HK, D, SW_BSHD);
+    ht_alloc(&x->dout, dt, 1, tq, HQ, D, SW_BSHD);
     ht_fill(&x->q, 1, 1, 0), ht_fill(&x->k, 2, 1, 0), ht_fill(&x->v, 3, 1, 0);
     ht_fill(&x->dout, 4, 1, 0);
     ht_tensor *qs[4] = {&x->out, &x->dq, &x->out1, &x->dq1};
     for (int i = 0; i < 4; i++)
-        ht_alloc(qs[i], dt, 1, tq, HQ, D, HT_BSHD);
+        ht_alloc(qs[i], dt, 1, tq, HQ, D, SW_BSHD);
     ht_tensor *ks[4] = {&x->dk, &x->dv, &x->dk1, &x->dv1};
     for (int i = 0; i < 4; i++)
-        ht_alloc(ks[i], dt, 1, tk, HK, D, HT_BSHD);
+        ht_alloc(ks[i], dt, 1, tk, HK, D, SW_BSHD);
     ht_alloc_lse(&x->lse, lt, 1, tq, HQ);
     ht_alloc_lse(&x->lse1, lt, 1, tq, HQ);
 }
@@ -177,12 +177,12 @@ START_TEST(varlen_of_many_sequences_is_each_alone)
     }
     const fa_indices iq = {cq, FA_INDEX_INT64, N + 1}, ik = {ck, FA_INDEX_INT64, N + 1};
     ht_tensor q, k, v, out, lse, out1, lse1;
-    ht_alloc(&q, FA_F32, 1, cq[N], HQm, Dm, HT_BSHD);
-    ht_alloc(&k, FA_F32, 1, ck[N], HKm, Dm, HT_BSHD);
-    ht_alloc(&v, FA_F32, 1, ck[N], HKm, Dm, HT_BSHD);
+    ht_alloc(&q, FA_F32, 1, cq[N], HQm, Dm, SW_BSHD);
+    ht_alloc(&k, FA_F32, 1, ck[N], HKm, Dm, SW_BSHD);
+    ht_alloc(&v, FA_F32, 1, ck[N], HKm, Dm, SW_BSHD);
     ht_fill(&q, 11, 1, 0), ht_fill(&k, 12, 1, 0), ht_fill(&v, 13, 1, 0);
-    ht_alloc(&out, FA_F32, 1, cq[N], HQm, Dm, HT_BSHD);
-    ht_alloc(&out1, FA_F32, 1, cq[N], HQm, Dm, HT_BSHD);
+    ht_alloc(&out, FA_F32, 1, cq[N], HQm, Dm, SW_BSHD);
+    ht_alloc(&out1, FA_F32, 1, cq[N], HQm, Dm, SW_BSHD);
     ht_alloc_lse(&lse, FA_F32, 1, cq[N], HQm);
     ht_alloc_lse(&lse1, FA_F32, 1, cq[N], HQm);
     ht_poison(&out), ht_poison(&out1), ht_poison(&lse), ht_poison(&lse1);
@@ -218,12 +218,12 @@ START_TEST(decode_batch_past_a_wave_is_each_batch_alone)
     enum { B = 4200, SK = 37, HQm = 4, HKm = 2, Dm = 8 };
     const int threads = _i == 0 ? 1 : 3;
     ht_tensor q, k, v, out, lse, out1, lse1;
-    ht_alloc(&q, FA_F32, B, 1, HQm, Dm, HT_BSHD);
-    ht_alloc(&k, FA_F32, B, SK, HKm, Dm, HT_BSHD);
-    ht_alloc(&v, FA_F32, B, SK, HKm, Dm, HT_BSHD);
+    ht_alloc(&q, FA_F32, B, 1, HQm, Dm, SW_BSHD);
+    ht_alloc(&k, FA_F32, B, SK, HKm, Dm, SW_BSHD);
+    ht_alloc(&v, FA_F32, B, SK, HKm, Dm, SW_BSHD);
     ht_fill(&q, 21, 1, 0), ht_fill(&k, 22, 1, 0), ht_fill(&v, 23, 1, 0);
-    ht_alloc(&out, FA_F32, B, 1, HQm, Dm, HT_BSHD);
-    ht_alloc(&out1, FA_F32, B, 1, HQm, Dm, HT_BSHD);
+    ht_alloc(&out, FA_F32, B, 1, HQm, Dm, SW_BSHD);
+    ht_alloc(&out1, FA_F32, B, 1, HQm, Dm, SW_BSHD);
     ht_alloc_lse(&lse, FA_F32, B, 1, HQm);
     ht_alloc_lse(&lse1, FA_F32, B, 1, HQm);
     ht_poison(&out), ht_poison(&out1), ht_poison(&lse), ht_poison(&lse1);
@@ -261,14 +261,14 @@ START_TEST(varlen_of_equal_lengths_is_a_dense_batch)
     enum { B = 3, SQ = 20, SK = 30 };
     const fa_dtype dt = _i ? FA_F64 : FA_F32;
     ht_tensor q, k, v, g, o, l, dq, dk, dv, o1, l1, dq1, dk1, dv1;
-    ht_alloc(&q, dt, 1, B * SQ, HQ, D, HT_BSHD), ht_fill(&q, 5, 1, 0);
-    ht_alloc(&k, dt, 1, B * SK, HK, D, HT_BSHD), ht_fill(&k, 6, 1, 0);
-    ht_alloc(&v, dt, 1, B * SK, HK, D, HT_BSHD), ht_fill(&v, 7, 1, 0);
-    ht_alloc(&g, dt, 1, B * SQ, HQ, D, HT_BSHD), ht_fill(&g, 8, 1, 0);
+    ht_alloc(&q, dt, 1, B * SQ, HQ, D, SW_BSHD), ht_fill(&q, 5, 1, 0);
+    ht_alloc(&k, dt, 1, B * SK, HK, D, SW_BSHD), ht_fill(&k, 6, 1, 0);
+    ht_alloc(&v, dt, 1, B * SK, HK, D, SW_BSHD), ht_fill(&v, 7, 1, 0);
+    ht_alloc(&g, dt, 1, B * SQ, HQ, D, SW_BSHD), ht_fill(&g, 8, 1, 0);
     ht_tensor *qs[4] = {&o, &dq, &o1, &dq1}, *ks[4] = {&dk, &dv, &dk1, &dv1};
     for (int i = 0; i < 4; i++) {
-        ht_alloc(qs[i], dt, 1, B * SQ, HQ, D, HT_BSHD);
-        ht_alloc(ks[i], dt, 1, B * SK, HK, D, HT_BSHD);
+        ht_alloc(qs[i], dt, 1, B * SQ, HQ, D, SW_BSHD);
+        ht_alloc(ks[i], dt, 1, B * SK, HK, D, SW_BSHD);
     }
     ht_alloc_lse(&l, dt == FA_F64 ? FA_F64 : FA_F32, 1, B * SQ, HQ);
     ht_alloc_lse(&l1, dt == FA_F64 ? FA_F64 : FA_F32, 1, B * SQ, HQ);
@@ -459,11 +459,11 @@ typedef struct {
 static void paged_make(paged *x, fa_dtype qt, fa_dtype kt, int64_t sq, int64_t page, int hnd,
                        int64_t dv)
 {
-    ht_alloc(&x->q, qt, PB, sq, HQ, D, HT_BSHD), ht_fill(&x->q, 11, -1, 1);
-    ht_alloc(&x->k, kt, PB, PSMAX, HK, D, HT_BSHD), ht_fill(&x->k, 12, -1, 1);
-    ht_alloc(&x->v, kt, PB, PSMAX, HK, dv, HT_BSHD), ht_fill(&x->v, 13, -1, 1);
+    ht_alloc(&x->q, qt, PB, sq, HQ, D, SW_BSHD), ht_fill(&x->q, 11, -1, 1);
+    ht_alloc(&x->k, kt, PB, PSMAX, HK, D, SW_BSHD), ht_fill(&x->k, 12, -1, 1);
+    ht_alloc(&x->v, kt, PB, PSMAX, HK, dv, SW_BSHD), ht_fill(&x->v, 13, -1, 1);
     const fa_dtype lt = qt == FA_F64 ? FA_F64 : FA_F32;
-    ht_alloc(&x->out, qt, PB, sq, HQ, dv, HT_BSHD), ht_alloc(&x->out1, qt, PB, sq, HQ, dv, HT_BSHD);
+    ht_alloc(&x->out, qt, PB, sq, HQ, dv, SW_BSHD), ht_alloc(&x->out1, qt, PB, sq, HQ, dv, SW_BSHD);
     ht_alloc_lse(&x->lse, lt, PB, sq, HQ), ht_alloc_lse(&x->lse1, lt, PB, sq, HQ);
     memcpy(x->used, used_k, sizeof x->used);
     const int64_t shared = used_k[2] / page; /* full pages of sequence 2 */
@@ -644,13 +644,13 @@ START_TEST(kvcache_appends_then_attends)
     const int in_pages = _i;
     const int64_t len[CB] = {0, 16, 50}, page = 16, max_pages = CS / 16;
     ht_tensor q, kc, vc, kn, vn, o, l, o1, l1;
-    ht_alloc(&q, FA_F32, CB, CNEW, HQ, D, HT_BSHD), ht_fill(&q, 21, 1, 0);
-    ht_alloc(&kn, FA_F32, CB, CNEW, HK, D, HT_BSHD), ht_fill(&kn, 22, 1, 0);
-    ht_alloc(&vn, FA_F32, CB, CNEW, HK, D, HT_BSHD), ht_fill(&vn, 23, 1, 0);
+    ht_alloc(&q, FA_F32, CB, CNEW, HQ, D, SW_BSHD), ht_fill(&q, 21, 1, 0);
+    ht_alloc(&kn, FA_F32, CB, CNEW, HK, D, SW_BSHD), ht_fill(&kn, 22, 1, 0);
+    ht_alloc(&vn, FA_F32, CB, CNEW, HK, D, SW_BSHD), ht_fill(&vn, 23, 1, 0);
     /* the cache: CB x CS rows (contiguous), or CB x max_pages pages of 16 in reverse order */
-    ht_alloc(&kc, FA_F32, CB, CS, HK, D, HT_BSHD), ht_fill(&kc, 24, 1, 0);
-    ht_alloc(&vc, FA_F32, CB, CS, HK, D, HT_BSHD), ht_fill(&vc, 25, 1, 0);
-    ht_alloc(&o, FA_F32, CB, CNEW, HQ, D, HT_BSHD), ht_alloc(&o1, FA_F32, CB, CNEW, HQ, D, HT_BSHD);
+    ht_alloc(&kc, FA_F32, CB, CS, HK, D, SW_BSHD), ht_fill(&kc, 24, 1, 0);
+    ht_alloc(&vc, FA_F32, CB, CS, HK, D, SW_BSHD), ht_fill(&vc, 25, 1, 0);
+    ht_alloc(&o, FA_F32, CB, CNEW, HQ, D, SW_BSHD), ht_alloc(&o1, FA_F32, CB, CNEW, HQ, D, SW_BSHD);
     ht_alloc_lse(&l, FA_F32, CB, CNEW, HQ), ht_alloc_lse(&l1, FA_F32, CB, CNEW, HQ);
     fa_tensor tk = kc.t, tv = vc.t;
     int64_t table[CB * 4];
@@ -666,7 +666,7 @@ START_TEST(kvcache_appends_then_attends)
                             {len, FA_INDEX_INT64, CB}};
     const fa_indices lens = {len, FA_INDEX_INT64, CB};
     ht_tensor before_k, before_v; /* the cache's bytes before */
-    ht_alloc(&before_k, FA_F32, CB, CS, HK, D, HT_BSHD), ht_alloc(&before_v, FA_F32, CB, CS, HK, D, HT_BSHD);
+    ht_alloc(&before_k, FA_F32, CB, CS, HK, D, SW_BSHD), ht_alloc(&before_v, FA_F32, CB, CS, HK, D, SW_BSHD);
     memcpy(before_k.t.data, kc.t.data, kc.nbytes), memcpy(before_v.t.data, vc.t.data, vc.nbytes);
     fa_params p;
     fa_params_init(&p);
@@ -699,8 +699,8 @@ START_TEST(kvcache_appends_then_attends)
         qq.data = row_at(&q.t, b, 0, 0), oo.data = row_at(&o1.t, b, 0, 0);
         ll.data = row_at(&l1.t, b, 0, 0);
         ht_tensor gk, gv; /* the sequence's keys, gathered */
-        ht_alloc(&gk, FA_F32, 1, len[b] + CNEW, HK, D, HT_BSHD);
-        ht_alloc(&gv, FA_F32, 1, len[b] + CNEW, HK, D, HT_BSHD);
+        ht_alloc(&gk, FA_F32, 1, len[b] + CNEW, HK, D, SW_BSHD);
+        ht_alloc(&gv, FA_F32, 1, len[b] + CNEW, HK, D, SW_BSHD);
         for (int64_t j = 0; j < len[b] + CNEW; j++)
             for (int h = 0; h < HK; h++) {
                 const int64_t at = in_pages ? table[b * max_pages + j / page] * page + j % page
@@ -716,7 +716,7 @@ START_TEST(kvcache_appends_then_attends)
     /* fa_append_kv alone writes the same bytes (the grown cache kept in o1's place: k in
      * after_k, v in after_v) */
     ht_tensor after_k, after_v;
-    ht_alloc(&after_k, FA_F32, CB, CS, HK, D, HT_BSHD), ht_alloc(&after_v, FA_F32, CB, CS, HK, D, HT_BSHD);
+    ht_alloc(&after_k, FA_F32, CB, CS, HK, D, SW_BSHD), ht_alloc(&after_v, FA_F32, CB, CS, HK, D, SW_BSHD);
     memcpy(after_k.t.data, kc.t.data, kc.nbytes), memcpy(after_v.t.data, vc.t.data, vc.nbytes);
     memcpy(kc.t.data, before_k.t.data, kc.nbytes), memcpy(vc.t.data, before_v.t.data, vc.nbytes);
     ck_assert_msg(fa_append_kv(ctx, &kn.t, &vn.t, &tk, &tv, in_pages ? NULL : &lens,
@@ -740,14 +740,14 @@ START_TEST(kvcache_without_queries_appends)
                                       FA_BACKEND_TILED};
     const int64_t len[CB] = {0, 16, 50};
     ht_tensor q, o, kc, vc, kn, vn, want_k, want_v;
-    ht_alloc(&q, FA_F32, CB, 0, HQ, D, HT_BSHD);
-    ht_alloc(&o, FA_F32, CB, 0, HQ, D, HT_BSHD);
-    ht_alloc(&kn, FA_F32, CB, CNEW, HK, D, HT_BSHD), ht_fill(&kn, 31, 1, 0);
-    ht_alloc(&vn, FA_F32, CB, CNEW, HK, D, HT_BSHD), ht_fill(&vn, 32, 1, 0);
-    ht_alloc(&kc, FA_F32, CB, CS, HK, D, HT_BSHD), ht_fill(&kc, 33, 1, 0);
-    ht_alloc(&vc, FA_F32, CB, CS, HK, D, HT_BSHD), ht_fill(&vc, 34, 1, 0);
-    ht_alloc(&want_k, FA_F32, CB, CS, HK, D, HT_BSHD);
-    ht_alloc(&want_v, FA_F32, CB, CS, HK, D, HT_BSHD);
+    ht_alloc(&q, FA_F32, CB, 0, HQ, D, SW_BSHD);
+    ht_alloc(&o, FA_F32, CB, 0, HQ, D, SW_BSHD);
+    ht_alloc(&kn, FA_F32, CB, CNEW, HK, D, SW_BSHD), ht_fill(&kn, 31, 1, 0);
+    ht_alloc(&vn, FA_F32, CB, CNEW, HK, D, SW_BSHD), ht_fill(&vn, 32, 1, 0);
+    ht_alloc(&kc, FA_F32, CB, CS, HK, D, SW_BSHD), ht_fill(&kc, 33, 1, 0);
+    ht_alloc(&vc, FA_F32, CB, CS, HK, D, SW_BSHD), ht_fill(&vc, 34, 1, 0);
+    ht_alloc(&want_k, FA_F32, CB, CS, HK, D, SW_BSHD);
+    ht_alloc(&want_v, FA_F32, CB, CS, HK, D, SW_BSHD);
     memcpy(want_k.t.data, kc.t.data, kc.nbytes), memcpy(want_v.t.data, vc.t.data, vc.nbytes);
     for (int b = 0; b < CB; b++)
         for (int64_t i = 0; i < CNEW; i++)
@@ -797,14 +797,14 @@ START_TEST(kvcache_without_room_writes_nothing)
     for (int x = 0; x < CB * 4; x++)
         table[x] = x;
     ht_tensor q, kc, vc, kn, vn, vn64, o, kn4;
-    ht_alloc(&q, FA_F32, CB, CNEW, HQ, D, HT_BSHD), ht_fill(&q, 1, 1, 0);
-    ht_alloc(&kc, FA_F32, CB, CS, HK, D, HT_BSHD), ht_fill(&kc, 2, 1, 0);
-    ht_alloc(&vc, FA_F32, CB, CS, HK, D, HT_BSHD), ht_fill(&vc, 3, 1, 0);
-    ht_alloc(&kn, FA_F32, CB, CNEW, HK, D, HT_BSHD), ht_fill(&kn, 4, 1, 0);
-    ht_alloc(&kn4, FA_F32, CB, CNEW, HQ, D, HT_BSHD), ht_fill(&kn4, 4, 1, 0);
-    ht_alloc(&vn, FA_F32, CB, CNEW, HK, D, HT_BSHD), ht_fill(&vn, 5, 1, 0);
-    ht_alloc(&vn64, FA_F64, CB, CNEW, HK, D, HT_BSHD), ht_fill(&vn64, 5, 1, 0);
-    ht_alloc(&o, FA_F32, CB, CNEW, HQ, D, HT_BSHD);
+    ht_alloc(&q, FA_F32, CB, CNEW, HQ, D, SW_BSHD), ht_fill(&q, 1, 1, 0);
+    ht_alloc(&kc, FA_F32, CB, CS, HK, D, SW_BSHD), ht_fill(&kc, 2, 1, 0);
+    ht_alloc(&vc, FA_F32, CB, CS, HK, D, SW_BSHD), ht_fill(&vc, 3, 1, 0);
+    ht_alloc(&kn, FA_F32, CB, CNEW, HK, D, SW_BSHD), ht_fill(&kn, 4, 1, 0);
+    ht_alloc(&kn4, FA_F32, CB, CNEW, HQ, D, SW_BSHD), ht_fill(&kn4, 4, 1, 0);
+    ht_alloc(&vn, FA_F32, CB, CNEW, HK, D, SW_BSHD), ht_fill(&vn, 5, 1, 0);
+    ht_alloc(&vn64, FA_F64, CB, CNEW, HK, D, SW_BSHD), ht_fill(&vn64, 5, 1, 0);
+    ht_alloc(&o, FA_F32, CB, CNEW, HQ, D, SW_BSHD);
     fa_tensor tk = kc.t, tv = vc.t, k_new = kn.t, v_new = vn.t, out = o.t;
     fa_indices lens = {len, FA_INDEX_INT64, CB};
     fa_paged_kv pg = {{table, FA_INDEX_INT64, CB * max_pages}, max_pages, {len, FA_INDEX_INT64, CB}};
@@ -827,8 +827,8 @@ START_TEST(kvcache_without_room_writes_nothing)
             out.seq_stride = HQ * D; break; /* out inside the cache */
     }
     ht_tensor before, before_v;
-    ht_alloc(&before, FA_F32, CB, CS, HK, D, HT_BSHD);
-    ht_alloc(&before_v, FA_F32, CB, CS, HK, D, HT_BSHD);
+    ht_alloc(&before, FA_F32, CB, CS, HK, D, SW_BSHD);
+    ht_alloc(&before_v, FA_F32, CB, CS, HK, D, SW_BSHD);
     memcpy(before.t.data, kc.t.data, kc.nbytes);
     memcpy(before_v.t.data, vc.t.data, vc.nbytes);
     ht_poison(&o);

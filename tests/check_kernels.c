@@ -17,15 +17,14 @@
 #include "simd/kernels.h"
 
 /* The f32 set of ht_isas[i] (every set of the registry), or NULL where it cannot run here or
- * its f32 kernels are tested already (ht_isa_tested: an earlier set's, or, under emulation, the
- * portable set beside a vector one). */
+ * its f32 kernels are tested already (ht_isa_distinct: an earlier set's). */
 static const fai_kernels_f32 *kernels_or_skip(int i)
 {
     const fai_kernels_f32 *k = fai_kernels_for(ht_isas[i]);
     if (!k)
         fprintf(stderr, "check_kernels: %s kernels not runnable here: skipped\n",
                 fa_isa_name(ht_isas[i]));
-    else if (!ht_isa_tested(i, FA_F32)) /* an earlier set's f32 kernels, or emulated portable */
+    else if (!ht_isa_distinct(i, FA_F32)) /* an earlier set's f32 kernels */
         return NULL;
     return k;
 }

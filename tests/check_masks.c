@@ -23,14 +23,14 @@ typedef struct {
 static void set_alloc(set *x, fa_dtype dt, int64_t B, int64_t sq, int64_t sk, int64_t hq,
                       int64_t hk, int64_t d)
 {
-    ht_alloc(&x->q, dt, B, sq, hq, d, HT_BSHD);
-    ht_alloc(&x->k, dt, B, sk, hk, d, HT_BSHD);
-    ht_alloc(&x->v, dt, B, sk, hk, d, HT_BSHD);
-    ht_alloc(&x->o, dt, B, sq, hq, d, HT_BSHD);
-    ht_alloc(&x->dout, dt, B, sq, hq, d, HT_BSHD);
-    ht_alloc(&x->dq, dt, B, sq, hq, d, HT_BSHD);
-    ht_alloc(&x->dk, dt, B, sk, hk, d, HT_BSHD);
-    ht_alloc(&x->dv, dt, B, sk, hk, d, HT_BSHD);
+    ht_alloc(&x->q, dt, B, sq, hq, d, SW_BSHD);
+    ht_alloc(&x->k, dt, B, sk, hk, d, SW_BSHD);
+    ht_alloc(&x->v, dt, B, sk, hk, d, SW_BSHD);
+    ht_alloc(&x->o, dt, B, sq, hq, d, SW_BSHD);
+    ht_alloc(&x->dout, dt, B, sq, hq, d, SW_BSHD);
+    ht_alloc(&x->dq, dt, B, sq, hq, d, SW_BSHD);
+    ht_alloc(&x->dk, dt, B, sk, hk, d, SW_BSHD);
+    ht_alloc(&x->dv, dt, B, sk, hk, d, SW_BSHD);
     ht_alloc_lse(&x->l, dt == FA_F64 ? FA_F64 : FA_F32, B, sq, hq);
     ht_fill(&x->q, 11, 1, -1);
     ht_fill(&x->k, 12, 1, -1);
@@ -106,7 +106,7 @@ START_TEST(keep_mask_equals_causal)
     set_alloc(&a, dt, B, sq, sk, H, 1, D);
     set_alloc(&b, dt, B, sq, sk, H, 1, D);
     ht_tensor mask;
-    ht_alloc(&mask, FA_BOOL, 1, sq, 1, sk, HT_BSHD);
+    ht_alloc(&mask, FA_BOOL, 1, sq, 1, sk, SW_BSHD);
     for (int64_t i = 0; i < sq; i++)
         for (int64_t j = 0; j < sk; j++)
             ht_set(&mask, 0, i, 0, j, window_entry(sq, sk, -1, 0, i, j));
@@ -147,7 +147,7 @@ START_TEST(bias_equals_window)
     set_alloc(&a, FA_F16, B, sq, sk, H, H, D);
     set_alloc(&b, FA_F16, B, sq, sk, H, H, D);
     ht_tensor bias;
-    ht_alloc(&bias, FA_F32, B, sq, H, sk, HT_BHSD);
+    ht_alloc(&bias, FA_F32, B, sq, H, sk, SW_BHSD);
     for (int64_t h = 0; h < H; h++)
         for (int64_t i = 0; i < sq; i++)
             for (int64_t j = 0; j < sk; j++)
@@ -188,8 +188,8 @@ START_TEST(broadcast_equals_repeated)
     set_alloc(&a, FA_F32, B, sq, sk, H, H, D);
     set_alloc(&b, FA_F32, B, sq, sk, H, H, D);
     ht_tensor small, full;
-    ht_alloc(&small, FA_F16, 1, sq, 1, sk, HT_BSHD);
-    ht_alloc(&full, FA_F16, B, sq, H, sk, HT_BHSD);
+    ht_alloc(&small, FA_F16, 1, sq, 1, sk, SW_BSHD);
+    ht_alloc(&full, FA_F16, B, sq, H, sk, SW_BHSD);
     ht_fill(&small, 21, 2, -2);
     for (int64_t b0 = 0; b0 < B; b0++)
         for (int64_t h = 0; h < H; h++)
@@ -228,9 +228,9 @@ START_TEST(bias_within_tolerance)
     set_alloc(&conv, FA_BF16, B, sq, sk, H, 1, D);
     set_alloc(&tiled, FA_BF16, B, sq, sk, H, 1, D);
     ht_tensor bias, grads[3];
-    ht_alloc(&bias, FA_F16, B, one_row ? 1 : sq, H, sk, HT_BHSD);
+    ht_alloc(&bias, FA_F16, B, one_row ? 1 : sq, H, sk, SW_BHSD);
     for (int g = 0; g < 3; g++)
-        ht_alloc(&grads[g], FA_F32, B, one_row ? 1 : sq, H, sk, HT_BHSD);
+        ht_alloc(&grads[g], FA_F32, B, one_row ? 1 : sq, H, sk, SW_BHSD);
     ht_fill(&bias, 31, 3, -3);
     for (int64_t j = 0; j < sk; j += 7) /* masked keys, the first row's too */
         ht_set(&bias, 0, 0, 1, j, -INFINITY);
@@ -276,7 +276,7 @@ START_TEST(masked_rows_and_nan)
     set x;
     set_alloc(&x, FA_F32, 1, sq, sk, 1, 1, D);
     ht_tensor bias;
-    ht_alloc(&bias, FA_F32, 1, sq, 1, sk, HT_BSHD);
+    ht_alloc(&bias, FA_F32, 1, sq, 1, sk, SW_BSHD);
     ht_fill(&bias, 41, 1, -1);
     for (int64_t j = 0; j < sk; j++)
         ht_set(&bias, 0, 5, 0, j, -INFINITY); /* row 5: masked entirely */
@@ -316,8 +316,8 @@ START_TEST(masked_nonfinite_kv)
     set x;
     set_alloc(&x, FA_F32, 1, sq, sk, 1, 1, D);
     ht_tensor mask, grad;
-    ht_alloc(&mask, with_grad ? FA_F32 : FA_BOOL, 1, 1, 1, sk, HT_BSHD); /* key padding */
-    ht_alloc(&grad, FA_F32, 1, 1, 1, sk, HT_BSHD);
+    ht_alloc(&mask, with_grad ? FA_F32 : FA_BOOL, 1, 1, 1, sk, SW_BSHD); /* key padding */
+    ht_alloc(&grad, FA_F32, 1, 1, 1, sk, SW_BSHD);
     for (int64_t j = 0; j < sk; j++)
         ht_set(&mask, 0, 0, 0, j, j % 9 == 4 ? -INFINITY : 0);
     for (int64_t j = 4; j < sk; j += 9) {
@@ -370,8 +370,8 @@ START_TEST(bias_grad_finite_differences)
     set x;
     set_alloc(&x, FA_F64, B, sq, sk, H, H, D);
     ht_tensor bias, grad;
-    ht_alloc(&bias, FA_F64, B, sq, 1, sk, HT_BSHD);
-    ht_alloc(&grad, FA_F64, B, sq, 1, sk, HT_BSHD);
+    ht_alloc(&bias, FA_F64, B, sq, 1, sk, SW_BSHD);
+    ht_alloc(&grad, FA_F64, B, sq, 1, sk, SW_BSHD);
     ht_fill(&bias, 51, 1, -1);
     ht_set(&bias, 0, 2, 0, 4, -INFINITY);
     fa_params p;
@@ -417,8 +417,8 @@ START_TEST(bias_grad_over_no_rows_is_zero)
     set x;
     set_alloc(&x, FA_F32, B, sq, sk, H, H, D);
     ht_tensor bias, grad;
-    ht_alloc(&bias, FA_F32, 1, no_batch ? sq : 1, H, sk, HT_BSHD);
-    ht_alloc(&grad, FA_F32, 1, no_batch ? sq : 1, H, sk, HT_BSHD);
+    ht_alloc(&bias, FA_F32, 1, no_batch ? sq : 1, H, sk, SW_BSHD);
+    ht_alloc(&grad, FA_F32, 1, no_batch ? sq : 1, H, sk, SW_BSHD);
     ht_fill(&bias, 71, 1, -1);
     ht_fill(&grad, 72, 1.5, 1); /* nonzero everywhere */
     fa_params p;
@@ -445,9 +445,9 @@ START_TEST(bias_bits_across_threads)
     set_alloc(&a, FA_F32, B, sq, sk, H, 2, D);
     set_alloc(&b, FA_F32, B, sq, sk, H, 2, D);
     ht_tensor bias, ga, gb;
-    ht_alloc(&bias, FA_BF16, 1, sq, H, sk, HT_BHSD);
-    ht_alloc(&ga, FA_F32, 1, sq, H, sk, HT_BHSD);
-    ht_alloc(&gb, FA_F32, 1, sq, H, sk, HT_BHSD);
+    ht_alloc(&bias, FA_BF16, 1, sq, H, sk, SW_BHSD);
+    ht_alloc(&ga, FA_F32, 1, sq, H, sk, SW_BHSD);
+    ht_alloc(&gb, FA_F32, 1, sq, H, sk, SW_BHSD);
     ht_fill(&bias, 61, 2, -2);
     fa_params p;
     fa_params_init(&p);
@@ -476,12 +476,12 @@ START_TEST(bad_bias_arguments)
     set x;
     set_alloc(&x, FA_F32, B, sq, sk, H, H, D);
     ht_tensor bias, wrong_sk, wrong_b, mask, grad, grad16;
-    ht_alloc(&bias, FA_F32, B, sq, H, sk, HT_BSHD);
-    ht_alloc(&wrong_sk, FA_F32, B, sq, H, sk + 1, HT_BSHD);
-    ht_alloc(&wrong_b, FA_F32, 3, sq, H, sk, HT_BSHD);
-    ht_alloc(&mask, FA_BOOL, B, sq, H, sk, HT_BSHD);
-    ht_alloc(&grad, FA_F32, B, sq, H, sk, HT_BSHD);
-    ht_alloc(&grad16, FA_F16, B, sq, H, sk, HT_BSHD);
+    ht_alloc(&bias, FA_F32, B, sq, H, sk, SW_BSHD);
+    ht_alloc(&wrong_sk, FA_F32, B, sq, H, sk + 1, SW_BSHD);
+    ht_alloc(&wrong_b, FA_F32, 3, sq, H, sk, SW_BSHD);
+    ht_alloc(&mask, FA_BOOL, B, sq, H, sk, SW_BSHD);
+    ht_alloc(&grad, FA_F32, B, sq, H, sk, SW_BSHD);
+    ht_alloc(&grad16, FA_F16, B, sq, H, sk, SW_BSHD);
     const float slopes[2] = {1, 1};
     fa_tensor grad_on_bias = grad.t; /* an output on an input's bytes */
     grad_on_bias.data = bias.t.data;
@@ -559,7 +559,7 @@ static void blocks_make(blocks *x, int64_t heads, int64_t sq, int64_t sk, int64_
     const int64_t nq = (sq + qb - 1) / qb, nk = (sk + kb - 1) / kb, rows = heads * nq;
     x->num = calloc((size_t)rows, 4), x->fnum = calloc((size_t)rows, 4);
     x->idx = calloc((size_t)(rows * nk), 4), x->fidx = calloc((size_t)(rows * nk), 4);
-    ht_alloc(&x->keep, FA_BOOL, 1, sq, heads, sk, HT_BSHD);
+    ht_alloc(&x->keep, FA_BOOL, 1, sq, heads, sk, SW_BSHD);
     for (int64_t h = 0; h < heads; h++)
         for (int64_t i = 0; i < sq; i++)
             for (int64_t j = 0; j < sk; j++)
@@ -661,10 +661,10 @@ START_TEST(bias_and_block_mask_together)
         x.idx[h * nq * nk] = (int32_t)(nk - 1);
     }
     ht_tensor bias, grads[3];
-    ht_alloc(&bias, FA_F16, B, sq, 1, sk, HT_BSHD);
+    ht_alloc(&bias, FA_F16, B, sq, 1, sk, SW_BSHD);
     ht_fill(&bias, 92, 1, -1);
     for (int g = 0; g < 3; g++)
-        ht_alloc(&grads[g], FA_F32, B, sq, 1, sk, HT_BSHD);
+        ht_alloc(&grads[g], FA_F32, B, sq, 1, sk, SW_BSHD);
     fa_params p;
     fa_params_init(&p);
     p.causal = 1;

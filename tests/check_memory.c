@@ -12,13 +12,13 @@
 static size_t peak_of(fa_backend be, int64_t n, int backward)
 {
     ht_tensor q, k, v, o, l, dq, dk, dv;
-    ht_alloc(&q, FA_F32, 1, n, 2, 64, HT_BSHD);
-    ht_alloc(&k, FA_F32, 1, n, 2, 64, HT_BSHD);
-    ht_alloc(&v, FA_F32, 1, n, 2, 64, HT_BSHD);
-    ht_alloc(&o, FA_F32, 1, n, 2, 64, HT_BSHD);
-    ht_alloc(&dq, FA_F32, 1, n, 2, 64, HT_BSHD);
-    ht_alloc(&dk, FA_F32, 1, n, 2, 64, HT_BSHD);
-    ht_alloc(&dv, FA_F32, 1, n, 2, 64, HT_BSHD);
+    ht_alloc(&q, FA_F32, 1, n, 2, 64, SW_BSHD);
+    ht_alloc(&k, FA_F32, 1, n, 2, 64, SW_BSHD);
+    ht_alloc(&v, FA_F32, 1, n, 2, 64, SW_BSHD);
+    ht_alloc(&o, FA_F32, 1, n, 2, 64, SW_BSHD);
+    ht_alloc(&dq, FA_F32, 1, n, 2, 64, SW_BSHD);
+    ht_alloc(&dk, FA_F32, 1, n, 2, 64, SW_BSHD);
+    ht_alloc(&dv, FA_F32, 1, n, 2, 64, SW_BSHD);
     ht_alloc_lse(&l, FA_F32, 1, n, 2);
     ht_fill(&q, 1, 1, -1), ht_fill(&k, 2, 1, -1), ht_fill(&v, 3, 1, -1);
     fa_context *ctx = ht_context(be, 2);

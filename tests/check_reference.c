@@ -11,10 +11,10 @@ static void softmax_probe(const double *scores, int64_t n, const fa_params *p, d
                           double *lse)
 {
     ht_tensor q, k, v, o, l;
-    ht_alloc(&q, FA_F64, 1, 1, 1, 1, HT_BSHD);
-    ht_alloc(&k, FA_F64, 1, n, 1, 1, HT_BSHD);
-    ht_alloc(&v, FA_F64, 1, n, 1, n, HT_BSHD);
-    ht_alloc(&o, FA_F64, 1, 1, 1, n, HT_BSHD);
+    ht_alloc(&q, FA_F64, 1, 1, 1, 1, SW_BSHD);
+    ht_alloc(&k, FA_F64, 1, n, 1, 1, SW_BSHD);
+    ht_alloc(&v, FA_F64, 1, n, 1, n, SW_BSHD);
+    ht_alloc(&o, FA_F64, 1, 1, 1, n, SW_BSHD);
     ht_alloc_lse(&l, FA_F64, 1, 1, 1);
     ht_set(&q, 0, 0, 0, 0, 1.0);
     for (int64_t j = 0; j < n; j++) {
@@ -89,10 +89,10 @@ START_TEST(reference_uniform_scores_mean)
 {
     const int64_t S = 9, D = 5;
     ht_tensor q, k, v, o;
-    ht_alloc(&q, FA_F64, 1, S, 1, D, HT_BSHD);
-    ht_alloc(&k, FA_F64, 1, S, 1, D, HT_BSHD);
-    ht_alloc(&v, FA_F64, 1, S, 1, D, HT_BSHD);
-    ht_alloc(&o, FA_F64, 1, S, 1, D, HT_BSHD);
+    ht_alloc(&q, FA_F64, 1, S, 1, D, SW_BSHD);
+    ht_alloc(&k, FA_F64, 1, S, 1, D, SW_BSHD);
+    ht_alloc(&v, FA_F64, 1, S, 1, D, SW_BSHD);
+    ht_alloc(&o, FA_F64, 1, S, 1, D, SW_BSHD);
     ht_fill(&k, 1, -3, 3);
     ht_fill(&v, 2, -1, 1);
     for (int causal = 0; causal < 2; causal++) {
@@ -172,14 +172,14 @@ START_TEST(reference_backward_finite_differences)
     const struct fd_case *c = &fd_cases[_i];
     const int64_t Sq = 5, Sk = 7, Hq = 2, Hk = 1, D = 3, Dv = 4;
     ht_tensor q, k, v, o, l, dout, dq, dk, dv;
-    ht_alloc(&q, FA_F64, 1, Sq, Hq, D, HT_BSHD);
-    ht_alloc(&k, FA_F64, 1, Sk, Hk, D, HT_BHSD);
-    ht_alloc(&v, FA_F64, 1, Sk, Hk, Dv, HT_BSHD);
-    ht_alloc(&o, FA_F64, 1, Sq, Hq, Dv, HT_BSHD);
-    ht_alloc(&dout, FA_F64, 1, Sq, Hq, Dv, HT_BSHD);
-    ht_alloc(&dq, FA_F64, 1, Sq, Hq, D, HT_BSHD);
-    ht_alloc(&dk, FA_F64, 1, Sk, Hk, D, HT_BSHD);
-    ht_alloc(&dv, FA_F64, 1, Sk, Hk, Dv, HT_BSHD);
+    ht_alloc(&q, FA_F64, 1, Sq, Hq, D, SW_BSHD);
+    ht_alloc(&k, FA_F64, 1, Sk, Hk, D, SW_BHSD);
+    ht_alloc(&v, FA_F64, 1, Sk, Hk, Dv, SW_BSHD);
+    ht_alloc(&o, FA_F64, 1, Sq, Hq, Dv, SW_BSHD);
+    ht_alloc(&dout, FA_F64, 1, Sq, Hq, Dv, SW_BSHD);
+    ht_alloc(&dq, FA_F64, 1, Sq, Hq, D, SW_BSHD);
+    ht_alloc(&dk, FA_F64, 1, Sk, Hk, D, SW_BSHD);
+    ht_alloc(&dv, FA_F64, 1, Sk, Hk, Dv, SW_BSHD);
     ht_alloc_lse(&l, FA_F64, 1, Sq, Hq);
     ht_fill(&q, 10 + _i, -1.5, 1.5);
     ht_fill(&k, 20 + _i, -1.5, 1.5);
@@ -218,14 +218,14 @@ START_TEST(reference_blocked_matches_rows)
 {
     const int64_t sq = 70, sk = 150, D = 24, Dv = 20;
     ht_tensor q, k, v, o, l, dout, dq, dk, dv;
-    ht_alloc(&q, FA_F64, 1, sq, 2, D, HT_BSHD);
-    ht_alloc(&k, FA_F64, 1, sk, 2, D, HT_BSHD);
-    ht_alloc(&v, FA_F64, 1, sk, 2, Dv, HT_BSHD);
-    ht_alloc(&o, FA_F64, 1, sq, 2, Dv, HT_BSHD);
-    ht_alloc(&dout, FA_F64, 1, sq, 2, Dv, HT_BSHD);
-    ht_alloc(&dq, FA_F64, 1, sq, 2, D, HT_BSHD);
-    ht_alloc(&dk, FA_F64, 1, sk, 2, D, HT_BSHD);
-    ht_alloc(&dv, FA_F64, 1, sk, 2, Dv, HT_BSHD);
+    ht_alloc(&q, FA_F64, 1, sq, 2, D, SW_BSHD);
+    ht_alloc(&k, FA_F64, 1, sk, 2, D, SW_BSHD);
+    ht_alloc(&v, FA_F64, 1, sk, 2, Dv, SW_BSHD);
+    ht_alloc(&o, FA_F64, 1, sq, 2, Dv, SW_BSHD);
+    ht_alloc(&dout, FA_F64, 1, sq, 2, Dv, SW_BSHD);
+    ht_alloc(&dq, FA_F64, 1, sq, 2, D, SW_BSHD);
+    ht_alloc(&dk, FA_F64, 1, sk, 2, D, SW_BSHD);
+    ht_alloc(&dv, FA_F64, 1, sk, 2, Dv, SW_BSHD);
     ht_alloc_lse(&l, FA_F64, 1, sq, 2);
     ht_tensor *in[4] = {&q, &k, &v, &dout};
     for (int t = 0; t < 4; t++) {

@@ -28,14 +28,14 @@ typedef struct {
 static void set_alloc(set *x, fa_dtype dt, int64_t B, int64_t sq, int64_t sk, int64_t hq,
                       int64_t hk, int64_t d, int64_t dv)
 {
-    ht_alloc(&x->q, dt, B, sq, hq, d, HT_BSHD);
-    ht_alloc(&x->k, dt, B, sk, hk, d, HT_BSHD);
-    ht_alloc(&x->v, dt, B, sk, hk, dv, HT_BSHD);
-    ht_alloc(&x->o, dt, B, sq, hq, dv, HT_BSHD);
-    ht_alloc(&x->dout, dt, B, sq, hq, dv, HT_BSHD);
-    ht_alloc(&x->dq, dt, B, sq, hq, d, HT_BSHD);
-    ht_alloc(&x->dk, dt, B, sk, hk, d, HT_BSHD);
-    ht_alloc(&x->dv, dt, B, sk, hk, dv, HT_BSHD);
+    ht_alloc(&x->q, dt, B, sq, hq, d, SW_BSHD);
+    ht_alloc(&x->k, dt, B, sk, hk, d, SW_BSHD);
+    ht_alloc(&x->v, dt, B, sk, hk, dv, SW_BSHD);
+    ht_alloc(&x->o, dt, B, sq, hq, dv, SW_BSHD);
+    ht_alloc(&x->dout, dt, B, sq, hq, dv, SW_BSHD);
+    ht_alloc(&x->dq, dt, B, sq, hq, d, SW_BSHD);
+    ht_alloc(&x->dk, dt, B, sk, hk, d, SW_BSHD);
+    ht_alloc(&x->dv, dt, B, sk, hk, dv, SW_BSHD);
     ht_alloc_lse(&x->l, dt == FA_F64 ? FA_F64 : FA_F32, B, sq, hq);
     ht_fill(&x->q, 1, 1, -1);
     ht_fill(&x->k, 2, 1, -1);
@@ -230,10 +230,10 @@ START_TEST(dropout_mask_replayed_exactly)
     const double pdrop = 0.35;
     const uint64_t seed = 0xa1b2c3d4e5f60718ull, offset = 0x500000007ull;
     ht_tensor q, k, v, o;
-    ht_alloc(&q, dt, B, sq, H, 4, HT_BSHD);
-    ht_alloc(&k, dt, B, sk, H, 4, HT_BSHD);
-    ht_alloc(&v, dt, B, sk, H, sk, HT_BSHD);
-    ht_alloc(&o, dt, B, sq, H, sk, HT_BSHD);
+    ht_alloc(&q, dt, B, sq, H, 4, SW_BSHD);
+    ht_alloc(&k, dt, B, sk, H, 4, SW_BSHD);
+    ht_alloc(&v, dt, B, sk, H, sk, SW_BSHD);
+    ht_alloc(&o, dt, B, sq, H, sk, SW_BSHD);
     ht_fill(&k, 9, 1, -1);
     for (int64_t b = 0; b < B; b++)
         for (int64_t j = 0; j < sk; j++)
@@ -273,10 +273,10 @@ START_TEST(dropout_keep_rate)
     const double ps[3] = {0.1, 0.5, 0.8};
     const int64_t n = 256;
     ht_tensor q, k, v, o;
-    ht_alloc(&q, FA_F32, 1, n, 1, 4, HT_BSHD);
-    ht_alloc(&k, FA_F32, 1, n, 1, 4, HT_BSHD);
-    ht_alloc(&v, FA_F32, 1, n, 1, n, HT_BSHD);
-    ht_alloc(&o, FA_F32, 1, n, 1, n, HT_BSHD);
+    ht_alloc(&q, FA_F32, 1, n, 1, 4, SW_BSHD);
+    ht_alloc(&k, FA_F32, 1, n, 1, 4, SW_BSHD);
+    ht_alloc(&v, FA_F32, 1, n, 1, n, SW_BSHD);
+    ht_alloc(&o, FA_F32, 1, n, 1, n, SW_BSHD);
     for (int64_t j = 0; j < n; j++)
         ht_set(&v, 0, j, 0, j, 1.0);
     for (int t = 0; t < 3; t++) {
@@ -303,14 +303,14 @@ START_TEST(dropout_offset_and_seed_are_64_bit)
     const fa_backend be = cpu_backends[_i];
     const int64_t n = 64;
     ht_tensor q, k, v, o[3];
-    ht_alloc(&q, FA_F32, 1, n, 1, 4, HT_BSHD);
-    ht_alloc(&k, FA_F32, 1, n, 1, 4, HT_BSHD);
-    ht_alloc(&v, FA_F32, 1, n, 1, n, HT_BSHD);
+    ht_alloc(&q, FA_F32, 1, n, 1, 4, SW_BSHD);
+    ht_alloc(&k, FA_F32, 1, n, 1, 4, SW_BSHD);
+    ht_alloc(&v, FA_F32, 1, n, 1, n, SW_BSHD);
     for (int64_t j = 0; j < n; j++)
         ht_set(&v, 0, j, 0, j, 1.0);
     const uint64_t seeds[3] = {7, 7, 7 + (1ull << 32)}, offsets[3] = {1, 1 + (1ull << 32), 1};
     for (int t = 0; t < 3; t++) {
-        ht_alloc(&o[t], FA_F32, 1, n, 1, n, HT_BSHD);
+        ht_alloc(&o[t], FA_F32, 1, n, 1, n, SW_BSHD);
         fa_params p;
         fa_params_init(&p);
         p.dropout_p = 0.5;
@@ -421,7 +421,7 @@ START_TEST(decode_deterministic_across_threads)
     unsetenv("FA_DECODE");
     ck_assert(st == FA_OK);
     ht_tensor ref;
-    ht_alloc(&ref, FA_F64, c[x].b, c[x].sq, c[x].hq, c[x].d, HT_BSHD);
+    ht_alloc(&ref, FA_F64, c[x].b, c[x].sq, c[x].hq, c[x].d, SW_BSHD);
     ck_assert(ht_forward(FA_BACKEND_REFERENCE, 1, &p, &first.q.t64, &first.k.t64, &first.v.t64,
                          &ref.t, NULL) == FA_OK);
     const double e_decode = ht_max_err(&first.o, &ref), e_tiles = ht_max_err(&tiles.o, &ref);
@@ -507,17 +507,17 @@ END_TEST
  * and strips of any size, aligned to the GEMM kernel's row panels or not (a strip of 5, a tile
  * of 7), give the bits of one tile holding every row, for a fixed key tile. Causal in both
  * alignments (partial tiles start strips mid-panel), a window with ALiBi and dropout, and
- * NaN/inf in masked K/V rows (the selection path) with dropout; f32 with every kernel set this
- * CPU runs (their panels differ: MR 4, 6, 8, 12), bf16 on the sets with tile products (AMX:
- * rows in blocks of 16 from any row; Dqk 64 and Dv 32 so that they run, and 64-key tiles so
- * that P V has more than one chunk of 32 keys), or once on emulated ones where no set has
- * them, and f64. _i: f32 on ht_isas[_i], bf16 on
- * ht_isas[_i - ht_nisas], f64 at 2 ht_nisas. */
+ * NaN/inf in masked K/V rows (the selection path) with dropout; f32 with every distinct kernel
+ * set this CPU runs (ht_isa_tested; their panels differ: MR 4, 6, 8, 12), bf16 on the sets with
+ * tile products (AMX: rows in blocks of 16 from any row; Dqk 64 and Dv 32 so that they run, and
+ * 64-key tiles so that P V has more than one chunk of 32 keys), or once on emulated ones where
+ * no set has them, and f64. _i: f32 on ht_isas[_i], bf16 on ht_isas[_i - ht_nisas], f64 at
+ * 2 ht_nisas. */
 START_TEST(forward_bits_independent_of_query_grouping)
 {
     const fa_dtype dt = _i < ht_nisas ? FA_F32 : _i < 2 * ht_nisas ? FA_BF16 : FA_F64;
     const fa_isa isa = dt == FA_F64 ? FA_ISA_AUTO : ht_isas[_i % ht_nisas];
-    if (dt != FA_F64 && !ht_isa_runs(isa))
+    if (dt != FA_F64 && !ht_isa_tested(_i % ht_nisas, dt))
         return;
     if (dt == FA_BF16 && !fai_kernels_for(isa)->bf16) { /* no tile products of its own */
         if (isa != fai_isa_best(NULL) || ht_emulated_tiles_skipped())
@@ -898,7 +898,7 @@ START_TEST(sink_gradient_finite_differences)
                               &s.dout.t, &s.dq.t, &s.dk.t, &s.dv.t) == FA_OK,
                   "%s", fa_last_error());
     ht_tensor o;
-    ht_alloc(&o, FA_F64, B, sq, hq, d, HT_BSHD);
+    ht_alloc(&o, FA_F64, B, sq, hq, d, SW_BSHD);
     ck_assert(grad[1] == 0); /* no sink, no gradient */
     for (int h = 0; h < 4; h++) {
         if (h == 1)
@@ -966,12 +966,12 @@ START_TEST(kv_dtype_apart_from_q)
     const fa_dtype qd = combo[_i % 3][0], kd = combo[_i % 3][1];
     const int x = _i / 3;
     ht_tensor q, k, v, o, l, ref;
-    ht_alloc(&q, qd, c[x].b, c[x].sq, c[x].hq, c[x].d, HT_BSHD);
-    ht_alloc(&k, kd, c[x].b, c[x].sk, c[x].hk, c[x].d, HT_BSHD);
-    ht_alloc(&v, kd, c[x].b, c[x].sk, c[x].hk, c[x].d, HT_BSHD);
-    ht_alloc(&o, qd, c[x].b, c[x].sq, c[x].hq, c[x].d, HT_BSHD);
+    ht_alloc(&q, qd, c[x].b, c[x].sq, c[x].hq, c[x].d, SW_BSHD);
+    ht_alloc(&k, kd, c[x].b, c[x].sk, c[x].hk, c[x].d, SW_BSHD);
+    ht_alloc(&v, kd, c[x].b, c[x].sk, c[x].hk, c[x].d, SW_BSHD);
+    ht_alloc(&o, qd, c[x].b, c[x].sq, c[x].hq, c[x].d, SW_BSHD);
     ht_alloc_lse(&l, FA_F32, c[x].b, c[x].sq, c[x].hq);
-    ht_alloc(&ref, FA_F64, c[x].b, c[x].sq, c[x].hq, c[x].d, HT_BSHD);
+    ht_alloc(&ref, FA_F64, c[x].b, c[x].sq, c[x].hq, c[x].d, SW_BSHD);
     ht_fill(&q, 11, 1, -1), ht_fill(&k, 12, 1, -1), ht_fill(&v, 13, 1, -1);
     fa_params p;
     fa_params_init(&p);
@@ -1010,9 +1010,9 @@ START_TEST(kv_dtype_apart_from_q)
     ck_assert(strstr(fa_last_error(), "k->dtype") != NULL);
     ck_assert(ht_is_poisoned(&o));
     ht_tensor dq, dk, dv;
-    ht_alloc(&dq, qd, c[x].b, c[x].sq, c[x].hq, c[x].d, HT_BSHD);
-    ht_alloc(&dk, kd, c[x].b, c[x].sk, c[x].hk, c[x].d, HT_BSHD);
-    ht_alloc(&dv, kd, c[x].b, c[x].sk, c[x].hk, c[x].d, HT_BSHD);
+    ht_alloc(&dq, qd, c[x].b, c[x].sq, c[x].hq, c[x].d, SW_BSHD);
+    ht_alloc(&dk, kd, c[x].b, c[x].sk, c[x].hk, c[x].d, SW_BSHD);
+    ht_alloc(&dv, kd, c[x].b, c[x].sk, c[x].hk, c[x].d, SW_BSHD);
     ht_poison(&dq), ht_poison(&dk), ht_poison(&dv);
     ck_assert(ht_backward(FA_BACKEND_TILED, 1, &p, &q.t, &k.t, &v.t, &o.t, &l.t, &o.t, &dq.t,
                           &dk.t, &dv.t) == FA_ERR_UNSUPPORTED);
@@ -1029,14 +1029,14 @@ START_TEST(merge_states_matches_full_attention)
 {
     const int64_t sq = 13, sk = 29, split = 11, H = 2, D = 6;
     ht_tensor q, k, v, full, lfull, o[3], l[3];
-    ht_alloc(&q, FA_F64, 1, sq, H, D, HT_BSHD);
-    ht_alloc(&k, FA_F64, 1, sk, H, D, HT_BSHD);
-    ht_alloc(&v, FA_F64, 1, sk, H, D, HT_BSHD);
-    ht_alloc(&full, FA_F64, 1, sq, H, D, HT_BSHD);
+    ht_alloc(&q, FA_F64, 1, sq, H, D, SW_BSHD);
+    ht_alloc(&k, FA_F64, 1, sk, H, D, SW_BSHD);
+    ht_alloc(&v, FA_F64, 1, sk, H, D, SW_BSHD);
+    ht_alloc(&full, FA_F64, 1, sq, H, D, SW_BSHD);
     ht_alloc_lse(&lfull, FA_F64, 1, sq, H);
     ht_fill(&q, 1, 1, -1), ht_fill(&k, 2, 1, -1), ht_fill(&v, 3, 1, -1);
     for (int s = 0; s < 3; s++) {
-        ht_alloc(&o[s], FA_F64, 1, sq, H, D, HT_BSHD);
+        ht_alloc(&o[s], FA_F64, 1, sq, H, D, SW_BSHD);
         ht_alloc_lse(&l[s], FA_F64, 1, sq, H);
     }
     fa_params p;

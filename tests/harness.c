@@ -60,12 +60,12 @@ uint32_t ht_dropout_draw(uint64_t seed, uint64_t offset, uint64_t head, uint64_t
 }
 
 void ht_alloc(ht_tensor *x, fa_dtype dt, int64_t B, int64_t S, int64_t H, int64_t D,
-              ht_layout layout)
+              sw_layout layout)
 {
     memset(x, 0, sizeof *x);
     size_t es = fai_dtype_size(dt);
-    fa_tensor_init(&x->t, NULL, dt, B, S, H, D, layout == HT_BHSD);
-    if (layout == HT_PADDED) { /* rows 3 elements apart beyond D, heads 1 more, batches 7 */
+    fa_tensor_init(&x->t, NULL, dt, B, S, H, D, layout == SW_BHSD);
+    if (layout == SW_PADDED) { /* rows 3 elements apart beyond D, heads 1 more, batches 7 */
         x->t.head_stride = D + 3;
         x->t.seq_stride = H * (D + 3) + 1;
         x->t.batch_stride = S * x->t.seq_stride + 7;
@@ -165,18 +165,6 @@ const fa_isa ht_isas[] = {
 };
 const int ht_nisas = (int)(sizeof ht_isas / sizeof *ht_isas);
 
-int ht_isa_runs(fa_isa isa)
-{
-    fa_options o;
-    fa_options_init(&o);
-    o.isa = isa;
-    fa_context *ctx = NULL;
-    if (fa_context_create(&o, &ctx) != FA_OK)
-        return 0;
-    fa_context_destroy(ctx);
-    return 1;
-}
-
 /* Whether two kernel sets run the same functions for storage dtype dt: the tiled backend runs
  * f64 storage on the one f64 set whatever the ISA (backends/tiled/tiled.c), f32 and f16 on the
  * f32 slots (mr, nr and the functions, names included: the AMX and AVX512_BF16 sets keep the
@@ -190,7 +178,7 @@ static int same_kernels(const fai_kernels_f32 *a, const fai_kernels_f32 *b, fa_d
            (dt != FA_BF16 || a->bf16 == b->bf16);
 }
 
-int ht_isa_tested(int i, fa_dtype dt)
+int ht_isa_distinct(int i, fa_dtype dt)
 {
     const fai_kernels_f32 *k = fai_kernels_for(ht_isas[i]);
     if (!k)
@@ -200,6 +188,13 @@ int ht_isa_tested(int i, fa_dtype dt)
         if (e && same_kernels(e, k, dt))
             return 0;
     }
+    return 1;
+}
+
+int ht_isa_tested(int i, fa_dtype dt)
+{
+    if (!ht_isa_distinct(i, dt))
+        return 0;
     if (ht_isas[i] == FA_ISA_SCALAR && getenv("FA_CROSS_BUILD"))
         for (int j = 0; j < ht_nisas; j++)
             if (ht_isas[j] != FA_ISA_SCALAR && fai_kernels_for(ht_isas[j]))
@@ -355,7 +350,7 @@ int64_t ht_decode_keys(int threads, const fa_params *p, const fa_tensor *q, cons
     return keys;
 }
 
-void ht_bundle_alloc(ht_bundle *x, fa_dtype dt, const sw_dims *d, ht_layout lay, fa_dtype lse_dt)
+void ht_bundle_alloc(ht_bundle *x, fa_dtype dt, const sw_dims *d, sw_layout lay, fa_dtype lse_dt)
 {
     ht_tensor *const t[SW_NTENSORS] = {
         [SW_Q] = &x->q,     [SW_K] = &x->k,   [SW_V] = &x->v,   [SW_DOUT] = &x->dout,

@@ -10,12 +10,6 @@
 #include "flashattn.h"
 #include "sweep_cases.h"
 
-/* The sweep's layouts by the harness's names (PADDED: ht_alloc's gaps). */
-typedef sw_layout ht_layout;
-#define HT_BSHD SW_BSHD
-#define HT_BHSD SW_BHSD
-#define HT_PADDED SW_PADDED
-
 typedef struct {
     fa_tensor t;   /* the tensor in its storage dtype and layout                   */
     fa_tensor t64; /* the same values, float64, contiguous BSHD (the oracle's input) */
@@ -25,7 +19,7 @@ typedef struct {
 } ht_tensor;
 
 void ht_alloc(ht_tensor *x, fa_dtype dt, int64_t B, int64_t S, int64_t H, int64_t D,
-              ht_layout layout);
+              sw_layout layout);
 void ht_free(ht_tensor *x);
 /* Values drawn uniformly in [lo, hi) (or N(0,1) when lo > hi), rounded to the dtype; the
  * float64 twin holds exactly the stored values. */
@@ -48,10 +42,8 @@ int ht_guards_intact(const ht_tensor *x);
 /* LSE tensors: B x H x S (the fa_tensor is batch x seqlen x heads x 1), f32 or f64 storage. */
 void ht_alloc_lse(ht_tensor *x, fa_dtype dt, int64_t B, int64_t S, int64_t H);
 
-/* The ISA the contexts of ht_context / ht_forward / ht_backward use (default AUTO), and
- * whether an ISA's kernels run here. */
+/* The ISA the contexts of ht_context / ht_forward / ht_backward use (default AUTO). */
 extern fa_isa ht_isa;
-int ht_isa_runs(fa_isa isa);
 /* The kernel set the contexts of ht_context run with in place of their ISA's, or NULL (the
  * default): the tests set it to ht_emulated_tiles() (tests/tiles_emulated.c), this CPU's best
  * set with portable tile products attached, so that the bf16 tile paths run on any CPU. */
@@ -65,12 +57,15 @@ int ht_emulated_tiles_skipped(void);
 /* Every ISA of the registry (src/simd/isas.def), newest first: the tests' ISA loops. */
 extern const fa_isa ht_isas[];
 extern const int ht_nisas;
-/* Whether the tests' ISA loops take ht_isas[i] for storage dtype dt: it runs here, and it is
- * not a run made already, i.e. the kernels it runs for dt are not those of an ISA earlier in
- * ht_isas (f64 storage runs one set on every ISA; the AMX and AVX512_BF16 sets keep the AVX-512
- * set's f32 kernels); and under emulation (FA_CROSS_BUILD: a cross build's make check, under
- * qemu) not the portable set where a vector set runs: qemu is there for the vector set, and
- * the native build tests the portable one. */
+/* Whether ht_isas[i] runs here and is not a run made already for storage dtype dt: the
+ * kernels it runs for dt are not those of an ISA earlier in ht_isas (f64 storage runs one set
+ * on every ISA; the AMX and AVX512_BF16 sets keep the AVX-512 set's f32 kernels). */
+int ht_isa_distinct(int i, fa_dtype dt);
+/* Whether the tests' ISA loops over whole calls take ht_isas[i] for dt: ht_isa_distinct, and
+ * under emulation (FA_CROSS_BUILD: a cross build's make check, under qemu) not the portable set
+ * where a vector set runs: qemu is there for the vector set, and the native build tests the
+ * portable one (the kernels' own tests, check_kernels.c, take it under qemu too: cheap, and
+ * its C compiles to other code there, FMAs contracted). */
 int ht_isa_tested(int i, fa_dtype dt);
 fa_context *ht_context(fa_backend be, int threads);
 fa_status ht_forward(fa_backend be, int threads, const fa_params *p, const fa_tensor *q,
@@ -121,7 +116,7 @@ typedef struct {
 } ht_bundle;
 
 /* Allocates a bundle of sizes d (sw_shape's shapes) in layout lay. */
-void ht_bundle_alloc(ht_bundle *x, fa_dtype dt, const sw_dims *d, ht_layout lay, fa_dtype lse_dt);
+void ht_bundle_alloc(ht_bundle *x, fa_dtype dt, const sw_dims *d, sw_layout lay, fa_dtype lse_dt);
 void ht_bundle_free(ht_bundle *x);
 /* Fills the bundle's inputs (q, k, v, dout) as case c draws them (sw_draw). */
 void ht_bundle_draw(ht_bundle *x, const sw_case *c);

@@ -64,7 +64,7 @@ if [ -n "$hits" ]; then
     status=1
 fi
 
-hits=$(grep -rn -e 'fai_row(' -e 'io\[' "$srcdir/src/backends" |
+hits=$(grep -rn -e 'fai_row(' -e 'io\[' "$srcdir/src/backends" "$srcdir/src/cuda" |
     grep -v -e "src/backends/rows.h:" -e "src/backends/problem.h:")
 if [ -n "$hits" ]; then
     echo "layers: rows addressed outside backends/rows.h's accessors:"

@@ -4,10 +4,11 @@
  *
  * One table for every runner, the CUDA-only and digest-only cases included (a CUDA table of
  * its own would split what one name means and hide which runners share a case), each case
- * marked for the sweeps that take it: one place shows what runs where, a name means one case
- * everywhere (shape, switches, seed), and any runner may pick any case by name. A case that
+ * marked for the sweeps that take it: one place shows what runs where, a name means one shape
+ * and one set of switches everywhere, and any runner may pick any case by name. A case that
  * check_backends.c and check_cuda.c share draws the same inputs in both wherever its sizes
- * agree (sweep_digest.c draws from its runs' numbers).
+ * agree (sweep_digest.c draws from its runs' numbers instead of the seeds; some seeds repeat, in
+ * cases of other shapes).
  *
  * Seeds are the numbers the runners used before the table was shared (their rows' positions
  * then). Where check_backends.c and check_cuda.c drew one shape from different seeds, the
@@ -264,6 +265,20 @@ void sw_shape(const sw_dims *d, sw_tensor t, int64_t shape[4])
     shape[2] = q_rows ? d->hq : d->hk;
     shape[3] = t == SW_LSE ? 1 : t == SW_V || t == SW_DOUT || t == SW_OUT || t == SW_DV ? d->dv
                                                                                      : d->dqk;
+}
+
+/*
+ * The backward reads P = exp(s - LSE): an LSE rounded to f32 carries |LSE| 2^-24 into every
+ * gradient of its row, which the conventional yardstick (it never stores one) does not. So f64
+ *  - at large logits: an f32 LSE near 100 is only good to 4e-6;
+ *  - where ALiBi reaches past 128 keys: its bias grows with the distance, so |LSE| reaches
+ *    slope x Sq (128 in query_tile_top_left_alibi); measured there on the CPU, dV: 1.14e-5
+ *    from an f32 LSE, 7.6e-6 from an f64 one, against a bound of 1.06e-5.
+ */
+fa_dtype sw_lse_dtype(const sw_case *c, const sw_dims *d, fa_dtype dt)
+{
+    const int large_logits = c->logits[0] > 0, far_alibi = c->alibi && (d->sq > 128 || d->sk > 128);
+    return dt == FA_F64 || large_logits || far_alibi ? FA_F64 : FA_F32;
 }
 
 void sw_params(const sw_case *c, fa_params *p)

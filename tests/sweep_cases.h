@@ -56,7 +56,7 @@ typedef struct {
     sw_window window;
     int64_t sink_tokens;
     double softcap;
-    int alibi; /* slopes 2^-1, 2^-2, ... (sw_params; at most 8 heads) */
+    int alibi; /* slopes 2^-1 ... 2^-7 and 0.004 (sw_params; at most 8 heads) */
     fa_score_order order;
     double dropout;
     sw_layout layout;
@@ -87,6 +87,10 @@ typedef enum {
     SW_OUT, SW_DQ, SW_DK, SW_DV, SW_LSE, SW_NTENSORS
 } sw_tensor;
 void sw_shape(const sw_dims *d, sw_tensor t, int64_t shape[4]);
+
+/* The LSE's dtype for the case at sizes d in storage dtype dt: f32 (f64 in f64), but f64 where
+ * an f32 LSE's own rounding would reach the gradients' bounds (sweep_cases.c says where). */
+fa_dtype sw_lse_dtype(const sw_case *c, const sw_dims *d, fa_dtype dt);
 
 /* fa_params for the case: its mask, score and dropout switches; the dropout stream's seed from
  * the case's seed (offset 3). */

@@ -400,8 +400,8 @@ class _Call:
                  profile=None):
         """opts: the option keywords given to the entry point (_options; the others are at
         their defaults), filled in _OPTIONS' order; kv_shape: (B, Hk), for descales per kv
-        head; backend: the one to run, else opts'; profile: check's (fa_profile pointer, its
-        name as given, one window number or None): its conventions for the options left None
+        head; backend: the one to run, else opts'; profile: check's (fa_profile pointer, one
+        window number or None): its conventions for the options left None
         (fa_profile_apply)."""
         opts = opts or {}
         self.frame, self.hq, self.kv_shape = frame, hq, kv_shape
@@ -420,12 +420,9 @@ class _Call:
             if o.fill and not all(map(_unset, values, o.defaults)):
                 o.fill(self, p, *values)
         if profile is not None:
-            pf, name, window = profile
+            pf, window = profile
             w = None if window is None else byref(ctypes.c_int64(window))
-            if N.lib.fa_profile_apply(pf, byref(p), w, given) != N.FA_OK:
-                raise N.InvalidArgumentError(f"window={window}: profile {name} counts keys, the "
-                                             "query's own included: expected W >= 1",
-                                             N.FA_ERR_INVALID_ARGUMENT)
+            N.check_status(N.lib.fa_profile_apply(pf, byref(p), w, given), "check")
         self.params = p
         backend = backend or opts.get("backend", "auto")
         isa, threads = opts.get("isa", "auto"), opts.get("threads", 0)

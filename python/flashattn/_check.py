@@ -294,7 +294,7 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
 
     def call(backend: str) -> _Call:  # the options as the profile's kernels mean them
         return _Call(host, tq.heads, opts, kv_shape=(tq.batch, tk.heads), backend=backend,
-                     profile=(pfp, profile, number))
+                     profile=(pfp, number))
 
     def inputs_in(d: int) -> Dict[str, View]:  # FP8 inputs as they are: out takes d
         return {n: h.view() if fp8 else host_view(h.converted(d), d, n) for n, h in hin.items()}

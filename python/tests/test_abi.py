@@ -230,10 +230,3 @@ def test_the_bound_functions_take_what_the_header_declares(header):
             bad.append(f"{name}: the header's pointers {ptr_res, ptr_args}, the package's "
                        f"{pointer_like(res), [pointer_like(a) for a in args]}")
     assert not bad, "\n".join(bad)
-
-
-def test_the_isas_are_the_librarys():
-    """The ISA names are the library's registry (simd/isas.def), not a copy: fa_isa_name of
-    each value, "auto" first."""
-    assert list(N.ISAS) == [N.lib.fa_isa_name(i).decode() for i in range(len(N.ISAS))]
-    assert list(N.ISAS)[0] == "auto" and "scalar" in N.ISAS

@@ -165,6 +165,9 @@ def test_window_as_a_key_count_under_xformers():
     out = fa.attention(q, k, v, window=(4, 0))  # 5 keys: the query's own and 4 before
     assert fa.check(q, k, v, out=out, window=5, profile="xformers")
     assert not fa.check(q, k, v, out=out, window=5)  # here 5 is the left bound
+    # a count below 1 is refused with the library's reason (fa_profile_apply)
+    with pytest.raises(fa.InvalidArgumentError, match="window = 0: profile xformers counts keys"):
+        fa.check(q, k, v, out=out, window=0, profile="xformers")
 
 
 def test_tolerances_are_checked_first():

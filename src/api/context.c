@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "api/api.h"
+#include "base/base.h"
 #include "backends/table.h"
 #include "simd/kernels.h"
 
@@ -141,9 +141,8 @@ fa_status fa_context_describe(const fa_context *ctx, char *buf, size_t n)
     if (ks->bf16)
         snprintf(products, sizeof products, ",%s,%s,%s,%s", ks->bf16->qk_name,
                  ks->bf16->expsum_name, ks->bf16->pv_name, ks->bf16->gemm_name);
-    char line[1024]; /* the whole line, then as much of it as buf holds */
     const int used =
-        snprintf(line, sizeof line,
+        snprintf(buf, n,
                  "flashattn %s: backend=%s isa=%s%s%s%s kernels=%s,%s%s threads=%d L1d=%lldKiB "
                  "L2=%lldKiB (%s)",
                  PACKAGE_VERSION, fa_backend_name(ctx->backend), fa_isa_name(ctx->isa),
@@ -151,9 +150,8 @@ fa_status fa_context_describe(const fa_context *ctx, char *buf, size_t n)
                  ctx->isa_why ? ")" : "", ks->gemm_name, ks->expsum_name, products,
                  ctx->num_threads, (long long)(ctx->cache.l1d / 1024),
                  (long long)(ctx->cache.l2 / 1024), ctx->cache.source);
-    if (used > 0 && (size_t)used < sizeof line) /* then each backend's part (its describe) */
-        fai_backends_describe(ctx, line + used, sizeof line - (size_t)used);
-    snprintf(buf, n, "%s", line);
+    if (used > 0 && (size_t)used < n) /* then each backend's part (its describe) */
+        fai_backends_describe(ctx, buf + used, n - (size_t)used);
     return FA_OK;
 }
 

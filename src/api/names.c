@@ -2,7 +2,7 @@
  * fa_version_string and the *_name functions (backends and ISAs from their tables). */
 #include "config.h"
 
-#include "api/api.h"
+#include "base/base.h"
 #include "backends/table.h"
 #include "simd/kernels.h"
 

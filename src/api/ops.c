@@ -285,11 +285,14 @@ fa_status fa_append_kv(fa_context *ctx, const fa_tensor *k_new, const fa_tensor 
     }
     const fa_tensor *host[4] = {k_new, v_new, k_cache, v_cache};
     const char *hn[4] = {"k_new", "v_new", "k", "v"};
-    for (int x = 0; x < 4; x++) /* copied here, on the host */
-        if (fai_backend_holding(host[x]->data))
+    for (int x = 0; x < 4; x++) { /* copied here, on the host */
+        const fai_backend *holder = fai_backend_holding(host[x]->data);
+        if (holder)
             return fai_fail(FA_ERR_UNSUPPORTED, "%s->data is device memory but the context's "
-                                                "backend is %s, a host one (the CUDA backend "
-                                                "appends to a device cache)", hn[x], be->name);
+                                                "backend is %s, a host one (the %s backend "
+                                                "appends to its device's cache)",
+                            hn[x], be->name, holder->name);
+    }
     fai_append_new_keys(&pr);
     return FA_OK;
 }

@@ -8,7 +8,6 @@
 #include "config.h"
 
 #include <stdio.h>
-#include <string.h>
 
 #include "api/api.h"
 

@@ -27,7 +27,7 @@ static inline const unsigned char *fai_block_row(const fai_block_map *m, int64_t
 }
 
 /* Whether the block mask lists the block of key j for the block of row i of (b, h) (1 without a
- * block mask); and the keys [*lo, *hi) of j's key block. */
+ * block mask). */
 static inline int fai_block_listed(const fai_problem *pr, int64_t b, int64_t h, int64_t i,
                                    int64_t j)
 {

@@ -5,7 +5,8 @@
  * fai_run_groups and fai_run_call which groups they write instead of running
  * (backends/groups.c), the tiled plan which groups take no path, and the CUDA backend which
  * groups it launches (its kernels write a device call's empty rows themselves: a row without a
- * key ends empty there, as here).
+ * key ends empty there, as here). New keys are the call's (a group has none: fai_group): a call
+ * that appends has work even with no query row.
  */
 #ifndef FAI_BACKENDS_EMPTY_H
 #define FAI_BACKENDS_EMPTY_H

@@ -17,10 +17,14 @@
 static inline int64_t fai_groups(const fai_problem *pr) { return pr->nseq > 0 ? pr->nseq : 1; }
 
 /* Group g of the call: the problem itself, or sequence g with its dims, its mask and score
- * offset (aligned within the sequence), its rows' bases, its dropout stream and page-table row. */
+ * offset (aligned within the sequence), its rows' bases, its dropout stream and page-table row.
+ * No group has new keys: the call appends them before any group runs (fai_append_new_keys, the
+ * CUDA backend's append), and its groups read them in the cache; so a group without query rows
+ * is one without rows to write (fai_empty_of), whether or not its sequence appended. */
 static inline fai_problem fai_group(const fai_problem *pr, int64_t g)
 {
     fai_problem s = *pr;
+    s.k_new = s.v_new = NULL;
     if (pr->nseq == 0)
         return s;
     const fai_mask_spec *m = &pr->mask_spec;

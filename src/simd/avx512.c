@@ -12,6 +12,12 @@
 #define MR 12
 #define NR 32 /* two zmm of f32 */
 
+/* Lane i of the mask is on iff i < n: none for n <= 0, all from 16 on. */
+static inline __attribute__((always_inline)) __mmask16 lanes_below(int64_t n)
+{
+    return n >= 16 ? 0xffff : n <= 0 ? 0 : (__mmask16)((1u << n) - 1);
+}
+
 /*
  * 12 x 32: 24 zmm accumulators; per k step two B loads and twelve A broadcasts feed 24 FMAs
  * (27 of the 32 registers). Measured against 8 x 32 and 14 x 32 in NOTES.md.
@@ -47,8 +53,8 @@ gemm_rows__avx512(const int ROWS, const int A_T, const int FULL, int64_t nr, int
                   int64_t ldc, int accumulate, const float *cscale)
 {
     const int64_t ars = A_T ? 1 : lda, acs = A_T ? lda : 1; /* A[i][p] = a[i ars + p acs] */
-    const __mmask16 m0 = nr >= 16 ? 0xffff : (__mmask16)((1u << nr) - 1);
-    const __mmask16 m1 = nr >= 32 ? 0xffff : nr > 16 ? (__mmask16)((1u << (nr - 16)) - 1) : 0;
+    const __mmask16 m0 = lanes_below(nr);
+    const __mmask16 m1 = lanes_below(nr - 16);
     __m512 c0[MR], c1[MR];
 #pragma GCC unroll 12
     for (int i = 0; i < ROWS; i++) {
@@ -93,8 +99,8 @@ static inline __attribute__((always_inline)) void
 transpose_block__avx512(const float *src, int64_t lds, int64_t rr, int64_t cc, float *dst,
                         int64_t ldd)
 {
-    const __mmask16 cm = cc >= 16 ? 0xffff : (__mmask16)((1u << cc) - 1);
-    const __mmask16 rm = rr >= 16 ? 0xffff : (__mmask16)((1u << rr) - 1);
+    const __mmask16 cm = lanes_below(cc);
+    const __mmask16 rm = lanes_below(rr);
     __m512 x[16], t[16], u[16];
 #pragma GCC unroll 16
     for (int i = 0; i < 16; i++)
@@ -193,7 +199,7 @@ static float fa_f32_expsum__avx512(int64_t n, const float *x, float m, float *y)
         vsum = _mm512_add_ps(vsum, e);
     }
     if (i < n) {
-        const __mmask16 mk = (__mmask16)((1u << (n - i)) - 1);
+        const __mmask16 mk = lanes_below(n - i);
         const __m512 e = exp__avx512(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, x + i), vm));
         _mm512_mask_storeu_ps(y + i, mk, e);
         vsum = _mm512_mask_add_ps(vsum, mk, vsum, e);
@@ -238,7 +244,7 @@ static int fa_f32_finite__avx512(int64_t n, const float *x)
 {
     __mmask16 ok = 0xffff;
     for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 mk = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        const __mmask16 mk = lanes_below(n - i);
         const __m512 v = _mm512_maskz_loadu_ps(mk, x + i);
         ok &= _mm512_cmp_ps_mask(_mm512_sub_ps(v, v), _mm512_setzero_ps(), _CMP_EQ_OQ);
     }
@@ -263,7 +269,7 @@ static float fa_f32_max__avx512(int64_t n, const float *x)
             vmax[a] = _mm512_max_ps(vmax[a], v);
         }
     for (; i < n; i += 16) {
-        const __mmask16 mk = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        const __mmask16 mk = lanes_below(n - i);
         const __m512 v = _mm512_maskz_loadu_ps(mk, x + i);
         nan |= _mm512_mask_cmp_ps_mask(mk, v, v, _CMP_UNORD_Q);
         vmax[0] = _mm512_mask_max_ps(vmax[0], mk, vmax[0], v);
@@ -298,7 +304,7 @@ static void fa_f32_widen__avx512(const void *src, fa_dtype d, int64_t n, float *
 {
     if (d == FA_E4M3 || d == FA_E5M2) {
         for (int64_t i = 0; i < n; i += 16) {
-            const __mmask16 mk = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+            const __mmask16 mk = lanes_below(n - i);
             _mm512_mask_storeu_ps(dst + i, mk, fp8_widen16__avx512(d, (const uint8_t *)src + i, mk));
         }
         return;
@@ -309,7 +315,7 @@ static void fa_f32_widen__avx512(const void *src, fa_dtype d, int64_t n, float *
     }
     const uint16_t *h = src;
     for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 mk = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        const __mmask16 mk = lanes_below(n - i);
         const __m256i x = _mm256_maskz_loadu_epi16(mk, h + i);
         const __m512 y = d == FA_F16 ? _mm512_cvtph_ps(x)
                                      : _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
@@ -329,7 +335,7 @@ static void fa_f32_narrow__avx512(void *dst, fa_dtype d, int64_t n, const float 
     }
     uint16_t *h = dst;
     for (int64_t i = 0; i < n; i += 16) {
-        const __mmask16 mk = n - i >= 16 ? 0xffff : (__mmask16)((1u << (n - i)) - 1);
+        const __mmask16 mk = lanes_below(n - i);
         const __m512 x = _mm512_maskz_loadu_ps(mk, src + i);
         __m256i y;
         if (d == FA_F16) {
@@ -422,7 +428,7 @@ dot_block__avx512(const fa_dtype D, const int ROWS, const int KEYS4, int64_t nc,
         }
     }
     if (p < d) {
-        const __mmask16 mk = (__mmask16)((1u << (d - p)) - 1);
+        const __mmask16 mk = lanes_below(d - p);
         __m512 kv[4];
 #pragma GCC unroll 4
         for (int c = 0; c < 4; c++)
@@ -495,12 +501,6 @@ pv_block__avx512(const fa_dtype D, const int FULL, const int ROWS, const __mmask
 
 /* ---------------------------------------------------------------- the drivers */
 
-/* The mask of the first `left` lanes: none for left <= 0, all from 16 on. */
-static inline __attribute__((always_inline)) __mmask16 lanes__avx512(int64_t left)
-{
-    return left >= 16 ? 0xffff : left <= 0 ? 0 : (__mmask16)((1u << left) - 1);
-}
-
 #define FAI_DRV_ISA avx512
 #define FAI_DRV_GEMM fa_f32_gemm_ukernel_12x32__avx512
 #define FAI_DRV_GEMM_AT fa_f32_gemm_at_ukernel_12x32__avx512
@@ -508,7 +508,7 @@ static inline __attribute__((always_inline)) __mmask16 lanes__avx512(int64_t lef
 #define FAI_DRV_GEMM_NR NR
 #define FAI_DRV_LANES 16
 #define FAI_DRV_TAIL __mmask16
-#define FAI_DRV_TAIL_OF lanes__avx512
+#define FAI_DRV_TAIL_OF lanes_below
 #define FAI_DRV_COLDOT fa_f32_coldot__avx512
 #define FAI_DRV_DSOFTMAX fa_f32_dsoftmax__avx512
 #define FAI_DRV_DOT_ROWS fa_f32_dot_rows_4x4__avx512
