@@ -63,7 +63,8 @@ def view(t):
 
 
 class Lib:
-    def __init__(self, path, deterministic=0):
+    def __init__(self, path, deterministic=0, kernel=None):
+        """kernel: FA_CUDA_KERNEL while the context is made (the backend reads it then)."""
         self.l = C.CDLL(path)
         self.l.fa_last_error.restype = C.c_char_p
         o = Options()
@@ -72,7 +73,15 @@ class Lib:
         o.cuda_stream = torch.cuda.current_stream().cuda_stream
         o.deterministic = deterministic
         self.ctx = C.c_void_p()
-        self.check(self.l.fa_context_create(C.byref(o), C.byref(self.ctx)))
+        before = os.environ.pop("FA_CUDA_KERNEL", None)
+        if kernel:
+            os.environ["FA_CUDA_KERNEL"] = kernel
+        try:
+            self.check(self.l.fa_context_create(C.byref(o), C.byref(self.ctx)))
+        finally:
+            os.environ.pop("FA_CUDA_KERNEL", None)
+            if before is not None:
+                os.environ["FA_CUDA_KERNEL"] = before
 
     def check(self, s):
         if s != 0:
@@ -164,16 +173,14 @@ def fwd_flops(B, H, N, D, causal):
     return f / 2 if causal else f
 
 
-def fwd_row(lib, B, H, N, D, causal, reps, check=True, mma=False):
+def fwd_row(lib, B, H, N, D, causal, reps, check=True, mma=None):
     q, k, v = inputs(B, H, N, D)
     out = torch.empty_like(q)
     lse = torch.empty(B, H, N, device="cuda", dtype=torch.float32)
     ours = time_ms(lambda: lib.forward(q, k, v, out, lse, causal), reps)
     res = {"ours": ours}
-    if mma:  # the mma.sync kernel instead of wgmma (read at each call)
-        os.environ["FA_CUDA_KERNEL"] = "mma"
-        res["mma"] = time_ms(lambda: lib.forward(q, k, v, out, lse, causal), reps)
-        del os.environ["FA_CUDA_KERNEL"]
+    if mma:  # the mma.sync kernel instead of wgmma (mma: a Lib made with FA_CUDA_KERNEL=mma)
+        res["mma"] = time_ms(lambda: mma.forward(q, k, v, out, lse, causal), reps)
         lib.forward(q, k, v, out, lse, causal)  # the output checked below is the default's
     for name, be in (("flash", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
         try:
@@ -201,11 +208,11 @@ def main():
     print("device: %s, %d SMs; torch %s" % (dev.name, dev.multi_processor_count, torch.__version__))
 
     if a.only_bwd:
-        backward_table(lib, Lib(a.lib, deterministic=1))
+        backward_table(lib, Lib(a.lib, deterministic=1), Lib(a.lib, kernel="mma"))
         return
     if a.only_bar:
         for causal, N in ((False, 8192), (True, 16384)):
-            r = fwd_row(lib, 2, 8, N, 128, causal, a.reps, mma=True)
+            r = fwd_row(lib, 2, 8, N, 128, causal, a.reps, mma=Lib(a.lib, kernel="mma"))
             fl = fwd_flops(2, 8, N, 128, causal) / 1e9
             print("bar fwd causal=%d N=%d: ours %.3f ms %.1f TF/s | mma.sync %.3f ms %.1f | flash %.3f ms "
                   "%.1f | cudnn %.3f ms %.1f | x%.2f flash x%.2f cudnn | maxdiff %.2e" % (
@@ -291,10 +298,10 @@ def main():
 
     if a.skip_backward:
         return
-    backward_table(lib, Lib(a.lib, deterministic=1))
+    backward_table(lib, Lib(a.lib, deterministic=1), Lib(a.lib, kernel="mma"))
 
 
-def backward_table(lib, lib_det):
+def backward_table(lib, lib_det, lib_mma):
     print("\n== forward + backward, B=1 H=8 N=8192 D=128 bf16 (non-causal | causal)")
     for causal in (False, True):
         B, H, N, D = 1, 8, 8192, 128
@@ -309,12 +316,9 @@ def backward_table(lib, lib_det):
         tb = time_ms(lambda: lib.backward(q, k, v, out, lse, dout, dq, dk, dv, causal), 3, warmup=1)
         libpeak = lib.mem()[1]
         tbd = time_ms(lambda: lib_det.backward(q, k, v, out, lse, dout, dq, dk, dv, causal), 3, warmup=1)
-        os.environ["FA_CUDA_KERNEL"] = "mma"  # the mma.sync backward, for the version table
-        try:
-            tbm = time_ms(lambda: lib.backward(q, k, v, out, lse, dout, dq, dk, dv, causal), 3,
-                          warmup=1)
-        finally:
-            del os.environ["FA_CUDA_KERNEL"]
+        # the mma.sync backward, for the version table
+        tbm = time_ms(lambda: lib_mma.backward(q, k, v, out, lse, dout, dq, dk, dv, causal), 3,
+                      warmup=1)
         lib.backward(q, k, v, out, lse, dout, dq, dk, dv, causal)  # the default's, compared below
         fl = fwd_flops(B, H, N, D, causal) / 1e9
         # torch: autograd through the flash backend

@@ -613,6 +613,20 @@ START_TEST(context_options_and_environment)
         ck_assert(strstr(fa_last_error(), "FA_TILES="));
     }
     unsetenv("FA_TILES");
+#ifdef FA_HAVE_CUDA
+    /* FA_CUDA_KERNEL, read once as a context is made (any backend's: AUTO may take CUDA's
+     * kernels): describe shows the choice, a context keeps it, and a value naming no choice
+     * refuses the context by name */
+    setenv("FA_CUDA_KERNEL", "mma", 1);
+    ck_assert_msg(fa_context_create(NULL, &ctx) == FA_OK, "%s", fa_last_error());
+    setenv("FA_CUDA_KERNEL", "wgmma", 1);
+    fa_context_describe(ctx, line, sizeof line);
+    fa_context_destroy(ctx);
+    ck_assert_msg(strstr(line, " cuda_kernels=mma"), "%s", line);
+    ck_assert_int_eq(fa_context_create(NULL, &ctx), FA_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fa_last_error(), "FA_CUDA_KERNEL=wgmma"), "%s", fa_last_error());
+    unsetenv("FA_CUDA_KERNEL");
+#endif
     /* the tile products and the bf16 forward's tiles on them, only where the set has them */
     ht_kernels = ht_emulated_tiles();
     ctx = ht_context(FA_BACKEND_TILED, 1);

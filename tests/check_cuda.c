@@ -566,8 +566,9 @@ START_TEST(cuda_host_pointers_refused)
 }
 END_TEST
 
-/* An FA_CUDA_KERNEL value that names no kernel choice is refused by name, before anything is
- * launched or written. */
+/* FA_CUDA_KERNEL is read as a context is made: a value that names no kernel choice refuses the
+ * context by name, and a context made before keeps its choice and runs (nothing written on
+ * the refusal: there is no context to call). */
 START_TEST(cuda_bad_kernel_choice_refused)
 {
     const sw_dims dims = {.b = 1, .sq = 10, .sk = 10, .hq = 1, .hk = 1, .dqk = 64, .dv = 64};
@@ -579,14 +580,20 @@ START_TEST(cuda_bad_kernel_choice_refused)
     d_up(&q, &x.q), d_up(&k, &x.k), d_up(&v, &x.v), d_up(&out, &x.out), d_up(&lse, &x.lse);
     fa_params p;
     fa_params_init(&p);
-    fa_context *ctx = cuda_context(0);
+    fa_context *ctx = cuda_context(0), *refused = NULL;
     setenv("FA_CUDA_KERNEL", "wgmma", 1);
+    fa_options o;
+    fa_options_init(&o);
+    o.backend = FA_BACKEND_CUDA;
+    const fa_status made = fa_context_create(&o, &refused);
+    ck_assert_int_eq(made, FA_ERR_INVALID_ARGUMENT);
+    ck_assert_msg(strstr(fa_last_error(), "FA_CUDA_KERNEL=wgmma") != NULL, "%s", fa_last_error());
+    ck_assert(refused == NULL);
     const fa_status s = fa_forward(ctx, &p, &q.t, &k.t, &v.t, &out.t, &lse.t);
     unsetenv("FA_CUDA_KERNEL");
-    ck_assert_int_eq(s, FA_ERR_INVALID_ARGUMENT);
-    ck_assert_msg(strstr(fa_last_error(), "FA_CUDA_KERNEL=wgmma") != NULL, "%s", fa_last_error());
+    ck_assert_msg(s == FA_OK, "%s", fa_last_error());
     d_down(&out), d_down(&lse);
-    ck_assert(ht_is_poisoned(&x.out) && ht_is_poisoned(&x.lse));
+    ck_assert(!ht_is_poisoned(&x.out) && !ht_is_poisoned(&x.lse));
     d_free(&q), d_free(&k), d_free(&v), d_free(&out), d_free(&lse);
     fa_context_destroy(ctx);
     ht_bundle_free(&x);

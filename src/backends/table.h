@@ -36,9 +36,7 @@ typedef struct {
     /* What the API layer asks of a backend besides its ops, each NULL where it has none: */
     /* Once per context, for every backend (any context may describe it or, AUTO, run on it):
      * what it takes of the options (AUTO resolved) and of its environment variables, into its
-     * settings (fai_settings_get reads them); an error keeps the context from being made.
-     * One exception left: the CUDA backend reads FA_CUDA_KERNEL per call (issue 34's launch
-     * plan is to take it here). */
+     * settings (fai_settings_get reads them); an error keeps the context from being made. */
     fa_status (*setup)(const fa_options *o, fai_backend_settings *mine);
     /* Its part of fa_context_describe's line, into buf (n bytes, terminated, as snprintf). */
     void (*describe)(const fa_context *ctx, char *buf, size_t n);

@@ -24,21 +24,46 @@
 #error "configure defines FA_CUDA_MIN_ARCH (the lowest --with-cuda-arch) in --enable-cuda builds"
 #endif
 
-/* What a context tells the backend (its setup hook, from fa_options; kept in the context's
- * settings): the stream its calls run on, and whether the backward must be bitwise
- * repeatable. */
+/* What a context tells the backend (its setup hook, from fa_options and the environment;
+ * kept in the context's settings): the stream its calls run on, whether the backward must be
+ * bitwise repeatable, and which kernels may run. */
 typedef struct {
     void *stream;      /* fa_options.cuda_stream */
     int deterministic; /* fa_options.deterministic */
+    int kernel;        /* fai_cuda_kernel: FA_CUDA_KERNEL as the context was made */
 } cuda_settings;
 _Static_assert(sizeof(cuda_settings) <= sizeof(fai_backend_settings),
                "the CUDA backend's settings fit a context's slot");
 
+/* The kernel choice FA_CUDA_KERNEL names (unset or empty: AUTO); a value naming none refuses
+ * the context, whichever backend it is for (the variable is read once, here). */
+static const char *const kernel_names[] = {[FAI_CUDA_KERNEL_AUTO] = "auto",
+                                           [FAI_CUDA_KERNEL_MMA] = "mma",
+                                           [FAI_CUDA_KERNEL_GENERIC] = "generic"};
+
 static fa_status cuda_setup(const fa_options *o, fai_backend_settings *mine)
 {
-    const cuda_settings s = {o->cuda_stream, o->deterministic != 0};
+    cuda_settings s = {o->cuda_stream, o->deterministic != 0, FAI_CUDA_KERNEL_AUTO};
+    const char *k = getenv("FA_CUDA_KERNEL");
+    if (k && *k) {
+        if (strcmp(k, "generic") == 0)
+            s.kernel = FAI_CUDA_KERNEL_GENERIC;
+        else if (strcmp(k, "mma") == 0)
+            s.kernel = FAI_CUDA_KERNEL_MMA;
+        else
+            return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                            "FA_CUDA_KERNEL=%s: expected generic or mma (or unset)", k);
+    }
     memcpy(mine->bytes, &s, sizeof s);
     return FA_OK;
+}
+
+/* The context's part of fa_context_describe's line: the kernels its calls may take. */
+static void cuda_describe(const fa_context *ctx, char *buf, size_t n)
+{
+    cuda_settings s;
+    fai_settings_get(ctx, FA_BACKEND_CUDA, &s, sizeof s);
+    snprintf(buf, n, "cuda_kernels=%s", kernel_names[s.kernel]);
 }
 
 /* Usable: a device, and the current one can run this build's code (SASS for the lowest arch
@@ -160,16 +185,7 @@ static fa_status fill(fa_context *ctx, const fai_problem *pr, fai_cuda_args *a)
     fai_settings_get(ctx, FA_BACKEND_CUDA, &set, sizeof set);
     a->stream = set.stream;
     a->deterministic = set.deterministic;
-    const char *k = getenv("FA_CUDA_KERNEL");
-    if (k && *k) {
-        if (strcmp(k, "generic") == 0)
-            a->kernel = FAI_CUDA_KERNEL_GENERIC;
-        else if (strcmp(k, "mma") == 0)
-            a->kernel = FAI_CUDA_KERNEL_MMA;
-        else
-            return fai_fail(FA_ERR_INVALID_ARGUMENT,
-                            "FA_CUDA_KERNEL=%s: expected generic or mma (or unset)", k);
-    }
+    a->kernel = set.kernel;
     /* two key runs a row (sink tokens: the generic kernels visit the mask's parts in turn),
      * pages (only the generic kernels read through a page table) or a cache dtype apart from
      * q's (only the generic forward reads one): the tensor-core kernels take one run of
@@ -581,6 +597,7 @@ const fai_backend fai_backend_cuda = {
     .ops = {[FAI_OP_FORWARD] = cuda_forward, [FAI_OP_BACKWARD] = cuda_backward,
             [FAI_OP_APPEND] = cuda_append},
     .setup = cuda_setup,
+    .describe = cuda_describe,
     .available = cuda_available,
     .holds = cuda_holds,
 };
