@@ -5,6 +5,14 @@ warm-up). Loads libflashattn.so through ctypes; needs PyTorch with CUDA.
 
   python3 bench/bench_cuda.py --lib .libs/libflashattn.so [--quick]
 
+  python3 bench/bench_cuda.py --lib .libs/libflashattn.so --frontier [--dtypes bf16,f16]
+
+--frontier: the CUDA frontier issue's table (B = 2, H D = 2048; forward at D 64/96/128/256,
+backward at D 64/96/128/256, causal at D 128), ours beside FlashAttention-4 (flash_attn.cute,
+where it imports: docs/notes/cuda.md says how to carry it), cuDNN and FA2 through SDPA, in
+TFLOP/s, into report/gpu/frontier.csv (and the device, versions and date beside it in
+report/gpu/frontier.txt). A kernel that refuses a shape gets nan.
+
 Tables: the article's forward table (B=2, H=8, D=128, bf16, causal, N=512..32768), the bar
 points (non-causal N=8192 forward; causal N=16384; backward N=8192), the head-dim sweep at
 N=8192 with H*D fixed, forward+backward at B=1, H=8, N=8192 with peak memory, and device vs
@@ -194,6 +202,101 @@ def fwd_row(lib, B, H, N, D, causal, reps, check=True, mma=None):
     return res
 
 
+# The frontier table's points: op, causal, H, N, D (B = 2).
+FRONTIER = (("fwd", False, 16, 16384, 128), ("fwd", True, 16, 16384, 128),
+            ("fwd", False, 32, 8192, 64), ("fwd", False, 21, 8192, 96), ("fwd", False, 8, 8192, 256),
+            ("bwd", False, 16, 8192, 128), ("bwd", True, 16, 16384, 128),
+            ("bwd", False, 32, 8192, 64), ("bwd", False, 21, 8192, 96), ("bwd", False, 8, 8192, 256))
+
+
+def fa4_function():
+    """FlashAttention-4's flash_attn_func (its CuTe DSL kernels), or None where it does not
+    import (then its column is nan)."""
+    try:
+        from flash_attn.cute import flash_attn_func
+        return flash_attn_func
+    except Exception as e:  # not carried, or its DSL refused to load
+        print("  fa4: %s" % (str(e).splitlines() or [type(e).__name__])[0], file=sys.stderr)
+        return None
+
+
+def peer_ms(op, fwd, q, k, v, reps):
+    """A peer's median device time: its forward fwd(q, k, v) -> out, or its backward (autograd
+    from one forward, the graph kept: the backward alone); nan where it refuses the shape."""
+    try:
+        if op == "fwd":
+            with torch.no_grad():
+                return time_ms(lambda: fwd(q, k, v), reps)
+        qg, kg, vg = (t.detach().requires_grad_() for t in (q, k, v))
+        out = fwd(qg, kg, vg)
+        dout = torch.randn_like(out)
+        return time_ms(lambda: torch.autograd.grad(out, (qg, kg, vg), dout, retain_graph=True),
+                       reps, warmup=2)
+    except Exception as e:
+        print("  peer refused: %s" % (str(e).splitlines() or [type(e).__name__])[0][:160],
+              file=sys.stderr)
+        return float("nan")
+
+
+def frontier(lib, dtypes, reps, out_dir):
+    """The frontier table (FRONTIER, each dtype) into out_dir/frontier.csv."""
+    fa4 = fa4_function()
+    torch_dt = {"bf16": torch.bfloat16, "f16": torch.float16}
+    rows = []
+    for name in dtypes:
+        dt = torch_dt[name]
+        for op, causal, H, N, D in FRONTIER:
+            B = 2
+            q, k, v = inputs(B, H, N, D, dtype=dt)
+            fl = fwd_flops(B, H, N, D, causal) * (2.5 if op == "bwd" else 1.0) / 1e9
+            out = torch.empty_like(q)
+            lse = torch.empty(B, H, N, device="cuda", dtype=torch.float32)
+            try:
+                lib.forward(q, k, v, out, lse, causal)
+                if op == "fwd":
+                    ours = time_ms(lambda: lib.forward(q, k, v, out, lse, causal), reps)
+                else:
+                    dout = torch.randn_like(q)
+                    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+                    ours = time_ms(lambda: lib.backward(q, k, v, out, lse, dout, dq, dk, dv, causal),
+                                   reps, warmup=2)
+            except RuntimeError as e:
+                print("  ours refused: %s" % str(e)[:160], file=sys.stderr)
+                ours = float("nan")
+            # FA4 takes (B, S, H, D): its own contiguous copies
+            qs, ks, vs = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+            f4 = (lambda a, b, c: fa4(a, b, c, causal=causal)[0]) if fa4 else None
+            t_fa4 = peer_ms(op, f4, qs, ks, vs, reps) if fa4 else float("nan")
+            del qs, ks, vs
+            t_cudnn = peer_ms(op, lambda a, b, c: sdpa(SDPBackend.CUDNN_ATTENTION, a, b, c, causal),
+                              q, k, v, reps)
+            t_fa2 = peer_ms(op, lambda a, b, c: sdpa(SDPBackend.FLASH_ATTENTION, a, b, c, causal),
+                            q, k, v, reps)
+            tf = [fl / t for t in (ours, t_fa4, t_cudnn, t_fa2)]
+            best = max((x for x in tf[1:3] if x == x), default=float("nan"))
+            print("%s %s causal=%d B=%d H=%d N=%d D=%d: ours %.0f | fa4 %.0f | cudnn %.0f | fa2 %.0f "
+                  "TF/s | ours/best %.2f" % (op, name, causal, B, H, N, D, *tf, tf[0] / best))
+            rows.append((op, name, int(causal), B, H, N, D, *tf))
+            del q, k, v, out, lse
+            torch.cuda.empty_cache()
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, "frontier.csv"), "w") as f:
+        f.write("op,dtype,causal,B,H,N,D,ours,fa4,cudnn,fa2\n")
+        for r in rows:
+            f.write("%s,%s,%d,%d,%d,%d,%d,%.1f,%.1f,%.1f,%.1f\n" % r)
+    dev = torch.cuda.get_device_properties(0)
+    try:
+        import flash_attn
+        fa4_version = getattr(flash_attn, "__version__", "?")
+    except Exception:
+        fa4_version = "not imported"
+    with open(os.path.join(out_dir, "frontier.txt"), "w") as f:
+        f.write("%s UTC; %s, %d SMs; torch %s (cuDNN %s); flash_attn %s; TFLOP/s, CUDA-event "
+                "medians of %d calls\n" % (time.strftime("%Y-%m-%d %H:%M", time.gmtime()), dev.name,
+                                           dev.multi_processor_count, torch.__version__,
+                                           torch.backends.cudnn.version(), fa4_version, reps))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", default=".libs/libflashattn.so")
@@ -202,11 +305,17 @@ def main():
     ap.add_argument("--skip-backward", action="store_true")
     ap.add_argument("--only-bar", action="store_true", help="the forward bar points only")
     ap.add_argument("--only-bwd", action="store_true", help="the forward+backward table only")
+    ap.add_argument("--frontier", action="store_true", help="the frontier table only")
+    ap.add_argument("--dtypes", default="bf16", help="--frontier's dtypes: bf16, f16")
+    ap.add_argument("--out", default="report/gpu", help="--frontier's folder")
     a = ap.parse_args()
     lib = Lib(a.lib)
     dev = torch.cuda.get_device_properties(0)
     print("device: %s, %d SMs; torch %s" % (dev.name, dev.multi_processor_count, torch.__version__))
 
+    if a.frontier:
+        frontier(lib, a.dtypes.split(","), a.reps, a.out)
+        return
     if a.only_bwd:
         backward_table(lib, Lib(a.lib, deterministic=1), Lib(a.lib, kernel="mma"))
         return
