@@ -285,11 +285,11 @@ def frontier(lib, dtypes, reps, out_dir):
         for r in rows:
             f.write("%s,%s,%d,%d,%d,%d,%d,%.1f,%.1f,%.1f,%.1f\n" % r)
     dev = torch.cuda.get_device_properties(0)
-    try:
-        import flash_attn
-        fa4_version = getattr(flash_attn, "__version__", "?")
+    try:  # the wheel's version (flash_attn itself has no __version__)
+        from importlib.metadata import version
+        fa4_version = version("flash-attn-4") if fa4 else "not imported"
     except Exception:
-        fa4_version = "not imported"
+        fa4_version = "?"
     with open(os.path.join(out_dir, "frontier.txt"), "w") as f:
         f.write("%s UTC; %s, %d SMs; torch %s (cuDNN %s); flash_attn %s; TFLOP/s, CUDA-event "
                 "medians of %d calls\n" % (time.strftime("%Y-%m-%d %H:%M", time.gmtime()), dev.name,
