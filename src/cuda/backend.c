@@ -185,22 +185,8 @@ static fa_status fill(fa_context *ctx, const fai_problem *pr, fai_cuda_args *a)
     fai_settings_get(ctx, FA_BACKEND_CUDA, &set, sizeof set);
     a->stream = set.stream;
     a->deterministic = set.deterministic;
-    a->kernel = set.kernel;
-    /* two key runs a row (sink tokens: the generic kernels visit the mask's parts in turn),
-     * pages (only the generic kernels read through a page table) or a cache dtype apart from
-     * q's (only the generic forward reads one): the tensor-core kernels take one run of
-     * contiguous rows of q's dtype */
-    if (pr->mask.sink_keys > 0 || pr->page_size > 0 || pr->kv_dtype != pr->dtype)
-        a->kernel = FAI_CUDA_KERNEL_GENERIC;
-    /* a bias tensor: only the generic kernels read one (and only they leave the D_i that the
-     * bias gradient's kernel reads in the workspace) */
-    if (pr->bias)
-        a->kernel = FAI_CUDA_KERNEL_GENERIC;
-    /* FP8 q (out then of another dtype) or an FP8 cache, and a block mask: only the generic
-     * kernels decode FP8 and read the block map (copied by copy_blocks; its dims here) */
-    if (pr->q_dtype != pr->dtype || fai_dtype_is_fp8(pr->kv_dtype) || pr->blocks)
-        a->kernel = FAI_CUDA_KERNEL_GENERIC;
-    if (pr->blocks) {
+    a->kernel = set.kernel; /* which kernels run: the launch plan's (cuda/plan.h) */
+    if (pr->blocks) { /* the block map's dims (copy_blocks copies the map) */
         const fai_block_map *m = pr->blocks;
         a->blocks.batch = m->batch, a->blocks.heads = m->heads;
         a->blocks.q_block = m->q_block, a->blocks.kv_block = m->kv_block;

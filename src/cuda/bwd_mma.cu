@@ -29,6 +29,7 @@
  */
 #include "common.cuh"
 #include "mma.cuh"
+#include "plan.h"
 
 #include <stdint.h>
 
@@ -557,9 +558,11 @@ template <typename T, int D>
 fai_cuda_result by_mode(const fai_cuda_args &a, const fai_cuda_bwd_ws &w, char *err, size_t n)
 {
     const bool fast = fai_cuda_scale_only(a);
-    /* dK, dV, and dQ's sums unless deterministic: the Hopper kernel where it applies */
-    fai_cuda_result r = fai_cuda_backward_wgmma(&a, &w, err, n);
-    if (r == FAI_CUDA_UNSUPPORTED) {
+    /* dK, dV, and dQ's sums unless deterministic: the Hopper kernel where the plan takes it */
+    fai_cuda_result r;
+    if (fai_cuda_plan_backward(&a).family == FAI_CUDA_WGMMA) {
+        r = fai_cuda_backward_wgmma(&a, &w, err, n);
+    } else {
         if (a.deterministic)
             r = fast ? launch<T, D, true, false>(a, w, err, n)
                      : launch<T, D, false, false>(a, w, err, n);

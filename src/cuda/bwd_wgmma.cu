@@ -349,32 +349,11 @@ fai_cuda_result launch(const fai_cuda_args &a, const fai_cuda_bwd_ws &w, char *e
     return fai_cuda_check_launch("wgmma backward", err, n);
 }
 
-/* Whether the wgmma kernel applies: where the mma.sync backward does (16-bit storage, Dqk = Dv,
- * every row 16-byte aligned), with a build that has the sm_90a image, a 9.0 device, D = 128,
- * the scale-only pipeline without dropout, and sizes that TMA's 32-bit coordinates, the grid
- * and the int count of query tiles reach. */
-bool applies(const fai_cuda_args &a)
-{
-#ifndef FA_CUDA_HAVE_SM90A
-    return false;
-#endif
-    if (a.kernel != FAI_CUDA_KERNEL_AUTO || a.dqk != 128 || !fai_cuda_backward_mma_applies(&a))
-        return false;
-    if (!fai_cuda_scale_only(a))
-        return false;
-    if (a.sq >= INT32_MAX || a.sk >= INT32_MAX || a.b * a.hk > 65535 ||
-        (a.sq / 64 + 1) * a.group >= INT32_MAX)
-        return false;
-    return device_is_sm90();
-}
-
 } // namespace
 
 fai_cuda_result fai_cuda_backward_wgmma(const fai_cuda_args *a, const fai_cuda_bwd_ws *w,
                                         char *err, size_t n)
 {
-    if (!applies(*a))
-        return FAI_CUDA_UNSUPPORTED;
     if (a->dtype == FA_BF16)
         return a->deterministic ? launch<__nv_bfloat16, false>(*a, *w, err, n)
                                 : launch<__nv_bfloat16, true>(*a, *w, err, n);

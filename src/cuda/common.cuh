@@ -237,31 +237,12 @@ typedef struct {
     int *flag;
 } fai_cuda_bwd_ws;
 
-/* Whether the tensor-core backward applies: no bias tensor or block mask (only the generic
- * kernels read them), one 16-bit storage for every tensor, Dqk = Dv in {32, 64, 96, 128},
- * every row of q, k, v, dout, dq, dk, dv 16-byte aligned (inline here: bwd_wgmma.cu asks it too, and the objects stay free of
- * circles, tests/layers.sh). */
-static inline bool fai_cuda_backward_mma_applies(const fai_cuda_args *a)
-{
-    if (a->kernel == FAI_CUDA_KERNEL_GENERIC || a->bias.data || a->blocks.listed ||
-        a->q_dtype != a->dtype || a->kv_dtype != a->dtype ||
-        (a->dtype != FA_BF16 && a->dtype != FA_F16) || a->dqk != a->dv)
-        return false;
-    if (a->dqk != 32 && a->dqk != 64 && a->dqk != 96 && a->dqk != 128)
-        return false;
-    const fai_cuda_view *vs[7] = {&a->tq, &a->tk, &a->tv, &a->tdout, &a->tdq, &a->tdk, &a->tdv};
-    for (int t = 0; t < 7; t++)
-        if ((uintptr_t)vs[t]->data % 16 || vs[t]->sb % 8 || vs[t]->ss % 8 || vs[t]->sh % 8)
-            return false;
-    return true;
-}
 fai_cuda_result fai_cuda_backward_mma_prepare(const fai_cuda_args *a, const fai_cuda_bwd_ws *w,
                                               char *err, size_t n);
 fai_cuda_result fai_cuda_backward_mma(const fai_cuda_args *a, const fai_cuda_bwd_ws *w, char *err,
                                       size_t n);
 /* The Hopper backward kernel (bwd_wgmma.cu: dK, dV, and dQ's sums unless deterministic),
- * tried first by fai_cuda_backward_mma; FAI_CUDA_UNSUPPORTED (nothing launched) outside its
- * shapes. */
+ * run by fai_cuda_backward_mma where the plan (plan.h) takes it. */
 fai_cuda_result fai_cuda_backward_wgmma(const fai_cuda_args *a, const fai_cuda_bwd_ws *w,
                                         char *err, size_t n);
 
@@ -291,9 +272,8 @@ static inline bool fai_cuda_plain_storage(const fai_cuda_args &a)
     return a.q_dtype == a.dtype && a.kv_dtype == a.dtype && !a.bias.data && !a.blocks.listed;
 }
 
-/* The tensor-core forwards, wgmma (fwd_wgmma.cu, Hopper) and mma.sync (fwd_mma.cu):
- * FAI_CUDA_UNSUPPORTED when the problem is not one of their shapes (then the next runs: wgmma,
- * mma.sync, generic). */
+/* The tensor-core forwards, wgmma (fwd_wgmma.cu, Hopper) and mma.sync (fwd_mma.cu), run where
+ * the plan (plan.h) takes them. */
 fai_cuda_result fai_cuda_forward_wgmma(const fai_cuda_args *a, char *err, size_t n);
 fai_cuda_result fai_cuda_forward_mma(const fai_cuda_args *a, char *err, size_t n);
 

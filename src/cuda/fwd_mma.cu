@@ -263,26 +263,10 @@ fai_cuda_result by_dim(const fai_cuda_args &a, char *err, size_t n)
     }
 }
 
-/* Whether the tensor-core kernel applies: 16-bit storage (one for all, no bias or block mask:
- * fai_cuda_plain_storage), Dqk = Dv in {32, 64, 96, 128, 256}, every row 16-byte aligned (base
- * and strides), so cp.async can move whole chunks. */
-bool applies(const fai_cuda_args &a)
-{
-    if ((a.dtype != FA_BF16 && a.dtype != FA_F16) || !fai_cuda_plain_storage(a))
-        return false;
-    if (a.dqk != a.dv)
-        return false;
-    if (a.dqk != 32 && a.dqk != 64 && a.dqk != 96 && a.dqk != 128 && a.dqk != 256)
-        return false;
-    return fai_cuda_rows_aligned16(a);
-}
-
 } // namespace
 
 fai_cuda_result fai_cuda_forward_mma(const fai_cuda_args *a, char *err, size_t n)
 {
-    if (!applies(*a))
-        return FAI_CUDA_UNSUPPORTED;
     if (a->sq == 0 || a->b * a->hq == 0)
         return FAI_CUDA_OK;
     return a->dtype == FA_BF16 ? by_dim<__nv_bfloat16>(*a, err, n) : by_dim<__half>(*a, err, n);

@@ -267,34 +267,10 @@ fai_cuda_result by_dim(const fai_cuda_args &a, char *err, size_t n)
     return a.dqk == 64 ? launch<T, 64, 128, 2>(a, err, n) : launch<T, 128, 128, 2>(a, err, n);
 }
 
-/* Whether the wgmma kernel applies: a build with the sm_90a image, a 9.0 device, 16-bit
- * storage (one for all, no bias or block mask: fai_cuda_plain_storage), Dqk = Dv in {64, 128}, the scale-only pipeline without dropout, every row 16-byte
- * aligned (base and strides) for TMA, sizes that TMA's 32-bit coordinates and the grid
- * reach. */
-bool applies(const fai_cuda_args &a)
-{
-#ifndef FA_CUDA_HAVE_SM90A
-    return false;
-#endif
-    if (a.kernel != FAI_CUDA_KERNEL_AUTO)
-        return false;
-    if ((a.dtype != FA_BF16 && a.dtype != FA_F16) || !fai_cuda_plain_storage(a))
-        return false;
-    if (a.dqk != a.dv || (a.dqk != 64 && a.dqk != 128))
-        return false;
-    if (!fai_cuda_scale_only(a))
-        return false;
-    if (a.sq >= INT32_MAX || a.sk >= INT32_MAX || a.b * a.hq > 65535)
-        return false;
-    return fai_cuda_rows_aligned16(a) && device_is_sm90();
-}
-
 } // namespace
 
 fai_cuda_result fai_cuda_forward_wgmma(const fai_cuda_args *a, char *err, size_t n)
 {
-    if (!applies(*a))
-        return FAI_CUDA_UNSUPPORTED;
     if (a->sq == 0 || a->b * a->hq == 0)
         return FAI_CUDA_OK;
     return a->dtype == FA_BF16 ? by_dim<__nv_bfloat16>(*a, err, n) : by_dim<__half>(*a, err, n);

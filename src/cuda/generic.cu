@@ -15,6 +15,7 @@
  * back one key at a time with a shuffle.
  */
 #include "common.cuh"
+#include "plan.h"
 
 namespace {
 
@@ -530,7 +531,7 @@ fai_cuda_result run_backward(const fai_cuda_args &a, char *err, size_t n)
 {
     cudaStream_t st = (cudaStream_t)a.stream;
     const size_t sm = (size_t)kWarps * (a.dqk + a.dv) * sizeof(C);
-    const bool mma = a.sq > 0 && a.sk > 0 && fai_cuda_backward_mma_applies(&a);
+    const bool mma = a.sq > 0 && a.sk > 0 && fai_cuda_plan_backward(&a).family != FAI_CUDA_GENERIC;
     const int64_t bhs = a.b * a.hq * a.sq;
     float *ws = (float *)a.work;
     fai_cuda_bwd_ws w = {ws, ws + bhs, a.deterministic ? nullptr : ws + 2 * bhs,
@@ -761,13 +762,10 @@ extern "C" fai_cuda_result fai_cuda_append(const fai_cuda_args *a, int64_t n, in
 
 extern "C" fai_cuda_result fai_cuda_forward(const fai_cuda_args *a, char *err, size_t n)
 {
-    /* FP8, a cache dtype, a bias, a block mask: the FMA path's */
-    if (a->kernel != FAI_CUDA_KERNEL_GENERIC && fai_cuda_plain_storage(*a)) {
-        fai_cuda_result r = fai_cuda_forward_wgmma(a, err, n);
-        if (r == FAI_CUDA_UNSUPPORTED)
-            r = fai_cuda_forward_mma(a, err, n);
-        if (r != FAI_CUDA_UNSUPPORTED)
-            return r;
+    switch (fai_cuda_plan_forward(a).family) {
+    case FAI_CUDA_WGMMA: return fai_cuda_forward_wgmma(a, err, n);
+    case FAI_CUDA_MMA: return fai_cuda_forward_mma(a, err, n);
+    case FAI_CUDA_GENERIC: break; /* FP8, a cache dtype, a bias, a block mask, any shape */
     }
     if (a->sq == 0 || a->b * a->hq == 0)
         return FAI_CUDA_OK;
@@ -786,7 +784,7 @@ extern "C" fai_cuda_result fai_cuda_backward(const fai_cuda_args *a, char *err, 
 extern "C" size_t fai_cuda_backward_workspace(const fai_cuda_args *a)
 {
     const size_t bhs = (size_t)(a->b * a->hq * a->sq);
-    if (a->sq > 0 && a->sk > 0 && fai_cuda_backward_mma_applies(a)) /* + the flag */
+    if (a->sq > 0 && a->sk > 0 && fai_cuda_plan_backward(a).family != FAI_CUDA_GENERIC) /* + the flag */
         return (size_t)mma_ws_floats(*a) * sizeof(float) + 16;
     return bhs * (a->dtype == FA_F64 ? sizeof(double) : sizeof(float));
 }
