@@ -253,25 +253,6 @@ static inline bool fai_cuda_scale_only(const fai_cuda_args &a)
     return a.score.softcap == 0 && a.slopes == nullptr && a.drop.threshold == 0;
 }
 
-/* Whether q, k, v and out start on 16-byte boundaries and step in whole 16-byte chunks (16-bit
- * elements): what cp.async and TMA need to move rows as 16-byte chunks. */
-static inline bool fai_cuda_rows_aligned16(const fai_cuda_args &a)
-{
-    const fai_cuda_view *vs[4] = {&a.tq, &a.tk, &a.tv, &a.tout};
-    for (int t = 0; t < 4; t++)
-        if ((uintptr_t)vs[t]->data % 16 != 0 || vs[t]->sb % 8 || vs[t]->ss % 8 || vs[t]->sh % 8)
-            return false;
-    return true;
-}
-
-/* Whether every tensor is of one storage dtype and the scores take no bias tensor or block mask:
- * the tensor-core kernels' condition besides shapes (FP8 q or an FP8 / 16-bit cache apart from
- * q's, a bias and a block mask are the generic kernels'). */
-static inline bool fai_cuda_plain_storage(const fai_cuda_args &a)
-{
-    return a.q_dtype == a.dtype && a.kv_dtype == a.dtype && !a.bias.data && !a.blocks.listed;
-}
-
 /* The tensor-core forwards, wgmma (fwd_wgmma.cu, Hopper) and mma.sync (fwd_mma.cu), run where
  * the plan (plan.h) takes them. */
 fai_cuda_result fai_cuda_forward_wgmma(const fai_cuda_args *a, char *err, size_t n);

@@ -8,7 +8,7 @@
  *  - FA_CUDA_KERNEL (the context's choice, backend.c) caps the family: "mma" rules out wgmma,
  *    "generic" both tensor-core families.
  *  - Only the generic kernels read a bias tensor, a block mask, FP8 codes or a cache of another
- *    dtype than q's (fai_cuda_plain_storage), walk a mask of two key runs (sink tokens) or a
+ *    dtype than q's (plain_storage), walk a mask of two key runs (sink tokens) or a
  *    page table; only they leave the D_i the bias gradient's kernel reads.
  *  - The tensor-core kernels take f16/bf16 with Dqk = Dv at the head dims they are built for,
  *    and rows that start and step in whole 16-byte chunks (cp.async, ldmatrix, TMA).
@@ -25,7 +25,16 @@
 
 namespace {
 
-/* Rows of every tensor in views[0..n) 16-byte aligned (base and strides, 16-bit elements). */
+/* Whether every tensor is of one storage dtype and the scores take no bias tensor or block
+ * mask (FP8 q or an FP8 / 16-bit cache apart from q's, a bias and a block mask are the generic
+ * kernels'). */
+bool plain_storage(const fai_cuda_args &a)
+{
+    return a.q_dtype == a.dtype && a.kv_dtype == a.dtype && !a.bias.data && !a.blocks.listed;
+}
+
+/* Rows of every tensor in views[0..n) start on 16-byte boundaries and step in whole 16-byte
+ * chunks (16-bit elements): what cp.async, ldmatrix and TMA need. */
 bool aligned16(const fai_cuda_view *const *views, int n)
 {
     for (int t = 0; t < n; t++)
@@ -49,7 +58,7 @@ const char *generic_only(const fai_cuda_args &a)
 {
     if (a.kernel == FAI_CUDA_KERNEL_GENERIC)
         return "FA_CUDA_KERNEL=generic";
-    if (!fai_cuda_plain_storage(a))
+    if (!plain_storage(a))
         return "a bias, a block mask, FP8 inputs or a cache dtype apart from q's (generic only)";
     if (a.mask.sink_keys > 0)
         return "sink tokens: two key runs a row (generic only)";
