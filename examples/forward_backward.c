@@ -39,7 +39,7 @@ int main(void)
         fprintf(stderr, "flashattn: %s: %s\n", fa_status_string(s), fa_last_error());
         return 1;
     }
-    char info[256];
+    char info[4096];
     size_t peak;
     fa_context_describe(ctx, info, sizeof info);
     fa_memory_stats(ctx, NULL, &peak);

@@ -279,6 +279,7 @@ static void plans_make(int small)
             {"tc_d256_causal", ALL},                {"tc_d256_everything", ALL},
             {"tc_d128_empty_rows", ALL},            {"wgmma_window", ALL},
             {"wgmma_backward_gqa", HALF},           {"wgmma_padding_keys", ALL},
+            {"wgmma_d96_gqa", HALF},                {"wgmma_d256_causal", HALF},
         };
         for (size_t i = 0; i < sizeof short_sweep / sizeof *short_sweep; i++)
             plan_add(sweep, sw_case_named(short_sweep[i].name), short_sweep[i].dts, NULL, 0, NULL);
@@ -597,6 +598,51 @@ START_TEST(cuda_bad_kernel_choice_refused)
     d_free(&q), d_free(&k), d_free(&v), d_free(&out), d_free(&lse);
     fa_context_destroy(ctx);
     ht_bundle_free(&x);
+}
+END_TEST
+
+/* fa_context_describe prints the launch plan of plain bf16 calls at each tensor-core head dim:
+ * the wgmma forward at D 64 to 256 on a Hopper device of a build with its image (128-key
+ * tiles, 64 at D 256), the mma.sync kernels under FA_CUDA_KERNEL=mma or elsewhere, the FMA
+ * kernels under FA_CUDA_KERNEL=generic, each with its reason. */
+START_TEST(cuda_describe_prints_plan)
+{
+    int dev = 0, major = 0, minor = 0;
+    ck_assert(cudaGetDevice(&dev) == cudaSuccess);
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev);
+#ifdef FA_CUDA_HAVE_SM90A
+    const int hopper = major == 9 && minor == 0;
+#else
+    const int hopper = 0;
+#endif
+    static const struct {
+        const char *kernel, *want[3];
+    } runs[3] = {
+        {NULL,
+         {"cuda_plan_bf16_d96=fwd:wgmma q128 k128 x2 (",
+          "cuda_plan_bf16_d256=fwd:wgmma q128 k64 x2 (",
+          "cuda_plan_bf16_d128=fwd:wgmma q128 k128 x2 (wgmma: 16-bit"}},
+        {"mma",
+         {"cuda_plan_bf16_d96=fwd:mma q128 k64 x0 (", "cuda_plan_bf16_d256=fwd:mma q64 k32 x0 (",
+          "bwd:mma q32 k64 x0 ("}},
+        {"generic",
+         {"cuda_plan_bf16_d64=fwd:generic (FA_CUDA_KERNEL=generic)",
+          "cuda_plan_bf16_d256=fwd:generic (FA_CUDA_KERNEL=generic),bwd:generic (",
+          "cuda_kernels=generic"}},
+    };
+    for (int r = hopper ? 0 : 1; r < 3; r++) {
+        if (runs[r].kernel)
+            setenv("FA_CUDA_KERNEL", runs[r].kernel, 1);
+        fa_context *ctx = cuda_context(0);
+        unsetenv("FA_CUDA_KERNEL");
+        char line[4096];
+        ck_assert_int_eq(fa_context_describe(ctx, line, sizeof line), FA_OK);
+        for (int w = 0; w < 3; w++)
+            ck_assert_msg(strstr(line, runs[r].want[w]) != NULL, "%s: no '%s' in %s",
+                          runs[r].kernel ? runs[r].kernel : "auto", runs[r].want[w], line);
+        fa_context_destroy(ctx);
+    }
 }
 END_TEST
 
@@ -1809,6 +1855,7 @@ static Suite *make_cuda_suite(int small)
     tcase_add_loop_test(tc, cuda_allowed_inf_v_reaches_output, 0, 8);
     tcase_add_test(tc, cuda_host_pointers_refused);
     tcase_add_test(tc, cuda_bad_kernel_choice_refused);
+    tcase_add_test(tc, cuda_describe_prints_plan);
     tcase_add_test(tc, cuda_deterministic_memory_auto);
     tcase_add_test(tc, cuda_empty_sequences);
     tcase_add_test(tc, cuda_unsupported_head_dim);

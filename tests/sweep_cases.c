@@ -176,6 +176,20 @@ const sw_case sw_cases[] = {
     {.name = "wgmma_plain", .runs = SW_CUDA | SW_CUDA_TC | SW_CUDA_MMA, .seed = 31,
      .dims = {.b = 1, .sq = 200, .sk = 700, .hq = 2, .hk = 2, .dqk = 128, .dv = 128},
      .layout = SW_BHSD},
+    /* D 96 (Q, K, V padded to 128 columns by TMA in shared memory, O stored to 96): GQA,
+     * both query blocks and key tiles cut; D 256 (key tiles of 64): a window cutting tiles on
+     * both sides, and a bottom-right causal mask with Sq < Sk */
+    {.name = "wgmma_d96_gqa", .runs = SW_CUDA | SW_CUDA_TC | SW_CUDA_MMA, .seed = 34,
+     .dims = {.b = 2, .sq = 201, .sk = 301, .hq = 4, .hk = 2, .dqk = 96, .dv = 96}},
+    {.name = "wgmma_d96_causal", .runs = SW_CUDA | SW_CUDA_TC | SW_CUDA_MMA, .seed = 35,
+     .dims = {.b = 1, .sq = 300, .sk = 300, .hq = 2, .hk = 1, .dqk = 96, .dv = 96}, .causal = 1,
+     .layout = SW_BHSD},
+    {.name = "wgmma_d256_window", .runs = SW_CUDA | SW_CUDA_TC | SW_CUDA_MMA, .seed = 36,
+     .dims = {.b = 1, .sq = 260, .sk = 333, .hq = 2, .hk = 2, .dqk = 256, .dv = 256},
+     .window = SW_WINDOW(70, 30)},
+    {.name = "wgmma_d256_causal", .runs = SW_CUDA | SW_CUDA_TC | SW_CUDA_MMA, .seed = 37,
+     .dims = {.b = 1, .sq = 150, .sk = 390, .hq = 4, .hk = 1, .dqk = 256, .dv = 256},
+     .causal = 1},
     /* the wgmma backward's: key blocks of 128 over query tiles of 64 of a GQA group of 4 */
     {.name = "wgmma_backward_gqa", .runs = SW_CUDA | SW_CUDA_TC | SW_CUDA_MMA, .seed = 32,
      .dims = {.b = 2, .sq = 333, .sk = 333, .hq = 4, .hk = 1, .dqk = 128, .dv = 128},

@@ -302,7 +302,7 @@ contexts = _Contexts()
 def describe(backend: str = "auto", isa: str = "auto", threads: int = 0) -> str:
     """One line: the backend, ISA, threads, caches and tiles a context with these options
     runs with (fa_context_describe)."""
-    buf = ctypes.create_string_buffer(512)
+    buf = ctypes.create_string_buffer(4096)
     check_status(lib.fa_context_describe(contexts.get(backend, isa, threads, 0, False), buf,
                                          len(buf)), "describe")
     return buf.value.decode()

@@ -158,7 +158,7 @@ int cmd_demo(int argc, char **argv)
     fa_options_init(&o);
     o.num_threads = (int)threads;
     fa_context *info;
-    char line[512];
+    char line[4096];
     if (check(fa_context_create(&o, &info), "context"))
         return 1;
     fa_context_describe(info, line, sizeof line);

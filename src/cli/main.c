@@ -79,7 +79,7 @@ int cmd_info(int argc, char **argv)
     fa_status s = fa_context_create(NULL, &ctx);
     if (s != FA_OK)
         return cli_fail(s, "context");
-    char line[512];
+    char line[4096]; /* the CUDA backend's launch plans make it long */
     fa_context_describe(ctx, line, sizeof line);
     fa_context_destroy(ctx);
     printf("flashattn %s\n", fa_version_string());

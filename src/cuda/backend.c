@@ -19,6 +19,7 @@
 #include "backends/groups.h"
 #include "backends/table.h"
 #include "cuda/launch.h"
+#include "cuda/plan.h"
 
 #ifndef FA_CUDA_MIN_ARCH
 #error "configure defines FA_CUDA_MIN_ARCH (the lowest --with-cuda-arch) in --enable-cuda builds"
@@ -58,12 +59,15 @@ static fa_status cuda_setup(const fa_options *o, fai_backend_settings *mine)
     return FA_OK;
 }
 
-/* The context's part of fa_context_describe's line: the kernels its calls may take. */
+/* The context's part of fa_context_describe's line: the kernels its calls may take, and the
+ * launch plan's choice for plain bf16 calls at each tensor-core head dim (cuda/plan.h). */
 static void cuda_describe(const fa_context *ctx, char *buf, size_t n)
 {
     cuda_settings s;
     fai_settings_get(ctx, FA_BACKEND_CUDA, &s, sizeof s);
-    snprintf(buf, n, "cuda_kernels=%s", kernel_names[s.kernel]);
+    const int k = snprintf(buf, n, "cuda_kernels=%s ", kernel_names[s.kernel]);
+    if (k > 0 && (size_t)k < n)
+        fai_cuda_plan_describe(s.kernel, buf + k, n - (size_t)k);
 }
 
 /* Usable: a device, and the current one can run this build's code (SASS for the lowest arch

@@ -29,7 +29,6 @@
  */
 #include "common.cuh"
 #include "mma.cuh"
-#include "plan.h"
 
 #include <stdint.h>
 
@@ -555,13 +554,16 @@ fai_cuda_result launch(const fai_cuda_args &a, const fai_cuda_bwd_ws &w, char *e
 }
 
 template <typename T, int D>
-fai_cuda_result by_mode(const fai_cuda_args &a, const fai_cuda_bwd_ws &w, char *err, size_t n)
+fai_cuda_result by_mode(const fai_cuda_args &a, const fai_cuda_plan &p, const fai_cuda_bwd_ws &w,
+                        char *err, size_t n)
 {
     const bool fast = fai_cuda_scale_only(a);
     /* dK, dV, and dQ's sums unless deterministic: the Hopper kernel where the plan takes it */
     fai_cuda_result r;
-    if (fai_cuda_plan_backward(&a).family == FAI_CUDA_WGMMA) {
-        r = fai_cuda_backward_wgmma(&a, &w, err, n);
+    if (p.family == FAI_CUDA_WGMMA) {
+        r = fai_cuda_backward_wgmma(&a, &p.tile, &w, err, n);
+    } else if (p.tile.bq != kBQ || p.tile.bk != kBKV) {
+        return fai_cuda_no_instance("the mma.sync backward", &a, &p.tile, err, n);
     } else {
         if (a.deterministic)
             r = fast ? launch<T, D, true, false>(a, w, err, n)
@@ -577,15 +579,16 @@ fai_cuda_result by_mode(const fai_cuda_args &a, const fai_cuda_bwd_ws &w, char *
 }
 
 template <typename T>
-fai_cuda_result run(const fai_cuda_args &a, const fai_cuda_bwd_ws &w, char *err, size_t n)
+fai_cuda_result run(const fai_cuda_args &a, const fai_cuda_plan &p, const fai_cuda_bwd_ws &w,
+                    char *err, size_t n)
 {
     cudaStream_t st = (cudaStream_t)a.stream;
     fai_cuda_result r;
     switch (a.dqk) {
-    case 32: r = by_mode<T, 32>(a, w, err, n); break;
-    case 64: r = by_mode<T, 64>(a, w, err, n); break;
-    case 96: r = by_mode<T, 96>(a, w, err, n); break;
-    default: r = by_mode<T, 128>(a, w, err, n); break;
+    case 32: r = by_mode<T, 32>(a, p, w, err, n); break;
+    case 64: r = by_mode<T, 64>(a, p, w, err, n); break;
+    case 96: r = by_mode<T, 96>(a, p, w, err, n); break;
+    default: r = by_mode<T, 128>(a, p, w, err, n); break;
     }
     if (r != FAI_CUDA_OK || a.deterministic)
         return r;
@@ -618,8 +621,9 @@ fai_cuda_result fai_cuda_backward_mma_prepare(const fai_cuda_args *a, const fai_
     return fai_cuda_check_launch("backward: LSE log2(e)", err, n);
 }
 
-fai_cuda_result fai_cuda_backward_mma(const fai_cuda_args *a, const fai_cuda_bwd_ws *w, char *err,
-                                      size_t n)
+fai_cuda_result fai_cuda_backward_mma(const fai_cuda_args *a, const fai_cuda_plan *p,
+                                      const fai_cuda_bwd_ws *w, char *err, size_t n)
 {
-    return a->dtype == FA_BF16 ? run<__nv_bfloat16>(*a, *w, err, n) : run<__half>(*a, *w, err, n);
+    return a->dtype == FA_BF16 ? run<__nv_bfloat16>(*a, *p, *w, err, n)
+                               : run<__half>(*a, *p, *w, err, n);
 }

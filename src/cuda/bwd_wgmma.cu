@@ -335,8 +335,10 @@ fai_cuda_result launch(const fai_cuda_args &a, const fai_cuda_bwd_ws &w, char *e
     if (!tma_map_4d(&maps.q, a.tq, a.dtype, D, a.sq, a.hq, a.b, cfg::BQ) ||
         !tma_map_4d(&maps.dout, a.tdout, a.dtype, D, a.sq, a.hq, a.b, cfg::BQ) ||
         !tma_map_4d(&maps.k, a.tk, a.dtype, D, a.sk, a.hk, a.b, cfg::BK) ||
-        !tma_map_4d(&maps.v, a.tv, a.dtype, D, a.sk, a.hk, a.b, cfg::BK))
+        !tma_map_4d(&maps.v, a.tv, a.dtype, D, a.sk, a.hk, a.b, cfg::BK)) {
+        snprintf(err, n, "backend cuda: wgmma backward: the driver refused a TMA tensor map");
         return FAI_CUDA_UNSUPPORTED;
+    }
     auto k = fa_bwd_kernel_wgmma__sm90a<T, D, DQ>;
     const size_t sm = cfg::smem_bytes;
     if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) !=
@@ -351,9 +353,12 @@ fai_cuda_result launch(const fai_cuda_args &a, const fai_cuda_bwd_ws &w, char *e
 
 } // namespace
 
-fai_cuda_result fai_cuda_backward_wgmma(const fai_cuda_args *a, const fai_cuda_bwd_ws *w,
-                                        char *err, size_t n)
+fai_cuda_result fai_cuda_backward_wgmma(const fai_cuda_args *a, const fai_cuda_tile *t,
+                                        const fai_cuda_bwd_ws *w, char *err, size_t n)
 {
+    using cfg = bwg_cfg<128>;
+    if (a->dqk != 128 || t->bq != cfg::BQ || t->bk != cfg::BK || t->stages != cfg::STAGES)
+        return fai_cuda_no_instance("the wgmma backward", a, t, err, n);
     if (a->dtype == FA_BF16)
         return a->deterministic ? launch<__nv_bfloat16, false>(*a, *w, err, n)
                                 : launch<__nv_bfloat16, true>(*a, *w, err, n);

@@ -12,6 +12,7 @@
 
 #include "flashattn.h"
 #include "launch.h"
+#include "plan.h"
 #include "core/gradient.h"
 #include "core/philox.h"
 #include "core/recurrence.h"
@@ -239,12 +240,13 @@ typedef struct {
 
 fai_cuda_result fai_cuda_backward_mma_prepare(const fai_cuda_args *a, const fai_cuda_bwd_ws *w,
                                               char *err, size_t n);
-fai_cuda_result fai_cuda_backward_mma(const fai_cuda_args *a, const fai_cuda_bwd_ws *w, char *err,
-                                      size_t n);
+/* The tensor-core backward of plan p (its family MMA or WGMMA). */
+fai_cuda_result fai_cuda_backward_mma(const fai_cuda_args *a, const fai_cuda_plan *p,
+                                      const fai_cuda_bwd_ws *w, char *err, size_t n);
 /* The Hopper backward kernel (bwd_wgmma.cu: dK, dV, and dQ's sums unless deterministic),
- * run by fai_cuda_backward_mma where the plan (plan.h) takes it. */
-fai_cuda_result fai_cuda_backward_wgmma(const fai_cuda_args *a, const fai_cuda_bwd_ws *w,
-                                        char *err, size_t n);
+ * run by fai_cuda_backward_mma where the plan (plan.h) takes it, with the plan's tile. */
+fai_cuda_result fai_cuda_backward_wgmma(const fai_cuda_args *a, const fai_cuda_tile *t,
+                                        const fai_cuda_bwd_ws *w, char *err, size_t n);
 
 /* Whether the score pipeline is the scale alone and dropout is off: the FAST variants, and
  * the only case of the wgmma kernels. */
@@ -254,8 +256,10 @@ static inline bool fai_cuda_scale_only(const fai_cuda_args &a)
 }
 
 /* The tensor-core forwards, wgmma (fwd_wgmma.cu, Hopper) and mma.sync (fwd_mma.cu), run where
- * the plan (plan.h) takes them. */
-fai_cuda_result fai_cuda_forward_wgmma(const fai_cuda_args *a, char *err, size_t n);
-fai_cuda_result fai_cuda_forward_mma(const fai_cuda_args *a, char *err, size_t n);
+ * the plan (plan.h) takes them, with its tile t. */
+fai_cuda_result fai_cuda_forward_wgmma(const fai_cuda_args *a, const fai_cuda_tile *t, char *err,
+                                       size_t n);
+fai_cuda_result fai_cuda_forward_mma(const fai_cuda_args *a, const fai_cuda_tile *t, char *err,
+                                     size_t n);
 
 #endif

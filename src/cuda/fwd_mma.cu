@@ -244,30 +244,30 @@ fai_cuda_result launch(const fai_cuda_args &a, char *err, size_t n)
     return fai_cuda_check_launch("tensor-core forward", err, n);
 }
 
-/*
- * Tile sizes, one place (docs/notes/cuda.md has the measurements behind them):
- *   D <= 128: 4 warps x 2 m-tiles = 128 query rows, 64-key tiles (v1, 4 x 1 = 64 rows, ran at
- *             0.4x FA2: one ldmatrix.x4 per two MMAs saturated shared memory).
- *   D = 256:  4 warps x 1 m-tile = 64 query rows, 32-key tiles (the O accumulator alone is
- *             128 registers), Q read from shared memory at every k-step.
- */
+/* The plan's tile (plan.cu says why each): 4 warps x 2 m-tiles = 128 rows x 64 keys at
+ * D <= 128, 4 x 1 = 64 rows x 32 keys at D = 256. */
 template <typename T>
-fai_cuda_result by_dim(const fai_cuda_args &a, char *err, size_t n)
+fai_cuda_result by_tile(const fai_cuda_args &a, const fai_cuda_tile &t, char *err, size_t n)
 {
-    switch (a.dqk) {
-    case 32: return launch<T, 32, 64, 4, 2>(a, err, n);
-    case 64: return launch<T, 64, 64, 4, 2>(a, err, n);
-    case 96: return launch<T, 96, 64, 4, 2>(a, err, n);
-    case 128: return launch<T, 128, 64, 4, 2>(a, err, n);
-    default: return launch<T, 256, 32, 4, 1>(a, err, n);
-    }
+    if (t.bq == 128 && t.bk == 64)
+        switch (a.dqk) {
+        case 32: return launch<T, 32, 64, 4, 2>(a, err, n);
+        case 64: return launch<T, 64, 64, 4, 2>(a, err, n);
+        case 96: return launch<T, 96, 64, 4, 2>(a, err, n);
+        case 128: return launch<T, 128, 64, 4, 2>(a, err, n);
+        }
+    if (t.bq == 64 && t.bk == 32 && a.dqk == 256)
+        return launch<T, 256, 32, 4, 1>(a, err, n);
+    return fai_cuda_no_instance("the mma.sync forward", &a, &t, err, n);
 }
 
 } // namespace
 
-fai_cuda_result fai_cuda_forward_mma(const fai_cuda_args *a, char *err, size_t n)
+fai_cuda_result fai_cuda_forward_mma(const fai_cuda_args *a, const fai_cuda_tile *t, char *err,
+                                     size_t n)
 {
     if (a->sq == 0 || a->b * a->hq == 0)
         return FAI_CUDA_OK;
-    return a->dtype == FA_BF16 ? by_dim<__nv_bfloat16>(*a, err, n) : by_dim<__half>(*a, err, n);
+    return a->dtype == FA_BF16 ? by_tile<__nv_bfloat16>(*a, *t, err, n)
+                               : by_tile<__half>(*a, *t, err, n);
 }

@@ -254,8 +254,10 @@ __device__ __forceinline__ void fwd_softmax(const fwd_rows &c, float (&s)[MT][NT
  * elements; an allowed, kept term P v with v non-finite is inf or NaN whatever P's size, and
  * NaN exactly when P = 0: so add (P > 0 ? 1 : 0) v for them. Column col's P > 0 bit lives in
  * lane 4g + (col mod 8)/2, bit 2 (col/8) + (col mod 2). vg: the head's V rows (row stride ss).
+ * The row's first DS of the accumulator's DT column groups are V's (the rest pad the wgmma
+ * kernel's O to whole 64-column slabs: fwd_wgmma.cu).
  */
-template <typename T, int MT, int DT, int BK, bool FAST>
+template <typename T, int MT, int DT, int BK, bool FAST, int DS = DT>
 __device__ __forceinline__ void fwd_add_back(const fwd_rows &c, float (&o)[MT][DT][4],
                                              const bool (&live)[2 * MT],
                                              const uint32_t (&pos)[2 * MT],
@@ -284,7 +286,7 @@ __device__ __forceinline__ void fwd_add_back(const fwd_rows &c, float (&o)[MT][D
             const float p = (bits >> (2 * (col >> 3) + (col & 1)) & 1) ? 1.0f : 0.0f;
             const int mt = rr >> 1, r = rr & 1;
 #pragma unroll
-            for (int d = 0; d < DT; d++) {
+            for (int d = 0; d < DS; d++) {
                 const float v0 = fai_storage<T>::load(vr[8 * d + 2 * c.tg]);
                 const float v1 = fai_storage<T>::load(vr[8 * d + 2 * c.tg + 1]);
                 /* only the elements the scan zeroed */
@@ -298,9 +300,9 @@ __device__ __forceinline__ void fwd_add_back(const fwd_rows &c, float (&o)[MT][D
 }
 
 /* End the rows (core/recurrence.h's fai_online_end_base2_f32: the head's sink, in base-2 units,
- * then the finalization) and store the warp's rows of O and LSE; rows at or past Sq are
- * skipped. */
-template <typename T, int MT, int DT>
+ * then the finalization) and store the warp's rows of O (the first DS column groups) and LSE;
+ * rows at or past Sq are skipped. */
+template <typename T, int MT, int DT, int DS = DT>
 __device__ __forceinline__ void fwd_store(const fai_cuda_args &a, const fwd_rows &c,
                                           const float (&o)[MT][DT][4], const float (&m)[2 * MT],
                                           float (&l)[2 * MT])
@@ -320,7 +322,7 @@ __device__ __forceinline__ void fwd_store(const fai_cuda_args &a, const fwd_rows
             continue;
         T *orow = fai_at<T>(a.tout, c.b, i, c.h);
 #pragma unroll
-        for (int d = 0; d < DT; d++) {
+        for (int d = 0; d < DS; d++) {
             const float x0 = live ? o[mt][d][2 * r] * f : 0.0f;
             const float x1 = live ? o[mt][d][2 * r + 1] * f : 0.0f;
             *(uint32_t *)(orow + 8 * d + 2 * c.tg) = M::pack(x0, x1);

@@ -1,7 +1,7 @@
 /*
  * Tensor-core forward on Hopper (sm_90a): warpgroup MMA (wgmma), TMA copies and warp
- * specialization, for f16 / bf16 storage, D = 64 or 128, the scale-only score pipeline without
- * dropout (the FAST case of fwd_mma.cu, which handles everything else).
+ * specialization, for f16 / bf16 storage, D = 64, 96, 128 or 256 (Dqk = Dv), the scale-only
+ * score pipeline without dropout (the FAST case of fwd_mma.cu, which handles everything else).
  *
  * A block owns BQ = 128 query rows of one (batch, head) and has three warpgroups:
  *
@@ -14,8 +14,9 @@
  *   consumers  (warpgroups 1 and 2, rows [0, 64) and [64, 128)): per key tile of BK keys
  *                S  = Q K^T   D / 16 wgmma m64nBKk16, both operands from shared memory
  *                P  = the online softmax of fwd_tile.cuh, per warp, as in fwd_mma.cu
- *                O += P V     BK / 16 wgmma m64nDk16, A = P in registers, B = V read
- *                             transposed (MN-major) from shared memory
+ *                O += P V     BK / 16 wgmma m64nDPk16 (DP: D padded to whole 64-column
+ *                             slabs, wg_cfg), A = P in registers, B = V read transposed
+ *                             (MN-major) from shared memory
  *
  * The two consumers never wait for each other, only for data: while one runs its softmax,
  * the tensor cores serve the other's products. Tiles sit in shared memory in the 128-byte-
@@ -37,12 +38,17 @@ struct fwd_maps {
     CUtensorMap q, k, v;
 };
 
+/* D: the head dim; DP: D padded to whole 64-column slabs (96 -> 128), the width of the tiles in
+ * shared memory and of the O accumulator. TMA fills the padding columns with zeros (they lie
+ * past the tensor map's D): they add nothing to Q K^T, which runs D / 16 k-steps anyway, and
+ * give O columns that are never stored. */
 template <int D, int BK, int STAGES> struct wg_cfg {
     static constexpr int BQ = 128;
     static constexpr int threads = 384;
-    using LQ = slab_layout<D, BQ>;
-    using LK = slab_layout<D, BK>;
-    static constexpr uint32_t q_bytes = BQ * D * 2, kv_bytes = BK * D * 2;
+    static constexpr int DP = (D + 63) / 64 * 64;
+    using LQ = slab_layout<DP, BQ>;
+    using LK = slab_layout<DP, BK>;
+    static constexpr uint32_t q_bytes = BQ * DP * 2, kv_bytes = BK * DP * 2;
     /* Q, K x STAGES, V x STAGES (each a multiple of 8 KiB: 1024-byte aligned), the key flags
      * of each stage (16 bytes), then the mbarriers; 1 KiB of slack to align the start */
     static constexpr size_t flags_off = q_bytes + 2 * STAGES * (size_t)kv_bytes;
@@ -60,16 +66,17 @@ __global__ void __launch_bounds__(384, 1)
     using LQ = typename cfg::LQ;
     using LK = typename cfg::LK;
     using M = mma_t<T>;
+    constexpr int BQ = cfg::BQ, DP = cfg::DP, NT = BK / 8, DT = DP / 8, DS = D / 8, KQ = D / 16,
+                  KP = BK / 16;
     using W = wgmma_op<T, BK>;
-    using WO = wgmma_op<T, D>;
-    constexpr int BQ = cfg::BQ, NT = BK / 8, DT = D / 8, KQ = D / 16, KP = BK / 16;
+    using WO = wgmma_op<T, DP>;
     constexpr float kLog2e = FAI_LOG2E_F; /* base-2 units: core/recurrence.h */
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char *smem = smem_raw + (-smem_addr(smem_raw) & 1023u);
     T *qs = (T *)smem;
-    T *ks = qs + BQ * D;          /* [STAGES][BK * D] */
-    T *vs = ks + STAGES * BK * D; /* [STAGES][BK * D] */
+    T *ks = qs + BQ * DP;          /* [STAGES][BK * DP] */
+    T *vs = ks + STAGES * BK * DP; /* [STAGES][BK * DP] */
     unsigned char *flags = smem + cfg::flags_off; /* [STAGES][16]: keys with non-finite V */
     uint64_t *bars = (uint64_t *)(smem + cfg::bars_off);
     uint64_t *full_q = bars, *full_k = bars + 1, *full_v = full_k + STAGES,
@@ -115,21 +122,21 @@ __global__ void __launch_bounds__(384, 1)
         const int c_h = (int)h, c_hk = (int)hk, c_b = (int)b;
         if (tid == 0) {
             mbar_arrive_tx(full_q, cfg::q_bytes);
-            for (int sl = 0; sl < D / 64; sl++)
+            for (int sl = 0; sl < DP / 64; sl++)
                 tma_load_4d(qs + sl * LQ::slab, &maps.q, 64 * sl, (int)i0, c_h, c_b, full_q);
         }
         for (int t = 0; t < ntiles; t++) {
             const int s = t % STAGES;
             const int j0 = (int)(klo + (int64_t)t * BK);
-            T *kd = ks + s * BK * D, *vd = vs + s * BK * D;
+            T *kd = ks + s * BK * DP, *vd = vs + s * BK * DP;
             if (t >= STAGES) /* the consumers are done with tile t - STAGES */
                 mbar_wait(empty + s, (t / STAGES - 1) & 1);
             if (tid == 0) {
                 mbar_arrive_tx(full_k + s, cfg::kv_bytes);
-                for (int sl = 0; sl < D / 64; sl++)
+                for (int sl = 0; sl < DP / 64; sl++)
                     tma_load_4d(kd + sl * LK::slab, &maps.k, 64 * sl, j0, c_hk, c_b, full_k + s);
                 mbar_arrive_tx(full_v + s, cfg::kv_bytes);
-                for (int sl = 0; sl < D / 64; sl++)
+                for (int sl = 0; sl < DP / 64; sl++)
                     tma_load_4d(vd + sl * LK::slab, &maps.v, 64 * sl, j0, c_hk, c_b, full_v + s);
             }
             if (needs_scan(t)) {
@@ -169,7 +176,7 @@ __global__ void __launch_bounds__(384, 1)
         const int s = t % STAGES;
         const uint32_t par = (t / STAGES) & 1;
         const int64_t j0 = klo + (int64_t)t * BK;
-        const T *kt = ks + s * BK * D, *vt = vs + s * BK * D;
+        const T *kt = ks + s * BK * DP, *vt = vs + s * BK * DP;
         const bool scan = needs_scan(t);
         /* wgmma is collective over the group: it skips a tile only when none of its 64 rows
          * sees it; a warp none of whose rows does takes part masked (PARTIAL) */
@@ -224,12 +231,12 @@ __global__ void __launch_bounds__(384, 1)
             wgmma_wait<0>();
             wgmma_pin(o[0]);
             if (fix)
-                fwd_add_back<T, 1, DT, BK, true>(rows, o, live, pos, flags + 16 * s, j0, vg,
+                fwd_add_back<T, 1, DT, BK, true, DS>(rows, o, live, pos, flags + 16 * s, j0, vg,
                                                  a.tv.ss);
         }
         mbar_arrive(empty + s); /* this thread is done with stage s */
     }
-    fwd_store<T, 1, DT>(a, rows, o, m, l);
+    fwd_store<T, 1, DT, DS>(a, rows, o, m, l);
 #endif
 }
 
@@ -242,8 +249,10 @@ fai_cuda_result launch(const fai_cuda_args &a, char *err, size_t n)
     fwd_maps maps;
     if (!tma_map_4d(&maps.q, a.tq, a.dtype, D, a.sq, a.hq, a.b, cfg::BQ) ||
         !tma_map_4d(&maps.k, a.tk, a.dtype, D, a.sk, a.hk, a.b, BK) ||
-        !tma_map_4d(&maps.v, a.tv, a.dtype, D, a.sk, a.hk, a.b, BK))
+        !tma_map_4d(&maps.v, a.tv, a.dtype, D, a.sk, a.hk, a.b, BK)) {
+        snprintf(err, n, "backend cuda: wgmma forward: the driver refused a TMA tensor map");
         return FAI_CUDA_UNSUPPORTED;
+    }
     auto k = fa_fwd_kernel_wgmma__sm90a<T, D, BK, STAGES>;
     const size_t sm = cfg::smem_bytes;
     if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) !=
@@ -255,23 +264,29 @@ fai_cuda_result launch(const fai_cuda_args &a, char *err, size_t n)
     return fai_cuda_check_launch("wgmma forward", err, n);
 }
 
-/*
- * Tiles (docs/notes/cuda.md has the runs): 128 query rows (two consumer warpgroups of 64) x
- * 128-key tiles, 2 stages, for D = 64 and 128. At D = 128, bf16, N = 8192 non-causal: 489
- * TFLOP/s; 3 stages the same (488: the producer is never the limit); 64-key tiles x 4 stages
- * 384 (twice the barrier round trips and softmax bookkeeping per key).
- */
+/* The plan's tile (plan.cu says why each): 128 query rows x 128 keys at D 64, 96 and 128,
+ * x 64 keys at D 256, 2 stages. */
 template <typename T>
-fai_cuda_result by_dim(const fai_cuda_args &a, char *err, size_t n)
+fai_cuda_result by_tile(const fai_cuda_args &a, const fai_cuda_tile &t, char *err, size_t n)
 {
-    return a.dqk == 64 ? launch<T, 64, 128, 2>(a, err, n) : launch<T, 128, 128, 2>(a, err, n);
+    if (t.bq == 128 && t.bk == 128 && t.stages == 2)
+        switch (a.dqk) {
+        case 64: return launch<T, 64, 128, 2>(a, err, n);
+        case 96: return launch<T, 96, 128, 2>(a, err, n);
+        case 128: return launch<T, 128, 128, 2>(a, err, n);
+        }
+    if (t.bq == 128 && t.bk == 64 && t.stages == 2 && a.dqk == 256)
+        return launch<T, 256, 64, 2>(a, err, n);
+    return fai_cuda_no_instance("the wgmma forward", &a, &t, err, n);
 }
 
 } // namespace
 
-fai_cuda_result fai_cuda_forward_wgmma(const fai_cuda_args *a, char *err, size_t n)
+fai_cuda_result fai_cuda_forward_wgmma(const fai_cuda_args *a, const fai_cuda_tile *t,
+                                       char *err, size_t n)
 {
     if (a->sq == 0 || a->b * a->hq == 0)
         return FAI_CUDA_OK;
-    return a->dtype == FA_BF16 ? by_dim<__nv_bfloat16>(*a, err, n) : by_dim<__half>(*a, err, n);
+    return a->dtype == FA_BF16 ? by_tile<__nv_bfloat16>(*a, *t, err, n)
+                               : by_tile<__half>(*a, *t, err, n);
 }

@@ -531,7 +531,8 @@ fai_cuda_result run_backward(const fai_cuda_args &a, char *err, size_t n)
 {
     cudaStream_t st = (cudaStream_t)a.stream;
     const size_t sm = (size_t)kWarps * (a.dqk + a.dv) * sizeof(C);
-    const bool mma = a.sq > 0 && a.sk > 0 && fai_cuda_plan_backward(&a).family != FAI_CUDA_GENERIC;
+    const fai_cuda_plan plan = fai_cuda_plan_backward(&a);
+    const bool mma = a.sq > 0 && a.sk > 0 && plan.family != FAI_CUDA_GENERIC;
     const int64_t bhs = a.b * a.hq * a.sq;
     float *ws = (float *)a.work;
     fai_cuda_bwd_ws w = {ws, ws + bhs, a.deterministic ? nullptr : ws + 2 * bhs,
@@ -547,7 +548,7 @@ fai_cuda_result run_backward(const fai_cuda_args &a, char *err, size_t n)
         if ((r = fai_cuda_check_launch("backward D = dO . O", err, n)) != FAI_CUDA_OK)
             return r;
     }
-    if (mma && (r = fai_cuda_backward_mma(&a, &w, err, n)) != FAI_CUDA_OK)
+    if (mma && (r = fai_cuda_backward_mma(&a, &plan, &w, err, n)) != FAI_CUDA_OK)
         return r;
     const int *gate = mma ? w.flag : nullptr;
     if (a.sq > 0) {
@@ -762,9 +763,10 @@ extern "C" fai_cuda_result fai_cuda_append(const fai_cuda_args *a, int64_t n, in
 
 extern "C" fai_cuda_result fai_cuda_forward(const fai_cuda_args *a, char *err, size_t n)
 {
-    switch (fai_cuda_plan_forward(a).family) {
-    case FAI_CUDA_WGMMA: return fai_cuda_forward_wgmma(a, err, n);
-    case FAI_CUDA_MMA: return fai_cuda_forward_mma(a, err, n);
+    const fai_cuda_plan p = fai_cuda_plan_forward(a);
+    switch (p.family) {
+    case FAI_CUDA_WGMMA: return fai_cuda_forward_wgmma(a, &p.tile, err, n);
+    case FAI_CUDA_MMA: return fai_cuda_forward_mma(a, &p.tile, err, n);
     case FAI_CUDA_GENERIC: break; /* FP8, a cache dtype, a bias, a block mask, any shape */
     }
     if (a->sq == 0 || a->b * a->hq == 0)

@@ -14,10 +14,14 @@
  *    and rows that start and step in whole 16-byte chunks (cp.async, ldmatrix, TMA).
  *  - The wgmma kernels (sm_90a image, a 9.0 device) take the scale-only score pipeline without
  *    dropout, and sizes that TMA's 32-bit coordinates and their grids reach.
+ *
+ * Then the family's tile for the head dim (tile_of; docs/notes/cuda.md has the runs).
  */
 #include "config.h"
 
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 
 #include "common.cuh"
 #include "plan.h"
@@ -53,6 +57,12 @@ bool have_sm90a()
 #endif
 }
 
+/* A family and the rule that chose it. */
+struct family_choice {
+    fai_cuda_family family;
+    const char *why;
+};
+
 /* The rules that send a call to the generic kernels whatever its shape; NULL if none does. */
 const char *generic_only(const fai_cuda_args &a)
 {
@@ -71,11 +81,40 @@ const char *generic_only(const fai_cuda_args &a)
     return nullptr;
 }
 
-} // namespace
-
-extern "C" fai_cuda_plan fai_cuda_plan_forward(const fai_cuda_args *pa)
+/*
+ * The tiles, one place. Each family's launcher has an instance of each tile named here.
+ *   wgmma forward: 128 query rows (two consumer warpgroups of 64) x 128-key tiles, 2 stages,
+ *     at D 64, 96 (padded to 128 in shared memory) and 128. At D = 128, bf16, N = 8192
+ *     non-causal: 489 TFLOP/s; 3 stages the same (488: the producer is never the limit);
+ *     64-key tiles x 4 stages 384 (twice the barrier round trips and softmax bookkeeping per
+ *     key). D = 256: 64-key tiles (O alone is 128 registers a consumer thread; S over 128 keys
+ *     would be 64 more), 2 stages: Q 64 KiB + 2 x (K + V) 128 KiB of shared memory.
+ *   mma.sync forward: 4 warps x 2 m-tiles = 128 query rows, 64-key tiles for D <= 128 (4 x 1
+ *     = 64 rows ran at 0.4x FA2: one ldmatrix.x4 per two MMAs saturated shared memory);
+ *     D = 256: 4 warps x 1 m-tile = 64 rows, 32-key tiles (the O accumulator alone is 128
+ *     registers), Q read from shared memory at every k-step.
+ *   wgmma backward (D 128): 128-key blocks (two consumer warpgroups of 64 keys, dK and dV in
+ *     registers) over 64-query steps, 2 stages.
+ *   mma.sync backward: 64-key blocks over 32-query steps, 4 warps.
+ */
+fai_cuda_tile tile_of(fai_cuda_family f, bool forward, int64_t d)
 {
-    const fai_cuda_args &a = *pa;
+    switch (f) {
+    case FAI_CUDA_WGMMA:
+        if (forward)
+            return d == 256 ? fai_cuda_tile{128, 64, 2} : fai_cuda_tile{128, 128, 2};
+        return {64, 128, 2};
+    case FAI_CUDA_MMA:
+        if (forward)
+            return d == 256 ? fai_cuda_tile{64, 32, 0} : fai_cuda_tile{128, 64, 0};
+        return {32, 64, 0};
+    case FAI_CUDA_GENERIC: break;
+    }
+    return {0, 0, 0};
+}
+
+family_choice family_forward(const fai_cuda_args &a)
+{
     if (const char *why = generic_only(a))
         return {FAI_CUDA_GENERIC, why};
     if (a.dqk != 32 && a.dqk != 64 && a.dqk != 96 && a.dqk != 128 && a.dqk != 256)
@@ -87,18 +126,17 @@ extern "C" fai_cuda_plan fai_cuda_plan_forward(const fai_cuda_args *pa)
         return {FAI_CUDA_MMA, "FA_CUDA_KERNEL=mma"};
     if (!have_sm90a())
         return {FAI_CUDA_MMA, "no sm_90a image or not a 9.0 device"};
-    if (a.dqk != 64 && a.dqk != 128)
-        return {FAI_CUDA_MMA, "wgmma forward: D 64 and 128 only"};
+    if (a.dqk == 32)
+        return {FAI_CUDA_MMA, "wgmma forward: D 64, 96, 128 and 256"};
     if (!fai_cuda_scale_only(a))
         return {FAI_CUDA_MMA, "softcap, ALiBi or dropout (wgmma: the scale-only pipeline)"};
     if (a.sq >= INT32_MAX || a.sk >= INT32_MAX || a.b * a.hq > 65535)
         return {FAI_CUDA_MMA, "sizes past TMA's coordinates or the wgmma grid"};
-    return {FAI_CUDA_WGMMA, "wgmma: 16-bit, D 64/128, scale only, sm_90a"};
+    return {FAI_CUDA_WGMMA, "wgmma: 16-bit, D 64/96/128/256, scale only, sm_90a"};
 }
 
-extern "C" fai_cuda_plan fai_cuda_plan_backward(const fai_cuda_args *pa)
+family_choice family_backward(const fai_cuda_args &a)
 {
-    const fai_cuda_args &a = *pa;
     if (const char *why = generic_only(a))
         return {FAI_CUDA_GENERIC, why};
     if (a.dqk != 32 && a.dqk != 64 && a.dqk != 96 && a.dqk != 128)
@@ -118,4 +156,66 @@ extern "C" fai_cuda_plan fai_cuda_plan_backward(const fai_cuda_args *pa)
         (a.sq / 64 + 1) * a.group >= INT32_MAX)
         return {FAI_CUDA_MMA, "sizes past TMA's coordinates or the wgmma grid"};
     return {FAI_CUDA_WGMMA, "wgmma: 16-bit, D 128, scale only, sm_90a"};
+}
+
+/* The family's rules for a's forward (forward) or backward, then its tile. */
+fai_cuda_plan decide(const fai_cuda_args &a, bool forward)
+{
+    const family_choice c = forward ? family_forward(a) : family_backward(a);
+    return {c.family, c.why, tile_of(c.family, forward, a.dqk)};
+}
+
+} // namespace
+
+extern "C" fai_cuda_plan fai_cuda_plan_forward(const fai_cuda_args *a)
+{
+    return decide(*a, true);
+}
+
+extern "C" fai_cuda_plan fai_cuda_plan_backward(const fai_cuda_args *a)
+{
+    return decide(*a, false);
+}
+
+extern "C" int fai_cuda_plan_format(const fai_cuda_plan *p, char *buf, size_t n)
+{
+    static const char *const names[] = {"generic", "mma", "wgmma"};
+    if (p->family == FAI_CUDA_GENERIC)
+        return snprintf(buf, n, "generic (%s)", p->why);
+    return snprintf(buf, n, "%s q%d k%d x%d (%s)", names[p->family], p->tile.bq, p->tile.bk,
+                    p->tile.stages, p->why);
+}
+
+extern "C" fai_cuda_result fai_cuda_no_instance(const char *what, const fai_cuda_args *a,
+                                                const fai_cuda_tile *t, char *err, size_t n)
+{
+    snprintf(err, n,
+             "backend cuda: %s has no instance of D %lld with tile q%d k%d x%d (the launch "
+             "plan names a tile its launcher does not compile)",
+             what, (long long)a->dqk, t->bq, t->bk, t->stages);
+    return FAI_CUDA_UNSUPPORTED;
+}
+
+extern "C" void fai_cuda_plan_describe(int kernel, char *buf, size_t n)
+{
+    static const int64_t dims[4] = {64, 96, 128, 256};
+    size_t used = 0;
+    for (int x = 0; x < 4 && used < n; x++) {
+        const int64_t d = dims[x], s = 4096;
+        fai_cuda_args a;
+        memset(&a, 0, sizeof a);
+        a.dtype = a.q_dtype = a.kv_dtype = FA_BF16;
+        a.b = a.hq = a.hk = a.group = 1;
+        a.sq = a.sk = s, a.dqk = a.dv = d;
+        a.kernel = kernel;
+        const fai_cuda_view v = {(void *)(uintptr_t)4096, s * d, d, d}; /* BSHD, aligned */
+        a.tq = a.tk = a.tv = a.tout = a.tdout = a.tdq = a.tdk = a.tdv = v;
+        char f[160], b[160];
+        const fai_cuda_plan pf = fai_cuda_plan_forward(&a), pb = fai_cuda_plan_backward(&a);
+        fai_cuda_plan_format(&pf, f, sizeof f);
+        fai_cuda_plan_format(&pb, b, sizeof b);
+        const int k = snprintf(buf + used, n - used, "%scuda_plan_bf16_d%lld=fwd:%s,bwd:%s",
+                               x ? " " : "", (long long)d, f, b);
+        used += k > 0 ? (size_t)k : 0;
+    }
 }

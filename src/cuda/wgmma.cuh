@@ -210,6 +210,9 @@ __device__ __forceinline__ void named_barrier(int id, int threads)
 #define FAI_D64 FAI_D4(0), FAI_D4(1), FAI_D4(2), FAI_D4(3), FAI_D4(4), FAI_D4(5), FAI_D4(6), FAI_D4(7)
 #define FAI_D128 FAI_D64, FAI_D4(8), FAI_D4(9), FAI_D4(10), FAI_D4(11), FAI_D4(12), FAI_D4(13), \
                  FAI_D4(14), FAI_D4(15)
+#define FAI_D256 FAI_D128, FAI_D4(16), FAI_D4(17), FAI_D4(18), FAI_D4(19), FAI_D4(20), \
+                 FAI_D4(21), FAI_D4(22), FAI_D4(23), FAI_D4(24), FAI_D4(25), FAI_D4(26), \
+                 FAI_D4(27), FAI_D4(28), FAI_D4(29), FAI_D4(30), FAI_D4(31)
 #define FAI_R32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, " \
                 "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
 #define FAI_R64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, " \
@@ -217,6 +220,15 @@ __device__ __forceinline__ void named_barrier(int id, int threads)
                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, "   \
                 "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, "   \
                 "%62, %63}"
+#define FAI_R128 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, " \
+                 "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, " \
+                 "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, " \
+                 "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, " \
+                 "%62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, " \
+                 "%77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, " \
+                 "%92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, " \
+                 "%106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, " \
+                 "%118, %119, %120, %121, %122, %123, %124, %125, %126, %127}"
 
 /*
  * d (m64 x N, f32, the warpgroup's accumulator: warp w of the group holds rows 16 w .. 16 w +
@@ -268,6 +280,25 @@ template <typename T, int N> struct wgmma_op;
                          : FAI_D128                                                              \
                          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));         \
         }                                                                                        \
+    };                                                                                           \
+    template <> struct wgmma_op<TYPE, 256> {                                                     \
+        template <int TA = 0, int TB = 0>                                                        \
+        __device__ static void ss(float (&d)[32][4], uint64_t a, uint64_t b, int acc)           \
+        {                                                                                        \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n"                          \
+                         "wgmma.mma_async.sync.aligned.m64n256k16.f32." PTXT "." PTXT " "        \
+                         FAI_R128 ", %128, %129, p, 1, 1, %131, %132;\n}\n"                     \
+                         : FAI_D256                                                              \
+                         : "l"(a), "l"(b), "r"(acc), "n"(TA), "n"(TB));                         \
+        }                                                                                        \
+        __device__ static void rs(float (&d)[32][4], const uint32_t (&a)[4], uint64_t b)         \
+        {                                                                                        \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n"                          \
+                         "wgmma.mma_async.sync.aligned.m64n256k16.f32." PTXT "." PTXT " "        \
+                         FAI_R128 ", {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n"          \
+                         : FAI_D256                                                              \
+                         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));         \
+        }                                                                                        \
     };
 
 FAI_WGMMA_OPS(__nv_bfloat16, "bf16")
@@ -277,8 +308,10 @@ FAI_WGMMA_OPS(__half, "f16")
 #undef FAI_D4
 #undef FAI_D64
 #undef FAI_D128
+#undef FAI_D256
 #undef FAI_R32
 #undef FAI_R64
+#undef FAI_R128
 
 #endif /* FAI_WGMMA */
 
