@@ -7,11 +7,16 @@ warm-up). Loads libflashattn.so through ctypes; needs PyTorch with CUDA.
 
   python3 bench/bench_cuda.py --lib .libs/libflashattn.so --frontier [--dtypes bf16,f16]
 
+  python3 bench/bench_cuda.py --compare old.so,new.so [--ops fwd] [--rounds 5]
+
 --frontier: the CUDA frontier issue's table (B = 2, H D = 2048; forward at D 64/96/128/256,
 backward at D 64/96/128/256, causal at D 128), ours beside FlashAttention-4 (flash_attn.cute,
 where it imports: docs/notes/cuda.md says how to carry it), cuDNN and FA2 through SDPA, in
 TFLOP/s, into report/gpu/frontier.csv (and the device, versions and date beside it in
 report/gpu/frontier.txt). A kernel that refuses a shape gets nan.
+
+--compare: two or more builds of the library on the frontier points, alternated round by round
+in one process (the A/B of a kernel change: ratios to the first build, median over rounds).
 
 Tables: the article's forward table (B=2, H=8, D=128, bf16, causal, N=512..32768), the bar
 points (non-causal N=8192 forward; causal N=16384; backward N=8192), the head-dim sweep at
@@ -297,6 +302,39 @@ def frontier(lib, dtypes, reps, out_dir):
                                            torch.backends.cudnn.version(), fa4_version, reps))
 
 
+def compare(paths, rounds, reps, ops):
+    """Builds of the library side by side on the frontier points of `ops` (bf16): each round
+    times every build once per point, the order rotated from round to round; prints each
+    build's median TFLOP/s and the median over rounds of its per-round ratio to the first."""
+    libs = [Lib(p) for p in paths]
+    for op, causal, H, N, D in FRONTIER:
+        if op not in ops:
+            continue
+        B = 2
+        q, k, v = inputs(B, H, N, D)
+        out = torch.empty_like(q)
+        lse = torch.empty(B, H, N, device="cuda", dtype=torch.float32)
+        dout, dq, dk, dv = (torch.randn_like(q), torch.empty_like(q), torch.empty_like(k),
+                            torch.empty_like(v))
+        libs[0].forward(q, k, v, out, lse, causal)
+        fl = fwd_flops(B, H, N, D, causal) * (2.5 if op == "bwd" else 1.0) / 1e9
+        tf = [[] for _ in libs]
+        for r in range(rounds):
+            for x in range(len(libs)):
+                i = (x + r) % len(libs)
+                lib = libs[i]
+                call = ((lambda: lib.forward(q, k, v, out, lse, causal)) if op == "fwd" else
+                        (lambda: lib.backward(q, k, v, out, lse, dout, dq, dk, dv, causal)))
+                tf[i].append(fl / time_ms(call, reps))
+        ratios = [statistics.median(t[r] / tf[0][r] for r in range(rounds)) for t in tf]
+        print("%s causal=%d H=%d N=%d D=%d: %s" % (
+            op, causal, H, N, D, " | ".join("%s %.0f TF/s x%.3f" % (os.path.basename(p),
+                                                                    statistics.median(t), x)
+                                            for p, t, x in zip(paths, tf, ratios))))
+        del q, k, v, out, lse, dout, dq, dk, dv
+        torch.cuda.empty_cache()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", default=".libs/libflashattn.so")
@@ -308,7 +346,14 @@ def main():
     ap.add_argument("--frontier", action="store_true", help="the frontier table only")
     ap.add_argument("--dtypes", default="bf16", help="--frontier's dtypes: bf16, f16")
     ap.add_argument("--out", default="report/gpu", help="--frontier's folder")
+    ap.add_argument("--compare", help="builds to set side by side (comma-separated library "
+                    "paths; the first is the baseline) on the frontier points")
+    ap.add_argument("--rounds", type=int, default=5, help="--compare's rounds")
+    ap.add_argument("--ops", default="fwd,bwd", help="--compare's ops: fwd, bwd")
     a = ap.parse_args()
+    if a.compare:
+        compare(a.compare.split(","), a.rounds, a.reps, a.ops.split(","))
+        return
     lib = Lib(a.lib)
     dev = torch.cuda.get_device_properties(0)
     print("device: %s, %d SMs; torch %s" % (dev.name, dev.multi_processor_count, torch.__version__))

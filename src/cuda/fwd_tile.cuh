@@ -104,17 +104,18 @@ __device__ __forceinline__ bool fwd_scan_v(T *vt, unsigned char *bad, int tid, O
 
 /*
  * The online-softmax step of one key tile at j0 for the warp's rows: S (raw scores in s) to
- * P (in place), m and l updated, O rescaled; live[rr] says whether row rr took part, and with
- * `fix` pos[rr] gets bit 2n + (e mod 2) for each column 8n + 2tg + (e mod 2) with P > 0 (for
- * fwd_add_back). wcls is the tile's class for the warp's rows (not EMPTY).
- * FAST: scale-only score pipeline and no dropout.
+ * P (in place), m and l updated, and alpha[rr] the factor that row rr's O takes before this
+ * tile's P V is added (fwd_rescale; returns whether any row of the warp has one other than 1).
+ * live[rr] says whether row rr took part, and with `fix` pos[rr] gets bit 2n + (e mod 2) for
+ * each column 8n + 2tg + (e mod 2) with P > 0 (for fwd_add_back). wcls is the tile's class
+ * for the warp's rows (not EMPTY). FAST: scale-only score pipeline and no dropout.
  */
-template <int MT, int NT, int DT, int BK, bool FAST>
-__device__ __forceinline__ void fwd_softmax(const fwd_rows &c, float (&s)[MT][NT][4],
-                                            float (&o)[MT][DT][4], float (&m)[2 * MT],
-                                            float (&l)[2 * MT], bool (&live)[2 * MT],
-                                            uint32_t (&pos)[2 * MT], int64_t j0,
-                                            fai_tile_class wcls, bool fix)
+template <int MT, int NT, int BK, bool FAST>
+__device__ __forceinline__ bool fwd_softmax_p(const fwd_rows &c, float (&s)[MT][NT][4],
+                                              float (&m)[2 * MT], float (&l)[2 * MT],
+                                              bool (&live)[2 * MT], uint32_t (&pos)[2 * MT],
+                                              float (&alpha)[2 * MT], int64_t j0,
+                                              fai_tile_class wcls, bool fix)
 {
     constexpr int R = 2 * MT;
     constexpr float kLog2e = FAI_LOG2E_F; /* base-2 units: core/recurrence.h */
@@ -165,7 +166,6 @@ __device__ __forceinline__ void fwd_softmax(const fwd_rows &c, float (&s)[MT][NT
     /* FAST: the row max of the raw scores times scale2 > 0 is the max of the logits, so
      * x = s scale2 - m is one FMA inside exp2 */
     const float xs = FAST ? c.scale2 : 1.0f;
-    float alpha[R];
 #pragma unroll
     for (int rr = 0; rr < R; rr++) {
         bmax[rr] = fmaxf(bmax[rr], __shfl_xor_sync(0xffffffffu, bmax[rr], 1));
@@ -211,15 +211,6 @@ __device__ __forceinline__ void fwd_softmax(const fwd_rows &c, float (&s)[MT][NT
         l[rr] = alpha[rr] * l[rr] + rs[rr]; /* quad-partial; reduced at the end */
         rescale |= alpha[rr] != 1.0f;
     }
-    /* O *= alpha, skipped when no row of the warp moved its max (most tiles) */
-    if (__any_sync(0xffffffffu, rescale))
-#pragma unroll
-        for (int mt = 0; mt < MT; mt++)
-#pragma unroll
-            for (int d = 0; d < DT; d++) {
-                o[mt][d][0] *= alpha[2 * mt], o[mt][d][1] *= alpha[2 * mt];
-                o[mt][d][2] *= alpha[2 * mt + 1], o[mt][d][3] *= alpha[2 * mt + 1];
-            }
     /* dropout by selection: P~ = keep ? P : 0 (the 1/(1-p) comes at the end) */
     if (!FAST && c.dr.threshold) {
 #pragma unroll
@@ -247,6 +238,34 @@ __device__ __forceinline__ void fwd_softmax(const fwd_rows &c, float (&s)[MT][NT
                 for (int e = 0; e < 4; e++)
                     if (s[mt][n][e] > 0)
                         pos[2 * mt + (e >> 1)] |= 1u << (2 * n + (e & 1));
+    return __any_sync(0xffffffffu, rescale);
+}
+
+/* O *= alpha (fwd_softmax_p's factors), row by row. */
+template <int MT, int DT>
+__device__ __forceinline__ void fwd_rescale(float (&o)[MT][DT][4], const float (&alpha)[2 * MT])
+{
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int d = 0; d < DT; d++) {
+            o[mt][d][0] *= alpha[2 * mt], o[mt][d][1] *= alpha[2 * mt];
+            o[mt][d][2] *= alpha[2 * mt + 1], o[mt][d][3] *= alpha[2 * mt + 1];
+        }
+}
+
+/* fwd_softmax_p, then O rescaled at once (skipped when no row of the warp moved its max: most
+ * tiles), for a kernel whose O is not in flight in an MMA. */
+template <int MT, int NT, int DT, int BK, bool FAST>
+__device__ __forceinline__ void fwd_softmax(const fwd_rows &c, float (&s)[MT][NT][4],
+                                            float (&o)[MT][DT][4], float (&m)[2 * MT],
+                                            float (&l)[2 * MT], bool (&live)[2 * MT],
+                                            uint32_t (&pos)[2 * MT], int64_t j0,
+                                            fai_tile_class wcls, bool fix)
+{
+    float alpha[2 * MT];
+    if (fwd_softmax_p<MT, NT, BK, FAST>(c, s, m, l, live, pos, alpha, j0, wcls, fix))
+        fwd_rescale<MT, DT>(o, alpha);
 }
 
 /*

@@ -7,16 +7,18 @@
  *
  *   producer   (warpgroup 0, its registers given away to the others): one thread issues the
  *              TMA copies of Q once and of K and V tile by tile into STAGES shared-memory
- *              stages, each completing on its `full` mbarrier and reissued when the consumers
- *              have released the stage on its `empty` mbarrier. On tiles that not every row of
- *              the block fully sees, its 128 threads then scan V for non-finite elements
- *              (fwd_tile.cuh) and release the tile on `scanned`.
+ *              stages, each completing on its `full` mbarrier; a stage's K is reloaded once
+ *              the consumers have its S (`free_k`), its V once they have its P V (`free_v`).
+ *              On tiles that not every row of the block fully sees, its 128 threads then scan
+ *              V for non-finite elements (fwd_tile.cuh) and release the tile on `scanned`.
  *   consumers  (warpgroups 1 and 2, rows [0, 64) and [64, 128)): per key tile of BK keys
  *                S  = Q K^T   D / 16 wgmma m64nBKk16, both operands from shared memory
  *                P  = the online softmax of fwd_tile.cuh, per warp, as in fwd_mma.cu
  *                O += P V     BK / 16 wgmma m64nDPk16 (DP: D padded to whole 64-column
  *                             slabs, wg_cfg), A = P in registers, B = V read transposed
  *                             (MN-major) from shared memory
+ *              with tile t's P V in flight while tile t + 1's S and softmax run (the loop
+ *              below).
  *
  * The two consumers never wait for each other, only for data: while one runs its softmax,
  * the tensor cores serve the other's products. Tiles sit in shared memory in the 128-byte-
@@ -53,7 +55,8 @@ template <int D, int BK, int STAGES> struct wg_cfg {
      * of each stage (16 bytes), then the mbarriers; 1 KiB of slack to align the start */
     static constexpr size_t flags_off = q_bytes + 2 * STAGES * (size_t)kv_bytes;
     static constexpr size_t bars_off = flags_off + 16 * STAGES;
-    static constexpr int nbars = 1 + 4 * STAGES; /* q, then per stage k, v, scanned, empty */
+    /* q, then per stage: K full, V full, V scanned, K free, V free */
+    static constexpr int nbars = 1 + 5 * STAGES;
     static constexpr size_t smem_bytes = bars_off + 8 * nbars + 1024;
 };
 
@@ -80,7 +83,7 @@ __global__ void __launch_bounds__(384, 1)
     unsigned char *flags = smem + cfg::flags_off; /* [STAGES][16]: keys with non-finite V */
     uint64_t *bars = (uint64_t *)(smem + cfg::bars_off);
     uint64_t *full_q = bars, *full_k = bars + 1, *full_v = full_k + STAGES,
-             *scanned = full_v + STAGES, *empty = scanned + STAGES;
+             *scanned = full_v + STAGES, *free_k = scanned + STAGES, *free_v = free_k + STAGES;
     const fai_mask mask = a.mask;
 
     /* the warp index from lane 0: then the compiler knows it (and every branch on it) is
@@ -109,7 +112,8 @@ __global__ void __launch_bounds__(384, 1)
             mbar_init(full_k + s, 1);
             mbar_init(full_v + s, 1);
             mbar_init(scanned + s, 128);
-            mbar_init(empty + s, 256);
+            mbar_init(free_k + s, 256);
+            mbar_init(free_v + s, 256);
         }
         fence_mbarrier_init();
     }
@@ -129,12 +133,17 @@ __global__ void __launch_bounds__(384, 1)
             const int s = t % STAGES;
             const int j0 = (int)(klo + (int64_t)t * BK);
             T *kd = ks + s * BK * DP, *vd = vs + s * BK * DP;
-            if (t >= STAGES) /* the consumers are done with tile t - STAGES */
-                mbar_wait(empty + s, (t / STAGES - 1) & 1);
+            /* the consumers are done with tile t - STAGES's K (its S is in), then with its V */
             if (tid == 0) {
+                if (t >= STAGES)
+                    mbar_wait(free_k + s, (t / STAGES - 1) & 1);
                 mbar_arrive_tx(full_k + s, cfg::kv_bytes);
                 for (int sl = 0; sl < DP / 64; sl++)
                     tma_load_4d(kd + sl * LK::slab, &maps.k, 64 * sl, j0, c_hk, c_b, full_k + s);
+            }
+            if (t >= STAGES)
+                mbar_wait(free_v + s, (t / STAGES - 1) & 1);
+            if (tid == 0) {
                 mbar_arrive_tx(full_v + s, cfg::kv_bytes);
                 for (int sl = 0; sl < DP / 64; sl++)
                     tma_load_4d(vd + sl * LK::slab, &maps.v, 64 * sl, j0, c_hk, c_b, full_v + s);
@@ -156,9 +165,8 @@ __global__ void __launch_bounds__(384, 1)
     /* ------------------------------------------------------------ consumers */
     setmaxnreg_inc<232>();
     const int cw = wg - 1; /* 0 or 1: rows [64 cw, 64 cw + 64) of the block */
-    /* the group's rows [gi0, gi1) and the warp's [wi0, wi1) */
-    const int64_t gi0 = i0 + 64 * cw, gi1 = gi0 + 64 < i1 ? gi0 + 64 : i1;
-    const int64_t wi0 = gi0 + 16 * (warp & 3), wi1 = wi0 + 16 < i1 ? wi0 + 16 : i1;
+    /* the warp's rows [wi0, wi1) */
+    const int64_t wi0 = i0 + 64 * cw + 16 * (warp & 3), wi1 = wi0 + 16 < i1 ? wi0 + 16 : i1;
     const fwd_rows rows = {mask, a.score, fai_drop_head(a, b, h), 0.0f, (float)a.score.scale * kLog2e,
                            wi0, b, h, lane >> 2, lane & 3};
     const T *vg = fai_at<T>(a.tv, b, 0, hk);
@@ -169,72 +177,128 @@ __global__ void __launch_bounds__(384, 1)
     for (int d = 0; d < DT; d++)
         o[0][d][0] = o[0][d][1] = o[0][d][2] = o[0][d][3] = 0;
 
-    if (ntiles > 0)
-        mbar_wait(full_q, 0);
     uint32_t scan_par = 0; /* bit s: parity of stage s's next `scanned` phase */
-    for (int t = 0; t < ntiles; t++) {
+    /* Whether tile t's V scan flagged a key (waiting for the scan, on tiles that have one;
+     * called once per tile, in order) */
+    auto flagged = [&](int t) {
+        if (!needs_scan(t))
+            return false;
         const int s = t % STAGES;
-        const uint32_t par = (t / STAGES) & 1;
+        mbar_wait(scanned + s, (scan_par >> s) & 1);
+        scan_par ^= 1u << s;
+        const uint4 f = *(const uint4 *)(flags + 16 * s);
+        return (f.x | f.y | f.z | f.w) != 0;
+    };
+    /* issue S = Q K^T of tile t into sc (one committed group; not waited for) */
+    auto issue_s = [&](int t, float(&sc)[1][NT][4]) {
+        const int s = t % STAGES;
+        const T *kt = ks + s * BK * DP;
+        mbar_wait(full_k + s, (t / STAGES) & 1);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < KQ; kk++) {
+            const int sl = kk >> 2, k16 = (kk & 3) * 16;
+            W::ss(sc[0], wg_desc(qs + sl * LQ::slab + 64 * 64 * cw + k16, 16, 1024),
+                  wg_desc(kt + sl * LK::slab + k16, 16, 1024), kk > 0);
+        }
+        wgmma_commit();
+    };
+    /* tile t's softmax over sc (fwd_tile.cuh), O's factor into alpha; whether O takes one */
+    auto softmax = [&](int t, float(&sc)[1][NT][4], bool fix, bool(&live)[2], uint32_t(&pos)[2],
+                       float(&alpha)[2]) {
         const int64_t j0 = klo + (int64_t)t * BK;
-        const T *kt = ks + s * BK * DP, *vt = vs + s * BK * DP;
-        const bool scan = needs_scan(t);
-        /* wgmma is collective over the group: it skips a tile only when none of its 64 rows
-         * sees it; a warp none of whose rows does takes part masked (PARTIAL) */
-        const bool sees =
-            gi0 < gi1 && fai_mask_classify(&mask, gi0, gi1, j0, j0 + BK) != FAI_TILE_EMPTY;
-        mbar_wait(full_k + s, par);
-        mbar_wait(full_v + s, par);
-        bool fix = false;
-        if (scan) {
-            mbar_wait(scanned + s, (scan_par >> s) & 1);
-            scan_par ^= 1u << s;
-            const uint4 f = *(const uint4 *)(flags + 16 * s);
-            fix = (f.x | f.y | f.z | f.w) != 0;
-        }
-        if (sees) {
-            /* S = Q K^T */
-            float sc[1][NT][4];
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < KQ; kk++) {
-                const int sl = kk >> 2, k16 = (kk & 3) * 16;
-                W::ss(sc[0], wg_desc(qs + sl * LQ::slab + 64 * 64 * cw + k16, 16, 1024),
-                      wg_desc(kt + sl * LK::slab + k16, 16, 1024), kk > 0);
-            }
-            wgmma_commit();
-            wgmma_wait<0>();
-            wgmma_pin(sc[0]);
+        const fai_tile_class wcls =
+            wi0 < wi1 ? fai_mask_classify(&mask, wi0, wi1, j0, j0 + BK) : FAI_TILE_EMPTY;
+        return fwd_softmax_p<1, NT, BK, true>(rows, sc, m, l, live, pos, alpha, j0,
+                                              wcls == FAI_TILE_EMPTY ? FAI_TILE_PARTIAL : wcls,
+                                              fix);
+    };
 
-            const fai_tile_class wcls =
-                wi0 < wi1 ? fai_mask_classify(&mask, wi0, wi1, j0, j0 + BK) : FAI_TILE_EMPTY;
-            bool live[2];
-            uint32_t pos[2];
-            fwd_softmax<1, NT, DT, BK, true>(rows, sc, o, m, l, live, pos, j0,
-                                             wcls == FAI_TILE_EMPTY ? FAI_TILE_PARTIAL : wcls,
-                                             fix);
-            /* O += P V: P's accumulator tiles n = 2 kk, 2 kk + 1 are the A fragment of k-step
-             * kk (as in fwd_mma.cu) */
-            uint32_t pa[KP][4];
+    /*
+     * The tiles in a pipeline of two (FA3's intra-warpgroup overlap): while the tensor cores
+     * add tile t's P V into O, the threads run tile t + 1's softmax, whose S they issued just
+     * before. O takes tile t + 1's factor only once P_t V_t is in (fwd_rescale after the
+     * wait), and tile t's flagged keys are added back before that, at tile t's scale. Every
+     * tile of the block's span runs, masked: a tile none of the group's rows sees gives P = 0
+     * (its V scanned: the tile is not FULL for the block).
+     */
+    float sc[1][NT][4];
+    bool live[2], fix = false;
+    uint32_t pos[2];
+    uint32_t pa[KP][4];
+    /* P (in sc) as the A fragments of O += P V: accumulator tiles n = 2 kk, 2 kk + 1 are
+     * k-step kk's (as in fwd_mma.cu) */
+    auto pack_p = [&] {
 #pragma unroll
-            for (int kk = 0; kk < KP; kk++) {
-                pa[kk][0] = M::pack(sc[0][2 * kk][0], sc[0][2 * kk][1]);
-                pa[kk][1] = M::pack(sc[0][2 * kk][2], sc[0][2 * kk][3]);
-                pa[kk][2] = M::pack(sc[0][2 * kk + 1][0], sc[0][2 * kk + 1][1]);
-                pa[kk][3] = M::pack(sc[0][2 * kk + 1][2], sc[0][2 * kk + 1][3]);
-            }
-            wgmma_pin(o[0]);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < KP; kk++)
-                WO::rs(o[0], pa[kk], wg_desc(vt + 16 * kk * 64, BK * 128, 1024));
-            wgmma_commit();
-            wgmma_wait<0>();
-            wgmma_pin(o[0]);
-            if (fix)
-                fwd_add_back<T, 1, DT, BK, true, DS>(rows, o, live, pos, flags + 16 * s, j0, vg,
-                                                 a.tv.ss);
+        for (int kk = 0; kk < KP; kk++) {
+            pa[kk][0] = M::pack(sc[0][2 * kk][0], sc[0][2 * kk][1]);
+            pa[kk][1] = M::pack(sc[0][2 * kk][2], sc[0][2 * kk][3]);
+            pa[kk][2] = M::pack(sc[0][2 * kk + 1][0], sc[0][2 * kk + 1][1]);
+            pa[kk][3] = M::pack(sc[0][2 * kk + 1][2], sc[0][2 * kk + 1][3]);
         }
-        mbar_arrive(empty + s); /* this thread is done with stage s */
+    };
+    /* issue O += P V of tile t (one committed group) */
+    auto issue_pv = [&](int t) {
+        const int s = t % STAGES;
+        const T *vt = vs + s * BK * DP;
+        wgmma_pin(o[0]);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < KP; kk++)
+            WO::rs(o[0], pa[kk], wg_desc(vt + 16 * kk * 64, BK * 128, 1024));
+        wgmma_commit();
+    };
+    /* after tile t's P V is in: its flagged keys added back, its V released */
+    auto retire = [&](int t) {
+        const int s = t % STAGES;
+        if (fix)
+            fwd_add_back<T, 1, DT, BK, true, DS>(rows, o, live, pos, flags + 16 * s,
+                                                 klo + (int64_t)t * BK, vg, a.tv.ss);
+        mbar_arrive(free_v + s); /* this thread is done with stage s's V */
+    };
+
+    if (ntiles > 0) {
+        float alpha[2];
+        mbar_wait(full_q, 0);
+        issue_s(0, sc);
+        wgmma_wait<0>();
+        wgmma_pin(sc[0]);
+        mbar_arrive(free_k); /* tile 0's K: its S is in */
+        fix = flagged(0);
+        softmax(0, sc, fix, live, pos, alpha); /* O is 0: no factor to apply */
+    }
+    /* every tile but the last: its P V in flight beside the next one's S and softmax (no
+     * branch between the issues and the waits: ptxas then keeps the MMAs asynchronous) */
+    for (int t = 0; t + 1 < ntiles; t++) {
+        pack_p();
+        mbar_wait(full_v + t % STAGES, (t / STAGES) & 1);
+        issue_s(t + 1, sc);
+        issue_pv(t);
+        bool live_n[2];
+        uint32_t pos_n[2];
+        float alpha_n[2];
+        wgmma_wait<1>(); /* S_{t+1}; P_t V_t may still run */
+        wgmma_pin(sc[0]);
+        mbar_arrive(free_k + (t + 1) % STAGES);
+        const bool fix_n = flagged(t + 1);
+        const bool factor = softmax(t + 1, sc, fix_n, live_n, pos_n, alpha_n);
+        wgmma_wait<0>();
+        wgmma_pin(o[0]);
+        retire(t);
+        if (factor)
+            fwd_rescale<1, DT>(o, alpha_n);
+        fix = fix_n;
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            live[r] = live_n[r], pos[r] = pos_n[r];
+    }
+    if (ntiles > 0) {
+        pack_p();
+        mbar_wait(full_v + (ntiles - 1) % STAGES, ((ntiles - 1) / STAGES) & 1);
+        issue_pv(ntiles - 1);
+        wgmma_wait<0>();
+        wgmma_pin(o[0]);
+        retire(ntiles - 1);
     }
     fwd_store<T, 1, DT, DS>(a, rows, o, m, l);
 #endif
