@@ -302,13 +302,13 @@ def frontier(lib, dtypes, reps, out_dir):
                                            torch.backends.cudnn.version(), fa4_version, reps))
 
 
-def compare(paths, rounds, reps, ops):
+def compare(paths, rounds, reps, ops, dims):
     """Builds of the library side by side on the frontier points of `ops` (bf16): each round
     times every build once per point, the order rotated from round to round; prints each
     build's median TFLOP/s and the median over rounds of its per-round ratio to the first."""
     libs = [Lib(p) for p in paths]
     for op, causal, H, N, D in FRONTIER:
-        if op not in ops:
+        if op not in ops or D not in dims:
             continue
         B = 2
         q, k, v = inputs(B, H, N, D)
@@ -350,9 +350,11 @@ def main():
                     "paths; the first is the baseline) on the frontier points")
     ap.add_argument("--rounds", type=int, default=5, help="--compare's rounds")
     ap.add_argument("--ops", default="fwd,bwd", help="--compare's ops: fwd, bwd")
+    ap.add_argument("--dims", default="64,96,128,256", help="--compare's head dims")
     a = ap.parse_args()
     if a.compare:
-        compare(a.compare.split(","), a.rounds, a.reps, a.ops.split(","))
+        compare(a.compare.split(","), a.rounds, a.reps, a.ops.split(","),
+                [int(d) for d in a.dims.split(",")])
         return
     lib = Lib(a.lib)
     dev = torch.cuda.get_device_properties(0)

@@ -162,8 +162,8 @@ const sw_case sw_cases[] = {
     {.name = "tc_d128_empty_rows", .runs = SW_CUDA | SW_CUDA_TC, .seed = 27,
      .dims = {.b = 1, .sq = 300, .sk = 100, .hq = 2, .hk = 2, .dqk = 128, .dv = 128},
      .causal = 1},
-    /* the wgmma forward's shapes (scale only, D 64 / 128): several query blocks of 128 rows
-     * and key tiles of 128, windows cutting tiles on both sides, both causal alignments */
+    /* the wgmma kernels' shapes (scale only): several query blocks of 128 rows and key tiles
+     * of 128, windows cutting tiles on both sides, both causal alignments */
     {.name = "wgmma_window", .runs = SW_CUDA | SW_CUDA_TC | SW_CUDA_MMA, .seed = 28,
      .dims = {.b = 1, .sq = 300, .sk = 517, .hq = 2, .hk = 1, .dqk = 128, .dv = 128},
      .window = SW_WINDOW(100, 37)},
@@ -176,9 +176,9 @@ const sw_case sw_cases[] = {
     {.name = "wgmma_plain", .runs = SW_CUDA | SW_CUDA_TC | SW_CUDA_MMA, .seed = 31,
      .dims = {.b = 1, .sq = 200, .sk = 700, .hq = 2, .hk = 2, .dqk = 128, .dv = 128},
      .layout = SW_BHSD},
-    /* D 96 (Q, K, V padded to 128 columns by TMA in shared memory, O stored to 96): GQA,
-     * both query blocks and key tiles cut; D 256 (key tiles of 64): a window cutting tiles on
-     * both sides, and a bottom-right causal mask with Sq < Sk */
+    /* D 96 (Q, K, V, dO padded to 128 columns by TMA in shared memory, O, dQ, dK, dV stored
+     * to 96): GQA, both query blocks and key blocks cut; D 256 (forward key tiles of 64): a
+     * window cutting tiles on both sides, and a bottom-right causal mask with Sq < Sk */
     {.name = "wgmma_d96_gqa", .runs = SW_CUDA | SW_CUDA_TC | SW_CUDA_MMA, .seed = 34,
      .dims = {.b = 2, .sq = 201, .sk = 301, .hq = 4, .hk = 2, .dqk = 96, .dv = 96}},
     {.name = "wgmma_d96_causal", .runs = SW_CUDA | SW_CUDA_TC | SW_CUDA_MMA, .seed = 35,

@@ -1,7 +1,8 @@
 /*
  * Tensor-core backward on Hopper (sm_90a): wgmma, TMA and warp specialization, for f16 / bf16
- * storage, Dqk = Dv = 128, the scale-only score pipeline without dropout (the FAST case of
- * bwd_mma.cu, whose kernels handle everything else). The same schedule as bwd_mma.cu:
+ * storage, Dqk = Dv = 64, 96 (padded to 128 in shared memory, as in fwd_wgmma.cu) or 128, the
+ * scale-only score pipeline without dropout (the FAST case of bwd_mma.cu, whose kernels handle
+ * everything else). The same schedule as bwd_mma.cu:
  * parallel over key blocks, P recomputed from the forward's LSE, dK and dV held in registers
  * across every query tile of the GQA group and written once.
  *
@@ -18,13 +19,14 @@
  *                P^T  = 2^(S^T scale log2(e) - LSE_i log2(e)),  dS^T = P^T (dP^T - D_i) scale
  *                dV  += P^T dO    wgmma m64n128k16, A = P^T from registers, dO MN-major
  *                dK  += dS^T Q    the same with dS^T and Q
- *                dQ  += dS K      dS^T of both groups through shared memory (one named
- *                                 barrier); group c takes dims [64 c, 64 c + 64): wgmma
+ *                dQ  += dS K      dS^T through shared memory: at D 96 and 128 both groups'
+ *                                 (one named barrier), group c taking dims [64 c, 64 c + 64)
+ *                                 over the block's 128 keys; at D 64 each group its own (a
+ *                                 barrier of its own), all dims over its own 64 keys. wgmma
  *                                 m64n64k16 with A = dS^T read MN-major (transposed) and
- *                                 B = K read MN-major, over the block's 128 keys; the f32
- *                                 sums go to the accumulator of the workspace by atomics,
- *                                 or, in deterministic mode, dQ is left to bwd_mma.cu's
- *                                 ordered kernel.
+ *                                 B = K read MN-major; the f32 sums go to the accumulator of
+ *                                 the workspace by atomics, or, in deterministic mode, dQ is
+ *                                 left to bwd_mma.cu's ordered kernel.
  *
  * As in bwd_mma.cu, masked pairs are dropped by selection and the kernel runs only when q, k,
  * v and dout are finite (the pre-pass's flag), so a selected 0 times any operand is 0.
@@ -46,12 +48,17 @@ struct bwd_maps {
     CUtensorMap q, dout, k, v;
 };
 
+/* D: the head dim; DP: D padded to whole 64-column slabs (96 -> 128), the width of the tiles in
+ * shared memory and of dK, dV. TMA fills the padding with zeros (past the tensor map's D):
+ * S^T and dP^T run D / 16 k-steps, and the padding columns of dK, dV and dQ are never stored. */
 template <int D, bool DQ = true> struct bwg_cfg {
     static constexpr int BK = 128, BQ = 64, STAGES = 2, threads = 384;
-    using LK = slab_layout<D, BK>;  /* K, V */
-    using LQ = slab_layout<D, BQ>;  /* Q, dO tiles */
+    static constexpr int DP = (D + 63) / 64 * 64;
+    using LK = slab_layout<DP, BK>; /* K, V */
+    using LQ = slab_layout<DP, BQ>; /* Q, dO tiles */
     using LS = slab_layout<64, BK>; /* dS^T: the block's keys x the tile's 64 queries */
-    static constexpr uint32_t kv_bytes = BK * D * 2, q_bytes = BQ * D * 2, ds_bytes = BK * BQ * 2;
+    static constexpr uint32_t kv_bytes = BK * DP * 2, q_bytes = BQ * DP * 2,
+                              ds_bytes = BK * BQ * 2;
     /* K, V, Q x STAGES, dO x STAGES, dS^T x 2 with DQ (multiples of 8 KiB: 1024-byte aligned), the
      * per-stage row values (LSE_i log2(e), D_i: 2 BQ floats), the mbarriers; 1 KiB of slack to
      * align the start */
@@ -71,7 +78,6 @@ __global__ void __launch_bounds__(bwg_cfg<D>::threads, 1)
                                const int *flag)
 {
 #ifdef FAI_WGMMA
-    static_assert(D == 128, "dQ splits D into the two groups' halves of 64 dims");
     static_assert(bwg_cfg<D>::BK == 128 && bwg_cfg<D>::BQ == 64 && bwg_cfg<D>::threads == 384,
                   "two consumer groups of 64 keys; the producer's 128 threads copy 2 BQ values");
     if (*flag)
@@ -81,17 +87,18 @@ __global__ void __launch_bounds__(bwg_cfg<D>::threads, 1)
     using LQ = typename cfg::LQ;
     using LS = typename cfg::LS;
     using M = mma_t<T>;
+    constexpr int BK = cfg::BK, BQ = cfg::BQ, STAGES = cfg::STAGES, DP = cfg::DP;
     using W64 = wgmma_op<T, 64>; /* S^T, dP^T (64 keys x 64 queries); dQ (64 queries x 64 dims) */
-    using WD = wgmma_op<T, D>;   /* dV, dK (64 keys x D) */
-    constexpr int BK = cfg::BK, BQ = cfg::BQ, STAGES = cfg::STAGES;
-    /* accumulator tiles over queries and dims; k-steps over dims, queries, the block's keys */
-    constexpr int NQ = BQ / 8, DT = D / 8, KD = D / 16, KQ = BQ / 16, KB = BK / 16;
+    using WD = wgmma_op<T, DP>;  /* dV, dK (64 keys x DP) */
+    /* accumulator tiles over queries and dims (DS of them the head's); k-steps over dims,
+     * queries, the block's keys */
+    constexpr int NQ = BQ / 8, DT = DP / 8, DS = D / 8, KD = D / 16, KQ = BQ / 16, KB = BK / 16;
     constexpr float kLog2e = FAI_LOG2E_F; /* base-2 units: core/recurrence.h */
 
     extern __shared__ __align__(1024) unsigned char smem_raw[];
     unsigned char *smem = smem_raw + (-smem_addr(smem_raw) & 1023u);
-    T *ks = (T *)smem, *vs = ks + BK * D;
-    T *qs = (T *)(smem + cfg::q_off), *gs = (T *)(smem + cfg::g_off); /* [STAGES][BQ * D] */
+    T *ks = (T *)smem, *vs = ks + BK * DP;
+    T *qs = (T *)(smem + cfg::q_off), *gs = (T *)(smem + cfg::g_off); /* [STAGES][BQ * DP] */
     T *dss = (T *)(smem + cfg::ds_off);                                /* [2][BK * BQ] */
     float *rowv = (float *)(smem + cfg::rows_off); /* [STAGES][LSE_i log2(e) x BQ, D_i x BQ] */
     uint64_t *bars = (uint64_t *)(smem + cfg::bars_off);
@@ -132,7 +139,7 @@ __global__ void __launch_bounds__(bwg_cfg<D>::threads, 1)
         const int c_b = (int)b, c_hk = (int)hk;
         if (tid == 0) {
             mbar_arrive_tx(full_kv, 2 * cfg::kv_bytes);
-            for (int sl = 0; sl < D / 64; sl++) {
+            for (int sl = 0; sl < DP / 64; sl++) {
                 tma_load_4d(ks + sl * LK::slab, &maps.k, 64 * sl, (int)j0, c_hk, c_b, full_kv);
                 tma_load_4d(vs + sl * LK::slab, &maps.v, 64 * sl, (int)j0, c_hk, c_b, full_kv);
             }
@@ -151,8 +158,8 @@ __global__ void __launch_bounds__(bwg_cfg<D>::threads, 1)
                 rv[tid] = i < a.sq ? delta[row] : 0.0f;
             if (tid == 0) { /* its arrival carries the TMA bytes */
                 mbar_arrive_tx(full + s, 2 * cfg::q_bytes);
-                T *qd = qs + s * BQ * D, *gd = gs + s * BQ * D;
-                for (int sl = 0; sl < D / 64; sl++) {
+                T *qd = qs + s * BQ * DP, *gd = gs + s * BQ * DP;
+                for (int sl = 0; sl < DP / 64; sl++) {
                     tma_load_4d(qd + sl * LQ::slab, &maps.q, 64 * sl, (int)i0, (int)h, c_b,
                                 full + s);
                     tma_load_4d(gd + sl * LQ::slab, &maps.dout, 64 * sl, (int)i0, (int)h, c_b,
@@ -195,7 +202,7 @@ __global__ void __launch_bounds__(bwg_cfg<D>::threads, 1)
     for (int u = 0; u < total; u++) {
         const int s = u % STAGES;
         const int64_t h = tile_head(u), i0 = tile_row(u), i1 = i0 + BQ < a.sq ? i0 + BQ : a.sq;
-        const T *qt = qs + s * BQ * D, *gt = gs + s * BQ * D;
+        const T *qt = qs + s * BQ * DP, *gt = gs + s * BQ * DP;
         const float *rv = rowv + s * 2 * BQ;
         mbar_wait(full + s, (u / STAGES) & 1);
 
@@ -284,16 +291,27 @@ __global__ void __launch_bounds__(bwg_cfg<D>::threads, 1)
         wgmma_commit();
 
         if (DQ) {
-            named_barrier(1, 256); /* both groups' dS^T are in */
-
-            /* dQ[:, 64 cw ..] (64 queries x 64 dims) = dS (64 x 128 keys) K[:, 64 cw ..] */
+            /*
+             * DP = 128: dQ[:, 64 cw ..] (64 queries x 64 dims) = dS (64 x 128 keys) K[:, 64 cw
+             *   ..], once both groups' dS^T are in.
+             * DP = 64: each group its own keys' part, dQ (64 queries x 64 dims) += dS[:, keys
+             *   64 cw ..] K[64 cw .., :], once its own dS^T is in; both parts go to the sums.
+             */
+            constexpr int SPLIT_DIMS = DP == 128;
+            static_assert(DP == 64 || DP == 128, "dQ: one slab, or the groups' halves of two");
+            if (SPLIT_DIMS)
+                named_barrier(1, 256);
+            else
+                named_barrier(2 + cw, 128);
+            constexpr int KS = SPLIT_DIMS ? KB : KB / 2; /* k-steps over keys */
+            const int k0 = SPLIT_DIMS ? 0 : KS * cw;   /* the first */
+            const T *kd = ks + (SPLIT_DIMS ? cw * LK::slab : 0);
             float dq[8][4];
             wgmma_fence();
 #pragma unroll
-            for (int kk = 0; kk < KB; kk++)
-                W64::template ss<1, 1>(dq, wg_desc(dsb + 16 * kk * 64, BK * 128, 1024),
-                                       wg_desc(ks + cw * LK::slab + 16 * kk * 64, BK * 128, 1024),
-                                       kk > 0);
+            for (int x = 0; x < KS; x++)
+                W64::template ss<1, 1>(dq, wg_desc(dsb + 16 * (k0 + x) * 64, BK * 128, 1024),
+                                       wg_desc(kd + 16 * (k0 + x) * 64, BK * 128, 1024), x > 0);
             wgmma_commit();
             wgmma_wait<0>();
             wgmma_pin(dq);
@@ -301,16 +319,21 @@ __global__ void __launch_bounds__(bwg_cfg<D>::threads, 1)
             wgmma_pin(dk);
             mbar_arrive(empty + s); /* this thread is done with stage s */
 
-            /* dq[n][e]: query row 16 wl + 8 (e / 2) + g, dim 64 cw + 8 n + 2 tg + (e mod 2) */
+            /* dq[n][e]: query row 16 wl + 8 (e / 2) + g, dim d0 + 8 n + 2 tg + (e mod 2), of
+             * which the first nd tiles are the head's (the rest: D's padding) */
+            const int d0 = SPLIT_DIMS ? 64 * cw : 0;
+            const int nd = D % 64 == 0 || d0 + 64 <= D ? 8 : (D - d0) / 8;
 #pragma unroll
             for (int r = 0; r < 2; r++) {
                 const int64_t i = i0 + 16 * wl + 8 * r + g;
                 if (i >= a.sq)
                     continue;
-                float *dst = dqacc + ((b * a.hq + h) * a.sq + i) * D + 64 * cw + 2 * tg;
+                float *dst = dqacc + ((b * a.hq + h) * a.sq + i) * D + d0 + 2 * tg;
 #pragma unroll
                 for (int n = 0; n < 8; n++)
-                    atomicAdd((float2 *)(dst + 8 * n), make_float2(dq[n][2 * r], dq[n][2 * r + 1]));
+                    if (n < nd)
+                        atomicAdd((float2 *)(dst + 8 * n),
+                                  make_float2(dq[n][2 * r], dq[n][2 * r + 1]));
             }
         } else {
             wgmma_wait<0>();
@@ -320,16 +343,15 @@ __global__ void __launch_bounds__(bwg_cfg<D>::threads, 1)
         }
     }
 
-    store_dk_dv<T, DT>(a, b, hk, wj0, g, tg, dk, dv); /* the warp's keys */
+    store_dk_dv<T, DT, DS>(a, b, hk, wj0, g, tg, dk, dv); /* the warp's keys */
 #endif
 }
 
 /* ------------------------------------------------------------------ launch */
 
-template <typename T, bool DQ>
+template <typename T, int D, bool DQ>
 fai_cuda_result launch(const fai_cuda_args &a, const fai_cuda_bwd_ws &w, char *err, size_t n)
 {
-    constexpr int D = 128;
     using cfg = bwg_cfg<D, DQ>;
     bwd_maps maps;
     if (!tma_map_4d(&maps.q, a.tq, a.dtype, D, a.sq, a.hq, a.b, cfg::BQ) ||
@@ -351,17 +373,30 @@ fai_cuda_result launch(const fai_cuda_args &a, const fai_cuda_bwd_ws &w, char *e
     return fai_cuda_check_launch("wgmma backward", err, n);
 }
 
+/* The plan's tile (plan.cu says why): 128-key blocks over 64-query steps, 2 stages, at D 64, 96
+ * (padded to 128 in shared memory) and 128. */
+template <typename T, bool DQ>
+fai_cuda_result by_dim(const fai_cuda_args &a, const fai_cuda_bwd_ws &w, char *err, size_t n)
+{
+    switch (a.dqk) {
+    case 64: return launch<T, 64, DQ>(a, w, err, n);
+    case 96: return launch<T, 96, DQ>(a, w, err, n);
+    default: return launch<T, 128, DQ>(a, w, err, n);
+    }
+}
+
 } // namespace
 
 fai_cuda_result fai_cuda_backward_wgmma(const fai_cuda_args *a, const fai_cuda_tile *t,
                                         const fai_cuda_bwd_ws *w, char *err, size_t n)
 {
     using cfg = bwg_cfg<128>;
-    if (a->dqk != 128 || t->bq != cfg::BQ || t->bk != cfg::BK || t->stages != cfg::STAGES)
+    if ((a->dqk != 64 && a->dqk != 96 && a->dqk != 128) || t->bq != cfg::BQ || t->bk != cfg::BK ||
+        t->stages != cfg::STAGES)
         return fai_cuda_no_instance("the wgmma backward", a, t, err, n);
     if (a->dtype == FA_BF16)
-        return a->deterministic ? launch<__nv_bfloat16, false>(*a, *w, err, n)
-                                : launch<__nv_bfloat16, true>(*a, *w, err, n);
-    return a->deterministic ? launch<__half, false>(*a, *w, err, n)
-                            : launch<__half, true>(*a, *w, err, n);
+        return a->deterministic ? by_dim<__nv_bfloat16, false>(*a, *w, err, n)
+                                : by_dim<__nv_bfloat16, true>(*a, *w, err, n);
+    return a->deterministic ? by_dim<__half, false>(*a, *w, err, n)
+                            : by_dim<__half, true>(*a, *w, err, n);
 }

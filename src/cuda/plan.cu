@@ -93,8 +93,8 @@ const char *generic_only(const fai_cuda_args &a)
  *     = 64 rows ran at 0.4x FA2: one ldmatrix.x4 per two MMAs saturated shared memory);
  *     D = 256: 4 warps x 1 m-tile = 64 rows, 32-key tiles (the O accumulator alone is 128
  *     registers), Q read from shared memory at every k-step.
- *   wgmma backward (D 128): 128-key blocks (two consumer warpgroups of 64 keys, dK and dV in
- *     registers) over 64-query steps, 2 stages.
+ *   wgmma backward (D 64, 96 padded to 128, 128): 128-key blocks (two consumer warpgroups
+ *     of 64 keys, dK and dV in registers) over 64-query steps, 2 stages.
  *   mma.sync backward: 64-key blocks over 32-query steps, 4 warps.
  */
 fai_cuda_tile tile_of(fai_cuda_family f, bool forward, int64_t d)
@@ -148,14 +148,14 @@ family_choice family_backward(const fai_cuda_args &a)
         return {FAI_CUDA_MMA, "FA_CUDA_KERNEL=mma"};
     if (!have_sm90a())
         return {FAI_CUDA_MMA, "no sm_90a image or not a 9.0 device"};
-    if (a.dqk != 128)
-        return {FAI_CUDA_MMA, "wgmma backward: D 128 only"};
+    if (a.dqk == 32)
+        return {FAI_CUDA_MMA, "wgmma backward: D 64, 96 and 128"};
     if (!fai_cuda_scale_only(a))
         return {FAI_CUDA_MMA, "softcap, ALiBi or dropout (wgmma: the scale-only pipeline)"};
     if (a.sq >= INT32_MAX || a.sk >= INT32_MAX || a.b * a.hk > 65535 ||
         (a.sq / 64 + 1) * a.group >= INT32_MAX)
         return {FAI_CUDA_MMA, "sizes past TMA's coordinates or the wgmma grid"};
-    return {FAI_CUDA_WGMMA, "wgmma: 16-bit, D 128, scale only, sm_90a"};
+    return {FAI_CUDA_WGMMA, "wgmma: 16-bit, D 64/96/128, scale only, sm_90a"};
 }
 
 /* The family's rules for a's forward (forward) or backward, then its tile. */
