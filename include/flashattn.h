@@ -336,18 +336,36 @@ FA_API fa_status fa_context_describe(const fa_context *ctx, char *buf, size_t n)
 /*
  * Comparing a candidate against a reference: the tolerance rule of docs/DESIGN.md §4 as a function.
  *
- * Default rule (FlashAttention's): the candidate's max |cand - ref| must be at most
- * `factor` x max |baseline - ref| + floor, where baseline is the conventional path computed in
- * the candidate's storage dtype on the same inputs (factor 2 for outputs, 3 for gradients) and
- * floor = eps(dtype) x max(1, max |ref|) (64 eps for f64, whose reference has no headroom).
- * Explicit rule (atol or rtol > 0): every element must satisfy |cand - ref| <= atol + rtol |ref|.
+ * Default rule (FlashAttention's, and the statistics beside it): the candidate's max
+ * |cand - ref| must be at most `factor` x max |baseline - ref| + floor, where baseline is the
+ * conventional path computed in the candidate's storage dtype on the same inputs (factor 2 for
+ * outputs, 3 for gradients) and floor = eps(dtype) x max(1, max |ref|) (64 eps for f64, whose
+ * reference has no headroom); and, unless max_only, four statistics of the errors, each held
+ * to the baseline's measured the same way plus a bound written in docs/DESIGN.md §4: the
+ * bias (sum (cand - ref) / sum |ref|), the least-squares scale of cand on ref, the RMS error
+ * and the decorrelation 1 - corr(cand, ref). They catch what hides under a 16-bit dtype's
+ * noise: rounding by truncation, a scale off by 0.5%, a biased softmax denominator, a key
+ * block dropped where the outputs are small.
+ * Explicit rule (atol or rtol > 0): every element must satisfy |cand - ref| <= atol + rtol |ref|
+ * (the statistics are reported, not judged).
  * Under both, NaN and inf must match exactly: NaN where the reference has NaN, the same infinity
  * where it has one; any other disagreement fails.
  */
 typedef struct {
     double factor;     /* FlashAttention rule: 2 (outputs) or 3 (gradients); 0 means 2 */
     double atol, rtol; /* > 0: the explicit rule instead                                  */
+    /* appended since (new fields are only ever appended): */
+    int max_only;      /* default rule: judge the max error alone (the statistics reported) */
 } fa_tolerance;
+
+/* fa_comparison.failed: the tests that failed. */
+enum {
+    FA_CMP_MAX = 1,     /* the max error (or a NaN/inf mismatch); the explicit rule's elements */
+    FA_CMP_BIAS = 2,    /* the bias                                                            */
+    FA_CMP_SCALE = 4,   /* the least-squares scale                                             */
+    FA_CMP_RMS = 8,     /* the RMS error                                                       */
+    FA_CMP_DECORR = 16  /* the decorrelation                                                   */
+};
 
 typedef struct {
     double max_abs;         /* max |cand - ref| over elements where both are finite          */
@@ -361,6 +379,14 @@ typedef struct {
                              * bound at the worst element, atol + rtol |worst_ref|            */
     int pass;
     char rule[200];         /* the rule applied, with its numbers, in words                  */
+    /* appended since (new fields are only ever appended): the statistics over the elements
+     * where both are finite (docs/DESIGN.md §4), each with the bound it is held to (under the
+     * explicit rule or max_only: reported, not judged, bounds INFINITY) */
+    double bias, bias_bound;     /* sum (cand - ref) / sum |ref|; |bias| <= bias_bound        */
+    double scale, scale_bound;   /* sum cand ref / sum ref^2; |scale - 1| <= scale_bound      */
+    double rms, rms_bound;       /* sqrt(mean (cand - ref)^2); rms <= rms_bound               */
+    double decorr, decorr_bound; /* 1 - corr(cand, ref); decorr <= decorr_bound               */
+    int failed;                  /* FA_CMP_* bits of the tests that failed (0 if pass)        */
 } fa_comparison;
 
 /* ref may be any dtype (f64 usually); baseline may be NULL only under the explicit rule. All

@@ -74,7 +74,7 @@ START_TEST(rounding_differences_pass)
                 ht_set(&rounded, 0, i, h, d, ht_get(&f.ref, 0, i, h, d));
     ck_assert(judge(&f, &rounded).pass);
     /* the explicit rule on the same candidate */
-    fa_tolerance tight = {0, 1e-9, 0}, loose = {0, 1e-5, 1e-5};
+    fa_tolerance tight = {.atol = 1e-9}, loose = {.atol = 1e-5, .rtol = 1e-5};
     ck_assert_int_eq(fa_compare(&tiled.t, &f.ref.t, NULL, &loose, &c), FA_OK);
     ck_assert(c.pass && strstr(c.rule, "explicit"));
     ck_assert_int_eq(fa_compare(&tiled.t, &f.ref.t, NULL, &tight, &c), FA_OK);
@@ -181,7 +181,7 @@ START_TEST(compare_arguments)
     ck_assert_int_eq(fa_compare(&f.base.t, &f.ref.t, NULL, NULL, &c), FA_ERR_NULL_POINTER);
     ck_assert(strstr(fa_last_error(), "baseline"));
     ck_assert_int_eq(fa_compare(&f.base.t, &f.lref.t, &f.base.t, NULL, &c), FA_ERR_SHAPE);
-    fa_tolerance neg = {2, -1, 0};
+    fa_tolerance neg = {.factor = 2, .atol = -1};
     ck_assert_int_eq(fa_compare(&f.base.t, &f.ref.t, &f.base.t, &neg, &c), FA_ERR_INVALID_ARGUMENT);
     fixture_free(&f);
 }
@@ -248,6 +248,226 @@ START_TEST(chunk_edges_reached)
 }
 END_TEST
 
+/* ------------------------------------------------------------------ the statistics */
+
+/* v rounded toward zero to dt (a truncating conversion): round to nearest, then one step
+ * toward zero where that went past v. */
+static double toward_zero(fa_dtype dt, double v)
+{
+    uint16_t bits;
+    double r;
+    fa_convert(&v, FA_F64, &bits, dt, 1);
+    fa_convert(&bits, dt, &r, FA_F64, 1);
+    if (fabs(r) > fabs(v)) {
+        bits--; /* sign and magnitude: one step toward zero */
+        fa_convert(&bits, dt, &r, FA_F64, 1);
+    }
+    return r;
+}
+
+/* A 16-bit problem of 2^16 outputs (B 1, S 256, H 4, D 64; Sk keys), inputs N(0, 1) rounded to
+ * dt: the float64 reference, the conventional path in dt (the yardstick), the tiled path in dt
+ * (an honest kernel). */
+typedef struct {
+    ht_tensor q, k, v, ref, lref, base, lbase, tiled;
+} problem16;
+
+enum { PS = 256, PH = 4, PD = 64 };
+
+static void problem16_make(problem16 *f, fa_dtype dt, int64_t sk, uint64_t seed)
+{
+    ht_alloc(&f->q, dt, 1, PS, PH, PD, SW_BSHD);
+    ht_alloc(&f->k, dt, 1, sk, PH, PD, SW_BSHD);
+    ht_alloc(&f->v, dt, 1, sk, PH, PD, SW_BSHD);
+    ht_fill(&f->q, seed, 1, -1), ht_fill(&f->k, seed + 1, 1, -1), ht_fill(&f->v, seed + 2, 1, -1);
+    ht_alloc(&f->ref, FA_F64, 1, PS, PH, PD, SW_BSHD);
+    ht_alloc_lse(&f->lref, FA_F64, 1, PS, PH);
+    ht_alloc(&f->base, dt, 1, PS, PH, PD, SW_BSHD);
+    ht_alloc_lse(&f->lbase, FA_F32, 1, PS, PH);
+    ht_alloc(&f->tiled, dt, 1, PS, PH, PD, SW_BSHD);
+    fa_params p;
+    fa_params_init(&p);
+    ck_assert_int_eq(ht_forward(FA_BACKEND_REFERENCE, 2, &p, &f->q.t64, &f->k.t64, &f->v.t64,
+                                &f->ref.t, &f->lref.t), FA_OK);
+    ck_assert_int_eq(ht_forward(FA_BACKEND_CONVENTIONAL, 2, &p, &f->q.t, &f->k.t, &f->v.t,
+                                &f->base.t, &f->lbase.t), FA_OK);
+    ck_assert_int_eq(ht_forward(FA_BACKEND_TILED, 2, &p, &f->q.t, &f->k.t, &f->v.t, &f->tiled.t,
+                                NULL), FA_OK);
+}
+
+static void problem16_free(problem16 *f)
+{
+    ht_free(&f->q), ht_free(&f->k), ht_free(&f->v), ht_free(&f->ref), ht_free(&f->lref);
+    ht_free(&f->base), ht_free(&f->lbase), ht_free(&f->tiled);
+}
+
+/* A candidate out: the reference with each element mapped by `f` (with its row's factor). */
+static void mapped(const problem16 *pr, fa_dtype dt, double (*f)(fa_dtype, double, double),
+                   const double *row_factor, ht_tensor *out)
+{
+    ht_alloc(out, dt, 1, PS, PH, PD, SW_BSHD);
+    for (int64_t i = 0; i < PS; i++)
+        for (int64_t h = 0; h < PH; h++)
+            for (int64_t d = 0; d < PD; d++)
+                ht_set(out, 0, i, h, d,
+                       f(dt, ht_get(&pr->ref, 0, i, h, d), row_factor ? row_factor[i * PH + h] : 1));
+}
+
+static double rounded(fa_dtype dt, double x, double a) { return x * a; } /* ht_set rounds */
+static double truncated(fa_dtype dt, double x, double a) { return toward_zero(dt, x * a); }
+
+/* The verdict on cand (out) against the problem's reference and yardstick. */
+static fa_comparison judged(const problem16 *pr, const ht_tensor *cand)
+{
+    fa_comparison c;
+    ck_assert_int_eq(fa_compare(&cand->t, &pr->ref.t, &pr->base.t, NULL, &c), FA_OK);
+    return c;
+}
+
+/* Candidates that hide under a 16-bit dtype's noise, at 2^16 outputs: the max rule passes each,
+ * and the statistic named FAILs it: the output rounded by truncation, scaled by 1.005, its
+ * softmax denominator summed from P truncated to the dtype (scale); shifted by a quarter of
+ * eps x max |ref| (bias). Honest candidates (the tiled path, the yardstick, the exact answer
+ * rounded to nearest) pass every statistic. */
+START_TEST(statistics_catch_16bit_bugs)
+{
+    const fa_dtype dt = _i ? FA_F16 : FA_BF16;
+    problem16 pr;
+    problem16_make(&pr, dt, PS, 40);
+    const char *name = fa_dtype_name(dt);
+    fa_comparison c = judged(&pr, &pr.tiled);
+    ck_assert_msg(c.pass, "%s tiled: %s; %s", name, c.rule, ht_stats(&c));
+    c = judged(&pr, &pr.base);
+    ck_assert_msg(c.pass, "%s yardstick: %s", name, ht_stats(&c));
+    ht_tensor x;
+    mapped(&pr, dt, rounded, NULL, &x);
+    c = judged(&pr, &x);
+    ck_assert_msg(c.pass, "%s rounded to nearest: %s", name, ht_stats(&c));
+    ht_free(&x);
+
+    mapped(&pr, dt, truncated, NULL, &x);
+    c = judged(&pr, &x);
+    ck_assert_msg(!(c.failed & FA_CMP_MAX) && (c.failed & FA_CMP_SCALE),
+                  "%s truncated: max %g (bound %g); %s", name, c.max_abs, c.bound, ht_stats(&c));
+    ht_free(&x);
+
+    double scales[PS * PH];
+    for (int i = 0; i < PS * PH; i++)
+        scales[i] = 1.005;
+    mapped(&pr, dt, rounded, scales, &x);
+    c = judged(&pr, &x); /* in f16, 5 ulps: the max rule sees it too */
+    ck_assert_msg((dt == FA_F16 || !(c.failed & FA_CMP_MAX)) && (c.failed & FA_CMP_SCALE),
+                  "%s x 1.005: max %g (bound %g); %s", name, c.max_abs, c.bound, ht_stats(&c));
+    ht_free(&x);
+
+    /* each row's denominator summed from P = exp(s - max) truncated to dt: out x l / l~ */
+    const double sc = 1 / sqrt((double)PD);
+    for (int64_t i = 0; i < PS; i++)
+        for (int64_t h = 0; h < PH; h++) {
+            double s[PS], m = -INFINITY, l = 0, lt = 0;
+            for (int64_t j = 0; j < PS; j++) {
+                s[j] = 0;
+                for (int64_t d = 0; d < PD; d++)
+                    s[j] += ht_get(&pr.q, 0, i, h, d) * ht_get(&pr.k, 0, j, h, d);
+                s[j] *= sc;
+                m = s[j] > m ? s[j] : m;
+            }
+            for (int64_t j = 0; j < PS; j++) {
+                l += exp(s[j] - m);
+                lt += toward_zero(dt, exp(s[j] - m));
+            }
+            scales[i * PH + h] = l / lt;
+        }
+    mapped(&pr, dt, rounded, scales, &x);
+    c = judged(&pr, &x);
+    ck_assert_msg(!(c.failed & FA_CMP_MAX) && (c.failed & FA_CMP_SCALE),
+                  "%s biased denominator: max %g (bound %g); %s", name, c.max_abs, c.bound,
+                  ht_stats(&c));
+    ht_free(&x);
+
+    /* every output shifted by a quarter of the floor */
+    ht_alloc(&x, dt, 1, PS, PH, PD, SW_BSHD);
+    const double shift = 0.25 * (dt == FA_BF16 ? 0x1p-7 : 0x1p-10) * ht_max_abs(&pr.ref);
+    for (int64_t i = 0; i < PS; i++)
+        for (int64_t h = 0; h < PH; h++)
+            for (int64_t d = 0; d < PD; d++)
+                ht_set(&x, 0, i, h, d, ht_get(&pr.ref, 0, i, h, d) + shift);
+    c = judged(&pr, &x);
+    ck_assert_msg(!(c.failed & FA_CMP_MAX) && (c.failed & FA_CMP_BIAS),
+                  "%s shifted: max %g (bound %g); %s", name, c.max_abs, c.bound, ht_stats(&c));
+    /* the max rule alone passes it */
+    const fa_tolerance max_only = {.factor = 2, .max_only = 1};
+    ck_assert_int_eq(fa_compare(&x.t, &pr.ref.t, &pr.base.t, &max_only, &c), FA_OK);
+    ck_assert_msg(c.pass && isinf(c.bias_bound), "%s shifted, max only: %s", name, c.rule);
+    ht_free(&x);
+    problem16_free(&pr);
+}
+END_TEST
+
+/* f32, where the max rule is tight: noise spread evenly up to just inside the max bound (a
+ * kernel whose every element is as bad as the yardstick's worst) FAILs the RMS error and the
+ * decorrelation. */
+START_TEST(statistics_catch_spread_noise)
+{
+    fixture f;
+    fa_params p;
+    fixture_make(&f, &p, 1, -1);
+    fa_comparison c = judge(&f, &f.base);
+    const double a = 0.95 * c.bound;
+    ht_tensor x;
+    ht_alloc(&x, FA_F32, 1, SQ, H, D, SW_BSHD);
+    uint64_t st = 7;
+    for (int64_t i = 0; i < SQ; i++)
+        for (int64_t h = 0; h < H; h++)
+            for (int64_t d = 0; d < D; d++) {
+                st = st * 6364136223846793005ull + 1442695040888963407ull;
+                const double u = (double)(st >> 11) * 0x1p-53 * 2 - 1; /* [-1, 1) */
+                ht_set(&x, 0, i, h, d, ht_get(&f.ref, 0, i, h, d) + a * u);
+            }
+    c = judge(&f, &x);
+    ck_assert_msg(!(c.failed & FA_CMP_MAX) && (c.failed & FA_CMP_RMS) &&
+                      (c.failed & FA_CMP_DECORR),
+                  "spread noise: max %g (bound %g); %s", c.max_abs, c.bound, ht_stats(&c));
+    ht_free(&x);
+    fixture_free(&f);
+}
+END_TEST
+
+/* One key block of 64 dropped from 16384 keys (a tile classified empty), bf16 and f16, at 2^16
+ * outputs: the max rule's floor hides it; the statistics do not. */
+START_TEST(statistics_catch_dropped_block)
+{
+    const fa_dtype dt = _i ? FA_F16 : FA_BF16;
+    enum { SKL = 16384, J0 = 4096 };
+    problem16 pr;
+    problem16_make(&pr, dt, SKL, 41);
+    ht_tensor ka, va, x;
+    ht_alloc(&ka, dt, 1, SKL - 64, PH, PD, SW_BSHD);
+    ht_alloc(&va, dt, 1, SKL - 64, PH, PD, SW_BSHD);
+    for (int64_t j = 0, jj = 0; j < SKL; j++) {
+        if (j >= J0 && j < J0 + 64)
+            continue;
+        for (int64_t h = 0; h < PH; h++)
+            for (int64_t d = 0; d < PD; d++) {
+                ht_set(&ka, 0, jj, h, d, ht_get(&pr.k, 0, j, h, d));
+                ht_set(&va, 0, jj, h, d, ht_get(&pr.v, 0, j, h, d));
+            }
+        jj++;
+    }
+    ht_alloc(&x, dt, 1, PS, PH, PD, SW_BSHD);
+    fa_params p;
+    fa_params_init(&p);
+    ck_assert_int_eq(ht_forward(FA_BACKEND_TILED, 2, &p, &pr.q.t, &ka.t, &va.t, &x.t, NULL), FA_OK);
+    fa_comparison c = judged(&pr, &x);
+    ck_assert_msg((c.failed & FA_CMP_RMS) && (c.failed & FA_CMP_DECORR), "%s dropped block: max %g (bound %g); %s", fa_dtype_name(dt), c.max_abs,
+                  c.bound, ht_stats(&c));
+    c = judged(&pr, &pr.tiled);
+    ck_assert_msg(c.pass, "%s tiled, 16k keys: %s", fa_dtype_name(dt), ht_stats(&c));
+    ht_free(&ka), ht_free(&va), ht_free(&x);
+    problem16_free(&pr);
+}
+END_TEST
+
 Suite *make_compare_suite(void)
 {
     Suite *s = suite_create("compare");
@@ -257,6 +477,9 @@ Suite *make_compare_suite(void)
     tcase_add_test(tc, missing_max_subtraction_fails);
     tcase_add_test(tc, compare_arguments);
     tcase_add_test(tc, chunk_edges_reached);
+    tcase_add_loop_test(tc, statistics_catch_16bit_bugs, 0, 2);
+    tcase_add_test(tc, statistics_catch_spread_noise);
+    tcase_add_loop_test(tc, statistics_catch_dropped_block, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }

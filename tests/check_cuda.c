@@ -100,12 +100,14 @@ static void run_cpu(fa_backend be, const fa_params *p, ht_bundle *in, ht_bundle 
 static void compare(const char *what, const char *label, const ht_tensor *conv,
                     const ht_tensor *cand, const ht_tensor *ref, int grad)
 {
-    const fa_tolerance tol = {grad ? 3 : 2, 0, 0};
+    const fa_tolerance tol = {.factor = grad ? 3 : 2};
     fa_comparison c;
     ck_assert_int_eq(fa_compare(&cand->t, &ref->t, &conv->t, &tol, &c), FA_OK);
-    ck_assert_msg(c.pass, "%s %s: cuda error %.3g > %s (worst at b%lld s%lld h%lld d%lld: %g vs %g)",
+    ck_assert_msg(c.pass,
+                  "%s %s: cuda error %.3g, %s (worst at b%lld s%lld h%lld d%lld: %g vs %g); %s",
                   label, what, c.max_abs, c.rule, (long long)c.worst[0], (long long)c.worst[1],
-                  (long long)c.worst[2], (long long)c.worst[3], c.worst_cand, c.worst_ref);
+                  (long long)c.worst[2], (long long)c.worst[3], c.worst_cand, c.worst_ref,
+                  ht_stats(&c));
 }
 
 /* ------------------------------------------------------------------ the sweep */

@@ -213,7 +213,7 @@ START_TEST(fp8_rule_passes_fused_fails_bugs)
     p.descale_layout = FA_DESCALE_PER_KV_HEAD;
     run(FA_BACKEND_REFERENCE, &p, &ref);
     run(FA_BACKEND_CONVENTIONAL, &p, &conv);
-    const fa_tolerance tol = {2, 0, 0};
+    const fa_tolerance tol = {.factor = 2};
     fa_comparison c;
     for (int bug = 0; bug < 4; bug++) {
         fa_params pc = p;
@@ -268,7 +268,7 @@ START_TEST(fp8_cache_under_f32_q)
     run(FA_BACKEND_REFERENCE, &p, &ref);
     run(FA_BACKEND_CONVENTIONAL, &p, &conv);
     run(FA_BACKEND_TILED, &p, &tiled);
-    const fa_tolerance tol = {2, 0, 0};
+    const fa_tolerance tol = {.factor = 2};
     fa_comparison c;
     ck_assert_int_eq(fa_compare(&tiled.o.t, &ref.o.t, &conv.o.t, &tol, &c), FA_OK);
     ck_assert_msg(c.pass, "%s cache: %s", fa_dtype_name(kvd), c.rule);

@@ -251,7 +251,7 @@ START_TEST(bias_within_tolerance)
                     *c[5] = {&conv.o, &conv.dq, &conv.dk, &conv.dv, &grads[1]},
                     *t[5] = {&tiled.o, &tiled.dq, &tiled.dk, &tiled.dv, &grads[2]};
     for (int x = 0; x < 5; x++) {
-        fa_tolerance tol = {x == 0 ? 2 : 3, 0, 0};
+        fa_tolerance tol = {.factor = x == 0 ? 2 : 3};
         fa_comparison cmp;
         ck_assert_int_eq(fa_compare(&t[x]->t, &r[x]->t, &c[x]->t, &tol, &cmp), FA_OK);
         ck_assert_msg(cmp.pass, "case %d tensor %d: %s", _i, x, cmp.rule);
@@ -679,7 +679,7 @@ START_TEST(bias_and_block_mask_together)
                     *c[5] = {&conv.o, &conv.dq, &conv.dk, &conv.dv, &grads[1]},
                     *t[5] = {&tiled.o, &tiled.dq, &tiled.dk, &tiled.dv, &grads[2]};
     for (int k = 0; k < 5; k++) {
-        fa_tolerance tol = {k == 0 ? 2 : 3, 0, 0};
+        fa_tolerance tol = {.factor = k == 0 ? 2 : 3};
         fa_comparison cmp;
         ck_assert_int_eq(fa_compare(&t[k]->t, &r[k]->t, &c[k]->t, &tol, &cmp), FA_OK);
         ck_assert_msg(cmp.pass, "tensor %d: %s", k, cmp.rule);

@@ -4,6 +4,7 @@
 
 #include <math.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -279,6 +280,19 @@ static void row_chunk(const ht_tensor *x, int64_t b, int64_t s, int64_t h, int64
 {
     fai_load_f64((const char *)fai_row(&x->t, b, s, h) + d * (int64_t)fai_dtype_size(x->t.dtype),
                  x->t.dtype, left < HT_CHUNK ? left : HT_CHUNK, out);
+}
+
+const char *ht_stats(const fa_comparison *c)
+{
+    static _Thread_local char buf[400];
+    snprintf(buf, sizeof buf,
+             "bias %.3g (<= %.3g)%s, scale %.9g (1 +- %.3g)%s, rms %.3g (<= %.3g)%s, "
+             "decorr %.3g (<= %.3g)%s",
+             c->bias, c->bias_bound, c->failed & FA_CMP_BIAS ? " FAILED" : "", c->scale,
+             c->scale_bound, c->failed & FA_CMP_SCALE ? " FAILED" : "", c->rms, c->rms_bound,
+             c->failed & FA_CMP_RMS ? " FAILED" : "", c->decorr, c->decorr_bound,
+             c->failed & FA_CMP_DECORR ? " FAILED" : "");
+    return buf;
 }
 
 double ht_max_err(const ht_tensor *got, const ht_tensor *ref)

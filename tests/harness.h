@@ -84,6 +84,9 @@ TCase *ht_tcase_create(const char *name);
 /* max |got - ref| over all elements (got from its storage, ref from its storage); a NaN on one
  * side only counts as +inf, NaN on both as 0. */
 double ht_max_err(const ht_tensor *got, const ht_tensor *ref);
+/* fa_compare's statistics in words, each with its bound, the failed ones marked (a buffer of
+ * the calling thread's, valid until its next call). */
+const char *ht_stats(const fa_comparison *c);
 double ht_max_abs(const ht_tensor *x);
 
 

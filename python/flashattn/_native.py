@@ -115,14 +115,18 @@ class PagedKV(Structure):
 
 
 class Tolerance(Structure):
-    _fields_ = [("factor", c_double), ("atol", c_double), ("rtol", c_double)]
+    _fields_ = [("factor", c_double), ("atol", c_double), ("rtol", c_double),
+                ("max_only", c_int)]
 
 
 class Comparison(Structure):
     _fields_ = [("max_abs", c_double), ("max_rel", c_double), ("nmse", c_double),
                 ("worst", c_int64 * 4), ("worst_cand", c_double), ("worst_ref", c_double),
                 ("nonfinite_mismatches", c_int64), ("baseline_err", c_double),
-                ("bound", c_double), ("pass_", c_int), ("rule", c_char * 200)]
+                ("bound", c_double), ("pass_", c_int), ("rule", c_char * 200),
+                ("bias", c_double), ("bias_bound", c_double), ("scale", c_double),
+                ("scale_bound", c_double), ("rms", c_double), ("rms_bound", c_double),
+                ("decorr", c_double), ("decorr_bound", c_double), ("failed", c_int)]
 
 
 class Profile(Structure):

@@ -55,24 +55,196 @@ static fa_status same_shape(const fa_tensor *a, const char *an, const fa_tensor 
                     (long long)b->heads, (long long)b->headdim);
 }
 
-/* max |x - ref| over elements where both are finite. */
-static double max_err(const fa_tensor *x, const fa_tensor *ref)
+/*
+ * One pass over x against ref (same shape), elements where both are finite: the max error and
+ * where it is, NaN/inf mismatches, and the sums the statistics need (docs/DESIGN.md §4), with
+ * e = x - ref: sum e, sum |ref|, sum ref, sum ref^2, sum e^2, sum e ref, and over rows (b, s, h)
+ * the products of the row's sums (a row's errors may be correlated: it shares its softmax
+ * denominator), for the statistics' standard errors with rows as clusters: with E = sum e,
+ * A = sum |ref|, F = sum e ref, G = sum ref^2 over a row, the sums over rows of E^2, E A,
+ * A^2, F^2, F G and G^2.
+ */
+typedef struct {
+    double max_abs, max_rel, ref_max;
+    int64_t worst[4];
+    double worst_x, worst_ref;
+    int64_t nonfinite, first_bad[4];
+    double bad_x, bad_ref;
+    int explicit_ok;
+    double n, se, sabs, sr, srr, see, ser;
+    double ee, ea, aa, ff, fg, gg; /* over rows */
+} scan;
+
+static void scan_tensor(const fa_tensor *x, const fa_tensor *ref, const fa_tolerance *explicit_tol,
+                        scan *r)
 {
-    double m = 0, xs[CHUNK], rs[CHUNK];
+    memset(r, 0, sizeof *r);
+    r->explicit_ok = 1;
+    double xs[CHUNK], rs[CHUNK];
     for (int64_t b = 0; b < ref->batch; b++)
         for (int64_t s = 0; s < ref->seqlen; s++)
-            for (int64_t h = 0; h < ref->heads; h++)
+            for (int64_t h = 0; h < ref->heads; h++) {
+                double re = 0, ra = 0, rf = 0, rg = 0; /* the row's E, A, F, G */
                 for (int64_t d = 0; d < ref->headdim; d++) {
                     const int64_t i = d % CHUNK;
                     if (i == 0) {
                         chunk(x, b, s, h, d, ref->headdim - d, xs);
                         chunk(ref, b, s, h, d, ref->headdim - d, rs);
                     }
-                    const double e = fabs(xs[i] - rs[i]);
-                    if (e > m && isfinite(e))
-                        m = e;
+                    const double c = xs[i], v = rs[i];
+                    const int64_t at[4] = {b, s, h, d};
+                    if (!isfinite(c) || !isfinite(v)) {
+                        if (!same_nonfinite(c, v) && r->nonfinite++ == 0) {
+                            memcpy(r->first_bad, at, sizeof at);
+                            r->bad_x = c, r->bad_ref = v;
+                        }
+                        continue;
+                    }
+                    const double e = c - v, ae = fabs(e);
+                    r->ref_max = fabs(v) > r->ref_max ? fabs(v) : r->ref_max;
+                    if (v != 0 && ae / fabs(v) > r->max_rel)
+                        r->max_rel = ae / fabs(v);
+                    if (explicit_tol && ae > explicit_tol->atol + explicit_tol->rtol * fabs(v))
+                        r->explicit_ok = 0;
+                    if (ae > r->max_abs) {
+                        r->max_abs = ae;
+                        memcpy(r->worst, at, sizeof at);
+                        r->worst_x = c, r->worst_ref = v;
+                    }
+                    r->n += 1;
+                    r->se += e, r->sabs += fabs(v), r->sr += v, r->srr += v * v;
+                    r->see += e * e, r->ser += e * v;
+                    re += e, ra += fabs(v), rf += e * v, rg += v * v;
                 }
-    return m;
+                r->ee += re * re, r->ea += re * ra, r->aa += ra * ra;
+                r->ff += rf * rf, r->fg += rf * rg, r->gg += rg * rg;
+            }
+}
+
+/* The statistics of a scan: bias sum e / sum |ref|; the least-squares scale's deviation
+ * sum e ref / sum ref^2 (scale - 1); the RMS error; the decorrelation 1 - corr(x, ref). */
+static double bias_of(const scan *r) { return r->sabs > 0 ? r->se / r->sabs : 0; }
+static double scale_dev_of(const scan *r) { return r->srr > 0 ? r->ser / r->srr : 0; }
+
+/*
+ * The standard errors of bias and scale - 1, rows as clusters: a ratio b = sum_r N_r / sum_r
+ * M_r has residuals N_r - b M_r, and se(b) = sqrt(sum_r (N_r - b M_r)^2) / sum_r M_r (what
+ * is left of the errors once the statistic's own systematic part is taken out, so a large
+ * systematic error does not widen its own bound).
+ */
+static double cluster_se(double b, double nn, double nm, double mm, double m)
+{
+    const double v = nn - 2 * b * nm + b * b * mm;
+    return m > 0 ? sqrt(v > 0 ? v : 0) / m : 0;
+}
+static double bias_se(const scan *r) { return cluster_se(bias_of(r), r->ee, r->ea, r->aa, r->sabs); }
+static double scale_se(const scan *r)
+{
+    return cluster_se(scale_dev_of(r), r->ff, r->fg, r->gg, r->srr);
+}
+static double rms_of(const scan *r) { return r->n > 0 ? sqrt(r->see / r->n) : 0; }
+
+/*
+ * 1 - corr(x, ref) without the cancellation of 1 - (a computed corr): with x = ref + e and
+ * tildes for centred vectors, a = e~.ref~ / |ref~|^2 and q = |e~|^2 / |ref~|^2,
+ *     corr = (1 + a) / sqrt(1 + 2a + q),
+ *     1 - corr = (q - a^2) / (t (t + 1 + a)),  t = sqrt(1 + 2a + q),
+ * where q - a^2 >= 0 (Cauchy-Schwarz). 0 for a constant ref (no correlation to speak of).
+ */
+static double decorr_of(const scan *r)
+{
+    if (r->n < 2)
+        return 0;
+    const double mr = r->sr / r->n, me = r->se / r->n;
+    const double rr = r->srr - r->n * mr * mr, ee = r->see - r->n * me * me,
+                 er = r->ser - r->n * me * mr;
+    if (!(rr > 0))
+        return 0;
+    const double a = er / rr, q = ee / rr, num = q - a * a > 0 ? q - a * a : 0;
+    const double t = sqrt(1 + 2 * a + q > 0 ? 1 + 2 * a + q : 0);
+    return t * (t + 1 + a) > 0 ? num / (t * (t + 1 + a)) : 1;
+}
+
+/*
+ * The statistics' allowance for a dtype's systematic error, in units of its unit roundoff
+ * u = eps / 2 (docs/DESIGN.md §4): a quarter of u for the 16-bit dtypes (rounding to nearest
+ * is unbiased; truncation is biased by about u), 4 u for f32 and 64 u for f64, whose honest
+ * kernels' own biases (an exp polynomial's, a summation's) are not below their storage's.
+ * `kNoise`: the noise allowance in standard deviations of the statistic.
+ */
+static double stat_tau(fa_dtype d)
+{
+    return d == FA_F64 ? 64 : d == FA_F32 ? 4 : 0.25;
+}
+enum { kNoise = 6 };
+
+/* fa_compare's verdict once its arguments are checked. */
+static void verdict(const fa_tensor *cand, const fa_tensor *ref, const fa_tensor *baseline,
+                    const fa_tolerance *tol, int explicit_rule, fa_comparison *r)
+{
+    memset(r, 0, sizeof *r);
+    scan c;
+    scan_tensor(cand, ref, explicit_rule ? tol : NULL, &c);
+    r->max_abs = c.max_abs, r->max_rel = c.max_rel;
+    if (c.nonfinite) { /* worst names the first mismatch */
+        r->nonfinite_mismatches = c.nonfinite;
+        memcpy(r->worst, c.first_bad, sizeof r->worst);
+        r->worst_cand = c.bad_x, r->worst_ref = c.bad_ref;
+    } else {
+        memcpy(r->worst, c.worst, sizeof r->worst);
+        r->worst_cand = c.worst_x, r->worst_ref = c.worst_ref;
+    }
+    r->nmse = c.srr > 0 ? c.see / c.srr : c.see > 0 ? INFINITY : 0;
+    r->bias = bias_of(&c), r->scale = 1 + scale_dev_of(&c), r->rms = rms_of(&c);
+    r->decorr = decorr_of(&c);
+    r->bias_bound = r->scale_bound = r->rms_bound = r->decorr_bound = INFINITY;
+    if (explicit_rule) {
+        r->bound = tol->atol + tol->rtol * fabs(r->worst_ref); /* at the worst element */
+        r->failed = c.explicit_ok && c.nonfinite == 0 ? 0 : FA_CMP_MAX;
+        r->pass = r->failed == 0;
+        snprintf(r->rule, sizeof r->rule,
+                 "explicit: |cand - ref| <= %g + %g |ref| for every element; NaN/inf must match",
+                 tol->atol, tol->rtol);
+        return;
+    }
+    const double factor = tol->factor > 0 ? tol->factor : 2;
+    const double floor_eps = cand->dtype == FA_F64 ? 64 * eps_of(FA_F64) : eps_of(cand->dtype);
+    const double floor = floor_eps * (c.ref_max > 1 ? c.ref_max : 1);
+    scan y;
+    scan_tensor(baseline, ref, NULL, &y);
+    r->baseline_err = y.max_abs;
+    r->bound = factor * r->baseline_err + floor;
+    if (r->max_abs > r->bound || c.nonfinite)
+        r->failed |= FA_CMP_MAX;
+    if (!tol->max_only) {
+        /* docs/DESIGN.md §4: each statistic within `factor` times the baseline's, plus the
+         * dtype's allowance (bias, scale) or floor (RMS, decorrelation), plus kNoise standard
+         * deviations of its own noise (bias, scale) */
+        const double tu = stat_tau(cand->dtype) * eps_of(cand->dtype) / 2;
+        /* eps at the largest |ref| (not at 1, as the max rule's: small outputs, the mean of
+         * many values, keep their resolution), eps where ref is all 0 */
+        const double rms_floor = floor_eps * (c.ref_max > 0 ? c.ref_max : 1);
+        r->bias_bound = tu + factor * fabs(bias_of(&y)) + kNoise * bias_se(&c);
+        r->scale_bound = tu + factor * fabs(scale_dev_of(&y)) + kNoise * scale_se(&c);
+        r->rms_bound = factor * rms_of(&y) + rms_floor;
+        const double rr = c.srr - (c.n > 0 ? c.sr * c.sr / c.n : 0); /* n var(ref) */
+        r->decorr_bound = factor * factor * decorr_of(&y) +
+                          (rr > 0 ? rms_floor * rms_floor * c.n / rr / 2 : 0);
+        if (fabs(r->bias) > r->bias_bound)
+            r->failed |= FA_CMP_BIAS;
+        if (fabs(r->scale - 1) > r->scale_bound)
+            r->failed |= FA_CMP_SCALE;
+        if (r->rms > r->rms_bound)
+            r->failed |= FA_CMP_RMS;
+        if (r->decorr > r->decorr_bound)
+            r->failed |= FA_CMP_DECORR;
+    }
+    r->pass = r->failed == 0;
+    snprintf(r->rule, sizeof r->rule,
+             "flash: max|cand - ref| <= %g x %.3g (conventional %s error) + %.3g (floor) = %.3g; "
+             "NaN/inf must match%s",
+             factor, r->baseline_err, fa_dtype_name(cand->dtype), floor, r->bound,
+             tol->max_only ? "" : "; bias, scale, RMS, decorrelation (§4)");
 }
 
 fa_status fa_compare(const fa_tensor *cand, const fa_tensor *ref, const fa_tensor *baseline,
@@ -98,7 +270,7 @@ fa_status fa_compare(const fa_tensor *cand, const fa_tensor *ref, const fa_tenso
         st = same_shape(baseline, "baseline", ref);
     if (st != FA_OK)
         return st;
-    const fa_tolerance dflt = {2, 0, 0};
+    const fa_tolerance dflt = {2, 0, 0, 0};
     if (!tol)
         tol = &dflt;
     const int explicit_rule = tol->atol > 0 || tol->rtol > 0;
@@ -111,65 +283,6 @@ fa_status fa_compare(const fa_tensor *cand, const fa_tensor *ref, const fa_tenso
                         "fa_compare: baseline is NULL; the default rule needs the conventional "
                         "path's output (or give atol/rtol)");
 
-    memset(r, 0, sizeof *r);
-    double sum_e2 = 0, sum_r2 = 0, ref_max = 0, worst_c = 0, worst_x = 0;
-    int64_t worst_at[4] = {0, 0, 0, 0};
-    int explicit_ok = 1;
-    double cs[CHUNK], xs[CHUNK];
-    for (int64_t b = 0; b < ref->batch; b++)
-        for (int64_t s = 0; s < ref->seqlen; s++)
-            for (int64_t h = 0; h < ref->heads; h++)
-                for (int64_t d = 0; d < ref->headdim; d++) {
-                    const int64_t i = d % CHUNK;
-                    if (i == 0) {
-                        chunk(cand, b, s, h, d, ref->headdim - d, cs);
-                        chunk(ref, b, s, h, d, ref->headdim - d, xs);
-                    }
-                    const double c = cs[i], x = xs[i];
-                    const int64_t at[4] = {b, s, h, d};
-                    if (!isfinite(c) || !isfinite(x)) {
-                        if (!same_nonfinite(c, x) && r->nonfinite_mismatches++ == 0) {
-                            memcpy(r->worst, at, sizeof at); /* the first mismatch */
-                            r->worst_cand = c, r->worst_ref = x;
-                        }
-                        continue;
-                    }
-                    const double e = fabs(c - x);
-                    ref_max = fabs(x) > ref_max ? fabs(x) : ref_max;
-                    sum_e2 += e * e;
-                    sum_r2 += x * x;
-                    if (x != 0 && e / fabs(x) > r->max_rel)
-                        r->max_rel = e / fabs(x);
-                    if (explicit_rule && e > tol->atol + tol->rtol * fabs(x))
-                        explicit_ok = 0;
-                    if (e > r->max_abs) {
-                        r->max_abs = e;
-                        memcpy(worst_at, at, sizeof at);
-                        worst_c = c, worst_x = x;
-                    }
-                }
-    if (r->nonfinite_mismatches == 0) { /* else worst already names the first mismatch */
-        memcpy(r->worst, worst_at, sizeof worst_at);
-        r->worst_cand = worst_c, r->worst_ref = worst_x;
-    }
-    r->nmse = sum_r2 > 0 ? sum_e2 / sum_r2 : sum_e2 > 0 ? INFINITY : 0;
-    if (explicit_rule) {
-        r->bound = tol->atol + tol->rtol * fabs(r->worst_ref); /* at the worst element */
-        r->pass = explicit_ok && r->nonfinite_mismatches == 0;
-        snprintf(r->rule, sizeof r->rule,
-                 "explicit: |cand - ref| <= %g + %g |ref| for every element; NaN/inf must match",
-                 tol->atol, tol->rtol);
-        return FA_OK;
-    }
-    const double factor = tol->factor > 0 ? tol->factor : 2;
-    const double floor_eps = cand->dtype == FA_F64 ? 64 * eps_of(FA_F64) : eps_of(cand->dtype);
-    const double floor = floor_eps * (ref_max > 1 ? ref_max : 1);
-    r->baseline_err = max_err(baseline, ref);
-    r->bound = factor * r->baseline_err + floor;
-    r->pass = r->max_abs <= r->bound && r->nonfinite_mismatches == 0;
-    snprintf(r->rule, sizeof r->rule,
-             "flash: max|cand - ref| <= %g x %.3g (conventional %s error) + %.3g (floor) = %.3g; "
-             "NaN/inf must match",
-             factor, r->baseline_err, fa_dtype_name(cand->dtype), floor, r->bound);
+    verdict(cand, ref, baseline, tol, explicit_rule, r);
     return FA_OK;
 }

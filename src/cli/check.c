@@ -249,7 +249,7 @@ int cmd_check(int argc, char **argv)
     for (int c = 0; c < CAND_N && !rc; c++) {
         if (!o.cand[c])
             continue;
-        fa_tolerance tol = {c >= CAND_DQ ? 3 : 2, o.atol, o.rtol};
+        fa_tolerance tol = {.factor = c >= CAND_DQ ? 3 : 2, .atol = o.atol, .rtol = o.rtol};
         fa_status s = fa_compare(&cand[c].t, &st.ref[c].t, explicit_rule ? NULL : &st.base[c].t,
                                  &tol, &res[c]);
         if (s != FA_OK)
