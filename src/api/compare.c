@@ -168,8 +168,9 @@ fa_status fa_compare(const fa_tensor *cand, const fa_tensor *ref, const fa_tenso
     r->bound = factor * r->baseline_err + floor;
     r->pass = r->max_abs <= r->bound && r->nonfinite_mismatches == 0;
     snprintf(r->rule, sizeof r->rule,
-             "flash: max|cand - ref| <= %g x %.3g (conventional %s error) + %.3g (floor) = %.3g; "
-             "NaN/inf must match",
-             factor, r->baseline_err, fa_dtype_name(cand->dtype), floor, r->bound);
+             "flash: max|cand - ref| <= %g x %.3g (conventional %s error) + %.3g (%s floor) = "
+             "%.3g; NaN/inf must match",
+             factor, r->baseline_err, fa_dtype_name(baseline->dtype), floor,
+             fa_dtype_name(cand->dtype), r->bound);
     return FA_OK;
 }
