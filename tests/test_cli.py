@@ -331,7 +331,8 @@ def layout_bhsd():
     assert np.array_equal(np.load(l1), np.load(l2))
     check(o2, l2, "--layout", "bhsd", files=files, code=0)
     p = run("check", *qkv_args(files), "--candidate-out", o2, code=2)  # read as bshd: shapes clash
-    assert "q->heads = 40 is not a multiple of k->heads = 56" in p.stderr, p.stderr
+    assert f"--q {files[0]}: 40 heads, not a multiple of the 56 of --k {files[1]}" in p.stderr, \
+        p.stderr
 
 
 @test
@@ -553,9 +554,10 @@ def tolerance_options_and_json():
     assert rep["verdict"] == "PASS" and rep["profile"] == "flashattn"
     t = {x["name"]: x for x in rep["tensors"]}
     assert set(t) == {"out", "lse"} and t["out"]["rule"].startswith("flash:")
-    for key in ["max_abs", "max_rel", "nmse", "worst_index", "worst_candidate", "worst_reference",
-                "nonfinite_mismatches", "bound", "baseline_error"]:
+    for key in ["max_abs", "rel_error", "nmse", "worst_index", "worst_candidate",
+                "worst_reference", "nonfinite_mismatches", "bound", "baseline_error"]:
         assert key in t["out"], key
+    assert "max_rel" not in t["out"] and rep["hint"] is None
     p = check(o, l, "--atol", "1e-12", "--json", code=1)
     assert json.loads(p.stdout)["tensors"][0]["rule"].startswith("explicit")
     check(o, l, "--atol", "1e-4", "--rtol", "1e-4", code=0)
@@ -720,8 +722,9 @@ def check_with_a_mask_and_its_profiles():
     db[0, 0, 3, 4] += 1e-3 * np.abs(db).max()
     p = run("check", *qkv_args(), "--dout", dout, "--candidate-dbias", save("cm_db2.npy", db),
             "--bias", b, "--json", code=1)
-    t = json.loads(p.stdout)["tensors"][0]
-    assert t["name"] == "dbias" and t["worst_index"] == {"batch": 0, "seq": 3, "head": 0, "dim": 4}
+    t = json.loads(p.stdout)["tensors"][0]  # in the file's (B, H, Sq, Sk) order
+    assert t["name"] == "dbias" and list(t["worst_index"].items()) == [
+        ("batch", 0), ("head", 0), ("query", 3), ("key", 4)], t["worst_index"]
 
 
 @test
@@ -975,6 +978,179 @@ def explicit_rule_needs_no_yardstick():
     p = run("check", *qkv_args(), "--candidate-out", o, "--atol", "1e-5", "--json", code=0)
     t = json.loads(p.stdout)["tensors"][0]
     assert t["baseline_error"] == 0 and t["rule"].startswith("explicit")
+
+
+# ------------------------------------------------------------------ check's messages (issue 35)
+
+@test
+def check_hints_at_dtype_for_a_wider_candidate():
+    """An f32 kernel's output saved as f64 FAILs against the f64 yardstick: the report says to
+    pass --dtype f32, which PASSes it; the rule line names the yardstick's dtype and the
+    floor's."""
+    o, _ = forward()
+    o64 = save("wide_o64.npy", np.load(o).astype(np.float64))
+    p = run("check", *qkv_args(), "--candidate-out", o64, code=1)
+    assert f"hint: --candidate-out {o64} holds f64 but the inputs hold f32" in p.stdout, p.stdout
+    assert "pass --dtype f32" in p.stdout and "(conventional f64 error)" in p.stdout, p.stdout
+    p = run("check", *qkv_args(), "--candidate-out", o64, "--json", code=1)
+    assert "--dtype f32" in json.loads(p.stdout)["hint"]
+    p = run("check", *qkv_args(), "--candidate-out", o64, "--dtype", "f32", code=0)
+    assert "hint" not in p.stdout, p.stdout
+    assert "(conventional f32 error)" in p.stdout and "(f64 floor)" in p.stdout, p.stdout
+    # no hint where the candidate is of the inputs' dtype, or under an explicit rule
+    bad = np.load(o)
+    bad[0, 0, 0, 0] += 1
+    p = run("check", *qkv_args(), "--candidate-out", save("wide_bad.npy", bad), code=1)
+    assert "hint" not in p.stdout, p.stdout
+    p = run("check", *qkv_args(), "--candidate-out", o64, "--atol", "1e-12", code=1)
+    assert "hint" not in p.stdout, p.stdout
+
+
+@test
+def check_refuses_mixed_input_dtypes():
+    """q, k, v (and dout) of one dtype, but for an f16 K/V cache under f32 q: the message
+    names the file at fault and the one it disagrees with, with both dtypes."""
+    q, k, v = QKV
+    k64 = save("mix_k64.npy", np.load(k).astype(np.float64))
+    v64 = save("mix_v64.npy", np.load(v).astype(np.float64))
+    o, _ = forward()
+    for files, want in (([q, k64, v], f"--k {k64} holds f64, but --q {q} holds f32"),
+                        ([q, k, v64], f"--v {v64} holds f64, but --k {k} holds f32"),
+                        ([q, k64, v64], f"--k {k64} holds f64, but --q {q} holds f32")):
+        p = run("check", *qkv_args(files), "--candidate-out", o, code=2)
+        assert want in p.stderr, (want, p.stderr)
+    d64 = save("mix_do.npy", RNG.standard_normal((2, 40, 4, 16)))
+    p = run("check", *qkv_args(), "--dout", d64, "--candidate-dq", o, code=2)
+    assert f"--dout {d64} holds f64, but --q {q} holds f32" in p.stderr, p.stderr
+    k16 = save("mix_k16.npy", np.load(k).astype(np.float16))
+    v16 = save("mix_v16.npy", np.load(v).astype(np.float16))
+    o16, _ = forward(files=[q, k16, v16], out="mix_o.npy", lse="mix_l.npy")
+    run("check", *qkv_args([q, k16, v16]), "--candidate-out", o16, code=0)  # a cache: taken
+
+
+@test
+def check_blames_the_input_at_fault():
+    """Dims that disagree are told in the files' terms, the option and file at fault first."""
+    q, k, v = QKV
+    K, V = np.load(k), np.load(v)
+    f = lambda name, a: save("blame_" + name + ".npy", a)
+    h3 = lambda a: np.concatenate([a, a[:, :, :1]], 2)  # 3 heads
+    o, _ = forward()
+    cases = [
+        ([q, f("k_d8", K[..., :8]), v], "--k {1}: head dim 8, but --q {0} has 16"),
+        ([q, f("k_h3", h3(K)), v], "--k {1}: 3 heads, but --v {2} has 2"),
+        ([q, k, f("v_h3", h3(V))], "--v {2}: 3 heads, but --k {1} has 2"),
+        ([q, f("k_h1", K[:, :, :1]), f("v_h3b", h3(V))], "--v {2}: 3 heads, but --k {1} has 1"),
+        ([q, k, f("v_s30", V[:, :30])], "--v {2}: sequence length 30, but --k {1} has 56"),
+        ([q, f("k_b1", K[:1]), v], "--k {1}: batch 1, but --q {0} has 2"),
+        ([q, f("k_b1b", K[:1]), f("v_b1", V[:1])], "--q {0}: batch 2, but --k {1} has 1"),
+        ([q, f("k_h3c", h3(K)), f("v_h3c", h3(V))],
+         "--q {0}: 4 heads, not a multiple of the 3 of --k {1}"),
+    ]
+    for files, want in cases:
+        p = run("check", *qkv_args(files), "--candidate-out", o, code=2)
+        want = want.format(*files)
+        assert want in p.stderr and "->" not in p.stderr, (want, p.stderr)
+    d = f("do_s10", RNG.standard_normal((2, 10, 4, 16)).astype(np.float32))
+    p = run("check", *qkv_args(), "--dout", d, "--candidate-dq", q, code=2)
+    assert f"--dout {d}: sequence length 10, but --q {q} has 40" in p.stderr, p.stderr
+
+
+@test
+def check_candidate_shapes_in_the_files_layout():
+    o, l = forward()
+    lse = np.load(l)
+    bsh = save("shape_lse_bsh.npy", lse.transpose(0, 2, 1).copy())
+    p = run("check", *qkv_args(), "--candidate-lse", bsh, code=2)
+    assert (f"--candidate-lse {bsh}: shape (2, 40, 4), but the inputs give (2, 4, 40), (batch, "
+            "heads, seqlen); it looks like (batch, seqlen, heads)") in p.stderr, p.stderr
+    short = save("shape_o_short.npy", np.load(o)[:, :10])
+    p = run("check", *qkv_args(), "--candidate-out", short, code=2)
+    assert (f"--candidate-out {short}: shape (2, 10, 4, 16), but the inputs give (2, 40, 4, 16), "
+            "(batch, seqlen, heads, headdim)") in p.stderr, p.stderr
+    dout = save("shape_do.npy", RNG.standard_normal((2, 40, 4, 16)).astype(np.float32))
+    p = run("check", *qkv_args(), "--dout", dout, "--candidate-dk", short, code=2)
+    assert f"--candidate-dk {short}: shape (2, 10, 4, 16), but --k {QKV[1]} gives (2, 56, 2, 16)" \
+        in p.stderr, p.stderr
+    p = run("check", *qkv_args(), "--candidate-lse", save("shape_lse_2d.npy", lse[0]), code=2)
+    assert "--candidate-lse" in p.stderr and "3-D (batch, heads, seqlen)" in p.stderr, p.stderr
+
+
+@test
+def check_worst_index_in_the_files_order():
+    """The worst element's index in each file's own order, named: the text's [b=..,s=..] and
+    the JSON's object agree, for a bshd and a bhsd out and for the LSE."""
+    o, l = forward()
+    out, lse = np.load(o), np.load(l)
+    out[1, 7, 2, 3] += 0.25
+    lse[1, 2, 7] += 0.25  # (batch, head, seq)
+    ob, lb = save("wi_o.npy", out), save("wi_l.npy", lse)
+    p = check(ob, lb, code=1)
+    assert "[b=1,s=7,h=2,d=3]" in p.stdout and "[b=1,h=2,s=7]" in p.stdout, p.stdout
+    t = {x["name"]: x for x in json.loads(check(ob, lb, "--json", code=1).stdout)["tensors"]}
+    assert list(t["out"]["worst_index"].items()) == [("batch", 1), ("seq", 7), ("head", 2),
+                                                     ("dim", 3)]
+    assert list(t["lse"]["worst_index"].items()) == [("batch", 1), ("head", 2), ("seq", 7)]
+    files = [save("wi_" + n, np.load(x).transpose(0, 2, 1, 3).copy())
+             for n, x in zip(("q.npy", "k.npy", "v.npy"), QKV)]
+    oh = save("wi_oh.npy", out.transpose(0, 2, 1, 3).copy())
+    p = check(oh, lb, "--layout", "bhsd", files=files, code=1)
+    assert "[b=1,h=2,s=7,d=3]" in p.stdout and "[b=1,h=2,s=7]" in p.stdout, p.stdout
+    p = check(oh, lb, "--layout", "bhsd", "--json", files=files, code=1)
+    t = json.loads(p.stdout)["tensors"][0]
+    assert list(t["worst_index"].items()) == [("batch", 1), ("head", 2), ("seq", 7), ("dim", 3)]
+
+
+@test
+def check_rel_error_relative_to_the_tensor():
+    """rel err is max abs over the tensor's largest |ref|: an error at a reference near 0 does
+    not blow it up; a reference of zeros has none (- and null)."""
+    o, _ = forward("--backend", "reference", out="rel_o.npy", lse="rel_l.npy")
+    out = np.load(o)
+    at = np.unravel_index(np.argmin(np.abs(out)), out.shape)
+    out[at] += 1e-3
+    p = run("check", *qkv_args(), "--candidate-out", save("rel_bad.npy", out), "--json", code=1)
+    t = json.loads(p.stdout)["tensors"][0]
+    ref = np.load(o).astype(np.float64)  # the f64 reference's, to f32 rounding
+    want = t["max_abs"] / np.abs(ref).max()
+    assert abs(t["rel_error"] - want) < 1e-5 * want and t["rel_error"] < 1e-2, (t, want)
+    p = run("check", *qkv_args(), "--candidate-out", save("rel_bad.npy", out), code=1)
+    assert f"{t['rel_error']:10.3g}" in p.stdout and "rel err" in p.stdout, p.stdout
+    zeros = [QKV[0], QKV[1], save("rel_v0.npy", np.zeros((2, 56, 2, 16), np.float32))]
+    o0 = save("rel_o0.npy", np.zeros((2, 40, 4, 16), np.float32))
+    p = run("check", *qkv_args(zeros), "--candidate-out", o0, "--json", code=0)
+    assert json.loads(p.stdout)["tensors"][0]["rel_error"] is None
+    p = run("check", *qkv_args(zeros), "--candidate-out", o0, code=0)
+    assert re.search(r"^out +PASS +0 +- ", p.stdout, re.M), p.stdout
+
+
+def options_of(cmd):
+    """The options `cmd` takes, read from src/cli/options.c's table (its groups)."""
+    src = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src", "cli",
+                            "options.c")).read()
+    table = src[src.index("static const opt_def defs[]"):]
+    table = table[:table.index("{NULL, NULL}")]
+    groups = {"forward": "io fwd pages", "backward": "io grad pages", "check": "check pages"}[cmd]
+    return {name for name, g in re.findall(r'\{"(--[a-z0-9-]+)", "([a-z ]+)"\}', table)
+            if any(x == "attn" or x in groups for x in g.split())}
+
+
+@test
+def help_lists_what_each_command_takes():
+    """Each command's --help names every option it takes and none it refuses; check's says
+    how the LSE is laid out; the top-level help names --version."""
+    everything = set().union(*(options_of(c) for c in ("forward", "backward", "check")))
+    assert {"--backend", "--candidate-out", "--out-dtype", "--seqused-k"} <= everything
+    for cmd in ("forward", "backward", "check"):
+        helptext = run(cmd, "--help", code=0).stdout
+        named = set(re.findall(r"(?<![\w-])--[a-z0-9][a-z0-9-]*", helptext)) - {"--help"}
+        takes = options_of(cmd)
+        assert takes - named == set(), (cmd, "missing from --help", takes - named)
+        assert named - takes == set(), (cmd, "in --help but refused", named - takes)
+    helptext = run("check", "--help", code=0).stdout
+    assert "LSE (batch, heads, seqlen)" in helptext and "worst element's index" in helptext
+    assert "--version" in run("--help", code=0).stdout
+    assert re.match(r"flashattn \d", run("--version", code=0).stdout)
 
 
 # ------------------------------------------------------------------ hostile files and paths
@@ -1244,6 +1420,10 @@ def hostile_cli_table():
         ("k 3 heads", ["forward", "--q", q, "--k", os.path.join(d, "k_h3.npy"), "--v", v, "--out", o_keep], 2, "k->heads"),
         ("k batch 3", ["forward", "--q", q, "--k", os.path.join(d, "k_b3.npy"), "--v", v, "--out", o_keep], 2, "k->batch"),
         ("k f64 with q f32", ["forward", "--q", q, "--k", os.path.join(d, "k_f64.npy"), "--v", v, "--out", o_keep], 2, "k->dtype = f64"),
+        ("check: k f64 with q f32", ["check", "--q", q, "--k", os.path.join(d, "k_f64.npy"), "--v", v, "--candidate-out", out_ok], 2, f"--k {d}/k_f64.npy holds f64, but --q {q} holds f32"),
+        ("check: k 3 heads", ["check", "--q", q, "--k", os.path.join(d, "k_h3.npy"), "--v", v, "--candidate-out", out_ok], 2, f"--k {d}/k_h3.npy: 3 heads, but --v {v} has 2"),
+        ("check: k head dim 8", ["check", "--q", q, "--k", os.path.join(d, "k_d8.npy"), "--v", v, "--candidate-out", out_ok], 2, f"--k {d}/k_d8.npy: head dim 8, but --q {q} has 16"),
+        ("check: lse transposed", ["check", "--q", q, "--k", k, "--v", v, "--candidate-lse", os.path.join(d, "lse_bad.npy")], 2, "it looks like (batch, seqlen, heads)"),
         ("v truncated", ["forward", "--q", q, "--k", k, "--v", bad["trunc"][0], "--out", o_keep], 2, "truncated"),
         ("alibi 3 slopes", F("--alibi", os.path.join(d, "slopes3.npy")), 2, "1-D array of 4 slopes"),
         ("alibi 2-D", F("--alibi", os.path.join(d, "slopes2d.npy")), 2, "1-D array of 4 slopes"),

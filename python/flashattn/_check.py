@@ -16,18 +16,25 @@ from ._api import (_Call, _indices, _int64, _kv_layout, _layout, _lse_dtype, _op
 from ._arrays import NUMPY_DTYPES, STORED, Frame, View, host_view, numpy_dtype, to_host
 
 _NAMES = ("out", "lse", "dq", "dk", "dv")
+_DIM_WORDS = {"batch": "batch", "seq": "seqlen", "head": "heads", "dim": "headdim"}
+_SIZE = {N.F64: 8, N.F32: 4, N.F16: 2, N.BF16: 2}  # bytes per element
 
 
 @dataclass
 class TensorReport:
-    """One candidate tensor against the reference (fa_comparison)."""
+    """One candidate tensor against the reference (fa_comparison). rel_error is max_abs over
+    the tensor's largest finite |reference| (None where that is 0). worst_index is in the
+    candidate array's own index order, index_names naming each index ("batch", "seq", "head",
+    "dim": (batch, seq, head, dim) for layout "bshd", (batch, head, seq) for an LSE), as
+    ``flashattn check --json`` writes them."""
 
     name: str
     passed: bool
     max_abs: float
-    max_rel: float
+    rel_error: Optional[float]
     nmse: float
-    worst_index: Tuple[int, ...]  # in the candidate's own index order
+    worst_index: Tuple[int, ...]
+    index_names: Tuple[str, ...]
     worst_candidate: float
     worst_reference: float
     nonfinite_mismatches: int
@@ -36,9 +43,11 @@ class TensorReport:
     rule: str
 
     def __str__(self) -> str:
-        at = "[" + ",".join(map(str, self.worst_index)) + "]"
+        at = "[" + ",".join(f"{n[0]}={i}" for n, i in zip(self.index_names,
+                                                          self.worst_index)) + "]"
+        rel = "-" if self.rel_error is None else f"{self.rel_error:.3g}"
         return (f"{self.name:<4} {'PASS' if self.passed else 'FAIL':<7} {self.max_abs:10.3g} "
-                f"{self.max_rel:10.3g} {self.nmse:10.3g} {at:<22} {self.worst_candidate:13.6g} "
+                f"{rel:>10} {self.nmse:10.3g} {at:<22} {self.worst_candidate:13.6g} "
                 f"{self.worst_reference:13.6g} {self.nonfinite_mismatches:9d}\n"
                 f"     rule: {self.rule}")
 
@@ -53,6 +62,7 @@ class CheckReport:
     storage_dtype: str
     explicit_rule: bool
     tensors: Dict[str, TensorReport] = field(default_factory=dict)
+    hint: Optional[str] = None  # what to try after a FAIL that may be the dtype's (dtype=)
 
     def __bool__(self) -> bool:
         return self.passed
@@ -64,10 +74,12 @@ class CheckReport:
         head = ("reference float64; explicit tolerance" if self.explicit_rule else
                 f"reference float64; yardstick conventional {self.storage_dtype}")
         lines = [f"flashattn check: {head}; profile {self.profile}",
-                 f"{'':<4} {'verdict':<7} {'max abs':>10} {'max rel':>10} {'nmse':>10} "
+                 f"{'':<4} {'verdict':<7} {'max abs':>10} {'rel err':>10} {'nmse':>10} "
                  f"{'worst index':<22} {'candidate':>13} {'reference':>13} {'nan/inf':>9}"]
         lines += [str(t) for t in self.tensors.values()]
         lines.append(f"verdict: {'PASS' if self.passed else 'FAIL'}")
+        if self.hint:
+            lines.append(f"hint: {self.hint}")
         return "\n".join(lines)
 
 
@@ -159,15 +171,26 @@ class _Shape:
         return (rows if self.layout == "bhsd" and not self.varlen
                 else np.swapaxes(rows, -1, -2))[..., None]
 
+    def index_names(self, name: str) -> Tuple[str, ...]:
+        """The candidate array's dims, in its own order (dk and dv are laid out as q: a paged
+        K/V has no gradients)."""
+        if name == "lse":
+            return ("head", "seq") if self.varlen else ("batch", "head", "seq")
+        if self.varlen:
+            return ("seq", "head", "dim")
+        return (("batch", "head", "seq", "dim") if self.layout == "bhsd" else
+                ("batch", "seq", "head", "dim"))
+
     def index(self, name: str, worst) -> Tuple[int, ...]:
         """fa_comparison's [batch, seq, head, dim] in the candidate array's own order."""
-        b, s, h, d = (int(x) for x in worst)
-        if name == "lse":
-            return (h, s) if self.varlen else (b, h, s)
-        if self.varlen:
-            return (s, h, d)
-        # dk and dv are laid out as q (a paged K/V has no gradients)
-        return (b, h, s, d) if self.layout == "bhsd" else (b, s, h, d)
+        at = dict(zip(("batch", "seq", "head", "dim"), (int(x) for x in worst)))
+        return tuple(at[n] for n in self.index_names(name))
+
+    def dims(self, name: str) -> str:
+        """The candidate array's dims in words, for messages."""
+        words = ("total" if n == "seq" and self.varlen else _DIM_WORDS[n]
+                 for n in self.index_names(name))
+        return "(" + ", ".join(words) + ")"
 
 
 def _run_all(shape: _Shape, call: _Call, ins: Dict[str, View], grads: bool,
@@ -281,14 +304,23 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
         raise N.UnsupportedError("k, v: an FP8 K/V under wider q is not checked (the float64 "
                                  "reference and the FP8 yardstick need FP8 q)",
                                  N.FA_ERR_UNSUPPORTED)
+    _check_dtypes(hin)
+    tq, tk = shape.qt(hin["q"].view(), "q"), shape.kt(hin["k"].view(), "k")
+    tv = shape.kt(hin["v"].view(), "v")
+    _check_shapes(shape, tq, tk, tv, shape.qt(hin["dout"].view(), "dout") if grads else None)
+    want = {"out": tuple(hin["q"].array.shape[:-1]) + (hin["v"].array.shape[-1],),
+            "lse": shape.lse_shape(tq), "dq": tuple(hin["q"].array.shape),
+            "dk": tuple(hin["k"].array.shape), "dv": tuple(hin["v"].array.shape)}
+    for n, c in hc.items():
+        _check_candidate_shape(shape, n, tuple(c.array.shape), want[n])
+    dt_from = None  # the candidate whose dtype is the yardstick's
     if dtype is not None:
         dt = dtype_arg(dtype, "dtype")
     else:  # FP8: the out dtype's default as flashattn.attention's
-        dt = next((c.dtype for n, c in hc.items() if n != "lse"),
-                  N.BF16 if fp8 else hin["q"].dtype)
+        dt_from = next((n for n in hc if n != "lse"), None)
+        dt = hc[dt_from].dtype if dt_from else N.BF16 if fp8 else hin["q"].dtype
     explicit = (atol or 0) > 0 or (rtol or 0) > 0
     host = Frame(np.empty(0), "host")  # the reference and the yardstick run on the host
-    tq, tk = shape.qt(hin["q"].view(), "q"), shape.kt(hin["k"].view(), "k")
     if opts.get("attn_mask") is not None:
         opts["attn_mask"] = to_host(opts["attn_mask"], "attn_mask")[0]
 
@@ -303,11 +335,6 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
     base = None
     if not explicit:
         base = _run_all(shape, call("conventional"), inputs_in(dt), grads, dt)
-    for n, c in hc.items():
-        if tuple(c.array.shape) != tuple(ref[n].shape):
-            raise N.InvalidArgumentError(f"{n}: shape {tuple(c.array.shape)} does not match the "
-                                         f"{n} the inputs give, {tuple(ref[n].shape)}",
-                                         N.FA_ERR_SHAPE)
     if "out" in cands and pf.empty_out != N.EMPTY_OUT_ZERO:  # before the LSE's conversion
         _out_as_candidate_writes_it(pf, shape, ref, base, hc["out"], dt)
     if "lse" in cands:
@@ -333,13 +360,113 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
         N.check_status(N.lib.fa_compare(byref(tc), byref(tr),
                                         byref(tb) if tb is not None else None, byref(tol),
                                         byref(r)), f"{n}: compare")
-        t = TensorReport(n, bool(r.pass_), r.max_abs, r.max_rel, r.nmse,
-                         shape.index(n, r.worst), r.worst_cand, r.worst_ref,
-                         int(r.nonfinite_mismatches), r.bound, r.baseline_err,
+        finite = np.abs(ref[n][np.isfinite(ref[n])])
+        top = float(finite.max()) if finite.size else 0.0
+        t = TensorReport(n, bool(r.pass_), r.max_abs, r.max_abs / top if top > 0 else None,
+                         r.nmse, shape.index(n, r.worst), shape.index_names(n), r.worst_cand,
+                         r.worst_ref, int(r.nonfinite_mismatches), r.bound, r.baseline_err,
                          r.rule.decode(errors="replace"))
         report.tensors[n] = t
         report.passed &= t.passed
+    # a FAIL against the yardstick of a candidate's dtype, wider than the inputs': a kernel that
+    # computes in the inputs' dtype and returned its output wider was held to the wider rule
+    qt = hin["q"].dtype
+    if (not report.passed and dt_from and not explicit and not fp8
+            and _SIZE.get(dt, 0) > _SIZE.get(qt, 8)):
+        report.hint = (f"{dt_from} holds {N.DTYPE_NAMES[dt]} but q, k, v hold "
+                       f"{N.DTYPE_NAMES[qt]}, so the yardstick ran in {N.DTYPE_NAMES[dt]}; if "
+                       f"the kernel computes in {N.DTYPE_NAMES[qt]}, pass "
+                       f"dtype={N.DTYPE_NAMES[qt]!r}")
     return report
+
+
+def _check_dtypes(hin: Dict[str, "_Host"]) -> None:
+    """q, k, v (and dout) share one dtype, but for a float16 or bfloat16 K/V cache under
+    float32 or bfloat16 q (as ``flashattn check``); the one at fault is named."""
+    q, k, v = hin["q"].dtype, hin["k"].dtype, hin["v"].dtype
+    one = ("q, k and v share one dtype, but for a float16 or bfloat16 K/V cache under float32 "
+           "or bfloat16 q")
+    bad = None
+    if v != k:
+        bad = ("k", "q", one) if v == q else ("v", "k", "k and v share one dtype")
+    elif k != q and not (k in (N.F16, N.BF16) and q in (N.F32, N.BF16)):
+        bad = ("k", "q", one)
+    elif "dout" in hin and hin["dout"].dtype != q:
+        bad = ("dout", "q", "dout has q's dtype")
+    if bad:
+        x, ref, why = bad
+        raise N.InvalidArgumentError(f"{x}: {N.DTYPE_NAMES[hin[x].dtype]}, but {ref} is "
+                                     f"{N.DTYPE_NAMES[hin[ref].dtype]} ({why})", N.FA_ERR_DTYPE)
+
+
+def _check_shapes(shape: _Shape, q: N.Tensor, k: N.Tensor, v: N.Tensor,
+                  dout: Optional[N.Tensor]) -> None:
+    """The inputs' dims agree, or InvalidArgumentError names the one at fault in its array's
+    terms, as ``flashattn check`` does (cli_check_inputs): "k: head dim 32, but q has 64". Of q,
+    k and v, the one whose batch the other two do not share is at fault; of k and v, the one
+    whose heads do not divide q's; where nothing tells, v against k and k against q."""
+    t = {"q": q, "k": k, "v": v, "dout": dout}
+    pages = shape.paged
+
+    def words(x: str, d: str) -> str:
+        n = getattr(t[x], d)
+        if d == "batch":
+            return f"{n} pages" if pages and x in ("k", "v") else f"batch {n}"
+        if d == "seqlen":
+            return (f"page size {n}" if pages and x in ("k", "v") else
+                    f"total length {n}" if shape.varlen else f"sequence length {n}")
+        return f"{n} head{'s' if n != 1 else ''}" if d == "heads" else f"head dim {n}"
+
+    def blame(x: str, ref: str, d: str, why: str = ""):
+        raise N.InvalidArgumentError(f"{x}: {words(x, d)}, but {ref} has {getattr(t[ref], d)}"
+                                     + (f" ({why})" if why else ""), N.FA_ERR_SHAPE)
+
+    if pages and v.batch != k.batch:
+        blame("v", "k", "batch", "k and v are pages of one cache")
+    if not pages and not shape.varlen:
+        kb, vb = k.batch == q.batch, v.batch == q.batch
+        if not kb and not vb and k.batch == v.batch:
+            blame("q", "k", "batch")
+        if not kb:
+            blame("k", "q", "batch")
+        if not vb:
+            blame("v", "q", "batch")
+    if k.seqlen != v.seqlen:
+        blame("v", "k", "seqlen", "k and v are pages of one cache" if pages else
+              "k and v hold the same keys")
+    if k.heads != v.heads:  # the one whose heads do not divide q's
+        k_at_fault = v.heads > 0 and q.heads % v.heads == 0 and not (
+            k.heads > 0 and q.heads % k.heads == 0)
+        blame(*(("k", "v") if k_at_fault else ("v", "k")), "heads", "k and v share their heads")
+    if k.heads > 0 and q.heads % k.heads:
+        raise N.InvalidArgumentError(f"q: {q.heads} heads, not a multiple of the {k.heads} of k "
+                                     "(each K/V head serves a whole group of query heads)",
+                                     N.FA_ERR_SHAPE)
+    if k.headdim != q.headdim:
+        blame("k", "q", "headdim", "q and k share their head dim")
+    if dout is None:
+        return
+    why = "dout is shaped as out: q's batch, sequence length and heads, v's head dim"
+    for d in ("batch", "seqlen", "heads"):
+        if getattr(dout, d) != getattr(q, d):
+            blame("dout", "q", d, why)
+    if dout.headdim != v.headdim:
+        blame("dout", "v", "headdim", why)
+
+
+def _check_candidate_shape(shape: _Shape, name: str, got: tuple, want: tuple) -> None:
+    """A candidate of another shape than the inputs give it is refused, in its array's terms
+    (an LSE saved as (batch, seqlen, heads) is told so)."""
+    if got == want:
+        return
+    src = {"dq": "q", "dk": "k", "dv": "v"}.get(name, "the inputs")
+    msg = f"{name}: shape {got}, but {src} give{'s' if name[0] == 'd' else ''} {want}"
+    msg += f", {shape.dims(name)}"
+    if name == "lse" and len(got) == len(want) and got[-2:] == want[-2:][::-1] and \
+            got[:-2] == want[:-2]:
+        msg += ("; it looks like (total, heads): pass lse.T" if shape.varlen else
+                "; it looks like (batch, seqlen, heads): pass lse.transpose(0, 2, 1)")
+    raise N.InvalidArgumentError(msg, N.FA_ERR_SHAPE)
 
 
 def _lse_as_candidate_writes_it(pf, res: Dict[str, np.ndarray], cand: _Host) -> None:

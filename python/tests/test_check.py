@@ -1,6 +1,8 @@
 """The oracle from Python: flashattn.check PASSes honest kernels (numpy, float32 and bfloat16,
 written here the FlashAttention way: key blocks and an online softmax) and FAILs the bugs
 such kernels really have; the convention profiles; assert_attention_close."""
+import re
+
 import numpy as np
 import pytest
 
@@ -232,3 +234,102 @@ def test_candidate_of_the_wrong_shape_is_refused():
     q, k, v = inputs(np.float32, seed=17)
     with pytest.raises(fa.InvalidArgumentError, match="shape"):
         fa.check(q, k, v, out=np.zeros((2, 40, 4, 31), np.float32))
+
+
+# ------------------------------------------------------------------ messages (issue 35)
+
+def test_a_wider_candidate_fails_with_a_hint_at_dtype():
+    """An f32 kernel's output returned as float64 FAILs against the float64 yardstick; the
+    report says to pass dtype='float32', which PASSes it; the rule names both dtypes."""
+    q, k, v = inputs(np.float32, seed=20)
+    out, _ = kernel(q, k, v)
+    r = fa.check(q, k, v, out=out.astype(np.float64))
+    assert not r and "dtype='float32'" in r.hint and r.hint.startswith("out holds float64")
+    assert "hint: out holds float64" in str(r) and "(conventional f64 error)" in r["out"].rule
+    r = fa.check(q, k, v, out=out.astype(np.float64), dtype="float32")
+    assert r and r.hint is None, str(r)
+    assert "(conventional f32 error)" in r["out"].rule and "(f64 floor)" in r["out"].rule
+    bad = out.copy()
+    bad[0, 0, 0, 0] += 1
+    r = fa.check(q, k, v, out=bad)
+    assert not r and r.hint is None  # of the inputs' dtype: nothing to hint
+
+
+def test_mixed_input_dtypes_are_refused():
+    q, k, v = inputs(np.float32, seed=21)
+    out, _ = kernel(q, k, v)
+    with pytest.raises(fa.InvalidArgumentError, match="k: float64, but q is float32"):
+        fa.check(q, k.astype(np.float64), v, out=out)
+    with pytest.raises(fa.InvalidArgumentError, match="v: float64, but k is float32"):
+        fa.check(q, k, v.astype(np.float64), out=out)
+    with pytest.raises(fa.InvalidArgumentError, match="dout: float64, but q is float32"):
+        fa.check(q, k, v, dout=np.zeros(q.shape), dq=q)
+    k16, v16 = k.astype(np.float16), v.astype(np.float16)  # an f16 cache under f32 q: taken
+    assert fa.check(q, k16, v16, out=fa.attention(q, k16, v16))
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda q, k, v: (q, k[..., :16], v), "k: head dim 16, but q has 32"),
+    (lambda q, k, v: (q, np.concatenate([k, k[:, :, :1]], 2), v), "k: 3 heads, but v has 2"),
+    (lambda q, k, v: (q, k, np.concatenate([v, v[:, :, :1]], 2)), "v: 3 heads, but k has 2"),
+    (lambda q, k, v: (q, k, v[:, :30]), "v: sequence length 30, but k has 50"),
+    (lambda q, k, v: (q, k[:1], v), "k: batch 1, but q has 2"),
+    (lambda q, k, v: (q, k[:1], v[:1]), "q: batch 2, but k has 1"),
+    (lambda q, k, v: (q, np.concatenate([k, k[:, :, :1]], 2), np.concatenate([v, v[:, :, :1]], 2)),
+     "q: 4 heads, not a multiple of the 3 of k"),
+])
+def test_shape_errors_blame_the_input_at_fault(change, message):
+    q, k, v = inputs(np.float32, seed=22)
+    out, _ = kernel(q, k, v)
+    with pytest.raises(fa.InvalidArgumentError, match=re.escape(message)) as e:
+        fa.check(*change(q, k, v), out=out)
+    assert "->" not in str(e.value)
+
+
+def test_candidate_shapes_in_the_arrays_layout():
+    q, k, v = inputs(np.float32, seed=23)
+    out, lse = kernel(q, k, v)
+    with pytest.raises(fa.InvalidArgumentError,
+                       match=re.escape("lse: shape (2, 40, 4), but the inputs give (2, 4, 40), "
+                                       "(batch, heads, seqlen); it looks like (batch, seqlen, "
+                                       "heads)")):
+        fa.check(q, k, v, lse=np.swapaxes(lse, 1, 2))
+    with pytest.raises(fa.InvalidArgumentError,
+                       match=re.escape("dk: shape (2, 50, 2, 31), but k gives (2, 50, 2, 32)")):
+        fa.check(q, k, v, dout=out, dk=k[..., :31])
+
+
+def test_worst_index_named_in_the_arrays_order():
+    q, k, v = inputs(np.float32, seed=24)
+    out, lse = kernel(q, k, v)
+    out[1, 7, 3, 5] += 0.5
+    lse[1, 3, 7] += 0.5
+    r = fa.check(q, k, v, out=out, lse=lse)
+    assert r["out"].index_names == ("batch", "seq", "head", "dim")
+    assert r["lse"].worst_index == (1, 3, 7) and r["lse"].index_names == ("batch", "head", "seq")
+    assert "[b=1,s=7,h=3,d=5]" in str(r) and "[b=1,h=3,s=7]" in str(r), str(r)
+    rb = fa.check(*(np.swapaxes(x, 1, 2) for x in (q, k, v)), out=np.swapaxes(out, 1, 2),
+                  layout="bhsd")["out"]
+    assert rb.index_names == ("batch", "head", "seq", "dim") and "[b=1,h=3,s=7,d=5]" in str(rb)
+
+
+def test_rel_error_is_relative_to_the_largest_reference():
+    q, k, v = inputs(np.float32, seed=25)
+    ref = fa.attention(q, k, v, backend="reference")
+    out = ref.copy()
+    at = np.unravel_index(np.argmin(np.abs(ref)), ref.shape)
+    out[at] += 1e-3  # elementwise, relative to a reference near 0: huge
+    t = fa.check(q, k, v, out=out)["out"]
+    assert t.rel_error == pytest.approx(t.max_abs / np.abs(ref).max(), rel=1e-5)
+    assert t.rel_error < 1e-2 and not hasattr(t, "max_rel")
+    t = fa.check(q, k, np.zeros_like(v), out=np.zeros_like(out))["out"]
+    assert t.rel_error is None and " -" in str(t)
+
+
+def test_a_dout_of_another_shape_is_told_so():
+    q, k, v = inputs(np.float32, seed=26)
+    with pytest.raises(fa.InvalidArgumentError,
+                       match=re.escape("dout: sequence length 10, but q has 40 (dout is shaped")):
+        fa.check(q, k, v, dout=q[:, :10], dq=q)
+    with pytest.raises(fa.InvalidArgumentError, match=re.escape("dout: head dim 16, but v has 32")):
+        fa.check(q, k, v, dout=q[..., :16], dq=q)

@@ -241,9 +241,10 @@ static void verdict(const fa_tensor *cand, const fa_tensor *ref, const fa_tensor
     }
     r->pass = r->failed == 0;
     snprintf(r->rule, sizeof r->rule,
-             "flash: max|cand - ref| <= %g x %.3g (conventional %s error) + %.3g (floor) = %.3g; "
-             "NaN/inf must match%s",
-             factor, r->baseline_err, fa_dtype_name(cand->dtype), floor, r->bound,
+             "flash: max|cand - ref| <= %g x %.3g (conventional %s error) + %.3g (%s floor) = "
+             "%.3g; NaN/inf must match%s",
+             factor, r->baseline_err, fa_dtype_name(baseline->dtype), floor,
+             fa_dtype_name(cand->dtype), r->bound,
              tol->max_only ? "" : "; bias, scale, RMS, decorrelation (§4)");
 }
 

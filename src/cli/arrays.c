@@ -15,7 +15,9 @@ static size_t max_input_bytes(void)
     return pages > 0 && size > 0 ? (size_t)pages * (size_t)size : (size_t)1 << 34;
 }
 
-static int kind_to_dtype(const cli_opts *o, const char *path, npy_kind k, fa_dtype *dt)
+/* The dtype an input of kind k holds; opt and path name it in messages. */
+static int kind_to_dtype(const cli_opts *o, const char *opt, const char *path, npy_kind k,
+                         fa_dtype *dt)
 {
     switch (k) {
     case NPY_F16: *dt = FA_F16; return 0;
@@ -26,23 +28,23 @@ static int kind_to_dtype(const cli_opts *o, const char *path, npy_kind k, fa_dty
             *dt = FA_BF16;
             return 0;
         }
-        fprintf(stderr, "flashattn: %s: a uint16 array; pass --bf16 if it holds bfloat16 bits\n",
-                path);
+        fprintf(stderr, "flashattn: %s %s: a uint16 array; pass --bf16 if it holds bfloat16 bits\n",
+                opt, path);
         return EXIT_USAGE;
     case NPY_U1:
         if (o->fp8) {
             *dt = (fa_dtype)o->fp8;
             return 0;
         }
-        fprintf(stderr, "flashattn: %s: a uint8 array; pass --fp8 e4m3|e5m2 if it holds FP8 "
-                        "codes\n", path);
+        fprintf(stderr, "flashattn: %s %s: a uint8 array; pass --fp8 e4m3|e5m2 if it holds FP8 "
+                        "codes\n", opt, path);
         return EXIT_USAGE;
     case NPY_I4:
     case NPY_I8:
     case NPY_B1: break;
     }
-    fprintf(stderr, "flashattn: %s: %s array; tensors hold float16, bfloat16, float32 or "
-                    "float64\n", path, k == NPY_B1 ? "a bool" : "an integer");
+    fprintf(stderr, "flashattn: %s %s: %s array; tensors hold float16, bfloat16, float32 or "
+                    "float64\n", opt, path, k == NPY_B1 ? "a bool" : "an integer");
     return EXIT_USAGE;
 }
 
@@ -56,10 +58,8 @@ static npy_kind dtype_to_kind(fa_dtype d)
     }
 }
 
-/* Logical (B, S, H, D) as the file's shape: (B, S, H, D), (B, H, S, D) or, for an LSE, (B, H, S);
- * packed sequences (B = 1): (S, H, D), an LSE (H, S). */
-static int file_shape(const cli_opts *o, cli_role role, int64_t b, int64_t s, int64_t h,
-                      int64_t d, int64_t shape[4])
+int cli_file_shape(const cli_opts *o, cli_role role, int64_t b, int64_t s, int64_t h, int64_t d,
+                   int64_t shape[4])
 {
     if (o->packed) {
         if (role == ROLE_LSE) {
@@ -82,6 +82,15 @@ static int file_shape(const cli_opts *o, cli_role role, int64_t b, int64_t s, in
     return 4;
 }
 
+const char *cli_file_dims(const cli_opts *o, cli_role role)
+{
+    if (o->packed)
+        return role == ROLE_LSE ? "(heads, total)" : "(total, heads, headdim)";
+    if (role == ROLE_LSE)
+        return "(batch, heads, seqlen)";
+    return o->bhsd ? "(batch, heads, seqlen, headdim)" : "(batch, seqlen, heads, headdim)";
+}
+
 static void view(const cli_opts *o, cli_role role, void *data, fa_dtype dt, int64_t b, int64_t s,
                  int64_t h, int64_t d, fa_tensor *t)
 {
@@ -91,20 +100,20 @@ static void view(const cli_opts *o, cli_role role, void *data, fa_dtype dt, int6
         fa_tensor_init(t, data, dt, b, s, h, d, o->bhsd);
 }
 
-int cli_load(const cli_opts *o, const char *path, cli_role role, cli_tensor *x)
+int cli_load(const cli_opts *o, const char *opt, const char *path, cli_role role, cli_tensor *x)
 {
     char err[512];
     memset(x, 0, sizeof *x);
     int r = npy_read(path, max_input_bytes(), &x->a, err, sizeof err);
-    if (r) {
-        fprintf(stderr, "flashattn: %s\n", err);
+    if (r) { /* err starts with the path */
+        fprintf(stderr, "flashattn: %s %s\n", opt, err);
         return r == NPY_ERR_NO_MEMORY ? EXIT_ERROR : EXIT_USAGE;
     }
     fa_dtype dt;
-    int rc = kind_to_dtype(o, path, x->a.kind, &dt);
+    int rc = kind_to_dtype(o, opt, path, x->a.kind, &dt);
     const int want = (role == ROLE_LSE ? 3 : 4) - o->packed;
     if (!rc && x->a.ndim != want) {
-        fprintf(stderr, "flashattn: %s: %d-D array; expected %s\n", path, x->a.ndim,
+        fprintf(stderr, "flashattn: %s %s: %d-D array; expected %s\n", opt, path, x->a.ndim,
                 o->packed && role == ROLE_LSE ? "2-D (heads, total) for packed sequences"
                 : o->packed ? "3-D (total, heads, headdim) for packed sequences"
                 : role == ROLE_LSE ? "3-D (batch, heads, seqlen)"
@@ -167,7 +176,7 @@ int cli_alloc(const cli_opts *o, fa_dtype dt, int64_t b, int64_t s, int64_t h, i
 {
     memset(x, 0, sizeof *x);
     x->a.kind = dtype_to_kind(dt);
-    x->a.ndim = file_shape(o, role, b, s, h, d, x->a.shape);
+    x->a.ndim = cli_file_shape(o, role, b, s, h, d, x->a.shape);
     int rc = alloc_array(&x->a);
     if (!rc)
         view(o, role, x->a.data, dt, b, s, h, d, &x->t);
@@ -248,7 +257,7 @@ static int load_bias_file(const cli_opts *o, const char *path, const char *opt, 
                                                   "as a keep-mask)");
         rc = EXIT_USAGE;
     } else if (k != NPY_B1) {
-        rc = kind_to_dtype(o, path, k, &dt);
+        rc = kind_to_dtype(o, opt, path, k, &dt);
     }
     if (rc) {
         npy_free(&x->a);
@@ -288,6 +297,124 @@ int cli_alloc_bias_grad(const cli_opts *o, const char *opt, fa_dtype dt, cli_ten
     if (!rc)
         bias_view(g, dt);
     return rc;
+}
+
+/* ------------------------------------------------------------------ inputs in the user's terms */
+
+enum { DIM_B, DIM_S, DIM_H, DIM_D };
+
+static int64_t dim_of(const fa_tensor *t, int d)
+{
+    return d == DIM_B ? t->batch : d == DIM_S ? t->seqlen : d == DIM_H ? t->heads : t->headdim;
+}
+
+/* Dimension d of x as its file says it: "batch 2", "sequence length 40", "3 heads", "head dim
+ * 64"; K and V pages (a paged cache): "5 pages", "page size 16"; packed sequences: "total
+ * length 40". */
+static void dim_words(const cli_opts *o, const cli_input *x, int d, char *buf, size_t n)
+{
+    const long long v = (long long)dim_of(x->t, d);
+    const int pages = x->kv && o->paged && (o->block_table || o->kv_indptr);
+    if (d == DIM_B)
+        snprintf(buf, n, pages ? "%lld pages" : "batch %lld", v);
+    else if (d == DIM_S)
+        snprintf(buf, n,
+                 pages       ? "page size %lld"
+                 : o->packed ? "total length %lld"
+                             : "sequence length %lld",
+                 v);
+    else if (d == DIM_H)
+        snprintf(buf, n, v == 1 ? "%lld head" : "%lld heads", v);
+    else
+        snprintf(buf, n, "head dim %lld", v);
+}
+
+/* "flashattn CMD: --k k.npy: head dim 32, but --q q.npy has 64 (why)": x is at fault. */
+static int blame(const cli_opts *o, const cli_input *x, const cli_input *ref, int d,
+                 const char *why)
+{
+    char words[64];
+    dim_words(o, x, d, words, sizeof words);
+    fprintf(stderr, "flashattn %s: %s %s: %s, but %s %s has %lld%s%s%s\n", o->cmd, x->opt, x->path,
+            words, ref->opt, ref->path, (long long)dim_of(ref->t, d), *why ? " (" : "", why,
+            *why ? ")" : "");
+    return EXIT_USAGE;
+}
+
+/* The order of the checks blames the input at fault where the others tell which it is: of q,
+ * k and v, the one whose batch the other two do not share; of k and v, the one whose heads do
+ * not divide q's. Where nothing tells (k's and v's seqlen, q's and k's head dim), it blames v
+ * against k, and k against q, naming both files. */
+int cli_check_inputs(const cli_opts *o, const cli_input *q, const cli_input *k, const cli_input *v,
+                     const cli_input *dout)
+{
+    const int pages = o->paged && (o->block_table || o->kv_indptr);
+    /* the batch: pages stand in for it in a paged K/V; packed sequences have one */
+    if (pages && v->t->batch != k->t->batch)
+        return blame(o, v, k, DIM_B, "k and v are pages of one cache");
+    if (!pages && !o->packed) {
+        const int kb = k->t->batch == q->t->batch, vb = v->t->batch == q->t->batch;
+        if (!kb && !vb && k->t->batch == v->t->batch)
+            return blame(o, q, k, DIM_B, "");
+        if (!kb)
+            return blame(o, k, q, DIM_B, "");
+        if (!vb)
+            return blame(o, v, q, DIM_B, "");
+    }
+    if (k->t->seqlen != v->t->seqlen)
+        return blame(o, v, k, DIM_S,
+                     pages ? "k and v are pages of one cache" : "k and v hold the same keys");
+    const int64_t hq = q->t->heads, hk = k->t->heads, hv = v->t->heads;
+    if (hk != hv) {
+        const int k_at_fault = hv > 0 && hq % hv == 0 && !(hk > 0 && hq % hk == 0);
+        return k_at_fault ? blame(o, k, v, DIM_H, "k and v share their heads")
+                          : blame(o, v, k, DIM_H, "k and v share their heads");
+    }
+    if (k->t->heads > 0 && q->t->heads % k->t->heads != 0) {
+        fprintf(stderr,
+                "flashattn %s: %s %s: %lld heads, not a multiple of the %lld of %s %s (each "
+                "K/V head serves a whole group of query heads)\n",
+                o->cmd, q->opt, q->path, (long long)q->t->heads, (long long)k->t->heads, k->opt,
+                k->path);
+        return EXIT_USAGE;
+    }
+    if (k->t->headdim != q->t->headdim)
+        return blame(o, k, q, DIM_D, "q and k share their head dim");
+    if (!dout)
+        return 0;
+    const char *why = "dO is shaped as out: q's batch, sequence length and heads, v's head dim";
+    for (int d = DIM_B; d <= DIM_H; d++)
+        if (dim_of(dout->t, d) != dim_of(q->t, d))
+            return blame(o, dout, q, d, why);
+    if (dout->t->headdim != v->t->headdim)
+        return blame(o, dout, v, DIM_D, why);
+    return 0;
+}
+
+/* Wide enough for every pair the library's forward takes: one dtype, or an f16 or bf16 cache
+ * under f32 or bf16 q (FP8 caches are check's to refuse). */
+int cli_check_dtypes(const cli_opts *o, const cli_input *q, const cli_input *k, const cli_input *v,
+                     const cli_input *dout)
+{
+    const fa_dtype qd = q->t->dtype, kd = k->t->dtype, vd = v->t->dtype;
+    const char *one = "q, k and v share one dtype, but for an f16 or bf16 K/V cache under f32 "
+                      "or bf16 q";
+    const cli_input *x = NULL, *ref = NULL;
+    const char *why = "";
+    if (vd != kd && vd == qd) /* k is the odd one out */
+        x = k, ref = q, why = one;
+    else if (vd != kd)
+        x = v, ref = k, why = "k and v share one dtype";
+    else if (kd != qd && !((kd == FA_F16 || kd == FA_BF16) && (qd == FA_F32 || qd == FA_BF16)))
+        x = k, ref = q, why = one;
+    else if (dout && dout->t->dtype != qd)
+        x = dout, ref = q, why = "dO has q's dtype";
+    if (!x)
+        return 0;
+    fprintf(stderr, "flashattn %s: %s %s holds %s, but %s %s holds %s (%s)\n", o->cmd, x->opt,
+            x->path, fa_dtype_name(x->t->dtype), ref->opt, ref->path, fa_dtype_name(ref->t->dtype),
+            why);
+    return EXIT_USAGE;
 }
 
 void cli_free(cli_tensor *x)

@@ -11,6 +11,9 @@
 #include "cli.h"
 
 static const char *const cand_names[CAND_N] = {"out", "lse", "dq", "dk", "dv", "dbias"};
+static const char *const cand_opts[CAND_N] = {"--candidate-out", "--candidate-lse",
+                                              "--candidate-dq",  "--candidate-dk",
+                                              "--candidate-dv",  "--candidate-dbias"};
 
 /* JSON has no NaN or infinity: those travel as strings. */
 static void json_num(double x)
@@ -141,10 +144,110 @@ static int run_all(cli_opts *o, check_state *st, fa_backend be, fa_dtype dt,
     return rc;
 }
 
-static int same_dims(const fa_tensor *a, const fa_tensor *b)
+static void shape_text(char *buf, size_t n, int ndim, const int64_t *shape)
 {
-    return a->batch == b->batch && a->seqlen == b->seqlen && a->heads == b->heads &&
-           a->headdim == b->headdim;
+    int at = snprintf(buf, n, "(");
+    for (int i = 0; i < ndim && at > 0 && (size_t)at < n; i++)
+        at += snprintf(buf + at, n - (size_t)at, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (at > 0 && (size_t)at < n)
+        snprintf(buf + at, n - (size_t)at, ndim == 1 ? ",)" : ")");
+}
+
+/* Candidate c against the shape the inputs give it (out: q's batch, seqlen and heads with v's
+ * head dim; lse: q's rows; dq, dk, dv: q's, k's, v's; dbias: the bias's), compared as logical
+ * dims (a bias gradient may leave out leading dims of 1, as the bias may) and reported as the
+ * files' shapes. 0, or EXIT_USAGE after a message naming the option and file. */
+static int check_candidate_shape(const cli_opts *o, const check_state *st, int c,
+                                 const cli_tensor *cand)
+{
+    const fa_tensor *q = &st->in[0].t, *v = &st->in[2].t;
+    int64_t want[4] = {q->batch, q->seqlen, q->heads, c == CAND_LSE ? 1 : v->headdim};
+    int64_t shape[4];
+    int ndim;
+    const char *from = "the inputs give", *dims = NULL;
+    const int64_t *file = shape;
+    if (c == CAND_OUT || c == CAND_LSE) {
+        ndim = cli_file_shape(o, c == CAND_LSE ? ROLE_LSE : ROLE_QKV, want[0], want[1], want[2],
+                              want[3], shape);
+        dims = cli_file_dims(o, c == CAND_LSE ? ROLE_LSE : ROLE_QKV);
+    } else {
+        const cli_tensor *x = c == CAND_DBIAS ? &o->bias_vals : &st->in[c - CAND_DQ];
+        if (c == CAND_DBIAS && !o->p.bias)
+            return 0; /* refused as it runs: a bias gradient needs a float bias */
+        const fa_tensor *t = &x->t;
+        want[0] = t->batch, want[1] = t->seqlen, want[2] = t->heads, want[3] = t->headdim;
+        ndim = x->a.ndim, file = x->a.shape;
+        from = c == CAND_DBIAS ? o->bias_opt : c == CAND_DQ ? "--q" : c == CAND_DK ? "--k" : "--v";
+        dims = c == CAND_DBIAS ? NULL : cli_file_dims(o, ROLE_QKV);
+    }
+    const fa_tensor *t = &cand->t;
+    if (t->batch == want[0] && t->seqlen == want[1] && t->heads == want[2] && t->headdim == want[3])
+        return 0;
+    char got[160], exp[160], src[PATH_MAX + 64];
+    shape_text(got, sizeof got, cand->a.ndim, cand->a.shape);
+    shape_text(exp, sizeof exp, ndim, file);
+    if (c == CAND_OUT || c == CAND_LSE)
+        snprintf(src, sizeof src, "%s", from);
+    else
+        snprintf(src, sizeof src, "%s %s gives", from,
+                 c == CAND_DBIAS ? o->bias
+                 : c == CAND_DQ  ? o->q
+                 : c == CAND_DK  ? o->k
+                                 : o->v);
+    /* an LSE saved as (batch, seqlen, heads), or (total, heads) */
+    const int n = cand->a.ndim;
+    const int transposed =
+        c == CAND_LSE && n == ndim && n >= 2 && cand->a.shape[n - 1] == file[n - 2] &&
+        cand->a.shape[n - 2] == file[n - 1] && (n == 2 || cand->a.shape[0] == file[0]);
+    fprintf(stderr, "flashattn check: %s %s: shape %s, but %s %s%s%s%s\n", cand_opts[c], o->cand[c],
+            got, src, exp, dims ? ", " : "", dims ? dims : "",
+            !transposed ? ""
+            : o->packed ? "; it looks like (total, heads): save the LSE as (heads, total), "
+                          "lse.T"
+                        : "; it looks like (batch, seqlen, heads): save the LSE as (batch, "
+                          "heads, seqlen), lse.transpose(0, 2, 1)");
+    return EXIT_USAGE;
+}
+
+/* Candidate c's worst element, fa_comparison's (batch, seq, head, dim) of its view, as the
+ * indices of its file in the file's own order: at[i], named names[i]. Returns their count. */
+static int file_index(const cli_opts *o, int c, int ndim, const int64_t w[4], const char **names,
+                      int64_t *at)
+{
+    static const char *const qkv[4] = {"batch", "seq", "head", "dim"};
+    static const char *const bias[4] = {"batch", "query", "head", "key"}; /* the view's */
+    static const int bshd[4] = {0, 1, 2, 3}, bhsd[4] = {0, 2, 1, 3}, lse[3] = {0, 2, 1};
+    const char *const *nm = qkv;
+    const int *map = bshd;
+    int n = 4, first = 0;
+    if (c == CAND_DBIAS) /* (B|1, H|1, Sq|1, Sk): the view's batch, heads, seqlen, headdim */
+        nm = bias, map = bhsd, first = 4 - ndim;
+    else if (c == CAND_LSE) /* (B, H, S), or (H, S) */
+        map = lse, n = 3, first = o->packed;
+    else if (o->packed) /* (S, H, D) */
+        first = 1;
+    else if (o->bhsd)
+        map = bhsd;
+    for (int i = first; i < n; i++) {
+        names[i - first] = nm[map[i]];
+        at[i - first] = w[map[i]];
+    }
+    return n - first;
+}
+
+/* The largest |x| over x's finite elements: what the rel column divides by. */
+static double max_abs_finite(const cli_tensor *x)
+{
+    const size_t w = npy_kind_size(x->a.kind), n = x->a.nbytes / w;
+    double m = 0, buf[256];
+    for (size_t i = 0; i < n; i += 256) {
+        const size_t k = n - i < 256 ? n - i : 256;
+        fa_convert((const char *)x->a.data + i * w, x->t.dtype, buf, FA_F64, k);
+        for (size_t j = 0; j < k; j++)
+            if (isfinite(buf[j]) && fabs(buf[j]) > m)
+                m = fabs(buf[j]);
+    }
+    return m;
 }
 
 int cmd_check(int argc, char **argv)
@@ -183,14 +286,29 @@ int cmd_check(int argc, char **argv)
     st.grads = grads;
     cli_tensor cand[CAND_N];
     memset(cand, 0, sizeof cand);
-    const char *inputs[4] = {o.q, o.k, o.v, o.dout};
-    for (int i = 0; i < (grads ? 4 : 3) && !rc; i++)
-        rc = cli_load(&o, inputs[i], ROLE_QKV, &st.in[i]);
+    const char *inputs[4] = {o.q, o.k, o.v, o.dout},
+               *input_opts[4] = {"--q", "--k", "--v", "--dout"};
+    cli_input named[4];
+    for (int i = 0; i < (grads ? 4 : 3) && !rc; i++) {
+        rc = cli_load(&o, input_opts[i], inputs[i], ROLE_QKV, &st.in[i]);
+        named[i] = (cli_input){input_opts[i], inputs[i], &st.in[i].t, i == 1 || i == 2};
+    }
+    const int fp8 = cli_is_fp8(st.in[0].t.dtype);
+    if (!rc && !fp8 && cli_is_fp8(st.in[1].t.dtype)) {
+        fprintf(stderr, "flashattn check: --k %s: an FP8 K/V under wider Q is not checked (the "
+                        "float64 reference and the FP8 yardstick need FP8 Q)\n", o.k);
+        rc = EXIT_USAGE;
+    }
+    if (!rc)
+        rc = cli_check_dtypes(&o, &named[0], &named[1], &named[2], grads ? &named[3] : NULL);
+    if (!rc)
+        rc = cli_check_inputs(&o, &named[0], &named[1], &named[2], grads ? &named[3] : NULL);
     for (int c = 0; c < CAND_N && !rc; c++)
         if (c == CAND_DBIAS && o.cand[c])
-            rc = cli_load_bias_shaped(&o, o.cand[c], "--candidate-dbias", &cand[c]);
+            rc = cli_load_bias_shaped(&o, o.cand[c], cand_opts[c], &cand[c]);
         else if (o.cand[c])
-            rc = cli_load(&o, o.cand[c], c == CAND_LSE ? ROLE_LSE : ROLE_QKV, &cand[c]);
+            rc = cli_load(&o, cand_opts[c], o.cand[c], c == CAND_LSE ? ROLE_LSE : ROLE_QKV,
+                          &cand[c]);
     if (!rc)
         rc = cli_load_params(&o, &st.in[0].t, &st.in[1].t);
     if (!rc)
@@ -199,18 +317,17 @@ int cmd_check(int argc, char **argv)
         rc = cli_apply_profile(&o);
     if (!rc)
         rc = cli_load_indices(&o, st.in[1].t.seqlen);
-    /* the candidate's storage dtype: --dtype, else that of its outputs, else of its inputs
-     * (FP8: bf16, forward's default) */
-    const int fp8 = cli_is_fp8(st.in[0].t.dtype);
+    for (int c = 0; c < CAND_N && !rc; c++)
+        if (o.cand[c])
+            rc = check_candidate_shape(&o, &st, c, &cand[c]);
+    /* the candidate's storage dtype: --dtype, else that of its outputs (the first of them:
+     * dt_from), else of its inputs (FP8: bf16, forward's default) */
     fa_dtype dt = fp8 ? FA_BF16 : st.in[0].t.dtype;
-    if (!rc && !fp8 && cli_is_fp8(st.in[1].t.dtype)) {
-        fprintf(stderr, "flashattn check: an FP8 K/V under wider Q is not checked (the float64 "
-                        "reference and the FP8 yardstick need FP8 Q)\n");
-        rc = EXIT_USAGE;
-    }
+    int dt_from = -1;
     for (int c = 0; c < CAND_N && !rc && !o.has_dtype; c++)
         if (o.cand[c] && c != CAND_LSE && c != CAND_DBIAS) { /* those are f32 or f64 */
             dt = cand[c].t.dtype;
+            dt_from = c;
             break;
         }
     if (o.has_dtype)
@@ -220,17 +337,6 @@ int cmd_check(int argc, char **argv)
         rc = run_all(&o, &st, FA_BACKEND_REFERENCE, FA_F64, st.ref);
     if (!rc && !explicit_rule)
         rc = run_all(&o, &st, FA_BACKEND_CONVENTIONAL, dt, st.base);
-    for (int c = 0; c < CAND_N && !rc; c++)
-        if (o.cand[c] && !same_dims(&cand[c].t, &st.ref[c].t)) {
-            const fa_tensor *a = &cand[c].t, *b = &st.ref[c].t;
-            fprintf(stderr,
-                    "flashattn check: %s: logical shape (B=%lld, S=%lld, H=%lld, D=%lld) does "
-                    "not match the %s the inputs give (B=%lld, S=%lld, H=%lld, D=%lld)\n",
-                    o.cand[c], (long long)a->batch, (long long)a->seqlen, (long long)a->heads,
-                    (long long)a->headdim, cand_names[c], (long long)b->batch,
-                    (long long)b->seqlen, (long long)b->heads, (long long)b->headdim);
-            rc = EXIT_USAGE;
-        }
     if (!rc && o.cand[CAND_OUT]) { /* before the LSE leaves the library's convention */
         out_as_candidate_writes_it(o.profile, &st.ref[CAND_LSE], &st.ref[CAND_OUT],
                                    &cand[CAND_OUT]);
@@ -245,6 +351,7 @@ int cmd_check(int argc, char **argv)
     }
 
     fa_comparison res[CAND_N];
+    double rel[CAND_N]; /* max abs / max |ref|; NaN where max |ref| is 0 */
     int pass = 1;
     for (int c = 0; c < CAND_N && !rc; c++) {
         if (!o.cand[c])
@@ -256,11 +363,30 @@ int cmd_check(int argc, char **argv)
             rc = cli_fail(s, "compare");
         else
             pass &= res[c].pass;
+        const double m = max_abs_finite(&st.ref[c]);
+        rel[c] = m > 0 ? res[c].max_abs / m : NAN;
     }
+    /* A FAIL against the yardstick of a candidate file's dtype, wider than the inputs': a
+     * kernel computing in the inputs' dtype that saved its output wider was held to the wider
+     * dtype's rule. */
+    char hint[PATH_MAX + 256] = "";
+    if (!rc && !pass && dt_from >= 0 && !explicit_rule && !fp8 &&
+        npy_kind_size(cand[dt_from].a.kind) > npy_kind_size(st.in[0].a.kind))
+        snprintf(hint, sizeof hint,
+                 "%s %s holds %s but the inputs hold %s, so the yardstick ran in %s; if the "
+                 "kernel computes in %s, pass --dtype %s",
+                 cand_opts[dt_from], o.cand[dt_from], fa_dtype_name(dt),
+                 fa_dtype_name(st.in[0].t.dtype), fa_dtype_name(dt),
+                 fa_dtype_name(st.in[0].t.dtype), fa_dtype_name(st.in[0].t.dtype));
     if (!rc && o.json) {
         printf("{\"verdict\": \"%s\", \"profile\": \"%s\", \"storage_dtype\": \"%s\", "
-               "\"tensors\": [",
+               "\"hint\": ",
                pass ? "PASS" : "FAIL", o.profile->name, fa_dtype_name(dt));
+        if (*hint)
+            json_str(hint);
+        else
+            printf("null");
+        printf(", \"tensors\": [");
         const char *sep = "";
         for (int c = 0; c < CAND_N; c++) {
             if (!o.cand[c])
@@ -270,14 +396,20 @@ int cmd_check(int argc, char **argv)
             json_str(o.cand[c]);
             printf(", \"verdict\": \"%s\", \"max_abs\": ", r->pass ? "PASS" : "FAIL");
             json_num(r->max_abs);
-            printf(", \"max_rel\": ");
-            json_num(r->max_rel);
+            printf(", \"rel_error\": ");
+            if (isnan(rel[c]))
+                printf("null");
+            else
+                json_num(rel[c]);
             printf(", \"nmse\": ");
             json_num(r->nmse);
-            printf(", \"worst_index\": {\"batch\": %lld, \"seq\": %lld, \"head\": %lld, "
-                   "\"dim\": %lld}, \"worst_candidate\": ",
-                   (long long)r->worst[0], (long long)r->worst[1], (long long)r->worst[2],
-                   (long long)r->worst[3]);
+            const char *names[4];
+            int64_t at[4];
+            const int n = file_index(&o, c, cand[c].a.ndim, r->worst, names, at);
+            printf(", \"worst_index\": {");
+            for (int i = 0; i < n; i++)
+                printf("%s\"%s\": %lld", i ? ", " : "", names[i], (long long)at[i]);
+            printf("}, \"worst_candidate\": ");
             json_num(r->worst_cand);
             printf(", \"worst_reference\": ");
             json_num(r->worst_ref);
@@ -300,20 +432,30 @@ int cmd_check(int argc, char **argv)
                    "profile %s\n", fp8 ? fa_dtype_name(st.in[0].t.dtype) : "",
                    fp8 ? " -> " : "", fa_dtype_name(dt), o.profile->name);
         printf("%-5s %-7s %10s %10s %10s %-22s %13s %13s %9s\n", "", "verdict", "max abs",
-               "max rel", "nmse", "worst [b,s,h,d]", "candidate", "reference", "nan/inf");
+               "rel err", "nmse", "worst index", "candidate", "reference", "nan/inf");
         for (int c = 0; c < CAND_N; c++) {
             if (!o.cand[c])
                 continue;
             const fa_comparison *r = &res[c];
-            char at[64];
-            snprintf(at, sizeof at, "[%lld,%lld,%lld,%lld]", (long long)r->worst[0],
-                     (long long)r->worst[1], (long long)r->worst[2], (long long)r->worst[3]);
-            printf("%-5s %-7s %10.3g %10.3g %10.3g %-22s %13.6g %13.6g %9lld\n", cand_names[c],
-                   r->pass ? "PASS" : "FAIL", r->max_abs, r->max_rel, r->nmse, at, r->worst_cand,
+            const char *names[4];
+            int64_t idx[4];
+            const int n = file_index(&o, c, cand[c].a.ndim, r->worst, names, idx);
+            char at[160], rl[32] = "-";
+            int w = snprintf(at, sizeof at, "[");
+            for (int i = 0; i < n; i++)
+                w += snprintf(at + w, sizeof at - (size_t)w, "%s%c=%lld", i ? "," : "", names[i][0],
+                              (long long)idx[i]);
+            snprintf(at + w, sizeof at - (size_t)w, "]");
+            if (!isnan(rel[c]))
+                snprintf(rl, sizeof rl, "%.3g", rel[c]);
+            printf("%-5s %-7s %10.3g %10s %10.3g %-22s %13.6g %13.6g %9lld\n", cand_names[c],
+                   r->pass ? "PASS" : "FAIL", r->max_abs, rl, r->nmse, at, r->worst_cand,
                    r->worst_ref, (long long)r->nonfinite_mismatches);
             printf("      rule: %s\n", r->rule);
         }
         printf("verdict: %s\n", pass ? "PASS" : "FAIL");
+        if (*hint)
+            printf("hint: %s\n", hint);
     }
     for (int i = 0; i < 4; i++)
         cli_free(&st.in[i]);

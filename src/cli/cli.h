@@ -87,10 +87,33 @@ int cli_dtype_from_name(const char *v, fa_dtype *dt);
 void cli_usage(FILE *f, const char *cmd);
 
 typedef enum { ROLE_QKV, ROLE_LSE } cli_role;
-/* Loads `path` as a 4-D tensor in o's layout (ROLE_QKV) or a (B, H, S) LSE (ROLE_LSE); for
- * packed sequences (--cu-seqlens-q) a (total, H, D) tensor or an (H, total) LSE, batch 1.
- * Returns 0, or EXIT_USAGE after printing a message that names the file and the problem. */
-int cli_load(const cli_opts *o, const char *path, cli_role role, cli_tensor *x);
+/* Loads `path`, given as option `opt`, as a 4-D tensor in o's layout (ROLE_QKV) or a (B, H, S)
+ * LSE (ROLE_LSE); for packed sequences (--cu-seqlens-q) a (total, H, D) tensor or an (H, total)
+ * LSE, batch 1. Returns 0, or EXIT_USAGE after printing a message that names the option, the
+ * file and the problem. */
+int cli_load(const cli_opts *o, const char *opt, const char *path, cli_role role, cli_tensor *x);
+/* Logical (B, S, H, D) as a file of o's layout holds it: (B, S, H, D), (B, H, S, D) or, for an
+ * LSE, (B, H, S); packed sequences (B = 1): (S, H, D), an LSE (H, S). Returns the file's ndim. */
+int cli_file_shape(const cli_opts *o, cli_role role, int64_t b, int64_t s, int64_t h, int64_t d,
+                   int64_t shape[4]);
+/* The names of those dims, "(batch, heads, seqlen)" and so on. */
+const char *cli_file_dims(const cli_opts *o, cli_role role);
+/* An input as the user gave it: its option, its file, its tensor; kv: a K/V file (pages, when
+ * o has a block table). */
+typedef struct {
+    const char *opt, *path;
+    const fa_tensor *t;
+    int kv;
+} cli_input;
+/* Refuses inputs whose dims disagree (EXIT_USAGE after a message in the files' terms that
+ * names the option and file at fault: "--k k.npy: head dim 32, but --q q.npy has 64"); dout
+ * may be NULL. */
+int cli_check_inputs(const cli_opts *o, const cli_input *q, const cli_input *k, const cli_input *v,
+                     const cli_input *dout);
+/* The same for their dtypes: q, k, v (and dout) share one, but for an f16 or bf16 K/V cache
+ * under f32 or bf16 q. */
+int cli_check_dtypes(const cli_opts *o, const cli_input *q, const cli_input *k, const cli_input *v,
+                     const cli_input *dout);
 /* A new zeroed tensor of the given logical shape, laid out as o's layout says (ROLE_LSE:
  * B x H x S storage). */
 int cli_alloc(const cli_opts *o, fa_dtype dt, int64_t b, int64_t s, int64_t h, int64_t d,

@@ -26,11 +26,13 @@ const char *cli_blas_core(void)
 static int usage(FILE *f, int code)
 {
     fprintf(f, "usage: flashattn <command> [options]   (flashattn <command> --help)\n"
+               "       flashattn --version | --help\n"
                "  check      compare a kernel's O, LSE, dQ, dK, dV (.npy) with the float64 reference\n"
                "  forward    run a backend on Q, K, V (.npy); write O and LSE\n"
                "  backward   run a backend's backward; write dQ, dK, dV\n"
                "  info       CPU features, chosen kernels, caches and tiles, version, CUDA\n"
-               "  demo       conventional vs tiled: time, peak memory, error vs float64\n");
+               "  demo       conventional vs tiled: time, peak memory, error vs float64\n"
+               "  --version  the library's version\n");
     return code;
 }
 

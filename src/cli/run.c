@@ -339,13 +339,13 @@ int cmd_forward(int argc, char **argv)
     cli_tensor q, k, v, out, lse;
     memset(&out, 0, sizeof out);
     memset(&lse, 0, sizeof lse);
-    if ((rc = cli_load(&o, o.q, ROLE_QKV, &q)))
+    if ((rc = cli_load(&o, "--q", o.q, ROLE_QKV, &q)))
         return rc;
-    if ((rc = cli_load(&o, o.k, ROLE_QKV, &k))) {
+    if ((rc = cli_load(&o, "--k", o.k, ROLE_QKV, &k))) {
         cli_free(&q);
         return rc;
     }
-    if ((rc = cli_load(&o, o.v, ROLE_QKV, &v))) {
+    if ((rc = cli_load(&o, "--v", o.v, ROLE_QKV, &v))) {
         cli_free(&q), cli_free(&k);
         return rc;
     }
@@ -419,8 +419,9 @@ int cmd_backward(int argc, char **argv)
     memset(&ds, 0, sizeof ds);
     memset(&db, 0, sizeof db);
     const char *paths[6] = {o.q, o.k, o.v, o.out, o.lse, o.dout};
+    const char *opts[6] = {"--q", "--k", "--v", "--out", "--lse", "--dout"};
     for (int i = 0; i < 6 && !rc; i++)
-        rc = cli_load(&o, paths[i], i == 4 ? ROLE_LSE : ROLE_QKV, &in[i]);
+        rc = cli_load(&o, opts[i], paths[i], i == 4 ? ROLE_LSE : ROLE_QKV, &in[i]);
     if (!rc)
         rc = cli_load_params(&o, &in[0].t, &in[1].t);
     if (!rc)
