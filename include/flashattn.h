@@ -358,14 +358,14 @@ typedef struct {
     int max_only;      /* default rule: judge the max error alone (the statistics reported) */
 } fa_tolerance;
 
-/* fa_comparison.failed: the tests that failed. */
-enum {
+/* fa_comparison.failed: the tests that failed, as bits. */
+typedef enum {
     FA_CMP_MAX = 1,     /* the max error (or a NaN/inf mismatch); the explicit rule's elements */
     FA_CMP_BIAS = 2,    /* the bias                                                            */
     FA_CMP_SCALE = 4,   /* the least-squares scale                                             */
     FA_CMP_RMS = 8,     /* the RMS error                                                       */
     FA_CMP_DECORR = 16  /* the decorrelation                                                   */
-};
+} fa_cmp_test;
 
 typedef struct {
     double max_abs;         /* max |cand - ref| over elements where both are finite          */

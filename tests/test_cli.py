@@ -1124,6 +1124,33 @@ def check_rel_error_relative_to_the_tensor():
     assert re.search(r"^out +PASS +0 +- ", p.stdout, re.M), p.stdout
 
 
+@test
+def check_statistics_catch_truncation():
+    """f16, 2^16 outputs: an output rounded by truncation passes the max rule and FAILs the
+    least-squares scale, in the text (a stats line), in --json (statistics, each with value,
+    bound, pass); --rule max judges the max alone; a bad --rule is refused by name."""
+    files = inputs(sq=256, sk=256, hq=4, hk=4, d=64, dtype=np.float16, prefix="st_")
+    wide = [save(f"st_{n}64.npy", np.load(f).astype(np.float64)) for n, f in zip("qkv", files)]
+    o, _ = forward("--backend", "reference", files=wide, out="st_o.npy", lse="st_l.npy")
+    exact = np.load(o)
+    r = exact.astype(np.float16)
+    cut = np.where(np.abs(r.astype(np.float64)) > np.abs(exact), np.nextafter(r, np.float16(0)), r)
+    c = save("st_cut.npy", cut)
+    p = run("check", *qkv_args(files), "--candidate-out", c, code=1)
+    assert re.search(r"stats: bias \S+ \(<= \S+\), scale \S+ \(1 \+- \S+\) FAILED", p.stdout), p.stdout
+    p = run("check", *qkv_args(files), "--candidate-out", c, "--json", code=1)
+    t = json.loads(p.stdout)["tensors"][0]
+    assert t["max_abs"] <= t["bound"], t
+    assert set(t["statistics"]) == {"bias", "scale", "rms", "decorrelation"}, t
+    assert t["statistics"]["scale"]["pass"] is False and t["statistics"]["bias"]["pass"], t
+    assert t["statistics"]["scale"]["value"] < 1 - t["statistics"]["scale"]["bound"], t
+    run("check", *qkv_args(files), "--candidate-out", c, "--rule", "max", code=0)
+    honest = save("st_rn.npy", exact.astype(np.float16))
+    run("check", *qkv_args(files), "--candidate-out", honest, code=0)
+    p = run("check", *qkv_args(files), "--candidate-out", c, "--rule", "both", code=2)
+    assert "--rule" in p.stderr and "both" in p.stderr, p.stderr
+
+
 def options_of(cmd):
     """The options `cmd` takes, read from src/cli/options.c's table (its groups)."""
     src = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src", "cli",

@@ -41,6 +41,10 @@ class TensorReport:
     bound: float
     baseline_error: float
     rule: str
+    # the statistics beside the max rule (docs/DESIGN.md §4): name -> (value, bound, passed);
+    # "scale" is held as |scale - 1| <= bound. Bounds are inf where they are not judged
+    # (rule="max", or atol/rtol).
+    statistics: Dict[str, Tuple[float, float, bool]] = field(default_factory=dict)
 
     def __str__(self) -> str:
         at = "[" + ",".join(f"{n[0]}={i}" for n, i in zip(self.index_names,
@@ -49,7 +53,11 @@ class TensorReport:
         return (f"{self.name:<4} {'PASS' if self.passed else 'FAIL':<7} {self.max_abs:10.3g} "
                 f"{rel:>10} {self.nmse:10.3g} {at:<22} {self.worst_candidate:13.6g} "
                 f"{self.worst_reference:13.6g} {self.nonfinite_mismatches:9d}\n"
-                f"     rule: {self.rule}")
+                f"     rule: {self.rule}\n"
+                "     stats:" + ",".join(
+                    f" {k} {v:{'.6g' if k == 'scale' else '.3g'}} "
+                    f"({'1 +-' if k == 'scale' else '<='} {b:.3g}){'' if ok else ' FAILED'}"
+                    for k, (v, b, ok) in self.statistics.items()))
 
 
 @dataclass
@@ -236,7 +244,7 @@ def _run_all(shape: _Shape, call: _Call, ins: Dict[str, View], grads: bool,
 @_options("score dropout bias fp8 threads", profile=True)
 def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
           profile: str = "flashattn", dtype: Optional[str] = None, atol: Optional[float] = None,
-          rtol: Optional[float] = None, layout: str = "bshd", cu_seqlens_q=None,
+          rtol: Optional[float] = None, rule: str = "all", layout: str = "bshd", cu_seqlens_q=None,
           cu_seqlens_k=None, block_table=None, seqused_k=None, kv_layout: str = "nhd",
           **opts) -> CheckReport:
     """Checks a candidate kernel's results (out, lse, dq, dk, dv: any of them) for the inputs
@@ -244,8 +252,11 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
     ``flashattn check`` does: with no atol/rtol, each tensor's max error must be within
     2x (3x for gradients) the conventional path's error in the candidate's storage dtype on
     the same inputs, plus eps(dtype) x max(1, |ref|); with atol or rtol, every element within
-    atol + rtol |ref|. NaN and inf must match exactly. Returns a CheckReport (true when every
-    tensor passes; print it for the table).
+    atol + rtol |ref|. NaN and inf must match exactly. Beside the max rule, four statistics of
+    the errors (bias, least-squares scale, RMS error, decorrelation), each held to the
+    yardstick's (docs/DESIGN.md §4), catch what a 16-bit dtype's noise hides from the max (a
+    truncating conversion, a 0.5% scale, a dropped key block); rule="max" judges the max
+    alone. Returns a CheckReport (true when every tensor passes; print it for the table).
 
     FP8 inputs (q, k and v of one FP8 format, with descale_q, descale_k, descale_v as
     flashattn.attention takes them): the reference reads the same FP8 values (float64 out)
@@ -272,6 +283,9 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
         if x is not None and not (math.isfinite(x) and x >= 0):
             raise N.InvalidArgumentError(f"{name}={x!r}: expected a finite value >= 0",
                                          N.FA_ERR_INVALID_ARGUMENT)
+    if rule not in ("all", "max"):
+        raise N.InvalidArgumentError(f"rule={rule!r}: expected 'all' (the max and the "
+                                     "statistics) or 'max'", N.FA_ERR_INVALID_ARGUMENT)
     cands = {n: x for n, x in zip(_NAMES, (out, lse, dq, dk, dv)) if x is not None}
     if not cands:
         raise N.InvalidArgumentError("give at least one candidate: out, lse, dq, dk or dv",
@@ -355,7 +369,8 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
         tb = None
         if base is not None:
             tb = tensor_of(host_view(base[n], _lse_dtype(dt) if n == "lse" else dt, n), n)
-        tol = N.Tolerance(3.0 if n in ("dq", "dk", "dv") else 2.0, atol or 0.0, rtol or 0.0)
+        tol = N.Tolerance(3.0 if n in ("dq", "dk", "dv") else 2.0, atol or 0.0, rtol or 0.0,
+                          int(rule == "max"))
         r = N.Comparison()
         N.check_status(N.lib.fa_compare(byref(tc), byref(tr),
                                         byref(tb) if tb is not None else None, byref(tol),
@@ -366,6 +381,11 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
                          r.nmse, shape.index(n, r.worst), shape.index_names(n), r.worst_cand,
                          r.worst_ref, int(r.nonfinite_mismatches), r.bound, r.baseline_err,
                          r.rule.decode(errors="replace"))
+        t.statistics = {k: (val, bnd, not r.failed & bit) for k, val, bnd, bit in (
+            ("bias", r.bias, r.bias_bound, N.CMP_BIAS),
+            ("scale", r.scale, r.scale_bound, N.CMP_SCALE),
+            ("rms", r.rms, r.rms_bound, N.CMP_RMS),
+            ("decorrelation", r.decorr, r.decorr_bound, N.CMP_DECORR))}
         report.tensors[n] = t
         report.passed &= t.passed
     # a FAIL against the yardstick of a candidate's dtype, wider than the inputs': a kernel that

@@ -61,6 +61,7 @@ EMPTY_LSE_NEG_INF, EMPTY_LSE_POS_INF, EMPTY_LSE_ANY = range(3)
 EMPTY_OUT_ZERO, EMPTY_OUT_NAN, EMPTY_OUT_ANY = range(3)
 BIAS_PLACES = {"after-scale": 0, "after-softcap": 1}
 GIVEN_ALIGN, GIVEN_SCORE_ORDER, GIVEN_BIAS_PLACE, GIVEN_BIAS_BY_SLOPE = 1, 2, 4, 8
+CMP_MAX, CMP_BIAS, CMP_SCALE, CMP_RMS, CMP_DECORR = 1, 2, 4, 8, 16  # fa_comparison.failed
 
 #: Each enum of the header and where its values are here: (a dict of this module keyed by the
 #: enumerator's name after `prefix` in lower case with '-' for '_', or None: module constants
@@ -71,6 +72,7 @@ ENUMS = {
     "fa_descale_layout": (None, "FA_"), "fa_backend": ("BACKENDS", "FA_BACKEND_"),
     "fa_isa": ("ISAS", "FA_ISA_"), "fa_index_type": (None, "FA_"),
     "fa_empty_lse": (None, "FA_"), "fa_empty_out": (None, "FA_"), "fa_given": (None, "FA_"),
+    "fa_cmp_test": (None, "FA_"),
 }
 
 # ------------------------------------------------------------------ structs

@@ -333,3 +333,29 @@ def test_a_dout_of_another_shape_is_told_so():
         fa.check(q, k, v, dout=q[:, :10], dq=q)
     with pytest.raises(fa.InvalidArgumentError, match=re.escape("dout: head dim 16, but v has 32")):
         fa.check(q, k, v, dout=q[..., :16], dq=q)
+
+
+def toward_zero(x, dt):
+    """x rounded toward zero to dt (a truncating conversion)."""
+    r = x.astype(dt)
+    return np.where(np.abs(r.astype(np.float64)) > np.abs(x), np.nextafter(r, dt(0)), r)
+
+
+def test_statistics_catch_what_the_max_hides():
+    """float16 at 2^16 outputs: an output rounded by truncation passes the max rule and fails
+    the least-squares scale (docs/DESIGN.md §4); rule="max" judges the max alone. The
+    honest kernel passes every statistic."""
+    q, k, v = inputs(np.float16, seed=3, b=1, sq=256, sk=256, hq=4, hk=4, d=64)
+    out, _ = kernel(q, k, v, acc=np.float32)
+    honest = fa.check(q, k, v, out=out)
+    assert honest and all(ok for _, _, ok in honest["out"].statistics.values()), str(honest)
+    exact, _ = kernel(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64),
+                      acc=np.float64)
+    cut = toward_zero(exact, np.float16)
+    report = fa.check(q, k, v, out=cut, dtype="float16")
+    t = report["out"]
+    assert not report and t.max_abs <= t.bound and not t.statistics["scale"][2], str(report)
+    assert "stats:" in str(report) and "FAILED" in str(report)
+    assert fa.check(q, k, v, out=cut, dtype="float16", rule="max"), "the max alone passes it"
+    with pytest.raises(fa.InvalidArgumentError, match="rule='both'"):
+        fa.check(q, k, v, out=cut, rule="both")

@@ -15,6 +15,25 @@ static const char *const cand_opts[CAND_N] = {"--candidate-out", "--candidate-ls
                                               "--candidate-dq",  "--candidate-dk",
                                               "--candidate-dv",  "--candidate-dbias"};
 
+/* fa_comparison's statistics, k = 0 .. N_STATS - 1: name, value, bound, FA_CMP_ bit (the
+ * scale's value is the scale, its bound on |scale - 1|). */
+enum { N_STATS = 4 };
+typedef struct {
+    const char *name;
+    double value, bound;
+    int bit;
+} stat_view;
+
+static stat_view stat_of(const fa_comparison *r, int k)
+{
+    switch (k) {
+    case 0: return (stat_view){"bias", r->bias, r->bias_bound, FA_CMP_BIAS};
+    case 1: return (stat_view){"scale", r->scale, r->scale_bound, FA_CMP_SCALE};
+    case 2: return (stat_view){"rms", r->rms, r->rms_bound, FA_CMP_RMS};
+    default: return (stat_view){"decorrelation", r->decorr, r->decorr_bound, FA_CMP_DECORR};
+    }
+}
+
 /* JSON has no NaN or infinity: those travel as strings. */
 static void json_num(double x)
 {
@@ -356,7 +375,8 @@ int cmd_check(int argc, char **argv)
     for (int c = 0; c < CAND_N && !rc; c++) {
         if (!o.cand[c])
             continue;
-        fa_tolerance tol = {.factor = c >= CAND_DQ ? 3 : 2, .atol = o.atol, .rtol = o.rtol};
+        fa_tolerance tol = {.factor = c >= CAND_DQ ? 3 : 2, .atol = o.atol, .rtol = o.rtol,
+                            .max_only = o.rule_max};
         fa_status s = fa_compare(&cand[c].t, &st.ref[c].t, explicit_rule ? NULL : &st.base[c].t,
                                  &tol, &res[c]);
         if (s != FA_OK)
@@ -419,7 +439,16 @@ int cmd_check(int argc, char **argv)
             json_num(r->baseline_err);
             printf(", \"rule\": ");
             json_str(r->rule);
-            putchar('}');
+            printf(", \"statistics\": {");
+            for (int k = 0; k < N_STATS; k++) {
+                const stat_view v = stat_of(r, k);
+                printf("%s\"%s\": {\"value\": ", k ? ", " : "", v.name);
+                json_num(v.value);
+                printf(", \"bound\": ");
+                json_num(v.bound);
+                printf(", \"pass\": %s}", r->failed & v.bit ? "false" : "true");
+            }
+            printf("}}");
             sep = ",";
         }
         printf("\n]}\n");
@@ -452,6 +481,14 @@ int cmd_check(int argc, char **argv)
                    r->pass ? "PASS" : "FAIL", r->max_abs, rl, r->nmse, at, r->worst_cand,
                    r->worst_ref, (long long)r->nonfinite_mismatches);
             printf("      rule: %s\n", r->rule);
+            printf("      stats:");
+            for (int k = 0; k < N_STATS; k++) {
+                const stat_view v = stat_of(r, k);
+                printf(k == 1 ? "%s %s %.6g %s %.3g%s" : "%s %s %.3g %s %.3g%s", k ? "," : "",
+                       v.name, v.value, k == 1 ? "(1 +-" : "(<=", v.bound,
+                       r->failed & v.bit ? ") FAILED" : ")");
+            }
+            putchar('\n');
         }
         printf("verdict: %s\n", pass ? "PASS" : "FAIL");
         if (*hint)

@@ -59,6 +59,7 @@ typedef struct {
     fa_backend backend;
     fa_isa isa;
     double atol, rtol;
+    int rule_max; /* check --rule max: the max rule alone (fa_tolerance.max_only) */
     const fa_profile *profile; /* --profile (fa_profile_find) */
     /* what cli_apply_profile leaves to the profile: the options not given (FA_GIVEN_ bits of
      * those given), and a --window of one number (window_num as given, window_w its value) */

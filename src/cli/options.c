@@ -64,14 +64,18 @@ void cli_usage(FILE *f, const char *cmd)
                 "       [--candidate-out O.npy] [--candidate-lse LSE.npy] [--candidate-dq DQ.npy]\n"
                 "       [--candidate-dk DK.npy] [--candidate-dv DV.npy]\n"
                 "       [--candidate-dbias DB.npy] [--profile NAME]\n"
-                "       [--atol A] [--rtol R] [--dtype f32|f64|f16|bf16] [--json]\n"
+                "       [--atol A] [--rtol R] [--rule all|max] [--dtype f32|f64|f16|bf16] [--json]\n"
                 "       [attention options] [--threads T]\n"
                 "Compares a kernel's results with the float64 reference on the same inputs.\n"
                 "Default rule (FlashAttention's): max |cand - ref| <= 2x (3x for gradients) the\n"
                 "error of the conventional path run in the candidate's storage dtype (--dtype;\n"
                 "default: the candidate files' dtype — give --dtype bf16 for a bf16 kernel whose\n"
-                "outputs were saved as f32), plus eps(dtype) x max(1, |ref|); --atol/--rtol give\n"
-                "an explicit elementwise bound |cand - ref| <= atol + rtol |ref| instead.\n"
+                "outputs were saved as f32), plus eps(dtype) x max(1, |ref|); and beside it four\n"
+                "statistics of the errors, each held to the yardstick's (docs/DESIGN.md §4): the\n"
+                "bias, the least-squares scale, the RMS error and the decorrelation, which catch\n"
+                "what a 16-bit dtype's noise hides from the max (truncation, a 0.5%% scale, a\n"
+                "dropped key block); --rule max judges the max alone. --atol/--rtol give an\n"
+                "explicit elementwise bound |cand - ref| <= atol + rtol |ref| instead.\n"
                 "Files: Q, K, V, dO and the candidates O, dQ, dK, dV per --layout (bshd:\n"
                 "(batch, seqlen, heads, headdim), bhsd: (batch, heads, seqlen, headdim)); the\n"
                 "LSE (batch, heads, seqlen), f32 or f64, in the profile's log (natural but for\n"
@@ -83,7 +87,8 @@ void cli_usage(FILE *f, const char *cmd)
                 "own order, each index named (b batch, s seqlen, h head, d head dim; dbias: q\n"
                 "query, k key): [b,s,h,d] (bhsd: [b,h,s,d]; packed: [s,h,d]), an LSE [b,h,s]\n"
                 "(packed: [h,s]); both values there; NaN/inf mismatches; the rule with its\n"
-                "numbers. --json: the same, worst_index an object in the file's order.\n"
+                "numbers; the statistics, each with its bound (FAILED where above it). --json:\n"
+                "the same, worst_index an object in the file's order.\n"
                 "Exit status: 0 PASS, 1 FAIL, 2 bad usage or unreadable input, 3 could not run.\n"
                 "Profiles: flashattn (default), fa2, fa3, pytorch, flashinfer, xformers, ggml,\n"
                 "flex.\n");
@@ -215,7 +220,7 @@ static const opt_def defs[] = {
     {"--candidate-out", "check"}, {"--candidate-lse", "check"}, {"--candidate-dq", "check"},
     {"--candidate-dk", "check"}, {"--candidate-dv", "check"}, {"--candidate-dbias", "check"},
     {"--atol", "check"},
-    {"--rtol", "check"}, {"--json", "check"}, {"--dtype", "check"}, {"--causal", "attn"}, {"--align", "attn"},
+    {"--rtol", "check"}, {"--rule", "check"}, {"--json", "check"}, {"--dtype", "check"}, {"--causal", "attn"}, {"--align", "attn"},
     {"--window", "attn"}, {"--softcap", "attn"}, {"--alibi", "attn"}, {"--sinks", "attn"},
     {"--dsinks", "grad"}, {"--sink-tokens", "attn"}, {"--scale", "attn"},
     {"--dropout", "attn"}, {"--seed", "attn"}, {"--offset", "attn"}, {"--layout", "attn"},
@@ -381,6 +386,10 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
         else if (!strcmp(a, "--atol")) {
             if (parse_double(v, &o->atol) || !(o->atol >= 0) || isinf(o->atol))
                 return bad(cmd, a, v, "expected a finite number >= 0");
+        } else if (!strcmp(a, "--rule")) {
+            if (strcmp(v, "all") && strcmp(v, "max"))
+                return bad(cmd, a, v, "expected all (the max and the statistics) or max");
+            o->rule_max = !strcmp(v, "max");
         } else if (!strcmp(a, "--rtol")) {
             if (parse_double(v, &o->rtol) || !(o->rtol >= 0) || isinf(o->rtol))
                 return bad(cmd, a, v, "expected a finite number >= 0");
