@@ -141,18 +141,19 @@ __device__ __forceinline__ bwg_keys bwg_keys_of(const fai_cuda_args &a, int64_t 
     return k;
 }
 
-/* P^T and dS^T, written over st and dp, of the warp's keys k and the query tile [i0, i1) (64
- * rows; rv its LSE_i log2(e), then its D_i): element (n, e) is key row 8 (e / 2) + g of the
- * warp, query column c0 + 8 n + 2 tg + (e mod 2) of the tile. FULL over the warp's keys
- * clipped to Sk and the tile's rows clipped to Sq says nothing of the padding, which the
- * c < qn (i < Sq) and 8 r + g < kn (j < Sk) tests drop. */
+/* P^T over st (the scores S^T) for the warp's keys k and the query tile [i0, i1) (64 rows; rv
+ * its LSE_i log2(e), then its D_i): element (n, e) is key row 8 (e / 2) + g of the warp, query
+ * column c0 + 8 n + 2 tg + (e mod 2) of the tile. Returns the allowed pairs, bit 4 n + e.
+ * FULL over the warp's keys clipped to Sk and the tile's rows clipped to Sq says nothing of
+ * the padding, which the c < qn (i < Sq) and 8 r + g < kn (j < Sk) tests drop. */
 template <int NQ>
-__device__ __forceinline__ void bwg_p_ds(float (&st)[NQ][4], float (&dp)[NQ][4],
-                                         const fai_cuda_args &a, const bwg_keys &k, int64_t i0,
-                                         int64_t i1, int c0, const float *rv, int g, int tg)
+__device__ __forceinline__ uint32_t bwg_p(float (&st)[NQ][4], const fai_cuda_args &a,
+                                          const bwg_keys &k, int64_t i0, int64_t i1, int c0,
+                                          const float *rv, int g, int tg)
 {
+    static_assert(NQ * 4 <= 32, "a bit a pair");
     constexpr int BQ = 64;
-    const float scale = (float)a.score.scale, scale2 = scale * FAI_LOG2E_F;
+    const float scale2 = (float)a.score.scale * FAI_LOG2E_F;
     const fai_tile_class wcls =
         k.wj0 < k.wj1 ? fai_mask_classify(&a.mask, i0, i1, k.wj0, k.wj1) : FAI_TILE_EMPTY;
     const int qn = (int)(i1 - i0), kn = (int)(k.wj1 - k.wj0); /* rows, keys inside Sq, Sk */
@@ -163,17 +164,36 @@ __device__ __forceinline__ void bwg_p_ds(float (&st)[NQ][4], float (&dp)[NQ][4],
         lo_c[r] = x < 0 ? 0 : x > BQ ? BQ : x;
         hi_c[r] = y < 0 ? 0 : y > BQ ? BQ : y;
     }
+    uint32_t allow = 0;
 #pragma unroll
     for (int n = 0; n < NQ; n++)
 #pragma unroll
         for (int e = 0; e < 4; e++) {
             const int r = e >> 1, c = c0 + 8 * n + 2 * tg + (e & 1);
-            const bool allowed = c < qn && 8 * r + g < kn &&
-                                 (wcls == FAI_TILE_FULL || (c >= lo_c[r] && c < hi_c[r]));
-            const float p = allowed ? ex2(st[n][e] * scale2 - rv[c]) : 0.0f;
-            st[n][e] = p;
-            dp[n][e] =
-                allowed ? scale * fai_dscore_f32(p, dp[n][e], 1.0f, rv[BQ + c], 0.0f, 0) : 0.0f;
+            const bool ok = c < qn && 8 * r + g < kn &&
+                            (wcls == FAI_TILE_FULL || (c >= lo_c[r] && c < hi_c[r]));
+            st[n][e] = ok ? ex2(st[n][e] * scale2 - rv[c]) : 0.0f;
+            allow |= (uint32_t)ok << (4 * n + e);
+        }
+    return allow;
+}
+
+/* dS^T over dp (dP^T), from P^T (p) and the allowed pairs of bwg_p; the same elements. */
+template <int NQ>
+__device__ __forceinline__ void bwg_ds(const float (&p)[NQ][4], float (&dp)[NQ][4],
+                                       uint32_t allow, const fai_cuda_args &a, int c0,
+                                       const float *rv, int tg)
+{
+    constexpr int BQ = 64;
+    const float scale = (float)a.score.scale;
+#pragma unroll
+    for (int n = 0; n < NQ; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const int c = c0 + 8 * n + 2 * tg + (e & 1);
+            dp[n][e] = allow >> (4 * n + e) & 1
+                           ? scale * fai_dscore_f32(p[n][e], dp[n][e], 1.0f, rv[BQ + c], 0.0f, 0)
+                           : 0.0f;
         }
 }
 
@@ -255,8 +275,9 @@ __device__ __forceinline__ void consume_split_keys(const fai_cuda_args &a,
         const float *rv = blk.rowv + s * 2 * BQ;
         mbar_wait(blk.full + s, (u / STAGES) & 1);
 
-        /* S^T = K Q^T, dP^T = V dO^T */
-        float st[NQ][4], dp[NQ][4];
+        /* S^T = K Q^T and dP^T = V dO^T, each its own group: P^T is computed while dP^T's
+         * MMAs run */
+        float st[NQ][4] = {}, dp[NQ][4] = {};
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < KD; kk++) {
@@ -264,6 +285,7 @@ __device__ __forceinline__ void consume_split_keys(const fai_cuda_args &a,
             W64::ss(st, wg_desc(kw + sl * LK::slab + k16, 16, 1024),
                     wg_desc(qt + sl * LQ::slab + k16, 16, 1024), kk > 0);
         }
+        wgmma_commit();
 #pragma unroll
         for (int kk = 0; kk < KD; kk++) {
             const int sl = kk >> 2, k16 = (kk & 3) * 16;
@@ -271,10 +293,13 @@ __device__ __forceinline__ void consume_split_keys(const fai_cuda_args &a,
                     wg_desc(gt + sl * LQ::slab + k16, 16, 1024), kk > 0);
         }
         wgmma_commit();
-        wgmma_wait<0>();
+        wgmma_wait<1>(); /* S^T */
         wgmma_pin(st);
+        const uint32_t allow = bwg_p(st, a, keys, i0, i1, 0, rv, g, tg);
+
+        wgmma_wait<0>(); /* dP^T */
         wgmma_pin(dp);
-        bwg_p_ds(st, dp, a, keys, i0, i1, 0, rv, g, tg);
+        bwg_ds(st, dp, allow, a, 0, rv, tg);
 
         /* dV += P^T dO, dK += dS^T Q: accumulator tiles n = 2 kk, 2 kk + 1 are the A fragment
          * of k-step kk (queries 16 kk ..) */
@@ -413,8 +438,9 @@ __device__ __forceinline__ void consume_split_dims(const fai_cuda_args &a,
         const float *rv = blk.rowv + s * 2 * BQ;
         mbar_wait(blk.full + s, (u / STAGES) & 1);
 
-        /* S^T[:, c0 ..] = K Q[c0 .., :]^T, dP^T[:, c0 ..] = V dO[c0 .., :]^T */
-        float st[4][4], dp[4][4];
+        /* S^T[:, c0 ..] = K Q[c0 .., :]^T, dP^T[:, c0 ..] = V dO[c0 .., :]^T, each its own
+         * group: P^T is computed while dP^T's MMAs run */
+        float st[4][4] = {}, dp[4][4] = {};
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < KD; kk++) {
@@ -422,6 +448,7 @@ __device__ __forceinline__ void consume_split_dims(const fai_cuda_args &a,
             W32::ss(st, wg_desc(blk.ks + sl * LK::slab + k16, 16, 1024),
                     wg_desc(qt + sl * LQ::slab + c0 * 64 + k16, 16, 1024), kk > 0);
         }
+        wgmma_commit();
 #pragma unroll
         for (int kk = 0; kk < KD; kk++) {
             const int sl = kk >> 2, k16 = (kk & 3) * 16;
@@ -429,10 +456,12 @@ __device__ __forceinline__ void consume_split_dims(const fai_cuda_args &a,
                     wg_desc(gt + sl * LQ::slab + c0 * 64 + k16, 16, 1024), kk > 0);
         }
         wgmma_commit();
-        wgmma_wait<0>();
+        wgmma_wait<1>(); /* S^T */
         wgmma_pin(st);
+        const uint32_t allow = bwg_p(st, a, keys, i0, i1, c0, rv, g, tg);
+        wgmma_wait<0>(); /* dP^T */
         wgmma_pin(dp);
-        bwg_p_ds(st, dp, a, keys, i0, i1, c0, rv, g, tg);
+        bwg_ds(st, dp, allow, a, c0, rv, tg);
 
         /* P^T and dS^T into shared memory: element (n, 2 r ..) is key row 16 wl + 8 r + g,
          * queries c0 + 8 n + 2 tg, + 1 (chunk c0 / 8 + n); then the other group's half */
