@@ -282,7 +282,7 @@ static void plans_make(int small)
             {"tc_d128_empty_rows", ALL},            {"wgmma_window", ALL},
             {"wgmma_backward_gqa", HALF},           {"wgmma_padding_keys", ALL},
             {"wgmma_d96_gqa", HALF},                {"wgmma_d256_causal", HALF},
-            {"wgmma_d64_causal", HALF},
+            {"wgmma_d64_causal", HALF},             {"wgmma_d256_top_left", HALF},
         };
         for (size_t i = 0; i < sizeof short_sweep / sizeof *short_sweep; i++)
             plan_add(sweep, sw_case_named(short_sweep[i].name), short_sweep[i].dts, NULL, 0, NULL);
@@ -606,9 +606,10 @@ END_TEST
 
 /* fa_context_describe prints the launch plan of plain bf16 calls at each tensor-core head dim:
  * the wgmma forward at D 64 to 256 on a Hopper device of a build with its image (128-key
- * tiles, 64 at D 256) and its backward at D 64 (the entry before D 96's), the mma.sync
- * kernels under FA_CUDA_KERNEL=mma or elsewhere, the FMA
- * kernels under FA_CUDA_KERNEL=generic, each with its reason. */
+ * tiles, 64 at D 256) and its backward (at D 64, the entry before D 96's, 128-key blocks; at
+ * D 256 64-key blocks), the mma.sync kernels under FA_CUDA_KERNEL=mma or elsewhere (the FMA
+ * kernels for D 256's backward), the FMA kernels under FA_CUDA_KERNEL=generic, each with its
+ * reason. */
 START_TEST(cuda_describe_prints_plan)
 {
     int dev = 0, major = 0, minor = 0;
@@ -625,11 +626,14 @@ START_TEST(cuda_describe_prints_plan)
     } runs[3] = {
         {NULL,
          {"cuda_plan_bf16_d96=fwd:wgmma q128 k128 x2 (",
-          "cuda_plan_bf16_d256=fwd:wgmma q128 k64 x2 (",
-          "bwd:wgmma q64 k128 x2 (wgmma: 16-bit, D 64/96/128, scale only, sm_90a) "
+          "cuda_plan_bf16_d256=fwd:wgmma q128 k64 x2 (wgmma: 16-bit, D 64/96/128/256, scale "
+          "only, sm_90a),bwd:wgmma q64 k64 x2 (",
+          "bwd:wgmma q64 k128 x2 (wgmma: 16-bit, D 64/96/128/256, scale only, sm_90a) "
           "cuda_plan_bf16_d96="}},
         {"mma",
-         {"cuda_plan_bf16_d96=fwd:mma q128 k64 x0 (", "cuda_plan_bf16_d256=fwd:mma q64 k32 x0 (",
+         {"cuda_plan_bf16_d96=fwd:mma q128 k64 x0 (",
+          "cuda_plan_bf16_d256=fwd:mma q64 k32 x0 (FA_CUDA_KERNEL=mma),bwd:generic "
+          "(FA_CUDA_KERNEL=mma)",
           "bwd:mma q32 k64 x0 ("}},
         {"generic",
          {"cuda_plan_bf16_d64=fwd:generic (FA_CUDA_KERNEL=generic)",

@@ -177,8 +177,10 @@ const sw_case sw_cases[] = {
      .dims = {.b = 1, .sq = 200, .sk = 700, .hq = 2, .hk = 2, .dqk = 128, .dv = 128},
      .layout = SW_BHSD},
     /* D 96 (Q, K, V, dO padded to 128 columns by TMA in shared memory, O, dQ, dK, dV stored
-     * to 96): GQA, both query blocks and key blocks cut; D 256 (forward key tiles of 64): a
-     * window cutting tiles on both sides, and a bottom-right causal mask with Sq < Sk */
+     * to 96): GQA, both query blocks and key blocks cut; D 256 (forward key tiles of 64, the
+     * backward's key blocks of 64 with the dims split between the consumers): a window
+     * cutting tiles on both sides, a bottom-right causal mask with Sq < Sk, a top-left one
+     * with Sq > Sk over a GQA group of 2 and a last key block of 2 keys */
     {.name = "wgmma_d96_gqa", .runs = SW_CUDA | SW_CUDA_TC | SW_CUDA_MMA, .seed = 34,
      .dims = {.b = 2, .sq = 201, .sk = 301, .hq = 4, .hk = 2, .dqk = 96, .dv = 96}},
     {.name = "wgmma_d96_causal", .runs = SW_CUDA | SW_CUDA_TC | SW_CUDA_MMA, .seed = 35,
@@ -190,6 +192,9 @@ const sw_case sw_cases[] = {
     {.name = "wgmma_d256_causal", .runs = SW_CUDA | SW_CUDA_TC | SW_CUDA_MMA, .seed = 37,
      .dims = {.b = 1, .sq = 150, .sk = 390, .hq = 4, .hk = 1, .dqk = 256, .dv = 256},
      .causal = 1},
+    {.name = "wgmma_d256_top_left", .runs = SW_CUDA | SW_CUDA_TC | SW_CUDA_MMA, .seed = 38,
+     .dims = {.b = 2, .sq = 200, .sk = 130, .hq = 4, .hk = 2, .dqk = 256, .dv = 256},
+     .causal = 1, .top_left = 1, .layout = SW_BHSD},
     /* the wgmma backward's: key blocks of 128 over query tiles of 64 of a GQA group of 4 */
     {.name = "wgmma_backward_gqa", .runs = SW_CUDA | SW_CUDA_TC | SW_CUDA_MMA, .seed = 32,
      .dims = {.b = 2, .sq = 333, .sk = 333, .hq = 4, .hk = 1, .dqk = 128, .dv = 128},

@@ -24,8 +24,8 @@
  * kernels, launched behind the same flag, take the other case): with finite inputs a selected
  * 0 times any operand is 0, so the MMAs cannot carry a masked NaN or inf into another row.
  *
- * fai_cuda_backward_mma tries the Hopper kernel of bwd_wgmma.cu first (D = 128, scale only);
- * the dK/dV kernel here runs where that does not apply.
+ * fai_cuda_backward_mma runs the Hopper kernel of bwd_wgmma.cu where the plan says so (D 64 to
+ * 256, scale only; D 256 only there), the dK/dV kernel here elsewhere.
  */
 #include "common.cuh"
 #include "mma.cuh"
@@ -588,6 +588,8 @@ fai_cuda_result run(const fai_cuda_args &a, const fai_cuda_plan &p, const fai_cu
     case 32: r = by_mode<T, 32>(a, p, w, err, n); break;
     case 64: r = by_mode<T, 64>(a, p, w, err, n); break;
     case 96: r = by_mode<T, 96>(a, p, w, err, n); break;
+    /* D 256: the wgmma kernel alone (the plan sends it no deterministic call) */
+    case 256: r = fai_cuda_backward_wgmma(&a, &p.tile, &w, err, n); break;
     default: r = by_mode<T, 128>(a, p, w, err, n); break;
     }
     if (r != FAI_CUDA_OK || a.deterministic)

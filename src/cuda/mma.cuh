@@ -93,20 +93,21 @@ template <> struct mma_t<__half> {
 };
 
 /* Rows g and g + 8 of a warp's m16 accumulators of dK and dV (DT tiles of 8 columns in the
- * m16n8 layout, lane g = lane / 4, tg = lane mod 4; the first DS of them the head's dims, the
- * rest padding) to key rows j0 + g and j0 + 8 + g of KV head hk, rounded to T; rows at or past
- * Sk are not written. Both backwards end with it. */
+ * m16n8 layout, lane g = lane / 4, tg = lane mod 4; the first DS of them dims d0 .. of the
+ * head, the rest padding) to key rows j0 + g and j0 + 8 + g of KV head hk, rounded to T; rows
+ * at or past Sk are not written. Both backwards end with it. */
 template <typename T, int DT, int DS = DT>
 __device__ __forceinline__ void store_dk_dv(const fai_cuda_args &a, int64_t b, int64_t hk,
                                             int64_t j0, int g, int tg,
-                                            const float (&dk)[DT][4], const float (&dv)[DT][4])
+                                            const float (&dk)[DT][4], const float (&dv)[DT][4],
+                                            int d0 = 0)
 {
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int64_t j = j0 + 8 * r + g;
         if (j >= a.sk)
             continue;
-        T *kr = fai_at<T>(a.tdk, b, j, hk), *vr = fai_at<T>(a.tdv, b, j, hk);
+        T *kr = fai_at<T>(a.tdk, b, j, hk) + d0, *vr = fai_at<T>(a.tdv, b, j, hk) + d0;
 #pragma unroll
         for (int d = 0; d < DS; d++) {
             *(uint32_t *)(kr + 8 * d + 2 * tg) = mma_t<T>::pack(dk[d][2 * r], dk[d][2 * r + 1]);

@@ -94,7 +94,10 @@ const char *generic_only(const fai_cuda_args &a)
  *     D = 256: 4 warps x 1 m-tile = 64 rows, 32-key tiles (the O accumulator alone is 128
  *     registers), Q read from shared memory at every k-step.
  *   wgmma backward (D 64, 96 padded to 128, 128): 128-key blocks (two consumer warpgroups
- *     of 64 keys, dK and dV in registers) over 64-query steps, 2 stages.
+ *     of 64 keys, dK and dV in registers) over 64-query steps, 2 stages. D = 256: 64-key
+ *     blocks (dK and dV of 64 keys are 256 registers a consumer thread: the two warpgroups
+ *     split the dims), 2 stages: K, V 64 KiB + 2 x (Q + dO) 128 KiB + P^T, dS^T x 2 32 KiB,
+ *     the most that fits in 227 KiB.
  *   mma.sync backward: 64-key blocks over 32-query steps, 4 warps.
  */
 fai_cuda_tile tile_of(fai_cuda_family f, bool forward, int64_t d)
@@ -103,7 +106,7 @@ fai_cuda_tile tile_of(fai_cuda_family f, bool forward, int64_t d)
     case FAI_CUDA_WGMMA:
         if (forward)
             return d == 256 ? fai_cuda_tile{128, 64, 2} : fai_cuda_tile{128, 128, 2};
-        return {64, 128, 2};
+        return d == 256 ? fai_cuda_tile{64, 64, 2} : fai_cuda_tile{64, 128, 2};
     case FAI_CUDA_MMA:
         if (forward)
             return d == 256 ? fai_cuda_tile{64, 32, 0} : fai_cuda_tile{128, 64, 0};
@@ -139,23 +142,27 @@ family_choice family_backward(const fai_cuda_args &a)
 {
     if (const char *why = generic_only(a))
         return {FAI_CUDA_GENERIC, why};
-    if (a.dqk != 32 && a.dqk != 64 && a.dqk != 96 && a.dqk != 128)
-        return {FAI_CUDA_GENERIC, "backward head dim not in {32, 64, 96, 128}"};
+    if (a.dqk != 32 && a.dqk != 64 && a.dqk != 96 && a.dqk != 128 && a.dqk != 256)
+        return {FAI_CUDA_GENERIC, "backward head dim not in {32, 64, 96, 128, 256}"};
     const fai_cuda_view *rows[7] = {&a.tq, &a.tk, &a.tv, &a.tdout, &a.tdq, &a.tdk, &a.tdv};
     if (!aligned16(rows, 7))
         return {FAI_CUDA_GENERIC, "rows not in whole 16-byte chunks"};
+    /* where wgmma does not take the call: mma.sync, which stops at D 128 */
+    const fai_cuda_family below = a.dqk == 256 ? FAI_CUDA_GENERIC : FAI_CUDA_MMA;
     if (a.kernel == FAI_CUDA_KERNEL_MMA)
-        return {FAI_CUDA_MMA, "FA_CUDA_KERNEL=mma"};
+        return {below, "FA_CUDA_KERNEL=mma"};
     if (!have_sm90a())
-        return {FAI_CUDA_MMA, "no sm_90a image or not a 9.0 device"};
+        return {below, "no sm_90a image or not a 9.0 device"};
     if (a.dqk == 32)
-        return {FAI_CUDA_MMA, "wgmma backward: D 64, 96 and 128"};
+        return {FAI_CUDA_MMA, "wgmma backward: D 64, 96, 128 and 256"};
     if (!fai_cuda_scale_only(a))
-        return {FAI_CUDA_MMA, "softcap, ALiBi or dropout (wgmma: the scale-only pipeline)"};
+        return {below, "softcap, ALiBi or dropout (wgmma: the scale-only pipeline)"};
+    if (a.dqk == 256 && a.deterministic)
+        return {FAI_CUDA_GENERIC, "deterministic at D 256 (the ordered dQ kernel stops at 128)"};
     if (a.sq >= INT32_MAX || a.sk >= INT32_MAX || a.b * a.hk > 65535 ||
         (a.sq / 64 + 1) * a.group >= INT32_MAX)
-        return {FAI_CUDA_MMA, "sizes past TMA's coordinates or the wgmma grid"};
-    return {FAI_CUDA_WGMMA, "wgmma: 16-bit, D 64/96/128, scale only, sm_90a"};
+        return {below, "sizes past TMA's coordinates or the wgmma grid"};
+    return {FAI_CUDA_WGMMA, "wgmma: 16-bit, D 64/96/128/256, scale only, sm_90a"};
 }
 
 /* The family's rules for a's forward (forward) or backward, then its tile. */

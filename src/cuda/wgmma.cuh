@@ -76,6 +76,22 @@ inline bool tma_map_4d(CUtensorMap *m, const fai_cuda_view &t, int dtype, int64_
                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
 }
 
+/* The 3-d TMA map of an f32 accumulator of bh heads x s rows x d columns (contiguous), with
+ * boxes of 32 columns (128 bytes, 128-byte swizzle) x rows rows, for reduce-adds into it. */
+inline bool tma_map_acc(CUtensorMap *m, float *acc, int64_t d, int64_t s, int64_t bh, int rows)
+{
+    PFN_cuTensorMapEncodeTiled_v12000 enc = tensor_map_encoder();
+    if (!enc)
+        return false;
+    const cuuint64_t dims[3] = {(cuuint64_t)d, (cuuint64_t)s, (cuuint64_t)bh};
+    const cuuint64_t strides[2] = {(cuuint64_t)d * 4, (cuuint64_t)(s * d) * 4};
+    const cuuint32_t box[3] = {32, (cuuint32_t)rows, 1}, one[3] = {1, 1, 1};
+    return enc(m, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 3, acc, dims, strides, box, one,
+               CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+               CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+               CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
 /* Whether the current device is a 9.0 (Hopper) one, the only target of the sm_90a image. */
 inline bool device_is_sm90()
 {
@@ -189,6 +205,31 @@ __device__ __forceinline__ void tma_load_4d(void *dst, const void *m, int c0, in
                  : "memory");
 }
 
+/* TMA reduce-add: the f32 box of map m at (c0, c1, c2) += the box at src (shared memory, in
+ * the map's swizzled layout; rows past the map's bounds are dropped), in this thread's bulk
+ * group; commit closes the group; wait_read<N> until at most N groups still read shared
+ * memory, wait<N> until at most N are incomplete. */
+__device__ __forceinline__ void tma_reduce_add_3d(const void *m, const void *src, int c0, int c1,
+                                                  int c2)
+{
+    asm volatile("cp.reduce.async.bulk.tensor.3d.global.shared::cta.add.tile.bulk_group"
+                 " [%0, {%1, %2, %3}], [%4];\n" ::"l"(m),
+                 "r"(c0), "r"(c1), "r"(c2), "r"(smem_addr(src))
+                 : "memory");
+}
+__device__ __forceinline__ void bulk_commit()
+{
+    asm volatile("cp.async.bulk.commit_group;\n" ::: "memory");
+}
+template <int N> __device__ __forceinline__ void bulk_wait_read()
+{
+    asm volatile("cp.async.bulk.wait_group.read %0;\n" ::"n"(N) : "memory");
+}
+template <int N> __device__ __forceinline__ void bulk_wait()
+{
+    asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
 /* Hand registers between warpgroups (the block's allocation must start capped: launch bounds
  * with a minimum of one block). */
 template <int N> __device__ __forceinline__ void setmaxnreg_inc()
@@ -207,12 +248,14 @@ __device__ __forceinline__ void named_barrier(int id, int threads)
 }
 
 #define FAI_D4(n) "+f"(d[n][0]), "+f"(d[n][1]), "+f"(d[n][2]), "+f"(d[n][3])
-#define FAI_D64 FAI_D4(0), FAI_D4(1), FAI_D4(2), FAI_D4(3), FAI_D4(4), FAI_D4(5), FAI_D4(6), FAI_D4(7)
+#define FAI_D32 FAI_D4(0), FAI_D4(1), FAI_D4(2), FAI_D4(3)
+#define FAI_D64 FAI_D32, FAI_D4(4), FAI_D4(5), FAI_D4(6), FAI_D4(7)
 #define FAI_D128 FAI_D64, FAI_D4(8), FAI_D4(9), FAI_D4(10), FAI_D4(11), FAI_D4(12), FAI_D4(13), \
                  FAI_D4(14), FAI_D4(15)
 #define FAI_D256 FAI_D128, FAI_D4(16), FAI_D4(17), FAI_D4(18), FAI_D4(19), FAI_D4(20), \
                  FAI_D4(21), FAI_D4(22), FAI_D4(23), FAI_D4(24), FAI_D4(25), FAI_D4(26), \
                  FAI_D4(27), FAI_D4(28), FAI_D4(29), FAI_D4(30), FAI_D4(31)
+#define FAI_R16 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}"
 #define FAI_R32 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, " \
                 "%17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}"
 #define FAI_R64 "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, " \
@@ -243,6 +286,17 @@ __device__ __forceinline__ void named_barrier(int id, int threads)
 template <typename T, int N> struct wgmma_op;
 
 #define FAI_WGMMA_OPS(TYPE, PTXT)                                                                \
+    template <> struct wgmma_op<TYPE, 32> {                                                      \
+        template <int TA = 0, int TB = 0>                                                        \
+        __device__ static void ss(float (&d)[4][4], uint64_t a, uint64_t b, int acc)            \
+        {                                                                                        \
+            asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"                            \
+                         "wgmma.mma_async.sync.aligned.m64n32k16.f32." PTXT "." PTXT " " FAI_R16 \
+                         ", %16, %17, p, 1, 1, %19, %20;\n}\n"                                   \
+                         : FAI_D32                                                               \
+                         : "l"(a), "l"(b), "r"(acc), "n"(TA), "n"(TB));                         \
+        }                                                                                        \
+    };                                                                                           \
     template <> struct wgmma_op<TYPE, 64> {                                                      \
         template <int TA = 0, int TB = 0>                                                        \
         __device__ static void ss(float (&d)[8][4], uint64_t a, uint64_t b, int acc)            \
@@ -306,9 +360,11 @@ FAI_WGMMA_OPS(__half, "f16")
 
 #undef FAI_WGMMA_OPS
 #undef FAI_D4
+#undef FAI_D32
 #undef FAI_D64
 #undef FAI_D128
 #undef FAI_D256
+#undef FAI_R16
 #undef FAI_R32
 #undef FAI_R64
 #undef FAI_R128
