@@ -17,7 +17,8 @@
  *
  * Split keys (D <= 128, BK = 128): group c owns keys [64 c, 64 c + 64) of the block, all dims.
  *   S^T  = K Q^T     wgmma m64n64k16, K rows and Q rows both K-major
- *   dP^T = V dO^T    the same with V and dO
+ *   dP^T = V dO^T    the same with V and dO, in a group of its own: P^T is computed while
+ *                    its MMAs run
  *   P^T  = 2^(S^T scale log2(e) - LSE_i log2(e)),  dS^T = P^T (dP^T - D_i) scale
  *   dV  += P^T dO    wgmma m64n(DP)k16, A = P^T from registers, dO MN-major
  *   dK  += dS^T Q    the same with dS^T and Q
@@ -30,7 +31,8 @@
  * Split dims (D = 256, BK = 64): dK and dV of 64 keys x 256 dims are 256 registers a consumer
  * thread, so group c owns dims [128 c, 128 c + 128) of them (128 registers) and queries
  * [32 c, 32 c + 32) of the tile's S^T:
- *   S^T, dP^T        wgmma m64n32k16: the block's 64 keys x the group's 32 queries
+ *   S^T, dP^T        wgmma m64n32k16: the block's 64 keys x the group's 32 queries (as
+ *                    above, P^T computed while dP^T's MMAs run)
  *   P^T, dS^T        as above, both into shared memory (one named barrier: each group needs
  *                    the other's queries)
  *   dV  += P^T dO    wgmma m64n128k16 over the group's dims, A = P^T and B = dO (MN-major)
@@ -277,6 +279,9 @@ __device__ __forceinline__ void consume_split_keys(const fai_cuda_args &a,
 
         /* S^T = K Q^T and dP^T = V dO^T, each its own group: P^T is computed while dP^T's
          * MMAs run */
+        /* zeroed, though the first k-step does not read them: left undefined, the compiler
+         * moved the last k-step's accumulators to new registers inside the group, and ptxas
+         * serialised the MMAs around the moves (C7517/C7519) */
         float st[NQ][4] = {}, dp[NQ][4] = {};
         wgmma_fence();
 #pragma unroll
@@ -440,7 +445,7 @@ __device__ __forceinline__ void consume_split_dims(const fai_cuda_args &a,
 
         /* S^T[:, c0 ..] = K Q[c0 .., :]^T, dP^T[:, c0 ..] = V dO[c0 .., :]^T, each its own
          * group: P^T is computed while dP^T's MMAs run */
-        float st[4][4] = {}, dp[4][4] = {};
+        float st[4][4] = {}, dp[4][4] = {}; /* zeroed: as in consume_split_keys */
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < KD; kk++) {
