@@ -513,11 +513,18 @@ fai_cuda_result run_forward(const fai_cuda_args &a, char *err, size_t n)
 }
 
 /* The tensor-core backward's workspace (fai_cuda_bwd_ws), in floats before the flag: D_i and
- * LSE_i log2(e) (B Hq Sq each), then the f32 dQ accumulator (B Hq Sq Dqk), which deterministic
- * mode does without. fai_cuda_backward_workspace sizes it, run_backward carves it. */
+ * LSE_i log2(e) (B Hq Sq each), then, from a 16-byte boundary (the wgmma backward's TMA
+ * reduce-adds need one; cudaMallocAsync's base has it), the f32 dQ accumulator (B Hq Sq Dqk),
+ * which deterministic mode does without. fai_cuda_backward_workspace sizes it, run_backward
+ * carves it. */
+int64_t mma_dq_offset(const fai_cuda_args &a)
+{
+    return (2 * a.b * a.hq * a.sq + 3) / 4 * 4;
+}
+
 int64_t mma_ws_floats(const fai_cuda_args &a)
 {
-    return (2 + (a.deterministic ? 0 : a.dqk)) * (a.b * a.hq * a.sq);
+    return mma_dq_offset(a) + (a.deterministic ? 0 : a.dqk * (a.b * a.hq * a.sq));
 }
 
 /*
@@ -535,7 +542,7 @@ fai_cuda_result run_backward(const fai_cuda_args &a, char *err, size_t n)
     const bool mma = a.sq > 0 && a.sk > 0 && plan.family != FAI_CUDA_GENERIC;
     const int64_t bhs = a.b * a.hq * a.sq;
     float *ws = (float *)a.work;
-    fai_cuda_bwd_ws w = {ws, ws + bhs, a.deterministic ? nullptr : ws + 2 * bhs,
+    fai_cuda_bwd_ws w = {ws, ws + bhs, a.deterministic ? nullptr : ws + mma_dq_offset(a),
                          (int *)(ws + mma_ws_floats(a))};
     fai_cuda_result r;
     if (mma && (r = fai_cuda_backward_mma_prepare(&a, &w, err, n)) != FAI_CUDA_OK)
