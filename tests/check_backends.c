@@ -198,9 +198,9 @@ END_TEST
 /*
  * docs/DESIGN.md §4's false-FAIL rate of the statistics: honest candidates (the tiled path,
  * every kernel set this CPU runs, every dtype; out, LSE, dQ, dK, dV) on random problems of
- * varied shapes and masks must all pass. FA_HONEST_CASES problems (default 12; the 10,000
- * candidates of the notes are FA_HONEST_CASES=300); prints the count and each test's largest
- * statistic / bound.
+ * varied shapes and masks must all pass. FA_HONEST_CASES problems (default 12; the 11,250
+ * candidates of docs/notes/oracle.md are FA_HONEST_CASES=150); prints the count and each
+ * test's largest statistic / bound.
  */
 START_TEST(statistics_honest_sweep)
 {

@@ -71,8 +71,8 @@ typedef struct {
     int64_t nonfinite, first_bad[4];
     double bad_x, bad_ref;
     int explicit_ok;
-    double n, se, sabs, sr, srr, see, ser;
-    double ee, ea, aa, ff, fg, gg; /* over rows */
+    double n, sum_e, sum_absr, sum_r, sum_rr, sum_ee, sum_er;
+    double rows, ee, ea, aa, ff, fg, gg; /* over rows (with finite elements) */
 } scan;
 
 static void scan_tensor(const fa_tensor *x, const fa_tensor *ref, const fa_tolerance *explicit_tol,
@@ -84,7 +84,7 @@ static void scan_tensor(const fa_tensor *x, const fa_tensor *ref, const fa_toler
     for (int64_t b = 0; b < ref->batch; b++)
         for (int64_t s = 0; s < ref->seqlen; s++)
             for (int64_t h = 0; h < ref->heads; h++) {
-                double re = 0, ra = 0, rf = 0, rg = 0; /* the row's E, A, F, G */
+                double re = 0, ra = 0, rf = 0, rg = 0, rn = 0; /* the row's E, A, F, G, count */
                 for (int64_t d = 0; d < ref->headdim; d++) {
                     const int64_t i = d % CHUNK;
                     if (i == 0) {
@@ -112,10 +112,11 @@ static void scan_tensor(const fa_tensor *x, const fa_tensor *ref, const fa_toler
                         r->worst_x = c, r->worst_ref = v;
                     }
                     r->n += 1;
-                    r->se += e, r->sabs += fabs(v), r->sr += v, r->srr += v * v;
-                    r->see += e * e, r->ser += e * v;
-                    re += e, ra += fabs(v), rf += e * v, rg += v * v;
+                    r->sum_e += e, r->sum_absr += fabs(v), r->sum_r += v, r->sum_rr += v * v;
+                    r->sum_ee += e * e, r->sum_er += e * v;
+                    re += e, ra += fabs(v), rf += e * v, rg += v * v, rn++;
                 }
+                r->rows += rn > 0;
                 r->ee += re * re, r->ea += re * ra, r->aa += ra * ra;
                 r->ff += rf * rf, r->fg += rf * rg, r->gg += rg * rg;
             }
@@ -123,26 +124,37 @@ static void scan_tensor(const fa_tensor *x, const fa_tensor *ref, const fa_toler
 
 /* The statistics of a scan: bias sum e / sum |ref|; the least-squares scale's deviation
  * sum e ref / sum ref^2 (scale - 1); the RMS error; the decorrelation 1 - corr(x, ref). */
-static double bias_of(const scan *r) { return r->sabs > 0 ? r->se / r->sabs : 0; }
-static double scale_dev_of(const scan *r) { return r->srr > 0 ? r->ser / r->srr : 0; }
+static double bias_of(const scan *r) { return r->sum_absr > 0 ? r->sum_e / r->sum_absr : 0; }
+static double scale_dev_of(const scan *r) { return r->sum_rr > 0 ? r->sum_er / r->sum_rr : 0; }
 
 /*
  * The standard errors of bias and scale - 1, rows as clusters: a ratio b = sum_r N_r / sum_r
- * M_r has residuals N_r - b M_r, and se(b) = sqrt(sum_r (N_r - b M_r)^2) / sum_r M_r (what
- * is left of the errors once the statistic's own systematic part is taken out, so a large
- * systematic error does not widen its own bound).
+ * M_r over R rows has residuals N_r - b M_r, and se(b) = sqrt(R / (R - 1) sum_r (N_r -
+ * b M_r)^2) / sum_r M_r (what is left of the errors once the statistic's own systematic part
+ * is taken out, so a large systematic error does not widen its own bound; R / (R - 1) for
+ * the degree of freedom b takes). One row leaves no residual to measure: 0, and the bound is
+ * the allowance and the yardstick's term alone.
  */
-static double cluster_se(double b, double nn, double nm, double mm, double m)
+static double cluster_se(double b, double nn, double nm, double mm, double m, double rows)
 {
     const double v = nn - 2 * b * nm + b * b * mm;
-    return m > 0 ? sqrt(v > 0 ? v : 0) / m : 0;
+    return m > 0 && rows > 1 ? sqrt(rows / (rows - 1) * (v > 0 ? v : 0)) / m : 0;
 }
-static double bias_se(const scan *r) { return cluster_se(bias_of(r), r->ee, r->ea, r->aa, r->sabs); }
+static double bias_se(const scan *r)
+{
+    return cluster_se(bias_of(r), r->ee, r->ea, r->aa, r->sum_absr, r->rows);
+}
 static double scale_se(const scan *r)
 {
-    return cluster_se(scale_dev_of(r), r->ff, r->fg, r->gg, r->srr);
+    return cluster_se(scale_dev_of(r), r->ff, r->fg, r->gg, r->sum_rr, r->rows);
 }
-static double rms_of(const scan *r) { return r->n > 0 ? sqrt(r->see / r->n) : 0; }
+
+/* n var(ref): the centred sum of squares of ref. */
+static double ref_ss(const scan *r)
+{
+    return r->n > 0 ? r->sum_rr - r->sum_r * r->sum_r / r->n : 0;
+}
+static double rms_of(const scan *r) { return r->n > 0 ? sqrt(r->sum_ee / r->n) : 0; }
 
 /*
  * 1 - corr(x, ref) without the cancellation of 1 - (a computed corr): with x = ref + e and
@@ -155,14 +167,14 @@ static double decorr_of(const scan *r)
 {
     if (r->n < 2)
         return 0;
-    const double mr = r->sr / r->n, me = r->se / r->n;
-    const double rr = r->srr - r->n * mr * mr, ee = r->see - r->n * me * me,
-                 er = r->ser - r->n * me * mr;
+    const double mr = r->sum_r / r->n, me = r->sum_e / r->n;
+    const double rr = ref_ss(r), ee = r->sum_ee - r->n * me * me, er = r->sum_er - r->n * me * mr;
     if (!(rr > 0))
         return 0;
     const double a = er / rr, q = ee / rr, num = q - a * a > 0 ? q - a * a : 0;
     const double t = sqrt(1 + 2 * a + q > 0 ? 1 + 2 * a + q : 0);
-    return t * (t + 1 + a) > 0 ? num / (t * (t + 1 + a)) : 1;
+    /* t (t + 1 + a) = 0: corr = -1 exactly (t > 0: 1 - corr = 2), or x constant (t = 0) */
+    return t * (t + 1 + a) > 0 ? num / (t * (t + 1 + a)) : t > 0 ? 2 : 1;
 }
 
 /*
@@ -194,7 +206,7 @@ static void verdict(const fa_tensor *cand, const fa_tensor *ref, const fa_tensor
         memcpy(r->worst, c.worst, sizeof r->worst);
         r->worst_cand = c.worst_x, r->worst_ref = c.worst_ref;
     }
-    r->nmse = c.srr > 0 ? c.see / c.srr : c.see > 0 ? INFINITY : 0;
+    r->nmse = c.sum_rr > 0 ? c.sum_ee / c.sum_rr : c.sum_ee > 0 ? INFINITY : 0;
     r->bias = bias_of(&c), r->scale = 1 + scale_dev_of(&c), r->rms = rms_of(&c);
     r->decorr = decorr_of(&c);
     r->bias_bound = r->scale_bound = r->rms_bound = r->decorr_bound = INFINITY;
@@ -227,7 +239,7 @@ static void verdict(const fa_tensor *cand, const fa_tensor *ref, const fa_tensor
         r->bias_bound = tu + factor * fabs(bias_of(&y)) + kNoise * bias_se(&c);
         r->scale_bound = tu + factor * fabs(scale_dev_of(&y)) + kNoise * scale_se(&c);
         r->rms_bound = factor * rms_of(&y) + rms_floor;
-        const double rr = c.srr - (c.n > 0 ? c.sr * c.sr / c.n : 0); /* n var(ref) */
+        const double rr = ref_ss(&c);
         r->decorr_bound = factor * factor * decorr_of(&y) +
                           (rr > 0 ? rms_floor * rms_floor * c.n / rr / 2 : 0);
         if (fabs(r->bias) > r->bias_bound)

@@ -62,7 +62,7 @@
 namespace {
 
 /* The TMA descriptors of Q and dO (boxes of 64 dims x BQ rows), of K and V (x BK rows), and of
- * the f32 dQ accumulator (boxes of 32 dims x BQ rows; split keys with atomic dQ). */
+ * the f32 dQ accumulator (boxes of 32 dims x BQ rows; split keys, dQ not deterministic). */
 struct bwd_maps {
     CUtensorMap q, dout, k, v, dq;
 };
@@ -81,7 +81,8 @@ template <int D, bool DQ = true> struct bwg_cfg {
                               ds_bytes = BK * BQ * 2;
     /* the exchanged tiles: dS^T x 2 for dQ, and P^T x 2 where the groups split the dims */
     static constexpr int NX = SPLIT_DIMS ? 4 : DQ ? 2 : 0;
-    /* dQ's stage, split keys with atomic dQ: each group's BQ x 64 f32, two boxes of 32 dims */
+    /* dQ's stage, split keys, dQ not deterministic: each group's BQ x 64 f32, two boxes of
+     * 32 dims */
     static constexpr bool STAGE_DQ = DQ && !SPLIT_DIMS;
     static constexpr uint32_t dq_box = BQ * 32 * 4;
     /* K, V, Q x STAGES, dO x STAGES, the exchanged tiles, dQ's stages (multiples of 8 KiB:

@@ -93,12 +93,12 @@ const char *generic_only(const fai_cuda_args &a)
  *     = 64 rows ran at 0.4x FA2: one ldmatrix.x4 per two MMAs saturated shared memory);
  *     D = 256: 4 warps x 1 m-tile = 64 rows, 32-key tiles (the O accumulator alone is 128
  *     registers), Q read from shared memory at every k-step.
- *   wgmma backward (D 64, 96 padded to 128, 128): 128-key blocks (two consumer warpgroups
- *     of 64 keys, dK and dV in registers) over 64-query steps, 2 stages: H100, bf16, N 8192,
- *     B 2: 319 TFLOP/s at D 128, 214 at D 64, 255 at D 96. D = 256: 64-key blocks (dK and dV
- *     of 64 keys are 256 registers a consumer thread: the two warpgroups split the dims),
- *     2 stages: K, V 64 KiB + 2 x (Q + dO) 128 KiB + P^T, dS^T x 2 32 KiB, the most that
- *     fits in 227 KiB; 245 TFLOP/s (H 8).
+ *   wgmma backward (D 64, 96 padded to 128, 128; 256): 128-key blocks (two consumer
+ *     warpgroups of 64 keys, dK and dV in registers) over 64-query steps, 2 stages: H100,
+ *     bf16, N 8192, B 2: 319 TFLOP/s at D 128, 214 at D 64, 255 at D 96. D = 256: 64-key
+ *     blocks (dK and dV of 64 keys are 256 registers a consumer thread: the two warpgroups
+ *     split the dims), 2 stages: K, V 64 KiB + 2 x (Q + dO) 128 KiB + P^T, dS^T x 2 32 KiB,
+ *     the most that fits in 227 KiB; 245 TFLOP/s (H 8).
  *   mma.sync backward: 64-key blocks over 32-query steps, 4 warps.
  */
 fai_cuda_tile tile_of(fai_cuda_family f, bool forward, int64_t d)
