@@ -400,6 +400,17 @@ START_TEST(statistics_catch_16bit_bugs)
     ck_assert_int_eq(fa_compare(&x.t, &pr.ref.t, &pr.base.t, &max_only, &c), FA_OK);
     ck_assert_msg(c.pass && isinf(c.bias_bound), "%s shifted, max only: %s", name, c.rule);
     ht_free(&x);
+
+    /* the allowance is the storage dtype's, the yardstick's: a systematic 1e-4 (under f16's
+     * allowance of 1.2e-4, a tenth of bf16's) in a candidate saved as f32 passes */
+    ht_alloc(&x, FA_F32, 1, PS, PH, PD, SW_BSHD);
+    for (int64_t i = 0; i < PS; i++)
+        for (int64_t h = 0; h < PH; h++)
+            for (int64_t d = 0; d < PD; d++)
+                ht_set(&x, 0, i, h, d, ht_get(&pr.ref, 0, i, h, d) * (1 + 1e-4));
+    c = judged(&pr, &x);
+    ck_assert_msg(c.pass, "%s x (1 + 1e-4) saved as f32: %s", name, ht_stats(&c));
+    ht_free(&x);
     problem16_free(&pr);
 }
 END_TEST

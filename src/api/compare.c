@@ -232,7 +232,9 @@ static void verdict(const fa_tensor *cand, const fa_tensor *ref, const fa_tensor
         /* docs/DESIGN.md §4: each statistic within `factor` times the baseline's, plus the
          * dtype's allowance (bias, scale) or floor (RMS, decorrelation), plus kNoise standard
          * deviations of its own noise (bias, scale) */
-        const double tu = stat_tau(cand->dtype) * eps_of(cand->dtype) / 2;
+        /* the storage dtype's allowance, the yardstick's (a bf16 kernel's output saved as f32
+         * is held to bf16's) */
+        const double tu = stat_tau(baseline->dtype) * eps_of(baseline->dtype) / 2;
         /* eps at the largest |ref| (not at 1, as the max rule's: small outputs, the mean of
          * many values, keep their resolution), eps where ref is all 0 */
         const double rms_floor = floor_eps * (c.ref_max > 0 ? c.ref_max : 1);
