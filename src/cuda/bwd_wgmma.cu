@@ -144,6 +144,16 @@ __device__ __forceinline__ bwg_keys bwg_keys_of(const fai_cuda_args &a, int64_t 
     return k;
 }
 
+/* Accumulator tiles set to 0. */
+template <int NT> __device__ __forceinline__ void bwg_zero(float (&x)[NT][4])
+{
+#pragma unroll
+    for (int n = 0; n < NT; n++)
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            x[n][e] = 0;
+}
+
 /* P^T over st (the scores S^T) for the warp's keys k and the query tile [i0, i1) (64 rows; rv
  * its LSE_i log2(e), then its D_i): element (n, e) is key row 8 (e / 2) + g of the warp, query
  * column c0 + 8 n + 2 tg + (e mod 2) of the tile. Returns the allowed pairs, bit 4 n + e.
@@ -263,11 +273,8 @@ __device__ __forceinline__ void consume_split_keys(const fai_cuda_args &a,
     const T *kw = blk.ks + 64 * 64 * cw, *vw = blk.vs + 64 * 64 * cw; /* the group's rows */
 
     float dk[DT][4], dv[DT][4];
-#pragma unroll
-    for (int d = 0; d < DT; d++)
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            dk[d][e] = dv[d][e] = 0;
+    bwg_zero(dk);
+    bwg_zero(dv);
 
     if (blk.total > 0)
         mbar_wait(blk.full_kv, 0);
@@ -429,11 +436,8 @@ __device__ __forceinline__ void consume_split_dims(const fai_cuda_args &a,
     const int d0 = 128 * cw; /* its dims: 2 slabs from slab 2 cw */
 
     float dk[16][4], dv[16][4];
-#pragma unroll
-    for (int d = 0; d < 16; d++)
-#pragma unroll
-        for (int e = 0; e < 4; e++)
-            dk[d][e] = dv[d][e] = 0;
+    bwg_zero(dk);
+    bwg_zero(dv);
 
     if (blk.total > 0)
         mbar_wait(blk.full_kv, 0);
