@@ -387,6 +387,8 @@ typedef struct {
     double rms, rms_bound;       /* sqrt(mean (cand - ref)^2); rms <= rms_bound               */
     double decorr, decorr_bound; /* 1 - corr(cand, ref); decorr <= decorr_bound               */
     int failed;                  /* FA_CMP_* bits of the tests that failed (0 if pass)        */
+    double ref_max;              /* max |ref| over ref's finite elements (max_abs / ref_max:
+                                  * the error relative to the tensor's scale)               */
 } fa_comparison;
 
 /* ref may be any dtype (f64 usually); baseline may be NULL only under the explicit rule. All

@@ -128,7 +128,8 @@ class Comparison(Structure):
                 ("bound", c_double), ("pass_", c_int), ("rule", c_char * 200),
                 ("bias", c_double), ("bias_bound", c_double), ("scale", c_double),
                 ("scale_bound", c_double), ("rms", c_double), ("rms_bound", c_double),
-                ("decorr", c_double), ("decorr_bound", c_double), ("failed", c_int)]
+                ("decorr", c_double), ("decorr_bound", c_double), ("failed", c_int),
+                ("ref_max", c_double)]
 
 
 class Profile(Structure):

@@ -65,7 +65,8 @@ static fa_status same_shape(const fa_tensor *a, const char *an, const fa_tensor 
  * A^2, F^2, F G and G^2.
  */
 typedef struct {
-    double max_abs, max_rel, ref_max;
+    double max_abs, max_rel, ref_max; /* ref_max: where both are finite */
+    double ref_top;                   /* max |ref| over ref's finite elements */
     int64_t worst[4];
     double worst_x, worst_ref;
     int64_t nonfinite, first_bad[4];
@@ -93,6 +94,8 @@ static void scan_tensor(const fa_tensor *x, const fa_tensor *ref, const fa_toler
                     }
                     const double c = xs[i], v = rs[i];
                     const int64_t at[4] = {b, s, h, d};
+                    if (isfinite(v) && fabs(v) > r->ref_top)
+                        r->ref_top = fabs(v);
                     if (!isfinite(c) || !isfinite(v)) {
                         if (!same_nonfinite(c, v) && r->nonfinite++ == 0) {
                             memcpy(r->first_bad, at, sizeof at);
@@ -197,7 +200,7 @@ static void verdict(const fa_tensor *cand, const fa_tensor *ref, const fa_tensor
     memset(r, 0, sizeof *r);
     scan c;
     scan_tensor(cand, ref, explicit_rule ? tol : NULL, &c);
-    r->max_abs = c.max_abs, r->max_rel = c.max_rel;
+    r->max_abs = c.max_abs, r->max_rel = c.max_rel, r->ref_max = c.ref_top;
     if (c.nonfinite) { /* worst names the first mismatch */
         r->nonfinite_mismatches = c.nonfinite;
         memcpy(r->worst, c.first_bad, sizeof r->worst);
