@@ -9,7 +9,8 @@
  * formulation: masked and dropped probabilities are exact zeros that are *multiplied* with V
  * (and K, Q in the backward), so a NaN or inf in a masked-out row of K or V can reach the
  * output here. Its softmax backward is a framework's too (D_i summed over the row's dP z P,
- * every step rounded to T), not core/gradient.h's formula.
+ * every step rounded to T), not core/gradient.h's formula; its P is recomputed from the LSE
+ * given, as every backward that takes one does (softmax(), LSE_READ).
  */
 #include "config.h"
 
@@ -185,13 +186,21 @@ static void scores(const conv *cv, const conv_pack *w, int64_t b, int64_t h, voi
     }
 }
 
+/* What softmax() does with the LSE: nothing, write it (the forward), or read it (the backward). */
+enum { LSE_NONE, LSE_WRITE, LSE_READ };
+
 /*
- * P = softmax(S) row by row (reductions in the compute type) and, if write_lse, the LSE.
+ * P = softmax(S) row by row (reductions in the compute type) and, with LSE_WRITE, the LSE.
+ * With LSE_READ (the backward) P = exp(S - LSE) from the LSE given, its argument rounded to
+ * the compute type, as every kernel that recomputes P from a stored LSE evaluates it (§1's
+ * P_ij = exp(s_ij - LSE_i)): a relative error in P of about u |s - LSE|, which renormalizing
+ * in double avoided, leaving the f32 yardstick's gradients 2-4x more accurate than any such
+ * kernel's (docs/DESIGN.md §4).
  * Writes P to `p` and, when dropout is on, P~ = keep P / (1 - p) to `pd`, which may be `p`
  * itself (then P~ replaces P). s and p may be the same buffer.
  */
 static void softmax(const conv *cv, const conv_pack *w, int64_t b, int64_t h, const void *s,
-                    void *p, void *pd, int write_lse)
+                    void *p, void *pd, int lse_use)
 {
     const fai_problem *pr = cv->pr;
     const double keep_scale = pr->keep_scale;
@@ -201,27 +210,36 @@ static void softmax(const conv *cv, const conv_pack *w, int64_t b, int64_t h, co
         double mx = -INFINITY, sum = 0;
         float sumf = 0;
         row_load(cv, s, i, x);
-        for (int64_t j = 0; j < pr->sk; j++)
-            mx = fai_nanmax_f64(mx, x[j]);
-        /* the sink: one more column of the softmax, whose value is 0 (-inf: none) */
-        const double sink = fai_sink(pr, h);
-        mx = fai_nanmax_f64(mx, sink);
-        if (mx != -INFINITY) {
-            if (cv->wide)
-                sum = exp(sink - mx);
-            else
-                sumf = (float)exp(sink - mx);
+        if (lse_use == LSE_READ) {
+            const double lse = fai_lse_read(pr, b, h, i);
+            for (int64_t j = 0; j < pr->sk; j++) {
+                const double arg = x[j] - lse;
+                x[j] = lse == -INFINITY ? 0 : exp(cv->wide ? arg : (float)arg);
+            }
+            mx = 0, sum = 1; /* P as it is */
+        } else {
+            for (int64_t j = 0; j < pr->sk; j++)
+                mx = fai_nanmax_f64(mx, x[j]);
+            /* the sink: one more column of the softmax, whose value is 0 (-inf: none) */
+            const double sink = fai_sink(pr, h);
+            mx = fai_nanmax_f64(mx, sink);
+            if (mx != -INFINITY) {
+                if (cv->wide)
+                    sum = exp(sink - mx);
+                else
+                    sumf = (float)exp(sink - mx);
+            }
+            for (int64_t j = 0; j < pr->sk; j++) {
+                x[j] = mx == -INFINITY ? 0 : exp(x[j] - mx);
+                if (cv->wide)
+                    sum += x[j];
+                else
+                    sumf += (float)x[j];
+            }
+            if (!cv->wide)
+                sum = sumf;
         }
-        for (int64_t j = 0; j < pr->sk; j++) {
-            x[j] = mx == -INFINITY ? 0 : exp(x[j] - mx);
-            if (cv->wide)
-                sum += x[j];
-            else
-                sumf += (float)x[j];
-        }
-        if (!cv->wide)
-            sum = sumf;
-        if (write_lse)
+        if (lse_use == LSE_WRITE)
             fai_lse_write(pr, b, h, i, sum == 0 ? -INFINITY : mx + log(sum));
         if (drop.threshold)
             fai_dropout_keep_row(&drop, i, 0, pr->sk, w->keep);
@@ -356,7 +374,7 @@ static void conv_forward(fa_context *ctx, const fai_problem *pr, const fai_scrat
         pack(&cv, fai_kv_row, FAI_K, b, hk, pr->sk, pr->dqk, w->kp);
         pack(&cv, fai_kv_row, FAI_V, b, hk, pr->sk, pr->dv, w->vp);
         scores(&cv, w, b, h, S + at, NULL);
-        softmax(&cv, w, b, h, S + at, P + at, P + at, fai_io(pr, FAI_LSE) != NULL);
+        softmax(&cv, w, b, h, S + at, P + at, P + at, fai_io(pr, FAI_LSE) ? LSE_WRITE : LSE_NONE);
         for (int64_t r0 = 0; r0 < pr->sq; r0 += CONV_ROWS) { /* O = P~ V, rounded to T */
             const int64_t n = pr->sq - r0 < CONV_ROWS ? pr->sq - r0 : CONV_ROWS;
             const void *pb = as_compute(&cv, P + at, r0, n, pr->sk, w->stage);
@@ -490,7 +508,7 @@ static void conv_backward(fa_context *ctx, const fai_problem *pr, const fai_scra
             pack(&cv, fai_q_row, FAI_Q, b, h, pr->sq, pr->dqk, w->qp);
             pack(&cv, fai_q_row, FAI_DOUT, b, h, pr->sq, pr->dv, w->dop);
             scores(&cv, w, b, h, x, tc);
-            softmax(&cv, w, b, h, x, p, pd, 0); /* lse is an input here */
+            softmax(&cv, w, b, h, x, p, pd, LSE_READ);
             for (int64_t r0 = 0; r0 < pr->sq; r0 += CONV_ROWS) {
                 const int64_t n = pr->sq - r0 < CONV_ROWS ? pr->sq - r0 : CONV_ROWS;
                 const void *dob = (const char *)w->dop + (size_t)(r0 * pr->dv) * cv.cs;
