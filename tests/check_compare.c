@@ -477,6 +477,62 @@ START_TEST(statistics_catch_dropped_block)
 }
 END_TEST
 
+/* The LSE of a 16-bit kernel held to its own dtype (docs/DESIGN.md §4), bf16 and f16: against
+ * the conventional path in f32 with the allowances FA_LSE16_ALLOWANCE(_REL), A in all, the
+ * tiled path's LSE passes, and so does the reference shifted by 0.9 A (which fails with none:
+ * the allowance is what admits it); shifted by 4 A (about 8e-5 here: a softmax denominator
+ * 0.008% off) or by log 2, it fails; a negative or infinite allowance is refused by name. */
+START_TEST(lse_held_to_its_own_dtype)
+{
+    const fa_dtype dt = _i ? FA_F16 : FA_BF16;
+    problem16 pr;
+    problem16_make(&pr, dt, PS, 42);
+    fa_params p;
+    fa_params_init(&p);
+    ht_bundle b; /* the problem's inputs, for the f32 yardstick */
+    memset(&b, 0, sizeof b);
+    b.q = pr.q, b.k = pr.k, b.v = pr.v, b.lse = pr.lbase;
+    ht_tensor y, tiled, x;
+    ck_assert(ht_lse_yardstick(&p, &b, dt, &y));
+    ht_alloc(&tiled, dt, 1, PS, PH, PD, SW_BSHD);
+    ht_alloc_lse(&x, FA_F32, 1, PS, PH);
+    ck_assert_int_eq(ht_forward(FA_BACKEND_TILED, 2, &p, &pr.q.t, &pr.k.t, &pr.v.t, &tiled.t,
+                                &x.t), FA_OK);
+    const fa_tolerance own = {.factor = 2, .allowance = FA_LSE16_ALLOWANCE,
+                              .allowance_rel = FA_LSE16_ALLOWANCE_REL},
+                       none = {.factor = 2};
+    const double a = FA_LSE16_ALLOWANCE + FA_LSE16_ALLOWANCE_REL * ht_max_abs(&pr.lref);
+    fa_comparison c;
+    ck_assert_int_eq(fa_compare(&x.t, &pr.lref.t, &y.t, &own, &c), FA_OK);
+    ck_assert_msg(c.pass && strstr(c.rule, "(allowance)"), "%s tiled LSE: %s; %s",
+                  fa_dtype_name(dt), c.rule, ht_stats(&c));
+    const double shifts[] = {0.9 * a, 4 * a, M_LN2};
+    for (int k = 0; k < 3; k++) {
+        for (int64_t i = 0; i < PS; i++)
+            for (int64_t h = 0; h < PH; h++)
+                ht_set(&x, 0, i, h, 0, ht_get(&pr.lref, 0, i, h, 0) + shifts[k]);
+        ck_assert_int_eq(fa_compare(&x.t, &pr.lref.t, &y.t, &own, &c), FA_OK);
+        ck_assert_msg(c.pass == (k == 0), "%s LSE + %g: %s; %s", fa_dtype_name(dt), shifts[k],
+                      c.rule, ht_stats(&c));
+        if (k == 0) {
+            ck_assert_int_eq(fa_compare(&x.t, &pr.lref.t, &y.t, &none, &c), FA_OK);
+            ck_assert_msg(!c.pass, "%s LSE + %g, no allowance: %s", fa_dtype_name(dt),
+                          shifts[k], ht_stats(&c));
+        }
+    }
+    const fa_tolerance bad[3] = {{.factor = 2, .allowance = -1e-6},
+                                 {.factor = 2, .allowance = INFINITY},
+                                 {.factor = 2, .allowance_rel = -1e-6}};
+    for (int k = 0; k < 3; k++) {
+        ck_assert_int_eq(fa_compare(&x.t, &pr.lref.t, &y.t, &bad[k], &c),
+                         FA_ERR_INVALID_ARGUMENT);
+        ck_assert(strstr(fa_last_error(), "allowance"));
+    }
+    ht_free(&y), ht_free(&tiled), ht_free(&x);
+    problem16_free(&pr);
+}
+END_TEST
+
 Suite *make_compare_suite(void)
 {
     Suite *s = suite_create("compare");
@@ -489,6 +545,7 @@ Suite *make_compare_suite(void)
     tcase_add_loop_test(tc, statistics_catch_16bit_bugs, 0, 2);
     tcase_add_test(tc, statistics_catch_spread_noise);
     tcase_add_loop_test(tc, statistics_catch_dropped_block, 0, 2);
+    tcase_add_loop_test(tc, lse_held_to_its_own_dtype, 0, 2);
     suite_add_tcase(s, tc);
     return s;
 }

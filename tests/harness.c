@@ -397,3 +397,28 @@ void ht_bundle_draw(ht_bundle *x, const sw_case *c)
         ht_fill(in[i], seed, lo, hi);
     }
 }
+
+int ht_lse_yardstick(const fa_params *p, const ht_bundle *x, fa_dtype dt, ht_tensor *lse)
+{
+    if (dt != FA_F16 && dt != FA_BF16)
+        return 0;
+    const ht_tensor *const src[3] = {&x->q, &x->k, &x->v};
+    ht_tensor in[3], out;
+    for (int i = 0; i < 3; i++) {
+        const fa_tensor *t = &src[i]->t;
+        ht_alloc(&in[i], FA_F32, t->batch, t->seqlen, t->heads, t->headdim, SW_BSHD);
+        for (int64_t b = 0; b < t->batch; b++)
+            for (int64_t s = 0; s < t->seqlen; s++)
+                for (int64_t h = 0; h < t->heads; h++)
+                    for (int64_t d = 0; d < t->headdim; d++)
+                        ht_set(&in[i], b, s, h, d, ht_get(src[i], b, s, h, d));
+    }
+    const fa_tensor *q = &x->q.t;
+    ht_alloc(&out, FA_F32, q->batch, q->seqlen, q->heads, x->v.t.headdim, SW_BSHD);
+    ht_alloc_lse(lse, x->lse.t.dtype, q->batch, q->seqlen, q->heads);
+    const fa_status s = ht_forward(FA_BACKEND_CONVENTIONAL, 2, p, &in[0].t, &in[1].t, &in[2].t,
+                                   &out.t, &lse->t);
+    ck_assert_msg(s == FA_OK, "the LSE's f32 yardstick: %s", fa_last_error());
+    ht_free(&in[0]), ht_free(&in[1]), ht_free(&in[2]), ht_free(&out);
+    return 1;
+}

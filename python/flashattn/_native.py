@@ -118,7 +118,12 @@ class PagedKV(Structure):
 
 class Tolerance(Structure):
     _fields_ = [("factor", c_double), ("atol", c_double), ("rtol", c_double),
-                ("max_only", c_int)]
+                ("max_only", c_int), ("allowance", c_double), ("allowance_rel", c_double)]
+
+
+#: FA_LSE16_ALLOWANCE, FA_LSE16_ALLOWANCE_REL (flashattn.h): the allowances of a 16-bit
+#: kernel's LSE, judged against the conventional path in float32 (docs/DESIGN.md §4)
+LSE16_ALLOWANCE, LSE16_ALLOWANCE_REL = 2.0 ** -16, 2.0 ** -20
 
 
 class Comparison(Structure):

@@ -359,3 +359,19 @@ def test_statistics_catch_what_the_max_hides():
     assert fa.check(q, k, v, out=cut, dtype="float16", rule="max"), "the max alone passes it"
     with pytest.raises(fa.InvalidArgumentError, match="rule='both'"):
         fa.check(q, k, v, out=cut, rule="both")
+
+
+def test_lse_held_to_its_own_dtype():
+    """float16 kernel, float32 LSE (docs/DESIGN.md §4): judged against the conventional path
+    in float32 plus the allowance, not the float16 one. The honest blocked kernel's LSE passes;
+    its LSE + 1e-3 (a denominator 0.1% off) fails, also under rule="max", whose float16
+    yardstick would have let it through; an LSE saved as float16 keeps the float16 rule."""
+    q, k, v = inputs(np.float16, seed=4, b=1, sq=256, sk=256, hq=4, hk=4, d=64)
+    out, lse = kernel(q, k, v, acc=np.float32)
+    r = fa.check(q, k, v, out=out, lse=lse)
+    assert r and "conventional f32 error" in r["lse"].rule and "allowance" in r["lse"].rule, str(r)
+    for rule in ("all", "max"):
+        assert not fa.check(q, k, v, out=out, lse=lse + np.float32(1e-3), rule=rule)
+    assert not fa.check(q, k, v, out=out, lse=lse + np.float32(np.log(2)))
+    r = fa.check(q, k, v, out=out, lse=lse.astype(np.float16), rule="max")
+    assert r and "allowance" not in r["lse"].rule and "f16 floor" in r["lse"].rule, str(r)

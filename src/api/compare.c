@@ -228,7 +228,8 @@ static void verdict(const fa_tensor *cand, const fa_tensor *ref, const fa_tensor
     scan y;
     scan_tensor(baseline, ref, NULL, &y);
     r->baseline_err = y.max_abs;
-    r->bound = factor * r->baseline_err + floor;
+    const double allow = tol->allowance + tol->allowance_rel * c.ref_max;
+    r->bound = factor * r->baseline_err + floor + allow;
     if (r->max_abs > r->bound || c.nonfinite)
         r->failed |= FA_CMP_MAX;
     if (!tol->max_only) {
@@ -240,9 +241,13 @@ static void verdict(const fa_tensor *cand, const fa_tensor *ref, const fa_tensor
         const double tu = stat_tau(baseline->dtype) * eps_of(baseline->dtype) / 2;
         /* eps at the largest |ref| (not at 1, as the max rule's: small outputs, the mean of
          * many values, keep their resolution), eps where ref is all 0 */
-        const double rms_floor = floor_eps * (c.ref_max > 0 ? c.ref_max : 1);
-        r->bias_bound = tu + factor * fabs(bias_of(&y)) + kNoise * bias_se(&c);
-        r->scale_bound = tu + factor * fabs(scale_dev_of(&y)) + kNoise * scale_se(&c);
+        const double rms_floor = floor_eps * (c.ref_max > 0 ? c.ref_max : 1) + allow;
+        /* the allowance as a shift of every element by `allow`: the bias moves by allow n /
+         * sum |ref|, the scale by allow sum ref / sum ref^2, at most allow sum |ref| / sum ref^2 */
+        const double allow_bias = c.sum_absr > 0 ? allow * c.n / c.sum_absr : 0;
+        const double allow_scale = c.sum_rr > 0 ? allow * c.sum_absr / c.sum_rr : 0;
+        r->bias_bound = tu + factor * fabs(bias_of(&y)) + kNoise * bias_se(&c) + allow_bias;
+        r->scale_bound = tu + factor * fabs(scale_dev_of(&y)) + kNoise * scale_se(&c) + allow_scale;
         r->rms_bound = factor * rms_of(&y) + rms_floor;
         const double rr = ref_ss(&c);
         r->decorr_bound = factor * factor * decorr_of(&y) +
@@ -257,11 +262,14 @@ static void verdict(const fa_tensor *cand, const fa_tensor *ref, const fa_tensor
             r->failed |= FA_CMP_DECORR;
     }
     r->pass = r->failed == 0;
+    char extra[48] = "";
+    if (allow > 0)
+        snprintf(extra, sizeof extra, " + %.3g (allowance)", allow);
     snprintf(r->rule, sizeof r->rule,
-             "flash: max|cand - ref| <= %g x %.3g (conventional %s error) + %.3g (%s floor) = "
+             "flash: max|cand - ref| <= %g x %.3g (conventional %s error) + %.3g (%s floor)%s = "
              "%.3g; NaN/inf must match%s",
              factor, r->baseline_err, fa_dtype_name(baseline->dtype), floor,
-             fa_dtype_name(cand->dtype), r->bound,
+             fa_dtype_name(cand->dtype), extra, r->bound,
              tol->max_only ? "" : "; bias, scale, RMS, decorrelation (§4)");
 }
 
@@ -288,7 +296,7 @@ fa_status fa_compare(const fa_tensor *cand, const fa_tensor *ref, const fa_tenso
         st = same_shape(baseline, "baseline", ref);
     if (st != FA_OK)
         return st;
-    const fa_tolerance dflt = {2, 0, 0, 0};
+    const fa_tolerance dflt = {2, 0, 0, 0, 0, 0};
     if (!tol)
         tol = &dflt;
     const int explicit_rule = tol->atol > 0 || tol->rtol > 0;
@@ -296,6 +304,12 @@ fa_status fa_compare(const fa_tensor *cand, const fa_tensor *ref, const fa_tenso
         return fai_fail(FA_ERR_INVALID_ARGUMENT,
                         "fa_compare: tolerance atol %g, rtol %g, factor %g must be finite and >= 0",
                         tol->atol, tol->rtol, tol->factor);
+    if (!(tol->allowance >= 0) || isinf(tol->allowance) || !(tol->allowance_rel >= 0) ||
+        isinf(tol->allowance_rel))
+        return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                        "fa_compare: tolerance allowance %g, allowance_rel %g must be finite and "
+                        ">= 0",
+                        tol->allowance, tol->allowance_rel);
     if (!explicit_rule && !baseline)
         return fai_fail(FA_ERR_NULL_POINTER,
                         "fa_compare: baseline is NULL; the default rule needs the conventional "

@@ -163,6 +163,20 @@ static int run_all(cli_opts *o, check_state *st, fa_backend be, fa_dtype dt,
     return rc;
 }
 
+/*
+ * The yardstick's dtype for an LSE candidate: the LSE is held to its own dtype (docs/DESIGN.md
+ * §4). A kernel with 16-bit inputs and outputs computes its scores in f32 (tensor cores and SIMD
+ * units accumulate q.k in f32) and its LSE from them, so an LSE it stores in f32 or f64 is
+ * judged against the conventional path in f32 on the same values, not the 16-bit path, which
+ * rounds the scores to 16 bits. FP8 inputs keep the storage dtype's yardstick: FP8 tensor cores
+ * accumulate in fewer bits than f32.
+ */
+static fa_dtype lse_yardstick_dtype(fa_dtype storage, fa_dtype lse_file, int fp8)
+{
+    const int wide_file = lse_file == FA_F32 || lse_file == FA_F64;
+    return (storage == FA_F16 || storage == FA_BF16) && wide_file && !fp8 ? FA_F32 : storage;
+}
+
 static void shape_text(char *buf, size_t n, int ndim, const int64_t *shape)
 {
     int at = snprintf(buf, n, "(");
@@ -341,6 +355,18 @@ int cmd_check(int argc, char **argv)
         rc = run_all(&o, &st, FA_BACKEND_REFERENCE, FA_F64, st.ref);
     if (!rc && !explicit_rule)
         rc = run_all(&o, &st, FA_BACKEND_CONVENTIONAL, dt, st.base);
+    const fa_dtype lse_dt =
+        rc || !o.cand[CAND_LSE] ? dt : lse_yardstick_dtype(dt, cand[CAND_LSE].t.dtype, fp8);
+    if (!rc && !explicit_rule && lse_dt != dt) { /* a forward in lse_dt for the LSE alone */
+        cli_tensor w[CAND_N];
+        memset(w, 0, sizeof w);
+        st.grads = 0;
+        rc = run_all(&o, &st, FA_BACKEND_CONVENTIONAL, lse_dt, w);
+        st.grads = grads;
+        cli_free(&st.base[CAND_LSE]);
+        st.base[CAND_LSE] = w[CAND_LSE];
+        cli_free(&w[CAND_OUT]);
+    }
     if (!rc && o.cand[CAND_OUT]) { /* before the LSE leaves the library's convention */
         out_as_candidate_writes_it(o.profile, &st.ref[CAND_LSE], &st.ref[CAND_OUT],
                                    &cand[CAND_OUT]);
@@ -360,8 +386,11 @@ int cmd_check(int argc, char **argv)
     for (int c = 0; c < CAND_N && !rc; c++) {
         if (!o.cand[c])
             continue;
+        const int lse16 = c == CAND_LSE && lse_dt != dt; /* an LSE judged in f32 */
         fa_tolerance tol = {.factor = c >= CAND_DQ ? 3 : 2, .atol = o.atol, .rtol = o.rtol,
-                            .max_only = o.rule_max};
+                            .max_only = o.rule_max,
+                            .allowance = lse16 ? FA_LSE16_ALLOWANCE : 0,
+                            .allowance_rel = lse16 ? FA_LSE16_ALLOWANCE_REL : 0};
         fa_status s = fa_compare(&cand[c].t, &st.ref[c].t, explicit_rule ? NULL : &st.base[c].t,
                                  &tol, &res[c]);
         if (s != FA_OK)
