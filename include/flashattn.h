@@ -339,8 +339,9 @@ FA_API fa_status fa_context_describe(const fa_context *ctx, char *buf, size_t n)
  * Default rule (FlashAttention's, and the statistics beside it): the candidate's max
  * |cand - ref| must be at most `factor` x max |baseline - ref| + floor, where baseline is the
  * conventional path computed in the candidate's storage dtype on the same inputs (factor 2 for
- * outputs, 3 for gradients) and floor = eps(dtype) x max(1, max |ref|) (64 eps for f64, whose
- * reference has no headroom); and, unless max_only, four statistics of the errors, each held
+ * outputs, 3 for gradients) and floor = eps(dtype) x max(1, max |ref|), dtype the coarser of
+ * cand's and baseline's (64 eps for f64, whose reference has no headroom); and, unless
+ * max_only, four statistics of the errors, each held
  * to the baseline's measured the same way plus a bound written in docs/DESIGN.md §4: the
  * bias (sum (cand - ref) / sum |ref|), the least-squares scale of cand on ref, the RMS error
  * and the decorrelation 1 - corr(cand, ref). They catch what hides under a 16-bit dtype's

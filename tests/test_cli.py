@@ -986,7 +986,7 @@ def explicit_rule_needs_no_yardstick():
 def check_hints_at_dtype_for_a_wider_candidate():
     """An f32 kernel's output saved as f64 FAILs against the f64 yardstick: the report says to
     pass --dtype f32, which PASSes it; the rule line names the yardstick's dtype and the
-    floor's."""
+    floor's, the coarser of the file's and the yardstick's (f32 under --dtype f32)."""
     o, _ = forward()
     o64 = save("wide_o64.npy", np.load(o).astype(np.float64))
     p = run("check", *qkv_args(), "--candidate-out", o64, code=1)
@@ -996,7 +996,7 @@ def check_hints_at_dtype_for_a_wider_candidate():
     assert "--dtype f32" in json.loads(p.stdout)["hint"]
     p = run("check", *qkv_args(), "--candidate-out", o64, "--dtype", "f32", code=0)
     assert "hint" not in p.stdout, p.stdout
-    assert "(conventional f32 error)" in p.stdout and "(f64 floor)" in p.stdout, p.stdout
+    assert "(conventional f32 error)" in p.stdout and "(f32 floor)" in p.stdout, p.stdout
     # no hint where the candidate is of the inputs' dtype, or under an explicit rule
     bad = np.load(o)
     bad[0, 0, 0, 0] += 1

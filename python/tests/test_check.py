@@ -248,7 +248,7 @@ def test_a_wider_candidate_fails_with_a_hint_at_dtype():
     assert "hint: out holds float64" in str(r) and "(conventional f64 error)" in r["out"].rule
     r = fa.check(q, k, v, out=out.astype(np.float64), dtype="float32")
     assert r and r.hint is None, str(r)
-    assert "(conventional f32 error)" in r["out"].rule and "(f64 floor)" in r["out"].rule
+    assert "(conventional f32 error)" in r["out"].rule and "(f32 floor)" in r["out"].rule
     bad = out.copy()
     bad[0, 0, 0, 0] += 1
     r = fa.check(q, k, v, out=bad)

@@ -223,7 +223,11 @@ static void verdict(const fa_tensor *cand, const fa_tensor *ref, const fa_tensor
         return;
     }
     const double factor = tol->factor > 0 ? tol->factor : 2;
-    const double floor_eps = cand->dtype == FA_F64 ? 64 * eps_of(FA_F64) : eps_of(cand->dtype);
+    /* the floor's dtype: the coarser of the candidate file's and the yardstick's (a kernel's
+     * storage dtype: an f32 kernel's output saved as f64 and judged against f32 has f32's) */
+    const fa_dtype floor_dt = eps_of(baseline->dtype) > eps_of(cand->dtype) ? baseline->dtype
+                                                                            : cand->dtype;
+    const double floor_eps = floor_dt == FA_F64 ? 64 * eps_of(FA_F64) : eps_of(floor_dt);
     const double floor = floor_eps * (c.ref_max > 1 ? c.ref_max : 1);
     scan y;
     scan_tensor(baseline, ref, NULL, &y);
@@ -269,7 +273,7 @@ static void verdict(const fa_tensor *cand, const fa_tensor *ref, const fa_tensor
              "flash: max|cand - ref| <= %g x %.3g (conventional %s error) + %.3g (%s floor)%s = "
              "%.3g; NaN/inf must match%s",
              factor, r->baseline_err, fa_dtype_name(baseline->dtype), floor,
-             fa_dtype_name(cand->dtype), extra, r->bound,
+             fa_dtype_name(floor_dt), extra, r->bound,
              tol->max_only ? "" : "; bias, scale, RMS, decorrelation (§4)");
 }
 
