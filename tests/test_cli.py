@@ -906,7 +906,7 @@ def bad_files():
     # shapes that disagree: k with another head dim
     np.save(path("k8.npy"), np.zeros((2, 56, 2, 8), np.float32))
     p = run("forward", "--q", QKV[0], "--k", path("k8.npy"), "--v", QKV[2], "--out", path("x.npy"), code=2)
-    assert "headdim" in p.stderr
+    assert f"--k {path('k8.npy')}: head dim 8, but --q {QKV[0]} has 16" in p.stderr, p.stderr
     o, _ = forward()
     np.save(path("o_short.npy"), np.load(o)[:, :10])
     p = run("check", *qkv_args(), "--candidate-out", path("o_short.npy"), code=2)
@@ -1030,7 +1030,8 @@ def check_refuses_mixed_input_dtypes():
 
 @test
 def check_blames_the_input_at_fault():
-    """Dims that disagree are told in the files' terms, the option and file at fault first."""
+    """Dims that disagree are told in the files' terms, the option and file at fault first, by
+    check, forward and backward alike."""
     q, k, v = QKV
     K, V = np.load(k), np.load(v)
     f = lambda name, a: save("blame_" + name + ".npy", a)
@@ -1047,12 +1048,19 @@ def check_blames_the_input_at_fault():
         ([q, f("k_h3c", h3(K)), f("v_h3c", h3(V))],
          "--q {0}: 4 heads, not a multiple of the 3 of --k {1}"),
     ]
+    _, l = forward(out="blame_o.npy", lse="blame_l.npy")
+    grads = ["--dq", path("blame_dq.npy"), "--dk", path("blame_dk.npy"), "--dv",
+             path("blame_dv.npy")]
     for files, want in cases:
-        p = run("check", *qkv_args(files), "--candidate-out", o, code=2)
         want = want.format(*files)
-        assert want in p.stderr and "->" not in p.stderr, (want, p.stderr)
+        for cmd in (["check", "--candidate-out", o], ["forward", "--out", path("blame_x.npy")],
+                    ["backward", "--out", o, "--lse", l, "--dout", o, *grads]):
+            p = run(cmd[0], *qkv_args(files), *cmd[1:], code=2)
+            assert want in p.stderr and "->" not in p.stderr, (cmd[0], want, p.stderr)
     d = f("do_s10", RNG.standard_normal((2, 10, 4, 16)).astype(np.float32))
     p = run("check", *qkv_args(), "--dout", d, "--candidate-dq", q, code=2)
+    assert f"--dout {d}: sequence length 10, but --q {q} has 40" in p.stderr, p.stderr
+    p = run("backward", *qkv_args(), "--out", o, "--lse", l, "--dout", d, *grads, code=2)
     assert f"--dout {d}: sequence length 10, but --q {q} has 40" in p.stderr, p.stderr
 
 
@@ -1471,9 +1479,9 @@ def hostile_cli_table():
         ("q int32", Fq(os.path.join(d, "i4.npy")), 2, "an integer array"),
         ("q 3-D", Fq(os.path.join(d, "d3.npy")), 2, "4-D"),
         ("q uint16 without --bf16", Fq(save("tbl/u2.npy", np.zeros((2, 40, 4, 16), np.uint16))), 2, "--bf16"),
-        ("k head dim 8", ["forward", "--q", q, "--k", os.path.join(d, "k_d8.npy"), "--v", v, "--out", o_keep], 2, "k->headdim = 8"),
-        ("k 3 heads", ["forward", "--q", q, "--k", os.path.join(d, "k_h3.npy"), "--v", v, "--out", o_keep], 2, "k->heads"),
-        ("k batch 3", ["forward", "--q", q, "--k", os.path.join(d, "k_b3.npy"), "--v", v, "--out", o_keep], 2, "k->batch"),
+        ("k head dim 8", ["forward", "--q", q, "--k", os.path.join(d, "k_d8.npy"), "--v", v, "--out", o_keep], 2, f"--k {d}/k_d8.npy: head dim 8, but --q {q} has 16"),
+        ("k 3 heads", ["forward", "--q", q, "--k", os.path.join(d, "k_h3.npy"), "--v", v, "--out", o_keep], 2, f"--k {d}/k_h3.npy: 3 heads, but --v {v} has 2"),
+        ("k batch 3", ["forward", "--q", q, "--k", os.path.join(d, "k_b3.npy"), "--v", v, "--out", o_keep], 2, f"--k {d}/k_b3.npy: batch 3, but --q {q} has 2"),
         ("k f64 with q f32", ["forward", "--q", q, "--k", os.path.join(d, "k_f64.npy"), "--v", v, "--out", o_keep], 2, "k->dtype = f64"),
         ("check: k f64 with q f32", ["check", "--q", q, "--k", os.path.join(d, "k_f64.npy"), "--v", v, "--candidate-out", out_ok], 2, f"--k {d}/k_f64.npy holds f64, but --q {q} holds f32"),
         ("check: k 3 heads", ["check", "--q", q, "--k", os.path.join(d, "k_h3.npy"), "--v", v, "--candidate-out", out_ok], 2, f"--k {d}/k_h3.npy: 3 heads, but --v {v} has 2"),

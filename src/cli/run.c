@@ -349,7 +349,11 @@ int cmd_forward(int argc, char **argv)
         cli_free(&q), cli_free(&k);
         return rc;
     }
-    rc = cli_load_params(&o, &q.t, &k.t);
+    const cli_input nq = {"--q", o.q, &q.t, 0}, nk = {"--k", o.k, &k.t, 1},
+                    nv = {"--v", o.v, &v.t, 1};
+    rc = cli_check_inputs(&o, &nq, &nk, &nv, NULL); /* in the files' terms */
+    if (!rc)
+        rc = cli_load_params(&o, &q.t, &k.t);
     if (!rc)
         rc = cli_load_bias(&o);
     if (!rc)
@@ -422,6 +426,11 @@ int cmd_backward(int argc, char **argv)
     const char *opts[6] = {"--q", "--k", "--v", "--out", "--lse", "--dout"};
     for (int i = 0; i < 6 && !rc; i++)
         rc = cli_load(&o, opts[i], paths[i], i == 4 ? ROLE_LSE : ROLE_QKV, &in[i]);
+    if (!rc) { /* q, k, v and dO in the files' terms (out and the LSE: the library's checks) */
+        const cli_input nq = {"--q", o.q, &in[0].t, 0}, nk = {"--k", o.k, &in[1].t, 1},
+                        nv = {"--v", o.v, &in[2].t, 1}, ng = {"--dout", o.dout, &in[5].t, 0};
+        rc = cli_check_inputs(&o, &nq, &nk, &nv, &ng);
+    }
     if (!rc)
         rc = cli_load_params(&o, &in[0].t, &in[1].t);
     if (!rc)
