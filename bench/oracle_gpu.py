@@ -35,7 +35,19 @@ SHAPES = ((2, 8, 8, 256, 256, 64), (1, 8, 8, 384, 384, 128), (2, 4, 4, 200, 333,
           (1, 8, 2, 256, 512, 128), (1, 4, 4, 256, 256, 96), (1, 4, 4, 256, 256, 256))
 DTYPES = {"bf16": torch.bfloat16, "f16": torch.float16}
 METRICS = ("max", "bias", "scale", "rms", "decorr")
-ALLOWANCE, ALLOWANCE_REL = 2.0 ** -16, 2.0 ** -20  # the LSE rule's (docs/DESIGN.md §4)
+
+
+def lse_allowances():
+    """The LSE rule's allowances for a 16-bit kernel's f32 LSE (fa_lse_rule, docs/DESIGN.md
+    §4): (absolute, times max |LSE|)."""
+    from ctypes import byref, c_int
+    from flashattn import _native as N
+    y, tol = c_int(), N.Tolerance()
+    N.check_status(N.lib.fa_lse_rule(None, N.BF16, N.F32, 0, byref(y), byref(tol)), "lse rule")
+    return tol.allowance, tol.allowance_rel
+
+
+ALLOWANCE, ALLOWANCE_REL = lse_allowances()
 
 
 def sdpa_lse(backend, q, k, v, causal):

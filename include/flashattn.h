@@ -359,17 +359,17 @@ typedef struct {
     int max_only;      /* default rule: judge the max error alone (the statistics reported) */
     /* default rule: an error each element may have beyond the rule's, allowance +
      * allowance_rel x max |ref| (both finite, >= 0; 0 for none), taken as if systematic: added
-     * to the max bound and the RMS floor, and whatever a shift of that size moves the bias and
-     * the scale by, to their bounds. flashattn check gives the LSE of a 16-bit kernel
-     * FA_LSE16_ALLOWANCE and FA_LSE16_ALLOWANCE_REL. */
+     * to the max bound and to the RMS floor (and so to the decorrelation's), and whatever a
+     * shift of that size moves the bias and the scale by, to their bounds. fa_lse_rule sets
+     * them for an LSE candidate. */
     double allowance, allowance_rel;
 } fa_tolerance;
 
 /* The LSE of a kernel with 16-bit outputs is judged against the conventional path in f32 (its
  * scores are f32), with two allowances (docs/DESIGN.md §4). FA_LSE16_ALLOWANCE, absolute: the
- * exp that forms its P may err by up to 2^-16 relative (1/128 of bf16's rounding of P, 1/32 of
- * f16's), which P cannot show and the LSE inherits (this library's bf16 tile kernels:
- * 2^-18.4). FA_LSE16_ALLOWANCE_REL, times max |LSE|: the systematic part of f32 scores, from
+ * exp that forms its P may err by up to 2^-16 relative (1/256 of bf16's unit roundoff, the
+ * most P's rounding errs by, 1/32 of f16's), which P cannot show and the LSE inherits (this
+ * library's bf16 tile kernels: 2^-18.4). FA_LSE16_ALLOWANCE_REL, times max |LSE|: the systematic part of f32 scores, from
  * tensor cores' accumulation (not rounded to nearest) and constants folded into base-2 units
  * (scale log2(e), ln 2): 8 eps(f32), where an H100's kernels showed 3.7. */
 #define FA_LSE16_ALLOWANCE 0x1p-16
@@ -471,6 +471,20 @@ typedef enum {
  */
 FA_API fa_status fa_profile_apply(const fa_profile *pf, fa_params *p, const int64_t *window,
                                   unsigned given);
+/*
+ * How an LSE candidate is judged (docs/DESIGN.md §4; flashattn check and flashattn.check call
+ * this): for a kernel whose outputs are stored in `storage`, whose LSE is saved in
+ * `lse_dtype`, with FP8 inputs or not, under `profile` (NULL: this library's convention),
+ * *yardstick is the dtype the conventional path runs in for the LSE's yardstick, on the
+ * inputs rounded to `storage`: f32 for a 16-bit kernel's f32 or f64 LSE (FP8 inputs aside,
+ * whose tensor cores accumulate in fewer bits), else `storage`. Where it is f32 there,
+ * tol->allowance and tol->allowance_rel are FA_LSE16_ALLOWANCE (in the profile's units: x
+ * log2(e) for a base-2 LSE) and FA_LSE16_ALLOWANCE_REL, else 0; tol's other fields are left
+ * as they are. FA_ERR_NULL_POINTER for a NULL yardstick or tol, FA_ERR_DTYPE for a dtype that
+ * is not one.
+ */
+FA_API fa_status fa_lse_rule(const fa_profile *profile, fa_dtype storage, fa_dtype lse_dtype,
+                             int fp8_inputs, fa_dtype *yardstick, fa_tolerance *tol);
 /* An LSE tensor (f32 or f64) rewritten in place from this library's convention (natural log,
  * -inf for an empty row) to the profile's, or back. */
 FA_API fa_status fa_lse_to_profile(const fa_profile *pf, fa_tensor *lse);

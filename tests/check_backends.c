@@ -60,7 +60,7 @@ static void tally_add(tally *t, const fa_comparison *c)
 
 static void compare(const char *what, const char *label, const ht_tensor *conv,
                     const ht_tensor *tiled, const ht_tensor *ref, fa_dtype dt, int grad,
-                    int lse16)
+                    const fa_tolerance *lse_tol)
 {
     double ec = ht_max_err(conv, ref), mx = ht_max_abs(ref);
     ck_assert_msg(isfinite(ec), "%s %s: conventional error %g", label, what, ec);
@@ -70,8 +70,8 @@ static void compare(const char *what, const char *label, const ht_tensor *conv,
     if (dt == FA_F32)
         ck_assert_msg(ec <= 1e-4 * (1 + mx), "%s %s: conventional f32 error %g", label, what, ec);
     const fa_tolerance tol = {.factor = grad ? 3 : 2,
-                              .allowance = lse16 ? FA_LSE16_ALLOWANCE : 0,
-                              .allowance_rel = lse16 ? FA_LSE16_ALLOWANCE_REL : 0};
+                              .allowance = lse_tol ? lse_tol->allowance : 0,
+                              .allowance_rel = lse_tol ? lse_tol->allowance_rel : 0};
     fa_comparison c;
     ck_assert_int_eq(fa_compare(&tiled->t, &ref->t, &conv->t, &tol, &c), FA_OK);
     char verdict[1024];
@@ -109,7 +109,8 @@ static void sweep_one(const sw_case *c, fa_dtype dt)
     run(FA_BACKEND_CONVENTIONAL, &p, &conv);
     run_reference(&p, &conv, &ref);
     ht_tensor lse_y; /* the LSE held to its own dtype: f32 for the 16-bit dtypes */
-    const int own_lse = ht_lse_yardstick(&p, &conv, dt, &lse_y);
+    fa_tolerance lse_tol;
+    const int own_lse = ht_lse_yardstick(&p, &conv, dt, &lse_y, &lse_tol);
     /* the tiled path with every distinct kernel set this CPU runs (ht_isa_tested); where its
      * forward takes the decode path, once more with FA_DECODE=0 (the tiles); bf16 last on
      * emulated tile products (tests/tiles_emulated.c: the AMX paths' framework, on any CPU) */
@@ -139,12 +140,12 @@ static void sweep_one(const sw_case *c, fa_dtype dt)
                  fa_dtype_name(dt), emulated ? "emulated-tiles" : fa_isa_name(ht_isas[t % ht_nisas]),
                  decode && !emulated ? tiles_too ? " tiles" : " decode" : "", (long)d.b,
                  (long)d.sq, (long)d.sk, (long)d.hq, (long)d.hk, (long)d.dqk, (long)d.dv);
-        compare("out", label, &conv.out, &tiled.out, &ref.out, dt, 0, 0);
+        compare("out", label, &conv.out, &tiled.out, &ref.out, dt, 0, NULL);
         compare("lse", label, own_lse ? &lse_y : &conv.lse, &tiled.lse, &ref.lse,
-                own_lse ? FA_F32 : dt, 0, own_lse);
-        compare("dq", label, &conv.dq, &tiled.dq, &ref.dq, dt, 1, 0);
-        compare("dk", label, &conv.dk, &tiled.dk, &ref.dk, dt, 1, 0);
-        compare("dv", label, &conv.dv, &tiled.dv, &ref.dv, dt, 1, 0);
+                own_lse ? FA_F32 : dt, 0, &lse_tol);
+        compare("dq", label, &conv.dq, &tiled.dq, &ref.dq, dt, 1, NULL);
+        compare("dk", label, &conv.dk, &tiled.dk, &ref.dk, dt, 1, NULL);
+        compare("dv", label, &conv.dv, &tiled.dv, &ref.dv, dt, 1, NULL);
     }
     ck_assert_msg(sets_run > 0, "%s %s: no kernel set ran", c->name, fa_dtype_name(dt));
     ht_bundle_free(&conv), ht_bundle_free(&tiled), ht_bundle_free(&ref);

@@ -493,14 +493,14 @@ START_TEST(lse_held_to_its_own_dtype)
     memset(&b, 0, sizeof b);
     b.q = pr.q, b.k = pr.k, b.v = pr.v, b.lse = pr.lbase;
     ht_tensor y, tiled, x;
-    ck_assert(ht_lse_yardstick(&p, &b, dt, &y));
+    fa_tolerance own = {.factor = 2};
+    ck_assert(ht_lse_yardstick(&p, &b, dt, &y, &own));
+    ck_assert(own.allowance == FA_LSE16_ALLOWANCE && own.allowance_rel == FA_LSE16_ALLOWANCE_REL);
     ht_alloc(&tiled, dt, 1, PS, PH, PD, SW_BSHD);
     ht_alloc_lse(&x, FA_F32, 1, PS, PH);
     ck_assert_int_eq(ht_forward(FA_BACKEND_TILED, 2, &p, &pr.q.t, &pr.k.t, &pr.v.t, &tiled.t,
                                 &x.t), FA_OK);
-    const fa_tolerance own = {.factor = 2, .allowance = FA_LSE16_ALLOWANCE,
-                              .allowance_rel = FA_LSE16_ALLOWANCE_REL},
-                       none = {.factor = 2};
+    const fa_tolerance none = {.factor = 2};
     const double a = FA_LSE16_ALLOWANCE + FA_LSE16_ALLOWANCE_REL * ht_max_abs(&pr.lref);
     fa_comparison c;
     ck_assert_int_eq(fa_compare(&x.t, &pr.lref.t, &y.t, &own, &c), FA_OK);
@@ -520,16 +520,63 @@ START_TEST(lse_held_to_its_own_dtype)
                           shifts[k], ht_stats(&c));
         }
     }
-    const fa_tolerance bad[3] = {{.factor = 2, .allowance = -1e-6},
+    const fa_tolerance bad[5] = {{.factor = 2, .allowance = -1e-6},
                                  {.factor = 2, .allowance = INFINITY},
-                                 {.factor = 2, .allowance_rel = -1e-6}};
-    for (int k = 0; k < 3; k++) {
+                                 {.factor = 2, .allowance = NAN},
+                                 {.factor = 2, .allowance_rel = -1e-6},
+                                 {.factor = 2, .allowance_rel = INFINITY}};
+    for (int k = 0; k < 5; k++) {
         ck_assert_int_eq(fa_compare(&x.t, &pr.lref.t, &y.t, &bad[k], &c),
                          FA_ERR_INVALID_ARGUMENT);
         ck_assert(strstr(fa_last_error(), "allowance"));
     }
     ht_free(&y), ht_free(&tiled), ht_free(&x);
     problem16_free(&pr);
+}
+END_TEST
+
+/* fa_lse_rule, the LSE's yardstick and allowances (docs/DESIGN.md §4), as a table; its
+ * refusals by name. */
+START_TEST(lse_rule_table)
+{
+    const fa_profile *b2 = fa_profile_find("flashinfer"); /* a base-2 LSE */
+    ck_assert(b2 && b2->lse_base2);
+    static const struct {
+        int base2;
+        fa_dtype storage, lse;
+        int fp8;
+        fa_dtype yardstick;
+        double allowance, rel;
+    } rows[] = {
+        {0, FA_BF16, FA_F32, 0, FA_F32, 0x1p-16, 0x1p-20},
+        {0, FA_F16, FA_F64, 0, FA_F32, 0x1p-16, 0x1p-20},
+        {1, FA_BF16, FA_F32, 0, FA_F32, 0x1p-16 * 1.4426950408889634, 0x1p-20},
+        {0, FA_BF16, FA_F32, 1, FA_BF16, 0, 0}, /* FP8 inputs */
+        {0, FA_F16, FA_F16, 0, FA_F16, 0, 0},   /* an LSE saved in 16 bits */
+        {0, FA_F32, FA_F32, 0, FA_F32, 0, 0},
+        {0, FA_F64, FA_F64, 0, FA_F64, 0, 0},
+    };
+    for (size_t i = 0; i < sizeof rows / sizeof *rows; i++) {
+        fa_dtype y = FA_E5M2;
+        fa_tolerance t = {.factor = 3, .allowance = 9, .allowance_rel = 9};
+        ck_assert_int_eq(fa_lse_rule(rows[i].base2 ? b2 : NULL, rows[i].storage, rows[i].lse,
+                                     rows[i].fp8, &y, &t),
+                         FA_OK);
+        ck_assert_msg(y == rows[i].yardstick && t.allowance == rows[i].allowance &&
+                          t.allowance_rel == rows[i].rel && t.factor == 3,
+                      "row %zu: yardstick %s, allowances %g, %g", i, fa_dtype_name(y),
+                      t.allowance, t.allowance_rel);
+    }
+    fa_dtype y;
+    fa_tolerance t;
+    ck_assert_int_eq(fa_lse_rule(NULL, FA_BF16, FA_F32, 0, NULL, &t), FA_ERR_NULL_POINTER);
+    ck_assert(strstr(fa_last_error(), "yardstick"));
+    ck_assert_int_eq(fa_lse_rule(NULL, FA_BF16, FA_F32, 0, &y, NULL), FA_ERR_NULL_POINTER);
+    ck_assert(strstr(fa_last_error(), "tol"));
+    ck_assert_int_eq(fa_lse_rule(NULL, FA_BOOL, FA_F32, 0, &y, &t), FA_ERR_DTYPE);
+    ck_assert(strstr(fa_last_error(), "storage"));
+    ck_assert_int_eq(fa_lse_rule(NULL, FA_BF16, (fa_dtype)99, 0, &y, &t), FA_ERR_DTYPE);
+    ck_assert(strstr(fa_last_error(), "lse_dtype"));
 }
 END_TEST
 
@@ -546,6 +593,7 @@ Suite *make_compare_suite(void)
     tcase_add_test(tc, statistics_catch_spread_noise);
     tcase_add_loop_test(tc, statistics_catch_dropped_block, 0, 2);
     tcase_add_loop_test(tc, lse_held_to_its_own_dtype, 0, 2);
+    tcase_add_test(tc, lse_rule_table);
     suite_add_tcase(s, tc);
     return s;
 }

@@ -97,14 +97,15 @@ static void run_cpu(fa_backend be, const fa_params *p, ht_bundle *in, ht_bundle 
     ck_assert_msg(s == FA_OK, "%s backward: %s", fa_backend_name(be), fa_last_error());
 }
 
-/* The yardstick conv's rule, factor 3 for gradients; lse16: an LSE of a 16-bit run held to its
- * own dtype, with its allowances (docs/DESIGN.md §4). */
+/* The yardstick conv's rule, factor 3 for gradients, with the allowances of `allow` (an LSE
+ * held to its own dtype: ht_lse_yardstick; NULL for none). */
 static void compare_rule(const char *what, const char *label, const ht_tensor *conv,
-                         const ht_tensor *cand, const ht_tensor *ref, int grad, int lse16)
+                         const ht_tensor *cand, const ht_tensor *ref, int grad,
+                         const fa_tolerance *allow)
 {
     const fa_tolerance tol = {.factor = grad ? 3 : 2,
-                              .allowance = lse16 ? FA_LSE16_ALLOWANCE : 0,
-                              .allowance_rel = lse16 ? FA_LSE16_ALLOWANCE_REL : 0};
+                              .allowance = allow ? allow->allowance : 0,
+                              .allowance_rel = allow ? allow->allowance_rel : 0};
     fa_comparison c;
     ck_assert_int_eq(fa_compare(&cand->t, &ref->t, &conv->t, &tol, &c), FA_OK);
     ck_assert_msg(c.pass,
@@ -117,7 +118,7 @@ static void compare_rule(const char *what, const char *label, const ht_tensor *c
 static void compare(const char *what, const char *label, const ht_tensor *conv,
                     const ht_tensor *cand, const ht_tensor *ref, int grad)
 {
-    compare_rule(what, label, conv, cand, ref, grad, 0);
+    compare_rule(what, label, conv, cand, ref, grad, NULL);
 }
 
 /* ------------------------------------------------------------------ the sweep */
@@ -191,8 +192,9 @@ static void sweep_run(const cuda_run *r)
              (long)d.sk, (long)d.hq, (long)d.hk, (long)d.dqk, (long)d.dv);
     compare("out", label, &conv.out, &gpu.out, &ref.out, 0);
     ht_tensor lse_y; /* the LSE held to its own dtype: f32 for the 16-bit dtypes */
-    const int own_lse = ht_lse_yardstick(&p, &conv, dt, &lse_y);
-    compare_rule("lse", label, own_lse ? &lse_y : &conv.lse, &gpu.lse, &ref.lse, 0, own_lse);
+    fa_tolerance lse_tol;
+    const int own_lse = ht_lse_yardstick(&p, &conv, dt, &lse_y, &lse_tol);
+    compare_rule("lse", label, own_lse ? &lse_y : &conv.lse, &gpu.lse, &ref.lse, 0, &lse_tol);
     if (own_lse)
         ht_free(&lse_y);
     compare("dq", label, &conv.dq, &gpu.dq, &ref.dq, 1);

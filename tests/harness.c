@@ -398,10 +398,14 @@ void ht_bundle_draw(ht_bundle *x, const sw_case *c)
     }
 }
 
-int ht_lse_yardstick(const fa_params *p, const ht_bundle *x, fa_dtype dt, ht_tensor *lse)
+int ht_lse_yardstick(const fa_params *p, const ht_bundle *x, fa_dtype dt, ht_tensor *lse,
+                     fa_tolerance *tol)
 {
-    if (dt != FA_F16 && dt != FA_BF16)
+    fa_dtype ydt;
+    ck_assert_int_eq(fa_lse_rule(NULL, dt, x->lse.t.dtype, 0, &ydt, tol), FA_OK);
+    if (ydt == dt)
         return 0;
+    ck_assert_int_eq(ydt, FA_F32);
     const ht_tensor *const src[3] = {&x->q, &x->k, &x->v};
     ht_tensor in[3], out;
     for (int i = 0; i < 3; i++) {

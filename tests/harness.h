@@ -124,9 +124,12 @@ void ht_bundle_free(ht_bundle *x);
 /* Fills the bundle's inputs (q, k, v, dout) as case c draws them (sw_draw). */
 void ht_bundle_draw(ht_bundle *x, const sw_case *c);
 
-/* The LSE's own-dtype yardstick (docs/DESIGN.md §4, as flashattn check): where dt is 16-bit,
- * allocates lse like x's and fills it with the conventional forward in f32 on the values of x's
- * q, k, v (params p), returning 1; else returns 0 (x's own LSE is the yardstick). */
-int ht_lse_yardstick(const fa_params *p, const ht_bundle *x, fa_dtype dt, ht_tensor *lse);
+/* The LSE's yardstick as flashattn check takes it (fa_lse_rule, docs/DESIGN.md §4) for a
+ * kernel storing dt with x's LSE dtype: where that moves it to f32, allocates lse like x's,
+ * fills it with the conventional forward in f32 on the values of x's q, k, v (params p), sets
+ * tol's allowances and returns 1; else returns 0 (x's own LSE is the yardstick, tol's
+ * allowances 0). */
+int ht_lse_yardstick(const fa_params *p, const ht_bundle *x, fa_dtype dt, ht_tensor *lse,
+                     fa_tolerance *tol);
 
 #endif

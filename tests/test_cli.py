@@ -1166,7 +1166,9 @@ def check_lse_held_to_its_own_dtype():
     In f16 and bf16 at 2^16 outputs: the library's own LSE PASSes, its rule naming the f32
     yardstick and the allowance; the LSE + 1e-3 (a softmax denominator 0.1% off) and + log 2
     FAIL, also under --rule max (the max alone, which the 16-bit yardstick let + 1e-3 pass); an
-    LSE saved as f16 is held to the 16-bit yardstick, with no allowance."""
+    LSE saved as f16 is held to the 16-bit yardstick, with no allowance. With f32 input files
+    and an f16 out (the kernel rounded the inputs), the f32 yardstick runs on the inputs
+    rounded to f16 too: the LSE PASSes."""
     def to_bf16(a):  # round to nearest even, as uint16 bit patterns
         u = a.astype(np.float32).view(np.uint32)
         return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
@@ -1185,6 +1187,10 @@ def check_lse_held_to_its_own_dtype():
         p = check(o, save("ol_l16.npy", lse.astype(np.float16)), *opts, files=files, code=0)
         rule = re.search(r"^lse .*\n +rule: (.*)$", p.stdout, re.M).group(1)
         assert "allowance" not in rule and "f16 floor" in rule, p.stdout
+    wide = inputs(sq=256, sk=256, hq=4, hk=4, d=64, dtype=np.float32, prefix="ol_w")
+    narrow = [save(f"ol_n{n}.npy", np.load(f).astype(np.float16)) for n, f in zip("qkv", wide)]
+    o, l = forward(files=narrow, out="ol_o16.npy", lse="ol_l16f.npy")
+    check(o, l, files=wide, code=0)
 
 
 def options_of(cmd):

@@ -4,7 +4,7 @@ library's convention profiles, fa_profile_find), as ``flashattn check`` does."""
 from __future__ import annotations
 
 import math
-from ctypes import byref
+from ctypes import byref, c_int
 from dataclasses import dataclass, field
 from typing import Dict, Optional, Tuple
 
@@ -125,14 +125,20 @@ class _Host:
     def view(self) -> View:
         return host_view(self.array, self.dtype, self.name)
 
-    def converted(self, dtype: int) -> np.ndarray:
+    def converted(self, dtype: int, then: Optional[int] = None) -> np.ndarray:
         """A contiguous copy in `dtype` (fa_convert: exact widening, one rounding down), as
-        host storage (bfloat16 as uint16)."""
+        host storage (bfloat16 as uint16); with `then`, that copy converted again to `then`
+        (the values rounded to dtype, widened)."""
         src = np.ascontiguousarray(self.array)
         dst = _host_empty(src.shape, dtype)
         N.check_status(N.lib.fa_convert(src.ctypes.data, self.dtype, dst.ctypes.data, dtype,
                                         src.size), f"{self.name}: convert")
-        return dst
+        if then is None:
+            return dst
+        wide = _host_empty(src.shape, then)
+        N.check_status(N.lib.fa_convert(dst.ctypes.data, dtype, wide.ctypes.data, then,
+                                        src.size), f"{self.name}: convert")
+        return wide
 
 
 def _host_empty(shape, dtype: int) -> np.ndarray:
@@ -349,10 +355,16 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
     base = None
     if not explicit:
         base = _run_all(shape, call("conventional"), inputs_in(dt), grads, dt)
-    lse_dt = _lse_yardstick_dtype(dt, hc["lse"].dtype, fp8) if "lse" in hc else dt
-    if base is not None and lse_dt != dt:  # a forward in lse_dt for the LSE alone
-        base["lse"] = _run_all(shape, call("conventional"), inputs_in(lse_dt), False,
-                               lse_dt)["lse"]
+    lse_dt, lse_tol = dt, N.Tolerance()  # the LSE's yardstick and allowances (fa_lse_rule)
+    if "lse" in hc:
+        y = c_int()
+        N.check_status(N.lib.fa_lse_rule(pfp, dt, hc["lse"].dtype, int(fp8), byref(y),
+                                         byref(lse_tol)), "lse: rule")
+        lse_dt = y.value
+    if base is not None and lse_dt != dt:  # a forward in lse_dt for the LSE alone, on the
+        # inputs rounded to dt (the values the kernel saw), widened exactly
+        ins = {n: host_view(h.converted(dt, then=lse_dt), lse_dt, n) for n, h in hin.items()}
+        base["lse"] = _run_all(shape, call("conventional"), ins, False, lse_dt)["lse"]
     if "out" in cands and pf.empty_out != N.EMPTY_OUT_ZERO:  # before the LSE's conversion
         _out_as_candidate_writes_it(pf, shape, ref, base, hc["out"], dt)
     if "lse" in cands:
@@ -373,10 +385,10 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
         tb = None
         if base is not None:
             tb = tensor_of(host_view(base[n], _lse_dtype(lse_dt) if n == "lse" else dt, n), n)
-        lse16 = n == "lse" and lse_dt != dt  # an LSE judged in float32
+        lse = n == "lse"
         tol = N.Tolerance(3.0 if n in ("dq", "dk", "dv") else 2.0, atol or 0.0, rtol or 0.0,
-                          int(rule == "max"), N.LSE16_ALLOWANCE if lse16 else 0.0,
-                          N.LSE16_ALLOWANCE_REL if lse16 else 0.0)
+                          int(rule == "max"), lse_tol.allowance if lse else 0.0,
+                          lse_tol.allowance_rel if lse else 0.0)
         r = N.Comparison()
         N.check_status(N.lib.fa_compare(byref(tc), byref(tr),
                                         byref(tb) if tb is not None else None, byref(tol),
@@ -403,16 +415,6 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
                        f"the kernel computes in {N.DTYPE_NAMES[qt]}, pass "
                        f"dtype={N.DTYPE_NAMES[qt]!r}")
     return report
-
-
-def _lse_yardstick_dtype(storage: int, lse_file: int, fp8: bool) -> int:
-    """The yardstick's dtype for an LSE candidate, as ``flashattn check``'s: the LSE is held to
-    its own dtype (docs/DESIGN.md §4). A kernel with 16-bit inputs and outputs computes its
-    scores, and its LSE from them, in float32, so an LSE it stores in float32 or float64 is
-    judged against the conventional path in float32 on the same values. FP8 inputs keep the
-    storage dtype's (FP8 tensor cores accumulate in fewer bits than float32)."""
-    wide = lse_file in (N.F32, N.F64)
-    return N.F32 if storage in (N.F16, N.BF16) and wide and not fp8 else storage
 
 
 def _check_dtypes(hin: Dict[str, "_Host"]) -> None:

@@ -121,11 +121,6 @@ class Tolerance(Structure):
                 ("max_only", c_int), ("allowance", c_double), ("allowance_rel", c_double)]
 
 
-#: FA_LSE16_ALLOWANCE, FA_LSE16_ALLOWANCE_REL (flashattn.h): the allowances of a 16-bit
-#: kernel's LSE, judged against the conventional path in float32 (docs/DESIGN.md §4)
-LSE16_ALLOWANCE, LSE16_ALLOWANCE_REL = 2.0 ** -16, 2.0 ** -20
-
-
 class Comparison(Structure):
     _fields_ = [("max_abs", c_double), ("max_rel", c_double), ("nmse", c_double),
                 ("worst", c_int64 * 4), ("worst_cand", c_double), ("worst_ref", c_double),
@@ -171,6 +166,8 @@ _sig = {
     "fa_merge_states": (c_int, [c_int, _T, _T, _T, _T]),
     "fa_compare": (c_int, [_T, _T, _T, POINTER(Tolerance), POINTER(Comparison)]),
     "fa_profile_find": (POINTER(Profile), [c_char_p]),
+    "fa_lse_rule": (c_int, [POINTER(Profile), c_int, c_int, c_int, POINTER(c_int),
+                            POINTER(Tolerance)]),
     "fa_profile_at": (POINTER(Profile), [c_int]),
     "fa_lse_to_profile": (c_int, [POINTER(Profile), _T]),
     "fa_lse_from_profile": (c_int, [POINTER(Profile), _T]),

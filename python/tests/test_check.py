@@ -375,3 +375,8 @@ def test_lse_held_to_its_own_dtype():
     assert not fa.check(q, k, v, out=out, lse=lse + np.float32(np.log(2)))
     r = fa.check(q, k, v, out=out, lse=lse.astype(np.float16), rule="max")
     assert r and "allowance" not in r["lse"].rule and "f16 floor" in r["lse"].rule, str(r)
+    # float32 inputs, the kernel's float16 out: the yardstick's inputs are rounded as its were
+    q32, k32, v32 = inputs(np.float32, seed=5, b=1, sq=256, sk=256, hq=4, hk=4, d=64)
+    out, lse = kernel(*(x.astype(np.float16) for x in (q32, k32, v32)), acc=np.float32)
+    r = fa.check(q32, k32, v32, out=out, lse=lse)
+    assert r, str(r)

@@ -136,7 +136,7 @@ static double scale_dev_of(const scan *r) { return r->sum_rr > 0 ? r->sum_er / r
  * b M_r)^2) / sum_r M_r (what is left of the errors once the statistic's own systematic part
  * is taken out, so a large systematic error does not widen its own bound; R / (R - 1) for
  * the degree of freedom b takes). One row leaves no residual to measure: 0, and the bound is
- * the allowance and the yardstick's term alone.
+ * the dtype's margin and the yardstick's term alone.
  */
 static double cluster_se(double b, double nn, double nm, double mm, double m, double rows)
 {
@@ -181,7 +181,7 @@ static double decorr_of(const scan *r)
 }
 
 /*
- * The statistics' allowance for a dtype's systematic error, in units of its unit roundoff
+ * The statistics' margin for a dtype's systematic error, in units of its unit roundoff
  * u = eps / 2 (docs/DESIGN.md §4): a quarter of u for the 16-bit dtypes (rounding to nearest
  * is unbiased; truncation is biased by about u), 4 u for f32 and 64 u for f64, whose honest
  * kernels' own biases (an exp polynomial's, a summation's) are not below their storage's.
@@ -238,15 +238,15 @@ static void verdict(const fa_tensor *cand, const fa_tensor *ref, const fa_tensor
         r->failed |= FA_CMP_MAX;
     if (!tol->max_only) {
         /* docs/DESIGN.md §4: each statistic within `factor` times the baseline's, plus the
-         * dtype's allowance (bias, scale) or floor (RMS, decorrelation), plus kNoise standard
+         * dtype's margin (bias, scale) or floor (RMS, decorrelation), plus kNoise standard
          * deviations of its own noise (bias, scale) */
-        /* the storage dtype's allowance, the yardstick's (a bf16 kernel's output saved as f32
+        /* the storage dtype's margin, the yardstick's (a bf16 kernel's output saved as f32
          * is held to bf16's) */
         const double tu = stat_tau(baseline->dtype) * eps_of(baseline->dtype) / 2;
         /* eps at the largest |ref| (not at 1, as the max rule's: small outputs, the mean of
          * many values, keep their resolution), eps where ref is all 0 */
         const double rms_floor = floor_eps * (c.ref_max > 0 ? c.ref_max : 1) + allow;
-        /* the allowance as a shift of every element by `allow`: the bias moves by allow n /
+        /* tol's allowance as a shift of every element by `allow`: the bias moves by allow n /
          * sum |ref|, the scale by allow sum ref / sum ref^2, at most allow sum |ref| / sum ref^2 */
         const double allow_bias = c.sum_absr > 0 ? allow * c.n / c.sum_absr : 0;
         const double allow_scale = c.sum_rr > 0 ? allow * c.sum_absr / c.sum_rr : 0;

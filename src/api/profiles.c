@@ -105,3 +105,21 @@ fa_status fa_lse_from_profile(const fa_profile *pf, fa_tensor *lse)
 {
     return lse_convert(pf, lse, 0);
 }
+
+fa_status fa_lse_rule(const fa_profile *pf, fa_dtype storage, fa_dtype lse_dtype, int fp8_inputs,
+                      fa_dtype *yardstick, fa_tolerance *tol)
+{
+    if (!yardstick || !tol)
+        return fai_fail(FA_ERR_NULL_POINTER, "fa_lse_rule: %s is NULL",
+                        !yardstick ? "yardstick" : "tol");
+    if ((unsigned)storage > FA_BF16 || (unsigned)lse_dtype > FA_BF16)
+        return fai_fail(FA_ERR_DTYPE, "fa_lse_rule: %s is not a fa_dtype",
+                        (unsigned)storage > FA_BF16 ? "storage" : "lse_dtype");
+    const int half = storage == FA_F16 || storage == FA_BF16;
+    const int wide = lse_dtype == FA_F32 || lse_dtype == FA_F64;
+    const int own = half && wide && !fp8_inputs; /* judged in f32 */
+    *yardstick = own ? FA_F32 : storage;
+    tol->allowance = own ? FA_LSE16_ALLOWANCE * (pf && pf->lse_base2 ? LOG2E : 1) : 0;
+    tol->allowance_rel = own ? FA_LSE16_ALLOWANCE_REL : 0;
+    return FA_OK;
+}

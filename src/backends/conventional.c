@@ -9,8 +9,9 @@
  * formulation: masked and dropped probabilities are exact zeros that are *multiplied* with V
  * (and K, Q in the backward), so a NaN or inf in a masked-out row of K or V can reach the
  * output here. Its softmax backward is a framework's too (D_i summed over the row's dP z P,
- * every step rounded to T), not core/gradient.h's formula; its P is recomputed from the LSE
- * given, as every backward that takes one does (softmax(), LSE_READ).
+ * every step rounded to T), not core/gradient.h's formula; but its P is recomputed from the
+ * LSE given, as every backward that takes one does (softmax(), LSE_READ), where a framework
+ * keeps the forward's P: a hybrid, so that the yardstick rounds P as the kernels it judges do.
  */
 #include "config.h"
 
@@ -210,13 +211,13 @@ static void softmax(const conv *cv, const conv_pack *w, int64_t b, int64_t h, co
         double mx = -INFINITY, sum = 0;
         float sumf = 0;
         row_load(cv, s, i, x);
-        if (lse_use == LSE_READ) {
+        if (lse_use == LSE_READ) { /* P as it is: the division below by 1 is exact */
             const double lse = fai_lse_read(pr, b, h, i);
             for (int64_t j = 0; j < pr->sk; j++) {
                 const double arg = x[j] - lse;
                 x[j] = lse == -INFINITY ? 0 : exp(cv->wide ? arg : (float)arg);
             }
-            mx = 0, sum = 1; /* P as it is */
+            sum = 1;
         } else {
             for (int64_t j = 0; j < pr->sk; j++)
                 mx = fai_nanmax_f64(mx, x[j]);
@@ -492,10 +493,11 @@ static void conv_backward(fa_context *ctx, const fai_problem *pr, const fai_scra
         Tc = rest;
     /* the bias gradient is dS where the bias enters: after the cap, dS before its chain */
     const int uncapped_grad = pr->bias_grad && Tc && pr->score.bias == FAI_BIAS_AFTER_CAP;
-    /* dV = P~^T dO and dK = scale dS^T Q as one GEMM over all query rows where the storage is
-     * the compute type (f32, f64), as a framework computes them: summed in 64-row blocks they
-     * were about 2x more accurate than that, and than a fused kernel's one accumulator over the
-     * rows (docs/DESIGN.md §4). A 16-bit T's blocks are staged to f32, CONV_ROWS at a time. */
+    /* dV = P~^T dO and dK = scale dS^T Q as one GEMM over all query rows where T is the compute
+     * type (f32, f64 storage; FP8 inputs, whose T is f32), as a framework computes them: summed
+     * in 64-row blocks they were about 2x more accurate than that, and than a fused kernel's
+     * one accumulator over the rows (docs/DESIGN.md §4). A 16-bit T's blocks are staged to f32,
+     * CONV_ROWS at a time. */
     const int one_gemm = cv.ts == cv.cs;
     /* one task per (b, kv head): the group's dK, dV sum in one thread, in head order */
 #pragma omp parallel for num_threads(cv.nt) schedule(dynamic, 1)

@@ -121,16 +121,23 @@ typedef struct {
 } check_state;
 
 /* Runs forward (and backward if grads, with the bias's gradient if it is a candidate) of `be`
- * on inputs converted to dt (FP8 inputs as they are, their out in dt), into r[CAND_N]. */
-static int run_all(cli_opts *o, check_state *st, fa_backend be, fa_dtype dt,
+ * on inputs converted to dt (FP8 inputs as they are, their out in dt), into r[CAND_N]; with
+ * via != dt, on the inputs rounded to `via` first (the values a kernel storing `via` saw). */
+static int run_all(cli_opts *o, check_state *st, fa_backend be, fa_dtype dt, fa_dtype via,
                    cli_tensor r[CAND_N])
 {
     cli_tensor x[4];
     memset(x, 0, sizeof x);
     const int fp8 = cli_is_fp8(st->in[0].t.dtype);
     int rc = 0, n = st->grads ? 4 : 3;
-    for (int i = 0; i < n && !rc && !fp8; i++)
-        rc = cli_convert(o, &st->in[i], dt, ROLE_QKV, &x[i]);
+    for (int i = 0; i < n && !rc && !fp8; i++) {
+        cli_tensor y;
+        memset(&y, 0, sizeof y);
+        rc = cli_convert(o, &st->in[i], via, ROLE_QKV, via == dt ? &x[i] : &y);
+        if (!rc && via != dt)
+            rc = cli_convert(o, &y, dt, ROLE_QKV, &x[i]);
+        cli_free(&y);
+    }
     const cli_tensor *in = fp8 ? st->in : x;
     const fa_tensor *q = &in[0].t, *k = &in[1].t, *v = &in[2].t;
     if (!rc)
@@ -161,20 +168,6 @@ static int run_all(cli_opts *o, check_state *st, fa_backend be, fa_dtype dt,
     for (int i = 0; i < 4; i++)
         cli_free(&x[i]);
     return rc;
-}
-
-/*
- * The yardstick's dtype for an LSE candidate: the LSE is held to its own dtype (docs/DESIGN.md
- * §4). A kernel with 16-bit inputs and outputs computes its scores in f32 (tensor cores and SIMD
- * units accumulate q.k in f32) and its LSE from them, so an LSE it stores in f32 or f64 is
- * judged against the conventional path in f32 on the same values, not the 16-bit path, which
- * rounds the scores to 16 bits. FP8 inputs keep the storage dtype's yardstick: FP8 tensor cores
- * accumulate in fewer bits than f32.
- */
-static fa_dtype lse_yardstick_dtype(fa_dtype storage, fa_dtype lse_file, int fp8)
-{
-    const int wide_file = lse_file == FA_F32 || lse_file == FA_F64;
-    return (storage == FA_F16 || storage == FA_BF16) && wide_file && !fp8 ? FA_F32 : storage;
 }
 
 static void shape_text(char *buf, size_t n, int ndim, const int64_t *shape)
@@ -352,16 +345,19 @@ int cmd_check(int argc, char **argv)
         dt = o.dtype;
     const int explicit_rule = o.atol > 0 || o.rtol > 0; /* needs no yardstick */
     if (!rc)
-        rc = run_all(&o, &st, FA_BACKEND_REFERENCE, FA_F64, st.ref);
+        rc = run_all(&o, &st, FA_BACKEND_REFERENCE, FA_F64, FA_F64, st.ref);
     if (!rc && !explicit_rule)
-        rc = run_all(&o, &st, FA_BACKEND_CONVENTIONAL, dt, st.base);
-    const fa_dtype lse_dt =
-        rc || !o.cand[CAND_LSE] ? dt : lse_yardstick_dtype(dt, cand[CAND_LSE].t.dtype, fp8);
+        rc = run_all(&o, &st, FA_BACKEND_CONVENTIONAL, dt, dt, st.base);
+    /* the LSE's yardstick and allowances (fa_lse_rule: held to its own dtype) */
+    fa_dtype lse_dt = dt;
+    fa_tolerance lse_tol = {0};
+    if (!rc && o.cand[CAND_LSE])
+        fa_lse_rule(o.profile, dt, cand[CAND_LSE].t.dtype, fp8, &lse_dt, &lse_tol);
     if (!rc && !explicit_rule && lse_dt != dt) { /* a forward in lse_dt for the LSE alone */
         cli_tensor w[CAND_N];
         memset(w, 0, sizeof w);
         st.grads = 0;
-        rc = run_all(&o, &st, FA_BACKEND_CONVENTIONAL, lse_dt, w);
+        rc = run_all(&o, &st, FA_BACKEND_CONVENTIONAL, lse_dt, dt, w); /* dt's values */
         st.grads = grads;
         cli_free(&st.base[CAND_LSE]);
         st.base[CAND_LSE] = w[CAND_LSE];
@@ -386,11 +382,10 @@ int cmd_check(int argc, char **argv)
     for (int c = 0; c < CAND_N && !rc; c++) {
         if (!o.cand[c])
             continue;
-        const int lse16 = c == CAND_LSE && lse_dt != dt; /* an LSE judged in f32 */
         fa_tolerance tol = {.factor = c >= CAND_DQ ? 3 : 2, .atol = o.atol, .rtol = o.rtol,
-                            .max_only = o.rule_max,
-                            .allowance = lse16 ? FA_LSE16_ALLOWANCE : 0,
-                            .allowance_rel = lse16 ? FA_LSE16_ALLOWANCE_REL : 0};
+                            .max_only = o.rule_max};
+        if (c == CAND_LSE)
+            tol.allowance = lse_tol.allowance, tol.allowance_rel = lse_tol.allowance_rel;
         fa_status s = fa_compare(&cand[c].t, &st.ref[c].t, explicit_rule ? NULL : &st.base[c].t,
                                  &tol, &res[c]);
         if (s != FA_OK)
