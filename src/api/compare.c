@@ -266,15 +266,19 @@ static void verdict(const fa_tensor *cand, const fa_tensor *ref, const fa_tensor
             r->failed |= FA_CMP_DECORR;
     }
     r->pass = r->failed == 0;
-    char extra[48] = "";
+    char extra[48] = "", rule[320];
     if (allow > 0)
         snprintf(extra, sizeof extra, " + %.3g (allowance)", allow);
-    snprintf(r->rule, sizeof r->rule,
+    snprintf(rule, sizeof rule,
              "flash: max|cand - ref| <= %g x %.3g (conventional %s error) + %.3g (%s floor)%s = "
              "%.3g; NaN/inf must match%s",
              factor, r->baseline_err, fa_dtype_name(baseline->dtype), floor,
              fa_dtype_name(floor_dt), extra, r->bound,
              tol->max_only ? "" : "; bias, scale, RMS, decorrelation (§4)");
+    /* into fa_comparison.rule, cut at its size (about 180 characters at the longest) */
+    const size_t len = strnlen(rule, sizeof r->rule - 1);
+    memcpy(r->rule, rule, len);
+    r->rule[len] = '\0';
 }
 
 fa_status fa_compare(const fa_tensor *cand, const fa_tensor *ref, const fa_tensor *baseline,
