@@ -493,12 +493,12 @@ static void conv_backward(fa_context *ctx, const fai_problem *pr, const fai_scra
         Tc = rest;
     /* the bias gradient is dS where the bias enters: after the cap, dS before its chain */
     const int uncapped_grad = pr->bias_grad && Tc && pr->score.bias == FAI_BIAS_AFTER_CAP;
-    /* dV = P~^T dO and dK = scale dS^T Q as one GEMM over all query rows where T is the compute
-     * type (f32, f64 storage; FP8 inputs, whose T is f32), as a framework computes them: summed
-     * in 64-row blocks they were about 2x more accurate than that, and than a fused kernel's
-     * one accumulator over the rows (docs/DESIGN.md §4). A 16-bit T's blocks are staged to f32,
-     * CONV_ROWS at a time. */
-    const int one_gemm = cv.ts == cv.cs;
+    /* The query rows each GEMM of dV = P~^T dO and dK = scale dS^T Q sums: all of them where T
+     * is the compute type (f32, f64 storage; FP8 inputs, whose T is f32), as a framework
+     * computes them (summed in 64-row blocks they were about 2x more accurate than that, and
+     * than a fused kernel's one accumulator over the rows: docs/DESIGN.md §4); a 16-bit T's
+     * blocks are staged to f32, CONV_ROWS at a time. */
+    const int64_t acc_rows = cv.ts == cv.cs ? pr->sq : CONV_ROWS;
     /* one task per (b, kv head): the group's dK, dV sum in one thread, in head order */
 #pragma omp parallel for num_threads(cv.nt) schedule(dynamic, 1)
     for (int64_t bk = 0; bk < pr->b * pr->hk; bk++) {
@@ -516,37 +516,36 @@ static void conv_backward(fa_context *ctx, const fai_problem *pr, const fai_scra
             pack(&cv, fai_q_row, FAI_DOUT, b, h, pr->sq, pr->dv, w->dop);
             scores(&cv, w, b, h, x, tc);
             softmax(&cv, w, b, h, x, p, pd, LSE_READ);
-            if (one_gemm) /* dV += P~^T dO */
-                gemm(&cv, 1, 0, pr->sk, pr->dv, pr->sq, 1.0, pd, pr->sk, w->dop, pr->dv, 1.0,
-                     w->dv, pr->dv);
+            for (int64_t r0 = 0; r0 < pr->sq; r0 += acc_rows) { /* dV += P~^T dO */
+                const int64_t n = pr->sq - r0 < acc_rows ? pr->sq - r0 : acc_rows;
+                gemm(&cv, 1, 0, pr->sk, pr->dv, n, 1.0,
+                     as_compute(&cv, pd, r0, n, pr->sk, w->stage), pr->sk,
+                     (const char *)w->dop + (size_t)(r0 * pr->dv) * cv.cs, pr->dv, 1.0, w->dv,
+                     pr->dv);
+            }
             for (int64_t r0 = 0; r0 < pr->sq; r0 += CONV_ROWS) {
                 const int64_t n = pr->sq - r0 < CONV_ROWS ? pr->sq - r0 : CONV_ROWS;
                 const void *dob = (const char *)w->dop + (size_t)(r0 * pr->dv) * cv.cs;
-                if (!one_gemm) /* dV += P~^T dO, by blocks */
-                    gemm(&cv, 1, 0, pr->sk, pr->dv, n, 1.0,
-                         as_compute(&cv, pd, r0, n, pr->sk, w->stage), pr->sk, dob, pr->dv, 1.0,
-                         w->dv, pr->dv);
                 /* dP = dO V^T */
                 void *c = gemm_target(&cv, x, r0, pr->sk, w->stage);
                 gemm(&cv, 0, 1, n, pr->sk, pr->dv, 1.0, dob, pr->dv, w->vp, pr->dv, 0.0, c, pr->sk);
                 commit(&cv, x, r0, n, pr->sk, c);
             }
             softmax_backward(&cv, w, b, h, p, x, tc, uncapped_grad);
-            for (int64_t r0 = 0; r0 < pr->sq; r0 += CONV_ROWS) {
+            for (int64_t r0 = 0; r0 < pr->sq; r0 += CONV_ROWS) { /* dQ = scale dS K */
                 const int64_t n = pr->sq - r0 < CONV_ROWS ? pr->sq - r0 : CONV_ROWS;
-                const void *dsb = as_compute(&cv, x, r0, n, pr->sk, w->stage);
-                const void *qb = (const char *)w->qp + (size_t)(r0 * pr->dqk) * cv.cs;
-                /* dQ = scale dS K ; dK += scale dS^T Q (by blocks) */
-                gemm(&cv, 0, 0, n, pr->dqk, pr->sk, pr->score.scale, dsb, pr->sk, w->kp, pr->dqk,
-                     0.0, w->stage2, pr->dqk);
+                gemm(&cv, 0, 0, n, pr->dqk, pr->sk, pr->score.scale,
+                     as_compute(&cv, x, r0, n, pr->sk, w->stage), pr->sk, w->kp, pr->dqk, 0.0,
+                     w->stage2, pr->dqk);
                 unpack(&cv, fai_q_row, FAI_DQ, b, h, r0, n, pr->dqk, w->stage2);
-                if (!one_gemm)
-                    gemm(&cv, 1, 0, pr->sk, pr->dqk, n, pr->score.scale, dsb, pr->sk, qb,
-                         pr->dqk, 1.0, w->dk, pr->dqk);
             }
-            if (one_gemm) /* dK += scale dS^T Q */
-                gemm(&cv, 1, 0, pr->sk, pr->dqk, pr->sq, pr->score.scale, x, pr->sk, w->qp,
-                     pr->dqk, 1.0, w->dk, pr->dqk);
+            for (int64_t r0 = 0; r0 < pr->sq; r0 += acc_rows) { /* dK += scale dS^T Q */
+                const int64_t n = pr->sq - r0 < acc_rows ? pr->sq - r0 : acc_rows;
+                gemm(&cv, 1, 0, pr->sk, pr->dqk, n, pr->score.scale,
+                     as_compute(&cv, x, r0, n, pr->sk, w->stage), pr->sk,
+                     (const char *)w->qp + (size_t)(r0 * pr->dqk) * cv.cs, pr->dqk, 1.0, w->dk,
+                     pr->dqk);
+            }
         }
         unpack(&cv, fai_kv_row, FAI_DK, b, hk, 0, pr->sk, pr->dqk, w->dk);
         unpack(&cv, fai_kv_row, FAI_DV, b, hk, 0, pr->sk, pr->dv, w->dv);
