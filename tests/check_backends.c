@@ -74,16 +74,19 @@ static void compare(const char *what, const char *label, const ht_tensor *conv,
                               .allowance_rel = lse_tol ? lse_tol->allowance_rel : 0};
     fa_comparison c;
     ck_assert_int_eq(fa_compare(&tiled->t, &ref->t, &conv->t, &tol, &c), FA_OK);
-    char verdict[1024];
+    if (honest) /* counted, all of them judged: the sweep asserts at its end */
+        tally_add(honest, &c);
+    if (c.pass)
+        return;
+    char verdict[1024]; /* in words only when it failed: the sweep judges thousands */
     snprintf(verdict, sizeof verdict, "%s %s: tiled error %.3g, %s; %s", label, what, c.max_abs,
              c.rule, ht_stats(&c));
-    if (honest) { /* counted, all of them judged: the sweep asserts at its end */
-        tally_add(honest, &c);
-        if (!c.pass && !honest->failed++)
+    if (honest) {
+        if (!honest->failed++)
             snprintf(honest->first, sizeof honest->first, "%s", verdict);
         return;
     }
-    ck_assert_msg(c.pass, "%s", verdict);
+    ck_assert_msg(0, "%s", verdict);
 }
 
 /*
