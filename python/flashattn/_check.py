@@ -262,7 +262,10 @@ def check(q, k, v, *, out=None, lse=None, dq=None, dk=None, dv=None, dout=None,
     the errors (bias, least-squares scale, RMS error, decorrelation), each held to the
     yardstick's (docs/DESIGN.md §4), catch what a 16-bit dtype's noise hides from the max (a
     truncating conversion, a 0.5% scale, a dropped key block); rule="max" judges the max
-    alone. Returns a CheckReport (true when every tensor passes; print it for the table).
+    alone. The LSE is held to its own dtype: a 16-bit kernel's float32 (or float64) LSE is
+    judged against the conventional path in float32 on the inputs rounded to 16 bits, with
+    allowances for a cheap exp and tensor cores' accumulation (fa_lse_rule, docs/DESIGN.md
+    §4). Returns a CheckReport (true when every tensor passes; print it for the table).
 
     FP8 inputs (q, k and v of one FP8 format, with descale_q, descale_k, descale_v as
     flashattn.attention takes them): the reference reads the same FP8 values (float64 out)
