@@ -302,12 +302,25 @@ def frontier(lib, dtypes, reps, out_dir):
                                            torch.backends.cudnn.version(), fa4_version, reps))
 
 
-def compare(paths, rounds, reps, ops, dims):
-    """Builds of the library side by side on the frontier points of `ops` (bf16): each round
-    times every build once per point, the order rotated from round to round; prints each
-    build's median TFLOP/s and the median over rounds of its per-round ratio to the first."""
+def parse_points(text):
+    """--points' list, "op:causal:H:N:D,..." (causal 0 or 1), as FRONTIER's tuples."""
+    points = []
+    for item in text.split(","):
+        f = item.split(":")
+        if len(f) != 5 or f[0] not in ("fwd", "bwd") or f[1] not in ("0", "1"):
+            raise SystemExit("--points: %r is not op:causal:H:N:D (op fwd or bwd, causal 0 or 1)"
+                             % item)
+        points.append((f[0], f[1] == "1", int(f[2]), int(f[3]), int(f[4])))
+    return points
+
+
+def compare(paths, rounds, reps, ops, dims, points=FRONTIER):
+    """Builds of the library side by side on the points (the frontier's by default) of `ops`
+    (bf16): each round times every build once per point, the order rotated from round to
+    round; prints each build's median TFLOP/s and the median over rounds of its per-round
+    ratio to the first."""
     libs = [Lib(p) for p in paths]
-    for op, causal, H, N, D in FRONTIER:
+    for op, causal, H, N, D in points:
         if op not in ops or D not in dims:
             continue
         B = 2
@@ -351,10 +364,13 @@ def main():
     ap.add_argument("--rounds", type=int, default=5, help="--compare's rounds")
     ap.add_argument("--ops", default="fwd,bwd", help="--compare's ops: fwd, bwd")
     ap.add_argument("--dims", default="64,96,128,256", help="--compare's head dims")
+    ap.add_argument("--points", help="--compare's points instead of the frontier's: "
+                    "op:causal:H:N:D,... (B = 2)")
     a = ap.parse_args()
     if a.compare:
         compare(a.compare.split(","), a.rounds, a.reps, a.ops.split(","),
-                [int(d) for d in a.dims.split(",")])
+                [int(d) for d in a.dims.split(",")],
+                parse_points(a.points) if a.points else FRONTIER)
         return
     lib = Lib(a.lib)
     dev = torch.cuda.get_device_properties(0)
