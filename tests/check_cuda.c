@@ -638,21 +638,23 @@ START_TEST(cuda_describe_prints_plan)
     const int hopper = 0;
 #endif
     static const struct {
-        const char *kernel, *want[3];
+        const char *kernel, *want[4];
     } runs[3] = {
         {NULL,
-         {"cuda_plan_bf16_d96=fwd:wgmma q128 k128 x2 (",
+         {"cuda_plan_bf16_d64=fwd:wgmma q192 k128 x2 (",
+          "cuda_plan_bf16_d96=fwd:wgmma q128 k128 x2 (",
           "cuda_plan_bf16_d256=fwd:wgmma q128 k64 x2 (wgmma: 16-bit, D 64/96/128/256, scale "
           "only, sm_90a),bwd:wgmma q64 k64 x2 (",
           "bwd:wgmma q64 k128 x2 (wgmma: 16-bit, D 64/96/128/256, scale only, sm_90a) "
           "cuda_plan_bf16_d96="}},
         {"mma",
-         {"cuda_plan_bf16_d96=fwd:mma q128 k64 x0 (",
+         {"cuda_plan_bf16_d64=fwd:mma q128 k64 x0 (", "cuda_plan_bf16_d96=fwd:mma q128 k64 x0 (",
           "cuda_plan_bf16_d256=fwd:mma q64 k32 x0 (FA_CUDA_KERNEL=mma),bwd:generic "
           "(FA_CUDA_KERNEL=mma)",
           "bwd:mma q32 k64 x0 ("}},
         {"generic",
          {"cuda_plan_bf16_d64=fwd:generic (FA_CUDA_KERNEL=generic)",
+          "cuda_plan_bf16_d128=fwd:generic (FA_CUDA_KERNEL=generic)",
           "cuda_plan_bf16_d256=fwd:generic (FA_CUDA_KERNEL=generic),bwd:generic (",
           "cuda_kernels=generic"}},
     };
@@ -663,7 +665,7 @@ START_TEST(cuda_describe_prints_plan)
         unsetenv("FA_CUDA_KERNEL");
         char line[4096];
         ck_assert_int_eq(fa_context_describe(ctx, line, sizeof line), FA_OK);
-        for (int w = 0; w < 3; w++)
+        for (int w = 0; w < 4; w++)
             ck_assert_msg(strstr(line, runs[r].want[w]) != NULL, "%s: no '%s' in %s",
                           runs[r].kernel ? runs[r].kernel : "auto", runs[r].want[w], line);
         fa_context_destroy(ctx);

@@ -3,7 +3,8 @@
  * specialization, for f16 / bf16 storage, D = 64, 96, 128 or 256 (Dqk = Dv), the scale-only
  * score pipeline without dropout (the FAST case of fwd_mma.cu, which handles everything else).
  *
- * A block owns BQ = 128 query rows of one (batch, head) and has three warpgroups:
+ * A block owns BQ = 64 NCW query rows of one (batch, head) and has 1 + NCW warpgroups (NCW = 2
+ * or 3 consumers; the plan's tile says which):
  *
  *   producer   (warpgroup 0, its registers given away to the others): one thread issues the
  *              TMA copies of Q once and of K and V tile by tile into STAGES shared-memory
@@ -11,7 +12,7 @@
  *              the consumers have its S (`free_k`), its V once they have its P V (`free_v`).
  *              On tiles that not every row of the block fully sees, its 128 threads then scan
  *              V for non-finite elements (fwd_tile.cuh) and release the tile on `scanned`.
- *   consumers  (warpgroups 1 and 2, rows [0, 64) and [64, 128)): per key tile of BK keys
+ *   consumers  (warpgroups 1 .. NCW, rows [0, 64), [64, 128), ...): per key tile of BK keys
  *                S  = Q K^T   D / 16 wgmma m64nBKk16, both operands from shared memory
  *                P  = the online softmax of fwd_tile.cuh, per warp, as in fwd_mma.cu
  *                O += P V     BK / 16 wgmma m64nDPk16 (DP: D padded to whole 64-column
@@ -20,8 +21,8 @@
  *              with tile t's P V in flight while tile t + 1's S and softmax run (the loop
  *              below).
  *
- * The two consumers never wait for each other, only for data: while one runs its softmax,
- * the tensor cores serve the other's products. Tiles sit in shared memory in the 128-byte-
+ * The consumers never wait for each other, only for data: while one runs its softmax, the
+ * tensor cores serve the others' products. Tiles sit in shared memory in the 128-byte-
  * swizzled slab layout that TMA writes and wgmma reads (wgmma.cuh).
  */
 #include "common.cuh"
@@ -43,10 +44,20 @@ struct fwd_maps {
 /* D: the head dim; DP: D padded to whole 64-column slabs (96 -> 128), the width of the tiles in
  * shared memory and of the O accumulator. TMA fills the padding columns with zeros (they lie
  * past the tensor map's D): they add nothing to Q K^T, which runs D / 16 k-steps anyway, and
- * give O columns that are never stored. */
-template <int D, int BK, int STAGES> struct wg_cfg {
-    static constexpr int BQ = 128;
-    static constexpr int threads = 384;
+ * give O columns that are never stored. BQ: 64 rows a consumer warpgroup. The registers of the
+ * 64 Ki of an SM: the producer keeps few (its one thread's TMA issues and the V scan), the
+ * consumers take the rest, in steps of 8 (setmaxnreg): 40 + 2 x 232 or 32 + 3 x 160 per 128
+ * threads. */
+template <int D, int BQ_, int BK, int STAGES> struct wg_cfg {
+    static constexpr int BQ = BQ_;
+    static constexpr int NCW = BQ / 64;
+    static_assert(BQ == 128 || BQ == 192, "wgmma forward: 2 or 3 consumer warpgroups");
+    static constexpr int consumer_threads = 128 * NCW;
+    static constexpr int threads = 128 + consumer_threads;
+    static constexpr int producer_regs = NCW == 2 ? 40 : 32;
+    static constexpr int consumer_regs = NCW == 2 ? 232 : 160;
+    static_assert(128 * producer_regs + consumer_threads * consumer_regs <= 65536,
+                  "wgmma forward: the register file");
     static constexpr int DP = (D + 63) / 64 * 64;
     using LQ = slab_layout<DP, BQ>;
     using LK = slab_layout<DP, BK>;
@@ -60,12 +71,12 @@ template <int D, int BK, int STAGES> struct wg_cfg {
     static constexpr size_t smem_bytes = bars_off + 8 * nbars + 1024;
 };
 
-template <typename T, int D, int BK, int STAGES>
-__global__ void __launch_bounds__(384, 1)
+template <typename T, int D, int BQ_, int BK, int STAGES>
+__global__ void __launch_bounds__(wg_cfg<D, BQ_, BK, STAGES>::threads, 1)
     fa_fwd_kernel_wgmma__sm90a(const fai_cuda_args a, const __grid_constant__ fwd_maps maps)
 {
 #ifdef FAI_WGMMA
-    using cfg = wg_cfg<D, BK, STAGES>;
+    using cfg = wg_cfg<D, BQ_, BK, STAGES>;
     using LQ = typename cfg::LQ;
     using LK = typename cfg::LK;
     using M = mma_t<T>;
@@ -112,15 +123,15 @@ __global__ void __launch_bounds__(384, 1)
             mbar_init(full_k + s, 1);
             mbar_init(full_v + s, 1);
             mbar_init(scanned + s, 128);
-            mbar_init(free_k + s, 256);
-            mbar_init(free_v + s, 256);
+            mbar_init(free_k + s, cfg::consumer_threads);
+            mbar_init(free_v + s, cfg::consumer_threads);
         }
         fence_mbarrier_init();
     }
     __syncthreads();
 
     if (wg == 0) { /* ------------------------------------------------ producer */
-        setmaxnreg_dec<40>();
+        setmaxnreg_dec<cfg::producer_regs>();
         if (ntiles == 0)
             return;
         const int c_h = (int)h, c_hk = (int)hk, c_b = (int)b;
@@ -163,8 +174,8 @@ __global__ void __launch_bounds__(384, 1)
     }
 
     /* ------------------------------------------------------------ consumers */
-    setmaxnreg_inc<232>();
-    const int cw = wg - 1; /* 0 or 1: rows [64 cw, 64 cw + 64) of the block */
+    setmaxnreg_inc<cfg::consumer_regs>();
+    const int cw = wg - 1; /* 0 .. NCW - 1: rows [64 cw, 64 cw + 64) of the block */
     /* the warp's rows [wi0, wi1) */
     const int64_t wi0 = i0 + 64 * cw + 16 * (warp & 3), wi1 = wi0 + 16 < i1 ? wi0 + 16 : i1;
     const fwd_rows rows = {mask, a.score, fai_drop_head(a, b, h), 0.0f, (float)a.score.scale * kLog2e,
@@ -306,10 +317,10 @@ __global__ void __launch_bounds__(384, 1)
 
 /* ------------------------------------------------------------------ launch */
 
-template <typename T, int D, int BK, int STAGES>
+template <typename T, int D, int BQ, int BK, int STAGES>
 fai_cuda_result launch(const fai_cuda_args &a, char *err, size_t n)
 {
-    using cfg = wg_cfg<D, BK, STAGES>;
+    using cfg = wg_cfg<D, BQ, BK, STAGES>;
     fwd_maps maps;
     if (!tma_map_4d(&maps.q, a.tq, a.dtype, D, a.sq, a.hq, a.b, cfg::BQ) ||
         !tma_map_4d(&maps.k, a.tk, a.dtype, D, a.sk, a.hk, a.b, BK) ||
@@ -317,7 +328,7 @@ fai_cuda_result launch(const fai_cuda_args &a, char *err, size_t n)
         snprintf(err, n, "backend cuda: wgmma forward: the driver refused a TMA tensor map");
         return FAI_CUDA_UNSUPPORTED;
     }
-    auto k = fa_fwd_kernel_wgmma__sm90a<T, D, BK, STAGES>;
+    auto k = fa_fwd_kernel_wgmma__sm90a<T, D, BQ, BK, STAGES>;
     const size_t sm = cfg::smem_bytes;
     if (cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)sm) !=
         cudaSuccess)
@@ -328,19 +339,20 @@ fai_cuda_result launch(const fai_cuda_args &a, char *err, size_t n)
     return fai_cuda_check_launch("wgmma forward", err, n);
 }
 
-/* The plan's tile (plan.cu says why each): 128 query rows x 128 keys at D 64, 96 and 128,
- * x 64 keys at D 256, 2 stages. */
+/* The plan's tile (plan.cu says why each): 192 query rows x 128 keys at D 64, 128 x 128 at D 96
+ * and 128, 128 x 64 at D 256, 2 stages. */
 template <typename T>
 fai_cuda_result by_tile(const fai_cuda_args &a, const fai_cuda_tile &t, char *err, size_t n)
 {
+    if (t.bq == 192 && t.bk == 128 && t.stages == 2 && a.dqk == 64)
+        return launch<T, 64, 192, 128, 2>(a, err, n);
     if (t.bq == 128 && t.bk == 128 && t.stages == 2)
         switch (a.dqk) {
-        case 64: return launch<T, 64, 128, 2>(a, err, n);
-        case 96: return launch<T, 96, 128, 2>(a, err, n);
-        case 128: return launch<T, 128, 128, 2>(a, err, n);
+        case 96: return launch<T, 96, 128, 128, 2>(a, err, n);
+        case 128: return launch<T, 128, 128, 128, 2>(a, err, n);
         }
     if (t.bq == 128 && t.bk == 64 && t.stages == 2 && a.dqk == 256)
-        return launch<T, 256, 64, 2>(a, err, n);
+        return launch<T, 256, 128, 64, 2>(a, err, n);
     return fai_cuda_no_instance("the wgmma forward", &a, &t, err, n);
 }
 
