@@ -84,11 +84,12 @@ const char *generic_only(const fai_cuda_args &a)
 /*
  * The tiles, one place. Each family's launcher has an instance of each tile named here.
  *   wgmma forward: 128 query rows (two consumer warpgroups of 64) x 128-key tiles, 2 stages,
- *     at D 64, 96 (padded to 128 in shared memory) and 128. At D = 128, bf16, N = 8192
- *     non-causal: 489 TFLOP/s; 3 stages the same (488: the producer is never the limit);
- *     64-key tiles x 4 stages 384 (twice the barrier round trips and softmax bookkeeping per
- *     key). D = 256: 64-key tiles (O alone is 128 registers a consumer thread; S over 128 keys
- *     would be 64 more), 2 stages: Q 64 KiB + 2 x (K + V) 128 KiB of shared memory.
+ *     at D 96 (padded to 128 in shared memory) and 128 (D 64 below). At D = 128, bf16,
+ *     N = 8192 non-causal: 489 TFLOP/s; 3 stages the same (488: the producer is never the
+ *     limit); 64-key tiles x 4 stages 384 (twice the barrier round trips and softmax
+ *     bookkeeping per key). D = 256: 64-key tiles (O alone is 128 registers a consumer
+ *     thread; S over 128 keys would be 64 more), 2 stages: Q 64 KiB + 2 x (K + V) 128 KiB of
+ *     shared memory.
  *     D = 64: 192 query rows (three consumer warpgroups, 160 registers a thread), 128-key
  *     tiles: at two consumers the kernel is latency-bound (ncu: tensor pipe 31%, 0.55 eligible
  *     warps a scheduler); H200, bf16, B 2, H 32, against 128 rows in the same run: N 8192
