@@ -6,7 +6,7 @@
  * each, so a drift of the shared machine touches both alike.
  *
  *   bench_decode [--threads 1,2] [--seqlens 4096,16384,65536] [--hq 32] [--hk 8] [--d 128]
- *                [--dtype f16] [--kv-dtype D] [--batch 1] [--sq 1] [--sinks] [--reps 7]
+ *                [--dtype f16] [--kv-dtype D[,D...]] [--batch 1] [--sq 1] [--sinks] [--reps 7]
  *                [--page P --lengths LO,HI] [--csv FILE]
  *
  * --page P --lengths LO,HI: a batched decode over a paged cache (fa_forward_paged): --batch
@@ -15,7 +15,11 @@
  *
  * --sq N times N query rows per head (N > 1: prefill, bottom-right causal); --sinks gives every
  * head an attention sink (fa_params.sink_logits), for the with/without comparison; --kv-dtype
- * stores K and V apart from Q and O (f16 or bf16 under f32 or bf16 q: ggml's f32 queries).
+ * stores K and V apart from Q and O (f16, bf16, e4m3, e5m2, q8_0 or q4_0 under f32 or bf16 q:
+ * ggml's f32 queries; K of the first format and V of the second where one is written a/b, as
+ * q8_0/q4_0); a list times each cache in every cell, one after the other within each round,
+ * and gives each one's time against the first's ("x first": tokens per second over the first
+ * cache's).
  *
  * The streaming read sums a 1 GiB buffer (larger than any cache here) in 16-float vectors, the
  * threads taking equal contiguous parts. FA_DECODE=0 in the environment times the tiles' path
@@ -34,7 +38,45 @@
 
 static fa_dtype parse_dtype(const char *s)
 {
-    return !strcmp(s, "f32") ? FA_F32 : !strcmp(s, "bf16") ? FA_BF16 : FA_F16;
+    static const fa_dtype all[] = {FA_F32, FA_F16, FA_BF16, FA_E4M3, FA_E5M2, FA_Q8_0, FA_Q4_0};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        if (!strcmp(s, fa_dtype_name(all[i])))
+            return all[i];
+    return (fa_dtype)-1;
+}
+
+/* Bytes of n elements of dtype d (a block format: 32 elements a block). */
+static double dtype_bytes(fa_dtype d, double n)
+{
+    switch (d) {
+    case FA_F32: return 4 * n;
+    case FA_F16:
+    case FA_BF16: return 2 * n;
+    case FA_Q8_0: return n / 32 * 34;
+    case FA_Q4_0: return n / 32 * 18;
+    default: return n; /* FP8 */
+    }
+}
+
+/* A --kv-dtype list: "f16,q8_0,q8_0/q4_0": K's and V's dtype of each entry; the count, or 0. */
+static int parse_kv(const char *v, fa_dtype kd[][2], int most)
+{
+    char buf[256];
+    snprintf(buf, sizeof buf, "%s", v);
+    int n = 0;
+    for (char *save = NULL, *t = strtok_r(buf, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+        if (n == most)
+            return 0;
+        char *slash = strchr(t, '/');
+        if (slash)
+            *slash = 0;
+        kd[n][0] = parse_dtype(t);
+        kd[n][1] = slash ? parse_dtype(slash + 1) : kd[n][0];
+        if (kd[n][0] == (fa_dtype)-1 || kd[n][1] == (fa_dtype)-1)
+            return 0;
+        n++;
+    }
+    return n;
 }
 
 int main(int argc, char **argv)
@@ -43,7 +85,8 @@ int main(int argc, char **argv)
     int nthreads = 2, nseq = 3, reps = 7;
     long hq = 32, hk = 8, d = 128, batch = 1, sq = 1, page = 0, lengths[2] = {0, 0};
     int sinks_on = 0;
-    fa_dtype dt = FA_F16, kvt = (fa_dtype)-1;
+    fa_dtype dt = FA_F16, kvts[8][2];
+    int nkv = 0;
     const char *csv = NULL;
     for (int a = 1; a < argc; a++) {
         const char *v = a + 1 < argc ? argv[a + 1] : "";
@@ -71,8 +114,11 @@ int main(int argc, char **argv)
             sinks_on = 1;
         else if (!strcmp(argv[a], "--dtype"))
             dt = parse_dtype(v), a++;
-        else if (!strcmp(argv[a], "--kv-dtype"))
-            kvt = parse_dtype(v), a++;
+        else if (!strcmp(argv[a], "--kv-dtype")) {
+            nkv = parse_kv(v, kvts, 8);
+            nkv = nkv ? nkv : -1; /* a bad list */
+            a++;
+        }
         else if (!strcmp(argv[a], "--reps"))
             reps = atoi(v), a++;
         else if (!strcmp(argv[a], "--csv"))
@@ -84,13 +130,15 @@ int main(int argc, char **argv)
     }
     if (nthreads < 1 || nseq < 1 || hq < 1 || hk < 1 || hq % hk || d < 1 || batch < 1 ||
         sq < 1 || reps < 1 || page < 0 || (page > 0) != (lengths[0] > 0) ||
-        lengths[1] < lengths[0]) {
+        lengths[1] < lengths[0] || dt == (fa_dtype)-1 || nkv < 0) {
         fprintf(stderr, "bench_decode: bad arguments\n");
         return 2;
     }
-    if (kvt == (fa_dtype)-1)
-        kvt = dt;
-    const size_t es = kvt == FA_F32 ? 4 : 2, qes = dt == FA_F32 ? 4 : 2;
+    if (nkv == 0) { /* the cache in q's dtype */
+        kvts[0][0] = kvts[0][1] = dt;
+        nkv = 1;
+    }
+    const size_t qes = dt == FA_F32 ? 4 : 2;
     long skmax = 0;
     for (int i = 0; i < nseq; i++)
         skmax = seqlens[i] > skmax ? seqlens[i] : skmax;
@@ -126,14 +174,20 @@ int main(int argc, char **argv)
 
     float *big = malloc(STREAM_BYTES);
     const size_t kv_elems = (size_t)batch * (size_t)skmax * (size_t)hk * (size_t)d;
-    void *k = malloc(kv_elems * es), *v = malloc(kv_elems * es);
+    void *k[8] = {0}, *v[8] = {0};
+    int kv_ok = 1;
+    for (int c = 0; c < nkv; c++) {
+        k[c] = malloc((size_t)dtype_bytes(kvts[c][0], (double)kv_elems) + 64);
+        v[c] = malloc((size_t)dtype_bytes(kvts[c][1], (double)kv_elems) + 64);
+        kv_ok = kv_ok && k[c] && v[c];
+    }
     const size_t q_elems = (size_t)batch * (size_t)sq * (size_t)hq * (size_t)d;
     float *sinks = malloc(sizeof(float) * (size_t)hq);
     void *q = malloc(q_elems * qes), *o = malloc(q_elems * qes);
     float *tmp = malloc((kv_elems > q_elems ? kv_elems : q_elems) * sizeof(float));
     for (long h = 0; sinks && h < hq; h++)
         sinks[h] = 0.25f * (float)(h % 5) - 0.5f;
-    if (!big || !k || !v || !q || !o || !tmp || !sinks) {
+    if (!big || !kv_ok || !q || !o || !tmp || !sinks) {
         fprintf(stderr, "bench_decode: out of memory\n");
         return 3;
     }
@@ -144,10 +198,12 @@ int main(int argc, char **argv)
         s = s * 1103515245u + 12345u;
         tmp[i] = ((float)(s >> 8) / 16777216.0f - 0.5f) * 2.0f;
     }
-    fa_convert(tmp, FA_F32, k, kvt, kv_elems);
+    for (int c = 0; c < nkv; c++)
+        fa_convert(tmp, FA_F32, k[c], kvts[c][0], kv_elems);
     for (size_t i = 0; i < kv_elems; i++)
         tmp[i] = -tmp[i] * 0.5f;
-    fa_convert(tmp, FA_F32, v, kvt, kv_elems);
+    for (int c = 0; c < nkv; c++)
+        fa_convert(tmp, FA_F32, v[c], kvts[c][1], kv_elems);
     for (size_t i = 0; i < q_elems; i++)
         tmp[i] = (float)((i * 7) % 13) / 13.0f - 0.5f;
     fa_convert(tmp, FA_F32, q, dt, q_elems);
@@ -155,17 +211,18 @@ int main(int argc, char **argv)
 
     FILE *out = csv ? fopen(csv, "w") : NULL;
     if (out)
-        fprintf(out, "threads,batch,sk,hq,hk,d,dtype,ms,kv_gbs,stream_gbs,ratio,gflops\n");
+        fprintf(out, "threads,batch,sk,hq,hk,d,dtype,k_dtype,v_dtype,ms,kv_gbs,stream_gbs,ratio,"
+                     "gflops,x_first\n");
     const char *decode_env = getenv("FA_DECODE");
-    printf("decode: B=%ld Sq=%ld Hq=%ld Hk=%ld D=%ld q %s, k/v %s, causal%s, best of %d; "
-           "FA_DECODE=%s\n", batch, sq, hq, hk, d, fa_dtype_name(dt), fa_dtype_name(kvt),
-           sinks_on ? ", sinks" : "", reps, decode_env ? decode_env : "(unset)");
+    printf("decode: B=%ld Sq=%ld Hq=%ld Hk=%ld D=%ld q %s, causal%s, best of %d; FA_DECODE=%s\n",
+           batch, sq, hq, hk, d, fa_dtype_name(dt), sinks_on ? ", sinks" : "", reps,
+           decode_env ? decode_env : "(unset)");
     if (page > 0)
         printf("paged: pages of %ld keys (%lld in a shuffled order), lengths %ld..%ld, mean "
                "%.0f (the Sk column)\n", page, (long long)npages, lengths[0], lengths[1],
                used_sum / (double)batch);
-    printf("%7s %7s %9s %9s %11s %7s %8s\n", "threads", "Sk", "ms", "KV GB/s", "stream GB/s",
-           "ratio", "GFLOP/s");
+    printf("%7s %7s %9s %9s %9s %11s %7s %8s %8s\n", "threads", "Sk", "k/v", "ms", "KV GB/s",
+           "stream GB/s", "ratio", "GFLOP/s", "x first");
     float sink = 0;
     int rc = 0;
     for (int ti = 0; ti < nthreads; ti++) {
@@ -180,15 +237,17 @@ int main(int argc, char **argv)
         }
         for (int si = 0; si < nseq; si++) {
             const long sk = page > 0 ? (long)(used_sum / (double)batch) : seqlens[si];
-            fa_tensor tq, tk, tv, to;
+            fa_tensor tq, to, tk[8], tv[8];
             fa_tensor_init(&tq, q, dt, batch, sq, hq, d, 0);
             fa_tensor_init(&to, o, dt, batch, sq, hq, d, 0);
-            if (page > 0) { /* the pool: (pages, page, hk, d) */
-                fa_tensor_init(&tk, k, kvt, npages, page, hk, d, 0);
-                fa_tensor_init(&tv, v, kvt, npages, page, hk, d, 0);
-            } else {
-                fa_tensor_init(&tk, k, kvt, batch, sk, hk, d, 0);
-                fa_tensor_init(&tv, v, kvt, batch, sk, hk, d, 0);
+            for (int c = 0; c < nkv; c++) {
+                if (page > 0) { /* the pool: (pages, page, hk, d) */
+                    fa_tensor_init(&tk[c], k[c], kvts[c][0], npages, page, hk, d, 0);
+                    fa_tensor_init(&tv[c], v[c], kvts[c][1], npages, page, hk, d, 0);
+                } else {
+                    fa_tensor_init(&tk[c], k[c], kvts[c][0], batch, sk, hk, d, 0);
+                    fa_tensor_init(&tv[c], v[c], kvts[c][1], batch, sk, hk, d, 0);
+                }
             }
             const fa_paged_kv pages = {{table, FA_INDEX_INT64, batch * max_pages}, max_pages,
                                        {used, FA_INDEX_INT64, batch}};
@@ -196,32 +255,46 @@ int main(int argc, char **argv)
             fa_params_init(&p);
             p.causal = 1;
             p.sink_logits = sinks_on ? sinks : NULL;
-            double best = INFINITY, best_stream = INFINITY;
+            /* each round: the yardstick, then every cache in turn */
+            double best[8], best_stream = INFINITY;
+            for (int c = 0; c < nkv; c++)
+                best[c] = INFINITY;
             for (int r = 0; r < reps; r++) {
                 const double ts = stream_read(big, STREAM_BYTES / sizeof(float), (int)threads[ti],
                                               &sink);
                 best_stream = ts < best_stream ? ts : best_stream;
-                const double t0 = now();
-                if ((page > 0 ? fa_forward_paged(ctx, &p, &tq, &tk, &tv, &pages, &to, NULL)
-                              : fa_forward(ctx, &p, &tq, &tk, &tv, &to, NULL)) != FA_OK) {
-                    fprintf(stderr, "bench_decode: %s\n", fa_last_error());
-                    return 3;
+                for (int c = 0; c < nkv; c++) {
+                    const double t0 = now();
+                    if ((page > 0 ? fa_forward_paged(ctx, &p, &tq, &tk[c], &tv[c], &pages, &to, NULL)
+                                  : fa_forward(ctx, &p, &tq, &tk[c], &tv[c], &to, NULL)) != FA_OK) {
+                        fprintf(stderr, "bench_decode: %s\n", fa_last_error());
+                        return 3;
+                    }
+                    const double t = now() - t0;
+                    best[c] = t < best[c] ? t : best[c];
                 }
-                const double t = now() - t0;
-                best = t < best ? t : best;
             }
             const double keys = page > 0 ? used_sum : (double)batch * (double)sk;
-            const double kv_bytes = 2.0 * keys * (double)hk * (double)d * (double)es;
-            const double gbs = kv_bytes / best * 1e-9;
             const double sgbs = (double)STREAM_BYTES / best_stream * 1e-9;
             const double flops = /* nominal: every (row, key) pair, as decode has */
                 4.0 * keys * (double)sq * (double)hq * (double)d;
-            printf("%7ld %7ld %9.3f %9.2f %11.2f %7.3f %8.2f\n", threads[ti], sk, best * 1e3, gbs,
-                   sgbs, gbs / sgbs, flops / best * 1e-9);
-            if (out)
-                fprintf(out, "%ld,%ld,%ld,%ld,%ld,%ld,%s,%.4f,%.3f,%.3f,%.4f,%.3f\n", threads[ti],
-                        batch, sk, hq, hk, d, fa_dtype_name(dt), best * 1e3, gbs, sgbs, gbs / sgbs,
-                        flops / best * 1e-9);
+            for (int c = 0; c < nkv; c++) {
+                const double kv_bytes = dtype_bytes(kvts[c][0], keys * (double)hk * (double)d) +
+                                        dtype_bytes(kvts[c][1], keys * (double)hk * (double)d);
+                const double gbs = kv_bytes / best[c] * 1e-9;
+                char name[32];
+                snprintf(name, sizeof name, "%s%s%s", fa_dtype_name(kvts[c][0]),
+                         kvts[c][1] != kvts[c][0] ? "/" : "",
+                         kvts[c][1] != kvts[c][0] ? fa_dtype_name(kvts[c][1]) : "");
+                printf("%7ld %7ld %9s %9.3f %9.2f %11.2f %7.3f %8.2f %8.3f\n", threads[ti], sk,
+                       name, best[c] * 1e3, gbs, sgbs, gbs / sgbs, flops / best[c] * 1e-9,
+                       best[0] / best[c]);
+                if (out)
+                    fprintf(out, "%ld,%ld,%ld,%ld,%ld,%ld,%s,%s,%s,%.4f,%.3f,%.3f,%.4f,%.3f,%.4f\n",
+                            threads[ti], batch, sk, hq, hk, d, fa_dtype_name(dt),
+                            fa_dtype_name(kvts[c][0]), fa_dtype_name(kvts[c][1]), best[c] * 1e3,
+                            gbs, sgbs, gbs / sgbs, flops / best[c] * 1e-9, best[0] / best[c]);
+            }
         }
         fa_context_destroy(ctx);
     }
@@ -229,6 +302,8 @@ int main(int argc, char **argv)
         fclose(out);
     if (sink == 12345.678f) /* never: keeps the stream's sums alive */
         rc = 1;
-    free(big), free(k), free(v), free(q), free(o), free(sinks), free(used), free(table);
+    for (int c = 0; c < nkv; c++)
+        free(k[c]), free(v[c]);
+    free(big), free(q), free(o), free(sinks), free(used), free(table);
     return rc;
 }

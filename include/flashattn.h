@@ -43,8 +43,19 @@ typedef enum {
 /* FA_BOOL: one byte per element, nonzero true; only a keep-mask (fa_params.bias) has it.
  * FA_E4M3, FA_E5M2: the OCP FP8 formats (e4m3 without infinities, NaN S.1111.111, largest 448;
  * e5m2 IEEE-like, largest 57344), for q, k and v of a forward (fa_params.descale_q says how
- * they are scaled) or a K/V cache under f32 / bf16 q. */
-typedef enum { FA_F32, FA_F64, FA_F16, FA_BF16, FA_BOOL, FA_E4M3, FA_E5M2 } fa_dtype;
+ * they are scaled) or a K/V cache under f32 / bf16 q.
+ * FA_Q8_0, FA_Q4_0: ggml's quantized blocks (llama.cpp's -ctk/-ctv q8_0 and q4_0), for a K/V
+ * cache of a forward under f32, f16 or bf16 q, K and V each its own: 32 consecutive elements
+ * of a row per block, an f16 scale d and then the codes; q8_0 34 bytes (32 int8 q, element
+ * d q), q4_0 18 bytes (16 bytes of nibbles, element j < 16 the low nibble u of byte j, j >= 16
+ * the high nibble of byte j - 16, element d (u - 8)). Strides stay in elements: headdim and
+ * every stride a multiple of 32 (element e of a row lies in block e / 32), so a contiguous
+ * cache is fa_tensor_init(&t, data, FA_Q8_0, B, S, H, D, 0) over B S H D / 32 blocks.
+ * Appending (fa_append_kv) and fa_convert quantize f32 values as ggml's reference does
+ * (docs/DESIGN.md §1). */
+typedef enum {
+    FA_F32, FA_F64, FA_F16, FA_BF16, FA_BOOL, FA_E4M3, FA_E5M2, FA_Q8_0, FA_Q4_0
+} fa_dtype;
 
 /*
  * A strided 4-D tensor, logical shape batch x seqlen x heads x headdim (BSHD). Strides are in
@@ -491,7 +502,10 @@ FA_API fa_status fa_lse_to_profile(const fa_profile *pf, fa_tensor *lse);
 FA_API fa_status fa_lse_from_profile(const fa_profile *pf, fa_tensor *lse);
 
 /* Converts n elements from src (dtype sd) to dst (dtype dd): widening is exact, narrowing
- * rounds to nearest even once, straight from the source precision. */
+ * rounds to nearest even once, straight from the source precision. To or from q8_0 / q4_0, n
+ * is a multiple of 32 (else FA_ERR_SHAPE): a block format's values dequantize exactly, and
+ * quantizing takes the values rounded to f32 through ggml's reference rule (docs/DESIGN.md
+ * §1), all finite (else FA_ERR_INVALID_ARGUMENT, nothing written). */
 FA_API fa_status fa_convert(const void *src, fa_dtype sd, void *dst, fa_dtype dd, size_t n);
 
 FA_API const char *fa_version_string(void);

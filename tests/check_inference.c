@@ -786,7 +786,7 @@ START_TEST(kvcache_without_room_writes_nothing)
                                   "the block table holds 4 pages of 16 keys"},
         {FA_ERR_INVALID_ARGUMENT, "pages->block_table[0][1] = -1 is not a page of k"},
         {FA_ERR_SHAPE, "k_new->heads = 4 does not match k->heads = 2"},
-        {FA_ERR_DTYPE, "v_new->dtype = f64 but k->dtype = f32"},
+        {FA_ERR_DTYPE, "v_new->dtype = f64 but v->dtype = f32"},
         {FA_ERR_INVALID_ARGUMENT, "cache_seqlens and pages are both given"},
         {FA_ERR_STRIDE, "out"},
         {FA_ERR_INVALID_ARGUMENT, "pages->block_table[1][0] = 0: new keys are written to that "

@@ -25,7 +25,7 @@ static const struct {
     {make_backends_suite, 0}, {make_semantics_suite, 1}, {make_inference_suite, 0},
     {make_memory_suite, 1},   {make_compare_suite, 0}, {make_npy_suite, 0},
     {make_kernels_suite, 1},  {make_faults_suite, 0},  {make_masks_suite, 1},
-    {make_fp8_suite, 1},
+    {make_fp8_suite, 1},      {make_quant_suite, 0},
 };
 
 /* Runs the suites of one half (or every suite for half < 0): 1 when all passed. */

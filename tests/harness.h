@@ -106,6 +106,7 @@ Suite *make_backends_suite(void);
 Suite *make_semantics_suite(void);
 Suite *make_masks_suite(void);
 Suite *make_fp8_suite(void);
+Suite *make_quant_suite(void);
 Suite *make_memory_suite(void);
 Suite *make_compare_suite(void);
 Suite *make_npy_suite(void);

@@ -38,6 +38,8 @@ const char *fa_dtype_name(fa_dtype d)
     case FA_BOOL: return "bool";
     case FA_E4M3: return "e4m3";
     case FA_E5M2: return "e5m2";
+    case FA_Q8_0: return "q8_0";
+    case FA_Q4_0: return "q4_0";
     }
     return "invalid";
 }

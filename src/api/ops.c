@@ -311,10 +311,12 @@ static fa_status backward(fa_context *ctx, const fa_params *p, const fa_tensor *
         FAI_TRY(fai_refuse_dense_only(&pr, p, "fa_backward_varlen"));
         FAI_TRY(fai_problem_sequences(&pr, cu_q, cu_k));
     }
-    if (pr.kv_dtype != pr.dtype)
-        return fai_fail(FA_ERR_UNSUPPORTED, "k->dtype = %s under q->dtype = %s: a cache dtype "
+    if (pr.k_dtype != pr.dtype || pr.v_dtype != pr.dtype)
+        return fai_fail(FA_ERR_UNSUPPORTED, "%s->dtype = %s under q->dtype = %s: a cache dtype "
                                             "apart from q's is forward only",
-                        fa_dtype_name(pr.kv_dtype), fa_dtype_name(pr.dtype));
+                        pr.k_dtype != pr.dtype ? "k" : "v",
+                        fa_dtype_name(pr.k_dtype != pr.dtype ? pr.k_dtype : pr.v_dtype),
+                        fa_dtype_name(pr.dtype));
     if (fai_dtype_is_fp8(pr.q_dtype))
         return fai_fail(FA_ERR_UNSUPPORTED, "q->dtype = %s: FP8 inputs are forward only (as "
                                             "FlashAttention-3's FP8 path)",

@@ -162,7 +162,7 @@ static fa_status check_descales(const fa_params *p, const fai_problem *pr)
                         (int)p->descale_layout);
     const float *const d[3] = {p->descale_q, p->descale_k, p->descale_v};
     const char *const name[3] = {"descale_q", "descale_k", "descale_v"};
-    const fa_dtype dt[3] = {pr->q_dtype, pr->kv_dtype, pr->kv_dtype};
+    const fa_dtype dt[3] = {pr->q_dtype, pr->k_dtype, pr->v_dtype};
     const int64_t n = p->descale_layout == FA_DESCALE_PER_KV_HEAD ? pr->b * pr->hk : 1;
     for (int x = 0; x < 3; x++) {
         if (!d[x])

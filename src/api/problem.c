@@ -11,9 +11,24 @@
 #include "api/api.h"
 
 /* k and v share a dtype: q's, or an f16 / bf16 / FP8 cache under f32 or bf16 q (a forward's;
- * the ops that cannot take it say so); FP8 q takes k and v of its own format. */
+ * the ops that cannot take it say so); FP8 q takes k and v of its own format. A block-format
+ * cache (q8_0, q4_0) goes under f32, f16 or bf16 q, k and v each of either format. */
 static fa_status check_kv_dtypes(const fa_tensor *q, const fa_tensor *k, const fa_tensor *v)
 {
+    if (fai_dtype_is_block(q->dtype))
+        return fai_fail(FA_ERR_DTYPE, "q->dtype = %s; a block format is a K/V cache's only",
+                        fa_dtype_name(q->dtype));
+    if (fai_dtype_is_block(k->dtype) || fai_dtype_is_block(v->dtype)) {
+        if (!fai_dtype_is_block(k->dtype) || !fai_dtype_is_block(v->dtype))
+            return fai_fail(FA_ERR_DTYPE, "k->dtype = %s but v->dtype = %s; a block-format "
+                                          "cache has both k and v in block formats",
+                            fa_dtype_name(k->dtype), fa_dtype_name(v->dtype));
+        if (q->dtype != FA_F32 && q->dtype != FA_F16 && q->dtype != FA_BF16)
+            return fai_fail(FA_ERR_DTYPE, "k->dtype = %s under q->dtype = %s; a block-format "
+                                          "cache goes under f32, f16 or bf16 q",
+                            fa_dtype_name(k->dtype), fa_dtype_name(q->dtype));
+        return FA_OK;
+    }
     if (v->dtype != k->dtype)
         return fai_fail(FA_ERR_DTYPE, "v->dtype = %s but k->dtype = %s; k and v share one "
                                       "storage dtype", fa_dtype_name(v->dtype),
@@ -55,7 +70,8 @@ fa_status fai_problem_make(fai_problem *pr, const fa_params *p, const fa_tensor 
     pr->dv = v->headdim;
     pr->dtype = q->dtype; /* FP8 q: the op sets out's */
     pr->q_dtype = q->dtype;
-    pr->kv_dtype = k->dtype;
+    pr->k_dtype = k->dtype;
+    pr->v_dtype = v->dtype;
     pr->io[FAI_Q] = q;
     pr->io[FAI_K] = k;
     pr->io[FAI_V] = v;

@@ -6,6 +6,7 @@
  */
 #include "config.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -197,7 +198,8 @@ fa_status fai_problem_for_cache(fai_problem *pr, const fa_tensor *k_new, const f
     FAI_TRY(fai_check_tensor(k_new, "k_new", FAI_INPUT, 0));
     FAI_TRY(fai_check_tensor(k, "k", FAI_INPUT, 0));
     FAI_TRY(fai_check_tensor(v, "v", FAI_INPUT, 0));
-    FAI_TRY(fai_check_dtype_of(v, "v", k->dtype, "k"));
+    if (!fai_dtype_is_block(k->dtype) || !fai_dtype_is_block(v->dtype)) /* else each its own */
+        FAI_TRY(fai_check_dtype_of(v, "v", k->dtype, "k"));
     FAI_TRY(fai_check_shape(v, "v", k->batch, k->seqlen, k->heads, -1, "k"));
     if (!paged)
         FAI_TRY(fai_expect_dim("k", "batch", k->batch, "k_new->batch", k_new->batch));
@@ -207,9 +209,43 @@ fa_status fai_problem_for_cache(fai_problem *pr, const fa_tensor *k_new, const f
     pr->group = 1;
     pr->dqk = k->headdim;
     pr->dv = v->headdim;
-    pr->dtype = pr->kv_dtype = k->dtype;
+    pr->dtype = pr->k_dtype = k->dtype;
+    pr->v_dtype = v->dtype;
     pr->io[FAI_K] = k;
     pr->io[FAI_V] = v;
+    return FA_OK;
+}
+
+/* New keys take their cache's dtype; a block-format cache also takes f32, f16 or bf16 rows, all
+ * finite, which the append quantizes (core/quant.h: ggml's rule). The finiteness is checked
+ * here, before anything is written. */
+enum { ROW_PIECE = 256 }; /* elements of a row checked at a time */
+
+static fa_status new_keys_dtype(const fa_tensor *t, const char *name, const fa_tensor *cache,
+                                const char *cname)
+{
+    if (t->dtype == cache->dtype)
+        return FA_OK;
+    if (!fai_dtype_is_block(cache->dtype) ||
+        (t->dtype != FA_F32 && t->dtype != FA_F16 && t->dtype != FA_BF16))
+        return fai_check_dtype_of(t, name, cache->dtype, cname);
+    float row[ROW_PIECE];
+    for (int64_t b = 0; b < t->batch; b++)
+        for (int64_t s = 0; s < t->seqlen; s++)
+            for (int64_t h = 0; h < t->heads; h++)
+                for (int64_t e = 0; e < t->headdim; e += ROW_PIECE) {
+                    const int64_t n = t->headdim - e < ROW_PIECE ? t->headdim - e : ROW_PIECE;
+                    fai_load_f32((const char *)fai_row(t, b, s, h) + fai_dtype_bytes(t->dtype, e),
+                                 t->dtype, n, row);
+                    for (int64_t x = 0; x < n; x++)
+                        if (!isfinite(row[x]))
+                            return fai_fail(FA_ERR_INVALID_ARGUMENT,
+                                            "%s[%lld][%lld][%lld][%lld] = %g; %s->dtype = %s "
+                                            "quantizes finite values only", name, (long long)b,
+                                            (long long)s, (long long)h, (long long)(e + x),
+                                            (double)row[x], cname,
+                                            fa_dtype_name(cache->dtype));
+                }
     return FA_OK;
 }
 
@@ -224,8 +260,8 @@ fa_status fai_problem_new_keys(fai_problem *pr, const fa_tensor *k_new, const fa
                         k_new ? "k_new" : "v_new");
     FAI_TRY(fai_check_tensor(k_new, "k_new", FAI_INPUT, 0));
     FAI_TRY(fai_check_tensor(v_new, "v_new", FAI_INPUT, 0));
-    FAI_TRY(fai_check_dtype_of(k_new, "k_new", k->dtype, "k"));
-    FAI_TRY(fai_check_dtype_of(v_new, "v_new", k->dtype, "k"));
+    FAI_TRY(new_keys_dtype(k_new, "k_new", k, "k"));
+    FAI_TRY(new_keys_dtype(v_new, "v_new", v, "v"));
     FAI_TRY(fai_expect_dim("k_new", "batch", k_new->batch, "q->batch", pr->b));
     FAI_TRY(fai_expect_dim("k_new", "heads", k_new->heads, "k->heads", pr->hk));
     FAI_TRY(fai_expect_dim("k_new", "headdim", k_new->headdim, "k->headdim", pr->dqk));

@@ -34,7 +34,7 @@ void fa_tensor_init(fa_tensor *t, void *data, fa_dtype dtype, int64_t batch, int
 }
 
 
-static int valid_dtype(fa_dtype d) { return (unsigned)d <= FA_E5M2; }
+static int valid_dtype(fa_dtype d) { return (unsigned)d <= FA_Q4_0; }
 
 /* a * b + c for non-negative int64, 0 on overflow. */
 static int mad64(int64_t a, int64_t b, int64_t c, int64_t *out)
@@ -92,6 +92,9 @@ fa_status fai_check_tensor(const fa_tensor *t, const char *name, fai_tensor_use 
     if (t->dtype == FA_BOOL && kind != FAI_TENSOR_BIAS)
         return fai_fail(FA_ERR_DTYPE, "%s->dtype: bool; only a keep-mask (params->bias) has it",
                         name);
+    if (fai_dtype_is_block(t->dtype) && kind != FAI_TENSOR_VALUES)
+        return fai_fail(FA_ERR_DTYPE, "%s->dtype: %s; a block format is a K/V cache's only",
+                        name, fa_dtype_name(t->dtype));
     if (is_lse && t->dtype != FA_F32 && t->dtype != FA_F64)
         return fai_fail(FA_ERR_DTYPE, "%s->dtype: %s; an LSE tensor is f32 or f64", name,
                         fa_dtype_name(t->dtype));
@@ -124,6 +127,17 @@ fa_status fai_check_tensor(const fa_tensor *t, const char *name, fai_tensor_use 
         if (strides[i] < 0)
             return fai_fail(FA_ERR_STRIDE, "%s->%s = %lld is negative", name, sn[i],
                             (long long)strides[i]);
+    if (fai_dtype_is_block(t->dtype)) { /* whole blocks: element e of a row in block e / 32 */
+        if (t->headdim % 32 != 0)
+            return fai_fail(FA_ERR_SHAPE, "%s->headdim = %lld is not a multiple of 32, the "
+                                          "block of %s", name, (long long)t->headdim,
+                            fa_dtype_name(t->dtype));
+        for (int i = 0; i < 3; i++)
+            if (strides[i] % 32 != 0)
+                return fai_fail(FA_ERR_STRIDE, "%s->%s = %lld is not a multiple of 32, the "
+                                               "block of %s", name, sn[i],
+                                (long long)strides[i], fa_dtype_name(t->dtype));
+    }
 
     int64_t nelem = 1, last = t->headdim - 1; /* largest element offset */
     for (int i = 0; i < 3; i++) {
@@ -140,7 +154,9 @@ fa_status fai_check_tensor(const fa_tensor *t, const char *name, fai_tensor_use 
         nelem = n;
     }
     if (!mad64(nelem, t->headdim, 0, &nelem) ||
-        (uint64_t)last + 1 > (uint64_t)PTRDIFF_MAX / fai_dtype_size(t->dtype))
+        (uint64_t)last + 1 > (uint64_t)PTRDIFF_MAX / (fai_dtype_is_block(t->dtype)
+                                                          ? 2 /* > 34 / 32 bytes */
+                                                          : fai_dtype_size(t->dtype)))
         return fai_fail(FA_ERR_OVERFLOW, "%s: its byte extent overflows the address space", name);
     if (nelem > 0 && !t->data)
         return fai_fail(FA_ERR_NULL_POINTER, "%s->data is NULL", name);
@@ -220,12 +236,15 @@ typedef struct {
     dim_desc outer[3];
 } extent;
 
-/* Only for tensors that passed fai_check_tensor (the products fit int64). 0 if empty. */
+/* Only for tensors that passed fai_check_tensor (the products fit int64). 0 if empty. The unit
+ * is the element, or the block of a block format (32 elements: its dims and strides are whole
+ * blocks), of es bytes. */
 static int extent_of(const fa_tensor *t, extent *e)
 {
+    const int64_t u = fai_dtype_is_block(t->dtype) ? 32 : 1;
     const int64_t dims[3] = {t->batch, t->seqlen, t->heads};
-    const int64_t strides[3] = {t->batch_stride, t->seq_stride, t->head_stride};
-    int64_t last = t->headdim - 1;
+    const int64_t strides[3] = {t->batch_stride / u, t->seq_stride / u, t->head_stride / u};
+    int64_t last = t->headdim / u - 1;
     for (int i = 0; i < 3; i++) {
         if (dims[i] == 0)
             return 0;
@@ -233,7 +252,7 @@ static int extent_of(const fa_tensor *t, extent *e)
     }
     if (t->headdim == 0)
         return 0;
-    e->es = fai_dtype_size(t->dtype);
+    e->es = (size_t)fai_dtype_bytes(t->dtype, u);
     e->lo = (uintptr_t)t->data;
     e->hi = e->lo + (uintptr_t)(last + 1) * e->es;
     dim_desc d[3];
@@ -242,7 +261,7 @@ static int extent_of(const fa_tensor *t, extent *e)
         if (dims[i] > 1)
             d[n++] = (dim_desc){dims[i], strides[i]};
     sort_by_stride(d, n);
-    e->run = t->headdim;
+    e->run = t->headdim / u;
     e->n = 0;
     for (int i = 0; i < n; i++) {
         if (e->n == 0 && d[i].stride == e->run)

@@ -47,7 +47,9 @@ static double round_as(fa_dtype t, double x)
     case FA_BF16: return fai_bf16_to_f64(fai_f64_to_bf16(x));
     case FA_E4M3: return fai_e4m3_to_f64(fai_f64_to_e4m3(x));
     case FA_E5M2: return fai_e5m2_to_f64(fai_f64_to_e5m2(x));
-    case FA_BOOL: break; /* no storage of values */
+    case FA_BOOL:
+    case FA_Q8_0:
+    case FA_Q4_0: break; /* no storage of S, P or dP (a block format is a cache's only) */
     }
     return x;
 }
@@ -333,7 +335,7 @@ static conv conv_make(const fa_context *ctx, const fai_problem *pr)
      * stored in out's dtype */
     const fa_dtype wide_enough = pr->dtype == FA_F64 ? FA_F64 : FA_F32;
     cv.t = fai_dtype_is_fp8(pr->q_dtype) ? wide_enough : pr->dtype;
-    cv.pt = fai_dtype_is_fp8(pr->q_dtype) ? pr->kv_dtype : cv.t;
+    cv.pt = fai_dtype_is_fp8(pr->q_dtype) ? pr->k_dtype : cv.t;
     cv.wide = pr->dtype == FA_F64;
     cv.cs = cv.wide ? sizeof(double) : sizeof(float);
     cv.ts = fai_dtype_size(cv.t);

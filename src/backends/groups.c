@@ -15,18 +15,34 @@
 #include "backends/groups.h"
 #include "backends/rows.h"
 
+/* A new key's row of dim elements into the cache: copied, or (f32, f16 or bf16 into a block
+ * format) quantized, a piece of whole blocks at a time (core/quant.h; the values were checked
+ * finite with the call's arguments). */
+static void append_row(void *dst, fa_dtype dd, const void *src, fa_dtype sd, int64_t dim)
+{
+    if (sd == dd) {
+        memcpy(dst, src, (size_t)fai_dtype_bytes(dd, dim));
+        return;
+    }
+    float piece[256];
+    for (int64_t e = 0; e < dim; e += 256) {
+        const int64_t n = dim - e < 256 ? dim - e : 256;
+        fai_load_f32((const char *)src + fai_dtype_bytes(sd, e), sd, n, piece);
+        fai_store_f32((char *)dst + fai_dtype_bytes(dd, e), dd, n, piece);
+    }
+}
+
 void fai_append_new_keys(const fai_problem *pr)
 {
-    const size_t es = fai_dtype_size(pr->kv_dtype);
     for (int64_t g = 0; g < pr->nseq; g++) {
         const fai_problem s = fai_group(pr, g);
         const int64_t at = s.sk - pr->s_new; /* the sequence's length before */
         for (int64_t n = 0; n < pr->s_new; n++)
             for (int64_t h = 0; h < pr->hk; h++) {
-                memcpy(fai_kv_row(&s, FAI_K, 0, h, at + n), fai_new_key_row(pr, FAI_K, g, h, n),
-                       (size_t)pr->dqk * es);
-                memcpy(fai_kv_row(&s, FAI_V, 0, h, at + n), fai_new_key_row(pr, FAI_V, g, h, n),
-                       (size_t)pr->dv * es);
+                append_row(fai_kv_row(&s, FAI_K, 0, h, at + n), pr->k_dtype,
+                           fai_new_key_row(pr, FAI_K, g, h, n), pr->k_new->dtype, pr->dqk);
+                append_row(fai_kv_row(&s, FAI_V, 0, h, at + n), pr->v_dtype,
+                           fai_new_key_row(pr, FAI_V, g, h, n), pr->v_new->dtype, pr->dv);
             }
     }
 }

@@ -72,8 +72,10 @@ typedef struct {
     int64_t q0, k0, qb0, kb0, seq0; /* where the rows lie: 0 but in a sequence of a call */
     fa_dtype dtype;    /* storage of out, dout and the gradients (and of q, but for FP8 q) */
     fa_dtype q_dtype;  /* storage of q: dtype, or an FP8 format (out then f32, f16 or bf16) */
-    fa_dtype kv_dtype; /* storage of k and v (and dk, dv): dtype, or a forward's f16 / bf16
-                          cache under f32 or bf16 q */
+    fa_dtype k_dtype;  /* storage of k (and dk): dtype, or a forward's cache under f32, f16 or
+                          bf16 q (f16 / bf16 / FP8, or a block format) */
+    fa_dtype v_dtype;  /* storage of v (and dv): likewise; k's but where both are block
+                          formats (K and V each its own, as llama.cpp's -ctk / -ctv) */
     fai_mask mask;
     fai_score score;
     const fa_tensor *bias;    /* the bias tensor (fa_params.bias: batch B or 1, seqlen Sq or 1,
@@ -102,7 +104,7 @@ static inline fa_dtype fai_role_dtype(const fai_problem *pr, fai_role r)
 {
     if (r == FAI_Q)
         return pr->q_dtype;
-    return r == FAI_K || r == FAI_V || r == FAI_DK || r == FAI_DV ? pr->kv_dtype : pr->dtype;
+    return r == FAI_K || r == FAI_DK ? pr->k_dtype : r == FAI_V || r == FAI_DV ? pr->v_dtype : pr->dtype;
 }
 
 /* The FP8 descale factor of (b, kv head hk) in one of the arrays (1 without one). */

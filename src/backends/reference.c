@@ -126,7 +126,7 @@ static double row_scores(const fai_problem *pr, int64_t b, int64_t h, int64_t i,
     for (int64_t j = *lo; j < *hi; j++) {
         if (!row_allows(pr, w->bias, b, h, i, j))
             continue;
-        fai_load_f64(fai_kv_row(pr, FAI_K, b, hk, j), pr->kv_dtype, pr->dqk, w->kv);
+        fai_load_f64(fai_kv_row(pr, FAI_K, b, hk, j), pr->k_dtype, pr->dqk, w->kv);
         w->s[j] = fai_score_biased_f64(&sc, dot64(w->q, w->kv, pr->dqk), slope,
                                        bias_at(w->bias, j), i, j, &w->t[j]);
         mx = fai_nanmax_f64(mx, w->s[j]);
@@ -160,7 +160,7 @@ static void row_output(const fai_problem *pr, int64_t b, int64_t h, int64_t i, d
         if (!row_allows(pr, w->bias, b, h, i, j) || (pr->drop.threshold && !keep[j]))
             continue; /* masked and dropped keys by selection */
         double pt = exp(w->s[j] - lse) * pr->keep_scale * descale_v;
-        fai_load_f64(fai_kv_row(pr, FAI_V, b, hk, j), pr->kv_dtype, pr->dv, w->kv);
+        fai_load_f64(fai_kv_row(pr, FAI_V, b, hk, j), pr->v_dtype, pr->dv, w->kv);
         for (int64_t d = 0; d < pr->dv; d++)
             w->o[d] += pt * w->kv[d];
     }
@@ -197,7 +197,7 @@ static void row_backward_group(const fai_problem *pr, int64_t b, int64_t hk, row
                         continue;
                     const double P = exp(w->s[j] - lse);
                     const double z = !pr->drop.threshold || keep[j] ? pr->keep_scale : 0.0;
-                    fai_load_f64(fai_kv_row(pr, FAI_V, b, hk, j), pr->kv_dtype, pr->dv, w->kv);
+                    fai_load_f64(fai_kv_row(pr, FAI_V, b, hk, j), pr->v_dtype, pr->dv, w->kv);
                     /* dP z is rounded on its own here (before dV's loop, apart from the
                      * difference): the formula then takes it with z = 1 */
                     const double dPz = dot64(w->dout, w->kv, pr->dv) * z;
@@ -206,7 +206,7 @@ static void row_backward_group(const fai_problem *pr, int64_t b, int64_t hk, row
                             dv[j * pr->dv + d] += P * z * w->dout[d];
                     const double dS =
                         fai_dscore_f64(P, dPz, 1, Di, w->t[j], pr->score.softcap > 0);
-                    fai_load_f64(fai_kv_row(pr, FAI_K, b, hk, j), pr->kv_dtype, pr->dqk, w->kv);
+                    fai_load_f64(fai_kv_row(pr, FAI_K, b, hk, j), pr->k_dtype, pr->dqk, w->kv);
                     for (int64_t d = 0; d < pr->dqk; d++) {
                         w->dq[d] += scale * dS * w->kv[d];
                         dk[j * pr->dqk + d] += scale * dS * w->q[d];
@@ -236,7 +236,7 @@ static void row_dbias(const fai_problem *pr, int64_t b, int64_t h, int64_t i, ro
         if (!row_allows(pr, w->bias, b, h, i, j))
             continue;
         const double z = !pr->drop.threshold || keep[j] ? pr->keep_scale : 0.0;
-        fai_load_f64(fai_kv_row(pr, FAI_V, b, hk, j), pr->kv_dtype, pr->dv, w->kv);
+        fai_load_f64(fai_kv_row(pr, FAI_V, b, hk, j), pr->v_dtype, pr->dv, w->kv);
         const double dPz = dot64(w->dout, w->kv, pr->dv) * z;
         w->dbias[j] += fai_dbias_f64(exp(w->s[j] - lse), dPz, 1, Di, w->t[j], capped, after,
                                      factor);

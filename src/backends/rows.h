@@ -110,13 +110,14 @@ static inline const void *fai_kv_gather(const fai_problem *pr, fai_role r, int64
 {
     if (fai_kv_run_len(pr, j, n) == n)
         return fai_kv_rows(pr, r, b, hk, j, n, ld);
-    const size_t es = fai_dtype_size(fai_role_dtype(pr, r)), row = (size_t)dim * es;
+    const fa_dtype dt = fai_role_dtype(pr, r);
+    const size_t row = (size_t)fai_dtype_bytes(dt, dim);
     for (int64_t c = 0; c < n;) {
         const int64_t m = fai_kv_run_len(pr, j + c, n - c);
         int64_t l;
         const char *src = fai_kv_rows(pr, r, b, hk, j + c, m, &l);
         for (int64_t x = 0; x < m; x++)
-            memcpy((char *)stage + (size_t)(c + x) * row, src + (size_t)(x * l) * es, row);
+            memcpy((char *)stage + (size_t)(c + x) * row, src + fai_dtype_bytes(dt, x * l), row);
         c += m;
     }
     *ld = dim;

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "base/dtype.h"
+#include "core/quant.h"
 
 size_t fai_dtype_size(fa_dtype d)
 {
@@ -20,6 +21,8 @@ size_t fai_dtype_size(fa_dtype d)
     case FA_BOOL:
     case FA_E4M3:
     case FA_E5M2: return 1;
+    case FA_Q8_0:
+    case FA_Q4_0: return 0;
     }
     return 0;
 }
@@ -200,6 +203,34 @@ static inline uint16_t f32_to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
+/* n elements (a multiple of 32) of blocks of format d dequantized into dst (core/quant.h). */
+static void load_blocks(const uint8_t *src, fa_dtype d, int64_t n, float *dst)
+{
+    const int64_t bytes = fai_dtype_bytes(d, FAI_QBLOCK);
+    for (int64_t b = 0; b < n / FAI_QBLOCK; b++, src += bytes, dst += FAI_QBLOCK) {
+        const float scale = f16_to_f32((uint16_t)(src[0] | src[1] << 8));
+        for (int j = 0; j < FAI_QBLOCK; j++)
+            dst[j] = d == FA_Q8_0 ? fai_q8_0_value(scale, src + 2, j)
+                                  : fai_q4_0_value(scale, src + 2, j);
+    }
+}
+
+/* n finite f32 values (a multiple of 32) quantized into blocks of format d (core/quant.h). */
+static void store_blocks(uint8_t *dst, fa_dtype d, int64_t n, const float *src)
+{
+    const int64_t bytes = fai_dtype_bytes(d, FAI_QBLOCK);
+    for (int64_t b = 0; b < n / FAI_QBLOCK; b++, dst += bytes, src += FAI_QBLOCK) {
+        float scale;
+        if (d == FA_Q8_0)
+            fai_q8_0_quantize(src, &scale, (int8_t *)(dst + 2));
+        else
+            fai_q4_0_quantize(src, &scale, dst + 2);
+        const uint16_t h = fai_f64_to_f16(scale);
+        dst[0] = (uint8_t)(h & 255);
+        dst[1] = (uint8_t)(h >> 8);
+    }
+}
+
 void fai_load_f32(const void *src, fa_dtype d, int64_t n, float *dst)
 {
     switch (d) {
@@ -224,6 +255,8 @@ void fai_load_f32(const void *src, fa_dtype d, int64_t n, float *dst)
     case FA_E5M2:
         for (int64_t i = 0; i < n; i++) dst[i] = fai_e5m2_to_f64(((const uint8_t *)src)[i]);
         break;
+    case FA_Q8_0:
+    case FA_Q4_0: load_blocks(src, d, n, dst); break;
     }
 }
 
@@ -249,6 +282,16 @@ void fai_load_f64(const void *src, fa_dtype d, int64_t n, double *dst)
     case FA_E5M2:
         for (int64_t i = 0; i < n; i++) dst[i] = fai_e5m2_to_f64(((const uint8_t *)src)[i]);
         break;
+    case FA_Q8_0:
+    case FA_Q4_0: { /* the values are f32's (core/quant.h): through f32, exactly */
+        float x[256];
+        for (int64_t i = 0; i < n; i += 256) {
+            const int64_t m = n - i < 256 ? n - i : 256;
+            load_blocks((const uint8_t *)src + fai_dtype_bytes(d, i), d, m, x);
+            for (int64_t e = 0; e < m; e++) dst[i + e] = x[e];
+        }
+        break;
+    }
     }
 }
 
@@ -274,6 +317,8 @@ void fai_store_f32(void *dst, fa_dtype d, int64_t n, const float *src)
     case FA_E5M2:
         for (int64_t i = 0; i < n; i++) ((uint8_t *)dst)[i] = fai_f64_to_e5m2(src[i]);
         break;
+    case FA_Q8_0:
+    case FA_Q4_0: store_blocks(dst, d, n, src); break;
     }
 }
 
@@ -299,5 +344,15 @@ void fai_store_f64(void *dst, fa_dtype d, int64_t n, const double *src)
     case FA_E5M2:
         for (int64_t i = 0; i < n; i++) ((uint8_t *)dst)[i] = fai_f64_to_e5m2(src[i]);
         break;
+    case FA_Q8_0:
+    case FA_Q4_0: { /* ggml quantizes f32 values: each rounded to f32 first */
+        float x[256];
+        for (int64_t i = 0; i < n; i += 256) {
+            const int64_t m = n - i < 256 ? n - i : 256;
+            for (int64_t e = 0; e < m; e++) x[e] = (float)src[i + e];
+            store_blocks((uint8_t *)dst + fai_dtype_bytes(d, i), d, m, x);
+        }
+        break;
+    }
     }
 }

@@ -10,10 +10,26 @@
 
 #include "flashattn.h"
 
+/* Bytes of one element (0 for a block format: use fai_dtype_bytes). */
 size_t fai_dtype_size(fa_dtype d);
+
+/* Whether d is a block format (FA_Q8_0, FA_Q4_0: core/quant.h), whose elements come in blocks
+ * of FAI_QBLOCK; its counts and offsets in elements are whole blocks (the tensor checks). */
+static inline int fai_dtype_is_block(fa_dtype d) { return d == FA_Q8_0 || d == FA_Q4_0; }
+
+/* Bytes of n elements of d, and so the byte offset of element n of a run: n x the element
+ * size, or n / 32 blocks of a block format (n a multiple of 32). */
+static inline int64_t fai_dtype_bytes(fa_dtype d, int64_t n)
+{
+    return d == FA_Q8_0 ? n / 32 * 34 : d == FA_Q4_0 ? n / 32 * 18 : n * (int64_t)fai_dtype_size(d);
+}
 /* Row conversions: loads are exact; stores round to nearest even (f16/bf16 directly from the
  * source precision, never through a second rounding). FA_BOOL, a keep-mask, loads as the bias
- * it means (0 where it keeps, -inf where it masks) and stores back (-inf: 0, else 1). */
+ * it means (0 where it keeps, -inf where it masks) and stores back (-inf: 0, else 1). A block
+ * format loads its dequantized values (exact) and stores by ggml's quantization of the values
+ * as f32 (core/quant.h; an f64 source is rounded to f32 first, as ggml's functions take f32),
+ * n a multiple of 32 and the row at a block's start; its values must be finite (the callers
+ * check: the quantization of an inf or NaN is not defined). */
 void fai_load_f32(const void *src, fa_dtype d, int64_t n, float *dst);
 void fai_load_f64(const void *src, fa_dtype d, int64_t n, double *dst);
 void fai_store_f32(void *dst, fa_dtype d, int64_t n, const float *src);
@@ -34,8 +50,7 @@ static inline int fai_dtype_is_fp8(fa_dtype d) { return d == FA_E4M3 || d == FA_
 static inline void *fai_row(const fa_tensor *t, int64_t b, int64_t s, int64_t h)
 {
     return (char *)t->data +
-           (b * t->batch_stride + s * t->seq_stride + h * t->head_stride) *
-               (int64_t)fai_dtype_size(t->dtype);
+           fai_dtype_bytes(t->dtype, b * t->batch_stride + s * t->seq_stride + h * t->head_stride);
 }
 
 /* The LSE of (b, h, row i): stored as f32 or f64. */

@@ -175,9 +175,14 @@ static fa_status bias_view(const fa_tensor *t, const char *name, int dev, fai_cu
 static fa_status fill(fa_context *ctx, const fai_problem *pr, fai_cuda_args *a)
 {
     memset(a, 0, sizeof *a);
+    if (fai_dtype_is_block(pr->k_dtype) || fai_dtype_is_block(pr->v_dtype))
+        return fai_fail(FA_ERR_UNSUPPORTED, "k->dtype = %s, v->dtype = %s: the CUDA backend "
+                                            "does not read block-format caches yet (the CPU "
+                                            "backends do)", fa_dtype_name(pr->k_dtype),
+                        fa_dtype_name(pr->v_dtype));
     a->dtype = (int)pr->dtype;
     a->q_dtype = (int)pr->q_dtype;
-    a->kv_dtype = (int)pr->kv_dtype;
+    a->kv_dtype = (int)pr->k_dtype; /* v's too: only block formats differ */
     a->lse_f64 = fai_io(pr, FAI_LSE) && fai_io(pr, FAI_LSE)->dtype == FA_F64;
     a->b = pr->b, a->hq = pr->hq, a->hk = pr->hk, a->sq = pr->sq, a->sk = pr->sk;
     a->dqk = pr->dqk, a->dv = pr->dv, a->group = pr->group;
@@ -393,7 +398,7 @@ static fai_cuda_args group_args(const fai_problem *pr, int64_t g, const fai_prob
     a.b = s->b, a.sq = s->sq, a.sk = s->sk, a.seq0 = s->seq0;
     a.mask = s->mask;
     a.score = s->score;
-    const size_t qe = fai_dtype_size(pr->dtype), ke = fai_dtype_size(pr->kv_dtype);
+    const size_t qe = fai_dtype_size(pr->dtype), ke = fai_dtype_size(pr->k_dtype);
     shift(&a.tq, s->qb0, s->q0, fai_dtype_size(pr->q_dtype)); /* FP8 q: 1-byte rows */
     fai_cuda_view *qside[3] = {&a.tout, &a.tdout, &a.tdq};
     for (int x = 0; x < 3; x++)

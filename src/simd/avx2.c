@@ -349,11 +349,40 @@ static void fa_f32_narrow__avx2(void *dst, fa_dtype d, int64_t n, const float *s
 
 /* ------------------------------------------------------------------ decode's products */
 
+/* Eight f32 of a row of block format D (core/quant.h) from element p (a multiple of 8, so
+ * within one block): the codes widened to int32 and converted, times the block's scale d, each
+ * product exact (core/quant.h): the very values an f32 row of the dequantized elements holds. A
+ * row is whole blocks, so the eight codes are always there to read. */
+static inline __attribute__((always_inline)) __m256 load8_block__avx2(const fa_dtype D,
+                                                                      const char *row, int64_t p)
+{
+    const uint8_t *blk = (const uint8_t *)row + fai_dtype_bytes(D, p - p % 32);
+    const int j = (int)(p % 32);
+    uint16_t h;
+    memcpy(&h, blk, sizeof h);
+    const __m256 d = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
+    __m256i q;
+    if (D == FA_Q8_0) {
+        q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + j)));
+    } else { /* nibbles of bytes j % 16 .. + 7: low for j < 16, high after; minus 8 */
+        const __m256i u = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(blk + 2 + j % 16)));
+        q = _mm256_sub_epi32(_mm256_and_si256(j < 16 ? u : _mm256_srli_epi32(u, 4),
+                                              _mm256_set1_epi32(15)),
+                             _mm256_set1_epi32(8));
+    }
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(q), d);
+}
+
 /* Eight f32 of a row of storage D from element p: all of them (FULL), or the first `left`
- * (< 8) with zeros after, read no further; f16 and bf16 widened exactly, as widen does. */
+ * (< 8) with zeros after, read no further; f16 and bf16 widened exactly, as widen does; a
+ * block format dequantized (load8_block__avx2; its rows are whole blocks, so never partial). */
 static inline __attribute__((always_inline)) __m256
 load8_widen__avx2(const fa_dtype D, const int FULL, int64_t left, const char *row, int64_t p)
 {
+    if (D == FA_Q8_0 || D == FA_Q4_0) {
+        const __m256 x = load8_block__avx2(D, row, p);
+        return FULL ? x : _mm256_and_ps(x, _mm256_castsi256_ps(lanes_below(left)));
+    }
     if (D == FA_F32) {
         const float *x = (const float *)row + p;
         return FULL ? _mm256_loadu_ps(x) : _mm256_maskload_ps(x, lanes_below(left));
@@ -482,6 +511,7 @@ pv_block__avx2(const fa_dtype D, const int FULL, const int ROWS, const int64_t *
 #define FAI_DRV_DOT_KEYS 2
 #define FAI_DRV_PV_ROWS fa_f32_pv_rows_4x16__avx2
 #define FAI_DRV_PV_VECS 2
+#define FAI_DRV_BLOCKS 1
 #include "simd/drivers_tpl.h"
 
 static const fai_kernels_f32 avx2 = {

@@ -4,6 +4,7 @@
 
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #include "base/dtype.h"
 #include "simd/exp_poly.h"
@@ -355,13 +356,41 @@ static void fa_f32_narrow__avx512(void *dst, fa_dtype d, int64_t n, const float 
 
 /* ---------------------------------------------------------------- decode's products */
 
+/* 16 elements of a row of block format D (core/quant.h) from element p (a multiple of 16: the
+ * first or second half of one block): the codes widened to int32 and converted, times the
+ * block's scale d, each product exact (core/quant.h): the values of an f32 row of the
+ * dequantized elements. A row is whole blocks, so the 16 codes are always there to read. */
+static inline __attribute__((always_inline)) __m512 load_block__avx512(const fa_dtype D,
+                                                                       const void *row, int64_t p)
+{
+    const uint8_t *blk = (const uint8_t *)row + fai_dtype_bytes(D, p - p % 32);
+    const int j = (int)(p % 32);
+    uint16_t h;
+    memcpy(&h, blk, sizeof h);
+    const __m512 d = _mm512_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h))));
+    __m512i q;
+    if (D == FA_Q8_0) {
+        q = _mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2 + j)));
+    } else { /* the 16 bytes' low nibbles (j = 0) or high (j = 16), minus 8 */
+        const __m512i u = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(blk + 2)));
+        q = _mm512_sub_epi32(_mm512_and_si512(j < 16 ? u : _mm512_srli_epi32(u, 4),
+                                              _mm512_set1_epi32(15)),
+                             _mm512_set1_epi32(8));
+    }
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(q), d);
+}
+
 /* 16 elements of a stored row from element p, widened exactly (lanes outside mk are 0); the
- * dtype is a constant where this is inlined, FULL loads without a mask. */
+ * dtype is a constant where this is inlined, FULL loads without a mask; a block format
+ * dequantized (load_block__avx512: its rows are whole blocks, so never partial). */
 static inline __attribute__((always_inline)) __m512 load_widen__avx512(const fa_dtype D,
                                                                        const int FULL,
                                                                        __mmask16 mk,
                                                                        const void *row, int64_t p)
 {
+    if (D == FA_Q8_0 || D == FA_Q4_0)
+        return FULL ? load_block__avx512(D, row, p)
+                    : _mm512_maskz_mov_ps(mk, load_block__avx512(D, row, p));
     if (D == FA_F32)
         return FULL ? _mm512_loadu_ps((const float *)row + p)
                     : _mm512_maskz_loadu_ps(mk, (const float *)row + p);
@@ -515,6 +544,7 @@ pv_block__avx512(const fa_dtype D, const int FULL, const int ROWS, const __mmask
 #define FAI_DRV_DOT_KEYS 4
 #define FAI_DRV_PV_ROWS fa_f32_pv_rows_4x64__avx512
 #define FAI_DRV_PV_VECS 4
+#define FAI_DRV_BLOCKS 1
 #include "simd/drivers_tpl.h"
 
 static const fai_kernels_f32 avx512 = {

@@ -259,11 +259,46 @@ static void fa_f32_narrow__neon(void *dst, fa_dtype d, int64_t n, const float *s
 
 /* ---------------------------------------------------------------- decode's products */
 
-/* 4 elements of a stored row from element p, widened exactly (f16 by FCVTL, bf16 by a shift);
- * where WHOLE is 0, only the first `left` (< 4) are read and the rest are 0. */
+/* 4 elements of a row of block format D (core/quant.h) from element p (a multiple of 4, so
+ * within one block): the codes widened to int32 and converted, times the block's scale d, each
+ * product exact (core/quant.h): the values of an f32 row of the dequantized elements. */
+static inline __attribute__((always_inline)) float32x4_t
+load4_block__neon(const fa_dtype D, const void *row, int64_t p)
+{
+    const uint8_t *blk = (const uint8_t *)row + fai_dtype_bytes(D, p - p % 32);
+    const int j = (int)(p % 32);
+    uint16_t h;
+    memcpy(&h, blk, sizeof h);
+    const float d = vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0);
+    uint32_t w; /* the 4 code bytes: q8_0's j .. j + 3; q4_0's nibbles in bytes j % 16 .. */
+    memcpy(&w, blk + 2 + (D == FA_Q8_0 ? j : j % 16), sizeof w);
+    const uint8x8_t b = vcreate_u8(w);
+    int32x4_t q;
+    if (D == FA_Q8_0) {
+        q = vmovl_s16(vget_low_s16(vmovl_s8(vreinterpret_s8_u8(b))));
+    } else { /* low nibbles for j < 16, high after; minus 8 */
+        const uint8x8_t u = j < 16 ? vand_u8(b, vdup_n_u8(15)) : vshr_n_u8(b, 4);
+        q = vsubq_s32(vreinterpretq_s32_u32(vmovl_u16(vget_low_u16(vmovl_u8(u)))),
+                      vdupq_n_s32(8));
+    }
+    return vmulq_n_f32(vcvtq_f32_s32(q), d);
+}
+
+/* 4 elements of a stored row from element p, widened exactly (f16 by FCVTL, bf16 by a shift, a
+ * block format by load4_block__neon); where WHOLE is 0, only the first `left` (< 4) are read
+ * and the rest are 0 (a block format's rows are whole blocks: never partial). */
 static inline __attribute__((always_inline)) float32x4_t
 load4_widen__neon(const fa_dtype D, const int WHOLE, int64_t left, const void *row, int64_t p)
 {
+    if (D == FA_Q8_0 || D == FA_Q4_0) {
+        float32x4_t x = load4_block__neon(D, row, p);
+        if (!WHOLE) {
+            const uint32x4_t lane = {0, 1, 2, 3};
+            x = vreinterpretq_f32_u32(vandq_u32(vreinterpretq_u32_f32(x),
+                                                vcltq_u32(lane, vdupq_n_u32((uint32_t)left))));
+        }
+        return x;
+    }
     if (D == FA_F32)
         return load_cols__neon(WHOLE, left, (const float *)row + p);
     const uint16_t *h = (const uint16_t *)row + p;
@@ -385,6 +420,7 @@ pv_block__neon(const fa_dtype D, const int FULL, const int ROWS, const int64_t *
 #define FAI_DRV_DOT_KEYS 4
 #define FAI_DRV_PV_ROWS fa_f32_pv_rows_4x16__neon
 #define FAI_DRV_PV_VECS 4
+#define FAI_DRV_BLOCKS 1
 #include "simd/drivers_tpl.h"
 
 static const fai_kernels_f32 neon = {

@@ -124,14 +124,13 @@ void fai_dot_rows_f32_portable(int64_t nr, int64_t n, int64_t d, const float *q,
                                const void *k, int64_t ldk, fa_dtype kd, float *s, int64_t lds,
                                const float *scale)
 {
-    const int64_t es = (int64_t)fai_dtype_size(kd);
     float piece[PORTABLE_PIECE];
     for (int64_t c = 0; c < n; c++) {
         for (int64_t r = 0; r < nr; r++)
             s[r * lds + c] = 0;
         for (int64_t p0 = 0; p0 < d; p0 += PORTABLE_PIECE) {
             const int64_t m = d - p0 < PORTABLE_PIECE ? d - p0 : PORTABLE_PIECE;
-            fai_load_f32((const char *)k + (c * ldk + p0) * es, kd, m, piece);
+            fai_load_f32((const char *)k + fai_dtype_bytes(kd, c * ldk + p0), kd, m, piece);
             for (int64_t r = 0; r < nr; r++) {
                 float acc = s[r * lds + c];
                 for (int64_t p = 0; p < m; p++)
@@ -147,12 +146,11 @@ void fai_dot_rows_f32_portable(int64_t nr, int64_t n, int64_t d, const float *q,
 void fai_pv_rows_f32_portable(int64_t nr, int64_t n, int64_t dv, const float *p, int64_t ldp,
                               const void *v, int64_t ldv, fa_dtype vd, float *acc, int64_t lda)
 {
-    const int64_t es = (int64_t)fai_dtype_size(vd);
     float piece[PORTABLE_PIECE];
     for (int64_t c = 0; c < n; c++)
         for (int64_t p0 = 0; p0 < dv; p0 += PORTABLE_PIECE) {
             const int64_t m = dv - p0 < PORTABLE_PIECE ? dv - p0 : PORTABLE_PIECE;
-            fai_load_f32((const char *)v + (c * ldv + p0) * es, vd, m, piece);
+            fai_load_f32((const char *)v + fai_dtype_bytes(vd, c * ldv + p0), vd, m, piece);
             for (int64_t r = 0; r < nr; r++) {
                 const double w = p[r * ldp + c];
                 float *a = acc + r * lda + p0;

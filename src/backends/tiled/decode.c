@@ -205,7 +205,8 @@ full:
 static void prefetch_keys(const fai_problem *pr, fai_role r, int64_t b, int64_t h0, int64_t h1,
                           int64_t j0, int64_t j1, int64_t dim, const char **runs)
 {
-    const int64_t es = (int64_t)fai_dtype_size(pr->kv_dtype), bytes = dim * es;
+    const fa_dtype dt = fai_role_dtype(pr, r);
+    const int64_t bytes = fai_dtype_bytes(dt, dim);
     for (int64_t j = j0; j < j1;) {
         const int64_t m = fai_kv_run_len(pr, j, j1 - j);
         int64_t ld = 0;
@@ -213,7 +214,7 @@ static void prefetch_keys(const fai_problem *pr, fai_role r, int64_t b, int64_t 
             runs[h - h0] = fai_kv_rows(pr, r, b, h, j, m, &ld);
         for (int64_t x = 0; x < m; x++)
             for (int64_t h = 0; h < h1 - h0; h++) {
-                const uintptr_t row = (uintptr_t)(runs[h] + x * ld * es);
+                const uintptr_t row = (uintptr_t)(runs[h] + fai_dtype_bytes(dt, x * ld));
                 for (uintptr_t a = row & ~(uintptr_t)63; a < row + (uintptr_t)bytes; a += 64)
                     __builtin_prefetch((const void *)a, 0, 2);
             }
@@ -284,7 +285,7 @@ static void decode_chunk(const decode_group *dg, const fai_kernels_f32 *kern,
                 int64_t ldk;
                 const void *k = fai_kv_rows(pr, FAI_K, b, h, j0 + x, nx, &ldk);
                 kern->dot_rows(R, nx, dqk, w->q + (h - h0) * R * dqk, dqk, k, ldk,
-                               pr->kv_dtype, w->s + (h - h0) * R * ld + x, ld,
+                               pr->k_dtype, w->s + (h - h0) * R * ld + x, ld,
                                dg->scale_only ? &scale : NULL);
                 x += nx;
             }
@@ -332,7 +333,7 @@ static void decode_chunk(const decode_group *dg, const fai_kernels_f32 *kern,
                     int64_t ldv;
                     const void *v = fai_kv_rows(pr, FAI_V, b, h, j0 + y, ny, &ldv);
                     kern->pv_rows((x - i) * G, ny, dv, w->s + ((h - h0) * R + i * G) * ld + y,
-                                  ld, v, ldv, pr->kv_dtype, acc + i * G * dv, dv);
+                                  ld, v, ldv, pr->v_dtype, acc + i * G * dv, dv);
                     y += ny;
                 }
                 i = x;

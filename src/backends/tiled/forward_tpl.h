@@ -62,10 +62,10 @@ static size_t FAI_T(fwd_carve)(const fai_problem *pr, const fai_tiled_plan *plan
     w->live = fai_carve(&a, (size_t)tl.bq);
     w->keep = fai_carve(&a, (size_t)tl.bk);
     w->bias = fai_row_biased(pr) ? fai_carve(&a, (size_t)tl.bk * sizeof(FT)) : NULL;
-    const int64_t dmax = pr->dqk > pr->dv ? pr->dqk : pr->dv;
-    w->kv_stage = pr->page_size
-                      ? fai_carve(&a, (size_t)(tl.bk * dmax) * fai_dtype_size(pr->kv_dtype))
-                      : NULL;
+    const int64_t kbytes = fai_dtype_bytes(pr->k_dtype, tl.bk * pr->dqk),
+                  vbytes = fai_dtype_bytes(pr->v_dtype, tl.bk * pr->dv);
+    w->kv_stage = pr->page_size ? fai_carve(&a, (size_t)(kbytes > vbytes ? kbytes : vbytes))
+                                : NULL;
     return a.used;
 }
 
@@ -382,7 +382,7 @@ static void FAI_T(fwd_qtile)(const fai_problem *call, fai_tiles tl, int64_t b, i
             } else {
                 int64_t ld;
                 const FT *kr =
-                    FAI_T(view_run)(w->kern, k, ldk, pr->kv_dtype, tile.n, pr->dqk, w->k, &ld);
+                    FAI_T(view_run)(w->kern, k, ldk, pr->k_dtype, tile.n, pr->dqk, w->k, &ld);
                 w->kern->transpose(tile.n, pr->dqk, kr, ld, w->kt, tl.bk);
             }
             /* With tile products, P V takes them or the f32 kernels by whether V is finite,
@@ -402,7 +402,7 @@ static void FAI_T(fwd_qtile)(const fai_problem *call, fai_tiles tl, int64_t b, i
             if (!w->bf16 || !v_finite)
 #endif
             {
-                FAI_T(load_run)(w->kern, v, ldv, pr->kv_dtype, nv, dv, w->v);
+                FAI_T(load_run)(w->kern, v, ldv, pr->v_dtype, nv, dv, w->v);
                 v_finite = w->kern->finite(nv * dv, w->v);
             }
             tile.selective =

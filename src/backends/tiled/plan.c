@@ -164,7 +164,7 @@ static const fai_kernels_bf16 *backward_tile_products(const fa_context *ctx,
                                                       const fai_problem *pr, fai_tiles tl)
 {
     const fai_kernels_bf16 *t = tile_products(ctx, pr->dtype, pr->dqk, pr->dv);
-    return t && pr->q_dtype == FA_BF16 && pr->kv_dtype == FA_BF16 &&
+    return t && pr->q_dtype == FA_BF16 && pr->k_dtype == FA_BF16 && pr->v_dtype == FA_BF16 &&
                    pr->dv % t->dqk_step == 0 && tl.bk % t->keys == 0
                ? t
                : NULL;
@@ -226,9 +226,9 @@ fai_tiles fai_tiled_tiles(const fa_context *ctx, int64_t dqk, int64_t dv, fa_dty
 int64_t fai_tiled_decode_keys(const fa_context *ctx, const fai_problem *pr)
 {
     const fai_tiled_forced forced = fai_tiled_forced_of(ctx);
-    /* the decode kernels read f32, f16 and bf16 rows */
+    /* the decode kernels read f32, f16, bf16 and block-format rows */
     const int applies = pr->dtype != FA_F64 && pr->drop.threshold == 0 && !fai_row_biased(pr) &&
-                        !fai_dtype_is_fp8(pr->q_dtype) && !fai_dtype_is_fp8(pr->kv_dtype) &&
+                        !fai_dtype_is_fp8(pr->q_dtype) && !fai_dtype_is_fp8(pr->k_dtype) &&
                         pr->group * pr->sq <= DECODE_ROWS && !forced.decode_off &&
                         forced.bq == 0; /* forced tiles (FA_TILES) are for the tiles */
     return applies ? DECODE_KEYS : 0;
@@ -251,12 +251,11 @@ fa_status fai_tiled_plan_forward(fa_context *ctx, const fai_problem *call, fai_t
     const fai_problem *pr = call; /* the dims and dtypes below are every group's */
     /* a cache dtype apart from q's takes the kernels' tiles, never the tile products' */
     /* the compute type's tiles: f64 storage (of out, under FP8 q too) computes in double */
-    const fa_dtype tiles_for =
-        pr->dtype == FA_F64 || pr->kv_dtype == pr->dtype ? pr->dtype : FA_F32;
+    const int kv_as_q = pr->k_dtype == pr->dtype && pr->v_dtype == pr->dtype;
+    const fa_dtype tiles_for = pr->dtype == FA_F64 || kv_as_q ? pr->dtype : FA_F32;
     p.tl = fai_tiled_tiles(ctx, pr->dqk, pr->dv, tiles_for, 0);
     /* the tile products take bf16 Q, K and V alike (a cache of another dtype: the kernels) */
-    p.tile_products = pr->kv_dtype == pr->dtype ? tile_products(ctx, pr->dtype, pr->dqk, pr->dv)
-                                                : NULL;
+    p.tile_products = kv_as_q ? tile_products(ctx, pr->dtype, pr->dqk, pr->dv) : NULL;
     /* each group's path, decided here once for the task rows below and the loop nests */
     const int64_t n = fai_groups(call);
     if (call->nseq > 0) {

@@ -65,9 +65,8 @@ static void FAI_T(row_span)(const fai_problem *pr, fai_tile_class cls, int64_t i
 static void FAI_T(load_run)(const FAI_T(fai_kernels) *kern, const void *src, int64_t ld,
                             fa_dtype dt, int64_t n, int64_t dim, FT *dst)
 {
-    const int64_t es = (int64_t)fai_dtype_size(dt);
     for (int64_t c = 0; c < n; c++)
-        kern->widen((const char *)src + c * ld * es, dt, dim, dst + c * dim);
+        kern->widen((const char *)src + fai_dtype_bytes(dt, c * ld), dt, dim, dst + c * dim);
 }
 
 /* The same rows as a row-major matrix to read from: the run itself when its dtype is FT (with
