@@ -74,8 +74,9 @@ static void ggml_block(fa_dtype dt, const float *x, uint8_t *out)
             out[2 + j] = (uint8_t)(int8_t)roundf(x[j] * id);
         return;
     }
-    for (int j = 0; j < QB / 2; j++) {
-        const int8_t u0 = (int8_t)(x[j] * id + 8.5f), u1 = (int8_t)(x[QB / 2 + j] * id + 8.5f);
+    for (int j = 0; j < QB / 2; j++) { /* ggml's two statements: the product rounded first */
+        volatile float x0 = x[j] * id, x1 = x[QB / 2 + j] * id;
+        const int8_t u0 = (int8_t)(x0 + 8.5f), u1 = (int8_t)(x1 + 8.5f);
         out[2 + j] = (uint8_t)((u0 < 15 ? u0 : 15) | (u1 < 15 ? u1 : 15) << 4);
     }
 }
@@ -115,6 +116,17 @@ START_TEST(quantize_worked_blocks)
     ck_assert_int_eq(fa_convert(y, FA_F32, got, FA_Q4_0, QB), FA_OK);
     for (int i = 0; i < 18; i++)
         ck_assert_msg(got[i] == q4[i], "q4_0 byte %d: 0x%02x, want 0x%02x", i, got[i], q4[i]);
+
+    /* values so small that d is subnormal in f32 (ggml's reciprocal overflows there): scale 0,
+     * codes 0 (q8_0) and 8 (q4_0), the values the same zeros (docs/DESIGN.md §1) */
+    for (int j = 0; j < QB; j++)
+        x[j] = (j % 3 - 1) * 0x1p-127f;
+    ck_assert_int_eq(fa_convert(x, FA_F32, got, FA_Q8_0, QB), FA_OK);
+    for (int i = 0; i < 34; i++)
+        ck_assert_msg(got[i] == 0, "subnormal q8_0 byte %d: 0x%02x", i, got[i]);
+    ck_assert_int_eq(fa_convert(x, FA_F32, got, FA_Q4_0, QB), FA_OK);
+    for (int i = 0; i < 18; i++)
+        ck_assert_msg(got[i] == (i < 2 ? 0 : 0x88), "subnormal q4_0 byte %d: 0x%02x", i, got[i]);
 }
 END_TEST
 
@@ -131,13 +143,18 @@ START_TEST(quantize_as_ggml)
         const double mag = ldexp(1, (int)(uniform() * 60) - 40); /* 2^-40 .. 2^19 */
         for (int j = 0; j < QB; j++) {
             double v = (2 * uniform() - 1) * mag;
-            if (b % 7 == 1) /* ties of x / d: half-integers times a power of two */
-                v = ldexp(floor(uniform() * 254) - 127 + 0.5, -3);
+            if (b % 7 == 1) /* ties: d = 2^k exactly (x_0 below), x / d a half-integer */
+                v = ldexp(floor(uniform() * (dt == FA_Q8_0 ? 254 : 15)) -
+                              (dt == FA_Q8_0 ? 127 : 7) + 0.5,
+                          b % 40 - 20);
             if (b % 11 == 2)
                 v = 0;
             x64[b * QB + j] = v + (b % 5 == 3 ? 1e-30 : 0); /* f64 values f32 rounds */
             x[b * QB + j] = (float)x64[b * QB + j];
         }
+        if (b % 7 == 1) /* the tie blocks' scale: amax 127 x 2^k (q8_0), m = -8 x 2^k (q4_0) */
+            x[b * QB] = (float)ldexp(dt == FA_Q8_0 ? 127 : -8, b % 40 - 20),
+                   x64[b * QB] = x[b * QB];
         if (b % 13 == 4) /* an f16 scale's largest: amax = 127 x 65504 (q8_0), 8 x 65504 */
             x[b * QB + 5] = (float)(dt == FA_Q8_0 ? 127.0 * 65504 : -8.0 * 65504),
                     x64[b * QB + 5] = x[b * QB + 5];
@@ -242,8 +259,9 @@ START_TEST(cache_reads_dequantized_values)
     static const fa_dtype fmts[3][2] = {{FA_Q8_0, FA_Q8_0}, {FA_Q4_0, FA_Q4_0}, {FA_Q8_0, FA_Q4_0}};
     const fa_dtype kd = fmts[_i % 3][0], vd = fmts[_i % 3][1];
     const int decode = _i < 3;
+    /* D 96 for the mixed formats: P V's last dim block partial in the 64-dim sets (AVX-512) */
     const int64_t B = 2, sq = decode ? 1 : 40, sk = decode ? 700 : 90, hk = 2,
-                  hq = decode ? 8 : 2, D = decode ? 128 : 64;
+                  hq = decode ? 8 : 2, D = kd != vd ? 96 : decode ? 128 : 64;
     cache_t kq, vq, kf, vf;
     cache_alloc(&kq, kd, B, sk, hk, D, !decode), cache_alloc(&kf, FA_F32, B, sk, hk, D, !decode);
     cache_alloc(&vq, vd, B, sk, hk, D, !decode), cache_alloc(&vf, FA_F32, B, sk, hk, D, !decode);
@@ -285,19 +303,20 @@ START_TEST(cache_reads_dequantized_values)
 }
 END_TEST
 
-/* A bf16 q over a q8_0 / q4_0 cache (no f32 twin: bf16 q takes no f32 cache): the tiled decode
- * and tiles against the reference under the tolerance rule, the conventional path (which
- * dequantizes first) the yardstick. */
+/* A bf16 or f16 q over a q8_0 / q4_0 cache (no f32 twin: 16-bit q takes no f32 cache): the
+ * tiled decode and tiles against the reference under the tolerance rule, the conventional path
+ * (which dequantizes first) the yardstick. */
 START_TEST(bf16_q_over_quantized_cache)
 {
-    const int decode = _i;
+    const int decode = _i % 2;
+    const fa_dtype qd = _i < 2 ? FA_BF16 : FA_F16;
     const int64_t B = 2, sq = decode ? 1 : 33, sk = 300, hk = 2, hq = decode ? 8 : 2, D = 64;
     cache_t kq, vq, kf, vf;
     cache_alloc(&kq, FA_Q8_0, B, sk, hk, D, 0), cache_alloc(&kf, FA_F32, B, sk, hk, D, 0);
     cache_alloc(&vq, FA_Q4_0, B, sk, hk, D, 0), cache_alloc(&vf, FA_F32, B, sk, hk, D, 0);
     cache_fill(&kq, &kf), cache_fill(&vq, &vf);
     ht_tensor q, q32, ref, conv, tiled;
-    ht_alloc(&q, FA_BF16, B, sq, hq, D, SW_BSHD);
+    ht_alloc(&q, qd, B, sq, hq, D, SW_BSHD);
     ht_fill(&q, 9, -1, 1);
     ht_alloc(&q32, FA_F32, B, sq, hq, D, SW_BSHD);
     for (int64_t b = 0; b < B; b++) /* the yardstick's q: the bf16 values, exactly */
@@ -306,7 +325,7 @@ START_TEST(bf16_q_over_quantized_cache)
                 for (int64_t e = 0; e < D; e++)
                     ht_set(&q32, b, s, h, e, ht_get(&q, b, s, h, e));
     ht_alloc(&ref, FA_F32, B, sq, hq, D, SW_BSHD);
-    ht_alloc(&conv, FA_BF16, B, sq, hq, D, SW_BSHD), ht_alloc(&tiled, FA_BF16, B, sq, hq, D, SW_BSHD);
+    ht_alloc(&conv, qd, B, sq, hq, D, SW_BSHD), ht_alloc(&tiled, qd, B, sq, hq, D, SW_BSHD);
     fa_params p;
     fa_params_init(&p);
     p.causal = !decode;
@@ -320,17 +339,20 @@ START_TEST(bf16_q_over_quantized_cache)
     fa_comparison c;
     const fa_tolerance tol = {.factor = 2};
     ck_assert_int_eq(fa_compare(&tiled.t, &ref.t, &conv.t, &tol, &c), FA_OK);
-    ck_assert_msg(c.pass, "bf16 q, q8_0/q4_0 cache, %s: %s", decode ? "decode" : "tiles", c.rule);
+    ck_assert_msg(c.pass, "%s q, q8_0/q4_0 cache, %s: %s", fa_dtype_name(qd),
+                  decode ? "decode" : "tiles", c.rule);
     ht_free(&q), ht_free(&q32), ht_free(&ref), ht_free(&conv), ht_free(&tiled);
     free(kq.buf), free(vq.buf), free(kf.buf), free(vf.buf);
 }
 END_TEST
 
 /* Pages of 16 keys, shuffled, shared by nothing: q8_0 K and q4_0 V pages against f32 pages of
- * their values, bit for bit, decode on the tiled backend (2 threads) and the reference. */
+ * their values, bit for bit, on the tiled backend (2 threads; decode, and a causal chunk of 20
+ * rows, 80 rows a kv head, past decode's 16: the tiles, whose K/V runs are gathered page by
+ * page) and the reference. */
 START_TEST(paged_cache_reads_dequantized_values)
 {
-    const int64_t B = 2, ps = 16, np = 8, hk = 2, hq = 8, D = 64, maxp = 4;
+    const int64_t B = 2, ps = 16, np = 8, hk = 2, hq = 8, D = 64, maxp = 4, sq = _i ? 20 : 1;
     cache_t kq, vq, kf, vf;
     cache_alloc(&kq, FA_Q8_0, np, ps, hk, D, 0), cache_alloc(&kf, FA_F32, np, ps, hk, D, 0);
     cache_alloc(&vq, FA_Q4_0, np, ps, hk, D, 0), cache_alloc(&vf, FA_F32, np, ps, hk, D, 0);
@@ -339,11 +361,12 @@ START_TEST(paged_cache_reads_dequantized_values)
     fa_paged_kv pg = {.block_table = {table, FA_INDEX_INT32, B * maxp}, .max_pages = maxp,
                       .seqused_k = {used, FA_INDEX_INT32, B}};
     ht_tensor q, o1, o2;
-    ht_alloc(&q, FA_F32, B, 1, hq, D, SW_BSHD);
+    ht_alloc(&q, FA_F32, B, sq, hq, D, SW_BSHD);
     ht_fill(&q, 3, -1, 1);
-    ht_alloc(&o1, FA_F32, B, 1, hq, D, SW_BSHD), ht_alloc(&o2, FA_F32, B, 1, hq, D, SW_BSHD);
+    ht_alloc(&o1, FA_F32, B, sq, hq, D, SW_BSHD), ht_alloc(&o2, FA_F32, B, sq, hq, D, SW_BSHD);
     fa_params p;
     fa_params_init(&p);
+    p.causal = sq > 1;
     const fa_backend bes[2] = {FA_BACKEND_TILED, FA_BACKEND_REFERENCE};
     for (int x = 0; x < 2; x++) {
         fa_context *ctx = ht_context(bes[x], 2);
@@ -404,7 +427,35 @@ START_TEST(append_quantizes_as_ggml)
                                   fresh ? "appended" : "untouched");
                 }
             }
+    /* new keys already in the cache's formats: their blocks copied as they are (row 40 of
+     * sequence 0, from a quantized row) */
+    uint8_t kblk[2 * 34], vblk[2 * 18];
+    float xr[64];
+    for (int j = 0; j < 64; j++)
+        xr[j] = (float)(uniform() * 4 - 2);
+    ck_assert_int_eq(fa_convert(xr, FA_F32, kblk, FA_Q8_0, 64), FA_OK);
+    ck_assert_int_eq(fa_convert(xr, FA_F32, vblk, FA_Q4_0, 64), FA_OK);
+    cache_t kb1, vb1;
+    cache_alloc(&kb1, FA_Q8_0, 1, 1, hk, D, 0), cache_alloc(&vb1, FA_Q4_0, 1, 1, hk, D, 0);
+    for (int h = 0; h < hk; h++)
+        memcpy(kb1.buf + h * 68, kblk, 68), memcpy(vb1.buf + h * 36, vblk, 36);
+    const int32_t len40 = 40;
+    const fa_indices cl1 = {&len40, FA_INDEX_INT32, 1};
+    fa_tensor k1 = k.t, v1 = v.t; /* sequence 0 alone */
+    k1.batch = v1.batch = 1;
+    ck_assert_int_eq(fa_append_kv(ctx, &kb1.t, &vb1.t, &k1, &v1, &cl1, NULL), FA_OK);
+    for (int h = 0; h < hk; h++)
+        ck_assert(!memcmp(k.buf + ((40 * hk + h) * D / QB) * 34, kblk, 68) &&
+                  !memcmp(v.buf + ((40 * hk + h) * D / QB) * 18, vblk, 36));
+    free(kb1.buf), free(vb1.buf);
+    /* refused, nothing written: f64 new keys (not a dtype the append quantizes), a NaN */
     memcpy(k0, k.buf, kb), memcpy(v0, v.buf, vb);
+    ht_tensor k64;
+    ht_alloc(&k64, FA_F64, B, sn, hk, D, SW_BSHD);
+    ht_fill(&k64, 23, -1, 1);
+    ck_assert_int_eq(fa_append_kv(ctx, &k64.t, &vn.t, &k.t, &v.t, &cl, NULL), FA_ERR_DTYPE);
+    ck_assert_msg(strstr(fa_last_error(), "k_new->dtype = f64"), "%s", fa_last_error());
+    ht_free(&k64);
     ht_set(&kn, 1, 2, 1, 40, NAN);
     ck_assert_int_eq(fa_append_kv(ctx, &kn.t, &vn.t, &k.t, &v.t, &cl, NULL), FA_ERR_INVALID_ARGUMENT);
     ck_assert_msg(strstr(fa_last_error(), "k_new[1][2][1][40]"), "%s", fa_last_error());
@@ -430,10 +481,11 @@ START_TEST(bad_block_arguments)
     ht_alloc(&qblk, FA_F32, B, sq, H, D, SW_BSHD);
     ht_fill(&q, 1, -1, 1), ht_fill(&q64, 1, -1, 1);
     qblk.t.dtype = FA_Q8_0;
-    fa_tensor k48 = k.t, kstride = k.t, bias = k.t;
+    fa_tensor k48 = k.t, kstride = k.t, khs = k.t, bias = k.t;
     k48.headdim = 48;
     kstride.seq_stride = H * D + 16;
     kstride.seqlen = sk / 2;
+    khs.head_stride = D + 8, khs.seq_stride = 2 * (D + 32), khs.seqlen = sk / 2;
     bias.batch = 1, bias.seqlen = sq, bias.heads = 1, bias.headdim = sk;
     struct {
         const fa_tensor *q, *k, *v, *bias;
@@ -442,6 +494,7 @@ START_TEST(bad_block_arguments)
     } cases[] = {
         {&q.t, &k48, &v.t, NULL, FA_ERR_SHAPE, "k->headdim = 48 is not a multiple of 32"},
         {&q.t, &kstride, &v.t, NULL, FA_ERR_STRIDE, "k->seq_stride = 144 is not a multiple"},
+        {&q.t, &khs, &v.t, NULL, FA_ERR_STRIDE, "k->head_stride = 72 is not a multiple"},
         {&qblk.t, &k.t, &v.t, NULL, FA_ERR_DTYPE, "q->dtype = q8_0"},
         {&q.t, &k.t, &kf16.t, NULL, FA_ERR_DTYPE, "has both k and v in block formats"},
         {&q64.t, &k.t, &v.t, NULL, FA_ERR_DTYPE, "under f32, f16 or bf16 q"},
@@ -462,6 +515,30 @@ START_TEST(bad_block_arguments)
                       fa_last_error(), cases[c].says);
         ck_assert(ht_is_poisoned(&out) && ht_is_poisoned(&o64));
     }
+    /* no output is of a block format: FP8 inputs' out, fa_merge_states' out and states */
+    ht_tensor q8, k8, v8;
+    ht_alloc(&q8, FA_E4M3, B, sq, H, D, SW_BSHD), ht_alloc(&k8, FA_E4M3, B, sk, H, D, SW_BSHD);
+    ht_alloc(&v8, FA_E4M3, B, sk, H, D, SW_BSHD);
+    ht_fill(&q8, 2, -1, 1), ht_fill(&k8, 3, -1, 1), ht_fill(&v8, 4, -1, 1);
+    cache_t oq;
+    cache_alloc(&oq, FA_Q8_0, B, sq, H, D, 0);
+    memset(oq.buf, 0x5a, (size_t)(B * sq * H * D / QB * 34));
+    uint8_t *oq0 = malloc((size_t)(B * sq * H * D / QB * 34));
+    memcpy(oq0, oq.buf, (size_t)(B * sq * H * D / QB * 34));
+    fa_params p8;
+    fa_params_init(&p8);
+    ck_assert_int_eq(ht_forward(FA_BACKEND_TILED, 1, &p8, &q8.t, &k8.t, &v8.t, &oq.t, NULL),
+                     FA_ERR_DTYPE);
+    ck_assert_msg(strstr(fa_last_error(), "out->dtype = q8_0"), "%s", fa_last_error());
+    ht_tensor lse1, lse2;
+    ht_alloc_lse(&lse1, FA_F32, B, sq, H), ht_alloc_lse(&lse2, FA_F32, B, sq, H);
+    ht_poison(&lse2);
+    ck_assert_int_eq(fa_merge_states(1, &out.t, &lse1.t, &oq.t, &lse2.t), FA_ERR_DTYPE);
+    ck_assert_int_eq(fa_merge_states(1, &oq.t, &lse1.t, &out.t, &lse2.t), FA_ERR_DTYPE);
+    ck_assert_msg(strstr(fa_last_error(), "outs[0]->dtype = q8_0"), "%s", fa_last_error());
+    ck_assert(!memcmp(oq0, oq.buf, (size_t)(B * sq * H * D / QB * 34)) && ht_is_poisoned(&lse2));
+    ht_free(&q8), ht_free(&k8), ht_free(&v8), ht_free(&lse1), ht_free(&lse2);
+    free(oq.buf), free(oq0);
     /* the backward takes no block cache */
     fa_params p;
     fa_params_init(&p);
@@ -501,8 +578,8 @@ Suite *make_quant_suite(void)
     tcase_add_loop_test(formats, quantize_as_ggml, 0, 2);
     tcase_add_loop_test(formats, dequantize_every_code, 0, 2);
     tcase_add_loop_test(cache, cache_reads_dequantized_values, 0, 6);
-    tcase_add_loop_test(cache, bf16_q_over_quantized_cache, 0, 2);
-    tcase_add_test(cache, paged_cache_reads_dequantized_values);
+    tcase_add_loop_test(cache, bf16_q_over_quantized_cache, 0, 4);
+    tcase_add_loop_test(cache, paged_cache_reads_dequantized_values, 0, 2);
     tcase_add_test(append, append_quantizes_as_ggml);
     tcase_add_test(args, bad_block_arguments);
     suite_add_tcase(s, formats);

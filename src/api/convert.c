@@ -13,7 +13,7 @@ fa_status fa_convert(const void *src, fa_dtype sd, void *dst, fa_dtype dd, size_
     if (bad_s || bad_d)
         return fai_fail(FA_ERR_DTYPE, "fa_convert: %s is not a value dtype (f32, f64, f16, bf16, "
                                       "e4m3, e5m2, q8_0, q4_0)", bad_s ? "sd" : "dd");
-    if ((fai_dtype_is_block(sd) || fai_dtype_is_block(dd)) && n % 32 != 0)
+    if ((fai_dtype_is_block(sd) || fai_dtype_is_block(dd)) && n % FAI_QBLOCK != 0)
         return fai_fail(FA_ERR_SHAPE, "fa_convert: n = %zu is not a multiple of 32, the block "
                                       "of %s", n, fa_dtype_name(fai_dtype_is_block(sd) ? sd : dd));
     if (n > 0 && (!src || !dst))

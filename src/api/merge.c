@@ -29,7 +29,7 @@ fa_status fa_merge_states(int n, const fa_tensor *outs, const fa_tensor *lses, f
     if (!outs || !lses)
         return fai_fail(FA_ERR_NULL_POINTER, "%s is NULL", outs ? "lses" : "outs");
     FAI_TRY(fai_check_tensor(out, "out", FAI_OUTPUT, 0));
-    if (fai_dtype_is_fp8(out->dtype)) /* no attention output is FP8 */
+    if (fai_dtype_is_fp8(out->dtype) || fai_dtype_is_block(out->dtype)) /* no output is */
         return fai_fail(FA_ERR_DTYPE, "out->dtype = %s; states are f32, f64, f16 or bf16",
                         fa_dtype_name(out->dtype));
     FAI_TRY(fai_check_tensor(lse, "lse", FAI_OUTPUT, 1));
@@ -38,7 +38,7 @@ fa_status fa_merge_states(int n, const fa_tensor *outs, const fa_tensor *lses, f
         char name[40];
         snprintf(name, sizeof name, "outs[%d]", k);
         FAI_TRY(fai_check_tensor(&outs[k], name, FAI_INPUT, 0));
-        if (fai_dtype_is_fp8(outs[k].dtype))
+        if (fai_dtype_is_fp8(outs[k].dtype) || fai_dtype_is_block(outs[k].dtype))
             return fai_fail(FA_ERR_DTYPE, "%s->dtype = %s; states are f32, f64, f16 or bf16",
                             name, fa_dtype_name(outs[k].dtype));
         FAI_TRY(fai_check_shape(&outs[k], name, out->batch, out->seqlen, out->heads,

@@ -164,7 +164,7 @@ static fa_status forward(fa_context *ctx, const fa_params *p, const fa_tensor *q
     FAI_TRY(kv_layout(ctx, &pr, sh, k, v));
     if (fai_dtype_is_fp8(q->dtype)) { /* out in a wider dtype, its own */
         FAI_TRY(fai_check_tensor(out, "out", FAI_OUTPUT, FAI_TENSOR_VALUES));
-        if (fai_dtype_is_fp8(out->dtype))
+        if (fai_dtype_is_fp8(out->dtype) || fai_dtype_is_block(out->dtype))
             return fai_fail(FA_ERR_DTYPE, "out->dtype = %s with q->dtype = %s; the output of "
                                           "FP8 inputs is f32, f16, bf16 or f64",
                             fa_dtype_name(out->dtype), fa_dtype_name(q->dtype));

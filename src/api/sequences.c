@@ -216,19 +216,27 @@ fa_status fai_problem_for_cache(fai_problem *pr, const fa_tensor *k_new, const f
     return FA_OK;
 }
 
-/* New keys take their cache's dtype; a block-format cache also takes f32, f16 or bf16 rows, all
- * finite, which the append quantizes (core/quant.h: ggml's rule). The finiteness is checked
- * here, before anything is written. */
-enum { ROW_PIECE = 256 }; /* elements of a row checked at a time */
-
+/* New keys take their cache's dtype; a block-format cache also takes f32, f16 or bf16 rows,
+ * which the append quantizes (core/quant.h: ggml's rule). */
 static fa_status new_keys_dtype(const fa_tensor *t, const char *name, const fa_tensor *cache,
                                 const char *cname)
 {
+    if (t->dtype == cache->dtype ||
+        (fai_dtype_is_block(cache->dtype) &&
+         (t->dtype == FA_F32 || t->dtype == FA_F16 || t->dtype == FA_BF16)))
+        return FA_OK;
+    return fai_check_dtype_of(t, name, cache->dtype, cname);
+}
+
+/* Rows to be quantized (t's dtype apart from its block-format cache's) must be finite: checked
+ * with the call's arguments, before anything is written. */
+enum { ROW_PIECE = 256 }; /* elements of a row checked at a time */
+
+static fa_status new_keys_finite(const fa_tensor *t, const char *name, const fa_tensor *cache,
+                                 const char *cname)
+{
     if (t->dtype == cache->dtype)
         return FA_OK;
-    if (!fai_dtype_is_block(cache->dtype) ||
-        (t->dtype != FA_F32 && t->dtype != FA_F16 && t->dtype != FA_BF16))
-        return fai_check_dtype_of(t, name, cache->dtype, cname);
     float row[ROW_PIECE];
     for (int64_t b = 0; b < t->batch; b++)
         for (int64_t s = 0; s < t->seqlen; s++)
@@ -273,6 +281,8 @@ fa_status fai_problem_new_keys(fai_problem *pr, const fa_tensor *k_new, const fa
     FAI_TRY(fai_check_tensor(k, "k", FAI_OUTPUT, 0)); /* written: no two keys at one address */
     FAI_TRY(fai_check_tensor(v, "v", FAI_OUTPUT, 0));
     FAI_TRY(fai_check_disjoint(k, "k", v, "v"));
+    FAI_TRY(new_keys_finite(k_new, "k_new", k, "k"));
+    FAI_TRY(new_keys_finite(v_new, "v_new", v, "v"));
     pr->k_new = k_new;
     pr->v_new = v_new;
     pr->s_new = k_new->seqlen;

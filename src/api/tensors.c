@@ -128,12 +128,12 @@ fa_status fai_check_tensor(const fa_tensor *t, const char *name, fai_tensor_use 
             return fai_fail(FA_ERR_STRIDE, "%s->%s = %lld is negative", name, sn[i],
                             (long long)strides[i]);
     if (fai_dtype_is_block(t->dtype)) { /* whole blocks: element e of a row in block e / 32 */
-        if (t->headdim % 32 != 0)
+        if (t->headdim % FAI_QBLOCK != 0)
             return fai_fail(FA_ERR_SHAPE, "%s->headdim = %lld is not a multiple of 32, the "
                                           "block of %s", name, (long long)t->headdim,
                             fa_dtype_name(t->dtype));
         for (int i = 0; i < 3; i++)
-            if (strides[i] % 32 != 0)
+            if (strides[i] % FAI_QBLOCK != 0)
                 return fai_fail(FA_ERR_STRIDE, "%s->%s = %lld is not a multiple of 32, the "
                                                "block of %s", name, sn[i],
                                 (long long)strides[i], fa_dtype_name(t->dtype));
@@ -241,7 +241,7 @@ typedef struct {
  * blocks), of es bytes. */
 static int extent_of(const fa_tensor *t, extent *e)
 {
-    const int64_t u = fai_dtype_is_block(t->dtype) ? 32 : 1;
+    const int64_t u = fai_dtype_is_block(t->dtype) ? FAI_QBLOCK : 1;
     const int64_t dims[3] = {t->batch, t->seqlen, t->heads};
     const int64_t strides[3] = {t->batch_stride / u, t->seq_stride / u, t->head_stride / u};
     int64_t last = t->headdim / u - 1;

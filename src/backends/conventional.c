@@ -335,7 +335,7 @@ static conv conv_make(const fa_context *ctx, const fai_problem *pr)
      * stored in out's dtype */
     const fa_dtype wide_enough = pr->dtype == FA_F64 ? FA_F64 : FA_F32;
     cv.t = fai_dtype_is_fp8(pr->q_dtype) ? wide_enough : pr->dtype;
-    cv.pt = fai_dtype_is_fp8(pr->q_dtype) ? pr->k_dtype : cv.t;
+    cv.pt = fai_dtype_is_fp8(pr->q_dtype) ? pr->v_dtype : cv.t;
     cv.wide = pr->dtype == FA_F64;
     cv.cs = cv.wide ? sizeof(double) : sizeof(float);
     cv.ts = fai_dtype_size(cv.t);

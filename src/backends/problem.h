@@ -104,7 +104,9 @@ static inline fa_dtype fai_role_dtype(const fai_problem *pr, fai_role r)
 {
     if (r == FAI_Q)
         return pr->q_dtype;
-    return r == FAI_K || r == FAI_DK ? pr->k_dtype : r == FAI_V || r == FAI_DV ? pr->v_dtype : pr->dtype;
+    return r == FAI_K || r == FAI_DK   ? pr->k_dtype
+           : r == FAI_V || r == FAI_DV ? pr->v_dtype
+                                       : pr->dtype;
 }
 
 /* The FP8 descale factor of (b, kv head hk) in one of the arrays (1 without one). */

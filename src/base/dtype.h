@@ -8,6 +8,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "core/quant.h"
 #include "flashattn.h"
 
 /* Bytes of one element (0 for a block format: use fai_dtype_bytes). */
@@ -18,10 +19,12 @@ size_t fai_dtype_size(fa_dtype d);
 static inline int fai_dtype_is_block(fa_dtype d) { return d == FA_Q8_0 || d == FA_Q4_0; }
 
 /* Bytes of n elements of d, and so the byte offset of element n of a run: n x the element
- * size, or n / 32 blocks of a block format (n a multiple of 32). */
+ * size, or n / FAI_QBLOCK blocks of a block format (n a multiple of FAI_QBLOCK). */
 static inline int64_t fai_dtype_bytes(fa_dtype d, int64_t n)
 {
-    return d == FA_Q8_0 ? n / 32 * 34 : d == FA_Q4_0 ? n / 32 * 18 : n * (int64_t)fai_dtype_size(d);
+    return d == FA_Q8_0   ? n / FAI_QBLOCK * FAI_Q8_0_BYTES
+           : d == FA_Q4_0 ? n / FAI_QBLOCK * FAI_Q4_0_BYTES
+                          : n * (int64_t)fai_dtype_size(d);
 }
 /* Row conversions: loads are exact; stores round to nearest even (f16/bf16 directly from the
  * source precision, never through a second rounding). FA_BOOL, a keep-mask, loads as the bias

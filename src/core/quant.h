@@ -46,15 +46,18 @@ static inline float fai_q4_0_value(float d, const uint8_t *codes, int j)
  * ggml's q8_0 rule for 32 f32 values x (all finite): amax = max |x_j|, d = amax / 127 (f32),
  * id = 1 / d (0 when d = 0), q_j = roundf(x_j id) (to nearest, halfway away from zero), and
  * the block stores d rounded to f16 (to nearest even). The codes come from the unrounded d,
- * as ggml forms them: *d_out is that f32 d; the caller rounds it to f16. |x_j id| <= 127 up to
- * a rounding of the product, whose roundf cannot pass 127.5: q_j lies in [-127, 127].
+ * as ggml forms them: *d_out is that f32 d; the caller rounds it to f16. For a normal d,
+ * |x_j id| <= 127 up to a rounding of the product, whose roundf cannot pass 127.5: q_j lies in
+ * [-127, 127]. A subnormal d (amax < 127 x 2^-126) has no exact reciprocal (ggml's codes there
+ * overflow int8, its behaviour undefined): id is taken as 0, every code 0; the block's f16
+ * scale is 0 anyway (d < 2^-25), so its values are the same zeros.
  */
 static inline void fai_q8_0_quantize(const float *x, float *d_out, int8_t *q)
 {
     float amax = 0.0f;
     for (int j = 0; j < FAI_QBLOCK; j++)
         amax = fabsf(x[j]) > amax ? fabsf(x[j]) : amax;
-    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float d = amax / 127.0f, id = isnormal(d) ? 1.0f / d : 0.0f;
     for (int j = 0; j < FAI_QBLOCK; j++)
         q[j] = (int8_t)roundf(x[j] * id);
     *d_out = d;
@@ -62,10 +65,13 @@ static inline void fai_q8_0_quantize(const float *x, float *d_out, int8_t *q)
 
 /*
  * ggml's q4_0 rule for 32 f32 values x (all finite): m = the first x_j of largest magnitude,
- * sign kept; d = m / -8 (f32), id = 1 / d (0 when d = 0); u_j = min(15, trunc(x_j id + 8.5))
- * (the truncation of ggml's (int8_t) cast: x_j id + 8.5 >= 0.5 - a rounding, so it is the
- * floor, and u_j >= 0); the block stores d rounded to f16 and the u_j as nibbles. m itself maps
- * to -8 exactly (u 0), -m to 8, clamped to u 15 (7): the format's 16 codes are asymmetric.
+ * sign kept; d = m / -8 (f32), id = 1 / d (0 when d = 0); u_j = min(15, trunc(p_j + 8.5)) with
+ * p_j = x_j id rounded to f32 before the sum (ggml's two statements: a fused multiply-add
+ * truncates differently near integers, so the product goes through a volatile, which no
+ * compiler contracts) and the truncation of ggml's (int8_t) cast (p_j + 8.5 >= 0.5 less a
+ * rounding, so it is the floor, and u_j >= 0); the block stores d rounded to f16 and the u_j as
+ * nibbles. m itself maps to -8 exactly (u 0), -m to 8, clamped to u 15 (7): the format's 16
+ * codes are asymmetric. A subnormal d (|m| < 8 x 2^-126): id 0, every u 8, as for q8_0.
  */
 static inline void fai_q4_0_quantize(const float *x, float *d_out, uint8_t *qs)
 {
@@ -75,9 +81,10 @@ static inline void fai_q4_0_quantize(const float *x, float *d_out, uint8_t *qs)
             amax = fabsf(x[j]);
             m = x[j];
         }
-    const float d = m / -8.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float d = m / -8.0f, id = isnormal(d) ? 1.0f / d : 0.0f;
     for (int j = 0; j < FAI_QBLOCK / 2; j++) {
-        const int u0 = (int)(x[j] * id + 8.5f), u1 = (int)(x[j + 16] * id + 8.5f);
+        volatile float p0 = x[j] * id, p1 = x[j + 16] * id;
+        const int u0 = (int)(p0 + 8.5f), u1 = (int)(p1 + 8.5f);
         qs[j] = (uint8_t)((u0 < 15 ? u0 : 15) | (u1 < 15 ? u1 : 15) << 4);
     }
     *d_out = d;

@@ -356,8 +356,8 @@ static void fa_f32_narrow__avx2(void *dst, fa_dtype d, int64_t n, const float *s
 static inline __attribute__((always_inline)) __m256 load8_block__avx2(const fa_dtype D,
                                                                       const char *row, int64_t p)
 {
-    const uint8_t *blk = (const uint8_t *)row + fai_dtype_bytes(D, p - p % 32);
-    const int j = (int)(p % 32);
+    const uint8_t *blk = (const uint8_t *)row + fai_dtype_bytes(D, p - p % FAI_QBLOCK);
+    const int j = (int)(p % FAI_QBLOCK);
     uint16_t h;
     memcpy(&h, blk, sizeof h);
     const __m256 d = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
@@ -511,7 +511,6 @@ pv_block__avx2(const fa_dtype D, const int FULL, const int ROWS, const int64_t *
 #define FAI_DRV_DOT_KEYS 2
 #define FAI_DRV_PV_ROWS fa_f32_pv_rows_4x16__avx2
 #define FAI_DRV_PV_VECS 2
-#define FAI_DRV_BLOCKS 1
 #include "simd/drivers_tpl.h"
 
 static const fai_kernels_f32 avx2 = {

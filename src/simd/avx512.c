@@ -363,8 +363,8 @@ static void fa_f32_narrow__avx512(void *dst, fa_dtype d, int64_t n, const float 
 static inline __attribute__((always_inline)) __m512 load_block__avx512(const fa_dtype D,
                                                                        const void *row, int64_t p)
 {
-    const uint8_t *blk = (const uint8_t *)row + fai_dtype_bytes(D, p - p % 32);
-    const int j = (int)(p % 32);
+    const uint8_t *blk = (const uint8_t *)row + fai_dtype_bytes(D, p - p % FAI_QBLOCK);
+    const int j = (int)(p % FAI_QBLOCK);
     uint16_t h;
     memcpy(&h, blk, sizeof h);
     const __m512 d = _mm512_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h))));
@@ -544,7 +544,6 @@ pv_block__avx512(const fa_dtype D, const int FULL, const int ROWS, const __mmask
 #define FAI_DRV_DOT_KEYS 4
 #define FAI_DRV_PV_ROWS fa_f32_pv_rows_4x64__avx512
 #define FAI_DRV_PV_VECS 4
-#define FAI_DRV_BLOCKS 1
 #include "simd/drivers_tpl.h"
 
 static const fai_kernels_f32 avx512 = {

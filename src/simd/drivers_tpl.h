@@ -45,10 +45,6 @@
  *                        kb, s, lds, scale): s[r lds + c] = q_r . k_c (times *scale) for
  *                        r < ROWS, c < nc <= K (WHOLE: nc = K), key c's row at k + c kb bytes;
  *                        its order of the sum over d is the set's, stated where it is defined
- *   FAI_DRV_BLOCKS       optional, 1: the blocks' loads of storage D also take the block formats
- *                        (FA_Q8_0, FA_Q4_0: dequantized exactly, core/quant.h), so dot_rows and
- *                        pv_rows read them in the order of an f32 row; without it they go to
- *                        the portable kernels
  *   FAI_DRV_PV_ROWS      the pv_rows kernel's name (fa_f32_pv_rows_4xP__isa), and
  *   FAI_DRV_PV_VECS      the vectors of its block (P = VECS LANES dims) pv_block(D, FULL, ROWS,
  *                        tail, n, p, ldp, v, vb, p0, acc, lda): acc rows r < ROWS, dims
@@ -175,9 +171,10 @@ dot_rows_dtype(const fa_dtype D, int64_t nr, int64_t n, int64_t d, const float *
     }
 }
 
-/* The dtypes with a vector widening instantiate the driver (the block formats where the set
- * defines FAI_DRV_BLOCKS: its loads dequantize them); the others go to the portable kernel
- * (simd/scalar.c). */
+/* The dtypes with a vector widening instantiate the driver: f32, f16, bf16 and the block
+ * formats, whose loads (every set's dot_block and pv_block take D = FA_Q8_0 and FA_Q4_0)
+ * dequantize exactly (core/quant.h), so their rows are read in an f32 row's order; the others
+ * go to the portable kernel (simd/scalar.c). */
 static void FAI_DRV_DOT_ROWS(int64_t nr, int64_t n, int64_t d, const float *q, int64_t ldq,
                              const void *k, int64_t ldk, fa_dtype kd, float *s, int64_t lds,
                              const float *scale)
@@ -188,12 +185,10 @@ static void FAI_DRV_DOT_ROWS(int64_t nr, int64_t n, int64_t d, const float *q, i
         dot_rows_dtype(FA_BF16, nr, n, d, q, ldq, k, ldk, s, lds, scale);
     else if (kd == FA_F32)
         dot_rows_dtype(FA_F32, nr, n, d, q, ldq, k, ldk, s, lds, scale);
-#if FAI_DRV_BLOCKS
     else if (kd == FA_Q8_0)
         dot_rows_dtype(FA_Q8_0, nr, n, d, q, ldq, k, ldk, s, lds, scale);
     else if (kd == FA_Q4_0)
         dot_rows_dtype(FA_Q4_0, nr, n, d, q, ldq, k, ldk, s, lds, scale);
-#endif
     else
         fai_dot_rows_f32_portable(nr, n, d, q, ldq, k, ldk, kd, s, lds, scale);
 }
@@ -240,18 +235,15 @@ static void FAI_DRV_PV_ROWS(int64_t nr, int64_t n, int64_t dv, const float *p, i
         pv_rows_dtype(FA_BF16, nr, n, dv, p, ldp, v, ldv, acc, lda);
     else if (vd == FA_F32)
         pv_rows_dtype(FA_F32, nr, n, dv, p, ldp, v, ldv, acc, lda);
-#if FAI_DRV_BLOCKS
     else if (vd == FA_Q8_0)
         pv_rows_dtype(FA_Q8_0, nr, n, dv, p, ldp, v, ldv, acc, lda);
     else if (vd == FA_Q4_0)
         pv_rows_dtype(FA_Q4_0, nr, n, dv, p, ldp, v, ldv, acc, lda);
-#endif
     else
         fai_pv_rows_f32_portable(nr, n, dv, p, ldp, v, ldv, vd, acc, lda);
 }
 
 #undef FAI_DRV_ROWS_SWITCH
-#undef FAI_DRV_BLOCKS
 #undef FAI_DRV_PV_KEYS
 #undef FAI_DRV_PV_DIMS
 #undef FAI_DRV_UPTO_1

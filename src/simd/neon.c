@@ -265,8 +265,8 @@ static void fa_f32_narrow__neon(void *dst, fa_dtype d, int64_t n, const float *s
 static inline __attribute__((always_inline)) float32x4_t
 load4_block__neon(const fa_dtype D, const void *row, int64_t p)
 {
-    const uint8_t *blk = (const uint8_t *)row + fai_dtype_bytes(D, p - p % 32);
-    const int j = (int)(p % 32);
+    const uint8_t *blk = (const uint8_t *)row + fai_dtype_bytes(D, p - p % FAI_QBLOCK);
+    const int j = (int)(p % FAI_QBLOCK);
     uint16_t h;
     memcpy(&h, blk, sizeof h);
     const float d = vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0);
@@ -420,7 +420,6 @@ pv_block__neon(const fa_dtype D, const int FULL, const int ROWS, const int64_t *
 #define FAI_DRV_DOT_KEYS 4
 #define FAI_DRV_PV_ROWS fa_f32_pv_rows_4x16__neon
 #define FAI_DRV_PV_VECS 4
-#define FAI_DRV_BLOCKS 1
 #include "simd/drivers_tpl.h"
 
 static const fai_kernels_f32 neon = {

@@ -229,6 +229,7 @@ int64_t fai_tiled_decode_keys(const fa_context *ctx, const fai_problem *pr)
     /* the decode kernels read f32, f16, bf16 and block-format rows */
     const int applies = pr->dtype != FA_F64 && pr->drop.threshold == 0 && !fai_row_biased(pr) &&
                         !fai_dtype_is_fp8(pr->q_dtype) && !fai_dtype_is_fp8(pr->k_dtype) &&
+                        !fai_dtype_is_fp8(pr->v_dtype) &&
                         pr->group * pr->sq <= DECODE_ROWS && !forced.decode_off &&
                         forced.bq == 0; /* forced tiles (FA_TILES) are for the tiles */
     return applies ? DECODE_KEYS : 0;
