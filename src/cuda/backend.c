@@ -176,10 +176,10 @@ static fa_status fill(fa_context *ctx, const fai_problem *pr, fai_cuda_args *a)
 {
     memset(a, 0, sizeof *a);
     if (fai_dtype_is_block(pr->k_dtype) || fai_dtype_is_block(pr->v_dtype))
-        return fai_fail(FA_ERR_UNSUPPORTED, "k->dtype = %s, v->dtype = %s: the CUDA backend "
-                                            "does not read block-format caches yet (the CPU "
-                                            "backends do)", fa_dtype_name(pr->k_dtype),
-                        fa_dtype_name(pr->v_dtype));
+        return fai_fail(FA_ERR_UNSUPPORTED, "%s->dtype is a block format (q8_0 or q4_0): the "
+                                            "CUDA backend does not read block-format caches yet "
+                                            "(the CPU backends do)",
+                        fai_dtype_is_block(pr->k_dtype) ? "k" : "v");
     a->dtype = (int)pr->dtype;
     a->q_dtype = (int)pr->q_dtype;
     a->kv_dtype = (int)pr->k_dtype; /* v's too: only block formats differ */
