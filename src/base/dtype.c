@@ -206,12 +206,14 @@ static inline uint16_t f32_to_bf16(float f)
 /* n elements (a multiple of 32) of blocks of format d dequantized into dst (core/quant.h). */
 static void load_blocks(const uint8_t *src, fa_dtype d, int64_t n, float *dst)
 {
-    const int64_t bytes = fai_dtype_bytes(d, FAI_QBLOCK);
-    for (int64_t b = 0; b < n / FAI_QBLOCK; b++, src += bytes, dst += FAI_QBLOCK) {
-        const float scale = f16_to_f32((uint16_t)(src[0] | src[1] << 8));
+    for (int64_t p = 0; p < n; p += FAI_QBLOCK) {
+        int j0;
+        uint16_t h;
+        const uint8_t *blk = fai_block_at(d, src, p, &j0, &h);
+        const float scale = f16_to_f32(h);
         for (int j = 0; j < FAI_QBLOCK; j++)
-            dst[j] = d == FA_Q8_0 ? fai_q8_0_value(scale, src + 2, j)
-                                  : fai_q4_0_value(scale, src + 2, j);
+            dst[p + j] = d == FA_Q8_0 ? fai_q8_0_value(scale, blk + 2, j)
+                                      : fai_q4_0_value(scale, blk + 2, j);
     }
 }
 

@@ -26,6 +26,18 @@ static inline int64_t fai_dtype_bytes(fa_dtype d, int64_t n)
            : d == FA_Q4_0 ? n / FAI_QBLOCK * FAI_Q4_0_BYTES
                           : n * (int64_t)fai_dtype_size(d);
 }
+
+/* Element p of a row of blocks of format d: the address of its block (whose codes start two
+ * bytes in), *j its place in the block, *scale the block's binary16 scale d as stored (its
+ * two bytes little-endian: core/quant.h). Every reader of a block starts here. */
+static inline const uint8_t *fai_block_at(fa_dtype d, const void *row, int64_t p, int *j,
+                                          uint16_t *scale)
+{
+    const uint8_t *blk = (const uint8_t *)row + fai_dtype_bytes(d, p - p % FAI_QBLOCK);
+    *j = (int)(p % FAI_QBLOCK);
+    *scale = (uint16_t)(blk[0] | blk[1] << 8);
+    return blk;
+}
 /* Row conversions: loads are exact; stores round to nearest even (f16/bf16 directly from the
  * source precision, never through a second rounding). FA_BOOL, a keep-mask, loads as the bias
  * it means (0 where it keeps, -inf where it masks) and stores back (-inf: 0, else 1). A block

@@ -356,10 +356,9 @@ static void fa_f32_narrow__avx2(void *dst, fa_dtype d, int64_t n, const float *s
 static inline __attribute__((always_inline)) __m256 load8_block__avx2(const fa_dtype D,
                                                                       const char *row, int64_t p)
 {
-    const uint8_t *blk = (const uint8_t *)row + fai_dtype_bytes(D, p - p % FAI_QBLOCK);
-    const int j = (int)(p % FAI_QBLOCK);
+    int j;
     uint16_t h;
-    memcpy(&h, blk, sizeof h);
+    const uint8_t *blk = fai_block_at(D, row, p, &j, &h);
     const __m256 d = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(h)));
     __m256i q;
     if (D == FA_Q8_0) {

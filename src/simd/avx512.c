@@ -363,10 +363,9 @@ static void fa_f32_narrow__avx512(void *dst, fa_dtype d, int64_t n, const float 
 static inline __attribute__((always_inline)) __m512 load_block__avx512(const fa_dtype D,
                                                                        const void *row, int64_t p)
 {
-    const uint8_t *blk = (const uint8_t *)row + fai_dtype_bytes(D, p - p % FAI_QBLOCK);
-    const int j = (int)(p % FAI_QBLOCK);
+    int j;
     uint16_t h;
-    memcpy(&h, blk, sizeof h);
+    const uint8_t *blk = fai_block_at(D, row, p, &j, &h);
     const __m512 d = _mm512_set1_ps(_mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(h))));
     __m512i q;
     if (D == FA_Q8_0) {

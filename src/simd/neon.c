@@ -265,10 +265,9 @@ static void fa_f32_narrow__neon(void *dst, fa_dtype d, int64_t n, const float *s
 static inline __attribute__((always_inline)) float32x4_t
 load4_block__neon(const fa_dtype D, const void *row, int64_t p)
 {
-    const uint8_t *blk = (const uint8_t *)row + fai_dtype_bytes(D, p - p % FAI_QBLOCK);
-    const int j = (int)(p % FAI_QBLOCK);
+    int j;
     uint16_t h;
-    memcpy(&h, blk, sizeof h);
+    const uint8_t *blk = fai_block_at(D, row, p, &j, &h);
     const float d = vgetq_lane_f32(vcvt_f32_f16(vreinterpret_f16_u16(vdup_n_u16(h))), 0);
     uint32_t w; /* the 4 code bytes: q8_0's j .. j + 3; q4_0's nibbles in bytes j % 16 .. */
     memcpy(&w, blk + 2 + (D == FA_Q8_0 ? j : j % 16), sizeof w);
