@@ -278,6 +278,92 @@ START_TEST(fp8_cache_under_f32_q)
 }
 END_TEST
 
+/*
+ * An FP8 cache on the decode path (Sq = 1, GQA 4, f32 q): out and LSE bit for bit those of an
+ * f32 cache holding its widened values, on the tiled backend with every kernel set this CPU
+ * runs, 1 and 2 threads; D 128 (whole vectors) and D 38 (every set's partial vector); the
+ * codes: every finite one of the format (subnormals among them) in K, normals in V but for a
+ * NaN in one row of one kv head (its rows' last dim NaN in both). Then descales per
+ * kv head against the f32 cache of the descaled values: to f32 rounding (a descale applied
+ * twice or to the wrong head is off by the descale itself).
+ */
+START_TEST(fp8_cache_decode_reads_widened_values)
+{
+    const fa_dtype kvd = _i % 2 ? FA_E5M2 : FA_E4M3;
+    const int64_t B = 2, sq = 1, sk = 700, hq = 8, hk = 2, D = _i < 2 ? 128 : 38;
+    fwd_set a, w;
+    fwd_alloc(&a, FA_F32, kvd, FA_F32, B, sq, sk, hq, hk, D);
+    fwd_alloc(&w, FA_F32, FA_F32, FA_F32, B, sq, sk, hq, hk, D);
+    ht_fill(&a.q, 11, -1, 1), ht_fill(&w.q, 11, -1, 1);
+    fill_fp8(&a.v, 12, 2);
+    uint64_t x = 13; /* K: random codes, every finite one among them */
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t s = 0; s < sk; s++)
+            for (int64_t h = 0; h < hk; h++)
+                for (int64_t d = 0; d < D; d++) {
+                    x = x * 6364136223846793005u + 1442695040888963407u;
+                    uint8_t c = (uint8_t)(x >> 56);
+                    if (isnan(fp8_value(kvd, c)) || isinf(fp8_value(kvd, c)))
+                        c &= 0x83; /* keep NaN and inf out of K: V's NaN row tests that */
+                    ((uint8_t *)a.k.t.data)[b * a.k.t.batch_stride + s * a.k.t.seq_stride +
+                                            h * a.k.t.head_stride + d] = c;
+                }
+    ht_set(&a.v, 1, sk / 2, 1, D - 1, NAN);
+    for (int64_t b = 0; b < B; b++) /* the f32 twin: the very values */
+        for (int64_t s = 0; s < sk; s++)
+            for (int64_t h = 0; h < hk; h++)
+                for (int64_t d = 0; d < D; d++) {
+                    ht_set(&w.k, b, s, h, d, ht_get(&a.k, b, s, h, d));
+                    ht_set(&w.v, b, s, h, d, ht_get(&a.v, b, s, h, d));
+                }
+    fa_params p;
+    fa_params_init(&p);
+    int runs = 0;
+    for (int i = 0; i < ht_nisas; i++) {
+        if (!ht_isa_tested(i, FA_F32))
+            continue;
+        ht_isa = ht_isas[i];
+        for (int threads = 1; threads <= 2; threads++) {
+            ht_poison(&a.o), ht_poison(&w.o);
+            ck_assert_int_eq(ht_forward(FA_BACKEND_TILED, threads, &p, &a.q.t, &a.k.t, &a.v.t,
+                                        &a.o.t, &a.l.t), FA_OK);
+            ck_assert_int_eq(ht_forward(FA_BACKEND_TILED, threads, &p, &w.q.t, &w.k.t, &w.v.t,
+                                        &w.o.t, &w.l.t), FA_OK);
+            ck_assert_msg(!memcmp(a.o.t.data, w.o.t.data, a.o.nbytes - 8) &&
+                              !memcmp(a.l.t.data, w.l.t.data, a.l.nbytes - 8),
+                          "%s cache, D %lld, isa %s, %d threads: out or LSE differs",
+                          fa_dtype_name(kvd), (long long)D, fa_isa_name(ht_isa), threads);
+            runs++;
+        }
+    }
+    ht_isa = FA_ISA_AUTO;
+    ck_assert_int_ge(runs, 2);
+    ck_assert(isnan(ht_get(&a.o, 1, 0, 4, D - 1)) && !isnan(ht_get(&a.o, 1, 0, 3, D - 1)));
+    ck_assert_int_gt(ht_decode_keys(1, &p, &a.q.t, &a.k.t, &a.v.t), 0); /* decode it was */
+
+    float dk[4], dv[4];
+    for (int y = 0; y < 4; y++)
+        dk[y] = descale_of[y], dv[y] = descale_of[(y + 1) % 4];
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t s = 0; s < sk; s++)
+            for (int64_t h = 0; h < hk; h++)
+                for (int64_t d = 0; d < D; d++) {
+                    ht_set(&w.k, b, s, h, d, dk[b * hk + h] * ht_get(&a.k, b, s, h, d));
+                    ht_set(&w.v, b, s, h, d, dv[b * hk + h] * ht_get(&a.v, b, s, h, d));
+                }
+    ht_set(&a.v, 1, sk / 2, 1, D - 1, 1), ht_set(&w.v, 1, sk / 2, 1, D - 1, dv[3]);
+    run(FA_BACKEND_TILED, &p, &w);
+    p.descale_k = dk, p.descale_v = dv, p.descale_layout = FA_DESCALE_PER_KV_HEAD;
+    run(FA_BACKEND_TILED, &p, &a);
+    ck_assert_msg(ht_max_err(&a.o, &w.o) <= 1e-5 * ht_max_abs(&w.o), "descales: O %g apart",
+                  ht_max_err(&a.o, &w.o));
+    ck_assert_msg(ht_max_err(&a.l, &w.l) <= 1e-5 * ht_max_abs(&w.l) + 1e-6,
+                  "descales: LSE %g apart", ht_max_err(&a.l, &w.l));
+    fwd_free(&a);
+    fwd_free(&w);
+}
+END_TEST
+
 /* Each bad FP8 argument: its own status, and no output written. */
 START_TEST(bad_fp8_arguments)
 {
@@ -341,6 +427,7 @@ Suite *make_fp8_suite(void)
     tcase_add_loop_test(tc, descale_applied_once, 0, 2);
     tcase_add_loop_test(tc, fp8_rule_passes_fused_fails_bugs, 0, 3);
     tcase_add_loop_test(tc, fp8_cache_under_f32_q, 0, 2);
+    tcase_add_loop_test(tc, fp8_cache_decode_reads_widened_values, 0, 4);
     tcase_add_test(tc, bad_fp8_arguments);
     suite_add_tcase(s, tc);
     return s;

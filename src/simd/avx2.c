@@ -270,7 +270,8 @@ static float fa_f32_max__avx2(int64_t n, const float *x)
  * subnormals f16 subnormals), so that f16 times 2^8 is the value, exact in f32; its NaN
  * (magnitude 0x7f) becomes the default quiet NaN with the code's sign, as in base/dtype.c.
  */
-static __m256 fp8_widen8__avx2(fa_dtype d, const uint8_t *p)
+static inline __attribute__((always_inline)) __m256 fp8_widen8__avx2(fa_dtype d,
+                                                                     const uint8_t *p)
 {
     const __m128i c = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
     if (d == FA_E5M2)
@@ -374,10 +375,20 @@ static inline __attribute__((always_inline)) __m256 load8_block__avx2(const fa_d
 
 /* Eight f32 of a row of storage D from element p: all of them (FULL), or the first `left`
  * (< 8) with zeros after, read no further; f16 and bf16 widened exactly, as widen does; a
- * block format dequantized (load8_block__avx2; its rows are whole blocks, so never partial). */
+ * block format dequantized (load8_block__avx2; its rows are whole blocks, so never partial);
+ * FP8 by fp8_widen8__avx2. */
 static inline __attribute__((always_inline)) __m256
 load8_widen__avx2(const fa_dtype D, const int FULL, int64_t left, const char *row, int64_t p)
 {
+    if (D == FA_E4M3 || D == FA_E5M2) {
+        const uint8_t *c = (const uint8_t *)row + p;
+        uint8_t t[8] = {0};
+        if (!FULL) {
+            memcpy(t, c, (size_t)left);
+            c = t;
+        }
+        return fp8_widen8__avx2(D, c);
+    }
     if (D == FA_Q8_0 || D == FA_Q4_0) {
         const __m256 x = load8_block__avx2(D, row, p);
         return FULL ? x : _mm256_and_ps(x, _mm256_castsi256_ps(lanes_below(left)));

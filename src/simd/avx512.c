@@ -284,7 +284,9 @@ static float fa_f32_max__avx512(int64_t n, const float *x)
 /* 16 FP8 codes (lanes outside mk read as 0), exactly, as fp8_widen8__avx2 says (avx2.c): e5m2
  * is an f16's top byte; e4m3's magnitude << 7 is an f16 of 2^-8 its value; its NaN the default
  * quiet NaN with the code's sign. */
-static __m512 fp8_widen16__avx512(fa_dtype d, const uint8_t *p, __mmask16 mk)
+static inline __attribute__((always_inline)) __m512 fp8_widen16__avx512(fa_dtype d,
+                                                                         const uint8_t *p,
+                                                                         __mmask16 mk)
 {
     const __m256i c = _mm256_cvtepu8_epi16(_mm_maskz_loadu_epi8(mk, p));
     if (d == FA_E5M2)
@@ -381,12 +383,15 @@ static inline __attribute__((always_inline)) __m512 load_block__avx512(const fa_
 
 /* 16 elements of a stored row from element p, widened exactly (lanes outside mk are 0); the
  * dtype is a constant where this is inlined, FULL loads without a mask; a block format
- * dequantized (load_block__avx512: its rows are whole blocks, so never partial). */
+ * dequantized (load_block__avx512: its rows are whole blocks, so never partial); FP8 by
+ * fp8_widen16__avx512. */
 static inline __attribute__((always_inline)) __m512 load_widen__avx512(const fa_dtype D,
                                                                        const int FULL,
                                                                        __mmask16 mk,
                                                                        const void *row, int64_t p)
 {
+    if (D == FA_E4M3 || D == FA_E5M2)
+        return fp8_widen16__avx512(D, (const uint8_t *)row + p, FULL ? (__mmask16)0xffff : mk);
     if (D == FA_Q8_0 || D == FA_Q4_0)
         return FULL ? load_block__avx512(D, row, p)
                     : _mm512_maskz_mov_ps(mk, load_block__avx512(D, row, p));

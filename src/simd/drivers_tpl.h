@@ -171,10 +171,10 @@ dot_rows_dtype(const fa_dtype D, int64_t nr, int64_t n, int64_t d, const float *
     }
 }
 
-/* The dtypes with a vector widening instantiate the driver: f32, f16, bf16 and the block
- * formats, whose loads (every set's dot_block and pv_block take D = FA_Q8_0 and FA_Q4_0)
- * dequantize exactly (core/quant.h), so their rows are read in an f32 row's order; the others
- * go to the portable kernel (simd/scalar.c). */
+/* Every K/V dtype of a decode has a vector widening that instantiates the driver: f32, f16,
+ * bf16, FP8 and the block formats (every set's dot_block and pv_block take them), each widened
+ * or dequantized exactly (base/dtype.c, core/quant.h), so their rows are read in an f32 row's
+ * order; any other goes to the portable kernel (simd/scalar.c). */
 static void FAI_DRV_DOT_ROWS(int64_t nr, int64_t n, int64_t d, const float *q, int64_t ldq,
                              const void *k, int64_t ldk, fa_dtype kd, float *s, int64_t lds,
                              const float *scale)
@@ -189,6 +189,10 @@ static void FAI_DRV_DOT_ROWS(int64_t nr, int64_t n, int64_t d, const float *q, i
         dot_rows_dtype(FA_Q8_0, nr, n, d, q, ldq, k, ldk, s, lds, scale);
     else if (kd == FA_Q4_0)
         dot_rows_dtype(FA_Q4_0, nr, n, d, q, ldq, k, ldk, s, lds, scale);
+    else if (kd == FA_E4M3)
+        dot_rows_dtype(FA_E4M3, nr, n, d, q, ldq, k, ldk, s, lds, scale);
+    else if (kd == FA_E5M2)
+        dot_rows_dtype(FA_E5M2, nr, n, d, q, ldq, k, ldk, s, lds, scale);
     else
         fai_dot_rows_f32_portable(nr, n, d, q, ldq, k, ldk, kd, s, lds, scale);
 }
@@ -239,6 +243,10 @@ static void FAI_DRV_PV_ROWS(int64_t nr, int64_t n, int64_t dv, const float *p, i
         pv_rows_dtype(FA_Q8_0, nr, n, dv, p, ldp, v, ldv, acc, lda);
     else if (vd == FA_Q4_0)
         pv_rows_dtype(FA_Q4_0, nr, n, dv, p, ldp, v, ldv, acc, lda);
+    else if (vd == FA_E4M3)
+        pv_rows_dtype(FA_E4M3, nr, n, dv, p, ldp, v, ldv, acc, lda);
+    else if (vd == FA_E5M2)
+        pv_rows_dtype(FA_E5M2, nr, n, dv, p, ldp, v, ldv, acc, lda);
     else
         fai_pv_rows_f32_portable(nr, n, dv, p, ldp, v, ldv, vd, acc, lda);
 }

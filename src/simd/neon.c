@@ -219,8 +219,40 @@ dsoftmax_vec__neon(const int FULL, int64_t left, const float *s, double lse, con
 
 /* f16 by FCVTL, bf16 by a 16-bit left shift into 32 bits: both exact, NaN payloads kept. The
  * last partial vector goes through zero-padded copies. */
+/* 4 FP8 codes, exactly, as fp8_widen8__avx2 says (avx2.c): e5m2 is an f16's top byte; e4m3's
+ * magnitude << 7 is an f16 of 2^-8 its value (FCVTL widens f16 subnormals exactly); its NaN
+ * the default quiet NaN with the code's sign, as in base/dtype.c. */
+static inline __attribute__((always_inline)) float32x4_t fp8_widen4__neon(const fa_dtype D,
+                                                                          const uint8_t *p)
+{
+    uint32_t w;
+    memcpy(&w, p, sizeof w);
+    const uint16x4_t c = vget_low_u16(vmovl_u8(vcreate_u8(w)));
+    if (D == FA_E5M2)
+        return vcvt_f32_f16(vreinterpret_f16_u16(vshl_n_u16(c, 8)));
+    const uint16x4_t sign = vshl_n_u16(vand_u16(c, vdup_n_u16(0x80)), 8),
+                     mag = vand_u16(c, vdup_n_u16(0x7f));
+    const float32x4_t f = vmulq_n_f32(
+        vcvt_f32_f16(vreinterpret_f16_u16(vorr_u16(sign, vshl_n_u16(mag, 7)))), 256.0f);
+    const uint32x4_t nan = vorrq_u32(vshll_n_u16(sign, 16), vdupq_n_u32(0x7fc00000));
+    const uint32x4_t is_nan =
+        vreinterpretq_u32_s32(vmovl_s16(vreinterpret_s16_u16(vceq_u16(mag, vdup_n_u16(0x7f)))));
+    return vbslq_f32(is_nan, vreinterpretq_f32_u32(nan), f);
+}
+
 static void fa_f32_widen__neon(const void *src, fa_dtype d, int64_t n, float *dst)
 {
+    if (d == FA_E4M3 || d == FA_E5M2) {
+        for (int64_t i = 0; i < n; i += 4) {
+            const int64_t w = n - i < 4 ? n - i : 4;
+            uint8_t t[4] = {0, 0, 0, 0};
+            memcpy(t, (const uint8_t *)src + i, (size_t)w);
+            float o[4];
+            vst1q_f32(o, d == FA_E4M3 ? fp8_widen4__neon(FA_E4M3, t) : fp8_widen4__neon(FA_E5M2, t));
+            memcpy(dst + i, o, (size_t)w * sizeof(float));
+        }
+        return;
+    }
     if (d != FA_F16 && d != FA_BF16) {
         fai_load_f32(src, d, n, dst);
         return;
@@ -289,6 +321,15 @@ load4_block__neon(const fa_dtype D, const void *row, int64_t p)
 static inline __attribute__((always_inline)) float32x4_t
 load4_widen__neon(const fa_dtype D, const int WHOLE, int64_t left, const void *row, int64_t p)
 {
+    if (D == FA_E4M3 || D == FA_E5M2) {
+        const uint8_t *c = (const uint8_t *)row + p;
+        uint8_t t[4] = {0, 0, 0, 0};
+        if (!WHOLE) {
+            memcpy(t, c, (size_t)left);
+            c = t;
+        }
+        return fp8_widen4__neon(D, c);
+    }
     if (D == FA_Q8_0 || D == FA_Q4_0) {
         float32x4_t x = load4_block__neon(D, row, p);
         if (!WHOLE) {

@@ -269,7 +269,8 @@ static void decode_chunk(const decode_group *dg, const fai_kernels_f32 *kern,
         for (int64_t r = 0; r < R; r++)
             kern->widen(fai_q_row(pr, FAI_Q, b, h * G + r % G, r / G), pr->dtype, dqk,
                         w->q + ((h - h0) * R + r) * dqk);
-    const float scale = (float)pr->score.scale;
+    /* an FP8 cache's descale_k folds into the score scale, per kv head, as in the tiles */
+    fai_score score = pr->score;
     /* the first PREFETCH keys are fetched up front for every head at once (1/32 of a whole
      * chunk's rows): nothing is in flight yet, and the first calls need them at once */
     const int64_t first = cs1 - cs0 < PREFETCH ? cs1 : cs0 + PREFETCH;
@@ -280,6 +281,7 @@ static void decode_chunk(const decode_group *dg, const fai_kernels_f32 *kern,
         for (int64_t h = h0; h < h1; h++) {
             if (f0 < f1)
                 prefetch_keys(pr, FAI_K, b, h, h + 1, j0 + f0, j0 + f1, dqk, w->runs);
+            const float scale = (float)(pr->score.scale * fai_descale_qk(pr, b, h));
             for (int64_t x = c; x < e;) { /* run by run (a page at a time) */
                 const int64_t nx = fai_kv_run_len(pr, j0 + x, e - x);
                 int64_t ldk;
@@ -302,8 +304,9 @@ static void decode_chunk(const decode_group *dg, const fai_kernels_f32 *kern,
                 continue;
             if (!dg->scale_only) {
                 const float slope = fai_slope(pr, h * G + r % G);
+                score.scale = pr->score.scale * fai_descale_qk(pr, b, h);
                 for (int64_t c = c0; c < c1; c++)
-                    s[c] = fai_score_f32(&pr->score, s[c], slope, i, j0 + c, NULL);
+                    s[c] = fai_score_f32(&score, s[c], slope, i, j0 + c, NULL);
             }
             m[r] = kern->max(c1 - c0, s + c0);
             if (m[r] == -INFINITY) /* only -inf scores: P = 0, whose terms 0 v still enter */
@@ -364,10 +367,12 @@ static void decode_finish(const decode_group *dg, const fai_kernels_f32 *kern, i
     float f;
     if (!fai_online_end_f32(*m, *l, fai_sink(pr, h), (float)pr->keep_scale, &lse, &f))
         memset(acc, 0, (size_t)dv * sizeof(float)); /* an empty row is exactly 0 */
-    else
+    else {
+        f *= (float)fai_descale_v(pr, b, hk); /* 1 but for an FP8 v */
 #pragma omp simd
         for (int64_t d = 0; d < dv; d++)
             acc[d] = fai_online_out_f32(acc[d], f);
+    }
     kern->narrow(fai_q_row(pr, FAI_OUT, b, h, i), pr->dtype, dv, acc);
     if (fai_io(pr, FAI_LSE))
         fai_lse_write(pr, b, h, i, lse);
