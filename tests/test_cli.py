@@ -504,6 +504,58 @@ def fp8_check_against_the_fp8_yardstick():
     assert "FP8 K/V" in p.stderr
 
 
+def ggml_blocks(fmt, n):
+    """n random blocks of ggml's q8_0 or q4_0 (bytes, n x 34 or 18) and their values (n x 32,
+    f32), from the format's definition: an f16 scale d, then int8 codes q (value d q) or 16
+    bytes of nibbles (element j < 16 the low nibble u of byte j, j >= 16 the high nibble of
+    byte j - 16; value d (u - 8))."""
+    d = (RNG.uniform(0.5, 2, n) * 2.0 ** RNG.integers(-6, 0, n)).astype(np.float16)
+    if fmt == "q8_0":
+        q = RNG.integers(-128, 128, (n, 32)).astype(np.int8)
+        codes, vals = q.view(np.uint8), q.astype(np.float32)
+    else:
+        u = RNG.integers(0, 16, (n, 32)).astype(np.uint8)
+        codes, vals = u[:, :16] | (u[:, 16:] << 4), u.astype(np.float32) - 8
+    return (np.concatenate([d.view(np.uint8).reshape(n, 2), codes], axis=1),
+            d.astype(np.float32)[:, None] * vals)
+
+
+@test
+def block_cache_files():
+    """--k-dtype q8_0 --v-dtype q4_0 read uint8 files of ggml blocks (last dim a row's bytes):
+    forward gives the bits of the f32 files of their values (decode: Sq 1, GQA 4; and tiles);
+    check judges against the dequantized values: the candidate passes, a 1% error fails; bad
+    files and names are refused naming the option, nothing written."""
+    b, s, h, d = 2, 300, 2, 64
+    kb, kv = ggml_blocks("q8_0", b * s * h * d // 32)
+    vb, vv = ggml_blocks("q4_0", b * s * h * d // 32)
+    k8 = save("qk8.npy", kb.reshape(b, s, h, d // 32 * 34))
+    v4 = save("qv4.npy", vb.reshape(b, s, h, d // 32 * 18))
+    kf, vf = save("qkf.npy", kv.reshape(b, s, h, d)), save("qvf.npy", vv.reshape(b, s, h, d))
+    blocks = ["--k-dtype", "q8_0", "--v-dtype", "q4_0"]
+    for sq, hq in ((1, 8), (40, 2)):
+        q = save("qq.npy", RNG.standard_normal((b, sq, hq, d)).astype(np.float32))
+        o, l = forward(*blocks, files=[q, k8, v4], out="qob.npy", lse="qlb.npy")
+        of, lf = forward(files=[q, kf, vf], out="qof.npy", lse="qlf.npy")
+        assert same_bits([o, l], [of, lf]), sq
+        p = check(o, l, *blocks, files=[q, k8, v4], code=0)
+        assert "PASS" in p.stdout
+        bad = np.load(o)
+        bad[0, 0, 0] *= 1.01
+        check(save("qobad.npy", bad), l, *blocks, files=[q, k8, v4], code=1)
+    for files, opts, why in [
+            ([q, k8, v4], ["--k-dtype", "q4_0", "--v-dtype", "q4_0"], "not whole q4_0 blocks"),
+            ([q, kf, v4], blocks, "not a uint8 array"),
+            ([q, k8, vf], ["--k-dtype", "q8_0"], "block-format cache"),
+            ([q, k8, v4], ["--k-dtype", "q5_0"], "expected q8_0 or q4_0")]:
+        p = run("forward", *qkv_args(files), *opts, "--out", path("qx.npy"), code=2)
+        assert why in p.stderr, (opts, p.stderr)
+        assert not os.path.exists(path("qx.npy"))
+    p = run("backward", *qkv_args([q, k8, v4]), *blocks, "--out", o, "--lse", l, "--dout", o,
+            "--dq", path("qdq.npy"), "--dk", path("qdk.npy"), "--dv", path("qdv.npy"), code=2)
+    assert "--k-dtype" in p.stderr and not os.path.exists(path("qdq.npy"))
+
+
 @test
 def fp8_bad_descale_files():
     files, opts, _ = fp8_case("e5m2", False, "f8b")

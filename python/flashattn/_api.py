@@ -543,9 +543,25 @@ def _indices(x, name: str):
 # ------------------------------------------------------------------ dense
 
 
+_BLOCK_FORMATS = {"q8_0": N.Q8_0, "q4_0": N.Q4_0}
+
+
+def _kv_blocks(kv_dtype) -> tuple:
+    """k's and v's block formats from attention's kv_dtype (None, None where it is None)."""
+    if kv_dtype is None:
+        return None, None
+    names = (kv_dtype, kv_dtype) if isinstance(kv_dtype, str) else kv_dtype
+    try:
+        k_fmt, v_fmt = (_BLOCK_FORMATS[n] for n in names)
+    except (TypeError, ValueError, KeyError):
+        raise N.InvalidArgumentError(f"kv_dtype={kv_dtype!r}: expected \"q8_0\", \"q4_0\" or a "
+                                     "pair of them (k's, v's)", N.FA_ERR_DTYPE) from None
+    return k_fmt, v_fmt
+
+
 @_options("score dropout bias fp8 backend isa threads det")
 def attention(q, k, v, *, layout: str = "bshd", return_lse: bool = False, out=None,
-              out_dtype=None, **opts):
+              out_dtype=None, kv_dtype=None, **opts):
     """Exact attention: out = softmax(scale q k^T + mask and biases) v (fa_forward).
 
     q is (B, Sq, Hq, D), k (B, Sk, Hk, D) and v (B, Sk, Hk, Dv) in layout "bshd" (the
@@ -567,13 +583,19 @@ def attention(q, k, v, *, layout: str = "bshd", return_lse: bool = False, out=No
     {options}
     out_dtype: FP8 q only: out's dtype, "float32", "float16", "bfloat16" (the default) or
         "float64" (names, numpy or torch dtypes).
+    kv_dtype: "q8_0" or "q4_0" (or a pair, k's and v's): k and v are uint8 arrays of ggml's
+        blocks (llama.cpp's -ctk/-ctv cache), their last dim a row's bytes (D / 32 x 34 for
+        q8_0, x 18 for q4_0; rows contiguous), under float32, float16 or bfloat16 q; forward
+        only. The blocks' dequantized values are what attention reads (docs/DESIGN.md §1).
 
     Raises InvalidArgumentError (a ValueError) naming the argument for bad input, with
     nothing written; UnsupportedError, OutOfMemoryError, BackendUnavailableError, DeviceError.
     """
     layout = _layout(layout)
+    k_fmt, v_fmt = _kv_blocks(kv_dtype)
     frame = Frame(q, "q")
-    vq, vk, vv = frame.view(q, "q"), frame.view(k, "k"), frame.view(v, "v")
+    vq = frame.view(q, "q")
+    vk, vv = frame.view(k, "k", block=k_fmt), frame.view(v, "v", block=v_fmt)
     tq, tk, tv = vq.tensor(layout, "q"), vk.tensor(layout, "k"), vv.tensor(layout, "v")
     call = _Call(frame, tq.heads, opts, kv_shape=(tq.batch, tk.heads))
     given = out is not None

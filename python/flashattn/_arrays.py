@@ -24,7 +24,7 @@ from . import _native as N
 # ------------------------------------------------------------------ DLPack (dlpack.h, v0.8)
 
 KDL_CPU, KDL_CUDA, KDL_CUDA_HOST, KDL_CUDA_MANAGED = 1, 2, 3, 13
-KDL_FLOAT, KDL_BFLOAT, KDL_BOOL = 2, 4, 6
+KDL_UINT, KDL_FLOAT, KDL_BFLOAT, KDL_BOOL = 1, 2, 4, 6
 KDL_FLOAT8_E4M3FN, KDL_FLOAT8_E5M2 = 10, 12  # DLPack 1.1 (torch 2.15 exports them)
 
 
@@ -168,6 +168,24 @@ def _numpy_view(x: np.ndarray, name: str, dtype: int | None = None) -> View:
     return View(x.ctypes.data, code, x.shape, strides, (KDL_CPU, 0), x)
 
 
+def _blocks(v: View, block: int, name: str) -> View:
+    """A uint8 array's view (strides in bytes) as rows of blocks of format `block` (q8_0,
+    q4_0), as the library addresses them: its last dim, a row's bytes, becomes the row's
+    elements (32 a block), and every stride bytes to elements; the row itself contiguous."""
+    per, fmt = N.BLOCK_BYTES[block], N.DTYPE_NAMES[block]
+    if v.shape[-1] % per or v.shape[-1] == 0:
+        raise N.InvalidArgumentError(f"{name}: a row of {v.shape[-1]} bytes is not whole {fmt} "
+                                     f"blocks ({per} bytes each: the last dim is the head dim / "
+                                     f"32 x {per})", N.FA_ERR_SHAPE)
+    if v.strides[-1] != 1 or any(s % per for s in v.strides[:-1]):
+        raise N.InvalidArgumentError(f"{name}: strides {v.strides} bytes; {fmt} rows are "
+                                     f"contiguous and lie whole blocks ({per} bytes) apart",
+                                     N.FA_ERR_STRIDE)
+    shape = tuple(v.shape[:-1]) + (v.shape[-1] // per * 32,)
+    strides = tuple(s // per * 32 for s in v.strides[:-1]) + (1,)
+    return View(v.ptr, block, shape, strides, v.device, v.keep)
+
+
 def host_view(x: np.ndarray, dtype: int, name: str) -> View:
     """A numpy array whose elements are stored as `dtype` (bfloat16 bits in uint16, say)."""
     return _numpy_view(x, name, dtype)
@@ -186,7 +204,7 @@ def _stream_of(framework: str, device_id: int) -> int:
     return 0
 
 
-def _dlpack_view(x, name: str, framework: str) -> tuple[View, int]:
+def _dlpack_view(x, name: str, framework: str, block: int | None = None) -> tuple[View, int]:
     fp8 = None
     if framework == "torch":
         x = x.detach()  # the same storage; torch refuses to export a tensor that needs grad
@@ -205,6 +223,12 @@ def _dlpack_view(x, name: str, framework: str) -> tuple[View, int]:
     managed = _DLManagedTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
     t = managed.dl_tensor
     code = fp8 or _DL_DTYPES.get((t.dtype.code, t.dtype.bits))
+    if block is not None:
+        code = block if (t.dtype.code, t.dtype.bits) == (KDL_UINT, 8) else None
+        if code is None or t.dtype.lanes != 1:
+            raise TypeError(f"{name}: kv_dtype {N.DTYPE_NAMES[block]} reads the blocks' bytes: "
+                            f"expected a uint8 array, got DLPack dtype code {t.dtype.code}, "
+                            f"{t.dtype.bits} bits")
     if code is None or t.dtype.lanes != 1:
         raise TypeError(f"{name}: DLPack dtype (code {t.dtype.code}, {t.dtype.bits} bits, "
                         f"{t.dtype.lanes} lanes) is not one the library stores ({STORED})")
@@ -263,23 +287,28 @@ class Frame:
     def on_gpu(self) -> bool:
         return self.device[0] in (KDL_CUDA, KDL_CUDA_MANAGED)
 
-    def view(self, x, name: str, mask: bool = False) -> View:
-        """The view of one of the call's arrays; bool only where `mask` (a keep-mask)."""
+    def view(self, x, name: str, mask: bool = False, block: int | None = None) -> View:
+        """The view of one of the call's arrays; bool only where `mask` (a keep-mask); a uint8
+        array of blocks of format `block` (N.Q8_0, N.Q4_0) where that is given."""
         fw = framework_of(x, name)
         if fw != self.framework:
             raise TypeError(f"{name}: a {fw} array among {self.framework} arrays: pass one "
                             "framework's arrays")
-        if fw == "numpy":
-            v = _numpy_view(x, name)
-        elif self.host_copy:
-            v = _numpy_view(np.asarray(x), name)
+        if fw == "numpy" or self.host_copy:
+            x = x if fw == "numpy" else np.asarray(x)
+            if block is not None and x.dtype != np.uint8:
+                raise TypeError(f"{name}: kv_dtype {N.DTYPE_NAMES[block]} reads the blocks' "
+                                f"bytes: expected a uint8 array, got {x.dtype}")
+            v = _numpy_view(x, name, block)
         else:
-            v, stream = _dlpack_view(x, name, fw)
+            v, stream = _dlpack_view(x, name, fw, block)
             if v.device != self.device:
                 raise N.InvalidArgumentError(f"{name}: on device {v.device}, the call's arrays "
                                              f"on {self.device} (DLPack device type, id)",
                                              N.FA_ERR_INVALID_ARGUMENT)
             self.stream = stream or self.stream
+        if block is not None:
+            v = _blocks(v, block, name)
         if v.dtype == N.BOOL and not mask:
             raise TypeError(f"{name}: dtype bool is not one the library stores ({STORED}); "
                             "only attn_mask may be bool")

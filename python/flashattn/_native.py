@@ -48,7 +48,8 @@ FA_OK = 0
  FA_ERR_DEVICE) = range(1, 11)
 
 F32, F64, F16, BF16, BOOL, E4M3, E5M2, Q8_0, Q4_0 = range(9)
-# Q8_0, Q4_0 (ggml's blocks, a K/V cache's) are the library's; the package does not take them yet
+# Q8_0, Q4_0: ggml's blocks, a K/V cache's (attention's kv_dtype=); BLOCK_BYTES: of 32 elements
+BLOCK_BYTES = {Q8_0: 34, Q4_0: 18}
 DTYPE_NAMES = {F32: "float32", F64: "float64", F16: "float16", BF16: "bfloat16", BOOL: "bool",
                E4M3: "float8_e4m3fn", E5M2: "float8_e5m2", Q8_0: "q8_0", Q4_0: "q4_0"}
 ITEMSIZE = {F32: 4, F64: 8, F16: 2, BF16: 2, BOOL: 1, E4M3: 1, E5M2: 1}

@@ -100,7 +100,22 @@ static void view(const cli_opts *o, cli_role role, void *data, fa_dtype dt, int6
         fa_tensor_init(t, data, dt, b, s, h, d, o->bhsd);
 }
 
-int cli_load(const cli_opts *o, const char *opt, const char *path, cli_role role, cli_tensor *x)
+/* The head dim of a file of blocks of format `block` whose rows are `bytes` long (0 and a
+ * message where that is not whole blocks). */
+static int64_t block_headdim(const char *opt, const char *path, int block, int64_t bytes)
+{
+    const int64_t per = block == FA_Q8_0 ? 34 : 18; /* bytes of 32 elements (flashattn.h) */
+    if (bytes > 0 && bytes % per == 0)
+        return bytes / per * 32;
+    fprintf(stderr, "flashattn: %s %s: a row of %lld bytes is not whole %s blocks (%lld bytes "
+                    "each: the last dim is the head dim / 32 x %lld)\n", opt, path,
+            (long long)bytes, fa_dtype_name((fa_dtype)block), (long long)per, (long long)per);
+    return 0;
+}
+
+/* cli_load, with block (a block format, or 0) the format of a uint8 file of K or V rows. */
+static int load_as(const cli_opts *o, const char *opt, const char *path, cli_role role,
+                   int block, cli_tensor *x)
 {
     char err[512];
     memset(x, 0, sizeof *x);
@@ -109,8 +124,15 @@ int cli_load(const cli_opts *o, const char *opt, const char *path, cli_role role
         fprintf(stderr, "flashattn: %s %s\n", opt, err);
         return r == NPY_ERR_NO_MEMORY ? EXIT_ERROR : EXIT_USAGE;
     }
-    fa_dtype dt;
-    int rc = kind_to_dtype(o, opt, path, x->a.kind, &dt);
+    fa_dtype dt = (fa_dtype)block;
+    int rc = 0;
+    if (!block)
+        rc = kind_to_dtype(o, opt, path, x->a.kind, &dt);
+    else if (x->a.kind != NPY_U1) {
+        fprintf(stderr, "flashattn: %s %s: not a uint8 array; %s-dtype %s reads the blocks' bytes "
+                        "('|u1')\n", opt, path, opt, fa_dtype_name(dt));
+        rc = EXIT_USAGE;
+    }
     const int want = (role == ROLE_LSE ? 3 : 4) - o->packed;
     if (!rc && x->a.ndim != want) {
         fprintf(stderr, "flashattn: %s %s: %d-D array; expected %s\n", opt, path, x->a.ndim,
@@ -121,11 +143,14 @@ int cli_load(const cli_opts *o, const char *opt, const char *path, cli_role role
                                    : "4-D (batch, seqlen, heads, headdim) for --layout bshd");
         rc = EXIT_USAGE;
     }
+    int64_t sh[4];
+    memcpy(sh, x->a.shape, sizeof sh);
+    if (!rc && block && !(sh[want - 1] = block_headdim(opt, path, block, sh[want - 1])))
+        rc = EXIT_USAGE;
     if (rc) {
         npy_free(&x->a);
         return rc;
     }
-    const int64_t *sh = x->a.shape;
     if (o->packed && role == ROLE_LSE)
         view(o, role, x->a.data, dt, 1, sh[1], sh[0], 1, &x->t);
     else if (o->packed)
@@ -137,6 +162,16 @@ int cli_load(const cli_opts *o, const char *opt, const char *path, cli_role role
     else
         view(o, role, x->a.data, dt, sh[0], sh[1], sh[2], sh[3], &x->t);
     return 0;
+}
+
+int cli_load(const cli_opts *o, const char *opt, const char *path, cli_role role, cli_tensor *x)
+{
+    return load_as(o, opt, path, role, 0, x);
+}
+
+int cli_load_kv(const cli_opts *o, const char *opt, const char *path, int block, cli_tensor *x)
+{
+    return load_as(o, opt, path, ROLE_QKV, block, x);
 }
 
 /* The zeroed data of an output array whose kind and shape a gives. */
@@ -391,17 +426,29 @@ int cli_check_inputs(const cli_opts *o, const cli_input *q, const cli_input *k, 
     return 0;
 }
 
-/* Wide enough for every pair the library's forward takes: one dtype, or an f16 or bf16 cache
- * under f32 or bf16 q (FP8 caches are check's to refuse). */
+/* Wide enough for every pair the library's forward takes: one dtype, an f16 or bf16 cache
+ * under f32 or bf16 q (FP8 caches are check's to refuse), or a block-format cache (K and V
+ * each q8_0 or q4_0) under f32, f16 or bf16 q. */
 int cli_check_dtypes(const cli_opts *o, const cli_input *q, const cli_input *k, const cli_input *v,
                      const cli_input *dout)
 {
     const fa_dtype qd = q->t->dtype, kd = k->t->dtype, vd = v->t->dtype;
     const char *one = "q, k and v share one dtype, but for an f16 or bf16 K/V cache under f32 "
                       "or bf16 q";
+    const char *blocks = "a block-format cache is K and V both (--k-dtype, --v-dtype) under "
+                         "f32, f16 or bf16 q";
     const cli_input *x = NULL, *ref = NULL;
     const char *why = "";
-    if (vd != kd && vd == qd) /* k is the odd one out */
+    const int kb = kd == FA_Q8_0 || kd == FA_Q4_0, vb = vd == FA_Q8_0 || vd == FA_Q4_0;
+    if (kb || vb) {
+        if (kb != vb)
+            x = kb ? v : k, ref = kb ? k : v, why = blocks;
+        else if (qd != FA_F32 && qd != FA_F16 && qd != FA_BF16)
+            x = q, ref = k, why = blocks;
+        else if (dout)
+            x = dout, ref = k, why = "a block-format cache is forward only";
+    }
+    else if (vd != kd && vd == qd) /* k is the odd one out */
         x = k, ref = q, why = one;
     else if (vd != kd)
         x = v, ref = k, why = "k and v share one dtype";

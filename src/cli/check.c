@@ -301,7 +301,10 @@ int cmd_check(int argc, char **argv)
                *input_opts[4] = {"--q", "--k", "--v", "--dout"};
     cli_input named[4];
     for (int i = 0; i < (grads ? 4 : 3) && !rc; i++) {
-        rc = cli_load(&o, input_opts[i], inputs[i], ROLE_QKV, &st.in[i]);
+        rc = i == 1 || i == 2
+                 ? cli_load_kv(&o, input_opts[i], inputs[i], i == 1 ? o.k_dtype : o.v_dtype,
+                               &st.in[i])
+                 : cli_load(&o, input_opts[i], inputs[i], ROLE_QKV, &st.in[i]);
         named[i] = (cli_input){input_opts[i], inputs[i], &st.in[i].t, i == 1 || i == 2};
     }
     const int fp8 = cli_is_fp8(st.in[0].t.dtype);

@@ -52,6 +52,8 @@ typedef struct {
     float *sink_vals; /* from --sinks */
     int bhsd, bf16, json, threads;
     int fp8;                  /* --fp8: FA_E4M3 or FA_E5M2, what 1-byte inputs hold; 0: none */
+    int k_dtype, v_dtype;     /* --k-dtype / --v-dtype: FA_Q8_0 or FA_Q4_0, the block format
+                                 of a uint8 K / V file (last dim: a row's bytes); 0: none */
     int has_out_dtype;        /* forward --out-dtype: out's dtype for FP8 inputs */
     fa_dtype out_dtype;
     int has_dtype;   /* check --dtype: the candidate kernel's storage dtype */
@@ -93,6 +95,9 @@ typedef enum { ROLE_QKV, ROLE_LSE } cli_role;
  * LSE, batch 1. Returns 0, or EXIT_USAGE after printing a message that names the option, the
  * file and the problem. */
 int cli_load(const cli_opts *o, const char *opt, const char *path, cli_role role, cli_tensor *x);
+/* K or V (opt "--k" / "--v"): as cli_load, but a uint8 file of blocks where --k-dtype /
+ * --v-dtype names a block format (block: that dtype, or 0). */
+int cli_load_kv(const cli_opts *o, const char *opt, const char *path, int block, cli_tensor *x);
 /* Logical (B, S, H, D) as a file of o's layout holds it: (B, S, H, D), (B, H, S, D) or, for an
  * LSE, (B, H, S); packed sequences (B = 1): (S, H, D), an LSE (H, S). Returns the file's ndim. */
 int cli_file_shape(const cli_opts *o, cli_role role, int64_t b, int64_t s, int64_t h, int64_t d,

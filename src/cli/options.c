@@ -46,10 +46,13 @@ void cli_usage(FILE *f, const char *cmd)
 {
     if (!strcmp(cmd, "forward"))
         fprintf(f, "usage: flashattn forward --q Q.npy --k K.npy --v V.npy --out OUT.npy\n"
-                   "       [--lse LSE.npy] [--out-dtype f32|f16|bf16|f64] [attention options]\n"
-                   "       [run options]\n"
+                   "       [--lse LSE.npy] [--out-dtype f32|f16|bf16|f64] [--k-dtype q8_0|q4_0\n"
+                   "       --v-dtype q8_0|q4_0] [attention options] [run options]\n"
                    "Runs a backend on Q, K, V and writes O (the inputs' dtype; FP8 inputs:\n"
-                   "--out-dtype, default bf16) and LSE (B, H, S; f32, or f64 for an f64 O).\n");
+                   "--out-dtype, default bf16) and LSE (B, H, S; f32, or f64 for an f64 O).\n"
+                   "--k-dtype, --v-dtype: K and V files of ggml's blocks (uint8, the last dim a\n"
+                   "row's bytes: head dim / 32 x 34 for q8_0, x 18 for q4_0) under f32, f16 or\n"
+                   "bf16 Q.\n");
     else if (!strcmp(cmd, "backward"))
         fprintf(f, "usage: flashattn backward --q Q.npy --k K.npy --v V.npy --out O.npy --lse LSE.npy\n"
                    "       --dout DO.npy --dq DQ.npy --dk DK.npy --dv DV.npy [--dsinks DS.npy]\n"
@@ -63,7 +66,8 @@ void cli_usage(FILE *f, const char *cmd)
                 "usage: flashattn check --q Q.npy --k K.npy --v V.npy [--dout DO.npy]\n"
                 "       [--candidate-out O.npy] [--candidate-lse LSE.npy] [--candidate-dq DQ.npy]\n"
                 "       [--candidate-dk DK.npy] [--candidate-dv DV.npy]\n"
-                "       [--candidate-dbias DB.npy] [--profile NAME]\n"
+                "       [--candidate-dbias DB.npy] [--profile NAME] [--k-dtype q8_0|q4_0\n"
+                "       --v-dtype q8_0|q4_0]\n"
                 "       [--atol A] [--rtol R] [--rule all|max] [--dtype f32|f64|f16|bf16] [--json]\n"
                 "       [attention options] [--threads T]\n"
                 "Compares a kernel's results with the float64 reference on the same inputs.\n"
@@ -84,7 +88,9 @@ void cli_usage(FILE *f, const char *cmd)
                 "LSE (batch, heads, seqlen), f32 or f64, in the profile's log (natural but for\n"
                 "flashinfer's log2); packed sequences: (total, heads, headdim), LSE (heads,\n"
                 "total); dbias in the bias's shape. Q, K, V (and dO) share one dtype, but for an\n"
-                "f16 or bf16 K/V cache under f32 or bf16 Q.\n"
+                "f16 or bf16 K/V cache under f32 or bf16 Q, and K and V files of ggml's blocks\n"
+                "(--k-dtype, --v-dtype, as forward reads them), whose dequantized values the\n"
+                "reference and the yardstick read.\n"
                 "Per tensor: max abs error; rel err, that error over the tensor's largest\n"
                 "|reference| (- where that is 0); nmse; the worst element's index in its file's\n"
                 "own order, each index named (b batch, s seqlen, h head, d head dim; dbias: q\n"
@@ -233,6 +239,7 @@ static const opt_def defs[] = {
     {"--kv-indices", "pages"}, {"--kv-last-page-len", "pages"}, {"--attn-mask", "attn"},
     {"--bias", "attn"}, {"--mask-kind", "attn"}, {"--bias-place", "attn"},
     {"--bias-by-slope", "attn"}, {"--dbias", "grad"}, {"--fp8", "attn"},
+    {"--k-dtype", "fwd check"}, {"--v-dtype", "fwd check"},
     {"--descale-q", "attn"}, {"--descale-k", "attn"}, {"--descale-v", "attn"},
     {"--out-dtype", "fwd"}, {"--kv-num-blocks", "attn"}, {"--kv-block-indices", "attn"},
     {"--full-kv-num-blocks", "attn"}, {"--full-kv-block-indices", "attn"},
@@ -360,6 +367,11 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
             if (strcmp(v, "e4m3") && strcmp(v, "e5m2"))
                 return bad(cmd, a, v, "expected e4m3 or e5m2");
             o->fp8 = !strcmp(v, "e4m3") ? FA_E4M3 : FA_E5M2;
+        }
+        else if (!strcmp(a, "--k-dtype") || !strcmp(a, "--v-dtype")) {
+            if (strcmp(v, "q8_0") && strcmp(v, "q4_0"))
+                return bad(cmd, a, v, "expected q8_0 or q4_0 (a block format of uint8 files)");
+            *(a[2] == 'k' ? &o->k_dtype : &o->v_dtype) = !strcmp(v, "q8_0") ? FA_Q8_0 : FA_Q4_0;
         }
         else if (!strcmp(a, "--mask-kind")) mask_kind = v;
         else if (!strcmp(a, "--bias-place")) bias_place = v;

@@ -341,11 +341,11 @@ int cmd_forward(int argc, char **argv)
     memset(&lse, 0, sizeof lse);
     if ((rc = cli_load(&o, "--q", o.q, ROLE_QKV, &q)))
         return rc;
-    if ((rc = cli_load(&o, "--k", o.k, ROLE_QKV, &k))) {
+    if ((rc = cli_load_kv(&o, "--k", o.k, o.k_dtype, &k))) {
         cli_free(&q);
         return rc;
     }
-    if ((rc = cli_load(&o, "--v", o.v, ROLE_QKV, &v))) {
+    if ((rc = cli_load_kv(&o, "--v", o.v, o.v_dtype, &v))) {
         cli_free(&q), cli_free(&k);
         return rc;
     }
