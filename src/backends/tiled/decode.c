@@ -212,9 +212,10 @@ static void prefetch_keys(const fai_problem *pr, fai_role r, int64_t b, int64_t 
         int64_t ld = 0;
         for (int64_t h = h0; h < h1; h++)
             runs[h - h0] = fai_kv_rows(pr, r, b, h, j, m, &ld);
+        const int64_t step = fai_dtype_bytes(dt, ld); /* from a row to the next, in bytes */
         for (int64_t x = 0; x < m; x++)
             for (int64_t h = 0; h < h1 - h0; h++) {
-                const uintptr_t row = (uintptr_t)(runs[h] + fai_dtype_bytes(dt, x * ld));
+                const uintptr_t row = (uintptr_t)(runs[h] + x * step);
                 for (uintptr_t a = row & ~(uintptr_t)63; a < row + (uintptr_t)bytes; a += 64)
                     __builtin_prefetch((const void *)a, 0, 2);
             }
