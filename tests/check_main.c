@@ -36,25 +36,41 @@ static const struct {
     {"fp8", make_fp8_suite, 1},           {"quant", make_quant_suite, 1},
 };
 
-/* Whether FA_CHECK_SKIP names the suite. */
-static int skipped(const char *name)
+#define NSUITES (sizeof suites / sizeof *suites)
+
+/* The suites FA_CHECK_SKIP leaves out (read_skips). */
+static int skip[NSUITES];
+
+/* Reads FA_CHECK_SKIP (names separated by commas; empty ones ignored) into skip[], saying
+ * which suites it leaves out; 0 and a message where it names no suite (a typo). */
+static int read_skips(void)
 {
     const char *list = getenv("FA_CHECK_SKIP");
-    const size_t n = strlen(name);
-    for (const char *p = list; p && *p; p += strcspn(p, ",")) {
-        p += *p == ',';
-        if (strncmp(p, name, n) == 0 && (p[n] == ',' || p[n] == '\0'))
-            return 1;
+    for (const char *p = list; p && *p; p += *p == ',') {
+        const size_t n = strcspn(p, ",");
+        size_t i = 0;
+        while (n > 0 && i < NSUITES &&
+               (strlen(suites[i].name) != n || strncmp(p, suites[i].name, n) != 0))
+            i++;
+        if (i == NSUITES) {
+            fprintf(stderr, "check_flashattn: FA_CHECK_SKIP names no suite: %.*s\n", (int)n, p);
+            return 0;
+        }
+        if (n > 0 && !skip[i])
+            fprintf(stderr, "check_flashattn: leaving out suite %s (FA_CHECK_SKIP)\n",
+                    suites[i].name);
+        skip[i] |= n > 0;
+        p += n;
     }
-    return 0;
+    return 1;
 }
 
 /* Runs the suites of one half (or every suite for half < 0): 1 when all passed. */
 static int run_suites(int half)
 {
     SRunner *sr = NULL;
-    for (size_t i = 0; i < sizeof suites / sizeof *suites; i++) {
-        if ((half >= 0 && suites[i].half != half) || skipped(suites[i].name))
+    for (size_t i = 0; i < NSUITES; i++) {
+        if ((half >= 0 && suites[i].half != half) || skip[i])
             continue;
         if (sr)
             srunner_add_suite(sr, suites[i].make());
@@ -71,19 +87,8 @@ static int run_suites(int half)
 
 int main(void)
 {
-    const char *skip = getenv("FA_CHECK_SKIP"); /* a name that is no suite's: a typo, refused */
-    for (const char *p = skip; p && *p; p += strcspn(p, ",")) {
-        p += *p == ',';
-        const size_t n = strcspn(p, ",");
-        size_t i = 0;
-        while (i < sizeof suites / sizeof *suites &&
-               (strlen(suites[i].name) != n || strncmp(p, suites[i].name, n) != 0))
-            i++;
-        if (i == sizeof suites / sizeof *suites) {
-            fprintf(stderr, "check_flashattn: FA_CHECK_SKIP names no suite: %.*s\n", (int)n, p);
-            return EXIT_FAILURE;
-        }
-    }
+    if (!read_skips())
+        return EXIT_FAILURE;
     const char *jobs = getenv("FA_CHECK_JOBS");
     if (!jobs || strcmp(jobs, "2") != 0)
         return run_suites(-1) ? EXIT_SUCCESS : EXIT_FAILURE;

@@ -546,7 +546,7 @@ def block_cache_files():
     for files, opts, why in [
             ([q, k8, v4], ["--k-dtype", "q4_0", "--v-dtype", "q4_0"], "not whole q4_0 blocks"),
             ([q, kf, v4], blocks, "not a uint8 array"),
-            ([q, k8, vf], ["--k-dtype", "q8_0"], "block-format cache"),
+            ([q, k8, vf], ["--k-dtype", "q8_0"], "--v " + vf),
             ([q, k8, v4], ["--k-dtype", "q5_0"], "expected q8_0 or q4_0")]:
         p = run("forward", *qkv_args(files), *opts, "--out", path("qx.npy"), code=2)
         assert why in p.stderr, (opts, p.stderr)

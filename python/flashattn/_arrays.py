@@ -173,6 +173,9 @@ def _blocks(v: View, block: int, name: str) -> View:
     q4_0), as the library addresses them: its last dim, a row's bytes, becomes the row's
     elements (32 a block), and every stride bytes to elements; the row itself contiguous."""
     per, fmt = N.BLOCK_BYTES[block], N.DTYPE_NAMES[block]
+    if not v.shape:
+        raise N.InvalidArgumentError(f"{name}: a 0-d array; {fmt} rows are its last dim",
+                                     N.FA_ERR_SHAPE)
     if v.shape[-1] % per or v.shape[-1] == 0:
         raise N.InvalidArgumentError(f"{name}: a row of {v.shape[-1]} bytes is not whole {fmt} "
                                      f"blocks ({per} bytes each: the last dim is the head dim / "

@@ -37,7 +37,8 @@ static int kind_to_dtype(const cli_opts *o, const char *opt, const char *path, n
             return 0;
         }
         fprintf(stderr, "flashattn: %s %s: a uint8 array; pass --fp8 e4m3|e5m2 if it holds FP8 "
-                        "codes\n", opt, path);
+                        "codes (K, V: --k-dtype / --v-dtype q8_0|q4_0 if ggml's blocks)\n",
+                opt, path);
         return EXIT_USAGE;
     case NPY_I4:
     case NPY_I8:
@@ -426,42 +427,55 @@ int cli_check_inputs(const cli_opts *o, const cli_input *q, const cli_input *k, 
     return 0;
 }
 
+/* "x holds dtype, but ref holds dtype (why)": usage. */
+static int dtype_blame(const cli_opts *o, const cli_input *x, const cli_input *ref, const char *why)
+{
+    fprintf(stderr, "flashattn %s: %s %s holds %s, but %s %s holds %s (%s)\n", o->cmd, x->opt,
+            x->path, fa_dtype_name(x->t->dtype), ref->opt, ref->path, fa_dtype_name(ref->t->dtype),
+            why);
+    return EXIT_USAGE;
+}
+
+static int is_block(fa_dtype d) { return d == FA_Q8_0 || d == FA_Q4_0; }
+
+int cli_check_blocks(const cli_opts *o, const cli_input *q, const cli_input *k, const cli_input *v,
+                     const cli_input *dout)
+{
+    const char *why = "a block-format cache is K and V both (--k-dtype, --v-dtype) under f32, "
+                      "f16 or bf16 q";
+    const fa_dtype qd = q->t->dtype;
+    const int kb = is_block(k->t->dtype), vb = is_block(v->t->dtype);
+    if (!kb && !vb)
+        return 0;
+    if (kb != vb)
+        return kb ? dtype_blame(o, v, k, why) : dtype_blame(o, k, v, why);
+    if (qd != FA_F32 && qd != FA_F16 && qd != FA_BF16)
+        return dtype_blame(o, q, k, why);
+    if (dout)
+        return dtype_blame(o, dout, k, "a block-format cache is forward only");
+    return 0;
+}
+
 /* Wide enough for every pair the library's forward takes: one dtype, an f16 or bf16 cache
- * under f32 or bf16 q (FP8 caches are check's to refuse), or a block-format cache (K and V
- * each q8_0 or q4_0) under f32, f16 or bf16 q. */
+ * under f32 or bf16 q (FP8 caches are check's to refuse), or a block-format cache
+ * (cli_check_blocks). */
 int cli_check_dtypes(const cli_opts *o, const cli_input *q, const cli_input *k, const cli_input *v,
                      const cli_input *dout)
 {
     const fa_dtype qd = q->t->dtype, kd = k->t->dtype, vd = v->t->dtype;
     const char *one = "q, k and v share one dtype, but for an f16 or bf16 K/V cache under f32 "
                       "or bf16 q";
-    const char *blocks = "a block-format cache is K and V both (--k-dtype, --v-dtype) under "
-                         "f32, f16 or bf16 q";
-    const cli_input *x = NULL, *ref = NULL;
-    const char *why = "";
-    const int kb = kd == FA_Q8_0 || kd == FA_Q4_0, vb = vd == FA_Q8_0 || vd == FA_Q4_0;
-    if (kb || vb) {
-        if (kb != vb)
-            x = kb ? v : k, ref = kb ? k : v, why = blocks;
-        else if (qd != FA_F32 && qd != FA_F16 && qd != FA_BF16)
-            x = q, ref = k, why = blocks;
-        else if (dout)
-            x = dout, ref = k, why = "a block-format cache is forward only";
-    }
-    else if (vd != kd && vd == qd) /* k is the odd one out */
-        x = k, ref = q, why = one;
-    else if (vd != kd)
-        x = v, ref = k, why = "k and v share one dtype";
-    else if (kd != qd && !((kd == FA_F16 || kd == FA_BF16) && (qd == FA_F32 || qd == FA_BF16)))
-        x = k, ref = q, why = one;
-    else if (dout && dout->t->dtype != qd)
-        x = dout, ref = q, why = "dO has q's dtype";
-    if (!x)
-        return 0;
-    fprintf(stderr, "flashattn %s: %s %s holds %s, but %s %s holds %s (%s)\n", o->cmd, x->opt,
-            x->path, fa_dtype_name(x->t->dtype), ref->opt, ref->path, fa_dtype_name(ref->t->dtype),
-            why);
-    return EXIT_USAGE;
+    if (is_block(kd) || is_block(vd))
+        return cli_check_blocks(o, q, k, v, dout);
+    if (vd != kd && vd == qd) /* k is the odd one out */
+        return dtype_blame(o, k, q, one);
+    if (vd != kd)
+        return dtype_blame(o, v, k, "k and v share one dtype");
+    if (kd != qd && !((kd == FA_F16 || kd == FA_BF16) && (qd == FA_F32 || qd == FA_BF16)))
+        return dtype_blame(o, k, q, one);
+    if (dout && dout->t->dtype != qd)
+        return dtype_blame(o, dout, q, "dO has q's dtype");
+    return 0;
 }
 
 void cli_free(cli_tensor *x)

@@ -117,8 +117,12 @@ typedef struct {
 int cli_check_inputs(const cli_opts *o, const cli_input *q, const cli_input *k, const cli_input *v,
                      const cli_input *dout);
 /* The same for their dtypes: q, k, v (and dout) share one, but for an f16 or bf16 K/V cache
- * under f32 or bf16 q. */
+ * under f32 or bf16 q, and a block-format cache as cli_check_blocks says. */
 int cli_check_dtypes(const cli_opts *o, const cli_input *q, const cli_input *k, const cli_input *v,
+                     const cli_input *dout);
+/* A block-format K or V (--k-dtype, --v-dtype): K and V both, under f32, f16 or bf16 q, no
+ * dout (forward only); 0 where neither is one. */
+int cli_check_blocks(const cli_opts *o, const cli_input *q, const cli_input *k, const cli_input *v,
                      const cli_input *dout);
 /* A new zeroed tensor of the given logical shape, laid out as o's layout says (ROLE_LSE:
  * B x H x S storage). */

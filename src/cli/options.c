@@ -371,7 +371,11 @@ int cli_parse(const char *cmd, int argc, char **argv, const char *allowed, cli_o
         else if (!strcmp(a, "--k-dtype") || !strcmp(a, "--v-dtype")) {
             if (strcmp(v, "q8_0") && strcmp(v, "q4_0"))
                 return bad(cmd, a, v, "expected q8_0 or q4_0 (a block format of uint8 files)");
-            *(a[2] == 'k' ? &o->k_dtype : &o->v_dtype) = !strcmp(v, "q8_0") ? FA_Q8_0 : FA_Q4_0;
+            const int fmt = !strcmp(v, "q8_0") ? FA_Q8_0 : FA_Q4_0;
+            if (!strcmp(a, "--k-dtype"))
+                o->k_dtype = fmt;
+            else
+                o->v_dtype = fmt;
         }
         else if (!strcmp(a, "--mask-kind")) mask_kind = v;
         else if (!strcmp(a, "--bias-place")) bias_place = v;

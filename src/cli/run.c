@@ -353,6 +353,8 @@ int cmd_forward(int argc, char **argv)
                     nv = {"--v", o.v, &v.t, 1};
     rc = cli_check_inputs(&o, &nq, &nk, &nv, NULL); /* in the files' terms */
     if (!rc)
+        rc = cli_check_blocks(&o, &nq, &nk, &nv, NULL);
+    if (!rc)
         rc = cli_load_params(&o, &q.t, &k.t);
     if (!rc)
         rc = cli_load_bias(&o);

@@ -217,8 +217,6 @@ dsoftmax_vec__neon(const int FULL, int64_t left, const float *s, double lse, con
     store_cols__neon(FULL, left, ds, vmulq_n_f32(g, scale));
 }
 
-/* f16 by FCVTL, bf16 by a 16-bit left shift into 32 bits: both exact, NaN payloads kept. The
- * last partial vector goes through zero-padded copies. */
 /* 4 FP8 codes, exactly, as fp8_widen8__avx2 says (avx2.c): e5m2 is an f16's top byte; e4m3's
  * magnitude << 7 is an f16 of 2^-8 its value (FCVTL widens f16 subnormals exactly); its NaN
  * the default quiet NaN with the code's sign, as in base/dtype.c. */
@@ -240,6 +238,8 @@ static inline __attribute__((always_inline)) float32x4_t fp8_widen4__neon(const 
     return vbslq_f32(is_nan, vreinterpretq_f32_u32(nan), f);
 }
 
+/* f16 by FCVTL, bf16 by a 16-bit left shift into 32 bits: both exact, NaN payloads kept; FP8
+ * by fp8_widen4__neon. The last partial vector goes through zero-padded copies. */
 static void fa_f32_widen__neon(const void *src, fa_dtype d, int64_t n, float *dst)
 {
     if (d == FA_E4M3 || d == FA_E5M2) {
@@ -248,7 +248,8 @@ static void fa_f32_widen__neon(const void *src, fa_dtype d, int64_t n, float *ds
             uint8_t t[4] = {0, 0, 0, 0};
             memcpy(t, (const uint8_t *)src + i, (size_t)w);
             float o[4];
-            vst1q_f32(o, d == FA_E4M3 ? fp8_widen4__neon(FA_E4M3, t) : fp8_widen4__neon(FA_E5M2, t));
+            vst1q_f32(o, d == FA_E4M3 ? fp8_widen4__neon(FA_E4M3, t)
+                                      : fp8_widen4__neon(FA_E5M2, t));
             memcpy(dst + i, o, (size_t)w * sizeof(float));
         }
         return;
@@ -315,9 +316,10 @@ load4_block__neon(const fa_dtype D, const void *row, int64_t p)
     return vmulq_n_f32(vcvtq_f32_s32(q), d);
 }
 
-/* 4 elements of a stored row from element p, widened exactly (f16 by FCVTL, bf16 by a shift, a
- * block format by load4_block__neon); where WHOLE is 0, only the first `left` (< 4) are read
- * and the rest are 0 (a block format's rows are whole blocks: never partial). */
+/* 4 elements of a stored row from element p, widened exactly (f16 by FCVTL, bf16 by a shift,
+ * FP8 by fp8_widen4__neon, a block format by load4_block__neon); where WHOLE is 0, only the
+ * first `left` (< 4) are read and the rest are 0 (a block format's rows are whole blocks:
+ * never partial). */
 static inline __attribute__((always_inline)) float32x4_t
 load4_widen__neon(const fa_dtype D, const int WHOLE, int64_t left, const void *row, int64_t p)
 {

@@ -268,10 +268,8 @@ static void decode_chunk(const decode_group *dg, const fai_kernels_f32 *kern,
 
     for (int64_t h = h0; h < h1; h++)
         for (int64_t r = 0; r < R; r++)
-            kern->widen(fai_q_row(pr, FAI_Q, b, h * G + r % G, r / G), pr->dtype, dqk,
+            kern->widen(fai_q_row(pr, FAI_Q, b, h * G + r % G, r / G), pr->q_dtype, dqk,
                         w->q + ((h - h0) * R + r) * dqk);
-    /* an FP8 cache's descale_k folds into the score scale, per kv head, as in the tiles */
-    fai_score score = pr->score;
     /* the first PREFETCH keys are fetched up front for every head at once (1/32 of a whole
      * chunk's rows): nothing is in flight yet, and the first calls need them at once */
     const int64_t first = cs1 - cs0 < PREFETCH ? cs1 : cs0 + PREFETCH;
@@ -282,6 +280,7 @@ static void decode_chunk(const decode_group *dg, const fai_kernels_f32 *kern,
         for (int64_t h = h0; h < h1; h++) {
             if (f0 < f1)
                 prefetch_keys(pr, FAI_K, b, h, h + 1, j0 + f0, j0 + f1, dqk, w->runs);
+            /* FP8 descales fold into the score scale, per kv head, as in the tiles */
             const float scale = (float)(pr->score.scale * fai_descale_qk(pr, b, h));
             for (int64_t x = c; x < e;) { /* run by run (a page at a time) */
                 const int64_t nx = fai_kv_run_len(pr, j0 + x, e - x);
@@ -298,6 +297,8 @@ static void decode_chunk(const decode_group *dg, const fai_kernels_f32 *kern,
 
     for (int64_t h = h0; h < h1; h++) {
         float *m = st + (h - h0) * sf, *l = m + R;
+        fai_score score = pr->score; /* with the descales folded, as for dot_rows */
+        score.scale *= fai_descale_qk(pr, b, h);
         for (int64_t r = 0; r < R; r++) {
             const int64_t i = r / G, c0 = w->cols[2 * i], c1 = w->cols[2 * i + 1];
             float *s = w->s + ((h - h0) * R + r) * ld;
@@ -305,7 +306,6 @@ static void decode_chunk(const decode_group *dg, const fai_kernels_f32 *kern,
                 continue;
             if (!dg->scale_only) {
                 const float slope = fai_slope(pr, h * G + r % G);
-                score.scale = pr->score.scale * fai_descale_qk(pr, b, h);
                 for (int64_t c = c0; c < c1; c++)
                     s[c] = fai_score_f32(&score, s[c], slope, i, j0 + c, NULL);
             }

@@ -218,8 +218,8 @@ fai_tiles fai_tiled_tiles(const fa_context *ctx, int64_t dqk, int64_t dv, fa_dty
  * heads, or a few query positions (speculative decode); 512-key chunks: a 64k-key head is
  * 128 tasks, the merge costs 1/512 of the chunk's work.
  * Dropout keeps the tiles (its decisions and selection are theirs), f64 storage too, FP8 q
- * (its P is rounded to FP8 there), and so do forced tiles (FA_TILES: a sweep of the tiles
- * means them). An FP8 cache's descales fold as the tiles fold them (decode.c).
+ * (the all-FP8 forward), and so do forced tiles (FA_TILES: a sweep of the tiles means them).
+ * An FP8 cache's descales fold as the tiles fold them (decode.c).
  */
 #define DECODE_ROWS 16
 #define DECODE_KEYS 512
@@ -227,8 +227,9 @@ fai_tiles fai_tiled_tiles(const fa_context *ctx, int64_t dqk, int64_t dv, fa_dty
 int64_t fai_tiled_decode_keys(const fa_context *ctx, const fai_problem *pr)
 {
     const fai_tiled_forced forced = fai_tiled_forced_of(ctx);
-    /* the decode kernels read f32, f16, bf16, FP8 and block-format K/V rows under f32, f16 or
-     * bf16 q; FP8 q (FlashAttention-3's forward, P rounded to FP8) keeps the tiles */
+    /* the decode kernels read every K/V dtype a forward takes under f32, f16 or bf16 q (FP8
+     * caches under f32 or bf16 q); all-FP8 inputs keep the tiles, where their tests and the
+     * oracle's FP8 yardstick hold them */
     const int applies = pr->dtype != FA_F64 && pr->drop.threshold == 0 && !fai_row_biased(pr) &&
                         !fai_dtype_is_fp8(pr->q_dtype) &&
                         pr->group * pr->sq <= DECODE_ROWS && !forced.decode_off &&
