@@ -227,11 +227,11 @@ def _dlpack_view(x, name: str, framework: str, block: int | None = None) -> tupl
     t = managed.dl_tensor
     code = fp8 or _DL_DTYPES.get((t.dtype.code, t.dtype.bits))
     if block is not None:
-        code = block if (t.dtype.code, t.dtype.bits) == (KDL_UINT, 8) else None
-        if code is None or t.dtype.lanes != 1:
+        if (t.dtype.code, t.dtype.bits, t.dtype.lanes) != (KDL_UINT, 8, 1):
             raise TypeError(f"{name}: kv_dtype {N.DTYPE_NAMES[block]} reads the blocks' bytes: "
                             f"expected a uint8 array, got DLPack dtype code {t.dtype.code}, "
                             f"{t.dtype.bits} bits")
+        code = block
     if code is None or t.dtype.lanes != 1:
         raise TypeError(f"{name}: DLPack dtype (code {t.dtype.code}, {t.dtype.bits} bits, "
                         f"{t.dtype.lanes} lanes) is not one the library stores ({STORED})")
