@@ -37,7 +37,8 @@ typedef enum {
     FA_ERR_OVERFLOW,            /* size arithmetic overflows int64 / size_t                     */
     FA_ERR_NO_MEMORY,           /* an allocation failed; nothing was written                    */
     FA_ERR_BACKEND_UNAVAILABLE, /* the backend or ISA asked for is not built or not supported   */
-    FA_ERR_DEVICE               /* the accelerator reported an error                            */
+    FA_ERR_DEVICE,              /* the accelerator reported an error                            */
+    FA_ERR_COMMUNICATION        /* the communicator (MPI) reported an error (flashattn_mpi.h)   */
 } fa_status;
 
 /* FA_BOOL: one byte per element, nonzero true; only a keep-mask (fa_params.bias) has it.

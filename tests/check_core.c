@@ -50,23 +50,31 @@ START_TEST(dropout_row_matches_definition)
         {77, 5, 11, 0x1400000000ull},
         {~0ull, ~0ull >> 1, (1ull << 62) - 40, (1ull << 62) - 40},
     };
-    for (size_t t = 0; t < sizeof at / sizeof at[0]; t++) {
-        const fai_dropout_params p = {seed, at[t].offset, fai_dropout_threshold(0.3)};
-        ck_assert_uint_eq(p.threshold, (uint32_t)floor(0.3 * 4294967296.0));
-        const fai_dropout d = fai_dropout_make(&p, at[t].head);
-        unsigned char keep[64];
-        for (int64_t j0 = 0; j0 < 9; j0++)
-            for (int64_t n = 1; n < 20; n++) {
-                const int64_t s0 = (int64_t)at[t].j0 + j0;
-                fai_dropout_keep_row(&d, (int64_t)at[t].i, s0, n, keep);
-                for (int64_t c = 0; c < n; c++) {
-                    const uint32_t u =
-                        ht_dropout_draw(seed, at[t].offset, at[t].head, at[t].i, (uint64_t)(s0 + c));
-                    ck_assert_msg(keep[c] == (u >= p.threshold), "case %zu j %lld", t,
-                                  (long long)(s0 + c));
+    /* and a placed call's stream (api/params.c: fai_problem_place): row i and key j of the call
+     * draw the stream's row0 + i and col0 + j, also where col0 is no multiple of 4 */
+    static const int64_t origin[3][2] = {{0, 0}, {5, 3}, {1 << 20, 4098}};
+    for (size_t t = 0; t < sizeof at / sizeof at[0]; t++)
+        for (int o = 0; o < 3; o++) {
+            const fai_dropout_params p = {.seed = seed, .offset = at[t].offset,
+                                          .threshold = fai_dropout_threshold(0.3),
+                                          .row0 = origin[o][0], .col0 = origin[o][1]};
+            ck_assert_uint_eq(p.threshold, (uint32_t)floor(0.3 * 4294967296.0));
+            const fai_dropout d = fai_dropout_make(&p, at[t].head);
+            unsigned char keep[64];
+            for (int64_t j0 = 0; j0 < 9; j0++)
+                for (int64_t n = 1; n < 20; n++) {
+                    const int64_t s0 = (int64_t)at[t].j0 + j0;
+                    fai_dropout_keep_row(&d, (int64_t)at[t].i, s0, n, keep);
+                    for (int64_t c = 0; c < n; c++) {
+                        const uint32_t u = ht_dropout_draw(
+                            seed, at[t].offset, at[t].head, at[t].i + (uint64_t)origin[o][0],
+                            (uint64_t)(s0 + c + origin[o][1]));
+                        ck_assert_msg(keep[c] == (u >= p.threshold), "case %zu j %lld", t,
+                                      (long long)(s0 + c));
+                        ck_assert_int_eq(keep[c], fai_dropout_keep(&d, (int64_t)at[t].i, s0 + c));
+                    }
                 }
-            }
-    }
+        }
 }
 END_TEST
 
@@ -74,7 +82,8 @@ END_TEST
  * 32 bits (the 2^32-periodic stream of 15de60b) give different blocks. */
 START_TEST(dropout_stream_is_64_bit)
 {
-    const fai_dropout_params p = {99, 1, 1}, q = {99, 1 + (1ull << 32), 1};
+    const fai_dropout_params p = {.seed = 99, .offset = 1, .threshold = 1},
+                             q = {.seed = 99, .offset = 1 + (1ull << 32), .threshold = 1};
     const fai_dropout a = fai_dropout_make(&p, 3), b = fai_dropout_make(&q, 3),
                       c = fai_dropout_make(&p, 3 + (1ull << 32));
     ck_assert(a.k0 != b.k0 || a.k1 != b.k1);

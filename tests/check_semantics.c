@@ -15,6 +15,7 @@
 #include <pthread.h>
 
 #include "harness.h"
+#include "api/api.h"
 #include "simd/kernels.h"
 
 static const fa_backend cpu_backends[3] = {FA_BACKEND_REFERENCE, FA_BACKEND_CONVENTIONAL,
@@ -1068,6 +1069,135 @@ START_TEST(merge_states_matches_full_attention)
 }
 END_TEST
 
+/* Placed calls (api/params.c: fai_problem_place, what context parallelism is made of): a
+ * problem cut into row ranges and key ranges, each block a placed call at its global
+ * positions, gives the whole call's results once the blocks' states are merged (forward) and
+ * their gradients summed (backward), with causal masks in both alignments, a window with sink
+ * tokens, ALiBi and dropout: f64 on the reference to 1e-12, f32 on the tiled backend. */
+START_TEST(placed_blocks_make_the_whole)
+{
+    const int tiled = _i & 1, top_left = _i >> 1;
+    const fa_dtype dt = tiled ? FA_F32 : FA_F64;
+    const int64_t Sq = top_left ? 50 : 70, Sk = 70, Hq = 4, Hk = 2, D = 24;
+    const int64_t rcut[3] = {0, 40, Sq}, kcut[4] = {0, 25, 52, Sk};
+    const float slopes[4] = {0.3f, 0.1f, 0.05f, 0.2f};
+    fa_params p;
+    fa_params_init(&p);
+    p.causal = 1;
+    p.align = top_left ? FA_ALIGN_TOP_LEFT : FA_ALIGN_BOTTOM_RIGHT;
+    p.window_left = 60; /* wider than a block's rows and keys, narrower than the sequence */
+    p.sink_tokens = 3;
+    p.alibi_slopes = slopes;
+    p.dropout_p = 0.2;
+    p.dropout_seed = 42;
+    ht_tensor q, k, v, dout, o, lse, dq, dk, dv, bo, blse, bdq, bdk, bdv, acc_o, acc_l;
+    ht_alloc(&q, dt, 1, Sq, Hq, D, SW_BSHD);
+    ht_alloc(&k, dt, 1, Sk, Hk, D, SW_BSHD);
+    ht_alloc(&v, dt, 1, Sk, Hk, D, SW_BSHD);
+    ht_alloc(&dout, dt, 1, Sq, Hq, D, SW_BSHD);
+    ht_fill(&q, 1, -1, 1);
+    ht_fill(&k, 2, -1, 1);
+    ht_fill(&v, 3, -1, 1);
+    ht_fill(&dout, 4, -1, 1);
+    ht_alloc(&o, dt, 1, Sq, Hq, D, SW_BSHD);
+    ht_alloc_lse(&lse, dt, 1, Sq, Hq);
+    ht_alloc(&dq, dt, 1, Sq, Hq, D, SW_BSHD);
+    ht_alloc(&dk, dt, 1, Sk, Hk, D, SW_BSHD);
+    ht_alloc(&dv, dt, 1, Sk, Hk, D, SW_BSHD);
+    ht_alloc(&bo, dt, 1, Sq, Hq, D, SW_BSHD); /* one block's results, at its rows */
+    ht_alloc_lse(&blse, dt, 1, Sq, Hq);
+    ht_alloc(&bdq, dt, 1, Sq, Hq, D, SW_BSHD);
+    ht_alloc(&bdk, dt, 1, Sk, Hk, D, SW_BSHD);
+    ht_alloc(&bdv, dt, 1, Sk, Hk, D, SW_BSHD);
+    ht_alloc(&acc_o, dt, 1, Sq, Hq, D, SW_BSHD);
+    ht_alloc_lse(&acc_l, dt, 1, Sq, Hq);
+    fa_context *ctx = ht_context(tiled ? FA_BACKEND_TILED : FA_BACKEND_REFERENCE, 2);
+    ck_assert_int_eq(fa_forward(ctx, &p, &q.t, &k.t, &v.t, &o.t, &lse.t), FA_OK);
+    ck_assert_int_eq(fa_backward(ctx, &p, &q.t, &k.t, &v.t, &o.t, &lse.t, &dout.t, &dq.t, &dk.t,
+                                 &dv.t), FA_OK);
+    /* the sums of the blocks' gradients, in f64 */
+    double *sdq = calloc((size_t)(Sq * Hq * D), sizeof(double));
+    double *sdk = calloc((size_t)(Sk * Hk * D), sizeof(double));
+    double *sdv = calloc((size_t)(Sk * Hk * D), sizeof(double));
+    for (int r = 0; r < 2; r++) {
+        const int64_t r0 = rcut[r], m = rcut[r + 1] - r0;
+        for (int x = 0; x < 3; x++) {
+            const int64_t k0 = kcut[x], n = kcut[x + 1] - k0;
+            const fai_place pl = {r0, k0, Sq, Sk};
+            fa_tensor qv = q.t, kv = k.t, vv = v.t, ov = o.t, lv = lse.t, gv = dout.t,
+                      bov = bo.t, blv = blse.t, bqv = bdq.t, bkv = bdk.t, bvv = bdv.t;
+            fa_tensor *const qs[7] = {&qv, &ov, &lv, &gv, &bov, &blv, &bqv};
+            for (int t = 0; t < 7; t++) {
+                qs[t]->data = fai_row(qs[t], 0, r0, 0);
+                qs[t]->seqlen = m;
+            }
+            fa_tensor *const ks[4] = {&kv, &vv, &bkv, &bvv};
+            for (int t = 0; t < 4; t++) {
+                ks[t]->data = fai_row(ks[t], 0, k0, 0);
+                ks[t]->seqlen = n;
+            }
+            ck_assert_int_eq(fai_forward_placed(ctx, &p, &qv, &kv, &vv, &pl, &bov, &blv, 0),
+                             FA_OK);
+            fa_tensor ao = acc_o.t, al = acc_l.t;
+            ao.data = fai_row(&ao, 0, r0, 0), ao.seqlen = m;
+            al.data = fai_row(&al, 0, r0, 0), al.seqlen = m;
+            const fa_tensor so[2] = {ao, bov}, sl[2] = {al, blv}; /* the first: a copy */
+            ck_assert_int_eq(fa_merge_states(x == 0 ? 1 : 2, x == 0 ? &so[1] : so,
+                                             x == 0 ? &sl[1] : sl, &ao, &al), FA_OK);
+            /* the backward of the block from the whole call's out and lse: the tiled backend's
+             * (the reference recomputes the softmax over the block's keys, and refuses) */
+            if (!tiled) {
+                ck_assert_int_eq(fai_backward_placed(ctx, &p, &qv, &kv, &vv, &pl, &ov, &lv, &gv,
+                                                     &bqv, &bkv, &bvv, 0), FA_ERR_UNSUPPORTED);
+                continue;
+            }
+            ck_assert_int_eq(fai_backward_placed(ctx, &p, &qv, &kv, &vv, &pl, &ov, &lv, &gv,
+                                                 &bqv, &bkv, &bvv, 0), FA_OK);
+            for (int64_t i = 0; i < m; i++)
+                for (int64_t h = 0; h < Hq; h++)
+                    for (int64_t d = 0; d < D; d++)
+                        sdq[((r0 + i) * Hq + h) * D + d] += ht_get(&bdq, 0, r0 + i, h, d);
+            for (int64_t j = 0; j < n; j++)
+                for (int64_t h = 0; h < Hk; h++)
+                    for (int64_t d = 0; d < D; d++) {
+                        sdk[((k0 + j) * Hk + h) * D + d] += ht_get(&bdk, 0, k0 + j, h, d);
+                        sdv[((k0 + j) * Hk + h) * D + d] += ht_get(&bdv, 0, k0 + j, h, d);
+                    }
+        }
+    }
+    const double tol = tiled ? 2e-5 : 1e-12;
+    double eo = ht_max_err(&acc_o, &o), el = 0, eq = 0, ek = 0, ev = 0;
+    for (int64_t i = 0; i < Sq; i++)
+        for (int64_t h = 0; h < Hq; h++) {
+            const double a = ht_get(&acc_l, 0, i, h, 0), b = ht_get(&lse, 0, i, h, 0);
+            el = fmax(el, a == b ? 0 : fabs(a - b));
+            for (int64_t d = 0; d < D && tiled; d++)
+                eq = fmax(eq, fabs(sdq[(i * Hq + h) * D + d] - ht_get(&dq, 0, i, h, d)));
+        }
+    for (int64_t j = 0; j < Sk && tiled; j++)
+        for (int64_t h = 0; h < Hk; h++)
+            for (int64_t d = 0; d < D; d++) {
+                ek = fmax(ek, fabs(sdk[(j * Hk + h) * D + d] - ht_get(&dk, 0, j, h, d)));
+                ev = fmax(ev, fabs(sdv[(j * Hk + h) * D + d] - ht_get(&dv, 0, j, h, d)));
+            }
+    ck_assert_msg(eo <= tol && el <= tol && eq <= 4 * tol && ek <= 4 * tol && ev <= 4 * tol,
+                  "%s %s: out %g lse %g dq %g dk %g dv %g", tiled ? "tiled" : "reference",
+                  top_left ? "top-left" : "bottom-right", eo, el, eq, ek, ev);
+    /* a place that does not hold the call's rows is refused */
+    const fai_place bad = {Sq - 1, 0, Sq, Sk};
+    ck_assert_int_eq(fai_forward_placed(ctx, &p, &q.t, &k.t, &v.t, &bad, &bo.t, &blse.t, 0),
+                     FA_ERR_SHAPE);
+    fa_context_destroy(ctx);
+    free(sdq);
+    free(sdk);
+    free(sdv);
+    ht_tensor *all[] = {&q, &k, &v, &dout, &o, &lse, &dq, &dk, &dv, &bo, &blse, &bdq, &bdk, &bdv,
+                        &acc_o, &acc_l};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        ht_free(all[i]);
+}
+END_TEST
+
 Suite *make_semantics_suite(void)
 {
     Suite *s = suite_create("semantics");
@@ -1086,6 +1216,7 @@ Suite *make_semantics_suite(void)
     tcase_add_loop_test(tc, sinks_match_definition, 0, 24);
     tcase_add_test(tc, sink_gradient_finite_differences);
     tcase_add_loop_test(tc, kv_dtype_apart_from_q, 0, 6);
+    tcase_add_loop_test(tc, placed_blocks_make_the_whole, 0, 4);
     suite_add_tcase(s, tc);
     /* threads: what CI's ThreadSanitizer stage runs (CK_RUN_CASE=concurrency) */
     TCase *cc = ht_tcase_create("concurrency");

@@ -1,11 +1,13 @@
 #!/bin/sh
-# The shared library exports exactly the functions flashattn.h declares FA_API, nothing else.
+# The shared library exports exactly the functions flashattn.h declares FA_API (and, built
+# --with-mpi, flashattn_mpi.h), nothing else.
 lib="${top_builddir:-.}/.libs/libflashattn.so"
 hdr="${srcdir:-.}/include/flashattn.h"
+grep -q '^#define FA_HAVE_MPI 1' "${top_builddir:-.}/config.h" && hdr="$hdr ${srcdir:-.}/include/flashattn_mpi.h"
 [ -f "$lib" ] || { echo "no shared library at $lib"; exit 77; }
 nm=${NM:-nm} # the build's nm (a cross build's reads the target's ELF)
 command -v ${nm%% *} >/dev/null || { echo "no nm"; exit 77; }
-want=$(sed -n 's/^FA_API[^(]*[ *]\(fa_[a-z0-9_]*\)(.*/\1/p' "$hdr" | sort)
+want=$(sed -n 's/^FA_API[^(]*[ *]\(fa_[a-z0-9_]*\)(.*/\1/p' $hdr | sort)
 got=$($nm -D --defined-only "$lib" | awk '$2 ~ /^[TDBRVWi]$/ {print $3}' | grep -v '^_' | sort)
 if [ "$want" != "$got" ]; then
     echo "declared in flashattn.h but not exported, or exported but not declared:"

@@ -1,12 +1,13 @@
 #!/bin/sh
 # The tree's layers hold (docs/DESIGN.md §3), read off the built objects and the sources:
 #  1. an object of a layer uses only what objects of its own layer or a layer below define,
-#     in the order base < simd < backends = cuda < api (core/ is headers: it has no objects;
-#     cuda/ is a backend beside backends/, the two using each other: the registry lists the
-#     CUDA backend, which runs groups as every backend does);
+#     in the order base < simd < backends = cuda < api < mpi (core/ is headers: it has no
+#     objects; cuda/ is a backend beside backends/, the two using each other: the registry
+#     lists the CUDA backend, which runs groups as every backend does; mpi/, context
+#     parallelism, is made of api's calls);
 #  2. no two objects depend on each other, directly or through others (no include circle
 #     reaches the link either);
-#  3. every public fa_ symbol is defined in src/api/;
+#  3. every public fa_ symbol is defined in src/api/ (flashattn_mpi.h's in src/mpi/);
 #  4. intrinsic headers are included only in src/simd/;
 #  5. the backends address tensor rows only through the accessors of src/backends/rows.h
 #     (fai_q_rows, fai_kv_rows, ...): no fai_row() and no io[] outside it (and problem.h,
@@ -22,7 +23,7 @@ for o in $objs; do
     $NM "$o" | sed "s|^|$o |"
 done | awk -v root="$top_builddir/src/" '
 function layer(o,    p) { p = substr(o, length(root) + 1); sub(/\/.*/, "", p); return p }
-function rank(l) { return l == "base" ? 0 : l == "simd" ? 1 : l == "backends" || l == "cuda" ? 2 : l == "api" ? 3 : 9 }
+function rank(l) { return l == "base" ? 0 : l == "simd" ? 1 : l == "backends" || l == "cuda" ? 2 : l == "api" ? 3 : l == "mpi" ? 4 : 9 }
 function short(o) { return substr(o, length(root) + 1) }
 {
     o = $1
@@ -52,7 +53,7 @@ END {
             }
         }
     for (o in seen) if (!state[o]) visit(o)
-    for (s in pub) if (layer(pub[s]) != "api") { printf "layers: public %s is defined in %s, not in src/api/\n", s, short(pub[s]); bad = 1 }
+    for (s in pub) if (layer(pub[s]) != (s ~ /^fa_cp_/ ? "mpi" : "api")) { printf "layers: public %s is defined in %s, not in src/%s/\n", s, short(pub[s]), s ~ /^fa_cp_/ ? "mpi" : "api"; bad = 1 }
     n = 0; for (o in seen) n++
     printf "layers: %d objects read\n", n
     exit bad

@@ -83,6 +83,19 @@ fa_status fai_problem_params(fai_problem *pr, const fa_params *p);
  * cache). */
 fa_status fai_refuse_dense_only(const fai_problem *pr, const fa_params *p, const char *op);
 
+/* Where a call's rows lie in a longer sequence: its q row 0 is row q_pos of a sequence of sq
+ * query rows, its key 0 key k_pos of sk keys (context parallelism, src/mpi/, cuts one problem
+ * into such calls). The call is then the global problem's rows and keys: its mask and ALiBi at
+ * the global offset, the first sink_tokens keys of the global sequence, the dropout draws of
+ * the global (row, key). */
+typedef struct {
+    int64_t q_pos, k_pos;
+    int64_t sq, sk;
+} fai_place;
+/* Checks the place against the problem (a dense call's rows inside the sequence) and remakes
+ * the mask, ALiBi's offset and the dropout stream's origin from it. After fai_problem_params. */
+fa_status fai_problem_place(fai_problem *pr, const fai_place *pl);
+
 /* ------------------------------------------------------------------ the problem (problem.c) */
 
 /* Checks q, k, v and params and fills the problem's dims, mask, score and dropout (its
@@ -117,5 +130,19 @@ fa_status fai_problem_for_cache(fai_problem *pr, const fa_tensor *k_new, const f
  * cache then is written (an output). Sets k_new, v_new, s_new. */
 fa_status fai_problem_new_keys(fai_problem *pr, const fa_tensor *k_new, const fa_tensor *v_new,
                                const fa_tensor *k, const fa_tensor *v);
+
+/* ------------------------------------------------------------------ placed calls (ops.c) */
+
+/* fa_forward and fa_backward of a call placed in a longer sequence (fai_place), on a host
+ * backend (a device backend: FA_ERR_UNSUPPORTED). Every check of the public calls, and the
+ * place's; check_only stops there (a dry run: the status the call would have before it runs,
+ * nothing written). */
+fa_status fai_forward_placed(fa_context *ctx, const fa_params *p, const fa_tensor *q,
+                             const fa_tensor *k, const fa_tensor *v, const fai_place *pl,
+                             fa_tensor *out, fa_tensor *lse, int check_only);
+fa_status fai_backward_placed(fa_context *ctx, const fa_params *p, const fa_tensor *q,
+                              const fa_tensor *k, const fa_tensor *v, const fai_place *pl,
+                              const fa_tensor *out, const fa_tensor *lse, const fa_tensor *dout,
+                              fa_tensor *dq, fa_tensor *dk, fa_tensor *dv, int check_only);
 
 #endif

@@ -62,6 +62,11 @@ static fa_status env_enum(const char *var, const char *(*name)(int),
 }
 
 static int backend_from_name(const char *v) { return (int)fai_backend_from_name(v); }
+static const char *cp_name(int i) { return i == FAI_CP_RING ? "ring" : i == FAI_CP_ALLGATHER ? "allgather" : "invalid"; }
+static int cp_from_name(const char *v)
+{
+    return strcmp(v, "ring") == 0 ? FAI_CP_RING : strcmp(v, "allgather") == 0 ? FAI_CP_ALLGATHER : 0;
+}
 static int isa_from_name(const char *v) { return (int)fai_isa_from_name(v); }
 
 fa_status fa_context_create(const fa_options *o, fa_context **out)
@@ -109,6 +114,8 @@ fa_status fa_context_create(const fa_options *o, fa_context **out)
                                                   : "this CPU (or its OS) does not support it");
     fai_backend_settings settings[FAI_BACKEND_SLOTS];
     FAI_TRY(fai_backends_setup(&opt, settings));
+    int cp = FAI_CP_AUTO; /* read in every build: a context describes what it would run */
+    FAI_TRY(env_enum("FA_CP_SCHEDULE", cp_name, cp_from_name, &cp));
 
     fa_context *ctx = fai_fault_now() ? NULL : calloc(1, sizeof *ctx);
     if (!ctx)
@@ -123,6 +130,10 @@ fa_status fa_context_create(const fa_options *o, fa_context **out)
     ctx->num_threads = opt.num_threads > 0 ? opt.num_threads : omp_get_max_threads();
     fai_cache_detect(&ctx->cache);
     memcpy(ctx->settings, settings, sizeof settings);
+    ctx->cp_schedule = (fai_cp_schedule)cp;
+    atomic_init(&ctx->cp_plan, NULL);
+    atomic_init(&ctx->cp_waited_ns, 0);
+    atomic_init(&ctx->cp_took_ns, 0);
     *out = ctx;
     return FA_OK;
 }
@@ -152,6 +163,12 @@ fa_status fa_context_describe(const fa_context *ctx, char *buf, size_t n)
                  (long long)(ctx->cache.l2 / 1024), ctx->cache.source);
     if (used > 0 && (size_t)used < n) /* then each backend's part (its describe) */
         fai_backends_describe(ctx, buf + used, n - (size_t)used);
+    const char *cp = atomic_load(&ctx->cp_plan);
+    const size_t len = strlen(buf);
+    if (cp && len + 1 < n) /* the last context-parallel call's plan */
+        snprintf(buf + len, n - len, " cp=%s waited=%.6fs of %.6fs", cp,
+                 1e-9 * (double)atomic_load(&ctx->cp_waited_ns),
+                 1e-9 * (double)atomic_load(&ctx->cp_took_ns));
     return FA_OK;
 }
 

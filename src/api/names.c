@@ -22,6 +22,7 @@ const char *fa_status_string(fa_status s)
     case FA_ERR_NO_MEMORY: return "out of memory";
     case FA_ERR_BACKEND_UNAVAILABLE: return "backend or ISA unavailable";
     case FA_ERR_DEVICE: return "device error";
+    case FA_ERR_COMMUNICATION: return "communication error";
     }
     return "unknown status";
 }

@@ -69,13 +69,16 @@ static void sink_gradient(const fa_context *ctx, const fai_problem *pr, float *g
 
 /* The backend of the call, which must take a call of sequences if it is one. */
 static fa_status call_backend(const fa_context *ctx, const fai_problem *pr, const fa_tensor *q,
-                              const fai_backend **be)
+                              const fai_place *place, const fai_backend **be)
 {
     *be = backend_for(ctx, q);
     if (pr->nseq > 0 && !(*be)->sequences)
         return fai_fail(FA_ERR_UNSUPPORTED, "backend %s: calls of sequences (variable-length "
                                             "batches, paged K/V) are not implemented (the CPU "
                                             "backends take them)", (*be)->name);
+    if (place && (*be)->device_memory) /* its kernels draw dropout words at the call's keys */
+        return fai_fail(FA_ERR_UNSUPPORTED, "backend %s: context parallelism runs on the host "
+                                            "backends", (*be)->name);
     return FA_OK;
 }
 
@@ -106,6 +109,8 @@ typedef struct {
     int cache; /* fa_forward_kvcache: pages, or a contiguous cache with cache_seqlens */
     const fa_indices *cache_seqlens;
     const fa_tensor *k_new, *v_new;
+    const fai_place *place; /* a placed call's (dense), or NULL */
+    int check_only;         /* a dry run: the checks alone */
 } call_shape;
 
 enum { NINDEX = 5 };
@@ -155,6 +160,8 @@ static fa_status forward(fa_context *ctx, const fa_params *p, const fa_tensor *q
         return fai_fail(FA_ERR_NULL_POINTER, "ctx is NULL");
     fai_problem pr;
     FAI_TRY(fai_problem_make(&pr, p, q, k, v, sh->pages != NULL));
+    if (sh->place)
+        FAI_TRY(fai_problem_place(&pr, sh->place));
     if (sh->varlen || sh->pages || sh->cache)
         FAI_TRY(fai_refuse_dense_only(&pr, p, sh->varlen  ? "fa_forward_varlen"
                                                   : sh->cache ? "fa_forward_kvcache"
@@ -201,11 +208,13 @@ static fa_status forward(fa_context *ctx, const fa_params *p, const fa_tensor *q
     pr.io[FAI_OUT] = out;
     pr.io[FAI_LSE] = lse;
     const fai_backend *be;
-    FAI_TRY(call_backend(ctx, &pr, q, &be));
+    FAI_TRY(call_backend(ctx, &pr, q, sh->place, &be));
     fai_block_map blocks; /* checked before anything is written, even where nothing is */
     size_t map_bytes;
     FAI_TRY(fai_problem_blocks(ctx, &pr, p->block_mask, &blocks, &map_bytes));
-    const fa_status st = run_op(ctx, be, FAI_OP_FORWARD, "forward", &pr, fai_empty_of(&pr, 0));
+    const fa_status st =
+        sh->check_only ? FA_OK
+                       : run_op(ctx, be, FAI_OP_FORWARD, "forward", &pr, fai_empty_of(&pr, 0));
     fai_free(&ctx->mem, (void *)blocks.listed, map_bytes);
     return st;
 }
@@ -299,7 +308,8 @@ fa_status fa_append_kv(fa_context *ctx, const fa_tensor *k_new, const fa_tensor 
 
 static fa_status backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
                           const fa_tensor *k, const fa_tensor *v, int varlen,
-                          const fa_indices *cu_q, const fa_indices *cu_k, const fa_tensor *out,
+                          const fa_indices *cu_q, const fa_indices *cu_k,
+                          const fai_place *place, int check_only, const fa_tensor *out,
                           const fa_tensor *lse, const fa_tensor *dout, fa_tensor *dq,
                           fa_tensor *dk, fa_tensor *dv)
 {
@@ -307,6 +317,8 @@ static fa_status backward(fa_context *ctx, const fa_params *p, const fa_tensor *
         return fai_fail(FA_ERR_NULL_POINTER, "ctx is NULL");
     fai_problem pr;
     FAI_TRY(fai_problem_make(&pr, p, q, k, v, 0));
+    if (place)
+        FAI_TRY(fai_problem_place(&pr, place));
     if (varlen) {
         FAI_TRY(fai_refuse_dense_only(&pr, p, "fa_backward_varlen"));
         FAI_TRY(fai_problem_sequences(&pr, cu_q, cu_k));
@@ -371,13 +383,22 @@ static fa_status backward(fa_context *ctx, const fa_params *p, const fa_tensor *
     pr.io[FAI_DV] = dv;
     pr.bias_grad = p->bias_grad;
     const fai_backend *be;
-    FAI_TRY(call_backend(ctx, &pr, q, &be));
+    FAI_TRY(call_backend(ctx, &pr, q, place, &be));
+    if (place && !be->backward_reads_lse)
+        return fai_fail(FA_ERR_UNSUPPORTED, "backend %s: its backward recomputes the softmax "
+                                            "over the call's keys, so a placed block's is not "
+                                            "the whole row's (context parallelism's backward "
+                                            "runs on the tiled backend)", be->name);
     if (be->device_memory) /* it forms the sink gradient where out, lse and dout are */
         pr.sink_grad = p->sink_grad;
     fai_block_map blocks; /* checked before anything is written, even where nothing is */
     size_t map_bytes;
     FAI_TRY(fai_problem_blocks(ctx, &pr, p->block_mask, &blocks, &map_bytes));
     const fai_empty empty = fai_empty_of(&pr, 1);
+    if (check_only) {
+        fai_free(&ctx->mem, (void *)blocks.listed, map_bytes);
+        return FA_OK;
+    }
     const fa_status st = run_op(ctx, be, FAI_OP_BACKWARD, "backward", &pr, empty);
     /* the sink gradient (host memory), the device backend's own where it ran */
     if (st == FA_OK && p->sink_grad && (!be->device_memory || empty == FAI_EMPTY_NO_ROW)) {
@@ -395,7 +416,7 @@ fa_status fa_backward(fa_context *ctx, const fa_params *p, const fa_tensor *q,
                       const fa_tensor *lse, const fa_tensor *dout, fa_tensor *dq, fa_tensor *dk,
                       fa_tensor *dv)
 {
-    return backward(ctx, p, q, k, v, 0, NULL, NULL, out, lse, dout, dq, dk, dv);
+    return backward(ctx, p, q, k, v, 0, NULL, NULL, NULL, 0, out, lse, dout, dq, dk, dv);
 }
 
 fa_status fa_backward_varlen(fa_context *ctx, const fa_params *p, const fa_tensor *q,
@@ -404,5 +425,22 @@ fa_status fa_backward_varlen(fa_context *ctx, const fa_params *p, const fa_tenso
                              const fa_tensor *out, const fa_tensor *lse, const fa_tensor *dout,
                              fa_tensor *dq, fa_tensor *dk, fa_tensor *dv)
 {
-    return backward(ctx, p, q, k, v, 1, cu_seqlens_q, cu_seqlens_k, out, lse, dout, dq, dk, dv);
+    return backward(ctx, p, q, k, v, 1, cu_seqlens_q, cu_seqlens_k, NULL, 0, out, lse, dout, dq,
+                    dk, dv);
+}
+
+fa_status fai_forward_placed(fa_context *ctx, const fa_params *p, const fa_tensor *q,
+                             const fa_tensor *k, const fa_tensor *v, const fai_place *pl,
+                             fa_tensor *out, fa_tensor *lse, int check_only)
+{
+    const call_shape placed = {.place = pl, .check_only = check_only};
+    return forward(ctx, p, q, k, v, &placed, out, lse);
+}
+
+fa_status fai_backward_placed(fa_context *ctx, const fa_params *p, const fa_tensor *q,
+                              const fa_tensor *k, const fa_tensor *v, const fai_place *pl,
+                              const fa_tensor *out, const fa_tensor *lse, const fa_tensor *dout,
+                              fa_tensor *dq, fa_tensor *dk, fa_tensor *dv, int check_only)
+{
+    return backward(ctx, p, q, k, v, 0, NULL, NULL, pl, check_only, out, lse, dout, dq, dk, dv);
 }

@@ -215,3 +215,31 @@ fa_status fai_problem_params(fai_problem *pr, const fa_params *p)
     }
     return FA_OK;
 }
+
+fa_status fai_problem_place(fai_problem *pr, const fai_place *pl)
+{
+    if (pl->sq < 0 || pl->sq > FAI_DIM_MAX || pl->sk < 0 || pl->sk > FAI_DIM_MAX)
+        return fai_fail(FA_ERR_SHAPE, "a placed call's sequence is %lld x %lld; lengths are in "
+                                      "[0, 2^40]", (long long)pl->sq, (long long)pl->sk);
+    if (pl->q_pos < 0 || pl->q_pos > pl->sq - pr->sq || pl->k_pos < 0 ||
+        pl->k_pos > pl->sk - pr->sk)
+        return fai_fail(FA_ERR_SHAPE, "a placed call's rows [%lld, %lld) and keys [%lld, %lld) "
+                                      "are not inside its sequence of %lld x %lld",
+                        (long long)pl->q_pos, (long long)(pl->q_pos + pr->sq),
+                        (long long)pl->k_pos, (long long)(pl->k_pos + pr->sk),
+                        (long long)pl->sq, (long long)pl->sk);
+    if (pr->nseq > 0)
+        return fai_fail(FA_ERR_UNSUPPORTED, "a placed call is a dense call");
+    const fai_mask_spec *m = &pr->mask_spec;
+    /* the global mask's offset, seen from this call's row 0 and key 0: a global row q_pos + i
+     * and key k_pos + j are allowed iff k_pos + j <= q_pos + i + off_g + R (and the left bound
+     * alike), that is j <= i + (off_g + q_pos - k_pos) + R */
+    const int64_t off = (m->top_left ? 0 : pl->sk - pl->sq) + pl->q_pos - pl->k_pos;
+    /* the global sinks k < n are this call's keys j < n - k_pos */
+    pr->mask = fai_mask_at(pr->sq, pr->sk, off, m->causal, m->left, m->right,
+                           m->sink_tokens - pl->k_pos);
+    pr->score.off = off;
+    pr->drop.row0 = pl->q_pos;
+    pr->drop.col0 = pl->k_pos;
+    return FA_OK;
+}

@@ -21,6 +21,9 @@ typedef struct {
     unsigned char bytes[64];
 } fai_backend_settings;
 
+/* The schedules of context parallelism (flashattn_mpi.h). */
+typedef enum { FAI_CP_AUTO, FAI_CP_RING, FAI_CP_ALLGATHER } fai_cp_schedule;
+
 /* The settings' slots, by fa_backend: above every value (backends/registry.c asserts it). */
 #define FAI_BACKEND_SLOTS 8
 
@@ -35,6 +38,12 @@ struct fa_context {
     int num_threads;                /* > 0 */
     fai_cache_info cache;
     fai_backend_settings settings[FAI_BACKEND_SLOTS]; /* by fa_backend: each backend's own */
+    fai_cp_schedule cp_schedule;    /* FA_CP_SCHEDULE: what context parallelism must run
+                                       (src/mpi/cp.c), or FAI_CP_AUTO for its rule's choice */
+    _Atomic(const char *) cp_plan;  /* the last context-parallel call's schedule and why (a
+                                       static string of src/mpi/cp.c), or NULL */
+    _Atomic int64_t cp_waited_ns, cp_took_ns; /* its schedule's time blocked on messages after
+                                                 the blocks' compute, and its whole time */
 };
 
 /* Backend b's settings into mine (n bytes: its struct). */

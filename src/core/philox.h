@@ -44,12 +44,15 @@ FA_HOST_DEVICE static inline fai_u32x4 fai_philox4x32_10(fai_u32x4 ctr, uint32_t
 typedef struct {
     uint64_t seed, offset;
     uint32_t threshold; /* keep iff u >= threshold = floor(p * 2^32); 0: dropout off */
+    int64_t row0, col0; /* the stream's row and key of the call's row 0 and key 0: 0 but in a
+                           placed call (a shard of a longer sequence, api/place.c) */
 } fai_dropout_params;
 
 /* One (batch, head)'s stream: its Philox key, derived from (seed, offset, head). */
 typedef struct {
     uint32_t k0, k1;
     uint32_t threshold;
+    int64_t row0, col0; /* fai_dropout_params' */
 } fai_dropout;
 
 /* threshold 0 keeps everything: callers test `threshold != 0` to know dropout is on. */
@@ -71,7 +74,7 @@ FA_HOST_DEVICE static inline double fai_dropout_keep_scale(double p) { return 1.
 FA_HOST_DEVICE static inline fai_dropout fai_dropout_make(const fai_dropout_params *p,
                                                           uint64_t head)
 {
-    fai_dropout d = {0, 0, p->threshold};
+    fai_dropout d = {0, 0, p->threshold, p->row0, p->col0};
     if (!p->threshold)
         return d; /* dropout off: no key is ever used */
     fai_u32x4 ctr = {{(uint32_t)head, (uint32_t)(head >> 32), (uint32_t)p->offset,
@@ -82,18 +85,20 @@ FA_HOST_DEVICE static inline fai_dropout fai_dropout_make(const fai_dropout_para
     return d;
 }
 
-/* The Philox output block that holds the draws of keys 4 (j / 4) .. 4 (j / 4) + 3 of query
- * row i: counter {j / 4 lo, j / 4 hi, i lo, i hi} under the head's key. Rows and keys below
- * 2^62 each have their own counter: a head's stream does not repeat within any tensor. */
+/* The Philox output block that holds the draws of keys 4 (J / 4) .. 4 (J / 4) + 3 of query
+ * row I, where I = row0 + i and J = col0 + j are the row and key in the stream (the call's own
+ * i and j but in a placed call): counter {J / 4 lo, J / 4 hi, I lo, I hi} under the head's key.
+ * Rows and keys below 2^62 each have their own counter: a head's stream does not repeat within
+ * any tensor. */
 FA_HOST_DEVICE static inline fai_u32x4 fai_dropout_block(const fai_dropout *d, int64_t i,
                                                          int64_t j)
 {
-    const uint64_t q = (uint64_t)j >> 2, r = (uint64_t)i;
+    const uint64_t q = (uint64_t)(d->col0 + j) >> 2, r = (uint64_t)(d->row0 + i);
     fai_u32x4 ctr = {{(uint32_t)q, (uint32_t)(q >> 32), (uint32_t)r, (uint32_t)(r >> 32)}};
     return fai_philox4x32_10(ctr, d->k0, d->k1);
 }
 
-/* Key j's draw in its block: word j % 4 (chosen by selects, so that a device keeps u in
+/* Stream key J's draw in its block: word J % 4 (chosen by selects, so that a device keeps u in
  * registers rather than indexing it in local memory). */
 FA_HOST_DEVICE static inline uint32_t fai_dropout_word(fai_u32x4 u, int64_t j)
 {
@@ -109,7 +114,7 @@ FA_HOST_DEVICE static inline int fai_dropout_kept(const fai_dropout *d, uint32_t
 /* The keep decision of (query row i, key j): one Philox call. */
 FA_HOST_DEVICE static inline int fai_dropout_keep(const fai_dropout *d, int64_t i, int64_t j)
 {
-    return fai_dropout_kept(d, fai_dropout_word(fai_dropout_block(d, i, j), j));
+    return fai_dropout_kept(d, fai_dropout_word(fai_dropout_block(d, i, j), d->col0 + j));
 }
 
 /*
@@ -122,7 +127,7 @@ FA_HOST_DEVICE static inline void fai_dropout_keep_row(const fai_dropout *d, int
     int64_t j = j0, end = j0 + n;
     while (j < end) {
         fai_u32x4 u = fai_dropout_block(d, i, j);
-        for (int w = (int)(j & 3); w < 4 && j < end; w++, j++)
+        for (int w = (int)((d->col0 + j) & 3); w < 4 && j < end; w++, j++)
             keep[j - j0] = (unsigned char)fai_dropout_kept(d, u.v[w]);
     }
 }

@@ -7,7 +7,9 @@
  * Mask. Key j is allowed for query row i iff
  *     j >= i + off - L   (when L >= 0, unless j < n)   and   j <= i + off + R   (when R >= 0),
  * off = Sk - Sq (bottom-right) or 0 (top-left), n the sink tokens (StreamingLLM: the first n
- * keys are exempt from the window's left bound). A *plain* mask (n = 0, or L unbounded, where
+ * keys are exempt from the window's left bound). A placed call (a shard of a longer sequence's
+ * rows against a shard of its keys, api/place.c) has the same mask with another offset and n;
+ * nothing below depends on which offset. A *plain* mask (n = 0, or L unbounded, where
  * the sinks change nothing) allows one interval per row, and the interval's ends move right by
  * exactly one per row. Two consequences are used throughout:
  *   (a) a row's allowed keys are [lo_i, hi_i), computed in O(1) (fai_mask_row);
@@ -27,7 +29,7 @@
 #include "fmath.h"
 
 typedef struct {
-    int64_t off;         /* Sk - Sq or 0                                     */
+    int64_t off;         /* Sk - Sq or 0 (a placed call's: any)              */
     int64_t left, right; /* window bounds, -1 unbounded, clamped to Sq + Sk  */
     int64_t sk;          /* number of keys                                   */
     int64_t sink_keys;   /* n clamped to Sk; 0 when L is unbounded (plain)   */
@@ -35,20 +37,30 @@ typedef struct {
 
 typedef enum { FAI_TILE_EMPTY, FAI_TILE_PARTIAL, FAI_TILE_FULL } fai_tile_class;
 
-/* causal forces right = 0. Bounds beyond Sq + Sk cannot bind and are clamped so that the
- * arithmetic below stays far from int64 overflow (the API limits Sq, Sk to < 2^40). */
+/* The mask of sq rows and sk keys at offset off. causal forces right = 0. Bounds beyond
+ * Sq + Sk + |off| cannot bind (a left bound L >= that gives i + off - L < 0 for every row, a
+ * right bound R >= it gives i + off + R >= Sk) and are clamped to it, so that the arithmetic
+ * below stays far from int64 overflow (the API limits Sq, Sk and positions to < 2^40). */
+FA_HOST_DEVICE static inline fai_mask fai_mask_at(int64_t sq, int64_t sk, int64_t off,
+                                                  int causal, int64_t left, int64_t right,
+                                                  int64_t sink_tokens)
+{
+    fai_mask m;
+    int64_t reach = sq + sk + (off < 0 ? -off : off);
+    m.off = off;
+    m.left = left > reach ? reach : left;
+    m.right = causal ? 0 : (right > reach ? reach : right);
+    m.sk = sk;
+    m.sink_keys = m.left < 0 || sink_tokens < 0 ? 0 : (sink_tokens > sk ? sk : sink_tokens);
+    return m;
+}
+
+/* The mask of a call: off = Sk - Sq (bottom-right) or 0 (top-left). */
 FA_HOST_DEVICE static inline fai_mask fai_mask_make(int64_t sq, int64_t sk, int causal,
                                                     int64_t left, int64_t right, int top_left,
                                                     int64_t sink_tokens)
 {
-    fai_mask m;
-    int64_t reach = sq + sk;
-    m.off = top_left ? 0 : sk - sq;
-    m.left = left > reach ? reach : left;
-    m.right = causal ? 0 : (right > reach ? reach : right);
-    m.sk = sk;
-    m.sink_keys = m.left < 0 ? 0 : (sink_tokens > sk ? sk : sink_tokens);
-    return m;
+    return fai_mask_at(sq, sk, top_left ? 0 : sk - sq, causal, left, right, sink_tokens);
 }
 
 /* The definition above, key by key, for any mask: what the reference tests. */

@@ -155,6 +155,7 @@ static fa_status tiled_backward(fa_context *ctx, const fai_problem *pr)
 const fai_backend fai_backend_tiled = {
     .name = "tiled",
     .sequences = 1,
+    .backward_reads_lse = 1,
     .ops = {[FAI_OP_FORWARD] = tiled_forward, [FAI_OP_BACKWARD] = tiled_backward},
     .setup = fai_tiled_setup,
     .describe = fai_tiled_describe,
