@@ -2,10 +2,12 @@
  * Context parallelism over MPI against one process: `mpirun -np W bench/bench_cp [options]`.
  * Every rank runs one thread; the yardstick is one process (rank 0) running fa_forward /
  * fa_backward on the whole sequence with W threads, in the same run, rounds alternating their
- * order. For the ring it also reports how much of its messages the compute hid: 1 - (time the
- * ranks waited on messages after their blocks, fa_context_describe's "waited") / (the same
- * messages sent alone, W - 1 steps of MPI_Sendrecv of one shard's K/V, the backward's dK/dV
- * too, measured here).
+ * order. For the ring it also reports how much of its K/V messages the compute hid: 1 - (time
+ * the ranks waited on them after their blocks, fa_context_describe's "waited") / (the same
+ * messages sent alone, W - 1 steps of MPI_Sendrecv of the largest shard's K/V, measured here),
+ * and, for the backward, the time waited on other ranks' dK/dV terms ("synced": their compute,
+ * then the message). CSV columns: op, W, layout, causal, N, H, D, one process s, ring s,
+ * allgather s, ring K/V wait s, K/V messages alone s, ring terms wait s.
  *
  *   --seqlen N (16384)  --heads H (8)  --dim D (128)  --layout zigzag|contiguous
  *   --no-causal  --backward  --rounds R (3)  --csv FILE
@@ -67,13 +69,14 @@ static float *shard(fa_tensor *l, const fa_tensor *g, const fa_cp_shard *s)
     return x;
 }
 
-/* Seconds blocked on messages in the context's last call ("waited=" of its description). */
-static double waited(const fa_context *ctx)
+/* A figure of the context's last call in its description: "waited=" (seconds blocked on K/V
+ * messages) or "synced=" (on other ranks' dK/dV terms). */
+static double described(const fa_context *ctx, const char *key)
 {
     char buf[1024];
     fa_context_describe(ctx, buf, sizeof buf);
-    const char *w = strstr(buf, "waited=");
-    return w ? atof(w + 7) : -1;
+    const char *w = strstr(buf, key);
+    return w ? atof(w + strlen(key)) : -1;
 }
 
 static double slowest(double t)
@@ -83,20 +86,26 @@ static double slowest(double t)
     return m;
 }
 
-/* The ring's messages alone: W - 1 steps of one shard's bytes to the next rank. */
+/* The ring's messages alone: W - 1 steps of `bytes` to the next rank (buffers touched first;
+ * the best of 3). */
 static double messages_alone(size_t bytes)
 {
     char *a = malloc(bytes + 1), *b = malloc(bytes + 1);
     memset(a, 1, bytes + 1);
-    MPI_Barrier(MPI_COMM_WORLD);
-    const double t0 = now();
-    for (int s = 0; s < W - 1; s++)
-        MPI_Sendrecv(a, (int)bytes, MPI_BYTE, (R + 1) % W, 9, b, (int)bytes, MPI_BYTE,
-                     (R + W - 1) % W, 9, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-    const double t = slowest(now() - t0);
+    memset(b, 2, bytes + 1);
+    double best = 1e30;
+    for (int round = 0; round < 3; round++) {
+        MPI_Barrier(MPI_COMM_WORLD);
+        const double t0 = now();
+        for (int s = 0; s < W - 1; s++)
+            MPI_Sendrecv(a, (int)bytes, MPI_BYTE, (R + 1) % W, 9, b, (int)bytes, MPI_BYTE,
+                         (R + W - 1) % W, 9, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        const double t = slowest(now() - t0);
+        best = t < best ? t : best;
+    }
     free(a);
     free(b);
-    return t;
+    return best;
 }
 
 int main(int argc, char **argv)
@@ -168,9 +177,13 @@ int main(int argc, char **argv)
                *ag = context("allgather", 1);
     /* one call each, untimed: first touches, the plan's allocations */
     must(fa_cp_forward(ring, MPI_COMM_WORLD, layout, &p, &lq, &lk, &lv, &lo, &ll), "warm-up");
-    const size_t pair = (size_t)(s.local * H * 2 * D) * sizeof(float);
-    const double alone = messages_alone(backward ? 2 * pair : pair);
-    double best[3] = {1e30, 1e30, 1e30}, wait_ring = 1e30;
+    /* the largest shard's K and V: what a ring step sends (the forward's, and the backward's
+     * again; its dK/dV terms are waited on as other ranks' work, "synced") */
+    int64_t most;
+    MPI_Allreduce(&s.local, &most, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
+    const size_t pair = (size_t)(most * H * 2 * D) * sizeof(float);
+    const double alone = messages_alone(pair) * (backward ? 2 : 1);
+    double best[3] = {1e30, 1e30, 1e30}, wait_ring = 1e30, sync_ring = 1e30;
     for (int r = 0; r < rounds; r++)
         for (int j = 0; j < 3; j++) {
             const int which = r % 2 ? 2 - j : j; /* 0 one process, 1 ring, 2 allgather */
@@ -185,15 +198,17 @@ int main(int argc, char **argv)
                 fa_context *ctx = which == 1 ? ring : ag;
                 must(fa_cp_forward(ctx, MPI_COMM_WORLD, layout, &p, &lq, &lk, &lv, &lo, &ll),
                      "fa_cp_forward");
-                double w = waited(ctx);
+                double w = described(ctx, "waited="), y = 0;
                 if (backward) {
                     must(fa_cp_backward(ctx, MPI_COMM_WORLD, layout, &p, &lq, &lk, &lv, &lo,
                                         &ll, &ldo, &ldq, &ldk, &ldv), "fa_cp_backward");
-                    w += waited(ctx);
+                    w += described(ctx, "waited=");
+                    y = described(ctx, "synced=");
                 }
                 w = slowest(w);
+                y = slowest(y);
                 if (which == 1 && w < wait_ring)
-                    wait_ring = w;
+                    wait_ring = w, sync_ring = y;
             }
             const double t = slowest(now() - t0);
             if (t < best[which])
@@ -208,15 +223,19 @@ int main(int argc, char **argv)
         printf("  one process, %d threads: %.3f s\n", W, best[0]);
         printf("  ring, %d ranks x 1 thread: %.3f s (x%.3f)\n", W, best[1], best[1] / best[0]);
         printf("  allgather:                %.3f s (x%.3f)\n", best[2], best[2] / best[0]);
-        printf("  ring waited %.4f s on messages that take %.4f s alone: %.0f%% hidden\n",
+        printf("  ring waited %.4f s on K/V messages that take %.4f s alone: %.0f%% hidden\n",
                wait_ring, alone, 100 * (hidden < 0 ? 0 : hidden));
+        if (backward)
+            printf("  and %.4f s on other ranks' dK/dV terms (%.1f%% of the ring's time)\n",
+                   sync_ring, 100 * sync_ring / best[1]);
         if (csv) {
             FILE *f = fopen(csv, "a");
             if (f) {
-                fprintf(f, "%s,%d,%s,%d,%lld,%lld,%lld,%.6f,%.6f,%.6f,%.6f,%.6f\n",
+                fprintf(f, "%s,%d,%s,%d,%lld,%lld,%lld,%.6f,%.6f,%.6f,%.6f,%.6f,%.6f\n",
                         backward ? "fwd+bwd" : "fwd", W,
                         layout == FA_CP_ZIGZAG ? "zigzag" : "contiguous", causal, (long long)N,
-                        (long long)H, (long long)D, best[0], best[1], best[2], wait_ring, alone);
+                        (long long)H, (long long)D, best[0], best[1], best[2], wait_ring, alone,
+                        sync_ring);
                 fclose(f);
             }
         }

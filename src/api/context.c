@@ -133,6 +133,7 @@ fa_status fa_context_create(const fa_options *o, fa_context **out)
     ctx->cp_schedule = (fai_cp_schedule)cp;
     atomic_init(&ctx->cp_plan, NULL);
     atomic_init(&ctx->cp_waited_ns, 0);
+    atomic_init(&ctx->cp_synced_ns, 0);
     atomic_init(&ctx->cp_took_ns, 0);
     *out = ctx;
     return FA_OK;
@@ -166,8 +167,9 @@ fa_status fa_context_describe(const fa_context *ctx, char *buf, size_t n)
     const char *cp = atomic_load(&ctx->cp_plan);
     const size_t len = strlen(buf);
     if (cp && len + 1 < n) /* the last context-parallel call's plan */
-        snprintf(buf + len, n - len, " cp=%s waited=%.6fs of %.6fs", cp,
+        snprintf(buf + len, n - len, " cp=%s waited=%.6fs synced=%.6fs of %.6fs", cp,
                  1e-9 * (double)atomic_load(&ctx->cp_waited_ns),
+                 1e-9 * (double)atomic_load(&ctx->cp_synced_ns),
                  1e-9 * (double)atomic_load(&ctx->cp_took_ns));
     return FA_OK;
 }

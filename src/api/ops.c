@@ -384,11 +384,12 @@ static fa_status backward(fa_context *ctx, const fa_params *p, const fa_tensor *
     pr.bias_grad = p->bias_grad;
     const fai_backend *be;
     FAI_TRY(call_backend(ctx, &pr, q, place, &be));
-    if (place && !be->backward_reads_lse)
+    if (place && !be->backward_reads_lse && (place->k_pos != 0 || place->sk != pr.sk))
         return fai_fail(FA_ERR_UNSUPPORTED, "backend %s: its backward recomputes the softmax "
-                                            "over the call's keys, so a placed block's is not "
-                                            "the whole row's (context parallelism's backward "
-                                            "runs on the tiled backend)", be->name);
+                                            "over the call's keys, so a placed call over some of "
+                                            "the keys does not get the whole row's (context "
+                                            "parallelism's backward runs on the tiled backend)",
+                        be->name);
     if (be->device_memory) /* it forms the sink gradient where out, lse and dout are */
         pr.sink_grad = p->sink_grad;
     fai_block_map blocks; /* checked before anything is written, even where nothing is */

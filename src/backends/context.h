@@ -42,8 +42,9 @@ struct fa_context {
                                        (src/mpi/cp.c), or FAI_CP_AUTO for its rule's choice */
     _Atomic(const char *) cp_plan;  /* the last context-parallel call's schedule and why (a
                                        static string of src/mpi/cp.c), or NULL */
-    _Atomic int64_t cp_waited_ns, cp_took_ns; /* its schedule's time blocked on messages after
-                                                 the blocks' compute, and its whole time */
+    _Atomic int64_t cp_waited_ns, cp_synced_ns, cp_took_ns; /* its schedule's time blocked on
+                                    K/V messages after the blocks' compute, on other ranks' dK/dV
+                                    terms, and its whole time */
 };
 
 /* Backend b's settings into mine (n bytes: its struct). */

@@ -39,7 +39,9 @@ typedef struct {
     MPI_Comm comm; /* the caller's, duplicated */
     int W, rank;
     fa_cp_shard *qs, *ks; /* every rank's query and key shards */
-    double waited;        /* seconds blocked on messages after the blocks' compute */
+    double waited;        /* seconds blocked on K/V messages after the blocks' compute */
+    double synced;        /* seconds blocked on other ranks' dK/dV terms (their compute, then
+                             the message) */
     int64_t sq, sk;       /* the global lengths */
     fa_dtype wd;          /* the working dtype: f32, or f64 for f64 tensors */
     size_t es;
@@ -127,8 +129,8 @@ static size_t padded(size_t bytes) { return (bytes + CHUNK - 1) / CHUNK * CHUNK;
 
 typedef struct {
     fa_context *ctx;
-    void *ptr[16];
-    size_t size[16];
+    void *ptr[32];
+    size_t size[32];
     int n;
 } cp_mem;
 
@@ -139,7 +141,7 @@ static void *grab(cp_mem *m, size_t bytes, fa_status *st)
     if (*st != FA_OK || bytes == 0)
         return NULL;
     const size_t n = padded(bytes);
-    void *p = m->n < 16 ? fai_alloc(&m->ctx->mem, n) : NULL;
+    void *p = m->n < 32 ? fai_alloc(&m->ctx->mem, n) : NULL;
     if (!p) {
         *st = fai_fail(FA_ERR_NO_MEMORY, "context parallelism: %zu bytes of working memory", n);
         return NULL;
@@ -488,69 +490,80 @@ static void shard_rows(const cp_call *c, const fa_cp_shard *s, const cp_pair *gl
 
 /* ---------------------------------------------------------------- the schedules */
 
-/* The ring: at step s rank r holds shard (r - s) mod W's pair (its own at step 0), sends it on
- * to r + 1 and receives the next one from r - 1 while its blocks compute. The backward's dK/dV
- * partials of a pair travel with it, one step behind (a step adds its blocks' terms once its
- * predecessor's partial has arrived), and one hop more brings them home: shard t's partial
- * sums the ranks' terms in the order t, t + 1, ..., t - 1. */
-static fa_status ring(cp_call *c, const cp_rows *w, MPI_Datatype unit, void *buf[2],
-                      size_t half, void *stage, cp_pair *mine_d)
+/* The ring's memory: two K/V message buffers (the shard held, the next one arriving), and for
+ * the backward two stages of dK/dV terms (the one being sent, the one being formed), two
+ * receive buffers of terms for this rank's shard, and its sum. */
+typedef struct {
+    void *kv[2], *stage[2], *recv[2];
+    cp_pair own; /* this rank's dK / dV */
+} cp_ring;
+
+/* Waits for terms of this rank's shard (into recv) and adds them to its sum. */
+static fa_status add_terms(cp_call *c, cp_ring *b, MPI_Request *req, void *recv, fa_status st)
 {
-    const int W = c->W, r = c->rank, next = (r + 1) % W, prev = (r + W - 1) % W;
-    const int backward = mine_d != NULL;
-    MPI_Request dreq[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL}; /* dK/dV: send, receive */
-    fa_status st = FA_OK;
-    int cur = 0;
-    for (int s = 0; s < W; s++) {
-        const int src = (r + W - s) % W, nsrc = (src + W - 1) % W;
-        const fa_cp_shard *ks = &c->ks[src];
-        MPI_Request req[4] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL,
-                              MPI_REQUEST_NULL};
-        if (s < W - 1 &&
-            (MPI_Isend(buf[cur], units(c, ks->local), unit, next, TAG_KV, c->comm, &req[0]) |
-             MPI_Irecv(buf[!cur], units(c, c->ks[nsrc].local), unit, prev, TAG_KV, c->comm,
-                       &req[1])) != MPI_SUCCESS &&
-            st == FA_OK)
-            st = fai_fail(FA_ERR_COMMUNICATION, "context parallelism: a ring message failed");
-        req[2] = dreq[0];
-        req[3] = dreq[1];
-        const cp_pair kv = pair_at(c, buf[cur], ks->local);
-        if (!backward) {
-            if (st == FA_OK)
-                st = forward_blocks(c, w, ks, &kv, req, 4);
-        } else {
-            const cp_pair part = pair_at(c, stage, ks->local),
-                          d = pair_at(c, (char *)buf[cur] + half, ks->local);
-            memset(stage, 0, pair_bytes(c, ks->local));
-            if (st == FA_OK)
-                st = backward_blocks(c, w, ks, &kv, &part, req, 4);
-            dreq[0] = req[2];
-            dreq[1] = req[3];
-            st = wait_all(&dreq[1], 1, st, &c->waited); /* the partial this step adds to has arrived */
-            if (s == 0)
-                memset(d.k.data, 0, pair_bytes(c, ks->local));
-            add_rows(&d.k, &part.k);
-            add_rows(&d.v, &part.v);
-            if (W > 1) {
-                st = wait_all(&dreq[0], 1, st, &c->waited); /* the last send left the other buffer */
-                if ((MPI_Isend(d.k.data, units(c, ks->local), unit, next, TAG_DKV, c->comm,
-                               &dreq[0]) |
-                     MPI_Irecv((char *)buf[!cur] + half, units(c, c->ks[nsrc].local), unit,
-                               prev, TAG_DKV, c->comm, &dreq[1])) != MPI_SUCCESS &&
-                    st == FA_OK)
-                    st = fai_fail(FA_ERR_COMMUNICATION,
-                                  "context parallelism: a ring message failed");
-            }
-        }
-        st = wait_all(req, 2, st, &c->waited);
-        if (W > 1)
-            cur = !cur;
-    }
-    if (backward) {
-        st = wait_all(dreq, 2, st, &c->waited);
-        *mine_d = pair_at(c, (char *)buf[cur] + half, c->ks[r].local);
+    st = wait_all(req, 1, st, &c->synced);
+    if (st == FA_OK) {
+        const cp_pair t = pair_at(c, recv, c->ks[c->rank].local);
+        add_rows(&b->own.k, &t.k);
+        add_rows(&b->own.v, &t.v);
     }
     return st;
+}
+
+/* The ring: at step s rank r holds shard (r - s) mod W's K/V (its own at step 0), sends it on
+ * to r + 1 and receives the next one from r - 1 while its blocks compute. In the backward,
+ * step s's dK/dV terms for shard t = (r - s) mod W go straight to their owner t, which takes
+ * them from rank (t + s) mod W at the same step s: no step waits for another rank's step (the
+ * terms are waited for a step later), and the owner adds them in step order 0, 1, ..., W - 1
+ * (its own terms first), a fixed order. */
+static fa_status ring(cp_call *c, const cp_rows *w, MPI_Datatype unit, cp_ring *b, int backward)
+{
+    const int W = c->W, r = c->rank, next = (r + 1) % W, prev = (r + W - 1) % W;
+    const int own = units(c, c->ks[r].local);
+    MPI_Request dq[5] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL,
+                         MPI_REQUEST_NULL}; /* K/V send, receive; terms: receive by step parity,
+                                               the last send */
+    MPI_Request sent[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL}; /* terms, by step parity */
+    fa_status st = FA_OK;
+    for (int s = 0; s < W; s++) {
+        const int src = (r + W - s) % W, nsrc = (src + W - 1) % W, x = s & 1;
+        const fa_cp_shard *ks = &c->ks[src];
+        int rc = MPI_SUCCESS;
+        if (s < W - 1) {
+            rc |= MPI_Isend(b->kv[x], units(c, ks->local), unit, next, TAG_KV, c->comm, &dq[0]);
+            rc |= MPI_Irecv(b->kv[!x], units(c, c->ks[nsrc].local), unit, prev, TAG_KV, c->comm,
+                            &dq[1]);
+        }
+        if (backward && s > 0) /* the terms rank r + s forms for this shard at its step s */
+            rc |= MPI_Irecv(b->recv[x], own, unit, (r + s) % W, TAG_DKV, c->comm, &dq[2 + x]);
+        if (rc != MPI_SUCCESS && st == FA_OK)
+            st = fai_fail(FA_ERR_COMMUNICATION, "context parallelism: a ring message failed");
+        const cp_pair kv = pair_at(c, b->kv[x], ks->local);
+        if (!backward) {
+            if (st == FA_OK)
+                st = forward_blocks(c, w, ks, &kv, dq, 5);
+        } else {
+            /* this step's terms: into this rank's sum at step 0, else into a stage whose send
+             * of two steps ago has left */
+            st = wait_all(&sent[x], 1, st, &c->synced);
+            const cp_pair terms = s == 0 ? b->own : pair_at(c, b->stage[x], ks->local);
+            if (s > 0)
+                memset(b->stage[x], 0, pair_bytes(c, ks->local));
+            dq[4] = sent[!x];
+            if (st == FA_OK)
+                st = backward_blocks(c, w, ks, &kv, &terms, dq, 5);
+            sent[!x] = dq[4];
+            if (s > 0 && MPI_Isend(b->stage[x], units(c, ks->local), unit, src, TAG_DKV, c->comm,
+                                   &sent[x]) != MPI_SUCCESS && st == FA_OK)
+                st = fai_fail(FA_ERR_COMMUNICATION, "context parallelism: a ring message failed");
+            if (s > 1) /* the last step's terms for this shard, added in step order */
+                st = add_terms(c, b, &dq[2 + !x], b->recv[!x], st);
+        }
+        st = wait_all(dq, 2, st, &c->waited);
+    }
+    if (backward && W > 1)
+        st = add_terms(c, b, &dq[2 + ((W - 1) & 1)], b->recv[(W - 1) & 1], st);
+    return wait_all(sent, 2, st, &c->synced);
 }
 
 /* The allgather: every rank's pair gathered (buf: W pairs), laid out in global order (g), and
@@ -711,35 +724,41 @@ static void rows_memory(const cp_call *c, cp_mem *m, cp_rows *w, int backward, i
     w->lse = work_tensor(c, grab(m, work_bytes(c, sq, c->hq, 1, st), st), sq, c->hq, 1);
 }
 
-/* The key side's: the message buffers (two pairs of the largest shard for the ring, with room
- * for dK/dV partials in the backward; W for the allgather, whose global pairs come too) and
- * this rank's own pair copied into the first. */
+/* The key side's: the ring's buffers (cp_ring), or the allgather's (every rank's K/V, this
+ * rank's own to send, the global pairs; the backward's dK/dV over the sequence and the buffer
+ * it leaves from); this rank's K/V copied into the one sent first. */
 typedef struct {
-    void *buf[2], *stage, *sendbuf;
-    size_t half, slot;
+    cp_ring ring;
+    void *all, *mine, *sendbuf;
+    size_t slot; /* one rank's K/V in the gathered buffer: the largest shard's, padded */
     cp_pair g, gd;
 } cp_keys;
 
 static void keys_memory(const cp_call *c, cp_mem *m, cp_keys *k, cp_rows *w, const fa_tensor *kk,
                         const fa_tensor *vv, int backward, fa_status *st)
 {
-    const int64_t most = max_keys(c);
-    size_t pair = pair_bytes(c, most), all = 0;
+    const int64_t most = max_keys(c), mine = c->ks[c->rank].local;
     (void)work_bytes(c, most, c->hk, c->dqk + c->dv, st); /* (overflow check) */
-    k->half = k->slot = padded(pair);
+    const size_t pair = pair_bytes(c, most);
+    k->slot = padded(pair);
     if (c->sched == FAI_CP_RING) {
-        const size_t each = backward ? 2 * k->half : k->half;
-        k->buf[0] = grab(m, each, st);
-        k->buf[1] = grab(m, each, st);
+        for (int i = 0; i < 2; i++)
+            k->ring.kv[i] = grab(m, k->slot, st);
         if (backward) {
-            k->stage = grab(m, pair, st);
+            for (int i = 0; i < 2; i++) {
+                k->ring.stage[i] = grab(m, pair, st);
+                k->ring.recv[i] = grab(m, pair_bytes(c, mine), st);
+            }
+            k->ring.own = pair_at(c, grab(m, pair_bytes(c, mine), st), mine);
             w->blk_kv = grab(m, pair, st);
         }
+        k->mine = k->ring.kv[0];
     } else {
+        size_t all = 0;
         if (!fai_mul_size(k->slot, (size_t)c->W, &all) && *st == FA_OK)
             *st = fai_fail(FA_ERR_OVERFLOW, "context parallelism: the gathered K/V's size");
-        k->buf[0] = grab(m, all, st);
-        k->buf[1] = grab(m, k->slot, st); /* this rank's pair, sent */
+        k->all = grab(m, all, st);
+        k->mine = grab(m, k->slot, st);
         const size_t gbytes = pair_bytes(c, c->sk);
         k->g = pair_at(c, grab(m, gbytes, st), c->sk);
         if (backward) {
@@ -750,7 +769,7 @@ static void keys_memory(const cp_call *c, cp_mem *m, cp_keys *k, cp_rows *w, con
     }
     if (*st != FA_OK)
         return;
-    const cp_pair own = pair_at(c, k->buf[c->sched == FAI_CP_RING ? 0 : 1], c->ks[c->rank].local);
+    const cp_pair own = pair_at(c, k->mine, mine);
     copy_rows(kk, &own.k, w->row);
     copy_rows(vv, &own.v, w->row);
 }
@@ -798,6 +817,7 @@ static void sink_gradient(const cp_call *c, const fa_tensor *out, const fa_tenso
 static void record(const cp_call *c, double took)
 {
     atomic_store(&c->ctx->cp_waited_ns, (int64_t)(c->waited * 1e9));
+    atomic_store(&c->ctx->cp_synced_ns, (int64_t)(c->synced * 1e9));
     atomic_store(&c->ctx->cp_took_ns, (int64_t)(took * 1e9));
 }
 
@@ -854,9 +874,8 @@ fa_status fa_cp_forward(fa_context *ctx, MPI_Comm comm, fa_cp_layout layout, con
         copy_rows(q, &w.q, w.row);
         const double t0 = MPI_Wtime();
         mine = c.sched == FAI_CP_RING
-                   ? ring(&c, &w, unit, kb.buf, kb.half, NULL, NULL)
-                   : allgather(&c, &w, unit, kb.buf[1], kb.buf[0], kb.slot, &kb.g, NULL, NULL,
-                               NULL);
+                   ? ring(&c, &w, unit, &kb.ring, 0)
+                   : allgather(&c, &w, unit, kb.mine, kb.all, kb.slot, &kb.g, NULL, NULL, NULL);
         record(&c, MPI_Wtime() - t0);
         MPI_Type_free(&unit);
         if (mine == FA_OK && p->sink_logits) {
@@ -907,9 +926,11 @@ fa_status fa_cp_backward(fa_context *ctx, MPI_Comm comm, fa_cp_layout layout, co
         copy_rows(lse, &w.lse, w.row);
         const double t0 = MPI_Wtime();
         mine = c.sched == FAI_CP_RING
-                   ? ring(&c, &w, unit, kb.buf, kb.half, kb.stage, &d)
-                   : allgather(&c, &w, unit, kb.buf[1], kb.buf[0], kb.slot, &kb.g, &kb.gd,
+                   ? ring(&c, &w, unit, &kb.ring, 1)
+                   : allgather(&c, &w, unit, kb.mine, kb.all, kb.slot, &kb.g, &kb.gd,
                                kb.sendbuf, &d);
+        if (c.sched == FAI_CP_RING)
+            d = kb.ring.own;
         record(&c, MPI_Wtime() - t0);
         MPI_Type_free(&unit);
         if (p->sink_grad)
