@@ -20,6 +20,7 @@
 #include "bench_util.h"
 
 static int W, R;
+static double flop_n; /* the N the model's flop count is for */
 
 static fa_context *context(const char *schedule, int threads)
 {
@@ -106,6 +107,35 @@ static double messages_alone(size_t bytes)
     free(a);
     free(b);
     return best;
+}
+
+/*
+ * The alpha-beta model of the two schedules (docs/notes/context-parallel.md states it): per rank
+ * F / W flops at rate `rate` (this run's ring, per rank: its overheads included), in W ring
+ * steps of F / W^2 each against one shard's K/V message of alpha + bytes / beta (the
+ * backward's terms as many bytes again); a ring step takes the longer of the two, the first
+ * step has no message to hide behind. The allgather sends (W - 1) shards before it computes.
+ * Efficiency: the compute alone over the time taken.
+ */
+static void model(double flop, double rate, double bytes_per_row, int backward, double alpha,
+                  double beta, const char *link)
+{
+    static const int ws[] = {8, 64, 256, 1024};
+    static const double ns[] = {131072, 1048576};
+    printf("  model, %s (alpha %.2g s, beta %.3g GB/s), efficiency ring / allgather:\n", link,
+           alpha, beta * 1e-9);
+    for (int a = 0; a < 2; a++) {
+        printf("    N=%-8.0f", ns[a]);
+        for (int b = 0; b < 4; b++) {
+            const double w = ws[b], f = flop * (ns[a] / flop_n) * (ns[a] / flop_n);
+            const double tc = f / (w * w) / rate;
+            const double tm = (backward ? 2 : 1) * (alpha + ns[a] / w * bytes_per_row / beta);
+            const double ring = w * tc / (tc + (w - 1) * (tc > tm ? tc : tm));
+            const double ag = w * tc / (w * tc + (w - 1) * tm);
+            printf("  W=%-4d %.3f / %.3f", ws[b], ring, ag);
+        }
+        printf("\n");
+    }
 }
 
 int main(int argc, char **argv)
@@ -214,6 +244,9 @@ int main(int argc, char **argv)
             if (t < best[which])
                 best[which] = t;
         }
+    /* latency: W - 1 steps of 8 bytes */
+    const double alpha = messages_alone(8) / (W > 1 ? W - 1 : 1);
+    const double beta = W > 1 ? (double)pair * (W - 1) / (alone / (backward ? 2 : 1)) : 0;
     if (R == 0) {
         const double hidden = alone > 0 ? 1 - wait_ring / alone : 1;
         printf("W=%d %s %s N=%lld H=%lld D=%lld f32, %s, best of %d rounds:\n", W,
@@ -228,6 +261,25 @@ int main(int argc, char **argv)
         if (backward)
             printf("  and %.4f s on other ranks' dK/dV terms (%.1f%% of the ring's time)\n",
                    sync_ring, 100 * sync_ring / best[1]);
+        /* causal halves the 4 N^2 D H flops of a forward; a backward is 2.5 forwards */
+        const double flop = 4.0 * (double)N * (double)N * (double)D * (double)H *
+                            (causal ? 0.5 : 1.0) * (backward ? 3.5 : 1.0);
+        flop_n = (double)N;
+        const double rate = flop / W / best[1]; /* per rank, this run's ring */
+        printf("  per rank: %.1f GFLOP/s; messages here: alpha %.2g s, beta %.3g GB/s\n",
+               rate * 1e-9, alpha, beta * 1e-9);
+        /* bytes a rank sends: the ring's K/V at each of W - 1 steps (the backward's again,
+         * and its dK/dV terms as many); the allgather's K/V to each other rank, the
+         * backward's dK/dV partials to each owner */
+        const double mb = (double)pair * (W - 1) / 1e6;
+        printf("  sent per rank: ring %.1f MB, allgather %.1f MB\n",
+               mb * (backward ? 3 : 1), mb * (backward ? 3 : 1));
+        const double row = (double)pair / (double)most; /* K/V bytes a row */
+        if (W > 1)
+            model(flop, rate, row, backward, alpha, beta, "this machine's shared memory");
+        model(flop, rate, row, backward, 2e-6, 12.5e9, "ranks as here, 100 Gb/s links, 2 us");
+        model(flop, 32 * rate, row, backward, 2e-6, 12.5e9,
+              "ranks of 32 such threads, 100 Gb/s links, 2 us");
         if (csv) {
             FILE *f = fopen(csv, "a");
             if (f) {

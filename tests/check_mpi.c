@@ -66,7 +66,8 @@ static void shard_copy(const fa_tensor *g, const fa_cp_shard *s, const fa_tensor
     int64_t at = 0;
     for (int x = 0; x < s->parts; x++) {
         for (int64_t b = 0; b < g->batch; b++) {
-            char *gp = (char *)g->data + (size_t)(b * g->batch_stride + s->first[x] * g->seq_stride) * es;
+            char *gp = (char *)g->data +
+                       (size_t)(b * g->batch_stride + s->first[x] * g->seq_stride) * es;
             char *lp = (char *)l->data + (size_t)(b * l->batch_stride + at * l->seq_stride) * es;
             memcpy(to_global ? gp : lp, to_global ? lp : gp, (size_t)s->count[x] * row);
         }
@@ -241,7 +242,8 @@ static int run_case(const cp_case *c, int threads, const problem *g, unsigned ch
          dout = local_of(&g->dout, &qs);
     tens o = make(c->dt, c->B, qs.local, c->Hq, c->D),
          lse = make(c->dt == FA_F64 ? FA_F64 : FA_F32, c->B, qs.local, c->Hq, 1),
-         dq = make(c->dt, c->B, qs.local, c->Hq, c->D), dk = make(c->dt, c->B, ks.local, c->Hk, c->D),
+         dq = make(c->dt, c->B, qs.local, c->Hq, c->D),
+         dk = make(c->dt, c->B, ks.local, c->Hk, c->D),
          dv = make(c->dt, c->B, ks.local, c->Hk, c->D);
     float sink_grad[8] = {0};
     fa_params p = g->p;

@@ -62,12 +62,19 @@ static fa_status env_enum(const char *var, const char *(*name)(int),
 }
 
 static int backend_from_name(const char *v) { return (int)fai_backend_from_name(v); }
-static const char *cp_name(int i) { return i == FAI_CP_RING ? "ring" : i == FAI_CP_ALLGATHER ? "allgather" : "invalid"; }
+static int isa_from_name(const char *v) { return (int)fai_isa_from_name(v); }
+
+/* FA_CP_SCHEDULE's names (context parallelism, src/mpi/cp.c), by fai_cp_schedule. */
+static const char *cp_name(int i)
+{
+    return i == FAI_CP_RING ? "ring" : i == FAI_CP_ALLGATHER ? "allgather" : "invalid";
+}
 static int cp_from_name(const char *v)
 {
-    return strcmp(v, "ring") == 0 ? FAI_CP_RING : strcmp(v, "allgather") == 0 ? FAI_CP_ALLGATHER : 0;
+    return strcmp(v, "ring") == 0        ? FAI_CP_RING
+           : strcmp(v, "allgather") == 0 ? FAI_CP_ALLGATHER
+                                         : 0;
 }
-static int isa_from_name(const char *v) { return (int)fai_isa_from_name(v); }
 
 fa_status fa_context_create(const fa_options *o, fa_context **out)
 {
