@@ -312,6 +312,13 @@ static const cp_case cases[] = {
      300, 2, 1, 32, 1, 0, 0, 0, 1, 50, 3, 0},
     {"f32 contiguous auto", FA_CP_CONTIGUOUS, NULL, FA_F32, 1, 128, 128, 2, 2, 32, 0, 0, 0, 0, 0,
      -1, 0, 0},
+    /* fewer rows than ranks or chunks: empty shards and parts */
+    {"f32 contiguous ring 3 rows", FA_CP_CONTIGUOUS, "ring", FA_F32, 2, 3, 3, 2, 1, 16, 1, 0, 0,
+     1, 0, -1, 0, 0},
+    {"f64 zigzag allgather 5 rows", FA_CP_ZIGZAG, "allgather", FA_F64, 1, 5, 5, 2, 2, 16, 1, 0,
+     0, 0, 1, -1, 0, 0},
+    {"f32 zigzag ring 5 rows dropout", FA_CP_ZIGZAG, "ring", FA_F32, 1, 5, 5, 2, 2, 16, 1, 0, 0,
+     0, 1, -1, 0, 0},
 };
 
 START_TEST(cp_matches_the_reference)
