@@ -17,7 +17,9 @@
  * caller's). A bad argument on any rank, or a disagreement between ranks (shapes, dtypes,
  * params, layout, a shard that is not the layout's), makes every rank return the same status
  * before any attention data moves, with fa_last_error naming the rank and the argument; nothing
- * is written on failure.
+ * is written on failure. The one exception is the communicator itself: a rank that passes
+ * MPI_COMM_NULL, or calls before MPI_Init, is refused on its own (there is nothing to agree
+ * over), and the others wait for it in MPI as any collective would.
  */
 #ifndef FLASHATTN_MPI_H
 #define FLASHATTN_MPI_H
@@ -54,28 +56,28 @@ FA_API fa_status fa_cp_local_size(fa_cp_layout layout, int64_t seqlen, int ranks
                                   fa_cp_shard *shard);
 
 /*
- * The schedules, chosen per call by a rule over the ranks and the shard sizes (the context's
- * fa_context_describe says which and why); FA_CP_SCHEDULE=ring|allgather in the environment
- * forces one (read when the context is made: every rank's must agree).
+ * The schedules, chosen per call by a rule over the ranks (the context's fa_context_describe
+ * says which and why); FA_CP_SCHEDULE=ring|allgather in the environment forces one (read when
+ * the context is made: every rank's must agree).
  *   ring:      K/V shards travel rank to rank with nonblocking messages while the local block
- *              computes (W - 1 hops; the backward's dK/dV partials travel with them, one hop
- *              more, home); blocks that the mask leaves empty are skipped.
+ *              computes (W - 1 hops); blocks that the mask leaves empty are skipped; the
+ *              backward sends each step's dK/dV terms for a shard straight to its owner.
  *   allgather: every rank gathers the whole K/V (W times a shard's memory), attends its rows to
- *              it, and the backward returns each rank's dK/dV partials to their owner, summed
- *              there in rank order.
- * Partial states (O, LSE) and dK/dV partials are f32 (f64 for f64 tensors) and merged in a
- * fixed order; 16-bit tensors are widened to f32 once, and the results rounded once.
+ *              it, and the backward returns each rank's dK/dV partials to their owner.
+ * Partial states (O, LSE) and dK/dV partials are f32 (f64 for f64 tensors), summed by their
+ * owner in a fixed order; 16-bit tensors are widened to f32 once, and the results rounded once.
  */
 
 /* fa_forward of the global sequence; lse may be NULL. q, k, v, out: f32, f16, bf16 or f64,
- * one dtype. Not taken (FA_ERR_UNSUPPORTED): a bias tensor, a block mask, FP8 descales, a
- * device backend. */
+ * one dtype (FA_ERR_DTYPE otherwise). Not taken (FA_ERR_UNSUPPORTED): a bias tensor, a block
+ * mask, FP8 descales, a device backend. */
 FA_API fa_status fa_cp_forward(fa_context *ctx, MPI_Comm comm, fa_cp_layout layout,
                                const fa_params *p, const fa_tensor *q, const fa_tensor *k,
                                const fa_tensor *v, fa_tensor *out, fa_tensor *lse);
 
-/* fa_backward of the global sequence, from fa_cp_forward's out and lse (the rank's rows).
- * params->sink_grad, where set, receives the whole sequence's sum on every rank. */
+/* fa_backward of the global sequence, from fa_cp_forward's out and lse (the rank's rows), on
+ * the tiled backend (another is FA_ERR_UNSUPPORTED). params->sink_grad, where set, receives
+ * the whole sequence's sum on every rank. */
 FA_API fa_status fa_cp_backward(fa_context *ctx, MPI_Comm comm, fa_cp_layout layout,
                                 const fa_params *p, const fa_tensor *q, const fa_tensor *k,
                                 const fa_tensor *v, const fa_tensor *out, const fa_tensor *lse,

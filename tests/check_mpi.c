@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "flashattn_mpi.h"
+#include "base/base.h" /* fai_fault_arm: the library's allocation-failure hook */
 
 static int W, R; /* ranks, this rank */
 
@@ -123,7 +124,7 @@ typedef struct {
 typedef struct {
     tens q, k, v, dout, q64, k64, v64, dout64;
     tens ref_o, ref_dq, ref_dk, ref_dv, base_o, base_dq, base_dk, base_dv;
-    tens ref_lse, base_lse, base_dummy;
+    tens ref_lse, base_lse;
     float slopes[8], sink[8], ref_sink_grad[8];
     fa_params p;
 } problem;
@@ -260,6 +261,7 @@ static int run_case(const cp_case *c, int threads, const problem *g, unsigned ch
         fprintf(stderr, "rank %d: %s: %s\n", R, c->name, fa_last_error());
     if (ok) {
         ok &= judged("out", c, &o, &g->ref_o, &g->base_o, &qs, 2);
+        ok &= judged("lse", c, &lse, &g->ref_lse, &g->base_lse, &qs, 2);
         ok &= judged("dq", c, &dq, &g->ref_dq, &g->base_dq, &qs, 3);
         ok &= judged("dk", c, &dk, &g->ref_dk, &g->base_dk, &ks, 3);
         ok &= judged("dv", c, &dv, &g->ref_dv, &g->base_dv, &ks, 3);
@@ -298,7 +300,7 @@ static const cp_case cases[] = {
      0, 0, 0, -1, 0, 0},
     {"f32 zigzag ring causal GQA", FA_CP_ZIGZAG, "ring", FA_F32, 1, 256, 256, 4, 2, 64, 1, 0, 0,
      0, 0, -1, 0, 0},
-    {"f32 zigzag allgather causal GQA", FA_CP_ZIGZAG, "allgather", FA_F32, 1, 256, 256, 4, 2, 64,
+    {"f32 zigzag allgather causal GQA", FA_CP_ZIGZAG, "allgather", FA_F32, 2, 256, 256, 4, 2, 64,
      1, 0, 0, 0, 0, -1, 0, 0},
     {"bf16 zigzag ring window sink tokens", FA_CP_ZIGZAG, "ring", FA_BF16, 2, 190, 190, 2, 1, 32,
      1, 0, 0, 0, 0, 37, 5, 0},
@@ -308,8 +310,8 @@ static const cp_case cases[] = {
      1, 0, 0, 1, 1, -1, 0, 0},
     {"f16 contiguous allgather top-left Sq < Sk", FA_CP_CONTIGUOUS, "allgather", FA_F16, 1, 120,
      211, 2, 2, 32, 1, 1, 1, 0, 0, -1, 0, 0},
-    {"f32 zigzag ring bottom-right Sq < Sk window dropout", FA_CP_ZIGZAG, "ring", FA_F32, 1, 97,
-     300, 2, 1, 32, 1, 0, 0, 0, 1, 50, 3, 0},
+    {"f32 zigzag ring bottom-right Sq < Sk window alibi dropout", FA_CP_ZIGZAG, "ring", FA_F32, 1,
+     97, 300, 2, 1, 32, 1, 0, 1, 0, 1, 50, 3, 0},
     {"f32 contiguous auto", FA_CP_CONTIGUOUS, NULL, FA_F32, 1, 128, 128, 2, 2, 32, 0, 0, 0, 0, 0,
      -1, 0, 0},
     /* fewer rows than ranks or chunks: empty shards and parts */
@@ -355,7 +357,7 @@ END_TEST
 /* A call where one rank's argument is bad: every rank gets the same status, the message names
  * the rank, and no output is written anywhere. */
 typedef enum { BAD_HEADS, BAD_NULL_OUT, BAD_SHARD, BAD_PARAMS, BAD_BIAS, BAD_ALIAS,
-               BAD_LAYOUT, BAD_SCHEDULE, BAD_COUNT } bad_kind;
+               BAD_LAYOUT, BAD_SCHEDULE, BAD_KV_DTYPE, BAD_COUNT } bad_kind;
 
 START_TEST(cp_bad_argument_fails_everywhere)
 {
@@ -368,7 +370,8 @@ START_TEST(cp_bad_argument_fails_everywhere)
     if (kind == BAD_SHARD && R == culprit)
         rows = rows > 0 ? rows - 1 : 1;
     tens q = make(FA_F32, 1, rows, kind == BAD_HEADS && R == culprit ? H + 2 : H, D),
-         k = make(FA_F32, 1, rows, H, D), v = make(FA_F32, 1, rows, H, D),
+         k = make(kind == BAD_KV_DTYPE && R == culprit ? FA_F16 : FA_F32, 1, rows, H, D),
+         v = make(kind == BAD_KV_DTYPE && R == culprit ? FA_F16 : FA_F32, 1, rows, H, D),
          o = make(FA_F32, 1, rows, H, D), lse = make(FA_F32, 1, rows, H, 1);
     for (size_t i = 0; i < q.bytes / 4; i++)
         ((float *)q.t.data)[i] = 0.5f;
@@ -390,7 +393,8 @@ START_TEST(cp_bad_argument_fails_everywhere)
     fa_context *ctx = context(kind == BAD_SCHEDULE && R == culprit ? "allgather" : "ring", 1);
     const fa_status want[BAD_COUNT] = {FA_ERR_SHAPE, FA_ERR_NULL_POINTER, FA_ERR_SHAPE,
                                        FA_ERR_INVALID_ARGUMENT, FA_ERR_UNSUPPORTED, FA_ERR_STRIDE,
-                                       FA_ERR_INVALID_ARGUMENT, FA_ERR_INVALID_ARGUMENT};
+                                       FA_ERR_INVALID_ARGUMENT, FA_ERR_INVALID_ARGUMENT,
+                                       FA_ERR_DTYPE};
     fa_status st = fa_cp_forward(ctx, MPI_COMM_WORLD, layout, &p, &q.t, &k.t, &v.t, out, &lse.t);
     char msg[512];
     snprintf(msg, sizeof msg, "%s", fa_last_error());
@@ -405,8 +409,8 @@ START_TEST(cp_bad_argument_fails_everywhere)
         /* the rank that erred is named (a short shard: the first rank whose shard is not the
          * layout's for the sum of the shards, which need not be the one that erred) */
         char tag[32];
-        snprintf(tag, sizeof tag, "rank %d", kind == BAD_SHARD ? 0 : culprit);
-        if (!strstr(msg, kind == BAD_SHARD ? "rank " : tag))
+        snprintf(tag, sizeof tag, "rank %d", culprit);
+        if (!strstr(msg, kind == BAD_SHARD ? "the layout gives it" : tag))
             ok = 0;
         for (size_t i = 0; i < o.bytes; i++) /* nothing written */
             ok &= ((unsigned char *)o.t.data)[i] == 0x7f;
@@ -420,6 +424,119 @@ START_TEST(cp_bad_argument_fails_everywhere)
     for (size_t i = 0; i < sizeof all / sizeof *all; i++)
         drop(all[i]);
     ck_assert_msg(all_ranks(ok), "bad argument %d: not every rank failed alike", (int)kind);
+}
+END_TEST
+
+/* The backward: one rank's dq is NULL, or a backend other than the tiled one; every rank fails
+ * alike and no dk/dv is written. */
+START_TEST(cp_bad_backward_argument_fails_everywhere)
+{
+    const int culprit = W - 1;
+    const int64_t S = 48, H = 2, D = 16;
+    fa_cp_shard s;
+    ck_assert_int_eq(fa_cp_local_size(FA_CP_ZIGZAG, S, W, R, &s), FA_OK);
+    tens q = make(FA_F32, 1, s.local, H, D), o = make(FA_F32, 1, s.local, H, D),
+         lse = make(FA_F32, 1, s.local, H, 1), dq = make(FA_F32, 1, s.local, H, D),
+         dk = make(FA_F32, 1, s.local, H, D), dv = make(FA_F32, 1, s.local, H, D);
+    for (size_t i = 0; i < q.bytes / 4; i++)
+        ((float *)q.t.data)[i] = (float)(i % 7) * 0.1f, ((float *)o.t.data)[i] = 0.5f;
+    for (size_t i = 0; i < lse.bytes / 4; i++)
+        ((float *)lse.t.data)[i] = 1.0f;
+    fa_params p;
+    fa_params_init(&p);
+    p.causal = 1;
+    fa_context *ctx = context("ring", 1);
+    const fa_status st = fa_cp_backward(ctx, MPI_COMM_WORLD, FA_CP_ZIGZAG, &p, &q.t, &q.t, &q.t,
+                                        &o.t, &lse.t, &o.t, R == culprit ? NULL : &dq.t, &dk.t,
+                                        &dv.t);
+    fa_context_destroy(ctx);
+    char tag[32];
+    snprintf(tag, sizeof tag, "rank %d: dq is NULL", culprit);
+    int ok = st == FA_ERR_NULL_POINTER && strstr(fa_last_error(), tag) != NULL;
+    /* and the reference backend's backward, which recomputes the softmax over its call's keys
+     * (and would leave out the sink logits, merged apart): refused on every rank, also where
+     * each block holds all the keys (the allgather) */
+    fa_options opt;
+    fa_options_init(&opt);
+    opt.backend = FA_BACKEND_REFERENCE;
+    setenv("FA_CP_SCHEDULE", "allgather", 1);
+    ck_assert_int_eq(fa_context_create(&opt, &ctx), FA_OK);
+    const float sinks[2] = {0.5f, -1.0f};
+    p.sink_logits = sinks;
+    const fa_status sr = fa_cp_backward(ctx, MPI_COMM_WORLD, FA_CP_ZIGZAG, &p, &q.t, &q.t, &q.t,
+                                        &o.t, &lse.t, &o.t, &dq.t, &dk.t, &dv.t);
+    fa_context_destroy(ctx);
+    ok &= sr == FA_ERR_UNSUPPORTED;
+    for (size_t i = 0; i < dk.bytes; i++)
+        ok &= ((unsigned char *)dk.t.data)[i] == 0x7f && ((unsigned char *)dv.t.data)[i] == 0x7f;
+    if (!ok)
+        fprintf(stderr, "rank %d: backward with a NULL dq: %s: %s\n", R, fa_status_string(st),
+                fa_last_error());
+    tens *all[] = {&q, &o, &lse, &dq, &dk, &dv};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        drop(all[i]);
+    ck_assert_msg(all_ranks(ok), "a NULL dq on one rank: not every rank failed alike");
+}
+END_TEST
+
+/* One rank's n-th allocation fails (its working memory, or one inside a block's call during
+ * the schedule): every rank returns the same status, FA_ERR_NO_MEMORY where it fired, and no
+ * output is written anywhere; past the call's allocations it succeeds. Both schedules,
+ * forward and backward. */
+START_TEST(cp_failed_allocation_fails_everywhere)
+{
+    const int backward = _i & 1, allgather = _i >> 1;
+    const cp_case c = {"fault", FA_CP_ZIGZAG, allgather ? "allgather" : "ring", FA_F32, 1, 96,
+                       96, 2, 2, 16, 1, 0, 0, 1, 0, -1, 0, 0};
+    problem g;
+    problem_make(&c, &g);
+    fa_cp_shard qs;
+    ck_assert_int_eq(fa_cp_local_size(c.layout, c.Sq, W, R, &qs), FA_OK);
+    tens q = local_of(&g.q, &qs), k = local_of(&g.k, &qs), v = local_of(&g.v, &qs),
+         dout = local_of(&g.dout, &qs), o = make(FA_F32, 1, qs.local, 2, 16),
+         lse = make(FA_F32, 1, qs.local, 2, 1);
+    fa_context *ctx = context(c.schedule, 1);
+    if (backward) /* the backward's out and lse, from a forward that runs */
+        ck_assert(all_ranks(fa_cp_forward(ctx, MPI_COMM_WORLD, c.layout, &g.p, &q.t, &k.t, &v.t,
+                                          &o.t, &lse.t) == FA_OK));
+    int ok = 1, fired_any = 0;
+    for (long n = 1; n <= 40; n++) {
+        tens dq = make(FA_F32, 1, qs.local, 2, 16), dk = make(FA_F32, 1, qs.local, 2, 16),
+             dv = make(FA_F32, 1, qs.local, 2, 16), o2 = make(FA_F32, 1, qs.local, 2, 16);
+        if (R == W - 1)
+            fai_fault_arm(n);
+        const fa_status st =
+            backward ? fa_cp_backward(ctx, MPI_COMM_WORLD, c.layout, &g.p, &q.t, &k.t, &v.t,
+                                      &o.t, &lse.t, &dout.t, &dq.t, &dk.t, &dv.t)
+                     : fa_cp_forward(ctx, MPI_COMM_WORLD, c.layout, &g.p, &q.t, &k.t, &v.t,
+                                     &o2.t, NULL);
+        int fired = R == W - 1 && fai_fault_fired();
+        fai_fault_arm(0);
+        MPI_Allreduce(MPI_IN_PLACE, &fired, 1, MPI_INT, MPI_LOR, MPI_COMM_WORLD);
+        fired_any |= fired;
+        const tens *outs[4] = {&o2, &dq, &dk, &dv};
+        if (!fired)
+            ok &= st == FA_OK;
+        else {
+            ok &= st == FA_ERR_NO_MEMORY;
+            for (int t = 0; t < 4; t++)
+                for (size_t i = 0; i < outs[t]->bytes; i++)
+                    ok &= ((unsigned char *)outs[t]->t.data)[i] == 0x7f;
+        }
+        if (!ok)
+            fprintf(stderr, "rank %d: allocation %ld (%s): %s: %s\n", R, n,
+                    fired ? "fired" : "not fired", fa_status_string(st), fa_last_error());
+        drop(&dq), drop(&dk), drop(&dv), drop(&o2);
+        if (!all_ranks(ok) || !fired)
+            break;
+    }
+    fa_context_destroy(ctx);
+    tens *all[] = {&q, &k, &v, &dout, &o, &lse};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        drop(all[i]);
+    problem_free(&g);
+    ck_assert_msg(all_ranks(ok && fired_any), "%s %s: a failed allocation on rank %d",
+                  c.schedule, backward ? "backward" : "forward", W - 1);
 }
 END_TEST
 
@@ -464,9 +581,11 @@ int main(int argc, char **argv)
     const int n = (int)(sizeof cases / sizeof *cases);
     tcase_add_test(tc, cp_local_size_layouts);
     tcase_add_loop_test(tc, cp_matches_the_reference, 0, n);
-    tcase_add_loop_test(tc, cp_bitwise_repeatable, 1, 2);
+    tcase_add_loop_test(tc, cp_bitwise_repeatable, 1, 3); /* ring, allgather (B = 2) */
     tcase_add_loop_test(tc, cp_bitwise_repeatable, 5, 6);
     tcase_add_loop_test(tc, cp_bad_argument_fails_everywhere, 0, BAD_COUNT);
+    tcase_add_test(tc, cp_bad_backward_argument_fails_everywhere);
+    tcase_add_loop_test(tc, cp_failed_allocation_fails_everywhere, 0, 4);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);
     srunner_set_fork_status(sr, CK_NOFORK);

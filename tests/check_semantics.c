@@ -1079,7 +1079,7 @@ START_TEST(placed_blocks_make_the_whole)
 {
     const int tiled = _i & 1, top_left = _i >> 1;
     const fa_dtype dt = tiled ? FA_F32 : FA_F64;
-    const int64_t Sq = top_left ? 50 : 70, Sk = 70, Hq = 4, Hk = 2, D = 24;
+    const int64_t Sq = 50, Sk = 70, Hq = 4, Hk = 2, D = 24; /* bottom-right: offset 20 */
     const int64_t rcut[3] = {0, 40, Sq}, kcut[4] = {0, 25, 52, Sk};
     const float slopes[4] = {0.3f, 0.1f, 0.05f, 0.2f};
     fa_params p;

@@ -3,7 +3,9 @@
 # --with-mpi, flashattn_mpi.h), nothing else.
 lib="${top_builddir:-.}/.libs/libflashattn.so"
 hdr="${srcdir:-.}/include/flashattn.h"
-grep -q '^#define FA_HAVE_MPI 1' "${top_builddir:-.}/config.h" && hdr="$hdr ${srcdir:-.}/include/flashattn_mpi.h"
+if grep -q '^#define FA_HAVE_MPI 1' "${top_builddir:-.}/config.h"; then
+    hdr="$hdr ${srcdir:-.}/include/flashattn_mpi.h"
+fi
 [ -f "$lib" ] || { echo "no shared library at $lib"; exit 77; }
 nm=${NM:-nm} # the build's nm (a cross build's reads the target's ELF)
 command -v ${nm%% *} >/dev/null || { echo "no nm"; exit 77; }

@@ -53,7 +53,10 @@ END {
             }
         }
     for (o in seen) if (!state[o]) visit(o)
-    for (s in pub) if (layer(pub[s]) != (s ~ /^fa_cp_/ ? "mpi" : "api")) { printf "layers: public %s is defined in %s, not in src/%s/\n", s, short(pub[s]), s ~ /^fa_cp_/ ? "mpi" : "api"; bad = 1 }
+    for (s in pub) {
+        home = s ~ /^fa_cp_/ ? "mpi" : "api"
+        if (layer(pub[s]) != home) { printf "layers: public %s is defined in %s, not in src/%s/\n", s, short(pub[s]), home; bad = 1 }
+    }
     n = 0; for (o in seen) n++
     printf "layers: %d objects read\n", n
     exit bad

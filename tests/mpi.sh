@@ -12,7 +12,8 @@ root=
 status=0
 for w in ${FA_MPI_RANKS:-1 2 3 4}; do
     echo "== $w rank(s)"
-    OMP_NUM_THREADS=1 timeout "${FA_MPI_TIMEOUT:-600}" "$runner" $root --oversubscribe --bind-to none \
-        --mca btl self,vader -np "$w" "$bin" || { echo "mpi.sh: $w rank(s) failed"; status=1; }
+    OMP_NUM_THREADS=1 timeout "${FA_MPI_TIMEOUT:-600}" "$runner" $root --oversubscribe \
+        --bind-to none --mca btl self,vader -np "$w" "$bin" ||
+        { echo "mpi.sh: $w rank(s) failed"; status=1; }
 done
 exit $status

@@ -44,8 +44,9 @@ static const char *names_list(const char *(*name)(int), char *buf, size_t n)
 static const char *backend_name(int i) { return fa_backend_name((fa_backend)i); }
 static const char *isa_name(int i) { return fa_isa_name((fa_isa)i); }
 
-/* FA_BACKEND or FA_ISA (var): unset or empty leaves *value alone; else one of the names of
- * name(1), name(2), ... ("auto" is none of them), whose value from_name gives (0 if none). */
+/* FA_BACKEND, FA_ISA or FA_CP_SCHEDULE (var): unset or empty leaves *value alone; else one of
+ * the names of name(1), name(2), ... ("auto" is none of them), whose value from_name gives (0
+ * if none). */
 static fa_status env_enum(const char *var, const char *(*name)(int),
                           int (*from_name)(const char *), int *value)
 {

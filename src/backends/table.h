@@ -35,8 +35,9 @@ typedef struct {
     int backward_reads_lse; /* its backward takes P from the caller's lse and D from out, so a
                                placed call (api.h: fai_place) over some of a row's keys gets
                                those keys' terms of the whole row's gradients; the float64
-                               reference and the conventional path recompute both instead, and
-                               take placed calls over all the keys only (row shards) */
+                               reference and the conventional path recompute the softmax over
+                               the call's keys instead, and take placed calls over all the keys
+                               only (row shards) */
     fai_op_fn ops[FAI_NOPS]; /* by fai_op (designated: [FAI_OP_FORWARD] = ...) */
     /* What the API layer asks of a backend besides its ops, each NULL where it has none: */
     /* Once per context, for every backend (any context may describe it or, AUTO, run on it):

@@ -45,7 +45,8 @@ typedef struct {
     uint64_t seed, offset;
     uint32_t threshold; /* keep iff u >= threshold = floor(p * 2^32); 0: dropout off */
     int64_t row0, col0; /* the stream's row and key of the call's row 0 and key 0: 0 but in a
-                           placed call (a shard of a longer sequence, api/place.c) */
+                           placed call (a shard of a longer sequence, api/params.c:
+                           fai_problem_place) */
 } fai_dropout_params;
 
 /* One (batch, head)'s stream: its Philox key, derived from (seed, offset, head). */
@@ -87,7 +88,8 @@ FA_HOST_DEVICE static inline fai_dropout fai_dropout_make(const fai_dropout_para
 
 /* The Philox output block that holds the draws of keys 4 (J / 4) .. 4 (J / 4) + 3 of query
  * row I, where I = row0 + i and J = col0 + j are the row and key in the stream (the call's own
- * i and j but in a placed call): counter {J / 4 lo, J / 4 hi, I lo, I hi} under the head's key.
+ * i and j but in a placed call): counter {J / 4 lo, J / 4 hi, I lo, I hi} under the head's
+ * key.
  * Rows and keys below 2^62 each have their own counter: a head's stream does not repeat within
  * any tensor. */
 FA_HOST_DEVICE static inline fai_u32x4 fai_dropout_block(const fai_dropout *d, int64_t i,

@@ -7,11 +7,11 @@
  * Mask. Key j is allowed for query row i iff
  *     j >= i + off - L   (when L >= 0, unless j < n)   and   j <= i + off + R   (when R >= 0),
  * off = Sk - Sq (bottom-right) or 0 (top-left), n the sink tokens (StreamingLLM: the first n
- * keys are exempt from the window's left bound). A placed call (a shard of a longer sequence's
- * rows against a shard of its keys, api/place.c) has the same mask with another offset and n;
- * nothing below depends on which offset. A *plain* mask (n = 0, or L unbounded, where
- * the sinks change nothing) allows one interval per row, and the interval's ends move right by
- * exactly one per row. Two consequences are used throughout:
+ * keys are exempt from the window's left bound). A placed call (a shard of a longer
+ * sequence's rows against a shard of its keys, api/params.c: fai_problem_place) has the same
+ * mask with another offset and n; nothing below depends on which offset. A *plain* mask (n = 0,
+ * or L unbounded, where the sinks change nothing) allows one interval per row, and the
+ * interval's ends move right by exactly one per row. Two consequences are used throughout:
  *   (a) a row's allowed keys are [lo_i, hi_i), computed in O(1) (fai_mask_row);
  *   (b) the union of the intervals of rows [i0, i1) is the single interval
  *       [lo_{i0}, hi_{i1-1}) when every row's interval is non-empty in the unclipped sense
@@ -30,7 +30,7 @@
 
 typedef struct {
     int64_t off;         /* Sk - Sq or 0 (a placed call's: any)              */
-    int64_t left, right; /* window bounds, -1 unbounded, clamped to Sq + Sk  */
+    int64_t left, right; /* window bounds, -1 unbounded, clamped (fai_mask_at) */
     int64_t sk;          /* number of keys                                   */
     int64_t sink_keys;   /* n clamped to Sk; 0 when L is unbounded (plain)   */
 } fai_mask;

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "mpi/cp.h"
+#include "backends/table.h"
 
 /* Every rank's verdict from each rank's own: the failure with the lowest (status, rank), its
  * message broadcast from that rank, or FA_OK; FA_ERR_COMMUNICATION where the exchange itself
@@ -80,12 +81,27 @@ static fa_status describe(const cp_call *c, cp_op op, fa_cp_layout layout, const
     if (q->dtype != FA_F32 && q->dtype != FA_F16 && q->dtype != FA_BF16 && q->dtype != FA_F64)
         return fai_fail(FA_ERR_DTYPE, "q->dtype = %s; context parallelism takes f32, f16, bf16 "
                                       "or f64", fa_dtype_name(q->dtype));
+    if (k->dtype != q->dtype || vt->dtype != q->dtype)
+        return fai_fail(FA_ERR_DTYPE, "%s->dtype = %s with q->dtype = %s; context parallelism "
+                                      "takes one dtype (no cache dtype apart from q's)",
+                        k->dtype != q->dtype ? "k" : "v",
+                        fa_dtype_name(k->dtype != q->dtype ? k->dtype : vt->dtype),
+                        fa_dtype_name(q->dtype));
     if (p->bias || p->bias_grad || p->block_mask)
         return fai_fail(FA_ERR_UNSUPPORTED, "params->%s is set; context parallelism takes no "
                                             "bias tensor or block mask (they are indexed by local "
                                             "rows)", p->block_mask ? "block_mask" : "bias");
-    if (q->heads < 1 || q->heads > FAI_DIM_MAX)
+    if (p->descale_q || p->descale_k || p->descale_v)
+        return fai_fail(FA_ERR_UNSUPPORTED, "params->descale_%c is set; context parallelism "
+                                            "takes no FP8 tensors",
+                        p->descale_q ? 'q' : p->descale_k ? 'k' : 'v');
+    if (q->heads < 1 || q->heads > INT32_MAX) /* (the sink gradient's gather counts heads) */
         return fai_fail(FA_ERR_SHAPE, "q->heads = %lld", (long long)q->heads);
+    if (op == OP_BACKWARD && c->ctx && !fai_backend_of(c->ctx->backend)->backward_reads_lse)
+        return fai_fail(FA_ERR_UNSUPPORTED, "ctx's backend is %s; context parallelism's "
+                                            "backward runs on the tiled backend (the others "
+                                            "recompute the softmax over a block's keys)",
+                        fa_backend_name(c->ctx->backend));
     v[D_OP] = op;
     v[D_LAYOUT] = layout;
     v[D_SCHED] = c->ctx ? c->ctx->cp_schedule : 0;
@@ -122,9 +138,12 @@ static fa_status judge(cp_call *c, const int64_t *all, fa_cp_layout layout, cons
                                 field_name[f],
                                 f >= D_B && f <= D_DV ? "" : " (every rank passes the same)");
     c->sq = c->sk = 0;
-    for (int r = 0; r < c->W; r++) {
+    for (int r = 0; r < c->W; r++) { /* each at most 2^40 (describe): no sum overflows */
         c->sq += all[r * D_N + D_SQ];
         c->sk += all[r * D_N + D_SK];
+        if (c->sq > FAI_DIM_MAX || c->sk > FAI_DIM_MAX)
+            return fai_fail(FA_ERR_SHAPE, "%s: the ranks' shards add up to more than 2^40 rows",
+                            fn);
     }
     for (int r = 0; r < c->W; r++) {
         FAI_TRY(fa_cp_local_size(layout, c->sq, c->W, r, &c->qs[r]));

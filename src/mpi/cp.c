@@ -26,7 +26,7 @@ static void copy_rows(const fa_tensor *src, const fa_tensor *dst, double *row)
 
 /* ---------------------------------------------------------------- memory */
 
-/* A call's working buffers: 19 at most (a ring backward with sink logits). */
+/* A call's working buffers: 17 at most (a ring backward with sink logits). */
 enum { MAX_BUFFERS = 32 };
 
 typedef struct {
@@ -77,8 +77,9 @@ static size_t work_bytes(const cp_call *c, int64_t s, int64_t h, int64_t d, fa_s
 }
 
 /* Query rows per placed call: a part in up to `pieces` pieces of whole 64-row strips, so that a
- * ring's messages progress between them; the same on every run (results do not depend on it:
- * each row's sum runs over the same keys in the same order whichever call holds it). */
+ * ring's messages progress between them. Fixed by the shapes, so the same on every run and
+ * thread count; a row's O need not have the bits of one call over its whole part (a short last
+ * piece may take the decode path), and the dK/dV terms are summed piece by piece. */
 static int64_t piece_rows(const cp_call *c, int pieces)
 {
     const fa_cp_shard *qs = &c->qs[c->rank];
@@ -130,21 +131,23 @@ static void settle(cp_call *c, const fa_params *p, const fa_tensor *q, const fa_
 
 /* The query side's working memory: copies of q (and a backward's out, dout, lse), the
  * accumulators, one block's scratch, a row of doubles. */
-static void rows_memory(const cp_call *c, cp_mem *m, cp_rows *w, int backward, int pieces,
-                        fa_status *st)
+static void rows_memory(const cp_call *c, cp_mem *m, cp_rows *w, int backward, fa_status *st)
 {
+    const int ring = c->sched == FAI_CP_RING; /* blocks of pieces, their results merged */
     const int64_t sq = c->qs[c->rank].local;
     const int64_t d = c->dqk > c->dv ? c->dqk : c->dv;
-    w->piece = piece_rows(c, pieces);
+    w->piece = piece_rows(c, ring ? 4 : 1);
     const int64_t n = w->piece < sq ? w->piece : sq;
     w->q = work_tensor(c, grab(m, work_bytes(c, sq, c->hq, c->dqk, st), st), sq, c->hq, c->dqk);
     w->acc = work_tensor(c, grab(m, work_bytes(c, sq, c->hq, backward ? c->dqk : c->dv, st), st),
                          sq, c->hq, backward ? c->dqk : c->dv);
-    w->blk = grab(m, work_bytes(c, n, c->hq, backward ? c->dqk : c->dv, st), st);
+    if (ring)
+        w->blk = grab(m, work_bytes(c, n, c->hq, backward ? c->dqk : c->dv, st), st);
     w->row = grab(m, (size_t)d * sizeof(double), st);
     if (!backward) {
         w->acc_lse = work_tensor(c, grab(m, work_bytes(c, sq, c->hq, 1, st), st), sq, c->hq, 1);
-        w->blk_lse = grab(m, work_bytes(c, n, c->hq, 1, st), st);
+        if (ring)
+            w->blk_lse = grab(m, work_bytes(c, n, c->hq, 1, st), st);
         if (*st == FA_OK) /* an empty state: O = 0, LSE = -inf */
             for (int64_t i = 0; i < c->b * sq * c->hq; i++)
                 fai_lse_store(&w->acc_lse, i / (sq * c->hq), i % c->hq, i / c->hq % sq,
@@ -170,7 +173,9 @@ static void keys_memory(const cp_call *c, cp_mem *m, cp_keys *k, cp_rows *w, con
                         const fa_tensor *vv, int backward, fa_status *st)
 {
     const int64_t most = max_keys(c), mine = c->ks[c->rank].local;
-    (void)work_bytes(c, c->sk, c->hk, c->dqk + c->dv, st); /* (overflow: the largest pair) */
+    (void)work_bytes(c, c->sk, c->hk, c->dqk + c->dv, st); /* the largest pair's size fits */
+    if (*st != FA_OK)
+        return;
     const size_t pair = pair_bytes(c, most);
     k->slot = padded(pair);
     if (c->sched == FAI_CP_RING) {
@@ -245,6 +250,15 @@ static void sink_gradient(const cp_call *c, const fa_tensor *out, const fa_tenso
         *st = fai_fail(FA_ERR_COMMUNICATION, "context parallelism: MPI_Allgather failed");
 }
 
+/* The messages' unit: CHUNK bytes (MPI_Type_free it). */
+static MPI_Datatype unit_type(void)
+{
+    MPI_Datatype unit;
+    MPI_Type_contiguous(CHUNK, MPI_BYTE, &unit);
+    MPI_Type_commit(&unit);
+    return unit;
+}
+
 /* The schedule's times, for fa_context_describe (the bench's measure of hidden messages). */
 static void record(const cp_call *c, double took)
 {
@@ -294,15 +308,13 @@ fa_status fa_cp_forward(fa_context *ctx, MPI_Comm comm, fa_cp_layout layout, con
     cp_keys kb = {0};
     fa_tensor sink_o, sink_l;
     fa_status mine = FA_OK;
-    rows_memory(&c, &m, &w, 0, c.sched == FAI_CP_RING ? 4 : 1, &mine);
+    rows_memory(&c, &m, &w, 0, &mine);
     keys_memory(&c, &m, &kb, &w, k, v, 0, &mine);
     if (p->sink_logits)
         sink_state(&c, &m, &sink_o, &sink_l, &mine);
     fa_status st = fai_cp_agree(c.comm, c.rank, mine, fn); /* every rank has its memory */
     if (st == FA_OK) {
-        MPI_Datatype unit;
-        MPI_Type_contiguous(CHUNK, MPI_BYTE, &unit);
-        MPI_Type_commit(&unit);
+        MPI_Datatype unit = unit_type();
         copy_rows(q, &w.q, w.row);
         const double t0 = MPI_Wtime();
         mine = c.sched == FAI_CP_RING
@@ -341,7 +353,7 @@ fa_status fa_cp_backward(fa_context *ctx, MPI_Comm comm, fa_cp_layout layout, co
     cp_rows w = {0};
     cp_keys kb = {0};
     fa_status mine = FA_OK;
-    rows_memory(&c, &m, &w, 1, c.sched == FAI_CP_RING ? 4 : 1, &mine);
+    rows_memory(&c, &m, &w, 1, &mine);
     keys_memory(&c, &m, &kb, &w, k, v, 1, &mine);
     double *sums = p->sink_grad ? grab(&m, sizeof(double) * (size_t)((c.W + 1) * c.hq), &mine)
                                 : NULL;
@@ -350,9 +362,7 @@ fa_status fa_cp_backward(fa_context *ctx, MPI_Comm comm, fa_cp_layout layout, co
     cp_pair d;
     memset(&d, 0, sizeof d);
     if (st == FA_OK) {
-        MPI_Datatype unit;
-        MPI_Type_contiguous(CHUNK, MPI_BYTE, &unit);
-        MPI_Type_commit(&unit);
+        MPI_Datatype unit = unit_type();
         copy_rows(q, &w.q, w.row);
         copy_rows(out, &w.out, w.row);
         copy_rows(dout, &w.dout, w.row);
@@ -361,7 +371,7 @@ fa_status fa_cp_backward(fa_context *ctx, MPI_Comm comm, fa_cp_layout layout, co
         mine = c.sched == FAI_CP_RING
                    ? fai_cp_ring(&c, &w, unit, &kb.ring, 1)
                    : fai_cp_allgather(&c, &w, unit, kb.mine, kb.all, kb.slot, &kb.g, &kb.gd,
-                               kb.sendbuf, &d);
+                                      kb.sendbuf, &d);
         if (c.sched == FAI_CP_RING)
             d = kb.ring.own;
         record(&c, MPI_Wtime() - t0);

@@ -3,7 +3,7 @@
  * the agreed call, the working tensors and messages, and the two schedules. A call runs in
  * three phases:
  *   1. agreement (agree.c): every rank describes its arguments and reaches the same verdict
- *      (the first failing rank's status, or a disagreement); then each rank checks its tensors
+ *      (the failure of lowest (status, rank), or a disagreement); then each rank checks its tensors
  *      by a dry run of the placed call (api/ops.c) and the verdicts are agreed again. Nothing
  *      has moved but these descriptions, and every rank takes part in each exchange whatever
  *      its own state, so no rank waits on one that left.

@@ -151,9 +151,9 @@ fa_status fai_cp_ring(cp_call *c, const cp_rows *w, MPI_Datatype unit, cp_ring *
 {
     const int W = c->W, r = c->rank, next = (r + 1) % W, prev = (r + W - 1) % W;
     const int own = units(c, c->ks[r].local);
-    MPI_Request dq[5] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL,
-                         MPI_REQUEST_NULL}; /* K/V send, receive; terms: receive by step parity,
-                                               the last send */
+    /* K/V send and receive; the terms' receives by step parity; the last step's terms' send */
+    MPI_Request req[5] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL,
+                          MPI_REQUEST_NULL};
     MPI_Request sent[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL}; /* terms, by step parity */
     fa_status st = FA_OK;
     for (int s = 0; s < W; s++) {
@@ -161,18 +161,18 @@ fa_status fai_cp_ring(cp_call *c, const cp_rows *w, MPI_Datatype unit, cp_ring *
         const fa_cp_shard *ks = &c->ks[src];
         int rc = MPI_SUCCESS;
         if (s < W - 1) {
-            rc |= MPI_Isend(b->kv[x], units(c, ks->local), unit, next, TAG_KV, c->comm, &dq[0]);
+            rc |= MPI_Isend(b->kv[x], units(c, ks->local), unit, next, TAG_KV, c->comm, &req[0]);
             rc |= MPI_Irecv(b->kv[!x], units(c, c->ks[nsrc].local), unit, prev, TAG_KV, c->comm,
-                            &dq[1]);
+                            &req[1]);
         }
         if (backward && s > 0) /* the terms rank r + s forms for this shard at its step s */
-            rc |= MPI_Irecv(b->recv[x], own, unit, (r + s) % W, TAG_DKV, c->comm, &dq[2 + x]);
+            rc |= MPI_Irecv(b->recv[x], own, unit, (r + s) % W, TAG_DKV, c->comm, &req[2 + x]);
         if (rc != MPI_SUCCESS && st == FA_OK)
             st = fai_fail(FA_ERR_COMMUNICATION, "context parallelism: a ring message failed");
         const cp_pair kv = pair_at(c, b->kv[x], ks->local);
         if (!backward) {
             if (st == FA_OK)
-                st = forward_blocks(c, w, ks, &kv, dq, 5);
+                st = forward_blocks(c, w, ks, &kv, req, 5);
         } else {
             /* this step's terms: into this rank's sum at step 0, else into a stage whose send
              * of two steps ago has left */
@@ -180,20 +180,20 @@ fa_status fai_cp_ring(cp_call *c, const cp_rows *w, MPI_Datatype unit, cp_ring *
             const cp_pair terms = s == 0 ? b->own : pair_at(c, b->stage[x], ks->local);
             if (s > 0)
                 memset(b->stage[x], 0, pair_bytes(c, ks->local));
-            dq[4] = sent[!x];
+            req[4] = sent[!x];
             if (st == FA_OK)
-                st = backward_blocks(c, w, ks, &kv, &terms, dq, 5);
-            sent[!x] = dq[4];
+                st = backward_blocks(c, w, ks, &kv, &terms, req, 5);
+            sent[!x] = req[4];
             if (s > 0 && MPI_Isend(b->stage[x], units(c, ks->local), unit, src, TAG_DKV, c->comm,
                                    &sent[x]) != MPI_SUCCESS && st == FA_OK)
                 st = fai_fail(FA_ERR_COMMUNICATION, "context parallelism: a ring message failed");
             if (s > 1) /* the last step's terms for this shard, added in step order */
-                st = add_terms(c, b, &dq[2 + !x], b->recv[!x], st);
+                st = add_terms(c, b, &req[2 + !x], b->recv[!x], st);
         }
-        st = wait_all(dq, 2, st, &c->waited);
+        st = wait_all(req, 2, st, &c->waited);
     }
     if (backward && W > 1)
-        st = add_terms(c, b, &dq[2 + ((W - 1) & 1)], b->recv[(W - 1) & 1], st);
+        st = add_terms(c, b, &req[2 + ((W - 1) & 1)], b->recv[(W - 1) & 1], st);
     return wait_all(sent, 2, st, &c->synced);
 }
 
