@@ -131,7 +131,12 @@ fa_status fai_problem_for_cache(fai_problem *pr, const fa_tensor *k_new, const f
 fa_status fai_problem_new_keys(fai_problem *pr, const fa_tensor *k_new, const fa_tensor *v_new,
                                const fa_tensor *k, const fa_tensor *v);
 
-/* ------------------------------------------------------------------ placed calls (ops.c) */
+/* ------------------------------------------------------------------ the ops' helpers (ops.c) */
+
+/* One row's term of d loss / d sink (core/gradient.h: fai_dsink_term_f64), in float64 from
+ * its O and dO rows (dv elements of dtype) and its LSE: what the sink gradient sums. */
+double fai_sink_row_term(const void *orow, const void *grow, fa_dtype dtype, int64_t dv,
+                         double sink, double lse);
 
 /* fa_forward and fa_backward of a call placed in a longer sequence (fai_place), on a host
  * backend (a device backend: FA_ERR_UNSUPPORTED). Every check of the public calls, and the

@@ -28,6 +28,22 @@ static const fai_backend *backend_for(const fa_context *ctx, const fa_tensor *q)
 
 /* ------------------------------------------------------------------ attention sinks */
 
+double fai_sink_row_term(const void *orow, const void *grow, fa_dtype dtype, int64_t dv,
+                         double sink, double lse)
+{
+    enum { PIECE = 64 };
+    double o[PIECE], g[PIECE], di = 0;
+    const size_t es = fai_dtype_size(dtype);
+    for (int64_t d0 = 0; d0 < dv; d0 += PIECE) {
+        const int64_t m = dv - d0 < PIECE ? dv - d0 : PIECE;
+        fai_load_f64((const char *)orow + (size_t)d0 * es, dtype, m, o);
+        fai_load_f64((const char *)grow + (size_t)d0 * es, dtype, m, g);
+        for (int64_t d = 0; d < m; d++)
+            di += o[d] * g[d];
+    }
+    return fai_dsink_term_f64(sink, lse, di);
+}
+
 /*
  * params->sink_grad[h] = sum over the rows of every batch and sequence of core's
  * fai_dsink_term (core/gradient.h), formed in float64 from the out, lse and dout the caller
@@ -37,29 +53,17 @@ static const fai_backend *backend_for(const fa_context *ctx, const fa_tensor *q)
  */
 static void sink_gradient(const fa_context *ctx, const fai_problem *pr, float *grad)
 {
-    enum { PIECE = 64 };
 #pragma omp parallel for num_threads(ctx->num_threads) schedule(dynamic, 1)
     for (int64_t h = 0; h < pr->hq; h++) { /* each head's sum on one thread, in order */
-        double o[PIECE], g[PIECE];
         const double s = fai_sink(pr, h);
         double sum = 0;
         for (int64_t grp = 0; grp < fai_groups(pr) && s != -INFINITY; grp++) {
             const fai_problem sp = fai_group(pr, grp);
             for (int64_t b = 0; b < sp.b; b++)
-                for (int64_t i = 0; i < sp.sq; i++) {
-                    double di = 0;
-                    const size_t es = fai_dtype_size(sp.dtype);
-                    const char *orow = fai_q_row(&sp, FAI_OUT, b, h, i);
-                    const char *grow = fai_q_row(&sp, FAI_DOUT, b, h, i);
-                    for (int64_t d0 = 0; d0 < sp.dv; d0 += PIECE) {
-                        const int64_t m = sp.dv - d0 < PIECE ? sp.dv - d0 : PIECE;
-                        fai_load_f64(orow + (size_t)d0 * es, sp.dtype, m, o);
-                        fai_load_f64(grow + (size_t)d0 * es, sp.dtype, m, g);
-                        for (int64_t d = 0; d < m; d++)
-                            di += o[d] * g[d];
-                    }
-                    sum += fai_dsink_term_f64(s, fai_lse_read(&sp, b, h, i), di);
-                }
+                for (int64_t i = 0; i < sp.sq; i++)
+                    sum += fai_sink_row_term(fai_q_row(&sp, FAI_OUT, b, h, i),
+                                             fai_q_row(&sp, FAI_DOUT, b, h, i), sp.dtype, sp.dv,
+                                             s, fai_lse_read(&sp, b, h, i));
         }
         grad[h] = (float)sum;
     }

@@ -11,7 +11,6 @@
 #include <string.h>
 
 #include "mpi/cp.h"
-#include "core/gradient.h"
 
 /* dst = src, any dtypes and strides, row by row through float64 (exact for the dtypes here). */
 static void copy_rows(const fa_tensor *src, const fa_tensor *dst, double *row)
@@ -26,7 +25,7 @@ static void copy_rows(const fa_tensor *src, const fa_tensor *dst, double *row)
 
 /* ---------------------------------------------------------------- memory */
 
-/* A call's working buffers: 17 at most (a ring backward with sink logits). */
+/* A call's working buffers: 16 at most (a ring backward with sink logits). */
 enum { MAX_BUFFERS = 32 };
 
 typedef struct {
@@ -227,21 +226,16 @@ static void sink_state(const cp_call *c, cp_mem *m, fa_tensor *o, fa_tensor *l, 
  * api/ops.c sums one process's), the ranks' sums gathered and added in rank order. Every rank
  * takes part in the gather; *st records a failure. */
 static void sink_gradient(const cp_call *c, const fa_tensor *out, const fa_tensor *lse,
-                          const fa_tensor *dout, double *row2, double *sums, fa_status *st)
+                          const fa_tensor *dout, double *sums, fa_status *st)
 {
-    double *mine = sums + (size_t)c->W * c->hq, *o = row2, *g = row2 + c->dv;
+    double *mine = sums + (size_t)c->W * c->hq;
     for (int64_t h = 0; h < c->hq; h++) {
         const double s = c->p->sink_logits[h];
         double sum = 0;
         for (int64_t b = 0; b < c->b && s != -INFINITY && *st == FA_OK; b++)
-            for (int64_t i = 0; i < out->seqlen; i++) {
-                fai_load_f64(fai_row(out, b, i, h), out->dtype, c->dv, o);
-                fai_load_f64(fai_row(dout, b, i, h), dout->dtype, c->dv, g);
-                double di = 0;
-                for (int64_t d = 0; d < c->dv; d++)
-                    di += o[d] * g[d];
-                sum += fai_dsink_term_f64(s, fai_lse_load(lse, b, h, i), di);
-            }
+            for (int64_t i = 0; i < out->seqlen; i++)
+                sum += fai_sink_row_term(fai_row(out, b, i, h), fai_row(dout, b, i, h),
+                                         out->dtype, c->dv, s, fai_lse_load(lse, b, h, i));
         mine[h] = sum;
     }
     if (MPI_Allgather(mine, (int)c->hq, MPI_DOUBLE, sums, (int)c->hq, MPI_DOUBLE, c->comm) !=
@@ -357,7 +351,6 @@ fa_status fa_cp_backward(fa_context *ctx, MPI_Comm comm, fa_cp_layout layout, co
     keys_memory(&c, &m, &kb, &w, k, v, 1, &mine);
     double *sums = p->sink_grad ? grab(&m, sizeof(double) * (size_t)((c.W + 1) * c.hq), &mine)
                                 : NULL;
-    double *row2 = p->sink_grad ? grab(&m, sizeof(double) * 2 * (size_t)c.dv, &mine) : NULL;
     fa_status st = fai_cp_agree(c.comm, c.rank, mine, fn);
     cp_pair d;
     memset(&d, 0, sizeof d);
@@ -377,7 +370,7 @@ fa_status fa_cp_backward(fa_context *ctx, MPI_Comm comm, fa_cp_layout layout, co
         record(&c, MPI_Wtime() - t0);
         MPI_Type_free(&unit);
         if (p->sink_grad)
-            sink_gradient(&c, out, lse, dout, row2, sums, &mine);
+            sink_gradient(&c, out, lse, dout, sums, &mine);
         st = fai_cp_agree(c.comm, c.rank, mine, fn);
     }
     if (st == FA_OK) { /* phase 3 */
