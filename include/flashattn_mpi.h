@@ -75,9 +75,11 @@ FA_API fa_status fa_cp_forward(fa_context *ctx, MPI_Comm comm, fa_cp_layout layo
                                const fa_params *p, const fa_tensor *q, const fa_tensor *k,
                                const fa_tensor *v, fa_tensor *out, fa_tensor *lse);
 
-/* fa_backward of the global sequence, from fa_cp_forward's out and lse (the rank's rows), on
- * the tiled backend (another is FA_ERR_UNSUPPORTED). params->sink_grad, where set, receives
- * the whole sequence's sum on every rank. */
+/* fa_backward of the global sequence, from fa_cp_forward's out and lse (the rank's rows).
+ * params->sink_grad, where set, receives the whole sequence's sum on every rank. The reference
+ * and conventional backends' backwards recompute the softmax over their call's keys, so they
+ * run under the allgather (the rule chooses it; FA_CP_SCHEDULE=ring is FA_ERR_UNSUPPORTED):
+ * with a reference context and f64 tensors, the float64 oracle distributed by query rows. */
 FA_API fa_status fa_cp_backward(fa_context *ctx, MPI_Comm comm, fa_cp_layout layout,
                                 const fa_params *p, const fa_tensor *q, const fa_tensor *k,
                                 const fa_tensor *v, const fa_tensor *out, const fa_tensor *lse,

@@ -453,16 +453,13 @@ START_TEST(cp_bad_backward_argument_fails_everywhere)
     char tag[32];
     snprintf(tag, sizeof tag, "rank %d: dq is NULL", culprit);
     int ok = st == FA_ERR_NULL_POINTER && strstr(fa_last_error(), tag) != NULL;
-    /* and the reference backend's backward, which recomputes the softmax over its call's keys
-     * (and would leave out the sink logits, merged apart): refused on every rank, also where
-     * each block holds all the keys (the allgather) */
+    /* and the reference backend's backward, which recomputes the softmax over its call's keys:
+     * refused on every rank where FA_CP_SCHEDULE forces the ring (a call holds some keys) */
     fa_options opt;
     fa_options_init(&opt);
     opt.backend = FA_BACKEND_REFERENCE;
-    setenv("FA_CP_SCHEDULE", "allgather", 1);
+    setenv("FA_CP_SCHEDULE", "ring", 1);
     ck_assert_int_eq(fa_context_create(&opt, &ctx), FA_OK);
-    const float sinks[2] = {0.5f, -1.0f};
-    p.sink_logits = sinks;
     const fa_status sr = fa_cp_backward(ctx, MPI_COMM_WORLD, FA_CP_ZIGZAG, &p, &q.t, &q.t, &q.t,
                                         &o.t, &lse.t, &o.t, &dq.t, &dk.t, &dv.t);
     fa_context_destroy(ctx);
@@ -540,6 +537,67 @@ START_TEST(cp_failed_allocation_fails_everywhere)
 }
 END_TEST
 
+/* The float64 oracle distributed the same way: fa_cp_forward / fa_cp_backward on a reference
+ * context (the forward's blocks by the auto rule or the allgather, the backward by the
+ * allgather, whose calls hold all the keys) give the single process's reference rows, O, LSE,
+ * dQ, dK, dV and the sink gradient, to float64 rounding. */
+START_TEST(cp_distributes_the_float64_reference)
+{
+    const cp_case c = {"reference", FA_CP_ZIGZAG, _i ? "allgather" : NULL, FA_F64, 2, 77, 77, 4,
+                       2, 16, 1, 0, 1, 1, 1, 20, 2, 2.5};
+    problem g;
+    problem_make(&c, &g);
+    fa_cp_shard qs;
+    ck_assert_int_eq(fa_cp_local_size(c.layout, c.Sq, W, R, &qs), FA_OK);
+    tens q = local_of(&g.q64, &qs), k = local_of(&g.k64, &qs), v = local_of(&g.v64, &qs),
+         dout = local_of(&g.dout64, &qs), o = make(FA_F64, c.B, qs.local, c.Hq, c.D),
+         lse = make(FA_F64, c.B, qs.local, c.Hq, 1), dq = make(FA_F64, c.B, qs.local, c.Hq, c.D),
+         dk = make(FA_F64, c.B, qs.local, c.Hk, c.D), dv = make(FA_F64, c.B, qs.local, c.Hk, c.D);
+    float sink_grad[8] = {0};
+    fa_params p = g.p;
+    p.sink_grad = sink_grad;
+    if (c.schedule)
+        setenv("FA_CP_SCHEDULE", c.schedule, 1);
+    else
+        unsetenv("FA_CP_SCHEDULE");
+    fa_options opt;
+    fa_options_init(&opt);
+    opt.backend = FA_BACKEND_REFERENCE;
+    fa_context *ctx;
+    ck_assert_int_eq(fa_context_create(&opt, &ctx), FA_OK);
+    int ok = fa_cp_forward(ctx, MPI_COMM_WORLD, c.layout, &p, &q.t, &k.t, &v.t, &o.t, &lse.t) ==
+                 FA_OK &&
+             fa_cp_backward(ctx, MPI_COMM_WORLD, c.layout, &p, &q.t, &k.t, &v.t, &o.t, &lse.t,
+                            &dout.t, &dq.t, &dk.t, &dv.t) == FA_OK;
+    if (!ok)
+        fprintf(stderr, "rank %d: the distributed reference: %s\n", R, fa_last_error());
+    const tens *got[5] = {&o, &lse, &dq, &dk, &dv}, *want[5] = {&g.ref_o, &g.ref_lse, &g.ref_dq,
+                                                                &g.ref_dk, &g.ref_dv};
+    for (int t = 0; t < 5 && ok; t++) {
+        tens w = local_of(want[t], &qs);
+        const double *a = got[t]->t.data, *b = w.t.data;
+        double err = 0, big = 1;
+        for (size_t i = 0; i < w.bytes / 8; i++) {
+            big = fmax(big, fabs(b[i]));
+            err = fmax(err, a[i] == b[i] ? 0 : fabs(a[i] - b[i]));
+        }
+        if (!(err <= 1e-12 * big)) {
+            fprintf(stderr, "rank %d: reference tensor %d off by %g\n", R, t, err);
+            ok = 0;
+        }
+        drop(&w);
+    }
+    for (int h = 0; h < c.Hq && ok; h++)
+        ok &= fabs(sink_grad[h] - g.ref_sink_grad[h]) <= 1e-6 * (1 + fabs(g.ref_sink_grad[h]));
+    fa_context_destroy(ctx);
+    tens *all[] = {&q, &k, &v, &dout, &o, &lse, &dq, &dk, &dv};
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++)
+        drop(all[i]);
+    problem_free(&g);
+    ck_assert_msg(all_ranks(ok), "the distributed float64 reference differs from one process's");
+}
+END_TEST
+
 START_TEST(cp_local_size_layouts)
 {
     /* contiguous and zigzag shards tile [0, S) exactly, every rank's in order */
@@ -585,6 +643,7 @@ int main(int argc, char **argv)
     tcase_add_loop_test(tc, cp_bitwise_repeatable, 5, 6);
     tcase_add_loop_test(tc, cp_bad_argument_fails_everywhere, 0, BAD_COUNT);
     tcase_add_test(tc, cp_bad_backward_argument_fails_everywhere);
+    tcase_add_loop_test(tc, cp_distributes_the_float64_reference, 0, 2);
     tcase_add_loop_test(tc, cp_failed_allocation_fails_everywhere, 0, 4);
     suite_add_tcase(s, tc);
     SRunner *sr = srunner_create(s);

@@ -388,7 +388,8 @@ static fa_status backward(fa_context *ctx, const fa_params *p, const fa_tensor *
     pr.bias_grad = p->bias_grad;
     const fai_backend *be;
     FAI_TRY(call_backend(ctx, &pr, q, place, &be));
-    if (place && !be->backward_reads_lse && (place->k_pos != 0 || place->sk != pr.sk))
+    if (place && !check_only && !be->backward_reads_lse &&
+        (place->k_pos != 0 || place->sk != pr.sk))
         return fai_fail(FA_ERR_UNSUPPORTED, "backend %s: its backward recomputes the softmax "
                                             "over the call's keys, so a placed call over some of "
                                             "the keys does not get the whole row's (context "

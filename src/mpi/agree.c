@@ -97,10 +97,11 @@ static fa_status describe(const cp_call *c, cp_op op, fa_cp_layout layout, const
                         p->descale_q ? 'q' : p->descale_k ? 'k' : 'v');
     if (q->heads < 1 || q->heads > INT32_MAX) /* (the sink gradient's gather counts heads) */
         return fai_fail(FA_ERR_SHAPE, "q->heads = %lld", (long long)q->heads);
-    if (op == OP_BACKWARD && c->ctx && !fai_backend_of(c->ctx->backend)->backward_reads_lse)
-        return fai_fail(FA_ERR_UNSUPPORTED, "ctx's backend is %s; context parallelism's "
-                                            "backward runs on the tiled backend (the others "
-                                            "recompute the softmax over a block's keys)",
+    if (op == OP_BACKWARD && c->ctx && c->ctx->cp_schedule == FAI_CP_RING &&
+        !fai_backend_of(c->ctx->backend)->backward_reads_lse)
+        return fai_fail(FA_ERR_UNSUPPORTED, "ctx's backend is %s, whose backward recomputes the "
+                                            "softmax over its call's keys, and FA_CP_SCHEDULE=ring "
+                                            "gives a call some of them (the allgather takes it)",
                         fa_backend_name(c->ctx->backend));
     v[D_OP] = op;
     v[D_LAYOUT] = layout;

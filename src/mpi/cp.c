@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "mpi/cp.h"
+#include "backends/table.h"
 
 /* dst = src, any dtypes and strides, row by row through float64 (exact for the dtypes here). */
 static void copy_rows(const fa_tensor *src, const fa_tensor *dst, double *row)
@@ -105,6 +106,11 @@ static const char *choose(cp_call *c)
         c->sched = FAI_CP_ALLGATHER;
         return "allgather (auto: one rank, no message)";
     }
+    if (c->op == OP_BACKWARD && !fai_backend_of(c->ctx->backend)->backward_reads_lse) {
+        c->sched = FAI_CP_ALLGATHER;
+        return "allgather (auto: the backend's backward recomputes the softmax, so each call "
+               "takes all the keys)";
+    }
     c->sched = FAI_CP_RING;
     return "ring (auto: K/V messages overlap the blocks' compute)";
 }
@@ -116,9 +122,10 @@ static void settle(cp_call *c, const fa_params *p, const fa_tensor *q, const fa_
                    const fa_tensor *v)
 {
     c->p = p;
-    c->pb = *p;
+    c->pa = *p;
+    c->pa.sink_grad = NULL;
+    c->pb = c->pa;
     c->pb.sink_logits = NULL;
-    c->pb.sink_grad = NULL;
     c->wd = q->dtype == FA_F64 ? FA_F64 : FA_F32;
     c->es = fai_dtype_size(c->wd);
     c->b = q->batch;
@@ -271,6 +278,7 @@ static fa_status open_call(cp_call *c, fa_context *ctx, MPI_Comm comm, cp_op op,
     if (st == FA_OK) {
         const fai_place whole = {0, 0, c->sq, c->sk};
         settle(c, p, t[0], t[1], t[2]);
+        c->op = op;
         const fa_status mine =
             op == OP_FORWARD
                 ? fai_forward_placed(ctx, p, t[0], t[1], t[2], &whole, (fa_tensor *)t[3],
@@ -304,7 +312,7 @@ fa_status fa_cp_forward(fa_context *ctx, MPI_Comm comm, fa_cp_layout layout, con
     fa_status mine = FA_OK;
     rows_memory(&c, &m, &w, 0, &mine);
     keys_memory(&c, &m, &kb, &w, k, v, 0, &mine);
-    if (p->sink_logits)
+    if (p->sink_logits && c.sched == FAI_CP_RING) /* (the allgather's calls hold whole rows) */
         sink_state(&c, &m, &sink_o, &sink_l, &mine);
     fa_status st = fai_cp_agree(c.comm, c.rank, mine, fn); /* every rank has its memory */
     if (st == FA_OK) {
@@ -317,7 +325,7 @@ fa_status fa_cp_forward(fa_context *ctx, MPI_Comm comm, fa_cp_layout layout, con
                                       NULL, NULL);
         record(&c, MPI_Wtime() - t0);
         MPI_Type_free(&unit);
-        if (mine == FA_OK && p->sink_logits) {
+        if (mine == FA_OK && p->sink_logits && c.sched == FAI_CP_RING) {
             const fa_tensor so[2] = {w.acc, sink_o}, sl[2] = {w.acc_lse, sink_l};
             mine = fa_merge_states(2, so, sl, &w.acc, &w.acc_lse);
         }

@@ -44,7 +44,10 @@ typedef struct {
     size_t es;
     int64_t b, hq, hk, dqk, dv;
     const fa_params *p;
-    fa_params pb; /* the blocks' params: the caller's without sink logits (merged once, at the
+    cp_op op;
+    fa_params pa; /* the allgather's calls' params: the caller's without sink_grad (each call
+                     holds whole rows; the sink gradient is the call's, formed once) */
+    fa_params pb; /* the ring's blocks' params: pa without sink logits (merged once, at the
                      end: a sink is one term of the row's global sum, not of each block's) */
     fai_cp_schedule sched;
 } cp_call;

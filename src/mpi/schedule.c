@@ -224,12 +224,12 @@ fa_status fai_cp_allgather(cp_call *c, const cp_rows *w, MPI_Datatype unit, void
         fa_tensor acc = rows_of(&w->acc, row, m);
         if (!mine_d) {
             fa_tensor l = rows_of(&w->acc_lse, row, m);
-            st = fai_forward_placed(c->ctx, &c->pb, &q, &g->k, &g->v, &pl, &acc, &l, 0);
+            st = fai_forward_placed(c->ctx, &c->pa, &q, &g->k, &g->v, &pl, &acc, &l, 0);
         } else {
             const fa_tensor o = rows_of(&w->out, row, m), l = rows_of(&w->lse, row, m),
                             dout = rows_of(&w->dout, row, m);
             cp_pair blk = pair_at(c, w->blk_kv, c->sk);
-            st = fai_backward_placed(c->ctx, &c->pb, &q, &g->k, &g->v, &pl, &o, &l, &dout, &acc,
+            st = fai_backward_placed(c->ctx, &c->pa, &q, &g->k, &g->v, &pl, &o, &l, &dout, &acc,
                                      &blk.k, &blk.v, 0);
             if (st == FA_OK) {
                 add_rows(&gd->k, &blk.k);
