@@ -91,7 +91,8 @@ static int64_t piece_rows(const cp_call *c, int pieces)
 /* ---------------------------------------------------------------- the plan */
 
 /* The schedule of a call, and why (a static string: fa_context_describe prints the last one).
- * The rule is the measured one of docs/notes/context-parallel.md. */
+ * docs/notes/context-parallel.md says what the rule rests on (provisional: the allgather was
+ * never ahead there). */
 static const char *choose(cp_call *c)
 {
     if (c->ctx->cp_schedule == FAI_CP_RING) {
