@@ -14,7 +14,7 @@ raised as InvalidArgumentError (a ValueError naming the argument), UnsupportedEr
 OutOfMemoryError, BackendUnavailableError and DeviceError, all FlashAttnError, and TypeError
 for what is not an array of a stored dtype or mixes frameworks; nothing is written when one
 is raised. The functions run eagerly on concrete arrays (not inside jax.jit or torch.compile
-traces).
+traces). flashattn.distributed (import it) runs one sequence sharded over MPI ranks (mpi4py).
 """
 from . import testing
 from ._api import (BlockMask, append_kv, attention, attention_backward, attention_kvcache,
