@@ -624,8 +624,18 @@ def attention_backward(dout, q, k, v, out, lse, *, layout: str = "bshd", bias_gr
 
     {options}
     """
-    layout = _layout(layout)
     frame = Frame(q, "q")
+    call, tensors, results = _backward_operands(frame, _layout(layout), dout, q, k, v, out, lse,
+                                               opts, bias_grad)
+    call.run("fa_backward", byref(call.params), *map(byref, tensors))
+    return _grad_results(frame, *results)
+
+
+def _backward_operands(frame: Frame, layout: str, dout, q, k, v, out, lse, opts: dict,
+                      bias_grad: bool = False):
+    """A dense backward's operands (attention_backward's and flashattn.distributed's): its
+    _Call, its fa_tensors in fa_backward's order (q, k, v, out, lse, dout, dq, dk, dv), and
+    what _grad_results hands back (the gradients, dsinks, dbias)."""
     names = ("dout", "q", "k", "v", "out")
     views = [frame.view(x, n) for x, n in zip((dout, q, k, v, out), names)]
     tg, tq, tk, tv, to = (vw.tensor(layout, n) for vw, n in zip(views, names))
@@ -634,9 +644,7 @@ def attention_backward(dout, q, k, v, out, lse, *, layout: str = "bshd", bias_gr
     dsinks = call.sink_grad()
     dbias = call.bias_grad(tq.dtype) if bias_grad else None
     grads, tgrads = _grad_outputs(frame, views[1:4], lambda vg, n: vg.tensor(layout, n))
-    call.run("fa_backward", byref(call.params), byref(tq), byref(tk), byref(tv),
-             byref(to), byref(tl), byref(tg), *(byref(t) for t in tgrads))
-    return _grad_results(frame, grads, dsinks, dbias)
+    return call, (tq, tk, tv, to, tl, tg, *tgrads), (grads, dsinks, dbias)
 
 
 def merge_states(outs: Sequence, lses: Sequence, *, layout: str = "bshd"):

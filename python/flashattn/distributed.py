@@ -23,7 +23,7 @@ from ctypes import POINTER, byref, c_int, c_int64, c_void_p
 from typing import NamedTuple, Tuple
 
 from . import _native as N
-from ._api import (_Call, _dense_outputs, _forward_results, _grad_outputs, _grad_results,
+from ._api import (_backward_operands, _Call, _dense_outputs, _forward_results, _grad_results,
                    _layout, _options)
 from ._arrays import Frame
 
@@ -138,17 +138,10 @@ def attention_backward(dout, q, k, v, out, lse, *, comm, cp_layout: str = "zigza
 
     {options}
     """
-    layout, lay = _layout(layout), _cp_layout(cp_layout)
+    lay = _cp_layout(cp_layout)
     frame = _host_frame(q)
-    names = ("dout", "q", "k", "v", "out")
-    views = [frame.view(x, n) for x, n in zip((dout, q, k, v, out), names)]
-    tg, tq, tk, tv, to = (vw.tensor(layout, n) for vw, n in zip(views, names))
-    tl = frame.view(lse, "lse").lse_tensor("lse")
-    call = _Call(frame, tq.heads, opts)
-    dsinks = call.sink_grad()
-    grads, tgrads = _grad_outputs(frame, views[1:4], lambda vg, n: vg.tensor(layout, n))
+    call, tensors, results = _backward_operands(frame, _layout(layout), dout, q, k, v, out, lse,
+                                               opts)
     _lib("fa_cp_backward")
-    call.run("fa_cp_backward", _comm(comm), lay,
-             byref(call.params), byref(tq), byref(tk), byref(tv), byref(to), byref(tl),
-             byref(tg), *(byref(t) for t in tgrads))
-    return _grad_results(frame, grads, dsinks)
+    call.run("fa_cp_backward", _comm(comm), lay, byref(call.params), *map(byref, tensors))
+    return _grad_results(frame, *results)
