@@ -249,8 +249,14 @@ class DeviceError(FlashAttnError, RuntimeError):
     """The accelerator reported an error (FA_ERR_DEVICE)."""
 
 
+class CommunicationError(FlashAttnError, RuntimeError):
+    """MPI reported an error in a context-parallel call (FA_ERR_COMMUNICATION,
+    flashattn.distributed)."""
+
+
 _EXCEPTIONS = {FA_ERR_UNSUPPORTED: UnsupportedError, FA_ERR_NO_MEMORY: OutOfMemoryError,
-               FA_ERR_BACKEND_UNAVAILABLE: BackendUnavailableError, FA_ERR_DEVICE: DeviceError}
+               FA_ERR_BACKEND_UNAVAILABLE: BackendUnavailableError, FA_ERR_DEVICE: DeviceError,
+               FA_ERR_COMMUNICATION: CommunicationError}
 
 
 def check_status(status: int, what: str) -> None:

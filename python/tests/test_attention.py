@@ -361,3 +361,17 @@ def test_dlpack_capsules_live_until_the_call_is_over():
                                     causal=True)
         for g, w in zip(got, want):
             assert np.array_equal(g, w)
+
+
+def test_statuses_raise_their_exception_classes():
+    """Each failing status raises its class (with the library's status name in the message);
+    a communication failure is no caller's bad argument: CommunicationError, a RuntimeError."""
+    from flashattn import _native as N
+    classes = {N.FA_ERR_SHAPE: fa.InvalidArgumentError, N.FA_ERR_UNSUPPORTED: fa.UnsupportedError,
+               N.FA_ERR_NO_MEMORY: fa.OutOfMemoryError, N.FA_ERR_DEVICE: fa.DeviceError,
+               N.FA_ERR_COMMUNICATION: fa.CommunicationError}
+    for status, cls in classes.items():
+        with pytest.raises(cls, match="call: " + N.lib.fa_status_string(status).decode()):
+            N.check_status(status, "call")
+    assert issubclass(fa.CommunicationError, RuntimeError)
+    assert not issubclass(fa.CommunicationError, ValueError)
